@@ -1,0 +1,214 @@
+"""The one error hierarchy of gputopo: a class per phase, each carrying the data that caused it.
+
+Every error formats itself as one line (``str(err)``) that names the culprit; the CLI prints that
+line and exits with ``err.exit_code``. Unexpected exceptions keep their traceback (``--debug``).
+Exit codes: 2 = bad input or a refused plan (nothing was changed), 1 = a failure while acting
+or verifying, 3 = a device needs a human (a sysfs write hung), 4 = another apply holds the lock.
+This module imports nothing of gputopo's.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+import os
+
+
+class GputopoError(Exception):
+    """Base class. ``exit_code`` is what the CLI exits with."""
+
+    exit_code = 1
+
+    def __init__(self, message: str = ""):
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+# --- input -------------------------------------------------------------------------------
+
+
+class InputError(GputopoError):
+    """Bad input from the operator; nothing was touched."""
+
+    exit_code = 2
+
+
+class AddressError(InputError):
+    def __init__(self, text: str):
+        self.text = text
+        super().__init__(f"not a PCI address: {text!r} (expected dddd:bb:dd.f)")
+
+
+class RootError(InputError):
+    """``--root`` does not hold a sysfs tree."""
+
+    def __init__(self, root: str, reason: str):
+        self.root = root
+        self.reason = reason
+        super().__init__(f"{root}: not a sysfs root ({reason})")
+
+
+class SpecError(InputError):
+    """A spec file is invalid. Names the file, the field path and what was expected."""
+
+    def __init__(self, file: str, field: str, expected: str):
+        self.file = file
+        self.field = field
+        self.expected = expected
+        where = f"{file}: {field}" if field else file
+        super().__init__(f"{where}: {expected}")
+
+
+class ConfigError(InputError):
+    """Bad command-line or environment configuration (credentials, URLs, options)."""
+
+
+# --- discovery ---------------------------------------------------------------------------
+
+
+class DiscoveryError(GputopoError):
+    exit_code = 2
+
+
+# --- plan --------------------------------------------------------------------------------
+
+
+class Refusal(InputError):
+    """One reason a plan cannot be carried out. ``address`` names the GPU when there is one."""
+
+    def __init__(self, address: str | None, reason: str, code: str = "refused"):
+        self.address = address
+        self.reason = reason
+        self.code = code
+        super().__init__(f"{address}: {reason}" if address else reason)
+
+
+class PlanRefused(InputError):
+    """The plan was refused; ``refusals`` lists every reason (each one line)."""
+
+    def __init__(self, refusals: list[Refusal]):
+        self.refusals = refusals
+        super().__init__("\n".join(f"refused: {r}" for r in refusals))
+
+
+# --- acting ------------------------------------------------------------------------------
+
+
+class SysfsWriteError(GputopoError):
+    """A sysfs write failed with an errno, as the kernel reported it."""
+
+    def __init__(self, path: str, value: str, err: int, detail: str = ""):
+        self.path = path
+        self.value = value
+        self.errno = err
+        name = _errno.errorcode.get(err, str(err))
+        extra = f" ({detail})" if detail else ""
+        super().__init__(
+            f"writing {value!r} to {path} failed: {name} {os.strerror(err)}{extra}"
+        )
+
+
+class SysfsTimeout(GputopoError):
+    """A sysfs write did not return in time. The device needs a human."""
+
+    exit_code = 3
+
+    def __init__(self, path: str, value: str, timeout: float, address: str | None = None):
+        self.path = path
+        self.value = value
+        self.timeout = timeout
+        self.address = address
+        who = f"device {address} needs a human: " if address else ""
+        super().__init__(
+            f"{who}writing {value!r} to {path} did not return within {timeout:g} s"
+        )
+
+
+class BindError(GputopoError):
+    """A device did not end up on the driver it was meant to (read back after the write)."""
+
+    def __init__(self, address: str, wanted: str | None, got: str | None, detail: str = ""):
+        self.address = address
+        self.wanted = wanted
+        self.got = got
+        extra = f": {detail}" if detail else ""
+        super().__init__(f"{address}: expected driver {wanted or 'none'}, found {got or 'none'}{extra}")
+
+
+class ProxmoxError(GputopoError):
+    """The Proxmox API refused a call. ``status`` is the HTTP status (or 500 for pvesh)."""
+
+    def __init__(self, call: str, status: int | None, message: str, errors: dict | None = None):
+        self.call = call
+        self.status = status
+        self.errors = errors or {}
+        self.pve_message = message
+        detail = "; ".join(f"{k}: {v}".strip() for k, v in self.errors.items()) if self.errors else ""
+        text = f"{call}: {status or ''} {message}".replace("  ", " ").strip()
+        if detail:
+            text += f" ({detail})"
+        super().__init__(text)
+
+
+class TaskFailed(ProxmoxError):
+    """A Proxmox task (UPID) ended with an exit status other than OK, or timed out."""
+
+    def __init__(self, upid: str, exitstatus: str | None):
+        self.upid = upid
+        self.exitstatus = exitstatus
+        super().__init__(f"task {upid}", None, f"ended with {exitstatus!r}")
+
+
+class ExecError(GputopoError):
+    """A command inside a container failed or timed out."""
+
+    def __init__(self, vmid: int, argv: list[str], rc: int | None, stderr: str = ""):
+        self.vmid = vmid
+        self.argv = argv
+        self.rc = rc
+        self.stderr = stderr
+        what = "timed out" if rc is None else f"exited {rc}"
+        tail = stderr.strip().splitlines()[-1] if stderr.strip() else ""
+        super().__init__(f"CT {vmid}: {' '.join(argv)} {what}" + (f": {tail}" if tail else ""))
+
+
+class PreflightError(GputopoError):
+    """A check before anything was changed failed; nothing was touched."""
+
+    exit_code = 2
+
+
+class LockHeld(GputopoError):
+    """Another apply holds the host lock."""
+
+    exit_code = 4
+
+    def __init__(self, path: str, holder: str):
+        self.path = path
+        self.holder = holder
+        super().__init__(f"another apply holds {path}: {holder}")
+
+
+class ApplyFailed(GputopoError):
+    """An apply failed and was rolled back (``rolled_back``) or not completely."""
+
+    def __init__(self, step: str, cause: BaseException, rolled_back: bool, needs_human: list[str]):
+        self.step = step
+        self.cause = cause
+        self.rolled_back = rolled_back
+        self.needs_human = needs_human
+        if needs_human:
+            self.exit_code = 3
+        state = "rolled back" if rolled_back else "NOT fully rolled back"
+        human = f"; needs a human: {', '.join(needs_human)}" if needs_human else ""
+        super().__init__(f"apply failed at {step}: {cause}; {state}{human}")
+
+
+class JournalError(GputopoError):
+    """A journal left by an interrupted apply could not be read or finished."""
+
+
+class VerifyFailed(GputopoError):
+    """Verification found at least one FAIL."""

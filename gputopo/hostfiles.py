@@ -1,0 +1,56 @@
+"""Host files under the root (persistence files written by apply): the real HostFilesPort."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+
+class RealHostFiles:
+    """Reads and atomically replaces files below ``root`` (``etc/...`` means ``<root>/etc/...``)."""
+
+    def __init__(self, root: str | os.PathLike = "/"):
+        self.root = str(root)
+
+    def _path(self, path: str) -> Path:
+        rel = path.lstrip("/")
+        if ".." in Path(rel).parts:
+            raise ValueError(f"path escapes the root: {path}")
+        return Path(self.root) / rel
+
+    def read(self, path: str) -> str | None:
+        """The file's text, or None when it does not exist."""
+        try:
+            return self._path(path).read_text()
+        except FileNotFoundError:
+            return None
+
+    def write(self, path: str, content: str, mode: int = 0o644) -> None:
+        """Replace the file atomically: temp file in the same directory, fsync, rename, fsync dir."""
+        target = self._path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(content)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, mode)
+            os.replace(tmp, target)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        dfd = os.open(target.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+    def remove(self, path: str) -> None:
+        """Remove the file; a file that is already gone is not an error."""
+        try:
+            self._path(path).unlink()
+        except FileNotFoundError:
+            pass

@@ -1,0 +1,206 @@
+"""Data models shared by every layer: the host facts that discovery produces.
+
+This module imports nothing of gputopo's except ``errors``. The JSON form of :class:`Facts`
+(``gputopo discover --json``) is a stable, documented schema (``gputopo schema facts``):
+
+* ids are strings as sysfs spells them: ``vendor`` ``"0x10de"``, ``device`` ``"0x2bb5"``,
+  ``class`` ``"0x030200"``;
+* a PCI address is always ``dddd:bb:dd.f`` lowercase (4 or more domain digits);
+* anything that could not be read is ``null``, never a made-up default (a NUMA node that is
+  unknown is ``null``, not 0).
+"""
+
+from __future__ import annotations
+
+import re
+from enum import Enum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gputopo.errors import AddressError
+
+SCHEMA_VERSION = 1
+
+_ADDR_RE = re.compile(
+    r"^(?:(?P<domain>[0-9a-fA-F]{1,8}):)?(?P<bus>[0-9a-fA-F]{1,2}):(?P<dev>[0-9a-fA-F]{1,2})\.(?P<fn>[0-7])$"
+)
+
+NVIDIA_VENDOR = "0x10de"
+
+
+def normalize_address(text: str) -> str:
+    """Return ``text`` as a canonical PCI address ``dddd:bb:dd.f`` (lowercase).
+
+    Accepts the sysfs form ``0000:2a:00.0``, NVML's ``00000000:2A:00.0`` and the short
+    ``2a:00.0`` (domain 0). Domains wider than 4 digits keep their significant digits
+    (``10000:00:01.0``); NVML's 8-digit zero padding is trimmed to 4.
+
+    Raises :class:`AddressError` for anything else.
+    """
+    m = _ADDR_RE.match(text.strip())
+    if not m:
+        raise AddressError(text)
+    domain = int(m.group("domain") or "0", 16)
+    bus = int(m.group("bus"), 16)
+    dev = int(m.group("dev"), 16)
+    fn = int(m.group("fn"))
+    if dev > 0x1F:
+        raise AddressError(text)
+    return f"{domain:04x}:{bus:02x}:{dev:02x}.{fn}"
+
+
+def slot_of(address: str) -> str:
+    """The ``dddd:bb:dd`` part of an address: the physical card's slot."""
+    return address.rsplit(".", 1)[0]
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class MemberRole(str, Enum):
+    """How a device in a GPU's IOMMU group relates to that GPU."""
+
+    GPU = "gpu"  # the GPU itself
+    FUNCTION = "function"  # another function of the same card (HDMI audio, USB, UCSI)
+    BRIDGE = "bridge"  # a PCI bridge (class 0x0604): the kernel leaves it alone
+    FOREIGN = "foreign"  # anything else: an NVMe, a NIC, another GPU
+
+
+class PciFunction(Model):
+    """One PCI function as sysfs shows it."""
+
+    address: str
+    vendor: str | None = Field(description="'0x10de'; null when unreadable or 0xffff/0x0000")
+    device: str | None
+    class_: str | None = Field(alias="class", description="'0x030200'")
+    subsystem_vendor: str | None = None
+    subsystem_device: str | None = None
+    driver: str | None = None
+    driver_override: str | None = None
+    iommu_group: int | None = None
+    numa_node: int | None = None
+    model: str | None = None
+    readable: bool = Field(True, description="False when the ids read 0xffff/0x0000 or are missing")
+
+    @property
+    def is_bridge(self) -> bool:
+        return bool(self.class_ and self.class_.startswith("0x0604"))
+
+    @property
+    def is_display(self) -> bool:
+        return bool(self.class_ and self.class_.startswith("0x03"))
+
+    @property
+    def is_nvswitch(self) -> bool:
+        return self.vendor == NVIDIA_VENDOR and bool(self.class_ and self.class_.startswith("0x0680"))
+
+
+class GroupMember(Model):
+    """Another device in a GPU's IOMMU group, with its role relative to that GPU."""
+
+    address: str
+    role: MemberRole
+    vendor: str | None
+    device: str | None
+    class_: str | None = Field(alias="class")
+    driver: str | None = None
+    subsystem_vendor: str | None = None
+    subsystem_device: str | None = None
+
+
+class Link(Model):
+    """PCIe link as sysfs reports it (``current_link_speed`` is text like '32.0 GT/s PCIe')."""
+
+    current_speed: str | None = None
+    current_width: int | None = None
+    max_speed: str | None = None
+    max_width: int | None = None
+
+
+class Gpu(PciFunction):
+    """A GPU (display-class function) with everything gputopo needs to place it."""
+
+    numa_source: Literal["sysfs", "cpulist"] | None = Field(
+        None, description="Where numa_node came from; null when unknown"
+    )
+    iommu_members: list[GroupMember] = Field(
+        default_factory=list, description="Every other device in the IOMMU group"
+    )
+    functions: list[str] = Field(
+        default_factory=list, description="Other functions of the same card (same slot)"
+    )
+    boot_vga: bool | None = None
+    link: Link = Field(default_factory=Link)
+    sriov_numvfs: int | None = None
+    sriov_totalvfs: int | None = None
+    reset_method: list[str] | None = None
+    minor: int | None = Field(None, description="/dev/nvidiaN minor from proc/driver/nvidia")
+    uuid: str | None = Field(None, description="GPU UUID from proc/driver/nvidia, when bound")
+
+    @property
+    def companions(self) -> list[str]:
+        """Addresses that must move together with this GPU: its group's non-bridge members."""
+        return [m.address for m in self.iommu_members if m.role != MemberRole.BRIDGE]
+
+    @property
+    def foreign_members(self) -> list[GroupMember]:
+        return [m for m in self.iommu_members if m.role == MemberRole.FOREIGN]
+
+
+class NumaNode(Model):
+    id: int
+    cpulist: str = ""
+    has_cpus: bool = True
+
+
+class Modules(Model):
+    """Kernel modules of interest, from ``proc/modules`` (True = loaded)."""
+
+    vfio: bool = False
+    vfio_pci: bool = False
+    vfio_iommu_type1: bool = False
+    nvidia: bool = False
+    nvidia_uvm: bool = False
+    nvidia_drm: bool = False
+    nvidia_modeset: bool = False
+
+
+class HostFacts(Model):
+    hostname: str | None = None
+    kernel: str | None = None
+    cmdline: str = ""
+    iommu_enabled: bool = Field(False, description="True when sys/kernel/iommu_groups has groups")
+    iommu_group_count: int = 0
+    iommu_mode: Literal["pt", "translated", "off"] | None = Field(
+        None, description="From the kernel command line: iommu=pt => pt, *_iommu=off => off"
+    )
+    modules: Modules = Field(default_factory=Modules)
+    sev_snp: bool | None = Field(None, description="SEV-SNP active; null when unknown")
+    nvidia_driver_version: str | None = None
+    numa_nodes: list[NumaNode] = Field(default_factory=list)
+    vfio_groups: list[int] = Field(default_factory=list, description="Groups with /dev/vfio/<n>")
+    nvidia_device_nodes: list[str] = Field(
+        default_factory=list, description="Existing /dev/nvidia* nodes (names under /dev)"
+    )
+
+
+class Facts(Model):
+    """Everything discovery learnt about a host. ``gpus`` are sorted by address."""
+
+    schema_version: int = SCHEMA_VERSION
+    root: str = "/"
+    gpus: list[Gpu] = Field(default_factory=list)
+    nvswitches: list[PciFunction] = Field(default_factory=list)
+    host: HostFacts = Field(default_factory=HostFacts)
+    warnings: list[str] = Field(default_factory=list, description="Things read but not understood")
+
+    def gpu(self, address: str) -> Gpu | None:
+        for g in self.gpus:
+            if g.address == address:
+                return g
+        return None
+
+    def to_json(self) -> str:
+        return self.model_dump_json(by_alias=True, indent=2)

@@ -1,0 +1,124 @@
+"""The narrow ports through which gputopo changes a host.
+
+Each external system sits behind one small Protocol; a real adapter and the simulated one
+(``gputopo.sim``) implement it, and apply/verify only ever see the Protocol.
+
+* :class:`SysfsPort`  -- attribute writes under ``<root>/sys`` (real: ``gputopo.bind.RealSysfs``)
+* :class:`ProxmoxPort` -- the Proxmox VE API (real: ``gputopo.proxmox.ProxmoxClient`` over
+  proxmoxer, https or local/pvesh; the simulator serves real HTTP, so tests use the real client)
+* :class:`ExecPort`   -- commands inside a container (real: ``pct exec``/``pct push``)
+* :class:`HostFilesPort` -- files on the host under the root (persistence files)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+
+@runtime_checkable
+class SysfsPort(Protocol):
+    """Writes one sysfs attribute, exactly like ``echo -n VALUE > <root>/PATH``.
+
+    ``path`` is relative to the root, e.g. ``sys/bus/pci/devices/0000:01:00.0/driver_override``.
+    Raises :class:`gputopo.errors.SysfsWriteError` with the kernel's errno on failure. It may
+    block (the kernel can): callers run it under a timeout.
+    """
+
+    root: str
+
+    def write(self, path: str, value: str) -> None: ...
+
+
+@dataclass
+class ExecResult:
+    rc: int
+    stdout: str = ""
+    stderr: str = ""
+
+
+@runtime_checkable
+class ExecPort(Protocol):
+    """Runs commands inside a container (``pct exec <vmid> -- argv``)."""
+
+    def run(self, vmid: int, argv: list[str], timeout: float, input: str | None = None) -> ExecResult:
+        """Run argv in the container; return its result. Raises ExecError on timeout."""
+        ...
+
+    def push(self, vmid: int, path: str, content: str, mode: int = 0o644) -> None:
+        """Write a file inside the container (``pct push``)."""
+        ...
+
+
+@dataclass
+class Task:
+    upid: str
+    status: str  # "running" | "stopped"
+    exitstatus: str | None = None
+
+
+@runtime_checkable
+class ProxmoxPort(Protocol):
+    """The calls gputopo makes to the Proxmox VE API. Errors raise ProxmoxError/TaskFailed."""
+
+    node: str
+
+    def version(self) -> dict[str, Any]: ...
+
+    def identity(self) -> str:
+        """The authenticated user id, e.g. ``root@pam`` or ``root@pam!gputopo`` for a token."""
+        ...
+
+    def lxc_config(self, vmid: int) -> dict[str, Any]:
+        """GET .../lxc/{vmid}/config (pending merged in); includes ``digest``."""
+        ...
+
+    def lxc_update(self, vmid: int, set: dict[str, str], delete: list[str], digest: str) -> None: ...
+
+    def guest_status(self, kind: str, vmid: int) -> str:
+        """'running' or 'stopped'. kind is 'lxc' or 'qemu'."""
+        ...
+
+    def guest_action(self, kind: str, vmid: int, action: str, timeout: float) -> None:
+        """POST status/{start|stop|shutdown}; waits for the task, raises TaskFailed if not OK."""
+        ...
+
+    def list_guests(self, kind: str) -> list[dict[str, Any]]: ...
+
+    def qemu_config(self, vmid: int) -> dict[str, Any]: ...
+
+    def mappings(self, check_node: str | None = None) -> list[dict[str, Any]]: ...
+
+    def mapping_create(self, id: str, map: list[str], description: str | None) -> None: ...
+
+    def mapping_update(self, id: str, map: list[str], description: str | None, digest: str) -> None: ...
+
+    def mapping_delete(self, id: str) -> None: ...
+
+
+@runtime_checkable
+class HostFilesPort(Protocol):
+    """Files on the host, relative to the root (``etc/udev/rules.d/...``)."""
+
+    root: str
+
+    def read(self, path: str) -> str | None:
+        """The file's text, or None when it does not exist."""
+        ...
+
+    def write(self, path: str, content: str, mode: int = 0o644) -> None:
+        """Atomic replace (temp file, fsync, rename)."""
+        ...
+
+    def remove(self, path: str) -> None: ...
+
+
+@dataclass
+class Ports:
+    """The bundle of ports that apply and verify work through."""
+
+    sysfs: SysfsPort
+    proxmox: ProxmoxPort
+    exec: ExecPort
+    files: HostFilesPort
+    extra: dict[str, Any] = field(default_factory=dict)
