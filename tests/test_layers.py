@@ -7,9 +7,11 @@ PKG = Path(__file__).resolve().parent.parent / "gputopo"
 
 BASE = {"model", "errors", "ports", "resources"}
 PURE = {"spec", "plan", "render", "diff", "pvefmt", "nvsmi"}
-EDGE = {"discover", "snapshot", "bind", "proxmox", "exec", "hostfiles", "fixtures"}
+EDGE = {"discover", "snapshot", "bind", "proxmox", "exec", "hostfiles", "fixtures", "current"}
 ORCH = {"apply", "journal", "verify", "demo"}
 RANK = {**{m: 0 for m in BASE}, **{m: 1 for m in PURE}, **{m: 2 for m in EDGE}, **{m: 3 for m in ORCH}}
+# Within the pure layer a module may use the ones before it: spec -> render -> plan -> diff.
+RANK.update({"spec": 1.1, "render": 1.2, "plan": 1.3, "diff": 1.4})
 
 
 def _imports(path: Path) -> set[str]:

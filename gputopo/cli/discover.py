@@ -1,0 +1,102 @@
+"""``gputopo discover`` and ``gputopo snapshot``: read-only views of a host root."""
+
+from __future__ import annotations
+
+import click
+
+
+def _parse_matches(values: tuple[str, ...]) -> list[tuple[str | None, str | None]] | None:
+    if not values:
+        return None
+    from gputopo.discover import parse_gpu_match
+
+    return [parse_gpu_match(v) for v in values]
+
+
+@click.command()
+@click.option("--root", default="/", show_default=True,
+              help="Host root to read (a directory, or a snapshot .tar.gz).")
+@click.option("--json", "as_json", is_flag=True, help="Print the facts as JSON (gputopo schema facts).")
+@click.option("--all", "all_vendors", is_flag=True, help="Count display-class devices of any vendor as GPUs.")
+@click.option("--gpu-match", "gpu_match", multiple=True, metavar="VENDOR[:CLASSPREFIX]",
+              help="Which devices count as GPUs, e.g. 0x10de:0x03 (repeatable; replaces the default).")
+def discover(root: str, as_json: bool, all_vendors: bool, gpu_match: tuple[str, ...]) -> None:
+    """Show the GPUs of a host: NUMA node, IOMMU group, driver, minor, link."""
+    from gputopo.discover import discover as run
+    from gputopo.snapshot import opened_root
+
+    rules = _parse_matches(gpu_match)
+    with opened_root(root) as r:
+        facts = run(r, all_vendors=all_vendors, gpu_match=rules)
+    facts.root = root
+    if as_json:
+        from gputopo.cli.output import print_json
+
+        print_json(facts)
+        return
+    _print_table(facts)
+
+
+def _print_table(facts) -> None:
+    from rich.table import Table
+
+    from gputopo.cli.output import console
+
+    out = console()
+    if not out.is_terminal:
+        # Piped output has no width to fit; keep each GPU on one line for grep and logs.
+        out.width = 200
+    h = facts.host
+    mods = [m for m, on in h.modules.model_dump().items() if on]
+    nodes = ", ".join(f"{n.id}:{n.cpulist or 'no CPUs'}" for n in h.numa_nodes) or "none"
+    out.print(f"[bold]{h.hostname or '?'}[/]  kernel {h.kernel or '?'}  "
+              f"nvidia {h.nvidia_driver_version or 'not loaded'}  SEV-SNP {_yn(h.sev_snp)}")
+    out.print(f"IOMMU: {h.iommu_mode or 'unknown'} ({h.iommu_group_count} groups)  "
+              f"NUMA nodes: {nodes}")
+    out.print(f"modules: {' '.join(mods) or 'none of interest'}"
+              + (f"  vfio groups: {', '.join(map(str, h.vfio_groups))}" if h.vfio_groups else ""))
+    t = Table(show_lines=False, header_style="bold")
+    for col in ("address", "model", "NUMA", "IOMMU group", "driver", "minor", "boot VGA", "link"):
+        t.add_column(col, no_wrap=col not in ("model", "IOMMU group"), min_width=len(col))
+    for g in facts.gpus:
+        comp = ", ".join(f"{m.address.split(':', 1)[1]} {m.role.value}" for m in g.iommu_members)
+        group = "-" if g.iommu_group is None else str(g.iommu_group) + (f" (+{comp})" if comp else "")
+        if g.foreign_members:
+            group = f"[red]{group}[/]"
+        numa = "?" if g.numa_node is None else str(g.numa_node) + ("*" if g.numa_source == "cpulist" else "")
+        link = ""
+        if g.link.current_speed:
+            link = f"{g.link.current_speed.replace(' PCIe', '').replace('.0 ', '')} x{g.link.current_width or '?'}"
+        t.add_row(g.address, _short_model(g.model) or f"{g.vendor}:{g.device}", numa, group,
+                  g.driver or "-", "-" if g.minor is None else str(g.minor),
+                  "yes" if g.boot_vga else "no" if g.boot_vga is False else "?", link)
+    out.print(t)
+    if facts.nvswitches:
+        out.print(f"NVSwitches (not GPUs): {', '.join(s.address for s in facts.nvswitches)}")
+    if any(g.numa_source == "cpulist" for g in facts.gpus):
+        out.print("* NUMA node derived from local_cpulist (numa_node is -1)")
+    for w in facts.warnings:
+        out.print(f"[yellow]warning:[/] {w}")
+
+
+def _short_model(model: str | None) -> str | None:
+    """'GB202GL [RTX PRO 6000 Blackwell Server Edition]' -> the marketing name in brackets."""
+    if model and model.endswith("]") and "[" in model:
+        return model[model.index("[") + 1 : -1]
+    return model
+
+
+def _yn(v: bool | None) -> str:
+    return "unknown" if v is None else "on" if v else "off"
+
+
+@click.command()
+@click.argument("out", metavar="OUT.tar.gz", type=click.Path(dir_okay=False))
+@click.option("--root", default="/", show_default=True, help="Host root to capture.")
+def snapshot(out: str, root: str) -> None:
+    """Capture what discovery reads from a host into OUT.tar.gz (read-only, no secrets)."""
+    from gputopo.snapshot import snapshot as run
+
+    counts = run(root, out)
+    click.echo(f"wrote {out}: {counts['pci_functions']} PCI functions, "
+               f"{counts['files']} files, {counts['links']} links")

@@ -1,0 +1,101 @@
+"""``gputopo sim``: create and serve a simulated Proxmox VE host (rehearsal and demos)."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import click
+
+
+@click.group()
+def sim() -> None:
+    """A simulated Proxmox VE host: kernel sysfs, Proxmox API, containers and their service."""
+
+
+@sim.command("create")
+@click.argument("dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--from", "source", default="seed", show_default=True,
+              help="Fixture name, fixture .yaml or a 'gputopo snapshot' .tar.gz.")
+@click.option("--node", default=None, help="Node name (default: the host's hostname).")
+@click.option("--service", type=click.Choice(["sglang", "vllm"]), default="sglang", show_default=True)
+def create(dir: Path, source: str, node: str | None, service: str) -> None:
+    """Create a simulated host in DIR (the seed story: container 101 serving on every GPU)."""
+    from gputopo.sim.host import SimHost
+
+    host = SimHost.create(dir, source=source, node=node, service=service)
+    click.echo(f"created simulated host {host.node} in {dir} (container {host.container})")
+
+
+@sim.command("serve")
+@click.option("--dir", "dir_", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Simulated host directory (created when missing or empty).")
+@click.option("--root", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+              help="Serve a copy of this host root (e.g. an unpacked snapshot).")
+@click.option("--pve-root", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+              help="With --root: use a copy of this /etc/pve tree instead of the seed story's.")
+@click.option("--from", "source", default="seed", show_default=True,
+              help="Fixture name, fixture .yaml or snapshot .tar.gz for a new host.")
+@click.option("--port", type=int, default=0, help="API port (default: any free port).")
+@click.option("--http", "plain_http", is_flag=True, help="Serve plain HTTP instead of HTTPS.")
+def serve(dir_: Path | None, root: Path | None, pve_root: Path | None, source: str, port: int,
+          plain_http: bool) -> None:
+    """Run a simulated host in the foreground until Ctrl-C; print how to reach it."""
+    from gputopo.errors import ConfigError
+    from gputopo.sim.host import SimHost
+
+    if dir_ is not None and root is not None:
+        raise ConfigError("--dir and --root exclude each other")
+    if pve_root is not None and root is None:
+        raise ConfigError("--pve-root needs --root")
+    scratch = None
+    if dir_ is None:
+        scratch = Path(tempfile.mkdtemp(prefix="gputopo-sim-"))
+        dir_ = scratch / "host"
+    try:
+        if (dir_ / "run" / "host.json").is_file():
+            host = SimHost.open(dir_)
+        else:
+            host = SimHost.create(dir_, source=source, root=root)
+            if pve_root is not None:
+                shutil.rmtree(host.paths.pve)
+                shutil.copytree(pve_root, host.paths.pve, symlinks=True)
+        host.start(port=port, tls=not plain_http)
+        _announce(host, plain_http)
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        try:
+            while not stop.wait(0.5):
+                pass
+        except KeyboardInterrupt:
+            pass
+        host.stop()
+        click.echo("stopped", err=True)
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _announce(host, plain_http: bool) -> None:
+    creds = host.credentials()
+    api = host.api
+    ca = None if plain_http else api.ca_cert_path
+    token_header = f"PVEAPIToken={creds['token_id']}={creds['token_value']}"
+    cacert = f"--cacert {ca} " if ca else ""
+    lines = [
+        f"simulated Proxmox VE {host.version} node {host.node} in {host.dir}",
+        f"API:       {api.url}",
+        f"CA file:   {ca}" if ca else "CA file:   (plain HTTP)",
+        f"password:  {creds['user']} / {creds['password']}",
+        f"token:     {creds['token_id']} = {creds['token_value']}",
+        f"endpoint:  {host.endpoint.url} (container {host.container})" if host.endpoint else "",
+        "try:",
+        f"  curl {cacert}-H 'Authorization: {token_header}' {api.url}/version",
+        "Ctrl-C stops it.",
+    ]
+    click.echo("\n".join(line for line in lines if line))
+    sys.stdout.flush()

@@ -1,0 +1,185 @@
+"""Read the current state the planner compares against (edge layer: this is I/O).
+
+Two sources, the same result (:class:`gputopo.plan.CurrentState`):
+
+* Proxmox's files under a pve root (``/etc/pve``): ``nodes/<node>/lxc/<vmid>.conf``,
+  ``nodes/<node>/qemu-server/<vmid>.conf``, ``mapping/pci.cfg``. Files cannot tell whether a
+  guest runs, so guests read this way count as running: the plan then shows every stop it may
+  need rather than too few. A missing pve root means nothing is configured yet.
+* a :class:`gputopo.ports.ProxmoxPort` (the API) plus, for the services inside containers, an
+  :class:`gputopo.ports.ExecPort` (``systemctl show`` and ``cat`` of the drop-in).
+
+Host persistence files come from a :class:`gputopo.ports.HostFilesPort`. Parsing is done by the
+pure ``parse_*`` functions here and in :mod:`gputopo.pvefmt`.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from gputopo.errors import ExecError, ProxmoxError
+from gputopo.model import Facts
+from gputopo.plan import (
+    ContainerState,
+    CurrentState,
+    GuestState,
+    MappingState,
+    ServiceState,
+    pick_node,
+)
+from gputopo.ports import ExecPort, HostFilesPort, ProxmoxPort
+from gputopo.pvefmt import parse_lxc_conf, parse_pci_cfg, sha1_digest
+from gputopo.render import MODULES_PATH, UDEV_RULES_PATH, dropin_path, parse_tp
+from gputopo.spec import Spec
+
+EXEC_TIMEOUT = 20.0
+
+
+def parse_systemctl_show(text: str) -> tuple[bool, str | None]:
+    """(active, exec_start command) from ``systemctl show -p ActiveState -p ExecStart UNIT``.
+
+    ``ExecStart`` looks like ``{ path=/usr/bin/python3 ; argv[]=/usr/bin/python3 -m x --tp 8 ;
+    ignore_errors=no ; ... }``; the command is the ``argv[]`` part. Returns None for the command
+    when the unit has none (or several, as after a reset: the last one wins).
+    """
+    active = False
+    command = None
+    for line in text.splitlines():
+        key, _, value = line.partition("=")
+        if key == "ActiveState":
+            active = value.strip() in ("active", "reloading", "activating")
+        elif key == "ExecStart":
+            for m in re.finditer(r"argv\[\]=(.*?) ;", value):
+                command = m.group(1).strip()
+    return active, command
+
+
+def config_from_lxc_text(text: str) -> dict[str, Any]:
+    """A container config as the API's GET .../config returns it: keys, ``lxc`` pairs, digest.
+
+    Pending values are merged in and pending deletions removed (the API's default view).
+    """
+    conf = parse_lxc_conf(text)
+    out: dict[str, Any] = dict(conf.options)
+    out.update(conf.pending.options)
+    out.pop("delete", None)
+    for key in conf.pending_delete:
+        out.pop(key, None)
+    if conf.lxc:
+        out["lxc"] = [[k, v] for k, v in conf.lxc]
+    out["digest"] = sha1_digest(text)
+    return out
+
+
+def hostpci_values(config: dict[str, Any]) -> list[str]:
+    """The ``hostpciN`` values of a VM config, in index order."""
+    keys = sorted((k for k in config if re.fullmatch(r"hostpci\d+", k)), key=lambda k: int(k[7:]))
+    return [str(config[k]) for k in keys]
+
+
+def mappings_from_pci_cfg(text: str) -> dict[str, MappingState]:
+    """Mapping id -> state from ``mapping/pci.cfg`` text (digest: SHA-1 of the file)."""
+    digest = sha1_digest(text)
+    return {
+        m.id: MappingState(map=list(m.maps), description=m.description, digest=digest)
+        for m in parse_pci_cfg(text)
+    }
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return None
+
+
+def _service_state(exec: ExecPort, vmid: int, svc: Any) -> ServiceState:
+    res = exec.run(vmid, ["systemctl", "show", "-p", "ActiveState", "-p", "ExecStart", svc.unit], EXEC_TIMEOUT)
+    active, command = parse_systemctl_show(res.stdout) if res.rc == 0 else (False, None)
+    cat = exec.run(vmid, ["cat", dropin_path(svc.unit, svc.dropin)], EXEC_TIMEOUT)
+    dropin = cat.stdout if cat.rc == 0 else None
+    return ServiceState(
+        unit=svc.unit, active=active, exec_start=command, tp=parse_tp(command) if command else None, dropin=dropin
+    )
+
+
+def read_current(
+    spec: Spec,
+    facts: Facts,
+    *,
+    pve_root: str | Path | None = None,
+    proxmox: ProxmoxPort | None = None,
+    exec: ExecPort | None = None,
+    files: HostFilesPort | None = None,
+    node: str | None = None,
+) -> CurrentState:
+    """Read what the spec's node has now: containers, mappings, VM guests, services, host files.
+
+    Uses ``proxmox`` when given, else the files under ``pve_root``. Services are read only when
+    ``exec`` is given and the container runs. Returns the :class:`CurrentState`; raises
+    ProxmoxError for an API failure other than a missing guest, SpecError when the spec has no
+    node for this host.
+    """
+    spec_node = pick_node(spec, facts, node)
+    name = spec_node.name
+    state = CurrentState()
+    vm_ids = list(spec_node.vms.guests)
+
+    if proxmox is not None:
+        for c in spec_node.containers:
+            try:
+                cfg = proxmox.lxc_config(c.vmid)
+            except ProxmoxError as e:
+                if e.status in (404, 500) and "does not exist" in str(e):
+                    continue
+                raise
+            status = proxmox.guest_status("lxc", c.vmid)
+            state.containers[c.vmid] = ContainerState(config=cfg, status="running" if status == "running" else "stopped")
+        for m in proxmox.mappings(check_node=None):
+            state.mappings[m["id"]] = MappingState(
+                map=list(m.get("map") or []), description=m.get("description"), digest=m.get("digest")
+            )
+        if not vm_ids:
+            vm_ids = [int(g["vmid"]) for g in proxmox.list_guests("qemu")]
+        for vmid in vm_ids:
+            try:
+                cfg = proxmox.qemu_config(vmid)
+            except ProxmoxError:
+                continue
+            status = proxmox.guest_status("qemu", vmid)
+            state.guests[vmid] = GuestState(
+                status="running" if status == "running" else "stopped", hostpci=hostpci_values(cfg)
+            )
+    elif pve_root is not None and Path(pve_root).is_dir():
+        base = Path(pve_root)
+        for c in spec_node.containers:
+            text = _read_text(base / "nodes" / name / "lxc" / f"{c.vmid}.conf")
+            if text is not None:
+                state.containers[c.vmid] = ContainerState(config=config_from_lxc_text(text), status="running")
+        text = _read_text(base / "mapping" / "pci.cfg")
+        if text is not None:
+            state.mappings = mappings_from_pci_cfg(text)
+        qdir = base / "nodes" / name / "qemu-server"
+        if not vm_ids and qdir.is_dir():
+            vm_ids = sorted(int(p.stem) for p in qdir.glob("*.conf") if p.stem.isdigit())
+        for vmid in vm_ids:
+            text = _read_text(qdir / f"{vmid}.conf")
+            if text is not None:
+                state.guests[vmid] = GuestState(status="running", hostpci=hostpci_values(config_from_lxc_text(text)))
+
+    if exec is not None:
+        for c in spec_node.containers:
+            ct = state.containers.get(c.vmid)
+            if c.service is None or ct is None or ct.status != "running":
+                continue
+            try:
+                ct.service = _service_state(exec, c.vmid, c.service)
+            except ExecError:
+                ct.service = None
+
+    if files is not None:
+        for path in (UDEV_RULES_PATH, MODULES_PATH):
+            state.files[path] = files.read(path)
+    return state

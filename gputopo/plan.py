@@ -1,0 +1,1014 @@
+"""The planner: a pure function of (facts, spec, current state) -> desired state + typed actions.
+
+A plan is data: every action is a pydantic model with a ``kind`` discriminator, a ``phase`` and a
+one-line ``describe()``. Apply iterates the actions in order; an empty action list means the host
+is converged ("No changes").
+
+Phases, in execution order:
+
+* ``prepare`` -- safe while everything runs: persistence files, PCI mappings, the service drop-in
+  (systemd reads it only at the next start);
+* ``stop``    -- the service, the container, VMs whose devices change (only what must stop);
+* ``switch``  -- one Rebind per IOMMU group; they may run in parallel;
+* ``config``  -- the container's device entries (with the digest read at plan time);
+* ``start``   -- what was stopped, in reverse.
+
+Decisions recorded here:
+
+* The VM-side ``driver_override`` stays set after binding (``policy.keep_driver_override``), so a
+  reprobe, a hot reset or an nvidia module reload cannot hand a VM GPU back to nvidia. Moving a
+  GPU back to a container clears it.
+* A mapping's ``map`` line names only the GPU function (``path=0000:81:00.0``): Proxmox passes
+  the GPU's whole IOMMU group (the audio function included) to the VM anyway, and a line with
+  ``path=A;B`` would mean two devices passed together, which Proxmox then checks one by one.
+* A GPU whose ``/dev/nvidiaN`` minor is unknown (it is not on nvidia yet) gets its device entry
+  in the next plan, once nvidia has bound it and the minor can be read: minors do not follow bus
+  order and cannot be guessed.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gputopo.errors import PlanRefused, Refusal
+from gputopo.model import NVIDIA_VENDOR, Facts, Gpu, MemberRole
+from gputopo.render import (
+    MODULES_PATH,
+    UDEV_RULES_PATH,
+    dropin_path,
+    p2p_must_be_disabled,
+    parse_tp,
+    render_dropin,
+    render_modules,
+    render_udev_rules,
+    set_tp,
+)
+from gputopo.spec import Container, GpuSelector, Node, Spec, nvidia_gpus, spec_from_split
+
+__all__ = [
+    "CurrentState",
+    "Plan",
+    "plan",
+    "expected_after",
+    "spec_from_split",
+]
+
+VFIO = "vfio-pci"
+NVIDIA = "nvidia"
+CONTROL_NODES = (
+    "/dev/nvidiactl",
+    "/dev/nvidia-uvm",
+    "/dev/nvidia-uvm-tools",
+    "/dev/nvidia-modeset",
+    "/dev/nvidia-caps/nvidia-cap1",
+    "/dev/nvidia-caps/nvidia-cap2",
+)
+# Character majors of the dynamic nvidia nodes when neither the spec nor the facts give them
+# (legacy mode only; devN makes Proxmox stat the node itself). Check /proc/devices on the host.
+DEFAULT_LEGACY_MAJORS = {"nvidia-uvm": 511, "nvidia-caps": 510}
+DEV_KEY = re.compile(r"^dev(\d+)$")
+MAX_DEV_INDEX = 255
+
+
+class _M(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# --- current state ---------------------------------------------------------------------------
+
+
+class ServiceState(_M):
+    unit: str
+    active: bool = False
+    exec_start: str | None = Field(None, description="The unit's effective ExecStart command")
+    tp: int | None = None
+    dropin: str | None = Field(None, description="Current text of gputopo's drop-in; null when absent")
+
+
+class ContainerState(_M):
+    config: dict[str, Any] = Field(default_factory=dict, description="As GET .../lxc/{vmid}/config returns it")
+    status: Literal["running", "stopped"] = "stopped"
+    service: ServiceState | None = None
+
+
+class MappingState(_M):
+    map: list[str] = Field(default_factory=list)
+    description: str | None = None
+    digest: str | None = None
+
+
+class GuestState(_M):
+    status: Literal["running", "stopped"] = "stopped"
+    hostpci: list[str] = Field(default_factory=list)
+
+
+class CurrentState(_M):
+    """What Proxmox, the containers and the host files say now (read by gputopo.current)."""
+
+    containers: dict[int, ContainerState] = Field(default_factory=dict)
+    mappings: dict[str, MappingState] = Field(default_factory=dict)
+    guests: dict[int, GuestState] = Field(default_factory=dict)
+    files: dict[str, str | None] = Field(default_factory=dict, description="host path -> text (None: absent)")
+
+
+# --- actions -------------------------------------------------------------------------------
+
+Phase = Literal["prepare", "stop", "switch", "config", "start"]
+PHASES: tuple[str, ...] = ("prepare", "stop", "switch", "config", "start")
+
+
+class WriteHostFile(_M):
+    kind: Literal["write_host_file"] = "write_host_file"
+    phase: Phase = "prepare"
+    path: str
+    content: str
+    mode: int = 0o644
+
+    def describe(self) -> str:
+        return f"write host file /{self.path} ({len(self.content.splitlines())} lines)"
+
+
+class RemoveHostFile(_M):
+    kind: Literal["remove_host_file"] = "remove_host_file"
+    phase: Phase = "prepare"
+    path: str
+
+    def describe(self) -> str:
+        return f"remove host file /{self.path}"
+
+
+class SetMapping(_M):
+    kind: Literal["set_mapping"] = "set_mapping"
+    phase: Phase = "prepare"
+    id: str
+    map: list[str]
+    description: str | None = None
+    create: bool
+    digest: str | None = None
+
+    def describe(self) -> str:
+        paths = [_entry_fields(e).get("path", "?") for e in self.map]
+        verb = "create" if self.create else "update"
+        return f"{verb} PCI mapping {self.id}: {len(self.map)} device(s) {', '.join(paths)}"
+
+
+class DeleteMapping(_M):
+    kind: Literal["delete_mapping"] = "delete_mapping"
+    phase: Phase = "prepare"
+    id: str
+    digest: str | None = None
+
+    def describe(self) -> str:
+        return f"delete PCI mapping {self.id}"
+
+
+class WriteServiceDropin(_M):
+    kind: Literal["write_service_dropin"] = "write_service_dropin"
+    phase: Phase = "prepare"
+    vmid: int
+    unit: str
+    path: str
+    content: str
+    tp: int
+
+    def describe(self) -> str:
+        return f"CT {self.vmid}: write {self.path} ({self.unit}, tensor parallel {self.tp}; read at next start)"
+
+
+class StopService(_M):
+    kind: Literal["stop_service"] = "stop_service"
+    phase: Phase = "stop"
+    vmid: int
+    unit: str
+
+    def describe(self) -> str:
+        return f"CT {self.vmid}: stop {self.unit}"
+
+
+class StopGuest(_M):
+    kind: Literal["stop_guest"] = "stop_guest"
+    phase: Phase = "stop"
+    guest: Literal["lxc", "qemu"]
+    vmid: int
+
+    def describe(self) -> str:
+        return f"stop {'CT' if self.guest == 'lxc' else 'VM'} {self.vmid}"
+
+
+class Rebind(_M):
+    """Move one IOMMU group's devices to ``to_driver``.
+
+    To vfio-pci every member goes to vfio-pci (``driver_override`` per address). To nvidia the
+    GPU goes to nvidia and the other functions back to their default drivers (override cleared).
+    """
+
+    kind: Literal["rebind"] = "rebind"
+    phase: Phase = "switch"
+    address: str
+    members: list[str]
+    from_drivers: dict[str, str | None]
+    to_driver: Literal["nvidia", "vfio-pci"]
+    keep_override: bool = True
+
+    def describe(self) -> str:
+        before = sorted({d or "none" for d in self.from_drivers.values()})
+        extra = [m for m in self.members if m != self.address]
+        with_ = f" with {', '.join(extra)}" if extra else ""
+        keep = " (override kept)" if self.to_driver == VFIO and self.keep_override else ""
+        return f"rebind {self.address}{with_}: {'/'.join(before)} -> {self.to_driver}{keep}"
+
+
+class UpdateContainer(_M):
+    kind: Literal["update_container"] = "update_container"
+    phase: Phase = "config"
+    vmid: int
+    set: dict[str, str] = Field(default_factory=dict)
+    delete: list[str] = Field(default_factory=list)
+    digest: str | None = None
+    lxc_add: list[list[str]] = Field(default_factory=list, description="raw lxc.* lines to add (legacy)")
+    lxc_remove: list[list[str]] = Field(default_factory=list, description="raw lxc.* lines to remove")
+
+    def describe(self) -> str:
+        parts = []
+        if self.set:
+            parts.append("set " + " ".join(f"{k}={v.split(',')[0]}" for k, v in _by_dev_index(self.set)))
+        if self.delete:
+            parts.append("delete " + ",".join(sorted(self.delete, key=dev_sort)))
+        if self.lxc_add:
+            parts.append(f"add {len(self.lxc_add)} lxc line(s)")
+        if self.lxc_remove:
+            parts.append(f"remove {len(self.lxc_remove)} lxc line(s)")
+        return f"CT {self.vmid}: " + "; ".join(parts)
+
+
+class StartGuest(_M):
+    kind: Literal["start_guest"] = "start_guest"
+    phase: Phase = "start"
+    guest: Literal["lxc", "qemu"]
+    vmid: int
+
+    def describe(self) -> str:
+        return f"start {'CT' if self.guest == 'lxc' else 'VM'} {self.vmid}"
+
+
+class StartService(_M):
+    kind: Literal["start_service"] = "start_service"
+    phase: Phase = "start"
+    vmid: int
+    unit: str
+
+    def describe(self) -> str:
+        return f"CT {self.vmid}: start {self.unit} (after systemctl daemon-reload)"
+
+
+Action = Annotated[
+    Union[
+        WriteHostFile,
+        RemoveHostFile,
+        SetMapping,
+        DeleteMapping,
+        WriteServiceDropin,
+        StopService,
+        StopGuest,
+        Rebind,
+        UpdateContainer,
+        StartGuest,
+        StartService,
+    ],
+    Field(discriminator="kind"),
+]
+
+
+# --- target ---------------------------------------------------------------------------------
+
+
+class GpuTarget(_M):
+    address: str
+    owner: str = Field(description="container:<vmid> | vm:<mapping> | host (left untouched)")
+    driver: Literal["nvidia", "vfio-pci"] | None = Field(description="Target driver; null = untouched")
+    current_driver: str | None
+    companions: list[str] = Field(default_factory=list)
+    numa_node: int | None = None
+    minor: int | None = None
+    iommu_group: int | None = None
+
+
+class ServiceTarget(_M):
+    unit: str
+    tp_flag: str
+    tp: int
+    dropin: str
+    command: str | None = Field(None, description="Base command; null when unknown (drop-in not managed)")
+    current_tp: int | None = None
+
+
+class ContainerTarget(_M):
+    vmid: int
+    gpus: list[str]
+    device_mode: Literal["devN", "legacy"]
+    devices: dict[str, str] = Field(description="Every devN entry the config will have")
+    lxc: list[list[str]] = Field(default_factory=list, description="gputopo's raw lxc.* lines (legacy)")
+    mapping: str | None = None
+    service: ServiceTarget | None = None
+
+
+class MappingTarget(_M):
+    map: list[str]
+    description: str | None = None
+
+
+class Plan(_M):
+    node: str
+    target: list[GpuTarget]
+    containers: list[ContainerTarget] = Field(default_factory=list)
+    mappings: dict[str, MappingTarget] = Field(default_factory=dict, description="Mappings the spec manages")
+    kept_mappings: dict[str, MappingTarget] = Field(default_factory=dict, description="Other mappings, untouched")
+    p2p_disable: bool = False
+    keep_override: bool = True
+    warnings: list[str] = Field(default_factory=list)
+    actions: list[Action] = Field(default_factory=list)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.actions
+
+    def vfio_addresses(self) -> list[str]:
+        """Every address that the target puts on vfio-pci (VM GPUs and their companions)."""
+        out: set[str] = set()
+        for t in self.target:
+            if t.driver == VFIO:
+                out.add(t.address)
+                out.update(t.companions)
+        return sorted(out)
+
+    def to_text(self) -> str:
+        """The plan for humans: target table, warnings, numbered actions or 'No changes'."""
+        lines = [f"Node {self.node}"]
+        lines.append(f"{'GPU':<14} {'NUMA':<5} {'MINOR':<6} {'GROUP':<6} {'DRIVER':<22} OWNER")
+        for t in self.target:
+            drv = t.current_driver or "none"
+            if t.driver and t.driver != t.current_driver:
+                drv = f"{drv} -> {t.driver}"
+            comp = f" (+{', '.join(t.companions)})" if t.companions else ""
+            lines.append(
+                f"{t.address:<14} {_dash(t.numa_node):<5} {_dash(t.minor):<6} {_dash(t.iommu_group):<6} "
+                f"{drv:<22} {t.owner}{comp}"
+            )
+        for ct in self.containers:
+            svc = ""
+            if ct.service is not None:
+                was = f" (now {ct.service.current_tp})" if ct.service.current_tp not in (None, ct.service.tp) else ""
+                svc = f", {ct.service.unit} tp {ct.service.tp}{was}"
+            lines.append(f"Container {ct.vmid}: {len(ct.gpus)} GPU(s), tp {len(ct.gpus)}, {ct.device_mode}{svc}")
+        for mid, m in sorted(self.mappings.items()):
+            lines.append(f"Mapping {mid}: {len(m.map)} device(s)")
+        if self.warnings:
+            lines.append("Warnings:")
+            lines += [f"  - {w}" for w in self.warnings]
+        if not self.actions:
+            lines.append("No changes")
+        else:
+            lines.append("Actions:")
+            for i, a in enumerate(self.actions, 1):
+                lines.append(f"  {i:>2}. [{a.phase}] {a.describe()}")
+        return "\n".join(lines) + "\n"
+
+
+def _dash(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def dev_sort(key: str) -> int:
+    m = DEV_KEY.match(key)
+    return int(m.group(1)) if m else 10_000
+
+
+def _by_dev_index(d: dict[str, str]) -> list[tuple[str, str]]:
+    return sorted(d.items(), key=lambda kv: dev_sort(kv[0]))
+
+
+# --- map entries -----------------------------------------------------------------------------
+
+
+def _entry_fields(entry: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for part in entry.split(","):
+        if "=" in part:
+            k, v = part.split("=", 1)
+            out[k.strip()] = v.strip()
+    return out
+
+
+def normalize_map_entry(entry: str) -> str:
+    """A map entry in Proxmox's canonical form: keys sorted, hex lowercase."""
+    fields = _entry_fields(entry)
+    for k in ("id", "subsystem-id", "path"):
+        if k in fields:
+            fields[k] = fields[k].lower()
+    return ",".join(f"{k}={v}" for k, v in sorted(fields.items()))
+
+
+def map_entry(gpu: Gpu, node: str) -> str:
+    """``id=vvvv:dddd,iommugroup=N,node=<node>,path=<addr>,subsystem-id=vvvv:dddd`` for a GPU."""
+    fields = {"id": f"{_hex(gpu.vendor)}:{_hex(gpu.device)}", "node": node, "path": gpu.address}
+    if gpu.iommu_group is not None:
+        fields["iommugroup"] = str(gpu.iommu_group)
+    if gpu.subsystem_vendor and gpu.subsystem_device:
+        fields["subsystem-id"] = f"{_hex(gpu.subsystem_vendor)}:{_hex(gpu.subsystem_device)}"
+    return ",".join(f"{k}={v}" for k, v in sorted(fields.items()))
+
+
+def _hex(value: str | None) -> str:
+    text = (value or "").lower()
+    return text[2:] if text.startswith("0x") else text
+
+
+# --- device entries ----------------------------------------------------------------------------
+
+
+def format_dev(path: str, gid: int | None, mode: str | None) -> str:
+    """A devN value in Proxmox's canonical form: the path, then the options sorted by key."""
+    opts: dict[str, str] = {}
+    if gid is not None:
+        opts["gid"] = str(gid)
+    if mode:
+        opts["mode"] = mode
+    return ",".join([path] + [f"{k}={v}" for k, v in sorted(opts.items())])
+
+
+def _dev_path(value: str) -> str:
+    first = str(value).split(",", 1)[0]
+    return first[5:] if first.startswith("path=") else first
+
+
+def is_nvidia_dev(value: str) -> bool:
+    return _dev_path(value).startswith("/dev/nvidia")
+
+
+def is_nvidia_lxc(key: str, value: str, majors: set[int]) -> bool:
+    if key == "lxc.mount.entry":
+        return value.strip().startswith("/dev/nvidia")
+    if key.startswith("lxc.cgroup2.devices.allow") or key.startswith("lxc.cgroup.devices.allow"):
+        m = re.match(r"^c\s+(\d+):", value.strip())
+        return bool(m) and int(m.group(1)) in majors
+    return False
+
+
+def _dev_paths(gpus: list[Gpu]) -> list[str]:
+    return [f"/dev/nvidia{g.minor}" for g in gpus if g.minor is not None] + (list(CONTROL_NODES) if gpus else [])
+
+
+def _legacy_lines(paths: list[str], majors: dict[str, int]) -> list[list[str]]:
+    lines = [["lxc.cgroup2.devices.allow", "c 195:* rwm"]]
+    lines.append(["lxc.cgroup2.devices.allow", f"c {majors['nvidia-uvm']}:* rwm"])
+    lines.append(["lxc.cgroup2.devices.allow", f"c {majors['nvidia-caps']}:* rwm"])
+    for p in paths:
+        lines.append(["lxc.mount.entry", f"{p} {p[1:]} none bind,optional,create=file"])
+    return lines
+
+
+def _device_changes(config: dict[str, Any], wanted: list[str]) -> tuple[dict[str, str], dict[str, str], list[str]]:
+    """(full desired devN dict, set, delete): keep entries already right, reuse free indices."""
+    existing = {k: str(v) for k, v in config.items() if DEV_KEY.match(k)}
+    keep: dict[str, str] = {}
+    unwanted: list[str] = []
+    missing = list(wanted)
+    for k, v in sorted(existing.items(), key=lambda kv: dev_sort(kv[0])):
+        if not is_nvidia_dev(v):
+            keep[k] = v
+        elif v in missing:
+            keep[k] = v
+            missing.remove(v)
+        else:
+            unwanted.append(k)
+    used = set(keep)
+    free = [f"dev{i}" for i in range(MAX_DEV_INDEX + 1) if f"dev{i}" not in used]
+    to_set = dict(zip(free, missing))
+    final = {**keep, **to_set}
+    delete = [k for k in unwanted if k not in to_set]
+    return final, to_set, delete
+
+
+# --- planning -------------------------------------------------------------------------------
+
+
+def pick_node(spec: Spec, facts: Facts, node: str | None) -> Node:
+    """The spec's node for this host: ``node`` if given, the only one, or the host's name.
+
+    Raises SpecError when none fits.
+    """
+    if node is None and len(spec.nodes) > 1 and facts.host.hostname:
+        node = facts.host.hostname
+    return spec.node(node)
+
+
+def _select(
+    sel: GpuSelector, candidates: list[Gpu], facts: Facts, owner: str, refusals: list[Refusal]
+) -> list[Gpu]:
+    if sel.numa is not None:
+        return [g for g in candidates if g.numa_node in sel.numa]
+    if sel.addresses is not None:
+        out = []
+        switches = {s.address for s in facts.nvswitches}
+        for a in sel.addresses:
+            g = facts.gpu(a)
+            if g is not None:
+                out.append(g)
+            elif a in switches:
+                refusals.append(Refusal(a, f"is an NVSwitch, not a GPU ({owner})", "nvswitch"))
+            else:
+                refusals.append(Refusal(a, f"no such GPU on this host ({owner})", "no-such-gpu"))
+        return out
+    return []  # count: resolved after the explicit selectors
+
+
+def plan(
+    facts: Facts,
+    spec: Spec,
+    current: CurrentState | None = None,
+    *,
+    node: str | None = None,
+    templates: str | None = None,
+) -> Plan:
+    """Plan the changes that bring the host from ``current`` to what ``spec`` asks.
+
+    Returns a :class:`Plan` (no actions when converged). Raises :class:`PlanRefused` with every
+    :class:`Refusal` when the spec cannot be carried out safely, SpecError when the spec names no
+    node for this host, ConfigError for a broken user template.
+    """
+    current = current or CurrentState()
+    spec_node = pick_node(spec, facts, node)
+    node_name = spec_node.name
+    refusals: list[Refusal] = []
+    warnings: list[str] = []
+    candidates = nvidia_gpus(facts)
+
+    # ---- who gets which GPU
+    owners: dict[str, list[str]] = {}
+    selected: dict[str, list[Gpu]] = {}
+
+    def claim(owner: str, gpus: list[Gpu]) -> None:
+        selected.setdefault(owner, [])
+        for g in gpus:
+            if g not in selected[owner]:
+                selected[owner].append(g)
+                owners.setdefault(g.address, []).append(owner)
+
+    cts = {f"container:{c.vmid}": c for c in spec_node.containers}
+    vms = {f"vm:{m.name}": m for m in spec_node.vms.mappings}
+    for owner, c in cts.items():
+        claim(owner, _select(c.gpus, candidates, facts, owner, refusals))
+    for owner, m in vms.items():
+        if m.gpus != "rest":
+            claim(owner, _select(m.gpus, candidates, facts, owner, refusals))
+    for owner, sel in [(o, c.gpus) for o, c in cts.items()] + [
+        (o, m.gpus) for o, m in vms.items() if m.gpus != "rest"
+    ]:
+        if sel.count is not None:
+            free = [g for g in candidates if g.address not in owners and not (owner.startswith("vm:") and g.boot_vga)]
+            if len(free) < sel.count:
+                refusals.append(
+                    Refusal(None, f"{owner} wants {sel.count} GPU(s), only {len(free)} unclaimed", "count")
+                )
+            claim(owner, free[: sel.count])
+    for owner, m in vms.items():
+        if m.gpus == "rest":
+            rest = []
+            for g in candidates:
+                if g.address in owners:
+                    continue
+                if g.boot_vga:
+                    warnings.append(f"{g.address}: boot VGA device; left with the host, not in {m.name}")
+                    continue
+                rest.append(g)
+            claim(owner, rest)
+
+    for addr, who in sorted(owners.items()):
+        if len(who) > 1:
+            refusals.append(Refusal(addr, f"claimed by both {who[0]} and {who[1]}", "double-claim"))
+
+    numa_used = any(
+        isinstance(s, GpuSelector) and s.numa is not None
+        for s in [c.gpus for c in spec_node.containers] + [m.gpus for m in spec_node.vms.mappings]
+    )
+    for g in candidates:
+        if g.numa_node is None and g.address not in owners and numa_used:
+            warnings.append(f"{g.address}: NUMA node unknown; no numa selector matches it (left with the host)")
+
+    owner_of = {addr: who[0] for addr, who in owners.items()}
+    vm_addresses = {a for a, o in owner_of.items() if o.startswith("vm:")}
+
+    # ---- checks per side
+    if vm_addresses and not facts.host.modules.vfio_pci:
+        warnings.append("vfio-pci module is not loaded; apply will refuse until it is (modprobe vfio-pci)")
+    for g in (facts.gpu(a) for a in sorted(vm_addresses)):
+        assert g is not None
+        if not facts.host.iommu_enabled:
+            refusals.append(Refusal(g.address, "IOMMU is off; VM passthrough needs it (amd_iommu/intel_iommu=on)", "iommu-off"))
+            continue
+        if g.boot_vga:
+            refusals.append(Refusal(g.address, "is the boot VGA device; it cannot go to a VM", "boot-vga"))
+        if g.is_nvswitch:
+            refusals.append(Refusal(g.address, "is an NVSwitch, not a GPU", "nvswitch"))
+        if g.sriov_numvfs:
+            refusals.append(Refusal(g.address, f"has {g.sriov_numvfs} SR-IOV VFs enabled; it must not be unbound", "sriov"))
+        if g.iommu_group is None:
+            refusals.append(Refusal(g.address, "has no IOMMU group; it cannot be passed to a VM", "no-group"))
+        for m in g.foreign_members:
+            if m.address not in vm_addresses:
+                refusals.append(
+                    Refusal(
+                        g.address,
+                        f"IOMMU group {g.iommu_group} also holds {m.address} (class {m.class_ or '?'}), "
+                        "which is not moving with it",
+                        "shared-group",
+                    )
+                )
+    for owner, c in cts.items():
+        gpus = selected.get(owner, [])
+        for g in gpus:
+            if g.vendor != NVIDIA_VENDOR:
+                refusals.append(Refusal(g.address, f"is not an NVIDIA GPU; {owner} needs the nvidia driver", "not-nvidia"))
+        nodes = {g.numa_node for g in gpus}
+        if len(nodes - {None}) > 1 and not spec.policy.allow_cross_numa:
+            warnings.append(
+                f"container {c.vmid}: GPUs span NUMA nodes {sorted(nodes - {None})} (cross-socket traffic)"
+            )
+        for g in gpus:
+            if g.numa_node is None:
+                warnings.append(f"{g.address}: NUMA node unknown (container {c.vmid})")
+            for m in g.iommu_members:
+                if m.role != MemberRole.BRIDGE and m.driver == VFIO and m.address not in owner_of:
+                    warnings.append(f"{g.address}: group member {m.address} is on vfio-pci (container {c.vmid})")
+            if g.minor is None:
+                warnings.append(
+                    f"{g.address}: /dev/nvidia minor unknown until nvidia binds it; plan again after apply "
+                    f"to add its device to container {c.vmid}"
+                )
+        tp = len(gpus)
+        if c.service is not None and tp > 0:
+            problems = []
+            if tp & (tp - 1):
+                problems.append("is not a power of two")
+            heads = c.service.attention_heads
+            if heads and heads % tp:
+                problems.append(f"does not divide the {heads} attention heads")
+            if problems:
+                text = f"container {c.vmid}: tensor parallel {tp} {' and '.join(problems)}"
+                if spec.policy.tp_check == "error":
+                    refusals.append(Refusal(None, text, "tp"))
+                else:
+                    warnings.append(text)
+
+    if refusals:
+        raise PlanRefused(refusals)
+
+    keep_override = spec.policy.keep_driver_override
+    target: list[GpuTarget] = []
+    for g in facts.gpus:
+        owner = owner_of.get(g.address, "host")
+        drv = NVIDIA if owner.startswith("container:") else VFIO if owner.startswith("vm:") else None
+        target.append(
+            GpuTarget(
+                address=g.address,
+                owner=owner,
+                driver=drv,
+                current_driver=g.driver,
+                companions=g.companions,
+                numa_node=g.numa_node,
+                minor=g.minor,
+                iommu_group=g.iommu_group,
+            )
+        )
+
+    actions: list[Any] = []
+
+    # ---- persistence files
+    vfio_all = sorted({a for t in target if t.driver == VFIO for a in [t.address, *t.companions]})
+    want_files = (
+        {UDEV_RULES_PATH: render_udev_rules(vfio_all, templates), MODULES_PATH: render_modules(templates)}
+        if vfio_all
+        else {}
+    )
+    for path in (UDEV_RULES_PATH, MODULES_PATH):
+        have = current.files.get(path)
+        if path in want_files:
+            if have != want_files[path]:
+                actions.append(WriteHostFile(path=path, content=want_files[path]))
+        elif have is not None:
+            actions.append(RemoveHostFile(path=path))
+
+    # ---- switch: one Rebind per IOMMU group
+    rebinds: list[Rebind] = []
+    seen_groups: set[Any] = set()
+    for t in target:
+        if t.driver is None:
+            continue
+        g = facts.gpu(t.address)
+        assert g is not None
+        gkey = g.iommu_group if g.iommu_group is not None else g.address
+        if gkey in seen_groups:
+            continue
+        members = {g.address: g.driver}
+        for m in g.iommu_members:
+            if m.role != MemberRole.BRIDGE:
+                members[m.address] = m.driver
+        if _needs_rebind(g, t.driver, keep_override):
+            seen_groups.add(gkey)
+            rebinds.append(
+                Rebind(
+                    address=g.address,
+                    members=sorted(members),
+                    from_drivers=dict(sorted(members.items())),
+                    to_driver=t.driver,
+                    keep_override=keep_override,
+                )
+            )
+    rebinding = {m for r in rebinds for m in r.members}
+
+    # ---- mappings
+    mappings: dict[str, MappingTarget] = {}
+    mapping_actions: list[Any] = []
+    changed_mappings: set[str] = set()
+    managed: list[tuple[str, list[Gpu], str | None, str]] = [
+        (m.name, selected.get(o, []), m.description, "VM passthrough") for o, m in vms.items()
+    ] + [(c.mapping, selected.get(o, []), None, f"container {c.vmid}") for o, c in cts.items() if c.mapping]
+    for mid, gpus, description, purpose in managed:
+        cur = current.mappings.get(mid)
+        other_nodes = [e for e in (cur.map if cur else []) if _entry_fields(e).get("node") != node_name]
+        ours = [map_entry(g, node_name) for g in sorted(gpus, key=lambda g: g.address)]
+        want = other_nodes + ours
+        desc = description or (cur.description if cur and cur.description else None)
+        if desc is None and ours:
+            desc = f"{len(ours)} GPU(s) for {purpose} (gputopo)"
+        mappings[mid] = MappingTarget(map=want, description=desc if want else None)
+        if not want:
+            if cur is not None:
+                mapping_actions.append(DeleteMapping(id=mid, digest=cur.digest))
+                changed_mappings.add(mid)
+            continue
+        if cur is None:
+            mapping_actions.append(SetMapping(id=mid, map=want, description=desc, create=True))
+            changed_mappings.add(mid)
+            continue
+        same_map = sorted(normalize_map_entry(e) for e in cur.map) == sorted(normalize_map_entry(e) for e in want)
+        if not same_map or (cur.description or None) != desc:
+            mapping_actions.append(SetMapping(id=mid, map=want, description=desc, create=False, digest=cur.digest))
+            if not same_map:
+                changed_mappings.add(mid)
+    kept = {
+        mid: MappingTarget(map=list(m.map), description=m.description)
+        for mid, m in current.mappings.items()
+        if mid not in mappings
+    }
+    actions += mapping_actions
+
+    # ---- containers: devices and service
+    containers: list[ContainerTarget] = []
+    updates: list[UpdateContainer] = []
+    dropins: list[WriteServiceDropin] = []
+    touched_cts: set[int] = set()
+    restart_services: set[int] = set()
+    p2p = p2p_must_be_disabled(facts)
+    for owner, c in cts.items():
+        gpus = sorted(selected.get(owner, []), key=lambda g: g.address)
+        state = current.containers.get(c.vmid)
+        if state is None:
+            warnings.append(f"container {c.vmid}: no configuration found on node {node_name}")
+            state = ContainerState()
+        config = state.config
+        paths = _dev_paths(gpus)
+        majors = _legacy_majors(c, facts)
+        managed_majors = {195, *DEFAULT_LEGACY_MAJORS.values(), *majors.values()}
+        cur_lxc = [list(x) for x in config.get("lxc", []) or []]
+        ours_lxc = [x for x in cur_lxc if is_nvidia_lxc(x[0], x[1], managed_majors)]
+        if c.device_mode == "devN":
+            wanted = [format_dev(p, c.gid, c.mode) for p in paths]
+            want_lxc: list[list[str]] = []
+        else:
+            wanted = []
+            want_lxc = _legacy_lines(paths, majors) if gpus else []
+        devices, to_set, delete = _device_changes(config, wanted)
+        lxc_add = [x for x in want_lxc if x not in ours_lxc]
+        lxc_remove = [x for x in ours_lxc if x not in want_lxc]
+        if to_set or delete or lxc_add or lxc_remove:
+            updates.append(
+                UpdateContainer(
+                    vmid=c.vmid,
+                    set=to_set,
+                    delete=delete,
+                    digest=config.get("digest"),
+                    lxc_add=lxc_add,
+                    lxc_remove=lxc_remove,
+                )
+            )
+            touched_cts.add(c.vmid)
+        # a GPU leaving nvidia that this container maps must not be unbound under it
+        used_paths = {_dev_path(v) for k, v in config.items() if DEV_KEY.match(k)}
+        for r in rebinds:
+            for a in r.members:
+                g = facts.gpu(a)
+                if g is not None and g.minor is not None and f"/dev/nvidia{g.minor}" in used_paths:
+                    touched_cts.add(c.vmid)
+
+        svc_target = None
+        if c.service is not None:
+            svc_state = state.service
+            command = c.service.command or (svc_state.exec_start if svc_state else None)
+            tp = len(gpus)
+            cur_tp = svc_state.tp if svc_state and svc_state.tp is not None else (
+                parse_tp(svc_state.exec_start) if svc_state and svc_state.exec_start else None
+            )
+            svc_target = ServiceTarget(
+                unit=c.service.unit, tp_flag=c.service.tp_flag, tp=tp, dropin=c.service.dropin,
+                command=command, current_tp=cur_tp,
+            )
+            if tp == 0:
+                warnings.append(f"container {c.vmid}: no GPUs left; {c.service.unit} is left alone")
+                svc_target.command = None
+            elif command is None:
+                warnings.append(
+                    f"container {c.vmid}: {c.service.unit} has no known command (set service.command); "
+                    "its drop-in is not managed"
+                )
+            else:
+                content = render_dropin(command, c.service.tp_flag, tp, p2p, templates)
+                if svc_state is None or svc_state.dropin != content:
+                    dropins.append(
+                        WriteServiceDropin(
+                            vmid=c.vmid,
+                            unit=c.service.unit,
+                            path=dropin_path(c.service.unit, c.service.dropin),
+                            content=content,
+                            tp=tp,
+                        )
+                    )
+                    restart_services.add(c.vmid)
+        containers.append(
+            ContainerTarget(
+                vmid=c.vmid,
+                gpus=[g.address for g in gpus],
+                device_mode=c.device_mode,
+                devices=devices,
+                lxc=want_lxc,
+                mapping=c.mapping,
+                service=svc_target,
+            )
+        )
+    actions += dropins
+
+    # ---- stop / start only what must
+    stops: list[Any] = []
+    starts: list[Any] = []
+    for c in spec_node.containers:
+        state = current.containers.get(c.vmid) or ContainerState()
+        running = state.status == "running"
+        svc = c.service
+        svc_active = bool(state.service and state.service.active)
+        restart_ct = c.vmid in touched_cts and running
+        restart_svc = c.vmid in restart_services and running and svc is not None
+        if restart_ct:
+            if svc is not None and svc_active:
+                stops.append(StopService(vmid=c.vmid, unit=svc.unit))
+            stops.append(StopGuest(guest="lxc", vmid=c.vmid))
+            starts.append(StartGuest(guest="lxc", vmid=c.vmid))
+            if svc is not None:
+                starts.append(StartService(vmid=c.vmid, unit=svc.unit))
+        elif restart_svc and svc is not None:
+            if svc_active:
+                stops.append(StopService(vmid=c.vmid, unit=svc.unit))
+            starts.append(StartService(vmid=c.vmid, unit=svc.unit))
+    affected = set(changed_mappings)
+    for mid, m in {**mappings, **{k: MappingTarget(map=v.map) for k, v in current.mappings.items()}}.items():
+        if any(_entry_fields(e).get("path") in rebinding for e in m.map):
+            affected.add(mid)
+    guest_ids = spec_node.vms.guests or sorted(current.guests)
+    for vmid in guest_ids:
+        gs = current.guests.get(vmid)
+        if gs is None or gs.status != "running":
+            continue
+        uses = set()
+        for value in gs.hostpci:
+            f = _entry_fields(value if "=" in value.split(",")[0] else f"host={value}")
+            if "mapping" in f:
+                uses.add(("mapping", f["mapping"]))
+            if "host" in f:
+                uses.add(("host", f["host"]))
+        hit = any(k == "mapping" and v in affected for k, v in uses) or any(
+            k == "host" and any(m.startswith(_full(v)) for m in rebinding) for k, v in uses
+        )
+        if hit:
+            stops.append(StopGuest(guest="qemu", vmid=vmid))
+            starts.append(StartGuest(guest="qemu", vmid=vmid))
+
+    actions += stops + rebinds + updates + starts
+    order = {p: i for i, p in enumerate(PHASES)}
+    actions.sort(key=lambda a: order[a.phase])  # stable: keeps the order within a phase
+    return Plan(
+        node=node_name,
+        target=target,
+        containers=containers,
+        mappings=mappings,
+        kept_mappings=kept,
+        p2p_disable=p2p,
+        keep_override=keep_override,
+        warnings=warnings,
+        actions=actions,
+    )
+
+
+def _full(host: str) -> str:
+    host = host.split(";")[0]
+    return host if host.count(":") >= 2 else f"0000:{host}"
+
+
+def _legacy_majors(c: Container, facts: Facts) -> dict[str, int]:
+    from_facts = getattr(facts.host, "device_majors", None) or {}
+    majors = dict(DEFAULT_LEGACY_MAJORS)
+    majors.update({k: v for k, v in from_facts.items() if k in majors})
+    majors.update(c.legacy_majors or {})
+    return majors
+
+
+def _needs_rebind(g: Gpu, to: str, keep_override: bool) -> bool:
+    others = [m for m in g.iommu_members if m.role != MemberRole.BRIDGE]
+    if to == VFIO:
+        if g.driver != VFIO or any(m.driver != VFIO for m in others):
+            return True
+        return keep_override and g.driver_override != VFIO
+    if g.driver != NVIDIA or g.driver_override == VFIO:
+        return True
+    return any(m.driver == VFIO and m.role == MemberRole.FUNCTION for m in others)
+
+
+# --- the world after a plan -------------------------------------------------------------------
+
+
+def expected_after(p: Plan, facts: Facts, current: CurrentState) -> tuple[Facts, CurrentState]:
+    """What facts and current state look like once ``p`` has been applied successfully.
+
+    GPUs that reach nvidia without a known minor get the lowest free one, as the driver does.
+    Used to rehearse a plan and to check that a converged host plans nothing.
+    """
+    facts = facts.model_copy(deep=True)
+    current = current.model_copy(deep=True)
+    drivers: dict[str, str | None] = {}
+    overrides: dict[str, str | None] = {}
+    for a in p.actions:
+        if isinstance(a, Rebind):
+            for m in a.members:
+                if a.to_driver == VFIO:
+                    drivers[m] = VFIO
+                    overrides[m] = VFIO if a.keep_override else None
+                else:
+                    drivers[m] = NVIDIA if m == a.address else None
+                    overrides[m] = None
+    used_minors = {g.minor for g in facts.gpus if g.minor is not None and drivers.get(g.address, g.driver) == NVIDIA}
+    for g in facts.gpus:
+        if g.address in drivers:
+            g.driver = drivers[g.address]
+            g.driver_override = overrides[g.address]
+            if g.driver == NVIDIA and g.minor is None:
+                g.minor = min(set(range(256)) - used_minors)
+                used_minors.add(g.minor)
+            elif g.driver != NVIDIA:
+                g.minor = None
+        for m in g.iommu_members:
+            if m.address in drivers:
+                m.driver = drivers[m.address]
+    for a in p.actions:
+        if isinstance(a, WriteHostFile):
+            current.files[a.path] = a.content
+        elif isinstance(a, RemoveHostFile):
+            current.files[a.path] = None
+        elif isinstance(a, SetMapping):
+            current.mappings[a.id] = MappingState(map=list(a.map), description=a.description, digest="new")
+        elif isinstance(a, DeleteMapping):
+            current.mappings.pop(a.id, None)
+        elif isinstance(a, WriteServiceDropin):
+            ct = current.containers.setdefault(a.vmid, ContainerState())
+            svc = ct.service or ServiceState(unit=a.unit)
+            svc.dropin = a.content
+            svc.tp = a.tp
+            for line in a.content.splitlines():
+                if line.startswith("ExecStart=") and line != "ExecStart=":
+                    svc.exec_start = line[len("ExecStart="):]
+            ct.service = svc
+        elif isinstance(a, UpdateContainer):
+            ct = current.containers.setdefault(a.vmid, ContainerState())
+            for k in a.delete:
+                ct.config.pop(k, None)
+            ct.config.update(a.set)
+            lxc = [list(x) for x in ct.config.get("lxc", []) if list(x) not in a.lxc_remove] + a.lxc_add
+            if lxc or "lxc" in ct.config:
+                ct.config["lxc"] = lxc
+            ct.config["digest"] = "new"
+        elif isinstance(a, StartService):
+            ct = current.containers.setdefault(a.vmid, ContainerState())
+            if ct.service is not None:
+                ct.service.active = True
+    return facts, current
+

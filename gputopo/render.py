@@ -1,0 +1,195 @@
+"""Render the files a plan stands for, from jinja2 templates (StrictUndefined).
+
+Built-in templates live in :func:`gputopo.resources.templates_dir`; a ``templates`` directory
+given by the user overrides any single template by file name. The planner renders its
+WriteHostFile / WriteServiceDropin / SetMapping contents with these same functions, so what
+``gputopo render`` writes and what apply writes are one thing.
+
+Rendered paths (relative to the output directory):
+
+* ``pve/lxc/<vmid>.devices.conf``  -- only the container's GPU lines (devN or legacy lxc.*)
+* ``pve/mapping/pci.cfg``          -- the mapping sections, exactly as Proxmox writes them
+* ``etc/udev/rules.d/90-gputopo-vfio.rules``, ``etc/modules-load.d/gputopo-vfio.conf``
+* ``ct/<vmid>/etc/systemd/system/<unit>.d/<dropin>`` -- the service drop-in
+
+Pure: reads only template files.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from gputopo.errors import ConfigError
+from gputopo.resources import templates_dir
+
+UDEV_RULES_PATH = "etc/udev/rules.d/90-gputopo-vfio.rules"
+MODULES_PATH = "etc/modules-load.d/gputopo-vfio.conf"
+VFIO_MODULES = ("vfio", "vfio_iommu_type1", "vfio_pci")
+TEMPLATE_NAMES = (
+    "lxc-devices.conf.j2",
+    "pci.cfg.j2",
+    "udev-vfio.rules.j2",
+    "modules-vfio.conf.j2",
+    "service-dropin.conf.j2",
+)
+# Every spelling of the tensor-parallel flag SGLang and vLLM accept; any of them is replaced.
+TP_FLAGS = ("--tp", "--tp-size", "--tensor-parallel-size", "-tp")
+
+
+@lru_cache(maxsize=8)
+def environment(templates: str | None = None) -> jinja2.Environment:
+    """The jinja2 environment: user ``templates`` first, then the built-ins.
+
+    Raises ConfigError when ``templates`` is not a directory.
+    """
+    loaders: list[jinja2.BaseLoader] = []
+    if templates:
+        if not Path(templates).is_dir():
+            raise ConfigError(f"--templates {templates}: not a directory")
+        loaders.append(jinja2.FileSystemLoader(str(templates)))
+    loaders.append(jinja2.FileSystemLoader(str(templates_dir())))
+    return jinja2.Environment(
+        loader=jinja2.ChoiceLoader(loaders),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+        keep_trailing_newline=True,
+    )
+
+
+def _render(name: str, templates: str | None, **context: Any) -> str:
+    try:
+        text = environment(templates).get_template(name).render(**context)
+    except jinja2.TemplateError as e:
+        raise ConfigError(f"template {name}: {type(e).__name__}: {e}".splitlines()[0]) from None
+    text = text.rstrip("\n")
+    return text + "\n" if text else ""
+
+
+# --- the tensor-parallel flag ----------------------------------------------------------------
+
+_TP_RE = re.compile(
+    r"(?P<lead>(?:^|(?<=\s)))(?P<flag>" + "|".join(re.escape(f) for f in sorted(TP_FLAGS, key=len, reverse=True))
+    + r")(?P<sep>=|\s+)(?P<value>\S+)"
+)
+
+
+def parse_tp(command: str) -> int | None:
+    """The tensor-parallel size in ``command`` (``--tp 8``, ``--tp=8``, ``--tensor-parallel-size 8``).
+
+    Returns None when no flag is there or its value is not an integer.
+    """
+    m = _TP_RE.search(command)
+    if not m:
+        return None
+    try:
+        return int(m.group("value").strip("'\""))
+    except ValueError:
+        return None
+
+
+def set_tp(command: str, flag: str, tp: int) -> str:
+    """``command`` with its tensor-parallel value set to ``tp``.
+
+    An existing flag (any accepted spelling, ``--flag N`` or ``--flag=N``) keeps its spelling and
+    gets the new value; without one, ``flag tp`` is appended.
+    """
+    command = command.strip()
+    if _TP_RE.search(command):
+        return _TP_RE.sub(lambda m: f"{m.group('lead')}{m.group('flag')}{m.group('sep')}{tp}", command)
+    return f"{command} {flag} {tp}"
+
+
+# --- the single files ------------------------------------------------------------------------
+
+
+def render_devices_conf(devices: list[tuple[str, str]], lxc: list[tuple[str, str]], templates: str | None = None) -> str:
+    """The container's GPU lines: ``devN: value`` and/or raw ``lxc.*: value`` (never ``#`` lines)."""
+    return _render("lxc-devices.conf.j2", templates, devices=devices, lxc=lxc)
+
+
+def render_pci_cfg(sections: list[dict[str, Any]], templates: str | None = None) -> str:
+    """``pci.cfg`` text for sections ``{id, map: [entries], description}``, sorted by id.
+
+    Proxmox's writer puts ``map`` lines first and the other keys sorted, a tab before each.
+    """
+    ordered = []
+    for s in sorted(sections, key=lambda s: s["id"]):
+        other = []
+        if s.get("description"):
+            other.append(("description", str(s["description"]).replace("\n", " ")))
+        for k, v in sorted((s.get("other") or {}).items()):
+            other.append((k, v))
+        ordered.append({"id": s["id"], "map": list(s["map"]), "other": sorted(other)})
+    return _render("pci.cfg.j2", templates, sections=ordered)
+
+
+def render_udev_rules(addresses: list[str], templates: str | None = None) -> str:
+    """udev rules setting ``driver_override=vfio-pci`` per address (never ``vfio-pci ids=``)."""
+    return _render("udev-vfio.rules.j2", templates, addresses=sorted(addresses))
+
+
+def render_modules(templates: str | None = None) -> str:
+    """modules-load.d list of the vfio modules VM passthrough needs."""
+    return _render("modules-vfio.conf.j2", templates, modules=list(VFIO_MODULES))
+
+
+def render_dropin(command: str, tp_flag: str, tp: int, p2p_disable: bool, templates: str | None = None) -> str:
+    """The service drop-in: ``ExecStart=`` reset, the command with TP set, the environment."""
+    return _render(
+        "service-dropin.conf.j2",
+        templates,
+        command=set_tp(command, tp_flag, tp),
+        tp=tp,
+        p2p_disable=p2p_disable,
+    )
+
+
+def dropin_path(unit: str, dropin: str) -> str:
+    """The drop-in's absolute path inside the container."""
+    return f"/etc/systemd/system/{unit}.d/{dropin}"
+
+
+def p2p_must_be_disabled(facts: Any) -> bool:
+    """True when SEV-SNP is on and the IOMMU translates DMA (peer-to-peer DMA can corrupt data)."""
+    return bool(facts.host.sev_snp) and facts.host.iommu_mode != "pt"
+
+
+# --- everything a plan stands for ------------------------------------------------------------
+
+
+def render(plan: Any, spec: Any = None, facts: Any = None, templates: str | None = None) -> dict[str, str]:
+    """Every file of ``plan`` (a :class:`gputopo.plan.Plan`): relative path -> text.
+
+    ``spec`` and ``facts`` are accepted for symmetry with the planner; the plan already carries
+    what was derived from them. Raises ConfigError for a broken or missing user template.
+    """
+    out: dict[str, str] = {}
+    for ct in plan.containers:
+        devices = sorted(ct.devices.items(), key=lambda kv: int(kv[0][3:]))
+        out[f"pve/lxc/{ct.vmid}.devices.conf"] = render_devices_conf(
+            [(k, v) for k, v in devices if v.startswith("/dev/nvidia")] if ct.device_mode == "devN" else [],
+            [tuple(x) for x in ct.lxc],
+            templates,
+        )
+        if ct.service is not None and ct.service.command is not None:
+            path = dropin_path(ct.service.unit, ct.service.dropin)
+            out[f"ct/{ct.vmid}{path}"] = render_dropin(
+                ct.service.command, ct.service.tp_flag, ct.service.tp, plan.p2p_disable, templates
+            )
+    sections = [
+        {"id": mid, "map": m.map, "description": m.description}
+        for mid, m in {**plan.kept_mappings, **plan.mappings}.items()
+        if m.map
+    ]
+    if sections:
+        out["pve/mapping/pci.cfg"] = render_pci_cfg(sections, templates)
+    vfio = plan.vfio_addresses()
+    if vfio:
+        out[UDEV_RULES_PATH] = render_udev_rules(vfio, templates)
+        out[MODULES_PATH] = render_modules(templates)
+    return out

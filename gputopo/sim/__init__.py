@@ -1,0 +1,1 @@
+"""A simulated Proxmox VE host behind gputopo's ports (kernel sysfs, Proxmox API, containers)."""

@@ -1,0 +1,292 @@
+"""A whole simulated Proxmox VE host in one directory, and the ports that drive it.
+
+``SimHost.create(dir)`` builds the seed story (docs/DESIGN.md) on a host root made from a
+fixture or a ``gputopo snapshot``: container 101 running with ``devN`` entries for every GPU
+(real minors) and the nvidia control nodes, the PCI mapping ``pro6000`` with every GPU, a
+stopped VM 201 with ``hostpci0: mapping=pro6000-vm,pcie=1``, and in the container an SGLang
+(or vLLM) unit serving with ``--tp <all GPUs>``. ``host.start()`` serves the Proxmox API
+(:class:`gputopo.sim.pveapi.PveApiServer`, TLS on loopback) and the container's inference
+endpoint; ``host.ports()`` hands out the :class:`gputopo.ports.Ports` apply and verify use.
+All state lives in files, so ``SimHost.open(dir)`` in another process sees the same host.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tarfile
+from pathlib import Path
+from typing import Any
+
+from gputopo.errors import GputopoError, InputError
+from gputopo.fixtures import materialize
+from gputopo.pvefmt import LxcConf, MapEntry, PciMapping, format_dev_value, format_map_entry, write_lxc_conf, write_pci_cfg
+from gputopo.sim import state
+from gputopo.sim.container import Container, EndpointServer, SimExec, SimPaths, missing_devices, write_unit
+
+DEFAULT_CT = 101
+DEFAULT_VM = 201
+CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
+SERVICE_COMMANDS = {
+    "sglang": ("/opt/sglang/.venv/bin/python -m sglang.launch_server --model-path /models/Qwen3-235B-A22B-FP8 "
+               "--served-model-name qwen3 --host 0.0.0.0 --port 30000 --tp {tp}"),
+    "vllm": ("/usr/local/bin/vllm serve /models/Qwen3-235B-A22B-FP8 --served-model-name qwen3 "
+             "--host 0.0.0.0 --port 8000 --tensor-parallel-size {tp}"),
+}
+
+
+class SimHostError(InputError):
+    """A simulated host directory cannot be created or opened. Names the directory."""
+
+    def __init__(self, where: str, reason: str):
+        self.where = where
+        self.reason = reason
+        super().__init__(f"{where}: {reason}")
+
+
+class ContainerStartError(GputopoError):
+    """Proxmox refused to start a container (the task fails with this message)."""
+
+
+def _extract_snapshot(archive: Path, dest: Path) -> None:
+    """Unpack a ``gputopo snapshot`` archive into ``dest`` (the root holds ``sys/``)."""
+    dest.mkdir(parents=True)
+    with tarfile.open(archive) as tf:
+        try:
+            tf.extractall(dest, filter="tar")
+        except TypeError:  # Python without extraction filters
+            tf.extractall(dest)
+    if not (dest / "sys").is_dir():
+        tops = [p for p in dest.iterdir() if p.is_dir()]
+        if len(tops) == 1 and (tops[0] / "sys").is_dir():
+            inner = tops[0]
+            for child in list(inner.iterdir()):
+                child.rename(dest / child.name)
+            inner.rmdir()
+    if not (dest / "sys").is_dir():
+        raise SimHostError(str(archive), "snapshot holds no sys/ tree")
+
+
+class Hooks:
+    """What the Proxmox API simulator calls inside start/stop tasks of a guest."""
+
+    def __init__(self, sim_dir: Path):
+        self.sim_dir = sim_dir
+
+    def on_guest_start(self, kind: str, vmid: int) -> None:
+        """Boot container ``vmid``: refuse like Proxmox when a granted ``devN`` node is missing.
+
+        Raises :class:`ContainerStartError` (``Device /dev/nvidia4 does not exist``).
+        """
+        if kind != "lxc":
+            return
+        missing = missing_devices(self.sim_dir, vmid)
+        if missing:
+            raise ContainerStartError(f"Device {missing[0]} does not exist")
+        Container(self.sim_dir, vmid).boot()
+
+    def on_guest_stop(self, kind: str, vmid: int) -> None:
+        if kind == "lxc":
+            Container(self.sim_dir, vmid).shutdown()
+
+
+class SimHost:
+    """A simulated host rooted at ``dir``; see the module docstring."""
+
+    def __init__(self, dir: str | os.PathLike):
+        self.dir = Path(dir)
+        self.paths = SimPaths(self.dir)
+        info = state.read_state(self.paths.run, "host", None)
+        if info is None:
+            raise SimHostError(str(self.dir), "not a simulated host (no run/host.json); create one with 'gputopo sim create'")
+        self.info: dict[str, Any] = info
+        self.node: str = info["node"]
+        self.version: str = info.get("pve_version", "8.4.1")
+        self.container: int = int(info.get("container", DEFAULT_CT))
+        self.api = None
+        self.endpoint: EndpointServer | None = None
+        self.hooks = Hooks(self.dir)
+
+    # -- creation --
+
+    @classmethod
+    def create(cls, dir: str | os.PathLike, source: str | os.PathLike = "seed", node: str | None = None,
+               container: int = DEFAULT_CT, service: str = "sglang", pve_version: str = "8.4.1",
+               root: str | os.PathLike | None = None) -> SimHost:
+        """Create a simulated host in ``dir`` (must not exist or be empty) and return it.
+
+        ``source``: a fixture name (``seed``), a fixture yaml, or a ``gputopo snapshot``
+        ``.tar.gz``; ``root`` instead copies an existing host root directory. ``node`` defaults
+        to the root's hostname. Raises :class:`SimHostError` for a non-empty ``dir``, an unknown
+        ``service`` or a root without GPUs on nvidia; :class:`gputopo.fixtures.FixtureError`
+        for a bad fixture.
+        """
+        from gputopo.discover import discover
+
+        dir = Path(dir)
+        if dir.exists() and any(dir.iterdir()):
+            raise SimHostError(str(dir), "directory is not empty")
+        if service not in SERVICE_COMMANDS:
+            raise SimHostError(str(dir), f"unknown service {service!r} (sglang or vllm)")
+        paths = SimPaths(dir)
+        src = str(source)
+        if root is not None:
+            shutil.copytree(root, paths.root, symlinks=True)
+        elif src.endswith((".tar.gz", ".tgz", ".tar")):
+            _extract_snapshot(Path(src), paths.root)
+        else:
+            materialize(src, paths.root)
+        facts = discover(str(paths.root))
+        hostname = node or facts.host.hostname or "pve"
+        gpus = [g for g in facts.gpus if g.driver == "nvidia" and g.minor is not None]
+        if not gpus:
+            raise SimHostError(src, "the host has no GPU on the nvidia driver to give the container")
+        _write_pve(paths, hostname, container, facts)
+        state.write_state(paths.run, "host", {"node": hostname, "pve_version": pve_version,
+                                             "container": container, "vm": DEFAULT_VM, "service": service,
+                                             "source": src})
+        unit = f"{service}.service"
+        write_unit(dir, container, unit,
+                   f"[Unit]\nDescription={service} inference server\nAfter=network-online.target\n\n"
+                   f"[Service]\nType=simple\nExecStart={SERVICE_COMMANDS[service].format(tp=len(gpus))}\n"
+                   f"Restart=on-failure\n\n[Install]\nWantedBy=multi-user.target\n")
+        state.set_guest_status(paths.run, "lxc", container, "running")
+        state.set_guest_status(paths.run, "qemu", DEFAULT_VM, "stopped")
+        Container(dir, container).boot()
+        return cls(dir)
+
+    @classmethod
+    def open(cls, dir: str | os.PathLike) -> SimHost:
+        """Reattach to the simulated host in ``dir``. Raises :class:`SimHostError` when none."""
+        return cls(dir)
+
+    # -- serving --
+
+    def start(self, port: int = 0, tls: bool = True, endpoint_port: int = 0) -> SimHost:
+        """Serve the Proxmox API (``port`` 0: any free port) and the inference endpoint on loopback.
+
+        Raises :class:`SimHostError` when a fixed ``port`` is asked of a server that cannot.
+        """
+        import inspect
+
+        from gputopo.sim.pveapi import PveApiServer
+
+        kw: dict[str, Any] = {"tls": tls, "hooks": self.hooks}
+        if port:
+            if "port" not in inspect.signature(PveApiServer).parameters:
+                raise SimHostError(str(self.dir), "this Proxmox API simulator cannot listen on a fixed port")
+            kw["port"] = port
+        self.api = PveApiServer(self.paths.pve, self.paths.run, self.paths.root, self.node, self.version, **kw)
+        self.api.start()
+        self.endpoint = EndpointServer(self.dir, self.container, port=endpoint_port).start()
+        state.write_state(self.paths.run, "api", {"url": self.api.url})
+        return self
+
+    def stop(self) -> None:
+        """Stop whatever :meth:`start` started (safe to call twice)."""
+        if self.endpoint is not None:
+            self.endpoint.stop()
+            self.endpoint = None
+        if self.api is not None:
+            self.api.stop()
+            self.api = None
+
+    def __enter__(self) -> SimHost:
+        return self.start() if self.api is None else self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        if self.api is None:
+            raise SimHostError(str(self.dir), "not started")
+        return self.api.url
+
+    def ports(self, auth: str = "password"):
+        """The :class:`gputopo.ports.Ports` bundle for this host (starts it when needed).
+
+        ``auth`` is ``"password"`` (root@pam ticket) or ``"token"`` (an API token of root@pam,
+        which Proxmox refuses for devN changes). Raises ValueError for another ``auth``.
+        """
+        from gputopo.hostfiles import RealHostFiles
+        from gputopo.ports import Ports
+        from gputopo.proxmox import ApiConfig, ProxmoxClient
+        from gputopo.sim.kernel import SimKernel
+
+        if auth not in ("password", "token"):
+            raise ValueError(f"auth must be 'password' or 'token', not {auth!r}")
+        if self.api is None:
+            self.start()
+        creds = self.credentials()
+        port = self.api.port
+        cfg = ApiConfig(backend="https", host="127.0.0.1", port=port, node=self.node, user="root@pam",
+                        token_name=creds["token_name"] if auth == "token" else None,
+                        verify_ssl=bool(self.api.ca_cert_path),
+                        ca_bundle=str(self.api.ca_cert_path) if self.api.ca_cert_path else None,
+                        timeout=30.0, task_timeout=60.0, poll_interval=0.05)
+        # the simulator's throw-away secrets go in as the environment, as an operator's would
+        env = ({"GPUTOPO_PVE_TOKEN_SECRET": creds["token_value"]} if auth == "token"
+               else {"GPUTOPO_PVE_PASSWORD": creds["password"]})
+        client = ProxmoxClient.from_config(cfg, env=env)
+        return Ports(sysfs=SimKernel(str(self.paths.root)), proxmox=client, exec=SimExec(self.dir),
+                     files=RealHostFiles(str(self.paths.root)),
+                     extra={"sim": self, "endpoint": self.endpoint.url if self.endpoint else None})
+
+    def credentials(self) -> dict[str, str]:
+        """root@pam's password and an API token of root@pam, as the API server holds them."""
+        api = self.api
+        if api is None:
+            raise SimHostError(str(self.dir), "not started")
+        token_id = api.root_token_id
+        return {"user": "root@pam", "password": api.root_password,
+                "token_name": token_id.split("!", 1)[1], "token_value": api.root_token_secret,
+                "token_id": token_id}
+
+
+def _write_pve(paths: SimPaths, node: str, ctid: int, facts) -> None:
+    """Write /etc/pve for the seed story from the host's facts."""
+    nodedir = paths.pve / "nodes" / node
+    (nodedir / "lxc").mkdir(parents=True, exist_ok=True)
+    (nodedir / "qemu-server").mkdir(parents=True, exist_ok=True)
+    for name in ("lxc", "qemu-server"):
+        link = paths.pve / name
+        if not link.is_symlink():
+            link.symlink_to(f"nodes/{node}/{name}")
+    (paths.pve / "mapping").mkdir(exist_ok=True)
+
+    gpus = sorted((g for g in facts.gpus if g.driver == "nvidia" and g.minor is not None), key=lambda g: g.minor)
+    nodes = [f"/dev/nvidia{g.minor}" for g in gpus] + [f"/dev/{n}" for n in CONTROL_NODES]
+    caps = paths.root / "dev/nvidia-caps"
+    if caps.is_dir():
+        nodes += [f"/dev/nvidia-caps/{p.name}" for p in sorted(caps.iterdir())]
+    nodes = [n for n in nodes if os.path.lexists(paths.root / n.lstrip("/"))]
+    options = {
+        "arch": "amd64", "cores": "32", "hostname": "llm", "memory": "262144",
+        "net0": "name=eth0,bridge=vmbr0,hwaddr=BC:24:11:00:01:01,ip=dhcp,type=veth",
+        "ostype": "ubuntu", "rootfs": f"local-lvm:vm-{ctid}-disk-0,size=200G", "swap": "0",
+    }
+    for i, n in enumerate(nodes):
+        options[f"dev{i}"] = format_dev_value(n, gid=44, mode="0666")
+    (nodedir / "lxc" / f"{ctid}.conf").write_text(write_lxc_conf(LxcConf(options=options)))
+
+    (nodedir / "qemu-server" / f"{DEFAULT_VM}.conf").write_text(
+        "bios: ovmf\nboot: order=scsi0\ncores: 32\nhostpci0: mapping=pro6000-vm,pcie=1\nmachine: q35\n"
+        "memory: 131072\nname: gpu-vm\nnet0: virtio=BC:24:11:00:02:01,bridge=vmbr0\nnuma: 1\nostype: l26\n"
+        f"scsi0: local-lvm:vm-{DEFAULT_VM}-disk-0,iothread=1,size=100G\nscsihw: virtio-scsi-single\n"
+        "sockets: 1\nvmgenid: 6f1c2c4e-0000-4000-8000-000000000201\n")
+
+    maps = []
+    for g in sorted(gpus, key=lambda g: g.address):
+        entry = MapEntry(
+            id=f"{_hex(g.vendor)}:{_hex(g.device)}", node=node, path=g.address, iommugroup=g.iommu_group,
+            subsystem_id=(f"{_hex(g.subsystem_vendor)}:{_hex(g.subsystem_device)}"
+                          if g.subsystem_vendor and g.subsystem_device else None))
+        maps.append(format_map_entry(entry))
+    (paths.pve / "mapping" / "pci.cfg").write_text(
+        write_pci_cfg([PciMapping(id="pro6000", maps=maps, description="GPUs of the inference container")]))
+
+
+def _hex(value: str | None) -> str:
+    return re.sub(r"^0x", "", value or "").lower()

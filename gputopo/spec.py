@@ -1,0 +1,487 @@
+"""The desired-state spec: ``apiVersion: gputopo/v1``, ``kind: GpuTopology``.
+
+The spec is strict: unknown keys are errors, and every error becomes ONE
+:class:`gputopo.errors.SpecError` line naming the file, the field path
+(``nodes[0].containers[0].gpus.numa``) and what was expected. ``Spec.model_json_schema()`` is
+what ``gputopo schema spec`` prints.
+
+Pure: :func:`load_spec` reads the one file it is given; nothing else touches the host.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from gputopo.errors import AddressError, SpecError
+from gputopo.model import NVIDIA_VENDOR, Facts, Gpu, normalize_address
+
+API_VERSION = "gputopo/v1"
+KIND = "GpuTopology"
+DEFAULT_DROPIN = "gputopo.conf"
+MAPPING_ID_PATTERN = r"^[a-zA-Z][a-zA-Z0-9_-]+$"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class GpuSelector(_Strict):
+    """Which GPUs: exactly one of ``numa``, ``addresses`` or ``count``."""
+
+    numa: list[int] | None = Field(None, description="NUMA node ids; GPUs of unknown NUMA never match")
+    addresses: list[str] | None = Field(None, description="PCI addresses (dddd:bb:dd.f or bb:dd.f)")
+    count: int | None = Field(None, ge=1, description="N GPUs not claimed elsewhere, lowest address first")
+
+    @field_validator("addresses")
+    @classmethod
+    def _normalise(cls, value: list[str] | None) -> list[str] | None:
+        if value is None:
+            return None
+        out = []
+        for text in value:
+            try:
+                out.append(normalize_address(str(text)))
+            except AddressError as e:
+                raise ValueError(str(e)) from None
+        return out
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> "GpuSelector":
+        given = [k for k in ("numa", "addresses", "count") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                f"exactly one of numa, addresses, count expected (got {', '.join(given) or 'none'})"
+            )
+        return self
+
+    def describe(self) -> str:
+        if self.numa is not None:
+            return "numa " + ",".join(str(n) for n in self.numa)
+        if self.addresses is not None:
+            return "addresses " + ",".join(self.addresses)
+        return f"count {self.count}"
+
+
+class Service(_Strict):
+    """The inference service inside the container whose tensor-parallel size follows the GPUs."""
+
+    unit: str = Field(description="systemd unit inside the container, e.g. sglang.service")
+    tp_flag: str = Field("--tp", description="'--tp' (SGLang) or '--tensor-parallel-size' (vLLM)")
+    command: str | None = Field(
+        None, description="Full base ExecStart command; when absent, the unit's current one"
+    )
+    health_url: str | None = None
+    dropin: str = Field(DEFAULT_DROPIN, description="Drop-in file name under <unit>.d/")
+    attention_heads: int | None = Field(
+        None, ge=1, description="The model's attention heads; the TP size must divide it"
+    )
+
+    @field_validator("unit")
+    @classmethod
+    def _unit(cls, value: str) -> str:
+        if "/" in value or not value.strip():
+            raise ValueError("a systemd unit name such as sglang.service expected")
+        return value if "." in value else value + ".service"
+
+    @field_validator("dropin")
+    @classmethod
+    def _dropin(cls, value: str) -> str:
+        if "/" in value or not value.endswith(".conf"):
+            raise ValueError("a file name ending in .conf expected")
+        return value
+
+
+class Container(_Strict):
+    """An LXC container that gets GPUs on the host nvidia driver."""
+
+    vmid: int = Field(ge=100, le=999999999)
+    gpus: GpuSelector
+    mapping: str | None = Field(
+        None, pattern=MAPPING_ID_PATTERN, description="PCI mapping listing the container's GPUs (informational)"
+    )
+    device_mode: Literal["devN", "legacy"] = Field(
+        "devN", description="devN (PVE >= 8.1) or legacy lxc.cgroup2/lxc.mount.entry lines"
+    )
+    gid: int | None = Field(None, ge=0, description="gid of the device nodes inside the container")
+    mode: str = Field("0666", pattern=r"^0[0-7]{3}$", description="device node mode, e.g. 0666")
+    legacy_majors: dict[str, int] | None = Field(
+        None,
+        description="legacy mode only: char majors of nvidia-uvm and nvidia-caps (see /proc/devices)",
+    )
+    service: Service | None = None
+
+
+class VmMapping(_Strict):
+    """A Proxmox PCI resource mapping that holds VM GPUs (bound to vfio-pci)."""
+
+    name: str = Field(pattern=MAPPING_ID_PATTERN)
+    gpus: GpuSelector | Literal["rest"] = Field(
+        description="a selector, or 'rest': every NVIDIA GPU no container claims"
+    )
+    description: str | None = None
+
+    @field_validator("gpus", mode="before")
+    @classmethod
+    def _rest_or_selector(cls, value: Any) -> Any:
+        if isinstance(value, dict) or value == "rest":
+            return value
+        raise ValueError(f"'rest' or a selector with numa, addresses or count expected (got {value!r})")
+
+
+class Vms(_Strict):
+    mappings: list[VmMapping] = Field(default_factory=list)
+    guests: list[int] = Field(default_factory=list, description="VM vmids that use the mappings")
+
+
+class Node(_Strict):
+    name: str = Field(min_length=1, description="Proxmox node name, e.g. pve1")
+    containers: list[Container] = Field(default_factory=list)
+    vms: Vms = Field(default_factory=Vms)
+
+    @model_validator(mode="after")
+    def _unique(self) -> "Node":
+        seen: set[int] = set()
+        for i, ct in enumerate(self.containers):
+            if ct.vmid in seen:
+                raise ValueError(f"containers[{i}].vmid: container {ct.vmid} is listed twice")
+            seen.add(ct.vmid)
+        names: set[str] = set()
+        for i, m in enumerate(self.vms.mappings):
+            if m.name.lower() in names:
+                raise ValueError(f"vms.mappings[{i}].name: mapping {m.name} is listed twice")
+            names.add(m.name.lower())
+        for i, ct in enumerate(self.containers):
+            if ct.mapping and ct.mapping.lower() in names:
+                raise ValueError(
+                    f"containers[{i}].mapping: {ct.mapping} is also a VM mapping; a VM mapping "
+                    "must hold only VM GPUs"
+                )
+        if sum(1 for m in self.vms.mappings if m.gpus == "rest") > 1:
+            raise ValueError("vms.mappings: only one mapping may take 'rest'")
+        return self
+
+
+class Policy(_Strict):
+    keep_driver_override: bool = Field(
+        True,
+        description=(
+            "Leave driver_override=vfio-pci set after binding, so a reprobe or an nvidia module "
+            "reload cannot take a VM GPU back"
+        ),
+    )
+    tp_check: Literal["error", "warn"] = Field(
+        "error", description="What a TP size the service cannot use is: a refusal or a warning"
+    )
+    allow_cross_numa: bool = Field(False, description="Silence the warning for a container spanning NUMA nodes")
+
+
+class Verify(_Strict):
+    memory_spread_pct: float = Field(5, ge=0)
+    min_headroom_mib: int | None = Field(None, ge=0)
+    prompt: str = "What is 7 x 13? Answer with the number only."
+    expect: str = "91"
+    timeout: float = Field(120, gt=0)
+
+
+class Spec(_Strict):
+    """The whole spec. ``nodes`` holds one entry per Proxmox node."""
+
+    apiVersion: Literal["gputopo/v1"]
+    kind: Literal["GpuTopology"]
+    nodes: list[Node] = Field(min_length=1)
+    policy: Policy = Field(default_factory=Policy)
+    verify: Verify = Field(default_factory=Verify)
+
+    @model_validator(mode="after")
+    def _unique_nodes(self) -> "Spec":
+        names = [n.name for n in self.nodes]
+        for i, name in enumerate(names):
+            if name in names[:i]:
+                raise ValueError(f"nodes[{i}].name: node {name} is listed twice")
+        return self
+
+    def node(self, name: str | None) -> Node:
+        """The node called ``name``; with ``None`` the only node.
+
+        Raises SpecError when there is no such node or the choice is ambiguous.
+        """
+        if name is None:
+            if len(self.nodes) == 1:
+                return self.nodes[0]
+            raise SpecError("spec", "nodes", f"several nodes ({', '.join(n.name for n in self.nodes)}); name one")
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise SpecError("spec", "nodes", f"no node named {name!r} (have {', '.join(n.name for n in self.nodes)})")
+
+
+# --- loading -------------------------------------------------------------------------------
+
+
+def _loc_path(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+            continue
+        text = str(part)
+        # pydantic names union members and validators in the location; they are not fields
+        if "[" in text or "'" in text or text in ("GpuSelector", "str", "int"):
+            continue
+        out += ("." if out else "") + text
+    return out
+
+
+def _expected(err: dict[str, Any], model_fields: dict[str, Any] | None = None) -> str:
+    kind = err.get("type", "")
+    msg = str(err.get("msg", "invalid"))
+    if kind == "extra_forbidden":
+        return "unknown key"
+    if kind == "missing":
+        return "required key is missing"
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+    if msg.startswith("Assertion failed, "):
+        msg = msg[len("Assertion failed, "):]
+    got = err.get("input")
+    if kind not in ("value_error",) and not isinstance(got, (dict, list)):
+        msg += f" (got {got!r})"
+    return msg.replace("\n", " ")
+
+
+def format_validation_error(file: str, exc: ValidationError) -> SpecError:
+    """The first error of ``exc`` as one SpecError (file, field path, what was expected)."""
+    errors = exc.errors()
+    # a union reports every branch; the error of the branch matching the input's shape is the useful one
+    chosen = errors[0]
+    for e in errors:
+        if not any(isinstance(p, str) and "literal[" in p for p in e["loc"]):
+            chosen = e
+            break
+    path = _loc_path(tuple(chosen["loc"]))
+    expected = _expected(chosen)
+    # a model validator's message may start with a sub-path: fold it into the field path
+    if ": " in expected and chosen.get("type") == "value_error":
+        head, rest = expected.split(": ", 1)
+        if head and " " not in head:
+            path = f"{path}.{head}" if path else head
+            expected = rest
+    real = [e for e in errors if not any(isinstance(p, str) and "literal[" in p for p in e["loc"])] or errors
+    others = len({_loc_path(tuple(e["loc"])) for e in real}) - 1
+    if others > 0:
+        expected += f" (+{others} more)"
+    return SpecError(file, path, expected)
+
+
+def parse_spec(text: str, file: str = "<spec>") -> Spec:
+    """Parse spec YAML text. Returns the Spec; raises SpecError (one line) for any problem."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        raise SpecError(file, "", f"YAML syntax error at {where}{problem}") from None
+    if not isinstance(data, dict):
+        raise SpecError(file, "", f"a mapping with apiVersion: {API_VERSION} and kind: {KIND} expected")
+    if data.get("apiVersion") != API_VERSION:
+        raise SpecError(file, "apiVersion", f"{API_VERSION!r} expected (got {data.get('apiVersion')!r})")
+    try:
+        return Spec.model_validate(data)
+    except ValidationError as e:
+        raise format_validation_error(file, e) from None
+
+
+def load_spec(path: str | Path) -> Spec:
+    """Read and parse the spec file at ``path``. Raises SpecError naming the file."""
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise SpecError(str(path), "", f"cannot read: {e.strerror or e}") from None
+    return parse_spec(text, str(path))
+
+
+# --- starter specs from a discovered host --------------------------------------------------
+
+
+def nvidia_gpus(facts: Facts) -> list[Gpu]:
+    """The NVIDIA GPUs of ``facts`` (display-class functions of vendor 10de), by address."""
+    return sorted((g for g in facts.gpus if g.vendor == NVIDIA_VENDOR), key=lambda g: g.address)
+
+
+def split_selectors(facts: Facts, split: str) -> tuple[GpuSelector, GpuSelector]:
+    """(container selector, VM selector) for a ``--split`` mode.
+
+    ``numa``: the lowest NUMA node that has GPUs goes to the container, the other nodes to the VM.
+    ``half``: the lower half of the GPUs by address to the container, the rest to the VM.
+    Raises SpecError when the host cannot be split that way.
+    """
+    gpus = nvidia_gpus(facts)
+    if not gpus:
+        raise SpecError("--split", "", "the host has no NVIDIA GPUs")
+    if split == "numa":
+        nodes = sorted({g.numa_node for g in gpus if g.numa_node is not None})
+        if not nodes:
+            raise SpecError("--split", "numa", "no GPU has a known NUMA node; use --split half or addresses")
+        if len(nodes) < 2:
+            raise SpecError("--split", "numa", f"all GPUs are on NUMA node {nodes[0]}; use --split half")
+        return GpuSelector(numa=[nodes[0]]), GpuSelector(numa=nodes[1:])
+    if split == "half":
+        if len(gpus) < 2:
+            raise SpecError("--split", "half", "one GPU cannot be split")
+        half = len(gpus) // 2
+        return (
+            GpuSelector(addresses=[g.address for g in gpus[:half]]),
+            GpuSelector(addresses=[g.address for g in gpus[half:]]),
+        )
+    raise SpecError("--split", "", f"unknown split {split!r} (expected numa or half)")
+
+
+def _node_name(facts: Facts, node: str | None) -> str:
+    return node or facts.host.hostname or "pve1"
+
+
+def spec_from_split(
+    facts: Facts,
+    split: str = "numa",
+    container: int = 101,
+    vm_mapping: str = "pro6000-vm",
+    container_mapping: str | None = None,
+    node: str | None = None,
+    service_unit: str | None = None,
+    tp_flag: str = "--tp",
+) -> Spec:
+    """A Spec for the quick mode (``gputopo plan --split numa --container N --vm-mapping NAME``).
+
+    Raises SpecError when the host cannot be split that way or a name is invalid.
+    """
+    ct_sel, vm_sel = split_selectors(facts, split)
+    data: dict[str, Any] = {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "nodes": [
+            {
+                "name": _node_name(facts, node),
+                "containers": [
+                    {
+                        "vmid": container,
+                        "gpus": ct_sel.model_dump(exclude_none=True),
+                        **({"mapping": container_mapping} if container_mapping else {}),
+                        **({"service": {"unit": service_unit, "tp_flag": tp_flag}} if service_unit else {}),
+                    }
+                ],
+                "vms": {"mappings": [{"name": vm_mapping, "gpus": vm_sel.model_dump(exclude_none=True)}]},
+            }
+        ],
+    }
+    try:
+        return Spec.model_validate(data)
+    except ValidationError as e:
+        raise format_validation_error("--split", e) from None
+
+
+def _yaml_list(values: list[Any]) -> str:
+    return "[" + ", ".join(str(v) for v in values) + "]"
+
+
+def init_spec(
+    facts: Facts,
+    split: str = "numa",
+    container: int = 101,
+    vm_mapping: str = "pro6000-vm",
+    container_mapping: str | None = None,
+    node: str | None = None,
+    service_unit: str = "sglang.service",
+    tp_flag: str = "--tp",
+) -> str:
+    """A commented starter spec (YAML text) for the discovered host; it parses with parse_spec.
+
+    Raises SpecError when the host cannot be split that way.
+    """
+    ct_sel, vm_sel = split_selectors(facts, split)
+    gpus = nvidia_gpus(facts)
+    by_numa: dict[Any, list[str]] = {}
+    for g in gpus:
+        by_numa.setdefault(g.numa_node, []).append(g.address)
+
+    def sel_lines(sel: GpuSelector, indent: str) -> list[str]:
+        if sel.numa is not None:
+            return [f"{indent}numa: {_yaml_list(sel.numa)}"]
+        return [f"{indent}addresses:"] + [f'{indent}  - "{a}"' for a in sel.addresses or []]
+
+    n_ct = len([g for g in gpus if (ct_sel.numa and g.numa_node in ct_sel.numa) or
+                (ct_sel.addresses and g.address in ct_sel.addresses)])
+    lines = [
+        "# gputopo spec: which GPUs of this Proxmox host go to an LXC container (host nvidia",
+        "# driver) and which to VM passthrough (vfio-pci). Check it with `gputopo plan --spec FILE`.",
+        f"# Discovered: {len(gpus)} NVIDIA GPU(s); by NUMA node:",
+    ]
+    for numa, addrs in sorted(by_numa.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)):
+        label = "unknown" if numa is None else str(numa)
+        lines.append(f"#   NUMA {label}: {', '.join(addrs)}")
+    lines += [
+        f"apiVersion: {API_VERSION}   # the spec format version",
+        f"kind: {KIND}",
+        "nodes:",
+        "  # one entry per Proxmox node; name is the node name Proxmox uses",
+        f"  - name: {_node_name(facts, node)}",
+        "    containers:",
+        "      # vmid: the LXC container that keeps GPUs on the host nvidia driver",
+        f"      - vmid: {container}",
+        "        # gpus: exactly one of numa: [ids], addresses: [PCI addresses], count: N",
+        "        gpus:",
+        *sel_lines(ct_sel, "          "),
+    ]
+    if container_mapping:
+        lines += [
+            "        # mapping: a PCI mapping listing the container's GPUs (informational for Proxmox)",
+            f"        mapping: {container_mapping}",
+        ]
+    else:
+        lines += ["        # mapping: optional PCI mapping listing the container's GPUs (informational)"]
+    lines += [
+        "        # device_mode: devN (Proxmox >= 8.1) or legacy (lxc.cgroup2 + lxc.mount.entry lines)",
+        "        device_mode: devN",
+        '        # mode: the device nodes\' mode in the container; gid: their group (unset: root)',
+        '        mode: "0666"',
+        "        # service: the inference server whose tensor-parallel size follows the GPU count",
+        "        service:",
+        f"          unit: {service_unit}",
+        "          # tp_flag: --tp (SGLang) or --tensor-parallel-size (vLLM)",
+        f"          tp_flag: \"{tp_flag}\"",
+        f"          # TP will be {n_ct}. command: the full base ExecStart; unset = the unit's current one",
+        "          # command: python3 -m sglang.launch_server --model-path /models/m --tp 4",
+        "          # health_url: http://127.0.0.1:30000/health",
+        "          # attention_heads: 64   # the TP size must divide it",
+        "          dropin: gputopo.conf",
+        "    vms:",
+        "      mappings:",
+        "        # a PCI mapping for VM passthrough; its GPUs are bound to vfio-pci per address",
+        f"        - name: {vm_mapping}",
+        "          # gpus: a selector like the container's, or 'rest' (every GPU no container claims)",
+        "          gpus:",
+        *sel_lines(vm_sel, "            "),
+        "          description: GPUs for VM passthrough",
+        "      # guests: VM vmids using these mappings (stopped/started when their GPUs change)",
+        "      guests: []",
+        "policy:",
+        "  # keep driver_override=vfio-pci after binding, so a reprobe cannot take a VM GPU back",
+        "  keep_driver_override: true",
+        "  # tp_check: error or warn when the TP size is not a power of two / does not divide the heads",
+        "  tp_check: error",
+        "  # allow_cross_numa: silence the warning for a container spanning NUMA nodes",
+        "  allow_cross_numa: false",
+        "verify:",
+        "  # max spread of memory use across the container's GPUs, in percent",
+        "  memory_spread_pct: 5",
+        "  # min_headroom_mib: free memory each GPU must keep (unset: not checked)",
+        "  # a smoke-test prompt, the text the answer must contain, and its timeout in seconds",
+        '  prompt: "What is 7 x 13? Answer with the number only."',
+        '  expect: "91"',
+        "  timeout: 120",
+    ]
+    return "\n".join(lines) + "\n"

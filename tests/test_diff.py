@@ -1,0 +1,161 @@
+"""Diff and current-state reading: files under a pve root, services through an ExecPort."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from gputopo.current import config_from_lxc_text, parse_systemctl_show, read_current
+from gputopo.diff import diff
+from gputopo.hostfiles import RealHostFiles
+from gputopo.plan import UpdateContainer, expected_after, plan
+from gputopo.ports import ExecResult
+from gputopo.pvefmt import parse_lxc_conf, write_lxc_conf
+from gputopo.render import render
+from test_plan import SEED_CMD, SEED_SPEC, seed_current, seed_facts, seed_spec
+
+SHOW = (
+    "ExecStart={ path=/usr/bin/python3 ; argv[]=/usr/bin/python3 -m sglang.launch_server --tp 8 ; "
+    "ignore_errors=no ; start_time=[n/a] ; stop_time=[n/a] ; pid=0 ; code=(null) ; status=0/0 }\n"
+    "ActiveState=active\n"
+)
+
+
+def test_parse_systemctl_show():
+    assert parse_systemctl_show(SHOW) == (True, "/usr/bin/python3 -m sglang.launch_server --tp 8")
+    assert parse_systemctl_show("ActiveState=inactive\nExecStart=\n") == (False, None)
+
+
+def test_config_from_lxc_text_merges_pending():
+    text = ("arch: amd64\ndev0: /dev/nvidia0,mode=0666\ndev1: /dev/nvidia1\nlxc.mount.entry: /dev/fuse dev/fuse none bind\n"
+            "\n[pve:pending]\ndev2: /dev/nvidia2\ndelete: dev1\n")
+    cfg = config_from_lxc_text(text)
+    assert cfg["dev0"] == "/dev/nvidia0,mode=0666" and cfg["dev2"] == "/dev/nvidia2" and "dev1" not in cfg
+    assert cfg["lxc"] == [["lxc.mount.entry", "/dev/fuse dev/fuse none bind"]]
+    assert len(cfg["digest"]) == 40 and "delete" not in cfg
+
+
+class FakeExec:
+    """Containers as dicts of files plus one unit's state, answering like systemctl and cat."""
+
+    def __init__(self, exec_start: str, active: bool = True):
+        self.files: dict[str, str] = {}
+        self.exec_start = exec_start
+        self.active = active
+
+    def run(self, vmid, argv, timeout, input=None):
+        if argv[:2] == ["systemctl", "show"]:
+            return ExecResult(0, f"ExecStart={{ path=x ; argv[]={self.exec_start} ; ignore_errors=no }}\n"
+                                 f"ActiveState={'active' if self.active else 'inactive'}\n")
+        if argv[0] == "cat":
+            if argv[1] in self.files:
+                return ExecResult(0, self.files[argv[1]])
+            return ExecResult(1, "", f"cat: {argv[1]}: No such file or directory\n")
+        return ExecResult(127, "", "not found")
+
+    def push(self, vmid, path, content, mode=0o644):
+        self.files[path] = content
+
+
+def write_pve(pve: Path, current) -> None:
+    lxc = pve / "nodes" / "pve1" / "lxc"
+    lxc.mkdir(parents=True, exist_ok=True)
+    conf = parse_lxc_conf("")
+    for k, v in current.containers[101].config.items():
+        if k == "lxc":
+            conf.lxc = [tuple(x) for x in v]
+        elif k != "digest":
+            conf.options[k] = v
+    (lxc / "101.conf").write_text(write_lxc_conf(conf))
+
+
+def test_diff_from_files_then_converged(tmp_path):
+    facts, spec = seed_facts(), seed_spec()
+    pve, root = tmp_path / "pve", tmp_path / "root"
+    write_pve(pve, seed_current())
+    ex = FakeExec(SEED_CMD)
+    cur = read_current(spec, facts, pve_root=pve, exec=ex, files=RealHostFiles(root))
+    assert cur.containers[101].service.tp == 8 and cur.containers[101].service.dropin is None
+    report = diff(facts, spec, cur)
+    assert not report.is_empty
+    assert set(report.areas) == {"driver bindings", "container devices", "mappings", "service", "persistence files"}
+    assert "0000:81:00.0: nvidia -> vfio-pci" in report.areas["driver bindings"].lines
+    devdiff = report.areas["container devices"].files["pve/lxc/101.devices.conf"]
+    assert "-dev4: /dev/nvidia4,mode=0666" in devdiff and "+dev" not in devdiff
+    assert "CT 101 sglang.service: tensor parallel 8 -> 4" in report.areas["service"].lines
+    assert "+++ b/etc/udev/rules.d/90-gputopo-vfio.rules" in report.areas["persistence files"].files[
+        "etc/udev/rules.d/90-gputopo-vfio.rules"]
+    text = report.to_text()
+    assert "== mappings" in text and "+pro6000-vm" in text
+
+    # carry the plan out on the files, as apply would, and read everything back
+    p = plan(facts, spec, cur)
+    facts2, cur2 = expected_after(p, facts, cur)
+    files = render(p, spec, facts)
+    upd = next(a for a in p.actions if isinstance(a, UpdateContainer))
+    conf = parse_lxc_conf((pve / "nodes/pve1/lxc/101.conf").read_text())
+    for k in upd.delete:
+        conf.options.pop(k)
+    conf.options.update(upd.set)
+    (pve / "nodes/pve1/lxc/101.conf").write_text(write_lxc_conf(conf))
+    (pve / "mapping").mkdir()
+    (pve / "mapping/pci.cfg").write_text(files["pve/mapping/pci.cfg"])
+    for rel in ("etc/udev/rules.d/90-gputopo-vfio.rules", "etc/modules-load.d/gputopo-vfio.conf"):
+        RealHostFiles(root).write(rel, files[rel])
+    ex.files["/etc/systemd/system/sglang.service.d/gputopo.conf"] = files[
+        "ct/101/etc/systemd/system/sglang.service.d/gputopo.conf"]
+    ex.exec_start = cur2.containers[101].service.exec_start
+    cur3 = read_current(spec, facts2, pve_root=pve, exec=ex, files=RealHostFiles(root))
+    report = diff(facts2, spec, cur3)
+    assert report.is_empty, report.to_text()
+    assert report.to_text() == "Node pve1: no differences\n"
+
+
+def test_missing_pve_root_is_nothing_configured(tmp_path):
+    cur = read_current(seed_spec(), seed_facts(), pve_root=tmp_path / "absent")
+    assert cur.containers == {} and cur.mappings == {}
+
+
+@pytest.fixture(scope="module")
+def seed_root(tmp_path_factory):
+    from gputopo.fixtures import materialize
+
+    return materialize("seed", tmp_path_factory.mktemp("seed") / "root")
+
+
+def _cli(args):
+    from gputopo.cli import cli
+
+    return CliRunner().invoke(cli, args)
+
+
+def test_cli_diff_exit_codes(tmp_path, seed_root):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SEED_SPEC)
+    r = _cli(["diff", "--spec", str(spec), "--root", str(seed_root), "--pve-root", str(tmp_path / "pve"), "--exit-code"])
+    assert r.exit_code == 2, r.output
+    assert "== driver bindings" in r.output
+    spec.write_text(SEED_SPEC.replace("vmid: 101", "vmid: 1"))
+    r = _cli(["diff", "--spec", str(spec), "--root", str(seed_root), "--exit-code"])
+    assert r.exit_code == 1
+
+
+def test_cli_plan_quick_mode(seed_root, tmp_path):
+    r = _cli(["plan", "--split", "numa", "--container", "101", "--vm-mapping", "pro6000-vm",
+              "--root", str(seed_root), "--pve-root", str(tmp_path / "none")])
+    assert r.exit_code == 0, r.output
+    assert "Container 101: 4 GPU(s), tp 4" in r.output
+    assert "0000:81:00.0   1     4" in r.output and "nvidia -> vfio-pci     vm:pro6000-vm" in r.output
+    assert "[switch] rebind 0000:f1:00.0: nvidia -> vfio-pci" in r.output
+
+
+def test_cli_render_writes_files(seed_root, tmp_path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SEED_SPEC)
+    out = tmp_path / "out"
+    r = _cli(["render", "--spec", str(spec), "--root", str(seed_root), "--pve-root", str(tmp_path / "none"), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert (out / "pve/mapping/pci.cfg").read_text().startswith("pro6000\n")
+    assert (out / "etc/modules-load.d/gputopo-vfio.conf").is_file()

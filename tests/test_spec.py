@@ -1,0 +1,107 @@
+"""Spec loading: strict, one SpecError line naming file, field path and what was expected."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gputopo.errors import SpecError
+from gputopo.spec import Spec, init_spec, load_spec, parse_spec, spec_from_split
+from test_plan import host, gpu, seed_facts
+
+BASE = """apiVersion: gputopo/v1
+kind: GpuTopology
+nodes:
+  - name: pve1
+    containers:
+      - vmid: 101
+        gpus: {numa: [0]}
+    vms:
+      mappings:
+        - name: pro6000-vm
+          gpus: {numa: [1]}
+"""
+
+
+def err(text: str) -> str:
+    with pytest.raises(SpecError) as e:
+        parse_spec(text, "s.yaml")
+    msg = str(e.value)
+    assert "\n" not in msg and e.value.exit_code == 2
+    return msg
+
+
+@pytest.mark.parametrize(
+    "old, new, want",
+    [
+        ("gpus: {numa: [0]}", "gpus: {numa: [0]}\n        colour: red", "s.yaml: nodes[0].containers[0].colour: unknown key"),
+        ("numa: [0]", "numa: [zero]", "s.yaml: nodes[0].containers[0].gpus.numa[0]: Input should be a valid integer"),
+        ("{numa: [0]}", "{numa: [0], count: 2}",
+         "s.yaml: nodes[0].containers[0].gpus: exactly one of numa, addresses, count expected (got numa, count)"),
+        ("gpus: {numa: [1]}", "gpus: all",
+         "s.yaml: nodes[0].vms.mappings[0].gpus: 'rest' or a selector with numa, addresses or count expected (got 'all')"),
+        ("gpus: {numa: [1]}", "gpus: {numa: [1], foo: 1}", "s.yaml: nodes[0].vms.mappings[0].gpus.foo: unknown key"),
+        ("{numa: [0]}", "{addresses: ['zz:00.0']}", "s.yaml: nodes[0].containers[0].gpus.addresses: not a PCI address: 'zz:00.0'"),
+        ("gpus: {numa: [0]}", "gpus: {numa: [0]}\n        mode: '666'", "s.yaml: nodes[0].containers[0].mode: String should match"),
+        ("gputopo/v1", "gputopo/v2", "s.yaml: apiVersion: 'gputopo/v1' expected (got 'gputopo/v2')"),
+        ("vmid: 101", "vmid: 5", "s.yaml: nodes[0].containers[0].vmid: Input should be greater than or equal to 100"),
+        ("    vms:", "      - vmid: 101\n        gpus: {count: 1}\n    vms:",
+         "s.yaml: nodes[0].containers[1].vmid: container 101 is listed twice"),
+        ("name: pro6000-vm", "name: 9bad", "s.yaml: nodes[0].vms.mappings[0].name: String should match pattern"),
+    ],
+)
+def test_errors_name_the_field(old, new, want):
+    assert old in BASE
+    assert err(BASE.replace(old, new)).startswith(want)
+
+
+def test_yaml_syntax_error_has_line():
+    assert err(BASE.replace("gpus: {numa: [0]}", "gpus: {numa: [0]")).startswith(
+        "s.yaml: YAML syntax error at line 8, column 5:")
+
+
+def test_load_spec_missing_file(tmp_path):
+    with pytest.raises(SpecError) as e:
+        load_spec(tmp_path / "none.yaml")
+    assert str(e.value).startswith(f"{tmp_path / 'none.yaml'}: cannot read")
+
+
+def test_defaults_and_normalised_addresses():
+    s = parse_spec(BASE.replace("{numa: [0]}", "{addresses: ['01:00.0', '00000000:11:00.0']}"))
+    ct = s.nodes[0].containers[0]
+    assert ct.gpus.addresses == ["0000:01:00.0", "0000:11:00.0"]
+    assert (ct.device_mode, ct.mode, ct.gid) == ("devN", "0666", None)
+    assert s.policy.keep_driver_override is True and s.policy.tp_check == "error"
+    assert s.verify.memory_spread_pct == 5
+
+
+def test_schema_forbids_extra_keys():
+    schema = Spec.model_json_schema()
+    assert schema["additionalProperties"] is False
+    json.dumps(schema)
+
+
+def test_init_spec_parses_and_splits_by_lowest_numa(tmp_path):
+    text = init_spec(seed_facts(), container=105, vm_mapping="gpuvm")
+    body = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    # every setting line is explained by a comment before it or on it
+    assert text.count("#") >= 20
+    path = tmp_path / "spec.yaml"
+    path.write_text(text)
+    s = load_spec(path)
+    node = s.nodes[0]
+    assert node.name == "pve1" and node.containers[0].vmid == 105
+    assert node.containers[0].gpus.numa == [0] and node.vms.mappings[0].gpus.numa == [1]
+    assert node.containers[0].service.unit == "sglang.service"
+    assert "# TP will be 4." in text and body
+
+
+def test_split_needs_known_numa():
+    facts = host([gpu("01", None, 0, 1), gpu("02", None, 1, 2)])
+    with pytest.raises(SpecError) as e:
+        spec_from_split(facts)
+    assert "no GPU has a known NUMA node" in str(e.value)
+    s = spec_from_split(facts, split="half")
+    assert s.nodes[0].containers[0].gpus.addresses == ["0000:01:00.0"]
+    assert s.nodes[0].vms.mappings[0].gpus.addresses == ["0000:02:00.0"]
