@@ -240,11 +240,16 @@ class Binder:
             self._set_override(m, want_override)
         return True
 
-    def restore(self, previous: dict[str, MemberState]) -> None:
+    def restore(self, previous: dict[str, MemberState] | dict[str, str | None]) -> None:
         """Undo :meth:`move_group`: put every member back on its previous driver and override.
 
+        ``previous`` is what move_group returned, or plain address -> driver (no override).
         Members that had no driver are unbound. Raises like :meth:`move_group`.
         """
+        previous = {
+            normalize_address(m): st if isinstance(st, MemberState) else MemberState(st, None)
+            for m, st in previous.items()
+        }
         by_target: dict[str | None, list[str]] = {}
         for m, st in previous.items():
             by_target.setdefault(st.driver, []).append(m)

@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gputopo.errors import PlanRefused, Refusal
 from gputopo.model import NVIDIA_VENDOR, Facts, Gpu, MemberRole
+from gputopo.pvefmt import MapEntry, format_dev_value, format_map_entry
 from gputopo.render import (
     MODULES_PATH,
     UDEV_RULES_PATH,
@@ -44,7 +45,6 @@ from gputopo.render import (
     render_dropin,
     render_modules,
     render_udev_rules,
-    set_tp,
 )
 from gputopo.spec import Container, GpuSelector, Node, Spec, nvidia_gpus, spec_from_split
 
@@ -218,6 +218,10 @@ class Rebind(_M):
         extra = [m for m in self.members if m != self.address]
         with_ = f" with {', '.join(extra)}" if extra else ""
         keep = " (override kept)" if self.to_driver == VFIO and self.keep_override else ""
+        if before == [self.to_driver]:
+            # already on the driver: only driver_override changes
+            what = "set" if self.to_driver == VFIO and self.keep_override else "clear"
+            return f"{what} driver_override on {self.address}{with_} (stays on {self.to_driver})"
         return f"rebind {self.address}{with_}: {'/'.join(before)} -> {self.to_driver}{keep}"
 
 
@@ -412,13 +416,22 @@ def normalize_map_entry(entry: str) -> str:
 
 
 def map_entry(gpu: Gpu, node: str) -> str:
-    """``id=vvvv:dddd,iommugroup=N,node=<node>,path=<addr>,subsystem-id=vvvv:dddd`` for a GPU."""
-    fields = {"id": f"{_hex(gpu.vendor)}:{_hex(gpu.device)}", "node": node, "path": gpu.address}
-    if gpu.iommu_group is not None:
-        fields["iommugroup"] = str(gpu.iommu_group)
+    """``id=vvvv:dddd,iommugroup=N,node=<node>,path=<addr>,subsystem-id=vvvv:dddd`` for a GPU.
+
+    Raises PveFormatError when the GPU's ids cannot form a valid entry.
+    """
+    subsystem = None
     if gpu.subsystem_vendor and gpu.subsystem_device:
-        fields["subsystem-id"] = f"{_hex(gpu.subsystem_vendor)}:{_hex(gpu.subsystem_device)}"
-    return ",".join(f"{k}={v}" for k, v in sorted(fields.items()))
+        subsystem = f"{_hex(gpu.subsystem_vendor)}:{_hex(gpu.subsystem_device)}"
+    return format_map_entry(
+        MapEntry(
+            id=f"{_hex(gpu.vendor)}:{_hex(gpu.device)}",
+            node=node,
+            path=gpu.address,
+            iommugroup=gpu.iommu_group,
+            subsystem_id=subsystem,
+        )
+    )
 
 
 def _hex(value: str | None) -> str:
@@ -431,12 +444,7 @@ def _hex(value: str | None) -> str:
 
 def format_dev(path: str, gid: int | None, mode: str | None) -> str:
     """A devN value in Proxmox's canonical form: the path, then the options sorted by key."""
-    opts: dict[str, str] = {}
-    if gid is not None:
-        opts["gid"] = str(gid)
-    if mode:
-        opts["mode"] = mode
-    return ",".join([path] + [f"{k}={v}" for k, v in sorted(opts.items())])
+    return format_dev_value(path, gid=gid, mode=mode or None)
 
 
 def _dev_path(value: str) -> str:

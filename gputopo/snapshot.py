@@ -125,7 +125,7 @@ def snapshot(root: str | Path, out_tar_gz: str | Path) -> dict[str, int]:
     out = str(out_tar_gz)
     tmp = out + ".part"
     try:
-        with tarfile.open(tmp, "w:gz", format=tarfile.PAX_FORMAT) as tar:
+        with tarfile.open(tmp, "w:gz", format=tarfile.PAX_FORMAT, compresslevel=6) as tar:
             w = _TarWriter(tar)
             _capture(root_s, w, counts)
         os.replace(tmp, out)
@@ -302,17 +302,19 @@ def extract(tar_path: str | Path, dest: str | Path) -> Path:
             else:
                 tar.extractall(base, members=members)
     except (tarfile.TarError, OSError) as e:
-        raise SnapshotError(str(tar_path), f"cannot read snapshot: {e}") from e
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise SnapshotError(str(tar_path), f"cannot read snapshot: {first.rstrip(':')}") from e
     return dest_p
 
 
 @contextlib.contextmanager
-def opened_root(path: str | Path) -> Iterator[str]:
+def opened_root(path: str | Path, tmp_dir: str | Path | None = None) -> Iterator[str]:
     """Yield a directory root for ``path``: the path itself, or a temporary extraction of a
-    snapshot archive (removed afterwards). Raises :class:`SnapshotError` for a bad archive."""
+    snapshot archive under ``tmp_dir`` (removed afterwards). Raises :class:`SnapshotError`
+    for a bad archive."""
     if not is_snapshot(path):
         yield str(path)
         return
-    with tempfile.TemporaryDirectory(prefix="gputopo-snap-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="gputopo-snap-", dir=tmp_dir) as tmp:
         extract(path, tmp)
         yield tmp

@@ -8,14 +8,30 @@ Add new shared fixtures below; keep each one independent of the others.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 
 @pytest.fixture(scope="session")
-def materialized(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+def fast_tmp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A session directory on tmpfs when there is one: the large host is ~75,000 small files,
+    which a disk-backed /tmp creates 30 times slower. Removed at the end of the session."""
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK):
+        d = Path(tempfile.mkdtemp(prefix="gputopo-tests-", dir=shm))
+        yield d
+        shutil.rmtree(d, ignore_errors=True)
+    else:
+        yield tmp_path_factory.mktemp("fast")
+
+
+@pytest.fixture(scope="session")
+def materialized(fast_tmp: Path) -> Callable[[str], Path]:
     """Factory: host name (or yaml path) -> root built once per session (treat as read-only)."""
     from gputopo.fixtures import materialize
 
@@ -23,7 +39,7 @@ def materialized(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Pa
 
     def build(name: str) -> Path:
         if name not in cache:
-            base = tmp_path_factory.mktemp(f"host-{Path(name).stem}")
+            base = Path(tempfile.mkdtemp(prefix=f"host-{Path(name).stem}-", dir=fast_tmp))
             cache[name] = materialize(name, base / "root")
         return cache[name]
 

@@ -113,6 +113,13 @@ def test_group_move_unbinds_all_before_binding_any(binder: Binder, rec: Recorder
     assert not binder.vfio_group_present(g)
 
 
+def test_restore_from_plain_driver_names(binder: Binder) -> None:
+    binder.move_group([ADA, ADA_AUDIO], "vfio-pci", keep_override=True)
+    binder.restore({ADA: "nvidia", ADA_AUDIO: None})
+    assert (binder.driver_of(ADA), binder.override_of(ADA)) == ("nvidia", None)
+    assert (binder.driver_of(ADA_AUDIO), binder.override_of(ADA_AUDIO)) == (None, None)
+
+
 def test_group_move_back_to_native_drivers(binder: Binder) -> None:
     binder.move_group([ADA, ADA_AUDIO], "vfio-pci", keep_override=True)
     binder.move_group([ADA, ADA_AUDIO], None, keep_override=False)

@@ -118,11 +118,9 @@ def test_missing_pve_root_is_nothing_configured(tmp_path):
     assert cur.containers == {} and cur.mappings == {}
 
 
-@pytest.fixture(scope="module")
-def seed_root(tmp_path_factory):
-    from gputopo.fixtures import materialize
-
-    return materialize("seed", tmp_path_factory.mktemp("seed") / "root")
+@pytest.fixture
+def seed_root(materialized):
+    return materialized("seed")
 
 
 def _cli(args):

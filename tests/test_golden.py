@@ -23,16 +23,13 @@ UPDATE = os.environ.get("GPUTOPO_UPDATE_GOLDEN") == "1"
 
 
 @pytest.fixture(scope="module")
-def hosts(tmp_path_factory):
-    """Fixture host name -> discovered Facts (materialised once per module)."""
-    from gputopo.fixtures import materialize
-
+def hosts(materialized):
+    """Fixture host name -> discovered Facts (the shared materialised roots, read-only)."""
     cache: dict[str, object] = {}
 
     def get(name: str):
         if name not in cache:
-            root = materialize(name, tmp_path_factory.mktemp(name) / "root")
-            cache[name] = discover(root)
+            cache[name] = discover(materialized(name))
         return cache[name]
 
     return get
@@ -68,7 +65,7 @@ def check_all(scenario: str, p, spec, facts) -> None:
 
 def seed_current(facts) -> CurrentState:
     """Container 101 with all eight GPUs, sglang at --tp 8, one mapping pro6000 of all eight."""
-    cfg = {"arch": "amd64", "hostname": "llm", "digest": "0" * 40}
+    cfg = {"arch": "amd64", "hostname": "infer", "digest": "0" * 40}
     paths = [f"/dev/nvidia{g.minor}" for g in facts.gpus] + [
         "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset",
         "/dev/nvidia-caps/nvidia-cap1", "/dev/nvidia-caps/nvidia-cap2"]

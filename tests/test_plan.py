@@ -71,7 +71,7 @@ def seed_facts() -> Facts:
 
 def seed_current(tp: int = 8, dropin: str | None = None) -> CurrentState:
     """Container 101 running with all eight GPUs, service at --tp 8, nothing for VMs yet."""
-    cfg = {"arch": "amd64", "hostname": "llm", "digest": "d0"}
+    cfg = {"arch": "amd64", "hostname": "infer", "digest": "d0"}
     paths = [f"/dev/nvidia{SEED_MINOR[b]}" for b in SEED_NUMA] + [
         "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset",
         "/dev/nvidia-caps/nvidia-cap1", "/dev/nvidia-caps/nvidia-cap2"]

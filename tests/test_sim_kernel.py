@@ -17,7 +17,7 @@ import pytest
 
 import kernel_scenarios as ks
 from gputopo.errors import SysfsWriteError
-from gputopo.fixtures import DeviceSpec, HostSpec, NumaSpec, materialize
+from gputopo.fixtures import DeviceSpec, HostSpec, NumaSpec, load_host, materialize
 from gputopo.sim.kernel import (
     SimKernel,
     nvidia_information,
@@ -111,9 +111,17 @@ def err_of(k: SimKernel, path: str, value: str) -> int:
 # --- the shared scenarios --------------------------------------------------------------------
 
 
+@pytest.fixture(scope="module")
+def machine(tmp_path_factory: pytest.TempPathFactory) -> SimKernel:
+    """One simulated machine for all shared scenarios, as on a real kernel: each scenario
+    leaves the devices as it found them."""
+    return SimKernel(build_root(tmp_path_factory.mktemp("machine")), time_scale=0.0)
+
+
 @pytest.mark.parametrize("scenario", ks.SCENARIOS, ids=lambda f: f.__name__.removeprefix("scenario_"))
-def test_shared_scenario(kern: SimKernel, scenario) -> None:
-    scenario(backend(kern))
+def test_shared_scenario(machine: SimKernel, scenario) -> None:
+    scenario(backend(machine))
+    assert [driver(machine.root, a) for a in (ADA, ADA_AUDIO, ADA2)] == ["nvidia", "snd_hda_intel", "nvidia"]
 
 
 def test_conformance_sequence(kern: SimKernel) -> None:
@@ -135,14 +143,13 @@ def test_conformance_sequence(kern: SimKernel) -> None:
     assert driver(kern.root, ADA) == "nvidia"
 
 
-def test_shared_scenarios_on_the_shipped_esc8000a_fixture(tmp_path: Path, request) -> None:
-    try:
-        materialized = request.getfixturevalue("materialized")
-    except pytest.FixtureLookupError:
-        pytest.skip("tests/conftest.py has no materialized() fixture yet")
-    r = Path(materialized("esc8000a"))
+def test_shared_scenarios_on_the_shipped_esc8000a_fixture(tmp_path: Path) -> None:
+    spec = load_host("esc8000a")
+    spec.modules.append("vfio_pci")  # the scenarios need vfio-pci loaded; the capture has not
+    r = materialize(spec, tmp_path / "root")
     k = SimKernel(r, time_scale=0.0)
-    gpus = sorted(a for a in os.listdir(r / "sys/bus/pci/devices") if driver(r, a) == "nvidia")
+    gpus = sorted(a for a in os.listdir(r / "sys/bus/pci/devices")
+                  if driver(r, a) == "nvidia" and a.endswith(".0"))
     b = ks.KernelBackend(port=k, root=str(r), gpu=gpus[0], gpu_driver="nvidia",
                          gpu_companion=gpus[0][:-1] + "1", companion_driver="snd_hda_intel",
                          other_gpu=gpus[1])
@@ -150,10 +157,48 @@ def test_shared_scenarios_on_the_shipped_esc8000a_fixture(tmp_path: Path, reques
         scenario(b)
 
 
+def test_without_vfio_pci_loaded_nothing_binds_it(fresh_host) -> None:
+    r = fresh_host("esc8000a")
+    k = SimKernel(r, time_scale=0.0)
+    gpu = sorted(a for a in os.listdir(r / "sys/bus/pci/devices") if driver(r, a) == "nvidia")[0]
+    assert err_of(k, "sys/bus/pci/drivers/vfio-pci/bind", gpu) == errno.ENOENT
+    k.write(f"sys/bus/pci/devices/{gpu}/driver_override", "vfio-pci")
+    k.write("sys/bus/pci/drivers/nvidia/unbind", gpu)
+    k.write("sys/bus/pci/drivers_probe", gpu)  # success, and the GPU is left on no driver
+    assert driver(r, gpu) is None
+
+
+SEED_MINORS = {"01": 0, "11": 1, "61": 3, "71": 2, "81": 4, "91": 5, "e1": 7, "f1": 6}
+
+
+def test_seed_split_keeps_every_minor(fresh_host) -> None:
+    r = fresh_host("seed")
+    k = SimKernel(r, time_scale=0.0)
+    b = ks.KernelBackend(port=k, root=str(r), gpu="0000:81:00.0", gpu_driver="nvidia",
+                         gpu_companion="0000:81:00.0", companion_driver="nvidia", other_gpu="0000:91:00.0")
+
+    def minor(bus: str) -> int | None:
+        info = r / f"proc/driver/nvidia/gpus/0000:{bus}:00.0/information"
+        return parse_minor(info.read_text()) if info.exists() else None
+
+    assert {bus: minor(bus) for bus in SEED_MINORS} == SEED_MINORS
+    vm = ["81", "91", "e1", "f1"]
+    threads = [threading.Thread(target=ks.to_vfio, args=(b, f"0000:{bus}:00.0")) for bus in vm]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [driver(r, f"0000:{bus}:00.0") for bus in vm] == ["vfio-pci"] * 4
+    assert sorted(p.name for p in (r / "dev").glob("nvidia[0-9]*")) == ["nvidia0", "nvidia1", "nvidia2", "nvidia3"]
+    for bus in vm:
+        ks.to_native(b, f"0000:{bus}:00.0", "nvidia")
+    assert {bus: minor(bus) for bus in SEED_MINORS} == SEED_MINORS
+
+
 # --- parsing -----------------------------------------------------------------------------------
 
 
-def test_parse_helpers() -> None:
+def test_parsers() -> None:
     assert parse_id_fields("10de 2bb5", 7) == [0x10DE, 0x2BB5]
     assert parse_id_fields("0x10de 2bb5 ffffffff ffffffff 030000 ff0000 0", 7)[4] == 0x030000
     assert parse_id_fields("10de zz 1", 7) == [0x10DE]

@@ -539,6 +539,7 @@ class Container:
                 f"Job for {name} failed because the control process exited with error code.\n"
                 f"See \"systemctl status {name}\" and \"journalctl -xeu {name}\" for details.\n")
         svc["pid"] = 1000 + (abs(hash((name, time.time()))) % 60000)
+        svc["ready_at"] = time.time() + service_latency(self.sim_dir, "start")
         svc["tp"] = parse_tp(argv)
         svc["gpus"] = [g.address for g in self.gpus()[: svc["tp"]]]
         self._set_service(name, svc, unit)
@@ -548,6 +549,11 @@ class Container:
         argv = unit.argv
         fault = faults_of(self.sim_dir, self.vmid).get("service_fails")
         if fault is not None:
+            if fault.get("count") is not None:  # fails only the next ``count`` starts
+                if int(fault["count"]) <= 1:
+                    heal_container(self.sim_dir, self.vmid, "service_fails")
+                else:
+                    break_container(self.sim_dir, self.vmid, "service_fails", **{**fault, "count": int(fault["count"]) - 1})
             return fault.get("message", "RuntimeError: server crashed during startup")
         if service_flavor(argv) is None:
             return None
@@ -711,6 +717,8 @@ def _systemctl(ct: Container, args: list[str]) -> ExecResult:
                 "ActiveState": svc["state"],
                 "SubState": sub,
                 "Result": svc.get("result", "success"),
+                # systemd joins every Environment= assignment of the unit and its drop-ins
+                "Environment": " ".join(unit.environment) if unit else "",
             }
             for p in [p for p in order if p in props] + [p for p in props if p not in order]:
                 if p in values:
@@ -719,13 +727,15 @@ def _systemctl(ct: Container, args: list[str]) -> ExecResult:
                 out.append("")
         return _res(0, "".join(line + "\n" for line in out))
     if verb == "is-active":
-        states = [ct.service(u)["state"] for u in rest]
+        states = [_ready_state(ct.service(u)) for u in rest]
         rc = 0 if states and all(s == "active" for s in states) else 3
         return _res(rc, "".join(s + "\n" for s in states))
     if verb in ("start", "stop", "restart"):
         err = ""
         for name in rest:
             if verb in ("stop", "restart"):
+                if ct.service(name).get("state") == "active":
+                    time.sleep(service_latency(ct.sim_dir, "stop"))
                 rc, e = ct.stop_service(name)
                 if rc and verb == "stop":
                     return _res(rc, err=err + e)
@@ -734,8 +744,16 @@ def _systemctl(ct: Container, args: list[str]) -> ExecResult:
                 err += e
                 if rc:
                     return _res(rc, err=err)
+                # like a Type=notify unit: start returns once the server says it is ready
+                time.sleep(max(0.0, float(ct.service(name).get("ready_at", 0.0)) - time.time()))
         return _res(0, err=err)
     return _res(1, err=f"Unknown command verb {verb}.\n")
+
+
+def _ready_state(svc: dict) -> str:
+    if svc.get("state") == "active" and float(svc.get("ready_at", 0.0)) > time.time():
+        return "activating"
+    return svc["state"]
 
 
 def _ls_dev(ct: Container) -> ExecResult:
@@ -792,6 +810,32 @@ def _test(ct: Container, args: list[str]) -> ExecResult:
     return _res(0 if ok else 1)
 
 
+def _rm(ct: Container, args: list[str]) -> ExecResult:
+    """``rm [-f] FILE...`` for regular files inside the container (what apply's undo needs)."""
+    force = "-f" in args
+    err, rc = "", 0
+    for path in (a for a in args if not a.startswith("-")):
+        try:
+            p = _inside(ct.rootfs, path)
+        except ValueError:
+            err, rc = err + f"rm: cannot remove '{path}': Permission denied\n", 1
+            continue
+        if p.is_dir():
+            err, rc = err + f"rm: cannot remove '{path}': Is a directory\n", 1
+        elif p.is_file() or p.is_symlink():
+            p.unlink()
+        elif not force:
+            err, rc = err + f"rm: cannot remove '{path}': No such file or directory\n", 1
+    return _res(rc, err=err)
+
+
+def service_latency(sim_dir: str | os.PathLike, op: str) -> float:
+    """Seconds ``systemctl start|stop`` of a service blocks (``service.<op>`` in the run dir's
+    ``latencies`` state; 0 when unset): a Type=notify server returns from start only once ready."""
+    lat = state.read_state(SimPaths(Path(sim_dir)).run, "latencies", {}) or {}
+    return float(lat.get(f"service.{op}", 0.0))
+
+
 class SimExec:
     """ExecPort over the simulated containers of the simulated host in ``sim_dir``."""
 
@@ -842,6 +886,8 @@ class SimExec:
             return _ls_dev(ct)
         if cmd == "true":
             return _res(0)
+        if cmd == "rm":
+            return _rm(ct, args)
         return _res(127, err=f"lxc-attach: {vmid}: Failed to exec \"{argv[0]}\": No such file or directory\n")
 
     def push(self, vmid: int, path: str, content: str, mode: int = 0o644) -> None:

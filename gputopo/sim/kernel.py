@@ -13,7 +13,7 @@ drivers/pci/pci-driver.c and fs/sysfs/file.c:
 * ``drivers/<drv>/bind``: ENODEV for an unknown address or a driver that does not match,
   EBUSY when the device already has a driver, the probe's error when the probe fails.
 * ``drivers_probe``: ENODEV for an unknown address; otherwise success, even when no driver
-  matched or the device was already bound (bus_rescan_devices_helper).
+  matched or the device was already bound (drivers_probe_store).
 * ``new_id``/``remove_id``: dynamic ids; ``new_id`` makes the driver probe every unbound device
   that now matches (pci_add_dynid -> driver_attach); EEXIST when the id already matches.
 * Writing below a driver directory that does not exist (a driver that is not loaded) fails

@@ -56,6 +56,9 @@ TASK_TYPES = {
     ("qemu", "start"): "qmstart", ("qemu", "stop"): "qmstop", ("qemu", "shutdown"): "qmshutdown",
 }
 DEFAULT_LATENCY = 0.05
+# run-state names; "faults" belongs to the container simulator (gputopo.sim.container)
+TASK_FAULTS = "task-faults"
+API_FAULTS = "api-faults"
 
 
 class ApiError(Exception):
@@ -251,7 +254,9 @@ class PveApiServer:
         tls: bool = True,
         hooks: Any = None,
         auth_fail_delay: float = 0.0,
+        port: int = 0,
     ):
+        self.listen_port = port
         self.pve_root = Path(pve_root)
         self.run_dir = Path(run_dir)
         self.sysfs_root = Path(sysfs_root) if sysfs_root is not None else None
@@ -291,9 +296,9 @@ class PveApiServer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
 
     def start(self) -> "PveApiServer":
-        """Listen on 127.0.0.1 (ephemeral port) in a background thread; returns self."""
+        """Listen on 127.0.0.1 (``port`` 0: an ephemeral port) in a background thread; returns self."""
         handler = type("Handler", (_Handler,), {"server_obj": self})
-        httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        httpd = ThreadingHTTPServer(("127.0.0.1", self.listen_port), handler)
         httpd.daemon_threads = True
         if self.tls:
             from gputopo.sim.tls import make_ca_and_server_cert
@@ -304,7 +309,7 @@ class PveApiServer:
             httpd.socket = ctx.wrap_socket(httpd.socket, server_side=True)
             self.ca_cert_path = ca
         self._httpd = httpd
-        self._thread = threading.Thread(target=httpd.serve_forever, name="pveapi", daemon=True)
+        self._thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="pveapi", daemon=True)
         self._thread.start()
         return self
 
@@ -343,10 +348,29 @@ class PveApiServer:
 
     def inject_fault(self, task_type: str, vmid: int, message: str, count: int = 1) -> None:
         """Make the next ``count`` tasks of ``task_type`` for ``vmid`` fail with ``message``."""
-        with state.locked(self.run_dir, "faults"):
-            faults = state.read_state(self.run_dir, "faults", []) or []
+        with state.locked(self.run_dir, TASK_FAULTS):
+            faults = state.read_state(self.run_dir, TASK_FAULTS, []) or []
             faults.append({"type": task_type, "vmid": str(vmid), "message": message, "count": count})
-            state.write_state(self.run_dir, "faults", faults)
+            state.write_state(self.run_dir, TASK_FAULTS, faults)
+
+    def inject_api_fault(self, method: str, path: str, message: str, status: int = 500, count: int = 1) -> None:
+        """Make the next ``count`` ``method`` calls whose API path (below ``/api2/json``) matches
+        the regex ``path`` fail with ``status`` and ``message``, as a node answers when pmxcfs
+        cannot take its lock (``cfs-lock 'file-pci_mapping' error: got lock request timeout``)."""
+        with state.locked(self.run_dir, API_FAULTS):
+            faults = state.read_state(self.run_dir, API_FAULTS, []) or []
+            faults.append({"method": method, "path": path, "message": message, "status": status, "count": count})
+            state.write_state(self.run_dir, API_FAULTS, faults)
+
+    def _take_api_fault(self, method: str, path: str) -> ApiError | None:
+        with state.locked(self.run_dir, API_FAULTS):
+            faults = state.read_state(self.run_dir, API_FAULTS, []) or []
+            for f in faults:
+                if f["method"] == method and re.fullmatch(f["path"], path) and f["count"] > 0:
+                    f["count"] -= 1
+                    state.write_state(self.run_dir, API_FAULTS, [x for x in faults if x["count"] > 0])
+                    return ApiError(int(f["status"]), f["message"].rstrip("\n") + "\n")
+        return None
 
     def conf_path(self, kind: str, vmid: int) -> Path:
         sub = "lxc" if kind == "lxc" else "qemu-server"
@@ -430,6 +454,11 @@ class PveApiServer:
                 continue
             if route.extra == "lxc":
                 why = pvefmt.check_lxc_option(name, str(value)) if re.match(r"^[a-z][a-z_]*\d*$", name) else "unknown setting"
+                if why is None and name in _BOOL_KEYS:
+                    try:  # the wire takes only 0/1 (JSONSchema check_type), the file parser more
+                        value = int(_fmt_bool(value))
+                    except ValueError as e:
+                        why = str(e)
                 if why and why.startswith("unknown setting"):
                     errors[name] = "property is not defined in schema and the schema does not allow additional properties"
                 elif why:
@@ -442,6 +471,9 @@ class PveApiServer:
             raise param_error(errors)
         if "node" in values and values["node"] != self.node:
             raise die(f"hostname lookup '{values['node']}' failed - failed to get address info for: {values['node']}: Name or service not known")
+        fault = self._take_api_fault(method, path)
+        if fault is not None:
+            raise fault
         out = getattr(self, "h_" + route.handler)(caller, values)
         return out if isinstance(out, _Result) else _Result(out)
 
@@ -678,12 +710,12 @@ class PveApiServer:
         return upid
 
     def _take_fault(self, ttype: str, vmid: int) -> str | None:
-        with state.locked(self.run_dir, "faults"):
-            faults = state.read_state(self.run_dir, "faults", []) or []
+        with state.locked(self.run_dir, TASK_FAULTS):
+            faults = state.read_state(self.run_dir, TASK_FAULTS, []) or []
             for f in faults:
                 if f["type"] == ttype and f["vmid"] == str(vmid) and f["count"] > 0:
                     f["count"] -= 1
-                    state.write_state(self.run_dir, "faults", [x for x in faults if x["count"] > 0])
+                    state.write_state(self.run_dir, TASK_FAULTS, [x for x in faults if x["count"] > 0])
                     return f["message"]
         return None
 
@@ -1048,3 +1080,61 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_DELETE(self) -> None:
         self._handle("DELETE")
+
+
+class PveshSim:
+    """``pvesh`` on the simulated node, as a runner for the local backend (wire doc section 6).
+
+    Call it as ``runner(argv, timeout) -> (stdout, stderr, rc)``. It runs as root@pam without
+    the API permission check, takes ``-k v``/``--k v`` options (a repeated option becomes an
+    array), prints canonical JSON (nothing for a null result), runs tasks synchronously, and
+    reports errors on stderr the way Perl prints them.
+    """
+
+    VERBS = {"get": "GET", "set": "PUT", "create": "POST", "delete": "DELETE"}
+
+    def __init__(self, server: PveApiServer):
+        self.server = server
+        self.calls: list[list[str]] = []
+
+    def __call__(self, argv: list[str], timeout: float) -> tuple[str, str, int]:
+        self.calls.append(list(argv))
+        if len(argv) < 3 or argv[0] != "pvesh" or argv[1] not in self.VERBS:
+            return "", "USAGE: pvesh <COMMAND> [ARGS] [OPTIONS]\n", 255
+        method, path = self.VERBS[argv[1]], "/" + argv[2].strip("/")
+        params: dict[str, Any] = {}
+        rest = argv[3:]
+        i = 0
+        while i < len(rest):
+            m = re.match(r"^--?([a-zA-Z][\w-]*)$", rest[i])
+            if not m or i + 1 >= len(rest):
+                return "", f"Unknown option: {rest[i]}\n400 unable to parse option\n", 255
+            k, v = m.group(1), rest[i + 1]
+            i += 2
+            if k in ("output-format", "quiet", "noproxy"):
+                continue
+            if v.lower() in ("yes", "on", "true"):
+                v = "1"
+            elif v.lower() in ("no", "off", "false"):
+                v = "0"
+            params[k] = (params[k] if isinstance(params[k], list) else [params[k]]) + [v] if k in params else v
+        try:
+            result = self.server.dispatch(method, path, params, Caller("root@pam", "cli"))
+        except ApiError as e:
+            if e.status == 501:
+                return "", f"No '{argv[1]}' handler defined for '{path}'\n", 1
+            if e.status == 500 and e.errors is None:
+                return "", e.message, 255
+            lines = f"{e.status} {e.message}"
+            for k, v in (e.errors or {}).items():
+                lines += f"{k}: {v}\n"
+            return "", lines, 255
+        data = result.data
+        if isinstance(data, str) and data.startswith("UPID:"):
+            self.server._finish_task(data)
+            task = state.read_state(self.server.run_dir, "tasks", {})[data]
+            err = "" if task["exitstatus"] == "OK" else task["exitstatus"] + "\n"
+            return json.dumps(data) + "\n", err, 0
+        if data is None:
+            return "", "", 0
+        return json.dumps(data, sort_keys=True, separators=(",", ":")) + "\n", "", 0

@@ -29,6 +29,12 @@ guest address  device                                      NUMA  why
 00:0a.0...     virtio-9p shares                            -1    (renumber IOMMU groups)
 =============  ==========================================  ====  ==============================
 
+Run the tests with ``python -m pytest -m e2e tests/e2e`` (one boot for the whole session).
+Environment: ``GPUTOPO_E2E_CACHE`` (image cache), ``GPUTOPO_E2E_KPKG`` (kernel package, default
+what ``linux-image-amd64`` depends on), ``GPUTOPO_E2E_BUSYBOX`` (a static busybox),
+``GPUTOPO_E2E_TIMEOUT`` (seconds for the guest run, default 900), ``GPUTOPO_E2E_REQUIRE=1``
+(fail instead of skipping when QEMU or the kernel cannot be had).
+
 Host tools: qemu-system-x86_64, busybox (static), dpkg, apt-get/apt-cache, modprobe + depmod
 (kmod). Debian/Ubuntu packages: qemu-system-x86 busybox-static kmod (dpkg and apt are there).
 """

@@ -7,7 +7,9 @@ observations one guest check recorded and judges them here.
 from __future__ import annotations
 
 import errno
-import tarfile
+import json
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -35,8 +37,6 @@ def _cpus(cpulist: str | None) -> set[int]:
 
 
 def test_guest_runs_this_interpreter_on_the_image_kernel(guest):
-    import sys
-
     meta = guest.results["_meta"]
     assert meta["kernel"] == guest.image.kver
     assert meta["python"] == sys.version.split()[0]
@@ -49,8 +49,6 @@ def test_guest_runs_this_interpreter_on_the_image_kernel(guest):
 def test_discover_reports_what_the_kernel_shows(guest):
     d = guest.data("discover")
     assert d["rc"] == 0, d["stderr"]
-    import json
-
     facts = json.loads(d["stdout"])
     table, groups, nodes = d["table"], d["groups"], d["nodes"]
 
@@ -112,18 +110,12 @@ def test_discover_reports_what_the_kernel_shows(guest):
 
 
 def test_snapshot_rediscovers_identically_on_the_host(guest, tmp_path):
-    import json
-
     from gputopo.discover import discover
 
     snap = guest.data("snapshot")
     assert snap["rc"] == 0, snap["stderr"]
-    tar = guest.out_dir / "snap.tar.gz"
-    with tarfile.open(tar) as tf:
-        tf.extractall(tmp_path, filter="tar")
-    roots = [p.parent.parent for p in tmp_path.rglob("bus/pci/devices") if p.parent.name == "sys"]
-    assert len(roots) == 1, f"snapshot holds {len(roots)} sysfs roots"
-    here = json.loads(discover(roots[0], gpu_match=GPU_MATCH).to_json())
+    root = _snapshot_root(guest, "snap.tar.gz", tmp_path / "root")
+    here = json.loads(discover(root, gpu_match=GPU_MATCH).to_json())
     there = json.loads(guest.data("discover")["stdout"])
     here.pop("root")
     there.pop("root")
@@ -148,6 +140,7 @@ def test_pair_moves_to_vfio_as_one_group_and_back(guest):
     assert on["links"] == {gpu: "vfio-pci", audio: "vfio-pci"}
     assert on["overrides"] == {gpu: "vfio-pci", audio: "vfio-pci"}  # keep_override=True
     assert on["driver_of"] == {gpu: {"ok": "vfio-pci"}, audio: {"ok": "vfio-pci"}}
+    assert on["group_state"] == {"ok": {gpu: "vfio-pci", audio: "vfio-pci"}}, f"group {group}"
     assert on["dev_vfio"] is True and on["vfio_group_present"] == {"ok": True}
     assert on["vfio"]["viable"] is True and on["vfio"]["set_container"] == "ok", on["vfio"]
 
@@ -165,6 +158,7 @@ def test_half_moved_group_is_not_viable(guest):
     half = d["half"]
     assert "ok" in half["move"], half["move"]
     assert half["links"] == {gpu: "vfio-pci", audio: "snd_hda_intel"}
+    assert half["group_state"] == {"ok": half["links"]}
     assert half["vfio_group_present"] == {"ok": True}  # the node exists ...
     assert _not_viable(half["vfio"]), half["vfio"]  # ... but the kernel will not hand it out
     assert "ok" in d["half_back"], d["half_back"]
@@ -229,13 +223,11 @@ def test_rollback_of_move_group_restores_the_start_state(guest):
 
 def _snapshot_root(guest, name: str, dest) -> str:
     """Extract a snapshot the guest took and return the host root inside it."""
+    from gputopo.snapshot import extract
+
     tar = guest.out_dir / name
     assert tar.is_file(), f"the guest wrote no {name}"
-    with tarfile.open(tar) as tf:
-        tf.extractall(dest, filter="tar")
-    roots = [p.parent.parent for p in dest.rglob("bus/pci/devices") if p.parent.name == "sys"]
-    assert len(roots) == 1, f"{name} holds {len(roots)} sysfs roots"
-    return str(roots[0])
+    return str(extract(tar, dest))
 
 
 def _errno_name(fn, *args) -> str:
@@ -252,8 +244,8 @@ def test_sim_kernel_replays_raw_writes_like_the_real_one(guest, guest_checks, tm
     from gputopo.sim.kernel import SimKernel
 
     d = guest.data("replay")
-    assert d["snapshot"]["rc"] == 0, d["snapshot"]["stderr"]
-    root = _snapshot_root(guest, "snap-replay.tar.gz", tmp_path)
+    assert d["before"] == guest.data("discover")["before"], "the guest left its start state"
+    root = _snapshot_root(guest, "snap.tar.gz", tmp_path)
     sim = SimKernel(root)
     diffs, compared = [], []
     for real in d["steps"]:
@@ -269,17 +261,15 @@ def test_sim_kernel_replays_raw_writes_like_the_real_one(guest, guest_checks, tm
 
 
 def test_conformance_steps_match_the_simulated_kernel(guest, tmp_path):
-    import sys
-
-    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import kernel_scenarios as ks
 
     from gputopo.sim.kernel import SimKernel
 
     d = guest.data("conformance")
-    assert d["snapshot"]["rc"] == 0, d["snapshot"]["stderr"]
+    assert d["before"] == guest.data("discover")["before"], "the guest left its start state"
     assert d["after"] == d["before"], "run_conformance did not put the guest back"
-    root = _snapshot_root(guest, "snap-conformance.tar.gz", tmp_path)
+    root = _snapshot_root(guest, "snap.tar.gz", tmp_path)
     backend = ks.KernelBackend(port=SimKernel(root), root=root, **d["roles"])
     sim_steps = [[name, state] for name, state in ks.run_conformance(backend)]
     real_steps = d["steps"]

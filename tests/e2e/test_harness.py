@@ -88,3 +88,60 @@ def test_guest_script_runs_this_interpreter_on_the_repo():
     assert f"export PYTHONPATH={harness.REPO.resolve()}" in s
     assert s.rstrip().endswith("'/out dir'")
     assert harness.sys.executable in s
+
+
+FAKE_QEMU = r"""#!/bin/sh
+# stands in for qemu-system-x86_64: writes the two serial files the way the guest would
+con= out= n=0
+while [ $# -gt 0 ]; do
+    if [ "$1" = -serial ]; then
+        n=$((n + 1)); f=${2#file:}
+        if [ $n = 1 ]; then con=$f; else out=$f; fi
+        shift
+    fi
+    shift
+done
+case $FAKE_QEMU_MODE in
+dead) echo "qemu: could not load kernel" >&2; exit 1;;
+noexit) echo "E2E_INIT_UP kernel=x" > "$con"; echo "partial" > "$out"; exit 0;;
+ok) echo "E2E_INIT_UP kernel=x" > "$con"; printf 'hello\nE2E_EXIT=3\n' > "$out"; exit 0;;
+esac
+"""
+
+
+@pytest.fixture
+def fake_qemu(tmp_path, monkeypatch):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    q = bindir / "qemu-system-x86_64"
+    q.write_text(FAKE_QEMU)
+    q.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    (tmp_path / "k").write_bytes(b"kernel")
+    (tmp_path / "i").write_bytes(b"initrd")
+    return harness.GuestImage(tmp_path / "k", tmp_path / "i", "x")
+
+
+def test_boot_returns_the_guest_scripts_status_and_output(fake_qemu, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_QEMU_MODE", "ok")
+    run = harness.boot(fake_qemu, "true", tmp_path, ro_shares=[], full=False, timeout=20)
+    assert (run.rc, run.output) == (3, "hello\n")
+    assert "-serial" in run.qemu_cmd and f"path={tmp_path.resolve()}" in " ".join(run.qemu_cmd)
+
+
+def test_boot_that_never_reaches_init_means_unavailable(fake_qemu, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_QEMU_MODE", "dead")
+    with pytest.raises(harness.E2EUnavailable, match="never reached /init.*could not load kernel"):
+        harness.boot(fake_qemu, "true", tmp_path, ro_shares=[], full=False, timeout=20)
+
+
+def test_boot_that_dies_after_init_is_a_failure(fake_qemu, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_QEMU_MODE", "noexit")
+    with pytest.raises(harness.GuestFailed, match="without an exit marker(.|\n)*partial"):
+        harness.boot(fake_qemu, "true", tmp_path, ro_shares=[], full=False, timeout=20)
+
+
+def test_no_qemu_means_unavailable(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(harness.E2EUnavailable, match="qemu-system-x86_64 not found"):
+        harness.find_qemu()

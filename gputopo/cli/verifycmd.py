@@ -1,0 +1,63 @@
+"""``gputopo verify``: the independent health check after an apply (or at any time).
+
+Prints a PASS / WARN / FAIL table with the numbers (``--json``: the report as a stable object)
+and exits 0 when all is clear, 1 on any FAIL (or any WARN with ``--strict``).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from gputopo.cli.connect import Connection, build_ports, connection_options, host_root, release_ports
+
+STYLE = {"PASS": "bold green", "WARN": "bold yellow", "FAIL": "bold red"}
+
+
+@click.command()
+@click.option("--spec", "spec_file", required=True, type=click.Path(dir_okay=False), help="Spec file.")
+@connection_options
+@click.option("--timeout", "http_timeout", type=float, default=None,
+              help="Seconds for the inference probe (default: the spec's verify.timeout).")
+@click.option("--strict", is_flag=True, help="A WARN fails too (exit 1).")
+@click.option("--json", "as_json", is_flag=True, help="The report as JSON.")
+def verify(spec_file: str, conn: Connection, http_timeout: float | None, strict: bool, as_json: bool) -> None:
+    """Check the host against the spec from fresh facts: converged, VM side, container side,
+    memory balance, service, inference and platform; exit 1 on any FAIL."""
+    from gputopo.errors import VerifyFailed
+    from gputopo.spec import load_spec
+    from gputopo.verify import verify as run_verify
+
+    spec = load_spec(spec_file)
+    root = host_root(conn)
+    default_node = spec.nodes[0].name if len(spec.nodes) == 1 else None
+    ports = build_ports(conn, default_node=default_node)
+    try:
+        report = run_verify(spec, ports, root=root, http_timeout=http_timeout, strict=strict, node=conn.node)
+    finally:
+        release_ports(ports)
+    if as_json:
+        sys.stdout.write(report.to_json() + "\n")
+    else:
+        _print_table(report)
+    if not report.ok:
+        raise VerifyFailed(report.summary_line())
+
+
+def _print_table(report) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    from gputopo.cli.output import console
+
+    table = Table(title=f"gputopo verify: node {report.node}", title_justify="left", show_lines=False)
+    table.add_column("CHECK", no_wrap=True)
+    table.add_column("STATUS", no_wrap=True)
+    table.add_column("RESULT", overflow="fold")
+    for c in report.checks:
+        table.add_row(c.name, Text(c.status, style=STYLE[c.status]), c.summary)
+    out = console()
+    out.print(table)
+    line = report.summary_line()
+    out.print(Text(line, style="bold green" if report.ok else "bold red"))

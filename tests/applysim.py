@@ -1,0 +1,86 @@
+"""Helpers for the apply tests: copies of one simulated seed host, and a fingerprint of a host.
+
+Creating the seed host takes seconds, so one template is made per session and every test works
+on a copy (on /dev/shm when there is one: the copies and the journal's fsyncs are then cheap).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from gputopo.discover import discover
+from gputopo.sim import state
+from gputopo.sim.container import SimExec
+from gputopo.sim.host import SimHost
+from gputopo.sim.kernel import SimKernel
+from gputopo.spec import init_spec, parse_spec
+
+SCALE = 0.01  # kernel latencies: nvidia unbind 2 s -> 20 ms
+
+
+def fast_tmp() -> str:
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+
+
+def make_template() -> Path:
+    d = Path(tempfile.mkdtemp(prefix="gputopo-apply-tpl-", dir=fast_tmp())) / "sim"
+    SimHost.create(d)
+    SimKernel(d / "root").configure(time_scale=SCALE)
+    return d
+
+
+def copy_host(template: Path, dest: Path) -> SimHost:
+    subprocess.run(["cp", "-a", str(template), str(dest)], check=True)
+    return SimHost.open(dest)
+
+
+def seed_spec_text(host: SimHost) -> str:
+    return init_spec(discover(str(host.paths.root)))
+
+
+def seed_spec(host: SimHost):
+    return parse_spec(seed_spec_text(host))
+
+
+def fingerprint(host: SimHost, vmid: int = 101, unit: str = "sglang.service") -> dict[str, object]:
+    """Everything an apply may change, as comparable data: every PCI device's driver and
+    driver_override, /dev/vfio, the Proxmox files, the host's etc/, the container's systemd
+    files, guest states and the service's state and command line."""
+    root = host.paths.root
+    out: dict[str, object] = {}
+    devs = root / "sys/bus/pci/devices"
+    for d in sorted(devs.iterdir()):
+        drv = os.path.basename(os.readlink(d / "driver")) if (d / "driver").is_symlink() else None
+        ov = (d / "driver_override").read_text() if (d / "driver_override").exists() else None
+        out[f"pci:{d.name}"] = (drv, ov)
+    vfio = root / "dev/vfio"
+    out["dev/vfio"] = sorted(p.name for p in vfio.iterdir()) if vfio.is_dir() else []
+    out["dev/nvidia"] = sorted(p.name for p in (root / "dev").iterdir() if p.name.startswith("nvidia"))
+    for base, label in ((host.paths.pve, "pve"), (root / "etc", "etc"),
+                        (host.paths.rootfs(vmid) / "etc/systemd", "ct")):
+        if not base.exists():
+            continue
+        for p in sorted(base.rglob("*")):
+            if p.is_file() and not p.is_symlink():
+                out[f"{label}:{p.relative_to(base)}"] = hashlib.sha256(p.read_bytes()).hexdigest()
+    out["guests"] = state.read_state(host.paths.run, "guests", {})
+    sx = SimExec(host.dir)
+    show = sx.run(vmid, ["systemctl", "show", "-p", "ActiveState", "-p", "ExecStart", unit], timeout=5)
+    active = sx.run(vmid, ["systemctl", "is-active", unit], timeout=5).stdout.strip()
+    argv = [ln for ln in show.stdout.splitlines() if "argv[]=" in ln]
+    out["service"] = (active, argv[0].split("argv[]=", 1)[1].split(" ;", 1)[0] if argv else None)
+    return out
+
+
+def diff(a: dict, b: dict) -> list[str]:
+    keys = sorted(set(a) | set(b))
+    return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in keys if a.get(k) != b.get(k)]
+
+
+def cleanup(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,100 @@
+"""The real pciutils ``lspci`` reads the built fixtures and agrees with discovery."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from gputopo.discover import list_pci_functions
+
+LSPCI = shutil.which("lspci")
+pytestmark = pytest.mark.skipif(LSPCI is None, reason="lspci (pciutils) is not installed")
+
+LINE_RE = re.compile(r"^(?P<addr>[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]) .*?\[(?P<cls>[0-9a-f]{4})\]: "
+                     r".*\[(?P<ven>[0-9a-f]{4}):(?P<dev>[0-9a-f]{4})\]")
+TOKEN_RE = re.compile(r"\[(?P<hdr>[0-9a-f]{4,}:[0-9a-f]{2})\]"
+                      r"|(?P<df>[0-9a-f]{2}\.[0-7])(?:-\[(?P<sec>[0-9a-f]{2})(?:-[0-9a-f]{2})?\])?")
+
+
+def lspci(root, *args: str) -> str:
+    return subprocess.run([LSPCI, "-A", "linux-sysfs", "-O", f"sysfs.path={root}/sys/bus/pci", *args],
+                          capture_output=True, text=True, check=True).stdout
+
+
+def parse_lspci_nn(text: str) -> dict[str, tuple[str, str, str]]:
+    """``lspci -D -nn`` -> {address: (vendor, device, class-subclass)}."""
+    out = {}
+    for line in text.splitlines():
+        m = LINE_RE.match(line)
+        assert m, line
+        out[m["addr"]] = (m["ven"], m["dev"], m["cls"])
+    return out
+
+
+def parse_lspci_tree(text: str) -> dict[str, str | None]:
+    """``lspci -t`` -> {address: parent bridge address or None on a root bus}.
+
+    Children of a bridge start right after it on its line, and later siblings sit in the same
+    column on following lines, so a column remembers which bus its devices are on.
+    """
+    parents: dict[str, str | None] = {}
+    column: dict[int, tuple[str, str, str | None]] = {}  # col -> (domain, bus, parent)
+    for line in text.splitlines():
+        ctx = None
+        for m in TOKEN_RE.finditer(line):
+            if m["hdr"]:
+                dom, bus = m["hdr"].split(":")
+                ctx = (dom, bus, None)
+                continue
+            col = m.start("df")
+            if ctx is None:
+                ctx = column[col]
+            column[col] = ctx
+            dom, bus, parent = ctx
+            addr = f"{dom}:{bus}:{m['df']}"
+            parents[addr] = parent
+            ctx = (dom, m["sec"], addr) if m["sec"] else None
+    return parents
+
+
+def test_tree_parser_on_literal_output():
+    text = ("-+-[0000:00]-+-00.0\n"
+            " |           +-01.1-[01-02]----00.0-[02]--+-00.0\n"
+            " |           |                            \\-00.1\n"
+            " |           \\-14.0\n"
+            " \\-[0001:80]---01.1-[81]----00.0\n")
+    assert parse_lspci_tree(text) == {
+        "0000:00:00.0": None, "0000:00:01.1": None, "0000:01:00.0": "0000:00:01.1",
+        "0000:02:00.0": "0000:01:00.0", "0000:02:00.1": "0000:01:00.0", "0000:00:14.0": None,
+        "0001:80:01.1": None, "0001:81:00.0": "0001:80:01.1"}
+
+
+@pytest.mark.parametrize("host", ["seed", "esc8000a", "large"])
+def test_lspci_agrees_with_discovery(host, materialized):
+    r = materialized(host)
+    seen = parse_lspci_nn(lspci(r, "-D", "-nn"))
+    ours = {f.address: f for f in list_pci_functions(r)}
+    assert set(seen) == set(ours)
+    for addr, (ven, dev, cls) in seen.items():
+        f = ours[addr]
+        if f.readable:
+            assert (f"0x{ven}", f"0x{dev}") == (f.vendor, f.device), addr
+            assert f.class_[2:6] == cls, addr
+        else:
+            assert (ven, dev) == ("ffff", "ffff"), addr
+
+
+@pytest.mark.parametrize("host", ["seed", "esc8000a", "large"])
+def test_lspci_tree_matches_sysfs_parents(host, materialized):
+    r = materialized(host)
+    tree = parse_lspci_tree(lspci(r, "-t"))
+    devdir = r / "sys/bus/pci/devices"
+    want = {}
+    for a in os.listdir(devdir):
+        parent = (devdir / a).resolve().parent.name
+        want[a] = parent if not parent.startswith("pci") else None
+    assert tree == want

@@ -1,0 +1,101 @@
+"""Snapshots capture what discovery reads, and nothing it must not read."""
+
+from __future__ import annotations
+
+import json
+import os
+import tarfile
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from gputopo.discover import discover
+from gputopo.errors import RootError
+from gputopo.fixtures import list_hosts
+from gputopo.snapshot import SnapshotError, extract, opened_root, snapshot
+
+
+def _facts(root) -> dict:
+    d = discover(root).model_dump(by_alias=True)
+    d.pop("root")
+    return d
+
+
+@pytest.mark.parametrize("host", list_hosts())
+def test_snapshot_rediscovers_identically(host, materialized, fast_tmp, tmp_path):
+    r = materialized(host)
+    out = fast_tmp / f"{host}.tar.gz"
+    counts = snapshot(r, out)
+    assert counts["pci_functions"] == len(os.listdir(r / "sys/bus/pci/devices"))
+    with opened_root(out, tmp_dir=fast_tmp) as x:
+        assert _facts(x) == _facts(r)
+
+
+def test_snapshot_keeps_links_and_skips_bars_secrets(fresh_host, tmp_path):
+    r = fresh_host("seed")
+    dev = (r / "sys/bus/pci/devices/0000:01:00.0").resolve()
+    (dev / "resource0").write_bytes(b"\0" * 4096)
+    (dev / "rom").write_bytes(b"\x55\xaa")
+    (dev / "vpd").write_bytes(b"secret-ish")
+    (dev / "config").write_bytes((dev / "config").read_bytes() + b"\x01" * 3840)  # 4 KiB like PCIe
+    (r / "proc/4242/fd").mkdir(parents=True)
+    (r / "proc/4242/environ").write_text("PASSWORD=hunter2")
+    (r / "etc").mkdir()
+    (r / "etc/shadow").write_text("root:x")
+    out = tmp_path / "s.tar.gz"
+    snapshot(r, out)
+    with tarfile.open(out) as t:
+        names = {m.name: m for m in t.getmembers()}
+        cfg = t.extractfile(names[os.path.relpath(dev / "config", r)]).read()
+    assert len(cfg) == 256
+    assert not any(n.endswith(("resource0", "/rom", "/vpd", "environ")) or n.startswith(("etc", "proc/4242"))
+                   for n in names)
+    link = names["sys/bus/pci/devices/0000:01:00.0"]
+    assert link.issym() and link.linkname == "../../../devices/pci0000:00/0000:00:01.1/0000:01:00.0"
+    assert names["sys/bus/pci/devices/0000:01:00.0".replace("devices/0000:01:00.0", "drivers/nvidia/0000:01:00.0")].issym()
+    assert names["dev/nvidia3"].size == 0
+    assert json.loads(t_read(out, "dev/.devices.json"))["nvidia3"] == ["c", 195, 3]
+    assert "proc/cmdline" in names and "usr/share/misc/pci.ids" in names
+
+
+def t_read(tar_path: Path, name: str) -> bytes:
+    with tarfile.open(tar_path) as t:
+        return t.extractfile(name).read()
+
+
+def test_extract_refuses_escaping_members(tmp_path):
+    bad = tmp_path / "bad.tar.gz"
+    with tarfile.open(bad, "w:gz") as t:
+        ti = tarfile.TarInfo("sys/bus/pci/devices/x")
+        ti.type, ti.linkname = tarfile.SYMTYPE, "../../../../../../etc/passwd"
+        t.addfile(ti)
+    with pytest.raises(SnapshotError, match="outside"):
+        extract(bad, tmp_path / "out")
+    junk = tmp_path / "junk.tar.gz"
+    junk.write_bytes(b"not a tar")
+    with pytest.raises(SnapshotError) as e:
+        extract(junk, tmp_path / "out2")
+    assert "\n" not in str(e.value)
+
+
+def test_snapshot_of_non_root(tmp_path):
+    with pytest.raises(RootError):
+        snapshot(tmp_path, tmp_path / "x.tar.gz")
+    assert not (tmp_path / "x.tar.gz").exists()
+
+
+def test_cli_snapshot_then_discover_tarball(materialized, tmp_path):
+    from gputopo.cli import cli
+
+    out = tmp_path / "snap.tar.gz"
+    res = CliRunner().invoke(cli, ["snapshot", str(out), "--root", str(materialized("esc8000a"))])
+    assert res.exit_code == 0, res.output
+    assert "PCI functions" in res.output
+    res = CliRunner().invoke(cli, ["discover", "--root", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    assert data["root"] == str(out) and len(data["gpus"]) == 4
+    x = tmp_path / "x"
+    extract(out, x)
+    assert _facts(x) == _facts(materialized("esc8000a"))

@@ -1,0 +1,495 @@
+"""verify: the parsers on real captures and literal strings, and each check on a simulated host
+that PASSes after the seed split and FAILs (or WARNs) when broken in exactly one way."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from gputopo.current import read_current
+from gputopo.discover import discover
+from gputopo.nvsmi import parse_nvidia_smi_q, parse_query_gpu
+from gputopo.plan import plan as make_plan
+from gputopo.spec import parse_spec
+from gputopo.verify import (
+    CHECKS,
+    FAIL,
+    PASS,
+    WARN,
+    Check,
+    GpuRow,
+    VerifyReport,
+    answer_matches,
+    assess_memory,
+    mapping_checks,
+    memory_spread_pct,
+    p2p_disabled,
+    parse_environment,
+    parse_gpu_rows,
+    parse_root_complex,
+    parse_sglang_kv_tokens,
+    parse_show_properties,
+    parse_vllm_kv_tokens,
+    verify,
+)
+
+REAL = Path(__file__).resolve().parent.parent / "fixtures" / "real"
+CT = 101
+VM_GPUS = ["0000:81:00.0", "0000:91:00.0", "0000:e1:00.0", "0000:f1:00.0"]
+CT_GPUS = ["0000:01:00.0", "0000:11:00.0", "0000:61:00.0", "0000:71:00.0"]
+
+SPEC = """\
+apiVersion: gputopo/v1
+kind: GpuTopology
+nodes:
+  - name: pve1
+    containers:
+      - vmid: 101
+        gpus: {numa: [0]}
+        mapping: pro6000
+        service: {unit: sglang.service}
+    vms:
+      mappings:
+        - name: pro6000-vm
+          gpus: {numa: [1]}
+      guests: [201]
+verify:
+  timeout: 5
+"""
+
+
+# --- parsers -----------------------------------------------------------------------------
+
+
+def _seed_rows() -> list[GpuRow]:
+    """The seed host's four lines (fixtures/real/seed-query-gpu.csv) with the container's bus ids."""
+    fields = ["index", "memory.used", "memory.total", "utilization.gpu"]
+    raw = parse_query_gpu((REAL / "seed-query-gpu.csv").read_text(), fields)
+    return [GpuRow(index=r["index"], address=a, used=r["memory.used"], total=r["memory.total"],
+                   utilization=r["utilization.gpu"]) for r, a in zip(raw, CT_GPUS)]
+
+
+def test_seed_numbers_pass_with_default_thresholds():
+    rows = _seed_rows()
+    assert [r.used for r in rows] == [79043, 78369, 78369, 78193]
+    spec = parse_spec(SPEC)
+    status, line, details = assess_memory(rows, spec.verify.memory_spread_pct, spec.verify.min_headroom_mib)
+    assert status == PASS, line
+    assert details["spread_pct"] == pytest.approx(1.08, abs=0.01)  # (79043-78193)/79043
+    assert details["min_headroom_mib"] == 97887 - 79043
+    assert "spread 1.1 %" in line and "18844" in line
+
+
+def test_seed_numbers_fail_a_tighter_spread_or_a_headroom_floor():
+    rows = _seed_rows()
+    assert assess_memory(rows, 1.0)[0] == FAIL
+    status, line, _ = assess_memory(rows, 5, min_headroom_mib=20000)
+    assert status == FAIL and "0000:01:00.0 headroom 18844 MiB < 20000 MiB" in line
+
+
+def test_memory_spread_edge_cases():
+    assert memory_spread_pct([100]) == 0.0
+    assert memory_spread_pct([0, 0]) == 0.0
+    assert memory_spread_pct([100, 50]) == pytest.approx(50.0)
+
+
+def test_unbalanced_rows_name_both_ends():
+    rows = parse_gpu_rows("0, 00000000:01:00.0, 79043, 97887, 0\n1, 00000000:11:00.0, 32629, 97887, 0\n")
+    status, line, _ = assess_memory(rows, 5)
+    assert status == FAIL
+    assert "0000:01:00.0 79043 MiB vs 0000:11:00.0 32629 MiB" in line
+
+
+def test_memory_not_reported_fails():
+    rows = parse_gpu_rows("0, 00000000:01:00.0, [N/A], 97887, [N/A]\n")
+    assert rows[0].used is None and rows[0].utilization is None
+    status, line, _ = assess_memory(rows, 5)
+    assert status == FAIL and "0000:01:00.0" in line
+
+
+@pytest.mark.parametrize("capture", ["thamada-H100SXMx8_nvidia-smi-q.txt", "thamada-A40x10_nvidia-smi-q.txt"])
+@pytest.mark.parametrize("units", [True, False])
+def test_query_rows_from_real_captures(capture, units):
+    """A real machine's figures (nvidia-smi -q), printed the way --query-gpu prints them."""
+    gpus = parse_nvidia_smi_q((REAL / capture).read_text())
+    assert gpus
+    mib = " MiB" if units else ""
+    pct = " %" if units else ""
+    text = "".join(f"{i}, {g['bus_id']}, {g['memory_used']}{mib}, {g['memory_total']}{mib}, 0{pct}\n"
+                   for i, g in enumerate(gpus))
+    rows = parse_gpu_rows(text)
+    assert [r.address for r in rows] == [g["address"] for g in gpus]
+    assert all(r.address.startswith("0000:") and r.address == r.address.lower() for r in rows)
+    assert [(r.used, r.total) for r in rows] == [(g["memory_used"], g["memory_total"]) for g in gpus]
+    # idle machines: balanced, all memory free
+    status, _, details = assess_memory(rows, 5)
+    assert status == PASS and details["min_headroom_mib"] == gpus[0]["memory_total"] - gpus[0]["memory_used"]
+
+
+def test_query_rows_with_a_header_line():
+    text = ("index, pci.bus_id, memory.used [MiB], memory.total [MiB], utilization.gpu [%]\n"
+            "0, 00000000:2A:00.0, 1 MiB, 81559 MiB, 0 %\n")
+    (row,) = parse_gpu_rows(text)
+    assert row.address == "0000:2a:00.0" and row.headroom == 81558
+
+
+def test_query_rows_reject_a_bad_bus_id():
+    from gputopo.nvsmi import NvsmiParseError
+
+    with pytest.raises(NvsmiParseError, match="pci.bus_id"):
+        parse_gpu_rows("0, GPU-1234, 1, 2, 0\n")
+
+
+def test_show_properties_and_environment():
+    props = parse_show_properties(
+        "ExecStart={ path=/usr/bin/python3 ; argv[]=/usr/bin/python3 -m sglang.launch_server --tp 4 ; "
+        "ignore_errors=no ; start_time=[n/a] ; stop_time=[n/a] ; pid=0 ; code=(null) ; status=0/0 }\n"
+        "ActiveState=active\n"
+        'Environment=CUDA_DEVICE_ORDER=PCI_BUS_ID NCCL_P2P_DISABLE=1 "NOTE=two words"\n')
+    assert props["ActiveState"] == "active"
+    env = parse_environment(props["Environment"])
+    assert env == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "NCCL_P2P_DISABLE": "1", "NOTE": "two words"}
+    assert p2p_disabled(env, None)
+    assert not p2p_disabled({"NCCL_P2P_DISABLE": "0"}, "python3 -m sglang.launch_server")
+    assert p2p_disabled({}, "env NCCL_P2P_DISABLE=1 python3 -m sglang.launch_server")
+    assert parse_environment("") == {}
+
+
+def test_root_complex_from_device_path():
+    assert parse_root_complex("/r/sys/devices/pci0000:60/0000:60:01.1/0000:61:00.0") == "0000:60"
+    assert parse_root_complex("/sys/devices/pci10000:00/10000:00:02.0/10000:01:00.0") == "10000:00"
+    assert parse_root_complex("/sys/devices/platform/foo") is None
+
+
+def test_answer_matching():
+    assert answer_matches("The answer is 91.", "91")
+    assert answer_matches("91", "91")
+    assert not answer_matches("The answer is 191.", "91")
+    assert not answer_matches("The answer is 92.", "91")
+    assert not answer_matches("It is 91.5", "91")  # a decimal is not the integer 91
+    assert not answer_matches("It is 0.91", "91")
+    assert answer_matches("PARIS", "Paris")
+
+
+def test_kv_cache_parsers():
+    assert parse_sglang_kv_tokens({"max_total_num_tokens": 1186816, "tp_size": 4}) == 1186816
+    assert parse_sglang_kv_tokens({"internal_states": [{"max_total_num_tokens": 500}]}) == 500
+    assert parse_sglang_kv_tokens({"tp_size": 4}) is None
+    assert parse_sglang_kv_tokens([1, 2]) is None
+    metrics = ('# TYPE vllm:cache_config_info gauge\n'
+               'vllm:cache_config_info{block_size="16",cache_dtype="auto",num_gpu_blocks="74176"} 1.0\n')
+    assert parse_vllm_kv_tokens(metrics) == 74176 * 16
+    assert parse_vllm_kv_tokens("vllm:num_requests_running 0.0\n") is None
+
+
+def test_mapping_checks_flatten_messages():
+    items = [{"id": "pro6000-vm", "checks": [{"severity": "error", "message": "Invalid configuration: x\n"}]},
+             {"id": "pro6000"}]
+    assert mapping_checks(items) == {"pro6000-vm": [{"severity": "error", "message": "Invalid configuration: x"}],
+                                     "pro6000": []}
+
+
+def test_report_ok_and_strict():
+    checks = [Check(name="a", status=PASS, summary="x"), Check(name="b", status=WARN, summary="y")]
+    assert VerifyReport(checks=checks).ok and VerifyReport(checks=checks).exit_code == 0
+    strict = VerifyReport(checks=checks, strict=True)
+    assert not strict.ok and strict.exit_code == 1
+    failed = VerifyReport(checks=checks + [Check(name="c", status=FAIL, summary="z")])
+    assert failed.exit_code == 1
+    assert failed.summary_line() == "verification failed: 1 FAIL (c), 1 WARN (b)"
+    data = json.loads(failed.to_json())
+    assert data["ok"] is False and [c["status"] for c in data["checks"]] == [PASS, WARN, FAIL]
+
+
+# --- the simulated host ------------------------------------------------------------------
+
+
+def _converge(ports, spec, root: str) -> None:
+    """Bring the host to the spec through its ports (what apply does), then check a plan is empty."""
+    try:
+        from gputopo.apply import apply as real_apply  # noqa: F401
+    except ImportError:
+        real_apply = None
+    if real_apply is not None:
+        try:
+            real_apply(spec, ports, root=root)
+            return
+        except TypeError:
+            pass  # another signature: fall back to stepping the plan below
+    from gputopo.bind import Binder
+
+    for _ in range(3):
+        facts = discover(root)
+        p = make_plan(facts, spec, read_current(spec, facts, proxmox=ports.proxmox, exec=ports.exec, files=ports.files))
+        if p.is_empty:
+            return
+        for a in p.actions:
+            k = a.kind
+            if k == "write_host_file":
+                ports.files.write(a.path, a.content, a.mode)
+            elif k == "remove_host_file":
+                ports.files.remove(a.path)
+            elif k == "set_mapping":
+                if a.create:
+                    ports.proxmox.mapping_create(a.id, a.map, a.description)
+                else:
+                    digest = next(m["digest"] for m in ports.proxmox.mappings() if m["id"] == a.id)
+                    ports.proxmox.mapping_update(a.id, a.map, a.description, digest)
+            elif k == "delete_mapping":
+                ports.proxmox.mapping_delete(a.id)
+            elif k == "write_service_dropin":
+                ports.exec.push(a.vmid, a.path, a.content)
+            elif k == "stop_service":
+                assert ports.exec.run(a.vmid, ["systemctl", "stop", a.unit], 10).rc == 0
+            elif k in ("stop_guest", "start_guest"):
+                ports.proxmox.guest_action(a.guest, a.vmid, "stop" if k == "stop_guest" else "start", 30)
+            elif k == "rebind":
+                assert a.to_driver == "vfio-pci", a.describe()
+                Binder(ports.sysfs, root).move_group(a.members, "vfio-pci", a.keep_override)
+            elif k == "update_container":
+                digest = ports.proxmox.lxc_config(a.vmid)["digest"]
+                ports.proxmox.lxc_update(a.vmid, a.set, a.delete, digest)
+            elif k == "start_service":
+                assert ports.exec.run(a.vmid, ["systemctl", "daemon-reload"], 10).rc == 0
+                res = ports.exec.run(a.vmid, ["systemctl", "start", a.unit], 10)
+                assert res.rc == 0, res
+            else:
+                raise AssertionError(f"unknown action {k}")
+    raise AssertionError("the simulated host did not converge:\n" + p.to_text())
+
+
+@pytest.fixture(scope="module")
+def applied(tmp_path_factory):
+    """A seed simulated host on which the NUMA split was applied (servers stopped again)."""
+    from gputopo.sim.host import SimHost
+
+    d = tmp_path_factory.mktemp("verify") / "applied"
+    host = SimHost.create(d)
+    try:
+        _converge(host.ports(), parse_spec(SPEC), str(host.paths.root))
+    finally:
+        host.stop()
+    return d
+
+
+@pytest.fixture
+def demo(applied, tmp_path):
+    """A private running copy of the applied host: (SimHost, Ports)."""
+    from gputopo.sim.host import SimHost
+
+    d = tmp_path / "sim"
+    shutil.copytree(applied, d, symlinks=True)
+    host = SimHost.open(d)
+    ports = host.ports()
+    yield host, ports
+    host.stop()
+
+
+def _verify(host, ports, spec_text: str = SPEC, **kw) -> VerifyReport:
+    return verify(parse_spec(spec_text), ports, root=str(host.paths.root), **kw)
+
+
+def test_demo_host_passes_every_check(demo):
+    host, ports = demo
+    report = _verify(host, ports)
+    assert [c.name for c in report.checks] == list(CHECKS)
+    assert {c.name: c.status for c in report.checks} == {n: PASS for n in CHECKS}, report.to_text()
+    assert report.ok and report.exit_code == 0
+    mem = report.check("memory").details[str(CT)]
+    assert mem["spread_pct"] == pytest.approx(1.08, abs=0.01)  # the seed's load on the four GPUs
+    assert report.check("service").details[str(CT)]["tp"] == 4
+    assert report.check("inference").details[str(CT)]["kv_tokens"] > 0
+    assert "KV cache" in report.check("inference").summary and "tokens" in report.check("inference").summary
+    assert report.check("container").details[str(CT)]["seen"] == CT_GPUS
+    assert report.summary_line() == "all clear: 7 PASS"
+
+
+def test_gpu_missing_in_container_fails(demo):
+    host, ports = demo
+    ports.exec.break_(CT, "gpu_missing", address="0000:61:00.0")
+    c = _verify(host, ports, only=["container"]).check("container")
+    assert c.status == FAIL
+    assert "missing 0000:61:00.0" in c.summary and "3 of 4" in c.summary
+
+
+def test_unbalanced_memory_fails(demo):
+    host, ports = demo
+    ports.exec.break_(CT, "unbalanced_memory", index=1, used_mib=40000)
+    c = _verify(host, ports, only=["memory"]).check("memory")
+    assert c.status == FAIL and "unbalanced" in c.summary
+    assert "0000:11:00.0 40000 MiB" in c.summary
+
+
+def test_wrong_answer_fails(demo):
+    host, ports = demo
+    ports.exec.break_(CT, "wrong_answer", answer="92")
+    c = _verify(host, ports, only=["inference"]).check("inference")
+    assert c.status == FAIL and "wrong answer" in c.summary and "92" in c.summary
+
+
+def test_hung_endpoint_fails_within_the_timeout(demo):
+    host, ports = demo
+    ports.exec.break_(CT, "hung_endpoint", seconds=10)
+    started = time.monotonic()
+    report = _verify(host, ports, only=["inference"], http_timeout=0.5)
+    wall = time.monotonic() - started
+    c = report.check("inference")
+    assert c.status == FAIL and "0.5 s" in c.summary
+    assert wall < 2.0, f"verify took {wall:.2f} s with a 0.5 s timeout"
+
+
+def test_gpu_left_on_nvidia_fails_the_vm_side(demo):
+    host, ports = demo
+    from gputopo.bind import Binder
+
+    Binder(ports.sysfs, host.paths.root).move_group(["0000:91:00.0"], "nvidia")
+    report = _verify(host, ports, only=["vm", "converged"])
+    vm = report.check("vm")
+    assert vm.status == FAIL and "0000:91:00.0 on nvidia, not vfio-pci" in vm.summary
+    assert "/dev/vfio/" in vm.summary
+    assert report.check("converged").status == FAIL
+    assert any("rebind 0000:91:00.0" in a for a in report.check("converged").details["pending"])
+
+
+def test_mapping_check_error_fails(demo):
+    host, ports = demo
+    cfg = host.paths.pve / "mapping" / "pci.cfg"
+    text = cfg.read_text()
+    assert "path=0000:e1:00.0" in text
+    # the device behind one entry reports other subsystem ids (a card swapped in the slot)
+    sub = host.paths.root / "sys/bus/pci/devices/0000:e1:00.0/subsystem_device"
+    sub.write_text("0x9999\n")
+    vm = _verify(host, ports, only=["vm"]).check("vm")
+    assert vm.status == FAIL
+    assert "mapping pro6000-vm: error:" in vm.summary and "subsystem-id" in vm.summary
+
+
+def test_mapping_check_warning_warns(demo):
+    host, ports = demo
+    # a mapping the spec does not manage, with no entry for this node: Proxmox warns
+    ports.proxmox.mapping_create("other", ["id=10de:2bb5,node=pve2,path=0000:01:00.0"], None)
+    report = _verify(host, ports, only=["vm"])
+    vm = report.check("vm")
+    assert vm.status == WARN and "mapping other: warning: No mapping for node pve1." in vm.summary
+    assert report.ok
+    assert not _verify(host, ports, only=["vm"], strict=True).ok
+
+
+def _restart_with_dropin(ports, text: str) -> None:
+    ports.exec.push(CT, "/etc/systemd/system/sglang.service.d/gputopo.conf", text)
+    assert ports.exec.run(CT, ["systemctl", "daemon-reload"], 10).rc == 0
+    assert ports.exec.run(CT, ["systemctl", "restart", "sglang.service"], 10).rc == 0
+
+
+def test_service_on_the_wrong_tp_fails(demo):
+    host, ports = demo
+    _restart_with_dropin(ports, "[Service]\nExecStart=\nExecStart=/opt/sglang/.venv/bin/python -m "
+                         "sglang.launch_server --model-path /m --served-model-name qwen3 --tp 2\n"
+                         "Environment=NCCL_P2P_DISABLE=1\n")
+    report = _verify(host, ports, only=["service", "memory"])
+    svc = report.check("service")
+    assert svc.status == FAIL and "tp 2, planned tp 4" in svc.summary
+    # with two GPUs idle the load is not balanced either
+    assert report.check("memory").status == FAIL
+
+
+def test_service_not_active_fails(demo):
+    host, ports = demo
+    assert ports.exec.run(CT, ["systemctl", "stop", "sglang.service"], 10).rc == 0
+    svc = _verify(host, ports, only=["service"]).check("service")
+    assert svc.status == FAIL and "sglang.service is inactive" in svc.summary
+
+
+def test_sev_snp_with_p2p_enabled_warns(demo):
+    host, ports = demo
+    _restart_with_dropin(ports, "[Service]\nExecStart=\nExecStart=/opt/sglang/.venv/bin/python -m "
+                         "sglang.launch_server --model-path /m --served-model-name qwen3 --tp 4\n"
+                         "Environment=CUDA_DEVICE_ORDER=PCI_BUS_ID\n")
+    report = _verify(host, ports, only=["platform", "service"])
+    plat = report.check("platform")
+    assert plat.status == WARN, plat.summary
+    assert "4 root complexes" in plat.summary and "NCCL_P2P_DISABLE=1" in plat.summary
+    assert "gputopo apply" in plat.summary
+    assert report.check("service").status == PASS
+    assert report.ok and not _verify(host, ports, only=["platform"], strict=True).ok
+
+
+def test_platform_passes_without_sev_snp(demo):
+    host, ports = demo
+    _restart_with_dropin(ports, "[Service]\nExecStart=\nExecStart=/opt/sglang/.venv/bin/python -m "
+                         "sglang.launch_server --model-path /m --served-model-name qwen3 --tp 4\n")
+    param = host.paths.root / "sys/module/kvm_amd/parameters/sev_snp"
+    assert param.is_file()
+    param.write_text("N\n")
+    plat = _verify(host, ports, only=["platform"]).check("platform")
+    assert plat.status == PASS and "SEV-SNP off" in plat.summary
+
+
+def test_container_stopped_fails_container_checks(demo):
+    host, ports = demo
+    ports.proxmox.guest_action("lxc", CT, "stop", 30)
+    report = _verify(host, ports, only=["container", "memory", "service", "inference"])
+    for name in ("container", "memory", "service", "inference"):
+        assert report.check(name).status == FAIL, report.to_text()
+    assert "not running" in report.check("container").summary
+
+
+def test_verify_rejects_an_unknown_check(demo):
+    host, ports = demo
+    with pytest.raises(ValueError, match="nope"):
+        _verify(host, ports, only=["nope"])
+
+
+# --- the command line --------------------------------------------------------------------
+
+
+def test_cli_verify_on_a_simulated_host(applied, tmp_path):
+    from click.testing import CliRunner
+
+    from gputopo.cli import cli
+
+    d = tmp_path / "sim"
+    shutil.copytree(applied, d, symlinks=True)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC)
+    res = CliRunner().invoke(cli, ["verify", "--spec", str(spec), "--sim", str(d), "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    assert data["ok"] is True and [c["name"] for c in data["checks"]] == list(CHECKS)
+    res = CliRunner().invoke(cli, ["verify", "--spec", str(spec), "--sim", str(d)])
+    assert res.exit_code == 0, res.output
+    assert "converged" in res.output and "PASS" in res.output and "all clear" in res.output
+
+
+def test_cli_verify_fails_with_exit_1(applied, tmp_path):
+    from click.testing import CliRunner
+
+    from gputopo.cli import cli
+    from gputopo.sim.container import break_container
+
+    d = tmp_path / "sim"
+    shutil.copytree(applied, d, symlinks=True)
+    break_container(d, CT, "wrong_answer", answer="92")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC)
+    res = CliRunner().invoke(cli, ["verify", "--spec", str(spec), "--sim", str(d), "--json"])
+    assert res.exit_code == 1
+    data = json.loads(res.stdout)
+    assert data["ok"] is False
+    assert {c["name"]: c["status"] for c in data["checks"]}["inference"] == FAIL
+
+
+def test_cli_connection_options_conflict(tmp_path):
+    from click.testing import CliRunner
+
+    from gputopo.cli import cli
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC)
+    res = CliRunner().invoke(cli, ["verify", "--spec", str(spec), "--sim", str(tmp_path), "--root", str(tmp_path)])
+    assert res.exit_code != 0
+    assert "--root and --sim exclude each other" in str(res.exception) + res.output
