@@ -101,6 +101,15 @@ class HostChanged(PreflightError):
         super().__init__(f"the host changed since the plan was made ({detail}); nothing was changed, plan again")
 
 
+class HostFileError(GputopoError):
+    """A host file could not be written or removed (read-only filesystem, disk full)."""
+
+    def __init__(self, path: str, err: OSError):
+        self.path = path
+        self.errno = err.errno
+        super().__init__(f"/{path.lstrip('/')}: {err.strerror or err}")
+
+
 class ApplyCancelled(GputopoError):
     """The operator declined the plan; nothing was changed."""
 
@@ -230,6 +239,20 @@ class HostLock:
         os.fsync(fd)
         self.fd = fd
         return self
+
+    def check(self) -> None:
+        """Raise LockHeld when another process holds the lock; creates nothing."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "a process that wrote no details"
+            raise LockHeld(str(self.path), holder) from None
+        finally:
+            os.close(fd)
 
     def release(self) -> None:
         if self.fd is not None:
@@ -522,6 +545,12 @@ class Steps:
 
     # -- do
     def do(self, a: Any) -> None:
+        try:
+            self._do(a)
+        except OSError as e:  # host files: the only steps that touch this host's filesystem
+            raise HostFileError(getattr(a, "path", "?"), e) from e
+
+    def _do(self, a: Any) -> None:
         px, t = self.ports.proxmox, self.t
         if isinstance(a, WriteHostFile):
             if self.ports.files.read(a.path) != a.content:
@@ -573,6 +602,12 @@ class Steps:
     # -- undo
     def undo(self, a: Any, before: dict[str, Any], stuck: set[str]) -> str:
         """Put back what ``a`` changed; returns what was done (one line, '' for nothing)."""
+        try:
+            return self._undo(a, before, stuck)
+        except OSError as e:
+            raise HostFileError(getattr(a, "path", "?"), e) from e
+
+    def _undo(self, a: Any, before: dict[str, Any], stuck: set[str]) -> str:
         px, t = self.ports.proxmox, self.t
         if isinstance(a, (WriteHostFile, RemoveHostFile)):
             old = before["content"]
@@ -733,7 +768,12 @@ class Runner:
         Returns (complete, needs_human): ``complete`` is False when an undo failed.
         """
         steps = self.j.steps()
-        order = list(dict.fromkeys(reversed(self.j.begun())))
+        # Newest first, except that GPUs go back to their drivers before a container's devN
+        # entries are restored: Proxmox refuses a devN whose /dev node does not exist, and the
+        # nodes of GPUs coming back from vfio-pci appear only once nvidia has them again.
+        rank = {"start": 0, "switch": 1, "config": 2, "stop": 3, "prepare": 4}
+        order = sorted(dict.fromkeys(reversed(self.j.begun())),
+                       key=lambda i: rank.get(steps[i]["action"].get("phase", ""), 5))
         stuck = set(self.s.binder.stuck) | set(self.j.header.get("stuck", []))
         for r in self.j.records:
             if r["type"] == "failed" and r.get("error_type") == "SysfsTimeout":
@@ -844,7 +884,7 @@ def apply(
     t = timeouts or Timeouts()
     progress = progress or Progress()
     t_start = time.monotonic()
-    HostLock(root).acquire().release()  # a running apply is named before its journal is blamed
+    HostLock(root).check()  # a running apply is named before its journal is blamed
     j0 = find_unfinished(root)
     if j0 is not None:
         raise UnfinishedApply(j0)

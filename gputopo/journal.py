@@ -175,7 +175,12 @@ def list_journals(root: str | os.PathLike) -> list[Path]:
     d = Path(root) / JOURNAL_DIR
     if not d.is_dir():
         return []
-    return sorted(p for p in d.iterdir() if p.suffix == ".jsonl")
+    def key(p: Path) -> tuple[str, int, str]:
+        # "<stamp>-<pid>.jsonl", then "<stamp>-<pid>.<n>.jsonl" for later ones in that second
+        parts = p.name[: -len(".jsonl")].split(".")
+        return (parts[0].split("-")[0], int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0, p.name)
+
+    return sorted((p for p in d.iterdir() if p.suffix == ".jsonl"), key=key)
 
 
 def find_unfinished(root: str | os.PathLike) -> Journal | None:

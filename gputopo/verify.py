@@ -128,6 +128,7 @@ class VerifyReport(_M):
         data = self.model_dump()
         data["ok"] = self.ok
         data["exit_code"] = self.exit_code
+        data["summary"] = self.summary_line()
         return json.dumps(data, indent=2, default=str)
 
     def to_text(self) -> str:
@@ -341,7 +342,7 @@ class _Ctx:
             return None, str(e)
         if res.rc != 0:
             text = (res.stderr.strip() or res.stdout.strip()).splitlines()
-            return None, f"nvidia-smi in CT {vmid} exited {res.rc}" + (f": {text[-1]}" if text else "")
+            return None, f"nvidia-smi exited {res.rc}" + (f": {text[-1]}" if text else "")
         try:
             return parse_gpu_rows(res.stdout), None
         except NvsmiParseError as e:
@@ -359,7 +360,7 @@ class _Ctx:
             else:
                 if res.rc != 0:
                     text = res.stderr.strip().splitlines()
-                    self._show[vmid] = (None, f"systemctl show {unit} in CT {vmid} exited {res.rc}"
+                    self._show[vmid] = (None, f"systemctl show {unit} exited {res.rc}"
                                         + (f": {text[-1]}" if text else ""))
                 else:
                     self._show[vmid] = (parse_show_properties(res.stdout), None)
@@ -558,10 +559,16 @@ def check_service(ctx: _Ctx) -> Check:
         unit, want = c.service.unit, len(t.gpus)
         try:
             res = ctx.ports.exec.run(c.vmid, ["systemctl", "is-active", unit], EXEC_TIMEOUT)
-            state = res.stdout.strip().splitlines()[-1] if res.stdout.strip() else f"unknown (exit {res.rc})"
         except GputopoError as e:
             problems.append(f"CT {c.vmid}: {e}")
             continue
+        if not res.stdout.strip():
+            # pct itself failed (container stopped or gone): its message says why
+            why = res.stderr.strip().splitlines()[-1] if res.stderr.strip() else f"exit {res.rc}"
+            problems.append(f"CT {c.vmid}: systemctl is-active {unit}: {why}")
+            details[str(c.vmid)] = {"unit": unit, "error": why, "planned_tp": want}
+            continue
+        state = res.stdout.strip().splitlines()[-1]
         props, err = ctx.service_props(c.vmid, unit)
         command = None
         if props is not None:
@@ -678,6 +685,23 @@ def _probe(base: str, prompt: str, flavor: str | None) -> Callable[[float], dict
     return work
 
 
+_ERRNO_RE = re.compile(r"\[Errno -?\d+\] ([^'\")\]]+)")
+
+
+def http_reason(error: BaseException) -> str:
+    """A short reason for a failed HTTP request: ``timed out``, ``Connection refused`` (an
+    errno's text), ``connection closed without a reply``; the exception's class name otherwise."""
+    text, name = str(error), type(error).__name__
+    if "Timeout" in name or "timed out" in text.lower():
+        return "timed out"
+    m = _ERRNO_RE.search(text)
+    if m:
+        return m.group(1).strip()
+    if "Remote end closed connection" in text or "Connection aborted" in text:
+        return "connection closed without a reply"
+    return name
+
+
 def _flavor(command: str | None) -> str | None:
     if not command:
         return None
@@ -715,11 +739,11 @@ def check_inference(ctx: _Ctx) -> Check:
             problems.append(f"CT {c.vmid}: {base} gave no answer within {ctx.http_timeout:g} s")
             continue
         if error is not None:
-            msg = str(error).splitlines()[0] if str(error) else type(error).__name__
-            kind = "timed out" if "timed out" in msg.lower() or "timeout" in type(error).__name__.lower() else "failed"
-            problems.append(f"CT {c.vmid}: {base} {kind}: {type(error).__name__}" + (
-                f" ({ctx.http_timeout:g} s)" if kind == "timed out" else ""))
-            d["error"] = msg
+            reason = http_reason(error)
+            if reason == "timed out":
+                reason = f"no answer within {ctx.http_timeout:g} s"
+            problems.append(f"CT {c.vmid}: {base}: {reason}")
+            d["error"] = str(error).splitlines()[0] if str(error) else type(error).__name__
             continue
         d.update(out)
         if "error" in out:

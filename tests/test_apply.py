@@ -102,9 +102,10 @@ def test_seed_split_applies_and_converges(host):
 
 
 def test_dry_run_changes_nothing(host):
+    ports = host.ports()
     before = applysim.fingerprint(host)
     tree = _hash_tree(host.dir)
-    res = apply(applysim.seed_spec(host), host.ports(), root=str(host.paths.root), dry_run=True)
+    res = apply(applysim.seed_spec(host), ports, root=str(host.paths.root), dry_run=True)
     assert res.status == "dry-run" and res.plan.actions
     assert applysim.diff(before, applysim.fingerprint(host)) == []
     assert _hash_tree(host.dir) == tree

@@ -12,6 +12,7 @@ import pytest
 
 from gputopo.current import read_current
 from gputopo.discover import discover
+from gputopo.errors import VerifyFailed
 from gputopo.nvsmi import parse_nvidia_smi_q, parse_query_gpu
 from gputopo.plan import plan as make_plan
 from gputopo.spec import parse_spec
@@ -209,57 +210,17 @@ def test_report_ok_and_strict():
 
 
 def _converge(ports, spec, root: str) -> None:
-    """Bring the host to the spec through its ports (what apply does), then check a plan is empty."""
-    try:
-        from gputopo.apply import apply as real_apply  # noqa: F401
-    except ImportError:
-        real_apply = None
-    if real_apply is not None:
-        try:
-            real_apply(spec, ports, root=root)
-            return
-        except TypeError:
-            pass  # another signature: fall back to stepping the plan below
-    from gputopo.bind import Binder
+    """Apply the spec with gputopo's own apply (verify as its last step), then check that a
+    fresh plan is empty."""
+    from gputopo.apply import apply
 
-    for _ in range(3):
-        facts = discover(root)
-        p = make_plan(facts, spec, read_current(spec, facts, proxmox=ports.proxmox, exec=ports.exec, files=ports.files))
-        if p.is_empty:
-            return
-        for a in p.actions:
-            k = a.kind
-            if k == "write_host_file":
-                ports.files.write(a.path, a.content, a.mode)
-            elif k == "remove_host_file":
-                ports.files.remove(a.path)
-            elif k == "set_mapping":
-                if a.create:
-                    ports.proxmox.mapping_create(a.id, a.map, a.description)
-                else:
-                    digest = next(m["digest"] for m in ports.proxmox.mappings() if m["id"] == a.id)
-                    ports.proxmox.mapping_update(a.id, a.map, a.description, digest)
-            elif k == "delete_mapping":
-                ports.proxmox.mapping_delete(a.id)
-            elif k == "write_service_dropin":
-                ports.exec.push(a.vmid, a.path, a.content)
-            elif k == "stop_service":
-                assert ports.exec.run(a.vmid, ["systemctl", "stop", a.unit], 10).rc == 0
-            elif k in ("stop_guest", "start_guest"):
-                ports.proxmox.guest_action(a.guest, a.vmid, "stop" if k == "stop_guest" else "start", 30)
-            elif k == "rebind":
-                assert a.to_driver == "vfio-pci", a.describe()
-                Binder(ports.sysfs, root).move_group(a.members, "vfio-pci", a.keep_override)
-            elif k == "update_container":
-                digest = ports.proxmox.lxc_config(a.vmid)["digest"]
-                ports.proxmox.lxc_update(a.vmid, a.set, a.delete, digest)
-            elif k == "start_service":
-                assert ports.exec.run(a.vmid, ["systemctl", "daemon-reload"], 10).rc == 0
-                res = ports.exec.run(a.vmid, ["systemctl", "start", a.unit], 10)
-                assert res.rc == 0, res
-            else:
-                raise AssertionError(f"unknown action {k}")
-    raise AssertionError("the simulated host did not converge:\n" + p.to_text())
+    result = apply(spec, ports, root=root, verify=lambda: verify(spec, ports, root=root))
+    assert result.status == "applied", result
+    assert result.verify.ok, result.verify.to_text()  # apply's own closing check
+    facts = discover(root)
+    again = make_plan(facts, spec, read_current(spec, facts, proxmox=ports.proxmox, exec=ports.exec,
+                                                files=ports.files))
+    assert again.is_empty, again.to_text()
 
 
 @pytest.fixture(scope="module")
@@ -276,9 +237,29 @@ def applied(tmp_path_factory):
     return d
 
 
+@pytest.fixture(scope="module")
+def live(applied):
+    """The applied host, running, shared by the tests that only flip the simulator's fault switches."""
+    from gputopo.sim.host import SimHost
+
+    host = SimHost.open(applied)
+    ports = host.ports()
+    yield host, ports
+    host.stop()
+
+
+@pytest.fixture
+def healthy(live):
+    """The shared running host; every fault switched off again afterwards."""
+    host, ports = live
+    ports.exec.heal(CT)
+    yield host, ports
+    ports.exec.heal(CT)
+
+
 @pytest.fixture
 def demo(applied, tmp_path):
-    """A private running copy of the applied host: (SimHost, Ports)."""
+    """A private running copy of the applied host, for tests that change the host itself."""
     from gputopo.sim.host import SimHost
 
     d = tmp_path / "sim"
@@ -293,8 +274,8 @@ def _verify(host, ports, spec_text: str = SPEC, **kw) -> VerifyReport:
     return verify(parse_spec(spec_text), ports, root=str(host.paths.root), **kw)
 
 
-def test_demo_host_passes_every_check(demo):
-    host, ports = demo
+def test_demo_host_passes_every_check(healthy):
+    host, ports = healthy
     report = _verify(host, ports)
     assert [c.name for c in report.checks] == list(CHECKS)
     assert {c.name: c.status for c in report.checks} == {n: PASS for n in CHECKS}, report.to_text()
@@ -308,32 +289,32 @@ def test_demo_host_passes_every_check(demo):
     assert report.summary_line() == "all clear: 7 PASS"
 
 
-def test_gpu_missing_in_container_fails(demo):
-    host, ports = demo
+def test_gpu_missing_in_container_fails(healthy):
+    host, ports = healthy
     ports.exec.break_(CT, "gpu_missing", address="0000:61:00.0")
     c = _verify(host, ports, only=["container"]).check("container")
     assert c.status == FAIL
     assert "missing 0000:61:00.0" in c.summary and "3 of 4" in c.summary
 
 
-def test_unbalanced_memory_fails(demo):
-    host, ports = demo
+def test_unbalanced_memory_fails(healthy):
+    host, ports = healthy
     ports.exec.break_(CT, "unbalanced_memory", index=1, used_mib=40000)
     c = _verify(host, ports, only=["memory"]).check("memory")
     assert c.status == FAIL and "unbalanced" in c.summary
     assert "0000:11:00.0 40000 MiB" in c.summary
 
 
-def test_wrong_answer_fails(demo):
-    host, ports = demo
+def test_wrong_answer_fails(healthy):
+    host, ports = healthy
     ports.exec.break_(CT, "wrong_answer", answer="92")
     c = _verify(host, ports, only=["inference"]).check("inference")
     assert c.status == FAIL and "wrong answer" in c.summary and "92" in c.summary
 
 
-def test_hung_endpoint_fails_within_the_timeout(demo):
-    host, ports = demo
-    ports.exec.break_(CT, "hung_endpoint", seconds=10)
+def test_hung_endpoint_fails_within_the_timeout(healthy):
+    host, ports = healthy
+    ports.exec.break_(CT, "hung_endpoint", seconds=3)
     started = time.monotonic()
     report = _verify(host, ports, only=["inference"], http_timeout=0.5)
     wall = time.monotonic() - started
@@ -416,12 +397,7 @@ def test_sev_snp_with_p2p_enabled_warns(demo):
     assert "gputopo apply" in plat.summary
     assert report.check("service").status == PASS
     assert report.ok and not _verify(host, ports, only=["platform"], strict=True).ok
-
-
-def test_platform_passes_without_sev_snp(demo):
-    host, ports = demo
-    _restart_with_dropin(ports, "[Service]\nExecStart=\nExecStart=/opt/sglang/.venv/bin/python -m "
-                         "sglang.launch_server --model-path /m --served-model-name qwen3 --tp 4\n")
+    # the same service without SEV-SNP: peer-to-peer is safe
     param = host.paths.root / "sys/module/kvm_amd/parameters/sev_snp"
     assert param.is_file()
     param.write_text("N\n")
@@ -438,8 +414,8 @@ def test_container_stopped_fails_container_checks(demo):
     assert "not running" in report.check("container").summary
 
 
-def test_verify_rejects_an_unknown_check(demo):
-    host, ports = demo
+def test_verify_rejects_an_unknown_check(healthy):
+    host, ports = healthy
     with pytest.raises(ValueError, match="nope"):
         _verify(host, ports, only=["nope"])
 
@@ -451,6 +427,7 @@ def test_cli_verify_on_a_simulated_host(applied, tmp_path):
     from click.testing import CliRunner
 
     from gputopo.cli import cli
+    from gputopo.sim.container import break_container
 
     d = tmp_path / "sim"
     shutil.copytree(applied, d, symlinks=True)
@@ -460,27 +437,19 @@ def test_cli_verify_on_a_simulated_host(applied, tmp_path):
     assert res.exit_code == 0, res.output
     data = json.loads(res.output)
     assert data["ok"] is True and [c["name"] for c in data["checks"]] == list(CHECKS)
+    assert data["summary"] == "all clear: 7 PASS"
     res = CliRunner().invoke(cli, ["verify", "--spec", str(spec), "--sim", str(d)])
     assert res.exit_code == 0, res.output
     assert "converged" in res.output and "PASS" in res.output and "all clear" in res.output
 
-
-def test_cli_verify_fails_with_exit_1(applied, tmp_path):
-    from click.testing import CliRunner
-
-    from gputopo.cli import cli
-    from gputopo.sim.container import break_container
-
-    d = tmp_path / "sim"
-    shutil.copytree(applied, d, symlinks=True)
     break_container(d, CT, "wrong_answer", answer="92")
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(SPEC)
     res = CliRunner().invoke(cli, ["verify", "--spec", str(spec), "--sim", str(d), "--json"])
     assert res.exit_code == 1
     data = json.loads(res.stdout)
     assert data["ok"] is False
     assert {c["name"]: c["status"] for c in data["checks"]}["inference"] == FAIL
+    assert isinstance(res.exception, VerifyFailed)
+    assert str(res.exception) == "verification failed: 1 FAIL (inference)"
 
 
 def test_cli_connection_options_conflict(tmp_path):
@@ -493,3 +462,92 @@ def test_cli_connection_options_conflict(tmp_path):
     res = CliRunner().invoke(cli, ["verify", "--spec", str(spec), "--sim", str(tmp_path), "--root", str(tmp_path)])
     assert res.exit_code != 0
     assert "--root and --sim exclude each other" in str(res.exception) + res.output
+
+
+def test_http_reasons():
+    import requests
+
+    from gputopo.verify import http_reason
+
+    refused = requests.ConnectionError(
+        "HTTPConnectionPool(host='10.0.0.5', port=30000): Max retries exceeded with url: /v1/models "
+        "(Caused by NewConnectionError('<urllib3.connection.HTTPConnection object at 0x7f>: Failed to "
+        "establish a new connection: [Errno 111] Connection refused'))")
+    assert http_reason(refused) == "Connection refused"
+    closed = requests.ConnectionError(
+        "('Connection aborted.', RemoteDisconnected('Remote end closed connection without response'))")
+    assert http_reason(closed) == "connection closed without a reply"
+    assert http_reason(requests.ReadTimeout("HTTPConnectionPool(...): Read timed out. (read timeout=0.5)")) == "timed out"
+    assert http_reason(ValueError("x")) == "ValueError"
+
+
+def test_endpoint_from_the_spec_health_url(healthy):
+    """On a real host the URL comes from service.health_url (the simulator's record is absent)."""
+    from gputopo.ports import Ports
+
+    host, ports = healthy
+    bare = Ports(sysfs=ports.sysfs, proxmox=ports.proxmox, exec=ports.exec, files=ports.files)
+    url = ports.extra["endpoint"]
+    spec = SPEC.replace("service: {unit: sglang.service}", f"service: {{unit: sglang.service, health_url: '{url}/health'}}")
+    c = _verify(host, bare, spec, only=["inference"]).check("inference")
+    assert c.status == PASS and c.details[str(CT)]["url"] == url, c.summary
+    # without either the probe cannot run: a WARN that says how to fix it
+    c = _verify(host, bare, only=["inference"]).check("inference")
+    assert c.status == WARN and "service.health_url" in c.summary
+
+
+def test_endpoint_not_listening_fails(healthy):
+    import socket
+
+    from gputopo.ports import Ports
+
+    host, ports = healthy
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens there now
+    bare = Ports(sysfs=ports.sysfs, proxmox=ports.proxmox, exec=ports.exec, files=ports.files)
+    spec = SPEC.replace("service: {unit: sglang.service}",
+                        f"service: {{unit: sglang.service, health_url: 'http://127.0.0.1:{port}/health'}}")
+    c = _verify(host, bare, spec, only=["inference"]).check("inference")
+    assert c.status == FAIL and "Connection refused" in c.summary
+
+
+def test_api_url_parsing():
+    from gputopo.cli.connect import parse_api_url
+    from gputopo.errors import ConfigError
+
+    assert parse_api_url("https://pve1.example:8443/api2/json") == ("pve1.example", 8443)
+    assert parse_api_url("pve1") == ("pve1", 8006)
+    with pytest.raises(ConfigError, match="https"):
+        parse_api_url("http://pve1:8006")
+    with pytest.raises(ConfigError, match="bad port"):
+        parse_api_url("https://pve1:http")
+
+
+def test_build_ports_refuses_contradictions(tmp_path):
+    from gputopo.cli.connect import Connection, build_ports
+    from gputopo.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--api-url and --local"):
+        build_ports(Connection(api_url="https://pve1", local=True))
+    with pytest.raises(ConfigError, match="--sim excludes"):
+        build_ports(Connection(sim=str(tmp_path), local=True))
+
+
+def test_build_ports_for_a_real_api(healthy):
+    """The real-host path: HTTPS with a CA bundle and the password from the environment."""
+    from gputopo.bind import RealSysfs
+    from gputopo.cli.connect import Connection, build_ports, release_ports
+    from gputopo.exec import PctExec
+
+    host, _ = healthy
+    conn = Connection(root=str(host.paths.root), api_url=host.url, node="pve1",
+                      ca_bundle=str(host.api.ca_cert_path))
+    ports = build_ports(conn, env={"GPUTOPO_PVE_PASSWORD": host.credentials()["password"]})
+    try:
+        assert isinstance(ports.sysfs, RealSysfs) and isinstance(ports.exec, PctExec)
+        assert ports.proxmox.node == "pve1" and ports.proxmox.identity() == "root@pam"
+        assert {m["id"] for m in ports.proxmox.mappings()} == {"pro6000", "pro6000-vm"}
+    finally:
+        release_ports(ports)

@@ -1,7 +1,13 @@
 """``gputopo init | plan | render | diff``: the desired state, its files and the difference.
 
-Current state comes from Proxmox's files (``--pve-root``, default ``/etc/pve``; a missing one
-means nothing is configured yet) and the host files under ``--root``.
+Where the current state comes from:
+
+* by default, Proxmox's files (``--pve-root``, default ``/etc/pve``; a missing one means nothing
+  is configured yet) and the host files under ``--root``. Guests read from files count as
+  running, and the inference service inside the container is not read (its drop-in always
+  shows as to be written);
+* with ``--sim DIR``, ``--api-url URL`` or ``--local``: the Proxmox API (guest status, configs,
+  mappings) and ``pct exec`` into the container for the service, exactly as apply reads it.
 """
 
 from __future__ import annotations
@@ -22,7 +28,8 @@ def _facts(root: str):
     return discover(root)
 
 
-def _spec(facts, spec_file, split, container, vm_mapping, container_mapping, node):
+def _spec(facts, spec_file, split, container, vm_mapping, container_mapping, node, service_unit=None,
+          tp_flag="--tp"):
     from gputopo.errors import ConfigError
     from gputopo.spec import load_spec, spec_from_split
 
@@ -34,15 +41,60 @@ def _spec(facts, spec_file, split, container, vm_mapping, container_mapping, nod
         raise ConfigError("give --spec FILE, or --split numa --container N --vm-mapping NAME")
     return spec_from_split(
         facts, split=split, container=container, vm_mapping=vm_mapping,
-        container_mapping=container_mapping, node=node,
+        container_mapping=container_mapping, node=node, service_unit=service_unit, tp_flag=tp_flag,
     )
 
 
-def _current(spec, facts, root, pve_root, node):
+def _current(spec, facts, root, pve_root, node, source=None):
     from gputopo.current import read_current
     from gputopo.hostfiles import RealHostFiles
 
+    if source is not None:
+        return read_current(spec, facts, proxmox=source.proxmox, exec=source.exec,
+                            files=source.files, node=node)
     return read_current(spec, facts, pve_root=pve_root, files=RealHostFiles(root), node=node)
+
+
+class _Source:
+    """The live current-state source chosen by --sim / --api-url / --local (None: files)."""
+
+    def __init__(self, root, sim, api_url, local, user, token_name, secret_file, ca_bundle, insecure, node):
+        self.ports = None
+        self.root = root
+        if not (sim or api_url or local):
+            return
+        from gputopo.cli.connect import Connection, build_ports, host_root
+
+        conn = Connection(root=None if sim else (root if root != "/" else None), sim=sim, api_url=api_url,
+                          local=local, node=node, user=user, token_name=token_name,
+                          secret_file=secret_file, ca_bundle=ca_bundle, insecure=insecure)
+        self.root = host_root(conn)
+        self.ports = build_ports(conn, default_node=node)
+
+    def close(self):
+        if self.ports is not None:
+            from gputopo.cli.connect import release_ports
+
+            release_ports(self.ports)
+
+
+def source_options(f):
+    """--sim / --api-url / --local: read the current state live instead of from files."""
+    opts = [
+        click.option("--sim", default=None, type=click.Path(file_okay=False),
+                     help="Read the current state from the simulated host in DIR."),
+        click.option("--api-url", default=None, help="Read the current state through the Proxmox API (https)."),
+        click.option("--local", is_flag=True, help="Read the current state through pvesh and pct on this node."),
+        click.option("--user", default="root@pam", show_default=True, help="Proxmox user."),
+        click.option("--token-name", default=None, help="API token id of --user."),
+        click.option("--secret-file", default=None, type=click.Path(dir_okay=False),
+                     help="Owner-only file holding the password or token secret."),
+        click.option("--ca-bundle", default=None, type=click.Path(dir_okay=False), help="CA for the API's TLS."),
+        click.option("--insecure", is_flag=True, help="Do not check the API's TLS certificate."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
 
 
 def _print_refused(e: PlanRefused) -> None:
@@ -59,6 +111,10 @@ def spec_options(f):
     f = click.option("--container-mapping", default=None, help="Quick mode: PCI mapping for the container's GPUs.")(f)
     f = click.option("--vm-mapping", default="pro6000-vm", show_default=True, help="Quick mode: the VM mapping.")(f)
     f = click.option("--container", type=int, default=101, show_default=True, help="Quick mode: container vmid.")(f)
+    f = click.option("--tp-flag", default="--tp", show_default=True,
+                     help="Quick mode: the service's tensor-parallel flag (vLLM: --tensor-parallel-size).")(f)
+    f = click.option("--service-unit", default=None,
+                     help="Quick mode: the inference service's systemd unit in the container (default: not managed).")(f)
     f = click.option("--split", type=SPLITS, default=None, help="Quick mode without a spec file.")(f)
     f = click.option("--spec", "spec_file", type=click.Path(dir_okay=False), default=None, help="Spec file.")(f)
     return f
@@ -93,19 +149,24 @@ def init(root, split, container, vm_mapping, container_mapping, node, service_un
 @spec_options
 @click.option("--templates", type=click.Path(file_okay=False, exists=True), default=None)
 @click.option("--json", "as_json", is_flag=True, help="The plan as JSON.")
-def plan(spec_file, split, container, vm_mapping, container_mapping, root, pve_root, node, templates, as_json):
+@source_options
+def plan(spec_file, split, service_unit, tp_flag, container, vm_mapping, container_mapping, root, pve_root, node, templates, as_json,
+         **source):
     """Show the target state and the ordered actions; "No changes" when converged (exit 2 if refused)."""
     from gputopo.cli.output import print_json
     from gputopo.plan import plan as make_plan
 
-    facts = _facts(root)
-    spec = _spec(facts, spec_file, split, container, vm_mapping, container_mapping, node)
-    current = _current(spec, facts, root, pve_root, node)
+    src = _Source(root, node=node, **source)
     try:
+        facts = _facts(src.root)
+        spec = _spec(facts, spec_file, split, container, vm_mapping, container_mapping, node, service_unit, tp_flag)
+        current = _current(spec, facts, src.root, pve_root, node, src.ports)
         p = make_plan(facts, spec, current, node=node, templates=templates)
     except PlanRefused as e:
         _print_refused(e)
         sys.exit(e.exit_code)
+    finally:
+        src.close()
     if as_json:
         print_json(p)
     else:
@@ -117,19 +178,24 @@ def plan(spec_file, split, container, vm_mapping, container_mapping, root, pve_r
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Directory to write the files to.")
 @click.option("--templates", type=click.Path(file_okay=False, exists=True), default=None,
               help="Directory whose templates override the built-ins by name.")
-def render(spec_file, split, container, vm_mapping, container_mapping, root, pve_root, node, out, templates):
+@source_options
+def render(spec_file, split, service_unit, tp_flag, container, vm_mapping, container_mapping, root, pve_root, node, out, templates,
+           **source):
     """Write the files the plan stands for under --out."""
     from gputopo.plan import plan as make_plan
     from gputopo.render import render as render_files
 
-    facts = _facts(root)
-    spec = _spec(facts, spec_file, split, container, vm_mapping, container_mapping, node)
-    current = _current(spec, facts, root, pve_root, node)
+    src = _Source(root, node=node, **source)
     try:
+        facts = _facts(src.root)
+        spec = _spec(facts, spec_file, split, container, vm_mapping, container_mapping, node, service_unit, tp_flag)
+        current = _current(spec, facts, src.root, pve_root, node, src.ports)
         p = make_plan(facts, spec, current, node=node, templates=templates)
     except PlanRefused as e:
         _print_refused(e)
         sys.exit(e.exit_code)
+    finally:
+        src.close()
     files = render_files(p, spec, facts, templates)
     for rel, text in sorted(files.items()):
         dest = Path(out) / rel
@@ -143,15 +209,19 @@ def render(spec_file, split, container, vm_mapping, container_mapping, root, pve
 @click.option("--templates", type=click.Path(file_okay=False, exists=True), default=None)
 @click.option("--exit-code", "exit_code", is_flag=True, help="Exit 0: no difference, 2: differences, 1: error.")
 @click.option("--json", "as_json", is_flag=True)
-def diff(spec_file, split, container, vm_mapping, container_mapping, root, pve_root, node, templates, exit_code, as_json):
+@source_options
+def diff(spec_file, split, service_unit, tp_flag, container, vm_mapping, container_mapping, root, pve_root, node, templates, exit_code,
+         as_json, **source):
     """Show how the host differs from the spec, by area, files as unified diffs."""
     from gputopo.cli.output import print_json
     from gputopo.diff import diff as make_diff
 
+    src = None
     try:
-        facts = _facts(root)
-        spec = _spec(facts, spec_file, split, container, vm_mapping, container_mapping, node)
-        current = _current(spec, facts, root, pve_root, node)
+        src = _Source(root, node=node, **source)
+        facts = _facts(src.root)
+        spec = _spec(facts, spec_file, split, container, vm_mapping, container_mapping, node, service_unit, tp_flag)
+        current = _current(spec, facts, src.root, pve_root, node, src.ports)
         report = make_diff(facts, spec, current, node=node, templates=templates)
     except PlanRefused as e:
         _print_refused(e)
@@ -161,6 +231,9 @@ def diff(spec_file, split, container, vm_mapping, container_mapping, root, pve_r
             raise
         click.echo(f"gputopo: error: {e}", err=True)
         sys.exit(1)
+    finally:
+        if src is not None:
+            src.close()
     if as_json:
         print_json({"node": report.node, "is_empty": report.is_empty,
                     "areas": {k: v.model_dump() for k, v in report.areas.items()}})

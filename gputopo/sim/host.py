@@ -264,7 +264,7 @@ def _write_pve(paths: SimPaths, node: str, ctid: int, facts) -> None:
         "ostype": "ubuntu", "rootfs": f"local-lvm:vm-{ctid}-disk-0,size=200G", "swap": "0",
     }
     for i, n in enumerate(nodes):
-        options[f"dev{i}"] = format_dev_value(n, gid=44, mode="0666")
+        options[f"dev{i}"] = format_dev_value(n, mode="0666")
     (nodedir / "lxc" / f"{ctid}.conf").write_text(write_lxc_conf(LxcConf(options=options)))
 
     (nodedir / "qemu-server" / f"{DEFAULT_VM}.conf").write_text(

@@ -363,6 +363,8 @@ class PveApiServer:
             state.write_state(self.run_dir, API_FAULTS, faults)
 
     def _take_api_fault(self, method: str, path: str) -> ApiError | None:
+        if not (self.run_dir / f"{API_FAULTS}.json").exists():
+            return None
         with state.locked(self.run_dir, API_FAULTS):
             faults = state.read_state(self.run_dir, API_FAULTS, []) or []
             for f in faults:

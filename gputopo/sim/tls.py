@@ -21,6 +21,10 @@ def make_ca_and_server_cert(directory: Path, hosts: tuple[str, ...] = ("127.0.0.
 
     directory.mkdir(parents=True, exist_ok=True)
     now = datetime.datetime.now(datetime.timezone.utc)
+    existing = _reusable(directory, now)
+    if existing is not None:
+        # Another server of the same simulated host may be running: its clients trust this CA.
+        return existing
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gputopo simulated PVE CA")])
     ca_cert = (
@@ -75,3 +79,19 @@ def make_ca_and_server_cert(directory: Path, hosts: tuple[str, ...] = ("127.0.0.
         )
     )
     return ca_path, cert_path, key_path
+
+
+def _reusable(directory: Path, now: datetime.datetime) -> tuple[Path, Path, Path] | None:
+    """The paths of an existing CA + server certificate that stay valid for a day, else None."""
+    from cryptography import x509
+
+    paths = (directory / "ca.pem", directory / "server.pem", directory / "server.key")
+    if not all(p.is_file() for p in paths):
+        return None
+    try:
+        cert = x509.load_pem_x509_certificate(paths[1].read_bytes())
+    except ValueError:
+        return None
+    if cert.not_valid_after_utc < now + datetime.timedelta(days=1):
+        return None
+    return paths

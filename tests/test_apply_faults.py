@@ -1,0 +1,328 @@
+"""Apply under failure on the simulated seed host: every step of the plan made to fail once, a
+hanging sysfs write, and SIGKILL mid-apply followed by ``gputopo recover``.
+
+The steps come from the plan itself, so a new step is covered as soon as the planner makes it;
+an action kind without a way to make it fail here fails the test.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+import applysim
+from gputopo.apply import Timeouts, apply, read_and_plan
+from gputopo.errors import ApplyFailed, ExecError, JournalError
+from gputopo.journal import JOURNAL_DIR, find_unfinished, list_journals, parse_journal
+from gputopo.ports import ExecResult
+from gputopo.sim.container import break_container
+from gputopo.sim.kernel import SimKernel
+from gputopo.sim.pveapi import PveApiServer
+
+
+@pytest.fixture(scope="session")
+def template():
+    d = applysim.make_template()
+    yield d
+    applysim.cleanup(d.parent)
+
+
+@pytest.fixture
+def new_host(template):
+    made = []
+
+    def make():
+        base = Path(tempfile.mkdtemp(prefix="gputopo-fault-", dir=applysim.fast_tmp()))
+        h = applysim.copy_host(template, base / "sim")
+        made.append((h, base))
+        return h
+
+    yield make
+    for h, base in made:
+        SimKernel(h.paths.root).clear_faults()  # lets any hung worker thread finish
+        h.stop()
+        applysim.cleanup(base)
+
+
+# --- ways to make one step fail, through the simulator or a failing port --------------------
+
+
+class ReadOnlyFiles:
+    """A HostFilesPort whose directory of ``path`` is on a read-only filesystem."""
+
+    def __init__(self, inner, path: str):
+        self.inner, self.path, self.root = inner, path, inner.root
+
+    def read(self, path):
+        return self.inner.read(path)
+
+    def write(self, path, content, mode=0o644):
+        if path == self.path:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), path)
+        self.inner.write(path, content, mode)
+
+    def remove(self, path):
+        if path == self.path:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), path)
+        self.inner.remove(path)
+
+
+class FailingExec:
+    """An ExecPort where ``pct push`` to ``push_path`` fails (disk full) and ``systemctl stop``
+    of ``stop_unit`` fails the way a unit whose stop job is cancelled does."""
+
+    def __init__(self, inner, push_path=None, stop_unit=None):
+        self.inner, self.push_path, self.stop_unit = inner, push_path, stop_unit
+
+    def run(self, vmid, argv, timeout, input=None):
+        if self.stop_unit and argv == ["systemctl", "stop", self.stop_unit]:
+            return ExecResult(1, "", f"Job for {self.stop_unit} canceled.\n")
+        return self.inner.run(vmid, argv, timeout, input)
+
+    def push(self, vmid, path, content, mode=0o644):
+        if path == self.push_path:
+            raise ExecError(vmid, ["pct", "push", str(vmid), path], 1, "write failed: No space left on device")
+        self.inner.push(vmid, path, content, mode)
+
+
+def _api(host) -> PveApiServer:
+    return host.api
+
+
+def _fail_file(host, ports, a):
+    ports.files = ReadOnlyFiles(ports.files, a.path)
+
+
+def _fail_mapping(host, ports, a):
+    _api(host).inject_api_fault("POST", r"/cluster/mapping/pci", "cfs-lock 'file-pci_mapping' error: got lock request timeout")
+    _api(host).inject_api_fault("PUT", rf"/cluster/mapping/pci/{a.id}", "cfs-lock 'file-pci_mapping' error: got lock request timeout")
+    _api(host).inject_api_fault("DELETE", rf"/cluster/mapping/pci/{a.id}", "cfs-lock 'file-pci_mapping' error: got lock request timeout")
+
+
+def _fail_dropin(host, ports, a):
+    ports.exec = FailingExec(ports.exec, push_path=a.path)
+
+
+def _fail_stop_service(host, ports, a):
+    ports.exec = FailingExec(ports.exec, stop_unit=a.unit)
+
+
+def _fail_stop_guest(host, ports, a):
+    _api(host).inject_fault("vzshutdown" if a.guest == "lxc" else "qmshutdown", a.vmid,
+                            f"command 'lxc-stop -n {a.vmid} --nokill --timeout 60' failed: exit code 1")
+
+
+def _fail_rebind(host, ports, a):
+    # vfio-pci's probe binds nothing once: the read-back must notice
+    SimKernel(host.paths.root).inject(a.address, "bind", "noop", times=1)
+
+
+def _fail_update_container(host, ports, a):
+    _api(host).inject_api_fault("PUT", rf"/nodes/[^/]+/lxc/{a.vmid}/config", "CT is locked (backup)")
+
+
+def _fail_start_guest(host, ports, a):
+    _api(host).inject_fault("vzstart" if a.guest == "lxc" else "qmstart", a.vmid,
+                            f"startup for container '{a.vmid}' failed")
+
+
+def _fail_start_service(host, ports, a):
+    # fails at the container's boot and at the explicit start, then works again
+    break_container(host.dir, a.vmid, "service_fails", message="RuntimeError: CUDA error: out of memory", count=2)
+
+
+FAIL_BY_KIND = {
+    "write_host_file": _fail_file,
+    "remove_host_file": _fail_file,
+    "set_mapping": _fail_mapping,
+    "delete_mapping": _fail_mapping,
+    "write_service_dropin": _fail_dropin,
+    "stop_service": _fail_stop_service,
+    "stop_guest": _fail_stop_guest,
+    "rebind": _fail_rebind,
+    "update_container": _fail_update_container,
+    "start_guest": _fail_start_guest,
+    "start_service": _fail_start_service,
+}
+
+TIMEOUTS = Timeouts(sysfs=5.0, guest=30.0, exec=10.0, service=20.0, poll=0.02)
+
+
+def _seed_steps(template) -> list:
+    base = Path(tempfile.mkdtemp(prefix="gputopo-plan-", dir=applysim.fast_tmp()))
+    h = applysim.copy_host(template, base / "sim")
+    try:
+        _, _, p = read_and_plan(applysim.seed_spec(h), h.ports(), str(h.paths.root))
+        return list(p.actions)
+    finally:
+        h.stop()
+        applysim.cleanup(base)
+
+
+def test_every_step_failing_rolls_back_byte_for_byte(template, new_host):
+    actions = _seed_steps(template)
+    assert len(actions) >= 10
+    missing = sorted({a.kind for a in actions} - set(FAIL_BY_KIND))
+    assert not missing, f"no way to make these steps fail: {missing}"
+    for i, a in enumerate(actions):
+        host = new_host()
+        ports = host.ports()
+        spec = applysim.seed_spec(host)
+        before = applysim.fingerprint(host)
+        FAIL_BY_KIND[a.kind](host, ports, a)
+        with pytest.raises(ApplyFailed) as e:
+            apply(spec, ports, root=str(host.paths.root), timeouts=TIMEOUTS)
+        err = e.value
+        assert f"step {i + 1} " in str(err), (i, a.describe(), str(err))
+        assert err.rolled_back and not err.needs_human and err.exit_code == 1, str(err)
+        assert "\n" not in str(err)
+        got = applysim.fingerprint(host)
+        assert applysim.diff(before, got) == [], (i, a.describe())
+        j = list_journals(host.paths.root)[-1]
+        recs = parse_journal(j.read_text())
+        assert recs[-1]["type"] == "end" and recs[-1]["result"] == "rolled-back"
+        assert find_unfinished(host.paths.root) is None
+        host.stop()
+
+
+def test_hanging_write_names_the_device_and_rolls_back_the_rest(new_host):
+    host = new_host()
+    ports = host.ports()
+    spec = applysim.seed_spec(host)
+    before = applysim.fingerprint(host)
+    hung = "0000:91:00.0"
+    SimKernel(host.paths.root).inject(hung, "unbind", "hang")
+    with pytest.raises(ApplyFailed) as e:
+        apply(spec, ports, root=str(host.paths.root), timeouts=Timeouts(sysfs=0.5, guest=30, exec=10, service=20, poll=0.02))
+    err = e.value
+    assert err.exit_code == 3 and err.needs_human == [hung]
+    assert f"device {hung} needs a human" in str(err) and "\n" not in str(err)
+    after = applysim.fingerprint(host)
+    changed = applysim.diff(before, after)
+    # only the hung GPU's group may differ; here its override was set before the unbind hung
+    assert all(hung in line for line in changed), changed
+    for a in ("0000:81:00.0", "0000:e1:00.0", "0000:f1:00.0"):
+        assert after[f"pci:{a}"] == before[f"pci:{a}"]
+    assert after["service"] == before["service"] and after["guests"] == before["guests"]
+    recs = parse_journal(list_journals(host.paths.root)[-1].read_text())
+    assert recs[-1]["result"] == "needs-human" and recs[-1]["needs_human"] == [hung]
+
+
+# --- crash: SIGKILL mid-apply, then recover ---------------------------------------------------
+
+
+def _cli(*args, **kw):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return [sys.executable, "-m", "gputopo", *args], env
+
+
+def _begun(root: Path) -> set[int]:
+    d = root / JOURNAL_DIR
+    if not d.is_dir():
+        return set()
+    out = set()
+    for p in d.glob("*.jsonl"):
+        try:
+            for r in parse_journal(p.read_text()):
+                if r["type"] == "begin":
+                    out.add(r["step"])
+        except JournalError:
+            pass
+    return out
+
+
+def _slow(host):
+    """Latencies that keep every slow step open long enough to kill it mid-way."""
+    from gputopo.sim import state
+
+    SimKernel(host.paths.root).configure(time_scale=1.0, latency={"nvidia.unbind": 0.25})
+    state.write_state(host.paths.run, "latencies", {"vzshutdown": 0.25, "vzstart": 0.25, "qmshutdown": 0.25,
+                                                    "service.stop": 0.25, "service.start": 0.25})
+
+
+def _fast(host):
+    from gputopo.sim import state
+
+    SimKernel(host.paths.root).configure(time_scale=applysim.SCALE)
+    state.write_state(host.paths.run, "latencies", {})
+
+
+def _kill_at(host, spec_file, step: int) -> int:
+    cmd, env = _cli("apply", "--spec", str(spec_file), "--sim", str(host.dir), "--yes", "--no-verify",
+                    "--timeout", "10")
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    deadline = time.monotonic() + 60
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            if step in _begun(host.paths.root):
+                break
+            time.sleep(0.01)
+        assert proc.poll() is None, f"apply ended before step {step + 1} began: {proc.stderr.read().decode()}"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    return proc.returncode
+
+
+CRASH_STEPS = None  # every step of the plan
+
+
+def test_sigkill_each_step_then_recover_rolls_back(template, new_host):
+    actions = _seed_steps(template)
+    for i, a in enumerate(actions):
+        if CRASH_STEPS is not None and i not in CRASH_STEPS:
+            continue
+        host = new_host()
+        host.ports()
+        before = applysim.fingerprint(host)
+        spec_file = host.dir / "spec.yaml"
+        spec_file.write_text(applysim.seed_spec_text(host))
+        _slow(host)
+        assert _kill_at(host, spec_file, i) == -signal.SIGKILL
+        _fast(host)
+        assert find_unfinished(host.paths.root) is not None
+        if i == 0:
+            cmd, env = _cli("apply", "--spec", str(spec_file), "--sim", str(host.dir), "--yes", "--no-verify")
+            refused = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
+            assert refused.returncode == 2 and "gputopo recover" in refused.stderr, refused.stderr
+        if i == len(actions) - 1:  # once through a separate process, as an operator runs it
+            cmd, env = _cli("recover", "--sim", str(host.dir))
+            rec = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+            assert rec.returncode == 0, (i, a.describe(), rec.stdout, rec.stderr)
+        else:
+            from gputopo.cli import main
+
+            main(["recover", "--sim", str(host.dir)])
+        assert applysim.diff(before, applysim.fingerprint(host)) == [], (i, a.describe())
+        assert find_unfinished(host.paths.root) is None
+        host.stop()
+
+
+def test_sigkill_in_switch_then_recover_finish_applies(template, new_host):
+    actions = _seed_steps(template)
+    step = next(i for i, a in enumerate(actions) if a.kind == "rebind")
+    host = new_host()
+    host.ports()
+    spec_file = host.dir / "spec.yaml"
+    spec_file.write_text(applysim.seed_spec_text(host))
+    _slow(host)
+    _kill_at(host, spec_file, step)
+    _fast(host)
+    cmd, env = _cli("recover", "--sim", str(host.dir), "--finish")
+    rec = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    assert rec.returncode == 0, rec.stderr
+    assert find_unfinished(host.paths.root) is None
+    host.stop()  # the other processes' servers replaced the simulator's TLS files
+    ports = host.ports()
+    _, _, p = read_and_plan(applysim.seed_spec(host), ports, str(host.paths.root))
+    assert p.is_empty, p.to_text()
+    assert applysim.fingerprint(host)["service"][0] == "active"
