@@ -22,15 +22,8 @@ from pathlib import Path
 
 from gputopo.apply import Timeouts, apply
 from gputopo.discover import discover
-from gputopo.sim import state
 from gputopo.sim.host import SimHost
-from gputopo.sim.kernel import SimKernel
 from gputopo.spec import init_spec, parse_spec
-
-SERVICE_STOP, SERVICE_START = 3.0, 20.0
-CT_STOP, CT_START = 4.0, 6.0
-VFIO_BIND = 0.3
-UNBIND_MIN, UNBIND_MAX = 1.0, 3.0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,18 +40,12 @@ def main(argv: list[str] | None = None) -> int:
         facts = discover(str(root))
         spec = parse_spec(init_spec(facts))
         moving = [g.address for g in facts.gpus if g.numa_node == 1]
-        step = (UNBIND_MAX - UNBIND_MIN) / max(1, len(moving) - 1)
-        unbind = {a: UNBIND_MIN + i * step for i, a in enumerate(moving)}
-        kernel = SimKernel(root)
-        kernel.configure(time_scale=s, latency={"vfio-pci.bind": VFIO_BIND, "nvidia.unbind": UNBIND_MIN},
-                         address_latency={a: {"unbind": v} for a, v in unbind.items()})
-        state.write_state(host.paths.run, "latencies", {
-            "vzshutdown": CT_STOP * s, "vzstop": CT_STOP * s, "vzstart": CT_START * s,
-            "service.stop": SERVICE_STOP * s, "service.start": SERVICE_START * s,
-        })
+        lat = host.set_latencies(s, moving)
         ports = host.ports()
         ports.proxmox._cfg.poll_interval = 0.02  # a tighter task poll than a real node needs
-        critical = s * (SERVICE_STOP + CT_STOP + max(unbind.values()) + VFIO_BIND + CT_START + SERVICE_START)
+        slowest_unbind = max(v for k, v in lat.items() if k.startswith("unbind:"))
+        critical = s * (lat["service.stop"] + lat["ct.stop"] + slowest_unbind + lat["vfio-pci.bind"]
+                        + lat["ct.start"] + lat["service.start"])
 
         t0 = time.monotonic()
         res = apply(spec, ports, root=str(root), timeouts=Timeouts(poll=0.02))

@@ -34,10 +34,11 @@ def discover(root: str, as_json: bool, all_vendors: bool, gpu_match: tuple[str, 
 
         print_json(facts)
         return
-    _print_table(facts)
+    print_facts(facts)
 
 
-def _print_table(facts) -> None:
+def print_facts(facts) -> None:
+    """The host summary and the GPU table (rich)."""
     from rich.table import Table
 
     from gputopo.cli.output import console

@@ -40,12 +40,13 @@ def verify(spec_file: str, conn: Connection, http_timeout: float | None, strict:
     if as_json:
         sys.stdout.write(report.to_json() + "\n")
     else:
-        _print_table(report)
+        print_report(report)
     if not report.ok:
         raise VerifyFailed(report.summary_line())
 
 
-def _print_table(report) -> None:
+def print_report(report) -> None:
+    """The verify report as a PASS/WARN/FAIL table, then its summary line."""
     from rich.table import Table
     from rich.text import Text
 

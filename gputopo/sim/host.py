@@ -36,6 +36,13 @@ SERVICE_COMMANDS = {
 }
 
 
+# A real server's pace (seconds), used by set_latencies(): what an operator waits for.
+SERVICE_STOP, SERVICE_START = 3.0, 20.0
+CT_STOP, CT_START = 4.0, 6.0
+VFIO_BIND, NVIDIA_BIND = 0.3, 0.5
+UNBIND_MIN, UNBIND_MAX = 1.0, 3.0
+
+
 class SimHostError(InputError):
     """A simulated host directory cannot be created or opened. Names the directory."""
 
@@ -229,6 +236,33 @@ class SimHost:
         return Ports(sysfs=SimKernel(str(self.paths.root)), proxmox=client, exec=SimExec(self.dir),
                      files=RealHostFiles(str(self.paths.root)),
                      extra={"sim": self, "endpoint": self.endpoint.url if self.endpoint else None})
+
+    def set_latencies(self, scale: float = 1.0, moving: list[str] | None = None) -> dict[str, float]:
+        """Give the host a real server's pace, every latency multiplied by ``scale``.
+
+        At scale 1 (seconds): nvidia unbind 1-3 per GPU (spread over ``moving``, the GPUs that
+        will move, in order), vfio-pci bind 0.3, nvidia bind 0.5, container stop 4 / start 6,
+        service stop 3 / start 20. Returns the per-operation latencies at scale 1 (``unbind``
+        per address under ``unbind:<address>``) so a caller can compute a critical path.
+        """
+        from gputopo.sim.kernel import SimKernel
+
+        moving = moving or []
+        step = (UNBIND_MAX - UNBIND_MIN) / max(1, len(moving) - 1)
+        unbind = {a: UNBIND_MIN + i * step for i, a in enumerate(moving)}
+        SimKernel(str(self.paths.root)).configure(
+            time_scale=scale,
+            latency={"vfio-pci.bind": VFIO_BIND, "nvidia.bind": NVIDIA_BIND, "nvidia.unbind": UNBIND_MIN},
+            address_latency={a: {"unbind": v} for a, v in unbind.items()},
+        )
+        state.write_state(self.paths.run, "latencies", {
+            "vzshutdown": CT_STOP * scale, "vzstop": CT_STOP * scale, "vzstart": CT_START * scale,
+            "service.stop": SERVICE_STOP * scale, "service.start": SERVICE_START * scale,
+        })
+        out = {"service.stop": SERVICE_STOP, "service.start": SERVICE_START, "ct.stop": CT_STOP,
+               "ct.start": CT_START, "vfio-pci.bind": VFIO_BIND, "nvidia.bind": NVIDIA_BIND}
+        out.update({f"unbind:{a}": v for a, v in unbind.items()})
+        return out
 
     def credentials(self) -> dict[str, str]:
         """root@pam's password and an API token of root@pam, as the API server holds them."""

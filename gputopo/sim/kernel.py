@@ -633,7 +633,7 @@ class SimKernel:
             st["nv_info"][addr] = text
         d = self._p(f"proc/driver/nvidia/gpus/{addr}")
         d.mkdir(parents=True, exist_ok=True)
-        (d / "information").write_text(_set_minor_line(text, minor))
+        _atomic_write(d / "information", _set_minor_line(text, minor))
         self._p("dev").mkdir(exist_ok=True)
         self._p(f"dev/nvidia{minor}").touch()
 
@@ -725,7 +725,7 @@ class SimKernel:
             with self._state():
                 if not attr.parent.is_dir():
                     raise _Fail(errno.ENOENT)
-                attr.write_text(f"{text}\n" if text else "(null)\n")
+                _atomic_write(attr, f"{text}\n" if text else "(null)\n")
 
     def _unbind(self, drv: str, addr: str) -> None:
         with self._state():
@@ -860,3 +860,11 @@ class SimKernel:
 def _name(value: str) -> str:
     # bus_find_device_by_name uses sysfs_streq: one trailing newline is ignored, nothing else
     return value[:-1] if value.endswith("\n") else value
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    """Replace a file's content in one step: a kernel attribute never reads half-written, even
+    when the simulating process is killed mid-write."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

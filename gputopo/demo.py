@@ -1,0 +1,91 @@
+"""The operator's whole story in one call: discover, plan the NUMA split, apply it, verify.
+
+:func:`run_demo` works on whatever ports it is given; ``gputopo demo`` hands it a simulated
+seed host (``gputopo.sim``), so the same apply and verify code a real host runs is what the
+demo shows. Output goes through the ``show`` callbacks so the CLI decides how it looks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from gputopo.apply import ApplyResult, Progress, Timeouts, apply
+from gputopo.discover import discover
+from gputopo.model import Facts
+from gputopo.ports import Ports
+from gputopo.spec import init_spec, parse_spec
+from gputopo.verify import VerifyReport, verify
+
+NVIDIA_SMI_QUERY = [
+    "nvidia-smi",
+    "--query-gpu=index,pci.bus_id,memory.used,memory.total,utilization.gpu",
+    "--format=csv,noheader",
+]
+
+
+@dataclass
+class DemoShow:
+    """How the demo prints each stage (the CLI supplies rich renderers)."""
+
+    heading: Callable[[str], None]
+    facts: Callable[[Facts], None]
+    text: Callable[[str], None]
+    report: Callable[[VerifyReport], None]
+    progress: Progress
+
+
+@dataclass
+class DemoResult:
+    spec_path: Path
+    before: Facts
+    applied: ApplyResult
+    report: VerifyReport | None
+    second_plan_empty: bool
+    container_view: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.applied.status == "applied" and self.report is not None and self.report.ok and self.second_plan_empty
+
+
+def run_demo(ports: Ports, root: str, workdir: Path, show: DemoShow, *, container: int = 101,
+             vm_mapping: str = "pro6000-vm", container_mapping: str = "pro6000",
+             timeouts: Timeouts | None = None) -> DemoResult:
+    """Discover the host, write a starter spec for the NUMA split, plan, apply and verify it.
+
+    Returns a :class:`DemoResult`; ``.ok`` is True when the split applied, verification passed
+    and a second plan is empty. Raises what apply and verify raise for a broken host.
+    """
+    show.heading("1. Discover: what the host has")
+    before = discover(root)
+    show.facts(before)
+
+    show.heading(f"2. Spec: NUMA split, container {container} keeps one node, VMs get the other")
+    text = init_spec(before, split="numa", container=container, vm_mapping=vm_mapping,
+                     container_mapping=container_mapping)
+    spec_path = workdir / "gputopo.yaml"
+    spec_path.write_text(text)
+    spec = parse_spec(text, file=str(spec_path))
+    show.text(f"wrote {spec_path} (gputopo init --split numa --container {container} "
+              f"--vm-mapping {vm_mapping} --container-mapping {container_mapping})")
+
+    show.heading("3. Plan and apply (journaled, locked, rolled back on any failure)")
+    applied = apply(spec, ports, root=root, confirm=lambda p: (show.text(p.to_text()), True)[1],
+                    progress=show.progress, timeouts=timeouts or Timeouts(), spec_path=str(spec_path),
+                    verify=None)
+
+    show.heading("4. Verify from fresh facts")
+    report = verify(spec, ports, root=root)
+    show.report(report)
+
+    view = ports.exec.run(container, NVIDIA_SMI_QUERY, timeout=30.0)
+    show.text(f"inside CT {container}: {' '.join(NVIDIA_SMI_QUERY)}\n{view.stdout.rstrip()}")
+
+    again = apply(spec, ports, root=root, dry_run=True, timeouts=timeouts or Timeouts())
+    second_empty = again.plan is not None and again.plan.is_empty
+    show.text("a second plan: " + ("No changes" if second_empty else again.plan.to_text()))
+    return DemoResult(spec_path=spec_path, before=before, applied=applied, report=report,
+                      second_plan_empty=second_empty, container_view=view.stdout)
