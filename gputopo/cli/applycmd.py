@@ -111,7 +111,9 @@ def apply(spec_file: str, conn: Connection, dry_run: bool, yes: bool, sysfs_time
         click.echo(result.plan.to_text() if result.plan else "No changes", nl=False)
         return
     if result.verify is not None:
-        click.echo(result.verify.summary_line() if hasattr(result.verify, "summary_line") else str(result.verify))
+        from gputopo.cli.verifycmd import print_report
+
+        print_report(result.verify)
     if result.status == "rolled-back":
         from gputopo.errors import VerifyFailed
 
