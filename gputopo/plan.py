@@ -889,6 +889,14 @@ def plan(
             if svc_active:
                 stops.append(StopService(vmid=c.vmid, unit=svc.unit))
             starts.append(StartService(vmid=c.vmid, unit=svc.unit))
+        elif c.vmid in current.containers and not running:
+            # The spec says this container serves its GPUs: a stopped one is not converged.
+            starts.append(StartGuest(guest="lxc", vmid=c.vmid))
+            if svc is not None:
+                starts.append(StartService(vmid=c.vmid, unit=svc.unit))
+        elif svc is not None and state.service is not None and not svc_active:
+            # The service state was read (pct exec) and it is not running.
+            starts.append(StartService(vmid=c.vmid, unit=svc.unit))
     affected = set(changed_mappings)
     for mid, m in {**mappings, **{k: MappingTarget(map=v.map) for k, v in current.mappings.items()}}.items():
         if any(_entry_fields(e).get("path") in rebinding for e in m.map):
@@ -1018,5 +1026,7 @@ def expected_after(p: Plan, facts: Facts, current: CurrentState) -> tuple[Facts,
             ct = current.containers.setdefault(a.vmid, ContainerState())
             if ct.service is not None:
                 ct.service.active = True
+        elif isinstance(a, StartGuest) and a.guest == "lxc" and a.vmid in current.containers:
+            current.containers[a.vmid].status = "running"
     return facts, current
 

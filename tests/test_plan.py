@@ -176,6 +176,20 @@ def test_only_dropin_changes_restart_only_the_service():
     assert kinds == ["write_service_dropin", "stop_service", "start_service"]
 
 
+def test_converged_but_stopped_container_or_service_is_started():
+    """The spec says the container serves its GPUs: stopped is not converged."""
+    facts, cur = seed_facts(), seed_current()
+    f2, c2 = expected_after(plan(facts, seed_spec(), cur), facts, cur)
+    c2.containers[101].status = "stopped"
+    p = plan(f2, seed_spec(), c2)
+    assert [a.kind for a in p.actions] == ["start_guest", "start_service"]
+    f3, c3 = expected_after(p, f2, c2)
+    assert plan(f3, seed_spec(), c3).actions == []
+    c2.containers[101].status = "running"
+    c2.containers[101].service.active = False
+    assert [a.kind for a in plan(f2, seed_spec(), c2).actions] == ["start_service"]
+
+
 def test_container_not_touched_is_not_stopped():
     facts, cur = seed_facts(), seed_current()
     f2, c2 = expected_after(plan(facts, seed_spec(), cur), facts, cur)
