@@ -46,6 +46,7 @@ from gputopo.current import read_current
 from gputopo.discover import discover, find_holders
 from gputopo.errors import (
     ApplyFailed,
+    BindError,
     ExecError,
     GputopoError,
     JournalError,
@@ -57,6 +58,7 @@ from gputopo.errors import (
 from gputopo.journal import Journal, find_unfinished
 from gputopo.model import Facts
 from gputopo.plan import (
+    DEV_KEY,
     Action,
     CurrentState,
     DeleteMapping,
@@ -73,6 +75,7 @@ from gputopo.plan import (
     WriteServiceDropin,
     pick_node,
     plan as make_plan,
+    resolve_devices,
 )
 from gputopo.ports import Ports
 from gputopo.spec import Spec
@@ -401,7 +404,8 @@ def preflight(p: Plan, facts: Facts, current: CurrentState, spec: Spec, ports: P
         if isinstance(a, (SetMapping, DeleteMapping)) and not MAPPING_ID.match(a.id):
             problems.append(f"mapping name {a.id!r} is not valid for Proxmox (a letter, then letters, digits, - or _)")
     dev_change = any(isinstance(a, UpdateContainer) and (any(k.startswith("dev") for k in a.set)
-                                                         or any(k.startswith("dev") for k in a.delete))
+                                                         or any(k.startswith("dev") for k in a.delete)
+                                                         or a.resolve)
                      for a in p.actions)
     if api_ok and dev_change:
         check = getattr(ports.proxmox, "can_change_devices", None)
@@ -582,12 +586,11 @@ class Steps:
                 self.binder.move_group(a.members, None, False)
                 got = self.binder.driver_of(a.address)
                 if got != "nvidia":
-                    from gputopo.errors import BindError
-
                     raise BindError(a.address, "nvidia", got)
         elif isinstance(a, UpdateContainer):
             cfg = px.lxc_config(a.vmid)  # the digest right before the PUT
             sets = {k: v for k, v in a.set.items() if str(cfg.get(k)) != v}
+            sets.update(self._resolved(a, cfg))
             deletes = [k for k in a.delete if k in cfg]
             if sets or deletes:
                 px.lxc_update(a.vmid, sets, deletes, cfg["digest"])
@@ -598,6 +601,21 @@ class Steps:
             self.start_service(a.vmid, a.unit)
         else:
             raise TypeError(f"no way to carry out action {a.kind}")
+
+    def _resolved(self, a: UpdateContainer, cfg: dict[str, Any]) -> dict[str, str]:
+        """devN entries of GPUs that came back to nvidia in the switch phase, from their minors
+        read now (nvidia numbers them as it binds them). Raises BindError for a GPU without one."""
+        if not a.resolve:
+            return {}
+        facts = discover(self.root)
+        minors = {g.address: g.minor for g in facts.gpus}
+        try:
+            return resolve_devices(cfg, a, minors)
+        except KeyError as e:
+            address = e.args[0]
+            g = facts.gpu(address)
+            raise BindError(address, "nvidia", g.driver if g else None,
+                            f"no /dev/nvidia minor for CT {a.vmid} (proc/driver/nvidia/gpus/{address} missing)") from None
 
     # -- undo
     def undo(self, a: Any, before: dict[str, Any], stuck: set[str]) -> str:
@@ -663,7 +681,8 @@ class Steps:
         if isinstance(a, UpdateContainer):
             old = before["config"]
             cfg = px.lxc_config(a.vmid)
-            keys = set(a.set) | set(a.delete)
+            # every devN key: entries resolved at apply time are not in the journaled action
+            keys = set(a.set) | set(a.delete) | {k for k in (*old, *cfg) if DEV_KEY.match(k)}
             sets = {k: str(old[k]) for k in keys if k in old and str(cfg.get(k)) != str(old[k])}
             deletes = sorted(k for k in keys if k not in old and k in cfg)
             if not sets and not deletes:

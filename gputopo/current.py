@@ -31,7 +31,7 @@ from gputopo.plan import (
 )
 from gputopo.ports import ExecPort, HostFilesPort, ProxmoxPort
 from gputopo.pvefmt import parse_lxc_conf, parse_pci_cfg, sha1_digest
-from gputopo.render import MODULES_PATH, UDEV_RULES_PATH, dropin_path, parse_tp
+from gputopo.render import PERSISTENCE_PATHS, dropin_path, parse_tp
 from gputopo.spec import Spec
 
 EXEC_TIMEOUT = 20.0
@@ -180,6 +180,6 @@ def read_current(
                 ct.service = None
 
     if files is not None:
-        for path in (UDEV_RULES_PATH, MODULES_PATH):
+        for path in PERSISTENCE_PATHS:
             state.files[path] = files.read(path)
     return state

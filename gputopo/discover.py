@@ -17,7 +17,7 @@ import os
 import re
 from pathlib import Path
 
-from gputopo.errors import RootError
+from gputopo.errors import AddressError, RootError
 from gputopo.model import (
     NVIDIA_VENDOR,
     Facts,
@@ -29,7 +29,10 @@ from gputopo.model import (
     Modules,
     NumaNode,
     PciFunction,
+    address_key,
+    format_cpulist,
     normalize_address,
+    parse_cpulist,
     slot_of,
 )
 
@@ -47,10 +50,12 @@ DEFAULT_GPU_MATCH: list[tuple[str | None, str | None]] = [(NVIDIA_VENDOR, "0x03"
 # --- pure parsers ------------------------------------------------------------------------
 
 
-def parse_hex_id(text: str | None, width: int = 4) -> str | None:
+def parse_hex_id(text: str | None, width: int = 4, zero_ok: bool = False) -> str | None:
     """``'0x10de\\n'`` -> ``'0x10de'``; None for missing, malformed, all-ones or all-zero ids.
 
     ``width`` is the number of hex digits (4 for vendor/device ids, 6 for the class).
+    ``zero_ok`` keeps an all-zero id: a subsystem id of 0x0000 is a real value (Intel's X710
+    reads ``8086:0000``), while a vendor or device id of 0 means the read failed.
     """
     if text is None:
         return None
@@ -58,9 +63,15 @@ def parse_hex_id(text: str | None, width: int = 4) -> str | None:
     if not re.fullmatch(r"0x[0-9a-f]+", t):
         return None
     value = int(t, 16)
-    if value == 0 or value == (1 << (4 * width)) - 1:
+    if (value == 0 and not zero_ok) or value >= (1 << (4 * width)) - 1:
         return None
     return f"0x{value:0{width}x}"
+
+
+def parse_subsystem_id(text: str | None) -> str | None:
+    """A ``subsystem_vendor``/``subsystem_device`` attribute: like :func:`parse_hex_id`, but
+    ``0x0000`` is kept."""
+    return parse_hex_id(text, zero_ok=True)
 
 
 def parse_int(text: str | None) -> int | None:
@@ -71,26 +82,6 @@ def parse_int(text: str | None) -> int | None:
         return int(text.strip())
     except ValueError:
         return None
-
-
-def parse_cpulist(text: str | None) -> set[int]:
-    """``'0-3,8,10-11'`` -> {0, 1, 2, 3, 8, 10, 11}; an empty or missing list -> set().
-
-    Raises ValueError for text that is not a cpulist.
-    """
-    cpus: set[int] = set()
-    if not text:
-        return cpus
-    for part in text.strip().split(","):
-        part = part.strip()
-        if not part:
-            continue
-        if "-" in part:
-            lo, hi = part.split("-", 1)
-            cpus.update(range(int(lo), int(hi) + 1))
-        else:
-            cpus.add(int(part))
-    return cpus
 
 
 def parse_modules(text: str) -> set[str]:
@@ -218,22 +209,25 @@ def _pci_dir(root: str | Path) -> str:
     return d
 
 
-def _list_addresses(devdir: str) -> list[tuple[str, str]]:
-    """(normalised address, directory entry name) pairs, sorted by address."""
-    out = []
-    for name in os.listdir(devdir):
+def _addresses_in(path: str) -> dict[str, str]:
+    """{normalised address: entry name} for the entries of ``path`` named like PCI addresses
+    (any spelling, e.g. ``00000000:E1:00.0``); {} when ``path`` cannot be listed."""
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return {}
+    out: dict[str, str] = {}
+    for name in names:
         try:
-            out.append((normalize_address(name), name))
-        except Exception:
+            out[normalize_address(name)] = name
+        except AddressError:
             continue
-    out.sort(key=lambda p: _addr_key(p[0]))
     return out
 
 
-def _addr_key(address: str) -> tuple[int, int, int, int]:
-    dom, bus, rest = address.split(":")
-    dev, fn = rest.split(".")
-    return int(dom, 16), int(bus, 16), int(dev, 16), int(fn)
+def _list_addresses(devdir: str) -> list[tuple[str, str]]:
+    """(normalised address, directory entry name) pairs, sorted by address."""
+    return sorted(_addresses_in(devdir).items(), key=lambda p: address_key(p[0]))
 
 
 def _read_function(d: str, address: str) -> PciFunction:
@@ -249,8 +243,8 @@ def _read_function(d: str, address: str) -> PciFunction:
         vendor=vendor,
         device=device,
         **{"class": klass},
-        subsystem_vendor=parse_hex_id(_read(f"{d}/subsystem_vendor")),
-        subsystem_device=parse_hex_id(_read(f"{d}/subsystem_device")),
+        subsystem_vendor=parse_subsystem_id(_read(f"{d}/subsystem_vendor")),
+        subsystem_device=parse_subsystem_id(_read(f"{d}/subsystem_device")),
         driver=_link_name(f"{d}/driver"),
         driver_override=None if override in (None, "", "(null)") else override,
         iommu_group=int(group) if group is not None and group.isdigit() else None,
@@ -396,15 +390,8 @@ def _read_groups(root: str) -> dict[str, int]:
     for g in groups:
         if not g.isdigit():
             continue
-        try:
-            members = os.listdir(os.path.join(gdir, g, "devices"))
-        except OSError:
-            continue
-        for m in members:
-            try:
-                out[normalize_address(m)] = int(g)
-            except Exception:
-                continue
+        for addr in _addresses_in(os.path.join(gdir, g, "devices")):
+            out[addr] = int(g)
     return out
 
 
@@ -441,15 +428,18 @@ def numa_from_cpulist(local: set[int], nodes: dict[int, set[int]]) -> int | None
 
 
 def _load_pci_names(root: str, wanted: set[tuple[str, str]]) -> dict[tuple[str, str], str]:
-    if not wanted:
-        return {}
+    """Names from the root's ``pci.ids``; on the live root ``/``, udev's hwdb fills the ids
+    that ``pci.ids`` lacks (a distribution's ``pci.ids`` often predates the newest GPUs)."""
+    names: dict[tuple[str, str], str] = {}
     for rel in PCI_IDS_PATHS:
-        text = _read_big(os.path.join(root, rel))
+        text = _read_big(os.path.join(root, rel)) if wanted else None
         if text is not None:
-            return parse_pci_ids(text, wanted)
-    if os.path.abspath(root) == "/":
-        return _udev_names(wanted)
-    return {}
+            names = parse_pci_ids(text, wanted)
+            break
+    missing = wanted - set(names)
+    if missing and os.path.realpath(root) == "/":
+        names.update(udev_hwdb_names(missing))
+    return names
 
 
 def _read_big(path: str) -> str | None:
@@ -460,36 +450,48 @@ def _read_big(path: str) -> str | None:
         return None
 
 
-def _udev_names(wanted: set[tuple[str, str]]) -> dict[tuple[str, str], str]:
-    """Device names from udev's hwdb on a live host; {} when pyudev or udev is unavailable."""
+def hwdb_modalias(vendor: str, device: str) -> str:
+    """The hwdb lookup key for a PCI id: ``('10de', '2bb5')`` -> ``'pci:v000010DEd00002BB5'``."""
+    return f"pci:v{int(vendor, 16):08X}d{int(device, 16):08X}"
+
+
+def udev_hwdb_names(wanted: set[tuple[str, str]]) -> dict[tuple[str, str], str]:
+    """Device names (``ID_MODEL_FROM_DATABASE``) from the live host's udev hwdb, via pyudev.
+
+    ``wanted`` holds ``('10de', '2bb5')`` pairs. Returns {pair: name} for the pairs the hwdb
+    knows; {} when pyudev, libudev or a compiled hwdb (``hwdb.bin``) is unavailable. Never
+    raises: a model name is a nicety, never required.
+    """
     try:
         import pyudev
+        from pyudev._util import udev_list_iterate
 
         ctx = pyudev.Context()
-        out = {}
-        for dev in ctx.list_devices(subsystem="pci"):
-            ids = (dev.properties.get("PCI_ID") or "").lower().split(":")
-            name = dev.properties.get("ID_MODEL_FROM_DATABASE")
-            if len(ids) == 2 and tuple(ids) in wanted and name:
-                out[(ids[0], ids[1])] = name
-        return out
+        # pyudev has no public hwdb API; its libudev binding declares the hwdb calls.
+        lib = ctx._libudev
+        hwdb = lib.udev_hwdb_new(ctx)
     except Exception:
         return {}
+    if not hwdb:
+        return {}
+    out: dict[tuple[str, str], str] = {}
+    try:
+        for vendor, device in sorted(wanted):
+            entry = lib.udev_hwdb_get_properties_list_entry(hwdb, hwdb_modalias(vendor, device).encode(), 0)
+            props = dict(udev_list_iterate(lib, entry))
+            name = props.get(b"ID_MODEL_FROM_DATABASE")
+            if name:
+                out[(vendor, device)] = name.decode("utf-8", "replace")
+    except Exception:
+        return out
+    finally:
+        lib.udev_hwdb_unref(hwdb)
+    return out
 
 
 def _nvidia_info_dirs(root: str) -> dict[str, str]:
     """normalised address -> directory name under proc/driver/nvidia/gpus."""
-    out: dict[str, str] = {}
-    try:
-        names = os.listdir(os.path.join(root, NVIDIA_GPUS))
-    except OSError:
-        return out
-    for n in names:
-        try:
-            out[normalize_address(n)] = n
-        except Exception:
-            continue
-    return out
+    return _addresses_in(os.path.join(root, NVIDIA_GPUS))
 
 
 def _host_facts(root: str, groups: dict[str, int], nodes: dict[int, set[int]], warnings: list[str]) -> HostFacts:
@@ -533,7 +535,7 @@ def _host_facts(root: str, groups: dict[str, int], nodes: dict[int, set[int]], w
         modules=Modules(**{f: f in loaded for f in Modules.model_fields}),
         sev_snp=sev,
         nvidia_driver_version=parse_nvidia_version(_read(os.path.join(root, "proc/driver/nvidia/version"))),
-        numa_nodes=[NumaNode(id=n, cpulist=_cpulist_text(c), has_cpus=bool(c)) for n, c in nodes.items()],
+        numa_nodes=[NumaNode(id=n, cpulist=format_cpulist(c), has_cpus=bool(c)) for n, c in nodes.items()],
         vfio_groups=vfio_groups,
         nvidia_device_nodes=sorted(nv_nodes, key=_natural),
     )
@@ -541,21 +543,6 @@ def _host_facts(root: str, groups: dict[str, int], nodes: dict[int, set[int]], w
 
 def _natural(s: str) -> list:
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)]
-
-
-def _cpulist_text(cpus: set[int]) -> str:
-    out, start, prev = [], None, None
-    for c in sorted(cpus):
-        if start is None:
-            start = prev = c
-        elif c == prev + 1:
-            prev = c
-        else:
-            out.append(f"{start}-{prev}" if prev != start else str(start))
-            start = prev = c
-    if start is not None:
-        out.append(f"{start}-{prev}" if prev != start else str(start))
-    return ",".join(out)
 
 
 def discover(
@@ -641,7 +628,7 @@ def discover(
                 warnings.append(f"{addr}: NUMA node unknown (numa_node {raw_numa if raw_numa is not None else 'missing'}, "
                                 f"local_cpulist {(local_text or 'missing').strip()!r} names no single node)")
         if g.iommu_group is not None:
-            for m in sorted(members_of.get(g.iommu_group, []), key=_addr_key):
+            for m in sorted(members_of.get(g.iommu_group, []), key=address_key):
                 if m == addr:
                     continue
                 mv, md, mc = ids.get(m, (None, None, None))
@@ -655,8 +642,8 @@ def discover(
                 g.iommu_members.append(GroupMember(
                     address=m, role=role, vendor=mv, device=md, **{"class": mc},
                     driver=rd.link(mname, "driver") if mname else None,
-                    subsystem_vendor=parse_hex_id(rd.attr(mname, "subsystem_vendor")) if mname else None,
-                    subsystem_device=parse_hex_id(rd.attr(mname, "subsystem_device")) if mname else None,
+                    subsystem_vendor=parse_subsystem_id(rd.attr(mname, "subsystem_vendor")) if mname else None,
+                    subsystem_device=parse_subsystem_id(rd.attr(mname, "subsystem_device")) if mname else None,
                 ))
         g.functions = [a for a in by_slot[slot_of(addr)] if a != addr]
         boot = parse_int(rd.attr(name, "boot_vga"))

@@ -29,7 +29,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gputopo.errors import InputError
-from gputopo.model import normalize_address, slot_of
+from gputopo.model import address_key, format_cpulist, normalize_address, parse_cpulist, slot_of
 from gputopo.resources import fixtures_dir
 
 
@@ -314,12 +314,6 @@ def _vf_offset(d: _Dev) -> int:
     return d.spec.vf_offset if d.spec.vf_offset is not None else d.p.get("vf_offset", 4)
 
 
-def _addr_parts(addr: str) -> tuple[int, int, int, int]:
-    dom, bus, rest = addr.split(":")
-    dev, fn = rest.split(".")
-    return int(dom, 16), int(bus, 16), int(dev, 16), int(fn)
-
-
 def _fmt_addr(dom: int, bus: int, devfn: int) -> str:
     return f"{dom:04x}:{bus:02x}:{devfn >> 3:02x}.{devfn & 7}"
 
@@ -331,29 +325,6 @@ def _cpumask(cpus: set[int], nr: int) -> str:
     for c in cpus:
         value |= 1 << c
     return ",".join(f"{(value >> (32 * i)) & 0xFFFFFFFF:08x}" for i in reversed(range(words)))
-
-
-def _parse_cpulist(text: str) -> set[int]:
-    """'0-3,8' -> {0, 1, 2, 3, 8}. Raises ValueError for anything else."""
-    cpus: set[int] = set()
-    for part in filter(None, (x.strip() for x in text.split(","))):
-        lo, _, hi = part.partition("-")
-        cpus.update(range(int(lo), int(hi or lo) + 1))
-    return cpus
-
-
-def _cpulist(cpus: set[int]) -> str:
-    out, run = [], []
-    for c in sorted(cpus):
-        if run and c == run[-1] + 1:
-            run.append(c)
-            continue
-        if run:
-            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-        run = [c]
-    if run:
-        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-    return ",".join(out)
 
 
 def _write(path: Path, text: str | bytes) -> None:
@@ -396,7 +367,7 @@ class _Builder:
     def _numa(self) -> None:
         for n in self.spec.numa:
             try:
-                cpus = _parse_cpulist(n.cpus)
+                cpus = parse_cpulist(n.cpus)
             except ValueError as e:
                 raise self.fail(f"numa {n.id}: bad cpus {n.cpus!r}") from e
             self.node_cpus[n.id] = cpus
@@ -423,7 +394,7 @@ class _Builder:
             total = d.spec.sriov_totalvfs or d.p.get("sriov") or 0
             if d.spec.vfs > total:
                 raise self.fail(f"{d.addr}: vfs {d.spec.vfs} > sriov_totalvfs {total}")
-            dom, bus, dev, fn = _addr_parts(d.addr)
+            dom, bus, dev, fn = address_key(d.addr)
             rid = (bus << 8) | (dev << 3) | fn
             offset = _vf_offset(d)
             vf_preset_name = d.p.get("vf_preset") or f"{d.spec.preset}-vf"
@@ -456,8 +427,8 @@ class _Builder:
             d.multifunction = slots[slot_of(d.addr)] > 1 and not d.is_vf
         for d in self._ordered():
             if d.parent is not None:
-                pdom, *_ = _addr_parts(d.parent.addr)
-                dom, bus, *_ = _addr_parts(d.addr)
+                pdom, *_ = address_key(d.parent.addr)
+                dom, bus, *_ = address_key(d.addr)
                 if dom != pdom:
                     raise self.fail(f"{d.addr}: not in its parent's domain")
             if d.spec.numa is not None:
@@ -465,11 +436,11 @@ class _Builder:
             elif d.parent is not None:
                 d.numa = d.parent.numa
             else:
-                dom, bus, *_ = _addr_parts(d.addr)
+                dom, bus, *_ = address_key(d.addr)
                 d.numa = self.spec.root_numa.get(f"{dom:04x}:{bus:02x}", -1)
         for d in self.devs.values():
             if d.is_bridge:
-                buses = {_addr_parts(c.addr)[1] for c in d.children}
+                buses = {address_key(c.addr)[1] for c in d.children}
                 if len(buses) > 1:
                     raise self.fail(f"{d.addr}: children on several buses {sorted(buses)}")
                 d.secondary = buses.pop() if buses else d.spec.secondary
@@ -480,18 +451,18 @@ class _Builder:
     def _max_bus(self, d: _Dev) -> int:
         best = d.secondary if d.secondary is not None else 0
         for c in d.children:
-            best = max(best, _addr_parts(c.addr)[1], self._max_bus(c) if c.is_bridge else 0)
+            best = max(best, address_key(c.addr)[1], self._max_bus(c) if c.is_bridge else 0)
         return best
 
     def _ordered(self) -> list[_Dev]:
         """Devices with every parent before its children, siblings in address order."""
         out: list[_Dev] = []
-        roots = sorted((d for d in self.devs.values() if d.parent is None), key=lambda d: _addr_parts(d.addr))
+        roots = sorted((d for d in self.devs.values() if d.parent is None), key=lambda d: address_key(d.addr))
         stack = list(reversed(roots))
         while stack:
             d = stack.pop()
             out.append(d)
-            stack.extend(sorted(d.children, key=lambda c: _addr_parts(c.addr), reverse=True))
+            stack.extend(sorted(d.children, key=lambda c: address_key(c.addr), reverse=True))
         return out
 
     def _modules(self) -> None:
@@ -535,7 +506,7 @@ class _Builder:
         if not self.spec.iommu:
             return
         numbers: dict[Any, int] = {}
-        for d in sorted(self.devs.values(), key=lambda d: _addr_parts(d.addr)):
+        for d in sorted(self.devs.values(), key=lambda d: address_key(d.addr)):
             if d.spec.group is not None:
                 key: Any = ("label", str(d.spec.group))
             elif d.is_vf:
@@ -547,7 +518,7 @@ class _Builder:
             d.group = numbers[key]
 
     def _minors(self) -> None:
-        gpus = [d for d in sorted(self.devs.values(), key=lambda d: _addr_parts(d.addr))
+        gpus = [d for d in sorted(self.devs.values(), key=lambda d: address_key(d.addr))
                 if d.driver == "nvidia" and (d.p["cls"] >> 16) == 0x03]
         used = {d.spec.minor for d in gpus if d.spec.minor is not None}
         if len(used) != len([d for d in gpus if d.spec.minor is not None]):
@@ -588,7 +559,7 @@ class _Builder:
         groups_dir.mkdir(parents=True)
         nr = (max(self.all_cpus) + 1) if self.all_cpus else 1
         for d in self._ordered():
-            dom, b, *_ = _addr_parts(d.addr)
+            dom, b, *_ = address_key(d.addr)
             if d.parent is None:
                 host = devices / f"pci{dom:04x}:{b:02x}"
                 host.mkdir(parents=True, exist_ok=True)
@@ -637,13 +608,13 @@ class _Builder:
         if s.local_cpulist == "all":
             cpus = set(self.all_cpus)
         elif s.local_cpulist:
-            cpus = _parse_cpulist(s.local_cpulist)
+            cpus = parse_cpulist(s.local_cpulist)
         elif d.numa in self.node_cpus and self.node_cpus[d.numa]:
             cpus = self.node_cpus[d.numa]
         else:
             # Like the kernel: no (or a CPU-less) node means every CPU is "local".
             cpus = set(self.all_cpus)
-        files["local_cpulist"] = f"{_cpulist(cpus)}\n"
+        files["local_cpulist"] = f"{format_cpulist(cpus)}\n"
         files["local_cpus"] = f"{_cpumask(cpus, nr)}\n"
         if (cls >> 8) == 0x0300 and not s.broken:
             files["boot_vga"] = "1\n" if s.boot_vga else "0\n"
@@ -704,7 +675,7 @@ class _Builder:
         cfg[0x0B] = (cls >> 16) & 0xFF
         cfg[0x0E] = header_type
         if d.is_bridge:
-            cfg[0x18] = _addr_parts(d.addr)[1]
+            cfg[0x18] = address_key(d.addr)[1]
             cfg[0x19] = d.secondary or 0
             cfg[0x1A] = d.subordinate or 0
         else:
@@ -741,13 +712,13 @@ class _Builder:
             nd = node_dir / f"node{n}"
             nd.mkdir()
             cpus = self.node_cpus[n]
-            _write(nd / "cpulist", _cpulist(cpus) + "\n")
+            _write(nd / "cpulist", format_cpulist(cpus) + "\n")
             _write(nd / "cpumap", _cpumask(cpus, (max(self.all_cpus) + 1) if self.all_cpus else 1) + "\n")
         if nodes:
-            span = _cpulist(set(nodes))
+            span = format_cpulist(set(nodes))
             _write(node_dir / "online", span + "\n")
             _write(node_dir / "possible", span + "\n")
-            _write(node_dir / "has_cpu", _cpulist({n for n in nodes if self.node_cpus[n]}) + "\n")
+            _write(node_dir / "has_cpu", format_cpulist({n for n in nodes if self.node_cpus[n]}) + "\n")
             _write(node_dir / "has_memory", span + "\n")
         # modules
         mod_dir = root / "sys" / "module"

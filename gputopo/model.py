@@ -55,6 +55,37 @@ def slot_of(address: str) -> str:
     return address.rsplit(".", 1)[0]
 
 
+def address_key(address: str) -> tuple[int, int, int, int]:
+    """Sort key of a normalised address: (domain, bus, device, function) as numbers, so
+    domain ``10000`` sorts after ``0001``."""
+    dom, bus, rest = address.split(":")
+    dev, fn = rest.split(".")
+    return int(dom, 16), int(bus, 16), int(dev, 16), int(fn)
+
+
+def parse_cpulist(text: str | None) -> set[int]:
+    """The kernel's cpulist format: ``'0-3,8,10-11'`` -> {0, 1, 2, 3, 8, 10, 11}.
+
+    An empty or missing list -> set(). Raises ValueError for text that is not a cpulist.
+    """
+    cpus: set[int] = set()
+    for part in filter(None, (x.strip() for x in (text or "").split(","))):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def format_cpulist(cpus: set[int]) -> str:
+    """The inverse of :func:`parse_cpulist`: {0, 1, 2, 3, 8} -> ``'0-3,8'``; set() -> ``''``."""
+    runs: list[list[int]] = []
+    for c in sorted(cpus):
+        if runs and c == runs[-1][1] + 1:
+            runs[-1][1] = c
+        else:
+            runs.append([c, c])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
 class Model(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 

@@ -37,14 +37,12 @@ from gputopo.errors import PlanRefused, Refusal
 from gputopo.model import NVIDIA_VENDOR, Facts, Gpu, MemberRole
 from gputopo.pvefmt import MapEntry, format_dev_value, format_map_entry
 from gputopo.render import (
-    MODULES_PATH,
-    UDEV_RULES_PATH,
+    PERSISTENCE_PATHS,
     dropin_path,
     p2p_must_be_disabled,
     parse_tp,
     render_dropin,
-    render_modules,
-    render_udev_rules,
+    persistence_files,
 )
 from gputopo.spec import Container, GpuSelector, Node, Spec, nvidia_gpus, spec_from_split
 
@@ -234,6 +232,13 @@ class UpdateContainer(_M):
     digest: str | None = None
     lxc_add: list[list[str]] = Field(default_factory=list, description="raw lxc.* lines to add (legacy)")
     lxc_remove: list[list[str]] = Field(default_factory=list, description="raw lxc.* lines to remove")
+    resolve: list[str] = Field(
+        default_factory=list,
+        description="GPUs coming back to nvidia whose /dev/nvidiaN entries apply adds after the switch "
+        "phase: their minors exist only once nvidia has bound them",
+    )
+    dev_gid: int | None = Field(None, description="gid option of the resolved entries")
+    dev_mode: str | None = Field(None, description="mode option of the resolved entries")
 
     def describe(self) -> str:
         parts = []
@@ -241,6 +246,8 @@ class UpdateContainer(_M):
             parts.append("set " + " ".join(f"{k}={v.split(',')[0]}" for k, v in _by_dev_index(self.set)))
         if self.delete:
             parts.append("delete " + ",".join(sorted(self.delete, key=dev_sort)))
+        if self.resolve:
+            parts.append(f"add /dev/nvidia of {', '.join(self.resolve)} once nvidia has bound them")
         if self.lxc_add:
             parts.append(f"add {len(self.lxc_add)} lxc line(s)")
         if self.lxc_remove:
@@ -500,6 +507,31 @@ def _device_changes(config: dict[str, Any], wanted: list[str]) -> tuple[dict[str
     return final, to_set, delete
 
 
+def resolve_devices(config: dict[str, Any], update: UpdateContainer, minors: dict[str, int | None]) -> dict[str, str]:
+    """The devN entries to set, besides ``update.set``, for ``update.resolve`` GPUs whose
+    ``minors`` are now known: each new value at the lowest devN index that ``config`` (after
+    ``update``'s own set and delete) leaves free. Values already present are not added again.
+
+    Raises KeyError naming a GPU whose minor is still unknown (it is not on nvidia).
+    """
+    after = {k: str(v) for k, v in config.items() if DEV_KEY.match(k) and k not in update.delete}
+    after.update(update.set)
+    present = set(after.values())
+    out: dict[str, str] = {}
+    for address in update.resolve:
+        minor = minors.get(address)
+        if minor is None:
+            raise KeyError(address)
+        value = format_dev(f"/dev/nvidia{minor}", update.dev_gid, update.dev_mode)
+        if value in present:
+            continue
+        key = next(f"dev{i}" for i in range(MAX_DEV_INDEX + 1) if f"dev{i}" not in after)
+        after[key] = value
+        out[key] = value
+        present.add(value)
+    return out
+
+
 # --- planning -------------------------------------------------------------------------------
 
 
@@ -651,10 +683,24 @@ def plan(
             for m in g.iommu_members:
                 if m.role != MemberRole.BRIDGE and m.driver == VFIO and m.address not in owner_of:
                     warnings.append(f"{g.address}: group member {m.address} is on vfio-pci (container {c.vmid})")
-            if g.minor is None:
+            if g.minor is None and c.device_mode == "devN":
+                warnings.append(
+                    f"{g.address}: /dev/nvidia minor unknown until nvidia binds it; apply adds its device "
+                    f"to container {c.vmid} after the switch"
+                )
+            elif g.minor is None:
                 warnings.append(
                     f"{g.address}: /dev/nvidia minor unknown until nvidia binds it; plan again after apply "
                     f"to add its device to container {c.vmid}"
+                )
+        if c.device_mode == "legacy" and gpus:
+            guessed = sorted(set(DEFAULT_LEGACY_MAJORS) - set(c.legacy_majors or {}))
+            if guessed:
+                # these majors are dynamic: a wrong one silently denies the node inside the container
+                warnings.append(
+                    f"container {c.vmid}: legacy device lines use guessed char majors for "
+                    f"{', '.join(f'{k} {DEFAULT_LEGACY_MAJORS[k]}' for k in guessed)}; "
+                    "set legacy_majors from /proc/devices"
                 )
         tp = len(gpus)
         if c.service is not None and tp > 0:
@@ -670,6 +716,12 @@ def plan(
                     refusals.append(Refusal(None, text, "tp"))
                 else:
                     warnings.append(text)
+
+    if facts.host.sev_snp and facts.host.iommu_mode == "pt":
+        warnings.append(
+            "SEV-SNP is on but the IOMMU is in passthrough (iommu=pt); SEV-SNP needs it translating: "
+            "drop iommu=pt from the kernel command line"
+        )
 
     if refusals:
         raise PlanRefused(refusals)
@@ -696,12 +748,8 @@ def plan(
 
     # ---- persistence files
     vfio_all = sorted({a for t in target if t.driver == VFIO for a in [t.address, *t.companions]})
-    want_files = (
-        {UDEV_RULES_PATH: render_udev_rules(vfio_all, templates), MODULES_PATH: render_modules(templates)}
-        if vfio_all
-        else {}
-    )
-    for path in (UDEV_RULES_PATH, MODULES_PATH):
+    want_files = persistence_files(vfio_all, templates)
+    for path in PERSISTENCE_PATHS:
         have = current.files.get(path)
         if path in want_files:
             if have != want_files[path]:
@@ -789,7 +837,7 @@ def plan(
             state = ContainerState()
         config = state.config
         paths = _dev_paths(gpus)
-        majors = _legacy_majors(c, facts)
+        majors = _legacy_majors(c)
         managed_majors = {195, *DEFAULT_LEGACY_MAJORS.values(), *majors.values()}
         cur_lxc = [list(x) for x in config.get("lxc", []) or []]
         ours_lxc = [x for x in cur_lxc if is_nvidia_lxc(x[0], x[1], managed_majors)]
@@ -802,7 +850,9 @@ def plan(
         devices, to_set, delete = _device_changes(config, wanted)
         lxc_add = [x for x in want_lxc if x not in ours_lxc]
         lxc_remove = [x for x in ours_lxc if x not in want_lxc]
-        if to_set or delete or lxc_add or lxc_remove:
+        # GPUs coming back from vfio-pci: their entries are resolved by apply after the switch
+        resolve = [g.address for g in gpus if g.minor is None] if c.device_mode == "devN" else []
+        if to_set or delete or lxc_add or lxc_remove or resolve:
             updates.append(
                 UpdateContainer(
                     vmid=c.vmid,
@@ -811,6 +861,9 @@ def plan(
                     digest=config.get("digest"),
                     lxc_add=lxc_add,
                     lxc_remove=lxc_remove,
+                    resolve=resolve,
+                    dev_gid=c.gid if resolve else None,
+                    dev_mode=(c.mode or None) if resolve else None,
                 )
             )
             touched_cts.add(c.vmid)
@@ -941,11 +994,10 @@ def _full(host: str) -> str:
     return host if host.count(":") >= 2 else f"0000:{host}"
 
 
-def _legacy_majors(c: Container, facts: Facts) -> dict[str, int]:
-    from_facts = getattr(facts.host, "device_majors", None) or {}
+def _legacy_majors(c: Container) -> dict[str, int]:
+    """The char majors of nvidia-uvm and nvidia-caps for legacy lines: the spec's, else the defaults."""
     majors = dict(DEFAULT_LEGACY_MAJORS)
-    majors.update({k: v for k, v in from_facts.items() if k in majors})
-    majors.update(c.legacy_majors or {})
+    majors.update({k: v for k, v in (c.legacy_majors or {}).items() if k in majors})
     return majors
 
 
@@ -1011,13 +1063,15 @@ def expected_after(p: Plan, facts: Facts, current: CurrentState) -> tuple[Facts,
             svc.tp = a.tp
             for line in a.content.splitlines():
                 if line.startswith("ExecStart=") and line != "ExecStart=":
-                    svc.exec_start = line[len("ExecStart="):]
+                    svc.exec_start = line[len("ExecStart="):].replace("%%", "%")
             ct.service = svc
         elif isinstance(a, UpdateContainer):
             ct = current.containers.setdefault(a.vmid, ContainerState())
+            extra = resolve_devices(ct.config, a, {g.address: g.minor for g in facts.gpus}) if a.resolve else {}
             for k in a.delete:
                 ct.config.pop(k, None)
             ct.config.update(a.set)
+            ct.config.update(extra)
             lxc = [list(x) for x in ct.config.get("lxc", []) if list(x) not in a.lxc_remove] + a.lxc_add
             if lxc or "lxc" in ct.config:
                 ct.config["lxc"] = lxc

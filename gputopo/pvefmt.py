@@ -292,24 +292,16 @@ _CMODES = {"shell", "console", "tty"}
 _LOCKS = {"backup", "create", "destroyed", "disk", "fstrim", "migrate", "mounted", "rollback", "snapshot", "snapshot-delete"}
 
 
-def _int_check(lo: int | None = None, hi: int | None = None):
+_INT_RE = re.compile(r"^[+-]?\d+$")
+_NUMBER_RE = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)$")
+
+
+def _range_check(kind: str, pattern: re.Pattern, lo: float | None, hi: float | None):
+    """A checker for JSONSchema's ``integer``/``number`` with optional bounds, worded like Proxmox."""
+
     def check(v: str) -> str | None:
-        if not re.match(r"^[+-]?\d+$", v):
-            return f"type check ('integer') failed - got {v!r}"
-        n = int(v)
-        if lo is not None and n < lo:
-            return f"value must have a minimum value of {lo}"
-        if hi is not None and n > hi:
-            return f"value must have a maximum value of {hi}"
-        return None
-
-    return check
-
-
-def _number_check(lo: float | None = None, hi: float | None = None):
-    def check(v: str) -> str | None:
-        if not re.match(r"^[+-]?(\d+(\.\d*)?|\.\d+)$", v):
-            return f"type check ('number') failed - got {v!r}"
+        if not pattern.match(v):
+            return f"type check ('{kind}') failed - got {v!r}"
         n = float(v)
         if lo is not None and n < lo:
             return f"value must have a minimum value of {lo:g}"
@@ -318,6 +310,14 @@ def _number_check(lo: float | None = None, hi: float | None = None):
         return None
 
     return check
+
+
+def _int_check(lo: int | None = None, hi: int | None = None):
+    return _range_check("integer", _INT_RE, lo, hi)
+
+
+def _number_check(lo: float | None = None, hi: float | None = None):
+    return _range_check("number", _NUMBER_RE, lo, hi)
 
 
 def _bool_check(v: str) -> str | None:
@@ -439,6 +439,9 @@ def validate_lxc_conf(text: str, *, allow_description: bool = True) -> list[str]
             key = m.group(1)
             if any(key == f or key.startswith(f) for f in _LXC_RAW_FORBIDDEN):
                 problems.append(f"line {n}: {key}: lxc.* key not allowed (Proxmox sets it itself)")
+            elif key.startswith("lxc.cgroup."):
+                # cgroup v1 keys do nothing on a cgroup v2 host (PVE >= 7) and warn on PVE 9
+                problems.append(f"line {n}: {key}: cgroup v1 key is deprecated; use lxc.cgroup2.*")
             continue
         if line.startswith("lxc"):
             problems.append(f"line {n}: unable to parse config: {line}")

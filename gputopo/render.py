@@ -25,10 +25,14 @@ from typing import Any
 import jinja2
 
 from gputopo.errors import ConfigError
+from gputopo.pvefmt import validate_lxc_conf, validate_pci_cfg
 from gputopo.resources import templates_dir
 
 UDEV_RULES_PATH = "etc/udev/rules.d/90-gputopo-vfio.rules"
 MODULES_PATH = "etc/modules-load.d/gputopo-vfio.conf"
+MODPROBE_PATH = "etc/modprobe.d/gputopo-vfio.conf"
+# Every host file the persistence of per-address binding consists of.
+PERSISTENCE_PATHS = (UDEV_RULES_PATH, MODULES_PATH, MODPROBE_PATH)
 VFIO_MODULES = ("vfio", "vfio_iommu_type1", "vfio_pci")
 TEMPLATE_NAMES = (
     "lxc-devices.conf.j2",
@@ -138,12 +142,37 @@ def render_modules(templates: str | None = None) -> str:
     return _render("modules-vfio.conf.j2", templates, modules=list(VFIO_MODULES))
 
 
+def render_modprobe(addresses: list[str], templates: str | None = None) -> str:
+    """modprobe.d hook: whenever nvidia loads, the VM GPUs' overrides are set first.
+
+    The udev rule alone races: the first GPU's add event can load nvidia, which then probes every
+    unbound GPU, including VM GPUs whose own add event has not run yet.
+    """
+    return _render("modprobe-vfio.conf.j2", templates, addresses=sorted(addresses))
+
+
+def persistence_files(addresses: list[str], templates: str | None = None) -> dict[str, str]:
+    """Every boot-time persistence file for binding ``addresses`` to vfio-pci (empty: none)."""
+    if not addresses:
+        return {}
+    return {
+        UDEV_RULES_PATH: render_udev_rules(addresses, templates),
+        MODULES_PATH: render_modules(templates),
+        MODPROBE_PATH: render_modprobe(addresses, templates),
+    }
+
+
 def render_dropin(command: str, tp_flag: str, tp: int, p2p_disable: bool, templates: str | None = None) -> str:
-    """The service drop-in: ``ExecStart=`` reset, the command with TP set, the environment."""
+    """The service drop-in: ``ExecStart=`` reset, the command with TP set, the environment.
+
+    ``command`` is a plain command line (as ``systemctl show`` prints it): its ``%`` signs are
+    doubled so that systemd does not read them as unit specifiers. Raises ConfigError for a
+    broken user template.
+    """
     return _render(
         "service-dropin.conf.j2",
         templates,
-        command=set_tp(command, tp_flag, tp),
+        command=set_tp(command, tp_flag, tp).replace("%", "%%"),
         tp=tp,
         p2p_disable=p2p_disable,
     )
@@ -155,27 +184,43 @@ def dropin_path(unit: str, dropin: str) -> str:
 
 
 def p2p_must_be_disabled(facts: Any) -> bool:
-    """True when SEV-SNP is on and the IOMMU translates DMA (peer-to-peer DMA can corrupt data)."""
-    return bool(facts.host.sev_snp) and facts.host.iommu_mode != "pt"
+    """True when SEV-SNP is on and the IOMMU translates DMA (peer-to-peer DMA can corrupt data).
+
+    The IOMMU translates when it is on and the command line does not ask for ``iommu=pt``
+    (translated is the kernel's default); False when SEV-SNP is off or unknown.
+    """
+    host = facts.host
+    return bool(host.sev_snp) and host.iommu_enabled and host.iommu_mode not in ("pt", "off")
 
 
 # --- everything a plan stands for ------------------------------------------------------------
+
+
+def _check_proxmox(path: str, template: str, problems: list[str]) -> None:
+    if problems:
+        # a user template (or an odd value kept from the current file) can break Proxmox's
+        # parser rules; Proxmox would drop such a line silently, so nothing is written
+        raise ConfigError(f"{path} (from template {template}) breaks Proxmox's rules: {problems[0]}")
 
 
 def render(plan: Any, spec: Any = None, facts: Any = None, templates: str | None = None) -> dict[str, str]:
     """Every file of ``plan`` (a :class:`gputopo.plan.Plan`): relative path -> text.
 
     ``spec`` and ``facts`` are accepted for symmetry with the planner; the plan already carries
-    what was derived from them. Raises ConfigError for a broken or missing user template.
+    what was derived from them. The Proxmox files are checked with Proxmox's parser rules
+    (:mod:`gputopo.pvefmt`). Raises ConfigError for a broken or missing user template, or one
+    whose output Proxmox would not accept as written.
     """
     out: dict[str, str] = {}
     for ct in plan.containers:
         devices = sorted(ct.devices.items(), key=lambda kv: int(kv[0][3:]))
-        out[f"pve/lxc/{ct.vmid}.devices.conf"] = render_devices_conf(
+        path = f"pve/lxc/{ct.vmid}.devices.conf"
+        out[path] = render_devices_conf(
             [(k, v) for k, v in devices if v.startswith("/dev/nvidia")] if ct.device_mode == "devN" else [],
             [tuple(x) for x in ct.lxc],
             templates,
         )
+        _check_proxmox(path, "lxc-devices.conf.j2", validate_lxc_conf(out[path], allow_description=False))
         if ct.service is not None and ct.service.command is not None:
             path = dropin_path(ct.service.unit, ct.service.dropin)
             out[f"ct/{ct.vmid}{path}"] = render_dropin(
@@ -188,8 +233,6 @@ def render(plan: Any, spec: Any = None, facts: Any = None, templates: str | None
     ]
     if sections:
         out["pve/mapping/pci.cfg"] = render_pci_cfg(sections, templates)
-    vfio = plan.vfio_addresses()
-    if vfio:
-        out[UDEV_RULES_PATH] = render_udev_rules(vfio, templates)
-        out[MODULES_PATH] = render_modules(templates)
+        _check_proxmox("pve/mapping/pci.cfg", "pci.cfg.j2", validate_pci_cfg(out["pve/mapping/pci.cfg"]))
+    out.update(persistence_files(plan.vfio_addresses(), templates))
     return out

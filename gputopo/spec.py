@@ -70,7 +70,11 @@ class Service(_Strict):
     """The inference service inside the container whose tensor-parallel size follows the GPUs."""
 
     unit: str = Field(description="systemd unit inside the container, e.g. sglang.service")
-    tp_flag: str = Field("--tp", description="'--tp' (SGLang) or '--tensor-parallel-size' (vLLM)")
+    tp_flag: str = Field(
+        "--tp",
+        pattern=r"^--?[A-Za-z][A-Za-z0-9-]*$",
+        description="'--tp' (SGLang) or '--tensor-parallel-size' (vLLM)",
+    )
     command: str | None = Field(
         None, description="Full base ExecStart command; when absent, the unit's current one"
     )
@@ -113,6 +117,19 @@ class Container(_Strict):
         description="legacy mode only: char majors of nvidia-uvm and nvidia-caps (see /proc/devices)",
     )
     service: Service | None = None
+
+    @field_validator("legacy_majors")
+    @classmethod
+    def _majors(cls, value: dict[str, int] | None) -> dict[str, int] | None:
+        if value is None:
+            return None
+        unknown = sorted(set(value) - {"nvidia-uvm", "nvidia-caps"})
+        if unknown:
+            raise ValueError(f"keys nvidia-uvm and nvidia-caps expected (got {', '.join(unknown)})")
+        bad = sorted(k for k, v in value.items() if not 1 <= v <= 4095)
+        if bad:
+            raise ValueError(f"a char major 1..4095 expected for {', '.join(bad)}")
+        return value
 
 
 class VmMapping(_Strict):

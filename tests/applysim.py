@@ -13,6 +13,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import pytest
+
 from gputopo.discover import discover
 from gputopo.sim import state
 from gputopo.sim.container import SimExec
@@ -32,6 +34,14 @@ def make_template() -> Path:
     SimHost.create(d)
     SimKernel(d / "root").configure(time_scale=SCALE)
     return d
+
+
+@pytest.fixture(scope="session")
+def template():
+    """The seed simulated host every test copies (import this fixture into a test module)."""
+    d = make_template()
+    yield d
+    cleanup(d.parent)
 
 
 def copy_host(template: Path, dest: Path) -> SimHost:

@@ -4,6 +4,7 @@ preflight refuses foreign holders and an API token, a second concurrent apply is
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import subprocess
@@ -16,20 +17,23 @@ from pathlib import Path
 import pytest
 
 import applysim
-from gputopo.apply import HostChanged, HostLock, PreflightFailed, apply, parse_cgroup_container, read_and_plan
+from applysim import template  # noqa: F401  (a fixture)
+from gputopo.apply import (
+    HostChanged,
+    HostLock,
+    PlainProgress,
+    PreflightFailed,
+    Timeouts,
+    apply,
+    parse_cgroup_container,
+    read_and_plan,
+)
 from gputopo.errors import LockHeld
 from gputopo.pvefmt import parse_dev_value, parse_lxc_conf, parse_pci_cfg
 from gputopo.sim.container import SimExec
 
 NUMA0 = {"0000:01:00.0": 0, "0000:11:00.0": 1, "0000:61:00.0": 3, "0000:71:00.0": 2}
 NUMA1 = ["0000:81:00.0", "0000:91:00.0", "0000:e1:00.0", "0000:f1:00.0"]
-
-
-@pytest.fixture(scope="session")
-def template():
-    d = applysim.make_template()
-    yield d
-    applysim.cleanup(d.parent)
 
 
 @pytest.fixture
@@ -203,7 +207,9 @@ def test_host_changed_between_confirm_and_lock(host):
     spec = applysim.seed_spec(host)
 
     def confirm(p):
-        # someone moves a GPU by hand while the operator reads the plan
+        # someone moves a GPU by hand while the operator reads the plan (stopping the service
+        # first: its workers hold the GPU open and the unbind would wait for them)
+        ports.exec.run(101, ["systemctl", "stop", "sglang.service"], timeout=5)
         ports.sysfs.write("sys/bus/pci/devices/0000:81:00.0/driver_override", "vfio-pci")
         ports.sysfs.write("sys/bus/pci/drivers/nvidia/unbind", "0000:81:00.0")
         ports.sysfs.write("sys/bus/pci/drivers_probe", "0000:81:00.0")
@@ -252,3 +258,251 @@ def test_concurrent_apply_refused_naming_the_first(host):
     finally:
         out, _ = first.communicate(timeout=60)
     assert first.returncode == 0, out
+
+
+# --- the plan's phases, progress, secrets, backends --------------------------------------------
+
+PREPARE_KINDS = {"write_host_file", "remove_host_file", "set_mapping", "delete_mapping", "write_service_dropin"}
+WINDOW_KINDS = {"stop_service", "stop_guest", "rebind", "update_container", "start_guest", "start_service"}
+
+
+def test_nothing_that_could_run_before_the_stop_runs_in_the_stop_window(host):
+    from gputopo.journal import Journal
+
+    spec = applysim.seed_spec(host)
+    out = io.StringIO()
+    res = apply(spec, host.ports(), root=str(host.paths.root), progress=PlainProgress(out))
+    actions = res.plan.actions
+    phases = [a.phase for a in actions]
+    first_stop = phases.index("stop")
+    # the plan: every step that needs no stop comes before the first stop, and the window holds
+    # only what needs the guests down
+    assert {a.kind for a in actions[:first_stop]} <= PREPARE_KINDS
+    assert {a.kind for a in actions[first_stop:]} <= WINDOW_KINDS
+    assert {a.kind for a in actions[:first_stop]} >= {"write_host_file", "set_mapping", "write_service_dropin"}
+    assert phases == sorted(phases, key=["prepare", "stop", "switch", "config", "start"].index)
+    # the run: every prepare step was done before the first stop began (journal order)
+    recs = Journal.load(res.journal).records
+    order = [(r["type"], r["step"]) for r in recs if r["type"] in ("begin", "done")]
+    stop_began = order.index(("begin", first_stop))
+    assert {("done", i) for i in range(first_stop)} <= set(order[:stop_began])
+    # plain progress: one line per begin and end, numbered against the plan
+    lines = out.getvalue().splitlines()
+    total = len(actions)
+    assert f"[ 1/{total}] prepare {actions[0].describe()} ..." in lines
+    assert any(ln.startswith(f"[{total}/{total}] start ") and ": done (" in ln for ln in lines)
+    assert lines[-1].startswith("applied in ") and "stop window" in lines[-1]
+
+
+def test_cli_progress_is_plain_lines_off_a_terminal_and_rich_on_one(host, monkeypatch):
+    from click.testing import CliRunner
+
+    from gputopo.apply import PlainProgress as Plain
+    from gputopo.cli import cli
+    from gputopo.cli import applycmd
+
+    host.stop()
+    spec_file = host.dir / "spec.yaml"
+    spec_file.write_text(applysim.seed_spec_text(host))
+    res = CliRunner().invoke(cli, ["apply", "--spec", str(spec_file), "--sim", str(host.dir), "--yes", "--no-verify"])
+    assert res.exit_code == 0, res.output
+    assert re.search(r"^\[ 1/\d+\] prepare write host file /etc/udev/rules.d/\S+ \(\d+ lines\): done \(",
+                     res.output, re.M), res.output
+    assert "\x1b[" not in res.output  # no terminal escapes in a log
+    assert isinstance(applycmd._progress(), Plain)
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True, raising=False)
+    rich = applycmd._progress()
+    assert not isinstance(rich, Plain) and type(rich).__name__ == "_RichProgress"
+
+
+def test_secrets_never_reach_output_journal_or_errors(host):
+    """The password comes in through the environment only; an apply that fails at its last step
+    (so every kind of message is printed: steps, failure, rollback) never shows it."""
+    from gputopo.cli.connect import Connection, build_ports
+    from gputopo.errors import ApplyFailed
+    from gputopo.sim.container import break_container
+
+    sim_ports = host.ports()
+    password = host.credentials()["password"]
+    assert len(password) >= 8
+    conn = Connection(api_url=host.url, node=host.node, ca_bundle=str(host.api.ca_cert_path))
+    ports = build_ports(conn, env={"GPUTOPO_PVE_PASSWORD": password})
+    ports.sysfs, ports.exec, ports.files = sim_ports.sysfs, sim_ports.exec, sim_ports.files
+    assert password not in repr(ports.proxmox) and password not in str(vars(ports.proxmox))
+    break_container(host.dir, 101, "service_fails", message="RuntimeError: CUDA error", count=2)
+    out = io.StringIO()
+    with pytest.raises(ApplyFailed) as e:
+        apply(applysim.seed_spec(host), ports, root=str(host.paths.root), progress=PlainProgress(out),
+              timeouts=Timeouts(sysfs=5, guest=30, exec=10, service=20, poll=0.02))
+    assert e.value.rolled_back
+    text = out.getvalue()
+    assert "rolling back" in text and "undo" in text
+    assert password not in text and password not in str(e.value)
+    journals = list((host.paths.root / "var/lib/gputopo").rglob("*")) if (host.paths.root / "var/lib/gputopo").exists() else []
+    from gputopo.journal import list_journals
+
+    files = list_journals(host.paths.root) + [p for p in journals if p.is_file()]
+    assert files
+    for p in files:
+        assert password.encode() not in p.read_bytes(), p
+    # no secret option on the command line: only the environment or an owner-only file
+    from gputopo.cli.applycmd import apply as apply_cmd
+
+    names = {o for p in apply_cmd.params for o in p.opts}
+    assert not names & {"--password", "--token-secret", "--token-value", "--secret"}
+
+
+def test_apply_over_the_local_backend_with_pvesh(host):
+    """The same apply with ``--local``: every Proxmox call is a ``pvesh`` command on the node."""
+    from gputopo.ports import Ports
+    from gputopo.proxmox import ApiConfig, ProxmoxClient
+    from gputopo.sim.pveapi import PveshSim
+
+    sim_ports = host.ports()
+    pvesh = PveshSim(host.api)
+    client = ProxmoxClient.from_config(ApiConfig(backend="local", node=host.node, timeout=30), runner=pvesh)
+    ports = Ports(sysfs=sim_ports.sysfs, proxmox=client, exec=sim_ports.exec, files=sim_ports.files)
+    spec = applysim.seed_spec(host)
+    res = apply(spec, ports, root=str(host.paths.root))
+    assert res.status == "applied"
+    maps = {m.id: m for m in parse_pci_cfg((host.paths.pve / "mapping/pci.cfg").read_text())}
+    assert sorted(e.path for e in maps["pro6000-vm"].entries()) == NUMA1
+    conf = parse_lxc_conf(host.paths.lxc_conf(101).read_text())
+    nv = sorted(parse_dev_value(v)["path"] for k, v in conf.options.items()
+                if re.fullmatch(r"dev\d+", k) and re.fullmatch(r"/dev/nvidia\d+", parse_dev_value(v)["path"]))
+    assert nv == sorted(f"/dev/nvidia{m}" for m in NUMA0.values())
+    # the mapping went through pvesh with one --map option per entry (a list, not its str())
+    writes = [c for c in pvesh.calls if c[1] in ("create", "set") and "/cluster/mapping/pci" in c[2]]
+    assert writes and all(c.count("--map") == 4 or c.count("-map") == 4 for c in writes), writes
+    (put,) = [c for c in pvesh.calls if c[1] == "set" and c[2].strip("/") == "nodes/pve1/lxc/101/config"]
+    assert {"-digest", "--digest"} & set(put), put  # the config update is guarded by its digest
+    assert apply(spec, ports, root=str(host.paths.root)).status == "no-changes"
+
+
+# --- the reverse split: GPUs come back from vfio-pci to the container ----------------------------
+
+REVERSE = ("numa: [0]", "numa: [0, 1]"), ("numa: [1]", "rest")
+
+
+def _reverse_spec_text(host) -> str:
+    text = applysim.seed_spec_text(host)
+    for old, new in REVERSE:
+        assert old in text
+        text = text.replace(old, new)
+    return text
+
+
+def test_reverse_split_gives_every_gpu_back_with_tp_8_and_verifies(host):
+    from gputopo.plan import UpdateContainer
+    from gputopo.spec import parse_spec
+    from gputopo.verify import verify
+
+    ports = host.ports()
+    root = str(host.paths.root)
+    assert apply(applysim.seed_spec(host), ports, root=root).status == "applied"
+    spec = parse_spec(_reverse_spec_text(host))
+    # only devN entries resolved after the switch change: an API token is still refused up front
+    with pytest.raises(PreflightFailed) as e:
+        apply(spec, host.ports(auth="token"), root=root)
+    assert any("only root@pam" in line for line in e.value.problems)
+    res = apply(spec, ports, root=root, verify=lambda: verify(spec, ports, root=root))
+    assert res.status == "applied"
+    # the four minors did not exist at plan time: the config step resolved them after the switch
+    (upd,) = [a for a in res.plan.actions if isinstance(a, UpdateContainer)]
+    assert upd.resolve == NUMA1 and upd.set == {} and upd.delete == []
+    kinds = [a.kind for a in res.plan.actions]
+    assert kinds.index("update_container") > max(i for i, k in enumerate(kinds) if k == "rebind")
+    assert "stop_guest" in kinds and "start_guest" in kinds  # the container restarts to see them
+
+    minors = {}
+    for a in NUMA0.keys() | set(NUMA1):
+        dev = host.paths.root / "sys/bus/pci/devices" / a
+        assert os.path.basename(os.readlink(dev / "driver")) == "nvidia", a
+        assert (dev / "driver_override").read_text().strip() in ("", "(null)")
+        info = (host.paths.root / "proc/driver/nvidia/gpus" / a / "information").read_text()
+        minors[a] = int(re.search(r"Device Minor:\s*(\d+)", info).group(1))
+    conf = parse_lxc_conf(host.paths.lxc_conf(101).read_text())
+    nv = sorted(parse_dev_value(v)["path"] for k, v in conf.options.items()
+                if re.fullmatch(r"dev\d+", k) and re.fullmatch(r"/dev/nvidia\d+", parse_dev_value(v)["path"]))
+    assert nv == sorted(f"/dev/nvidia{m}" for m in minors.values())
+    assert sorted(minors.values()) == list(range(8))
+    assert not list((host.paths.root / "dev/vfio").glob("[0-9]*"))
+    maps = {m.id for m in parse_pci_cfg((host.paths.pve / "mapping/pci.cfg").read_text())}
+    assert "pro6000-vm" not in maps
+    dropin = host.paths.rootfs(101) / "etc/systemd/system/sglang.service.d/gputopo.conf"
+    assert "--tp 8" in dropin.read_text()
+
+    report = res.verify
+    assert report.ok and {c.status for c in report.checks} == {"PASS"}, report.to_text()
+    assert report.check("container").details["101"]["seen"] == sorted(minors)
+    assert report.check("service").details["101"]["tp"] == 8
+    assert apply(spec, ports, root=root).status == "no-changes"
+
+
+def test_reverse_split_failing_at_the_start_rolls_back_the_resolved_entries(host):
+    from gputopo.errors import ApplyFailed
+    from gputopo.sim.container import break_container
+    from gputopo.spec import parse_spec
+
+    ports = host.ports()
+    root = str(host.paths.root)
+    assert apply(applysim.seed_spec(host), ports, root=root).status == "applied"
+    before = applysim.fingerprint(host)
+    break_container(host.dir, 101, "service_fails", message="RuntimeError: CUDA error", count=2)
+    with pytest.raises(ApplyFailed) as e:
+        apply(parse_spec(_reverse_spec_text(host)), ports, root=root,
+              timeouts=Timeouts(sysfs=5, guest=30, exec=10, service=20, poll=0.02))
+    assert e.value.rolled_back and "start sglang.service" in str(e.value)
+    assert applysim.diff(before, applysim.fingerprint(host)) == []
+
+
+def test_resolve_devices_fills_free_indices_and_needs_every_minor():
+    from gputopo.plan import UpdateContainer, resolve_devices
+
+    cfg = {"dev0": "/dev/nvidia0,mode=0666", "dev1": "/dev/nvidiactl,mode=0666", "dev3": "/dev/nvidia9,mode=0666",
+           "digest": "x"}
+    upd = UpdateContainer(vmid=101, set={"dev2": "/dev/nvidia1,mode=0666"}, delete=["dev3"],
+                          resolve=["0000:81:00.0", "0000:91:00.0"], dev_mode="0666")
+    got = resolve_devices(cfg, upd, {"0000:81:00.0": 4, "0000:91:00.0": 0})
+    # minor 0 is already mapped; minor 4 takes dev3, freed by the delete
+    assert got == {"dev3": "/dev/nvidia4,mode=0666"}
+    with pytest.raises(KeyError, match="0000:91:00.0"):
+        resolve_devices(cfg, upd, {"0000:81:00.0": 4, "0000:91:00.0": None})
+
+
+# --- apply ends with verify ----------------------------------------------------------------------
+
+
+def test_cli_apply_ends_with_verify_and_rolls_back_on_its_failure(host):
+    from click.testing import CliRunner
+
+    from gputopo.cli import cli
+    from gputopo.errors import VerifyFailed
+    from gputopo.journal import Journal, list_journals
+    from gputopo.sim.container import break_container
+
+    spec_file = host.dir / "spec.yaml"
+    spec_file.write_text(applysim.seed_spec_text(host))
+    before = applysim.fingerprint(host)
+    break_container(host.dir, 101, "wrong_answer", answer="92")
+    args = ["apply", "--spec", str(spec_file), "--sim", str(host.dir), "--yes"]
+    res = CliRunner().invoke(cli, args + ["--rollback-on-verify-failure"])
+    assert res.exit_code == 1, res.output
+    assert isinstance(res.exception, VerifyFailed)
+    assert str(res.exception) == "verification failed after apply; the host was rolled back"
+    assert re.search(r"inference\s+.*FAIL.*wrong answer", res.output), res.output
+    assert "verification failed; rolling back" in res.output
+    assert applysim.diff(before, applysim.fingerprint(host)) == []
+    end = Journal.load(list_journals(host.paths.root)[-1]).records[-1]
+    assert end["result"] == "rolled-back" and end["reason"] == "verify"
+
+    # without the flag the split stays and the exit code still says verification failed
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 1 and "applied, but verification failed" in str(res.exception)
+    after = applysim.fingerprint(host)
+    assert after["pci:0000:81:00.0"][0] == "vfio-pci" and after["service"][0] == "active"
+    from gputopo.sim.container import heal_container
+
+    heal_container(host.dir, 101)
+    res = CliRunner().invoke(cli, ["verify", "--spec", str(spec_file), "--sim", str(host.dir)])
+    assert res.exit_code == 0 and "all clear: 7 PASS" in res.output, res.output

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 import applysim
+from applysim import template  # noqa: F401  (a fixture)
 from gputopo.apply import Timeouts, apply, read_and_plan
 from gputopo.errors import ApplyFailed, ExecError, JournalError
 from gputopo.journal import JOURNAL_DIR, find_unfinished, list_journals, parse_journal
@@ -27,13 +28,6 @@ from gputopo.ports import ExecResult
 from gputopo.sim.container import break_container
 from gputopo.sim.kernel import SimKernel
 from gputopo.sim.pveapi import PveApiServer
-
-
-@pytest.fixture(scope="session")
-def template():
-    d = applysim.make_template()
-    yield d
-    applysim.cleanup(d.parent)
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from gputopo.bind import Binder, MemberState, RealSysfs
 from gputopo.errors import BindError, SysfsTimeout, SysfsWriteError
 from gputopo.ports import SysfsPort
 from gputopo.sim.kernel import SimKernel, parse_minor
-from test_sim_kernel import ADA, ADA_AUDIO, DUMMY, PRO, build_root
+from test_sim_kernel import ADA, ADA_AUDIO, DUMMY, PRO, kern, root  # noqa: F401 (fixtures)
 
 
 class Recorder:
@@ -27,16 +27,6 @@ class Recorder:
     def write(self, path: str, value: str) -> None:
         self.writes.append((path, value))
         self.inner.write(path, value)
-
-
-@pytest.fixture
-def root(tmp_path: Path) -> Path:
-    return build_root(tmp_path)
-
-
-@pytest.fixture
-def kern(root: Path) -> SimKernel:
-    return SimKernel(root, time_scale=0.0)
 
 
 @pytest.fixture

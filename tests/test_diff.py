@@ -13,8 +13,8 @@ from gputopo.hostfiles import RealHostFiles
 from gputopo.plan import UpdateContainer, expected_after, plan
 from gputopo.ports import ExecResult
 from gputopo.pvefmt import parse_lxc_conf, write_lxc_conf
-from gputopo.render import render
-from test_plan import SEED_CMD, SEED_SPEC, seed_current, seed_facts, seed_spec
+from gputopo.render import PERSISTENCE_PATHS, render
+from test_plan import SEED_CMD, SEED_SPEC, converged_seed, run_cli, seed_current, seed_facts, seed_spec
 
 SHOW = (
     "ExecStart={ path=/usr/bin/python3 ; argv[]=/usr/bin/python3 -m sglang.launch_server --tp 8 ; "
@@ -102,7 +102,7 @@ def test_diff_from_files_then_converged(tmp_path):
     (pve / "nodes/pve1/lxc/101.conf").write_text(write_lxc_conf(conf))
     (pve / "mapping").mkdir()
     (pve / "mapping/pci.cfg").write_text(files["pve/mapping/pci.cfg"])
-    for rel in ("etc/udev/rules.d/90-gputopo-vfio.rules", "etc/modules-load.d/gputopo-vfio.conf"):
+    for rel in PERSISTENCE_PATHS:
         RealHostFiles(root).write(rel, files[rel])
     ex.files["/etc/systemd/system/sglang.service.d/gputopo.conf"] = files[
         "ct/101/etc/systemd/system/sglang.service.d/gputopo.conf"]
@@ -129,24 +129,74 @@ def _cli(args):
     return CliRunner().invoke(cli, args)
 
 
-def test_cli_diff_exit_codes(tmp_path, seed_root):
+def test_cli_diff_exit_codes(tmp_path, seed_root, capsys):
     spec = tmp_path / "spec.yaml"
     spec.write_text(SEED_SPEC)
-    r = _cli(["diff", "--spec", str(spec), "--root", str(seed_root), "--pve-root", str(tmp_path / "pve"), "--exit-code"])
-    assert r.exit_code == 2, r.output
-    assert "== driver bindings" in r.output
+    args = ["diff", "--spec", str(spec), "--root", str(seed_root), "--pve-root", str(tmp_path / "pve"), "--exit-code"]
+    code, out, err = run_cli(args, capsys)
+    assert code == 2, err
+    assert "== driver bindings" in out and "0000:81:00.0: nvidia -> vfio-pci" in out
+    # without --exit-code a difference is not an error
+    assert run_cli(args[:-1], capsys)[0] == 0
+    # an error (here a bad spec) is 1 with --exit-code, one line naming the culprit
     spec.write_text(SEED_SPEC.replace("vmid: 101", "vmid: 1"))
-    r = _cli(["diff", "--spec", str(spec), "--root", str(seed_root), "--exit-code"])
-    assert r.exit_code == 1
+    code, out, err = run_cli(args, capsys)
+    assert (code, out) == (1, "")
+    assert err == (f"gputopo: error: {spec}: nodes[0].containers[0].vmid: "
+                   "Input should be greater than or equal to 100 (got 1)\n")
+    # a refused plan is an error too
+    spec.write_text(SEED_SPEC.replace("gpus: {numa: [0]}", "gpus: {numa: [0, 1]}"))
+    code, out, err = run_cli(args, capsys)
+    assert code == 1 and "refused: 0000:81:00.0: claimed by both container:101 and vm:pro6000-vm" in err
 
 
-def test_cli_plan_quick_mode(seed_root, tmp_path):
-    r = _cli(["plan", "--split", "numa", "--container", "101", "--vm-mapping", "pro6000-vm",
-              "--root", str(seed_root), "--pve-root", str(tmp_path / "none")])
-    assert r.exit_code == 0, r.output
-    assert "Container 101: 4 GPU(s), tp 4" in r.output
-    assert "0000:81:00.0   1     4" in r.output and "nvidia -> vfio-pci     vm:pro6000-vm" in r.output
-    assert "[switch] rebind 0000:f1:00.0: nvidia -> vfio-pci" in r.output
+def test_cli_diff_exit_code_0_when_the_host_matches(tmp_path, seed_root, capsys):
+    spec, pve = converged_seed(seed_root, tmp_path)
+    code, out, err = run_cli(["diff", "--spec", str(spec), "--root", str(seed_root), "--pve-root", str(pve),
+                              "--exit-code"], capsys)
+    assert (code, out, err) == (0, "Node pve1: no differences\n", "")
+    # one device entry gone from the container: a difference again
+    conf = pve / "nodes/pve1/lxc/101.conf"
+    conf.write_text("".join(ln for ln in conf.read_text().splitlines(keepends=True) if not ln.startswith("dev3:")))
+    code, out, err = run_cli(["diff", "--spec", str(spec), "--root", str(seed_root), "--pve-root", str(pve),
+                              "--exit-code"], capsys)
+    assert code == 2 and "== container devices" in out
+    assert "+dev3: /dev/nvidia2,mode=0666" in out
+
+
+def test_cli_diff_json_shape(tmp_path, seed_root, capsys):
+    import json
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SEED_SPEC)
+    code, out, err = run_cli(["diff", "--spec", str(spec), "--root", str(seed_root), "--pve-root", str(tmp_path / "pve"),
+                              "--json"], capsys)
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["node"] == "pve1" and data["is_empty"] is False
+    # nothing configured yet (no pve root); the service's command is unknown, so it is not managed
+    assert set(data["areas"]) == {"driver bindings", "container devices", "mappings", "persistence files"}
+    for area in data["areas"].values():
+        assert set(area) == {"lines", "files"} and area["lines"]
+    assert "0000:f1:00.0: nvidia -> vfio-pci" in data["areas"]["driver bindings"]["lines"]
+    udev = data["areas"]["persistence files"]["files"]["etc/udev/rules.d/90-gputopo-vfio.rules"]
+    assert udev.startswith("--- /dev/null\n+++ b/etc/udev/rules.d/90-gputopo-vfio.rules\n")
+
+
+def test_cli_plan_quick_mode(seed_root, tmp_path, capsys):
+    code, out, err = run_cli(["plan", "--split", "numa", "--container", "101", "--vm-mapping", "pro6000-vm",
+                              "--service-unit", "sglang.service", "--root", str(seed_root),
+                              "--pve-root", str(tmp_path / "none")], capsys)
+    assert code == 0, err
+    rows = {ln.split()[0]: ln for ln in out.splitlines() if ln.startswith("0000:")}
+    for addr in ("0000:01:00.0", "0000:11:00.0", "0000:61:00.0", "0000:71:00.0"):
+        assert rows[addr].split()[1] == "0" and rows[addr].endswith("nvidia                 container:101")
+    for addr in ("0000:81:00.0", "0000:91:00.0", "0000:e1:00.0", "0000:f1:00.0"):
+        assert rows[addr].split()[1] == "1" and rows[addr].endswith("nvidia -> vfio-pci     vm:pro6000-vm")
+    assert "Container 101: 4 GPU(s), tp 4, devN, sglang.service tp 4" in out
+    assert "Mapping pro6000-vm: 4 device(s)" in out
+    assert "[prepare] create PCI mapping pro6000-vm: 4 device(s) 0000:81:00.0, 0000:91:00.0, 0000:e1:00.0, 0000:f1:00.0" in out
+    assert "[switch] rebind 0000:f1:00.0: nvidia -> vfio-pci" in out
 
 
 def test_cli_render_writes_files(seed_root, tmp_path):

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -15,6 +16,7 @@ from click.testing import CliRunner
 from gputopo.discover import (
     discover,
     find_holders,
+    hwdb_modalias,
     list_pci_functions,
     numa_from_cpulist,
     parse_bool_param,
@@ -27,10 +29,12 @@ from gputopo.discover import (
     parse_nvidia_version,
     parse_pci_ids,
     parse_reset_method,
+    parse_subsystem_id,
     read_pci_function,
+    udev_hwdb_names,
 )
 from gputopo.errors import InputError, RootError
-from gputopo.model import MemberRole
+from gputopo.model import MemberRole, address_key, format_cpulist
 
 # --- parsers -------------------------------------------------------------------------------
 
@@ -44,6 +48,19 @@ def test_parse_hex_id():
     assert parse_hex_id(None) is None
     assert parse_hex_id("0x030200\n", 6) == "0x030200"
     assert parse_hex_id("0xffffff\n", 6) is None
+    assert parse_hex_id("0x12345\n") is None  # wider than an id can be
+    assert parse_subsystem_id("0x0000\n") == "0x0000"  # Intel X710: subsystem 8086:0000
+    assert parse_subsystem_id("0xffff\n") is None and parse_subsystem_id(None) is None
+
+
+def test_cpulist_and_address_helpers():
+    assert format_cpulist({0, 1, 2, 3, 8, 10, 11}) == "0-3,8,10-11"
+    assert format_cpulist({5}) == "5" and format_cpulist(set()) == ""
+    text = "0-63,128-191"
+    assert format_cpulist(parse_cpulist(text)) == text
+    addrs = ["10000:00:01.0", "0001:00:00.0", "0000:81:00.0", "0000:0a:1f.7", "0000:0a:02.0"]
+    assert sorted(addrs, key=address_key) == ["0000:0a:02.0", "0000:0a:1f.7", "0000:81:00.0",
+                                              "0001:00:00.0", "10000:00:01.0"]
 
 
 def test_parse_cpulist():
@@ -114,6 +131,46 @@ def test_numa_from_cpulist():
     assert numa_from_cpulist(set(range(8)), nodes) is None
     assert numa_from_cpulist({3, 4}, nodes) is None
     assert numa_from_cpulist(set(), nodes) is None
+
+
+def test_hwdb_modalias():
+    assert hwdb_modalias("10de", "2bb5") == "pci:v000010DEd00002BB5"
+    assert hwdb_modalias("1a03", "0001") == "pci:v00001A03d00000001"
+
+
+def _udev_hwdb_available() -> bool:
+    try:
+        import pyudev
+
+        ctx = pyudev.Context()
+        hwdb = ctx._libudev.udev_hwdb_new(ctx)
+    except Exception:
+        return False
+    if not hwdb:
+        return False
+    ctx._libudev.udev_hwdb_unref(hwdb)
+    return True
+
+
+@pytest.mark.skipif(not _udev_hwdb_available(), reason="no udev hwdb here (pyudev, libudev or hwdb.bin missing)")
+def test_udev_hwdb_names_through_pyudev():
+    # Ids that every hwdb since 2017 names; 10de:fffe names nothing.
+    got = udev_hwdb_names({("8086", "1521"), ("10de", "1db4"), ("10de", "fffe")})
+    assert got == {("8086", "1521"): "I350 Gigabit Network Connection",
+                   ("10de", "1db4"): "GV100GL [Tesla V100 PCIe 16GB]"}
+
+
+def test_live_root_asks_hwdb_only_for_what_pci_ids_lacks(monkeypatch, materialized):
+    import gputopo.discover as d
+
+    asked = []
+    monkeypatch.setattr(d, "udev_hwdb_names", lambda w: asked.append(set(w)) or {p: "from hwdb" for p in w})
+    got = d._load_pci_names("/", {("10de", "fffe")})
+    assert asked == [{("10de", "fffe")}] and got == {("10de", "fffe"): "from hwdb"}
+    # A fixture or snapshot root is not this host: its names come from its own pci.ids only.
+    asked.clear()
+    f = d.discover(materialized("seed"))
+    assert asked == [] and f.gpus[0].model == "GB202GL [RTX PRO 6000 Blackwell Server Edition]"
 
 
 # --- the shipped hosts ---------------------------------------------------------------------
@@ -235,30 +292,142 @@ def test_list_and_read_pci_function(materialized):
 # --- robustness -----------------------------------------------------------------------------
 
 
-def test_missing_and_odd_attributes_do_not_crash(fresh_host):
+def test_missing_attributes_are_null_or_derived(fresh_host):
     r = fresh_host("seed")
     d = r / "sys/bus/pci/devices"
     (d / "0000:01:00.0/numa_node").unlink()
     (d / "0000:01:00.0/current_link_speed").unlink()
-    (d / "0000:11:00.0/vendor").write_text("0x0000\n")
-    (d / "0000:61:00.0/numa_node").write_text("banana\n")
     (d / "0000:71:00.0/reset_method").unlink()
+    (d / "0000:71:00.0/driver_override").unlink()
     (d / "0000:81:00.0/iommu_group").unlink()
-    (d / "0000:91:00.0/local_cpulist").write_text("x-y\n")
-    (d / "0000:91:00.0/numa_node").write_text("-1\n")
     (r / "proc/modules").unlink()
-    (r / "sys/devices/system/node/node1/cpulist").write_text("nonsense\n")
     f = discover(r)
     g1 = f.gpu("0000:01:00.0")
-    assert g1.numa_node == 0 and g1.numa_source == "cpulist"  # derived from local_cpulist
+    assert (g1.numa_node, g1.numa_source) == (0, "cpulist")  # derived from local_cpulist
     assert g1.link.current_speed is None and g1.link.max_speed == "32.0 GT/s PCIe"
-    assert f.gpu("0000:11:00.0") is None
-    assert any("0000:11:00.0" in w for w in f.warnings)
-    assert f.gpu("0000:71:00.0").reset_method is None
+    g7 = f.gpu("0000:71:00.0")
+    assert g7.reset_method is None and g7.driver_override is None and g7.driver == "nvidia"
+    # The group's own listing still names the device: sys/kernel/iommu_groups is the truth.
+    assert f.gpu("0000:81:00.0").iommu_group is not None
+    assert not f.host.modules.nvidia and any("proc/modules" in w for w in f.warnings)
+    assert len(f.gpus) == 8
+
+
+@pytest.mark.parametrize("err", [errno.EACCES, errno.EIO])
+def test_unreadable_attributes_are_null(fresh_host, monkeypatch, err):
+    import builtins
+
+    r = fresh_host("seed")
+    d = (r / "sys/bus/pci/devices/0000:61:00.0").resolve()
+    denied = {str(d / a) for a in ("numa_node", "local_cpulist", "current_link_width", "subsystem_device")}
+    real_open = builtins.open
+
+    def failing_open(path, *a, **k):
+        if isinstance(path, (str, os.PathLike)) and os.path.realpath(path) in denied:
+            raise OSError(err, os.strerror(err), str(path))
+        return real_open(path, *a, **k)
+
+    monkeypatch.setattr(builtins, "open", failing_open)
+    f = discover(r)
+    g = f.gpu("0000:61:00.0")
+    assert (g.numa_node, g.numa_source) == (None, None)  # unknown, never 0
+    assert g.link.current_width is None and g.link.current_speed == "32.0 GT/s PCIe"
+    assert g.subsystem_device is None and g.device == "0x2bb5" and g.minor == 3
+    assert any(w.startswith("0000:61:00.0: NUMA node unknown") for w in f.warnings)
+
+
+@pytest.mark.parametrize("value", ["0xffff", "0x0000"])
+def test_ids_reading_all_ones_or_zero_are_reported_not_gpus(fresh_host, value):
+    r = fresh_host("seed")
+    dev = r / "sys/bus/pci/devices/0000:11:00.0"
+    (dev / "vendor").write_text(value + "\n")
+    (dev / "device").write_text(value + "\n")
+    f = discover(r)
+    assert f.gpu("0000:11:00.0") is None and len(f.gpus) == 7
+    assert [w for w in f.warnings if w.startswith("0000:11:00.0:")] == [
+        "0000:11:00.0: vendor/device ids unreadable (0xffff, 0x0000 or missing); "
+        "the device may have fallen off the bus"]
+    fn = read_pci_function(r, "0000:11:00.0")
+    assert (fn.readable, fn.vendor, fn.device, fn.class_) == (False, None, None, "0x030200")
+
+
+def test_bad_numbers_in_attributes(fresh_host):
+    r = fresh_host("seed")
+    d = r / "sys/bus/pci/devices"
+    (d / "0000:61:00.0/numa_node").write_text("banana\n")
+    (d / "0000:91:00.0/local_cpulist").write_text("x-y\n")
+    (d / "0000:91:00.0/numa_node").write_text("-1\n")
+    (r / "sys/devices/system/node/node1/cpulist").write_text("nonsense\n")
+    f = discover(r)
+    assert f.gpu("0000:61:00.0").numa_node == 0  # local_cpulist 0-63,128-191 names node 0
     assert f.gpu("0000:91:00.0").numa_node is None
-    assert any("proc/modules" in w for w in f.warnings)
     assert any("node1/cpulist" in w for w in f.warnings)
-    assert not f.host.modules.nvidia
+
+
+def test_no_iommu_groups_directory_at_all(fresh_host):
+    r = fresh_host("iommu-off")
+    (r / "sys/kernel/iommu_groups").rmdir()
+    f = discover(r)
+    assert len(f.gpus) == 2 and all(g.iommu_group is None for g in f.gpus)
+    assert not f.host.iommu_enabled and any("no IOMMU groups" in w for w in f.warnings)
+
+
+WIDE_DOMAINS = """\
+hostname: wide
+cmdline: ro amd_iommu=on
+numa: [{id: 0, cpus: "0-7"}, {id: 1, cpus: "8-15"}]
+root_numa: {"0001:40": 0, "10000:00": 1}
+modules: [nvidia]
+devices:
+  - {addr: "0001:40:01.1", preset: pcie-root-port}
+  - {addr: "0001:41:00.0", parent: "0001:40:01.1", preset: rtx-6000-ada, minor: 1}
+  - {addr: "0001:41:00.1", parent: "0001:40:01.1", preset: rtx-6000-ada-audio}
+  - {addr: "10000:00:01.0", preset: intel-root-port}
+  - {addr: "10000:01:00.0", parent: "10000:00:01.0", preset: rtx-pro-6000, minor: 0}
+"""
+
+
+def test_nonzero_and_five_digit_domains(tmp_path):
+    from gputopo.fixtures import materialize
+
+    desc = tmp_path / "wide.yaml"
+    desc.write_text(WIDE_DOMAINS)
+    r = materialize(desc, tmp_path / "root")
+    f = discover(r)
+    assert [g.address for g in f.gpus] == ["0001:41:00.0", "10000:01:00.0"]  # numeric domain order
+    a, b = f.gpus
+    assert (a.numa_node, a.minor, a.functions) == (0, 1, ["0001:41:00.1"])
+    assert [(m.address, m.role) for m in a.iommu_members] == [("0001:41:00.1", MemberRole.FUNCTION)]
+    assert (b.numa_node, b.minor, b.driver, b.model) == (
+        1, 0, "nvidia", "GB202GL [RTX PRO 6000 Blackwell Server Edition]")
+    assert b.iommu_group is not None and b.iommu_group != a.iommu_group
+    assert read_pci_function(r, "10000:01:00.0").address == "10000:01:00.0"
+    assert f.warnings == []
+
+
+def test_cpu_less_numa_nodes(fresh_host):
+    r = fresh_host("seed")
+    node2 = r / "sys/devices/system/node/node2"
+    node2.mkdir()
+    (node2 / "cpulist").write_text("\n")  # memory only (CXL, HBM): the kernel prints an empty list
+    d = r / "sys/bus/pci/devices"
+    (d / "0000:81:00.0/numa_node").write_text("2\n")
+    (d / "0000:91:00.0/numa_node").write_text("-1\n")
+    f = discover(r)
+    assert [(n.id, n.cpulist, n.has_cpus) for n in f.host.numa_nodes] == [
+        (0, "0-63,128-191", True), (1, "64-127,192-255", True), (2, "", False)]
+    assert (f.gpu("0000:81:00.0").numa_node, f.gpu("0000:81:00.0").numa_source) == (2, "sysfs")
+    assert (f.gpu("0000:91:00.0").numa_node, f.gpu("0000:91:00.0").numa_source) == (1, "cpulist")
+    assert f.warnings == []
+
+
+def test_nvswitch_is_not_a_gpu(fresh_host):
+    r = fresh_host("seed")
+    (r / "sys/bus/pci/devices/0000:f1:00.0/class").write_text("0x068000\n")
+    for everyone in (False, True):
+        f = discover(r, all_vendors=everyone)
+        assert f.gpu("0000:f1:00.0") is None
+        assert [s.address for s in f.nvswitches] == ["0000:f1:00.0"] and f.nvswitches[0].is_nvswitch
 
 
 def test_nvidia_information_with_wide_uppercase_dir(fresh_host):
@@ -321,11 +490,18 @@ def test_cli_discover_json_and_table(materialized):
     assert [g["address"] for g in json.loads(res.output)["gpus"]] == ["0000:63:00.0"]
 
 
-def test_cli_bad_root_is_one_line_exit_2(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "gputopo", "discover", "--root", str(tmp_path)],
+@pytest.mark.parametrize("kind", ["empty dir", "missing", "plain file", "junk tarball"])
+def test_cli_bad_root_is_one_line_exit_2(tmp_path, kind):
+    root = {"empty dir": tmp_path, "missing": tmp_path / "nope", "plain file": tmp_path / "f",
+            "junk tarball": tmp_path / "snap.tar.gz"}[kind]
+    if kind in ("plain file", "junk tarball"):
+        root.write_text("not a host\n")
+    p = subprocess.run([sys.executable, "-m", "gputopo", "discover", "--root", str(root)],
                        capture_output=True, text=True)
-    assert p.returncode == 2
-    assert p.stderr.strip().count("\n") == 0 and "not a sysfs root" in p.stderr
+    assert p.returncode == 2, p.stderr
+    assert p.stdout == "" and p.stderr.strip().count("\n") == 0 and "Traceback" not in p.stderr
+    assert p.stderr.startswith(f"gputopo: error: {root}: ")
+    assert ("cannot read snapshot" if kind == "junk tarball" else "not a sysfs root") in p.stderr
 
 
 def test_cli_schema_facts():
@@ -334,9 +510,75 @@ def test_cli_schema_facts():
     res = CliRunner().invoke(cli, ["schema", "facts"])
     assert res.exit_code == 0
     schema = json.loads(res.output)
-    assert "gpus" in schema["properties"] and "Gpu" in schema["$defs"]
+    assert "gpus" in schema["properties"] and "host" in schema["properties"]
+    gpu = schema["$defs"]["Gpu"]["properties"]
+
+    def types(prop: dict) -> set[str]:
+        return {x.get("type") for x in prop.get("anyOf", [prop])}
+
+    for key in ("address", "vendor", "device", "class"):
+        assert "string" in types(gpu[key]), key
+    for key in ("numa_node", "iommu_group", "minor"):
+        assert types(gpu[key]) == {"integer", "null"}, key
+    assert types(gpu["driver"]) == {"string", "null"}
+
+
+@pytest.mark.parametrize("host", ["seed", "esc8000a", "shared-group", "numa-unknown", "iommu-off"])
+def test_cli_json_keeps_the_documented_shape(host, materialized):
+    from gputopo.cli import cli
+
+    res = CliRunner().invoke(cli, ["discover", "--root", str(materialized(host)), "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    assert isinstance(data["host"], dict) and data["schema_version"] == 1 and data["gpus"]
+    for g in data["gpus"]:
+        assert re.fullmatch(r"[0-9a-f]{4,}:[0-9a-f]{2}:[0-1][0-9a-f]\.[0-7]", g["address"]), g["address"]
+        assert re.fullmatch(r"0x[0-9a-f]{4}", g["vendor"]) and re.fullmatch(r"0x[0-9a-f]{4}", g["device"])
+        assert re.fullmatch(r"0x03[0-9a-f]{4}", g["class"])
+        for key in ("numa_node", "iommu_group", "minor"):
+            assert g[key] is None or (isinstance(g[key], int) and g[key] >= 0), (key, g[key])
+        assert g["driver"] is None or isinstance(g["driver"], str)
+
+
+def test_cli_table_marks_unknowns(materialized):
+    from gputopo.cli import cli
+
+    res = CliRunner().invoke(cli, ["discover", "--root", str(materialized("numa-unknown"))])
+    assert res.exit_code == 0, res.output
+    rows = {line.split()[1]: line for line in res.output.splitlines() if re.match(r"^\S\s+0000:", line)}
+    assert re.search(r"│\s+0\*\s+│", rows["0000:01:00.0"]) and re.search(r"│\s+\?\s+│", rows["0000:81:00.0"])
+    assert "derived from local_cpulist" in res.output
+    res = CliRunner().invoke(cli, ["discover", "--root", str(materialized("iommu-off"))])
+    assert "IOMMU: off (no groups)" in res.output
 
 
 def test_vendor_only_match_takes_every_class(materialized):
     f = discover(materialized("esc8000a"), gpu_match=[("0x1a03", None)])
     assert [x.address for x in f.gpus] == ["0000:74:00.0", "0000:75:00.0"]  # the bridge too
+
+
+def test_python_dash_m_runs_the_cli():
+    from gputopo import __version__
+
+    p = subprocess.run([sys.executable, "-m", "gputopo", "--version"], capture_output=True, text=True)
+    assert p.returncode == 0 and p.stdout.strip() == f"gputopo, version {__version__}"
+    p = subprocess.run([sys.executable, "-m", "gputopo", "--help"], capture_output=True, text=True)
+    assert p.returncode == 0 and "discover" in p.stdout and "snapshot" in p.stdout
+
+
+HEAVY = ("pydantic", "rich", "yaml", "jinja2", "proxmoxer", "requests", "pyudev", "cryptography")
+
+
+def test_version_start_up_imports_no_heavy_module():
+    probe = ("import sys\nsys.argv = ['gputopo', '--version']\nfrom gputopo.cli import main\n"
+             "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+             f"heavy = {HEAVY!r}\n"
+             "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy), file=sys.stderr)\n")
+    p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("gputopo, version")
+    assert p.stderr.strip() == "[]"
+    # The probe sees them once a command that needs them runs, so it can tell.
+    p = subprocess.run([sys.executable, "-c", probe.replace("'--version'", "'schema', 'facts'")],
+                       capture_output=True, text=True)
+    assert "pydantic" in p.stderr.splitlines()[-1]

@@ -197,3 +197,53 @@ def test_cli_list_and_build(tmp_path):
     res = CliRunner().invoke(cli, ["fixtures", "build", "iommu-off", str(tmp_path / "r")])
     assert res.exit_code == 0, res.output
     assert (tmp_path / "r/sys/bus/pci/devices/0000:01:00.0/vendor").read_text() == "0x10de\n"
+
+
+# --- packaging: a non-editable install carries the templates and fixtures ---------------------
+
+SRC = Path(__file__).resolve().parent.parent
+
+
+def test_wheel_ships_templates_and_fixtures_and_resources_find_them(tmp_path):
+    import subprocess
+    import sys
+    import zipfile
+
+    pytest.importorskip("hatchling", reason="hatchling (the build backend, in the [test] extra) is not installed")
+    if not (SRC / "pyproject.toml").is_file():
+        pytest.skip("not a source checkout: no pyproject.toml next to tests/")
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", str(SRC), "-w", str(tmp_path / "w")],
+                   check=True, capture_output=True, cwd=tmp_path)
+    (wheel,) = (tmp_path / "w").glob("gputopo-*.whl")
+    shipped = {}
+    for top in ("templates", "fixtures"):
+        for f in (SRC / top).rglob("*"):
+            if f.is_file():
+                shipped[f"gputopo/_data/{f.relative_to(SRC).as_posix()}"] = f.read_bytes()
+    assert any(n.endswith(".j2") for n in shipped) and any(n.endswith("seed.yaml") for n in shipped)
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+        assert set(shipped) <= names, sorted(set(shipped) - names)
+        assert all(z.read(n) == data for n, data in shipped.items())
+    target = tmp_path / "site"
+    subprocess.run([*pip, "install", "--no-deps", "--no-index", "--target", str(target), str(wheel)],
+                   check=True, capture_output=True, cwd=tmp_path)
+    # Run from tmp_path with the install first on the path, so the checkout cannot answer.
+    env = {**os.environ, "PYTHONPATH": str(target)}
+    probe = ("import json, gputopo, gputopo.resources as r, gputopo.fixtures as f, gputopo.render as t\n"
+             "print(json.dumps([gputopo.__file__, str(r.templates_dir()), str(r.fixtures_dir()),\n"
+             "                  f.list_hosts(), t.render_udev_rules(['0000:81:00.0'])]))\n")
+    p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert p.returncode == 0, p.stderr
+    pkg, templates, fixtures, hosts, rules = json.loads(p.stdout)
+    assert Path(pkg).parent == target / "gputopo"
+    assert Path(templates) == target / "gputopo/_data/templates"
+    assert Path(fixtures) == target / "gputopo/_data/fixtures"
+    assert hosts == list_hosts()
+    assert "0000:81:00.0" in rules and "vfio-pci" in rules
+    out = tmp_path / "seed-root"
+    p = subprocess.run([sys.executable, "-m", "gputopo", "fixtures", "build", "seed", str(out)],
+                       capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert p.returncode == 0, p.stderr
+    assert (out / "sys/bus/pci/devices/0000:f1:00.0/vendor").read_text() == "0x10de\n"

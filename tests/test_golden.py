@@ -53,7 +53,7 @@ def check_all(scenario: str, p, spec, facts) -> None:
     files = render(p, spec, facts)
     for rel, text in files.items():
         if rel.startswith("pve/lxc/"):
-            assert validate_lxc_conf(text) == [], rel
+            assert validate_lxc_conf(text, allow_description=False) == [], rel
         if rel == "pve/mapping/pci.cfg":
             assert validate_pci_cfg(text) == [], rel
         check(scenario, f"files/{rel}", text)
@@ -100,12 +100,14 @@ def test_esc8000a_audio_functions(hosts):
     check_all("esc8000a-audio", plan(facts, spec, CurrentState()), spec, facts)
 
 
+def node_spec(facts, body: str):
+    """A spec for the one node of ``facts``; ``body`` is the node's YAML below its name."""
+    return parse_spec(f"apiVersion: gputopo/v1\nkind: GpuTopology\nnodes:\n  - name: {facts.host.hostname}\n{body}")
+
+
 def test_shared_group_refused(hosts):
     facts = hosts("shared-group")
-    spec = parse_spec(f"""apiVersion: gputopo/v1
-kind: GpuTopology
-nodes:
-  - name: {facts.host.hostname or 'pve1'}
+    spec = node_spec(facts, """\
     vms:
       mappings:
         - name: vm-gpus
@@ -119,17 +121,14 @@ nodes:
 
 def test_numa_unknown(hosts):
     facts = hosts("numa-unknown")
-    spec = parse_spec(f"""apiVersion: gputopo/v1
-kind: GpuTopology
-nodes:
-  - name: {facts.host.hostname or 'pve1'}
+    spec = node_spec(facts, """\
     containers:
       - vmid: 101
-        gpus: {{numa: [0]}}
+        gpus: {numa: [0]}
     vms:
       mappings:
         - name: vm-gpus
-          gpus: {{numa: [1]}}
+          gpus: {numa: [1]}
 """)
     p = plan(facts, spec, CurrentState())
     assert sum("NUMA node unknown" in w for w in p.warnings) == 2

@@ -9,7 +9,8 @@ import subprocess
 
 import pytest
 
-from gputopo.discover import list_pci_functions
+from gputopo.discover import discover, list_pci_functions
+from gputopo.fixtures import list_hosts
 
 LSPCI = shutil.which("lspci")
 pytestmark = pytest.mark.skipif(LSPCI is None, reason="lspci (pciutils) is not installed")
@@ -73,7 +74,7 @@ def test_tree_parser_on_literal_output():
         "0001:80:01.1": None, "0001:81:00.0": "0001:80:01.1"}
 
 
-@pytest.mark.parametrize("host", ["seed", "esc8000a", "large"])
+@pytest.mark.parametrize("host", list_hosts())
 def test_lspci_agrees_with_discovery(host, materialized):
     r = materialized(host)
     seen = parse_lspci_nn(lspci(r, "-D", "-nn"))
@@ -88,7 +89,7 @@ def test_lspci_agrees_with_discovery(host, materialized):
             assert (ven, dev) == ("ffff", "ffff"), addr
 
 
-@pytest.mark.parametrize("host", ["seed", "esc8000a", "large"])
+@pytest.mark.parametrize("host", list_hosts())
 def test_lspci_tree_matches_sysfs_parents(host, materialized):
     r = materialized(host)
     tree = parse_lspci_tree(lspci(r, "-t"))
@@ -98,3 +99,43 @@ def test_lspci_tree_matches_sysfs_parents(host, materialized):
         parent = (devdir / a).resolve().parent.name
         want[a] = parent if not parent.startswith("pci") else None
     assert tree == want
+
+
+def parse_lspci_vmm(text: str) -> dict[str, dict[str, str]]:
+    """``lspci -vmm`` -> {address: {field: value}} (one record per blank-line separated block)."""
+    out = {}
+    for block in text.strip().split("\n\n"):
+        rec = dict(line.split(":\t", 1) for line in block.splitlines())
+        out[rec["Slot"]] = rec
+    return out
+
+
+def test_vmm_parser_on_literal_output():
+    text = ("Slot:\t0000:01:00.0\nClass:\tClass [0300]\nDevice:\tAD102GL [RTX 6000 Ada Generation] [26b1]\n"
+            "Driver:\tnvidia\nNUMANode:\t0\nIOMMUGroup:\t5\n\nSlot:\t0000:01:00.1\nRev:\ta1\n")
+    assert parse_lspci_vmm(text) == {
+        "0000:01:00.0": {"Slot": "0000:01:00.0", "Class": "Class [0300]", "Driver": "nvidia", "NUMANode": "0",
+                         "Device": "AD102GL [RTX 6000 Ada Generation] [26b1]", "IOMMUGroup": "5"},
+        "0000:01:00.1": {"Slot": "0000:01:00.1", "Rev": "a1"}}
+
+
+@pytest.mark.parametrize("host", list_hosts())
+def test_lspci_vmm_agrees_on_driver_numa_group_subsystem_and_name(host, materialized):
+    r = materialized(host)
+    # -i: names from the root's own pci.ids, the one discovery reads.
+    seen = parse_lspci_vmm(lspci(r, "-i", str(r / "usr/share/misc/pci.ids"), "-D", "-nn", "-vmm", "-k"))
+    ours = {f.address: f for f in list_pci_functions(r)}
+    assert set(seen) == set(ours)
+    for addr, rec in seen.items():
+        f = ours[addr]
+        assert rec.get("Driver") == f.driver, addr
+        assert (int(rec["NUMANode"]) if "NUMANode" in rec else None) == f.numa_node, addr
+        assert (int(rec["IOMMUGroup"]) if "IOMMUGroup" in rec else None) == f.iommu_group, addr
+        if "SVendor" in rec:
+            assert rec["SVendor"].endswith(f"[{f.subsystem_vendor[2:]}]"), addr
+            assert rec["SDevice"].endswith(f"[{f.subsystem_device[2:]}]"), addr
+        else:  # lspci leaves out a subsystem vendor of 0
+            assert f.subsystem_vendor in (None, "0x0000"), addr
+    for g in discover(r).gpus:
+        name = seen[g.address]["Device"].rsplit(" [", 1)[0]
+        assert g.model == name, g.address

@@ -109,6 +109,19 @@ def seed_spec(text: str = SEED_SPEC) -> Spec:
     return parse_spec(text, "seed.yaml")
 
 
+def run_cli(args: list[str], capsys) -> tuple[int, str, str]:
+    """Run ``gputopo ARGS`` in-process through its real entry point: (exit code, stdout, stderr)."""
+    from gputopo.cli import main
+
+    try:
+        main(args)
+        code = 0
+    except SystemExit as e:
+        code = e.code or 0
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
 # --- the seed split ----------------------------------------------------------------------------
 
 
@@ -351,12 +364,208 @@ def test_property_one_owner_and_convergence(case):
     claimed = [t.address for t in p.target if t.owner != "host"]
     assert len(claimed) == len(set(claimed))
     ct = p.containers[0]
-    vm = set(p.mappings["vmgpus"].map)
-    assert not {a for a in ct.gpus} & {e.split("path=")[1].split(",")[0] for e in vm}
+    vm_paths = {e.split("path=")[1].split(",")[0] for e in p.mappings["vmgpus"].map}
+    # one owner in every place a GPU is given away: device entries, the mapping, the vfio side
+    assert not set(ct.gpus) & vm_paths and not set(ct.gpus) & set(p.vfio_addresses())
+    ct_minors = {f"/dev/nvidia{g.minor}" for g in facts.gpus if g.address in ct.gpus and g.minor is not None}
+    gpu_nodes = {v.split(",")[0] for v in ct.devices.values() if v[len("/dev/nvidia"):].split(",")[0].isdigit()}
+    assert gpu_nodes == ct_minors
+    for a in p.actions:
+        if isinstance(a, Rebind):
+            owner = {t.address: t.owner for t in p.target}[a.address]
+            assert owner.startswith("vm:" if a.to_driver == "vfio-pci" else "container:")
     assert ct.devices.get("dev0") == "/dev/dri/renderD128"
     f2, c2 = expected_after(p, facts, cur)
     p2 = plan(f2, spec, c2)
     if any("minor unknown" in w for w in p.warnings):
         # a minor unknown on the first pass is read after nvidia binds it: one more pass adds it
-        p2 = plan(*expected_after(p2, f2, c2)[:1], spec, expected_after(p2, f2, c2)[1])
+        f2, c2 = expected_after(p2, f2, c2)
+        p2 = plan(f2, spec, c2)
     assert p2.actions == [], p2.to_text()
+
+
+# --- through the command line: refusals, warnings, --json -----------------------------------------
+
+# One host for the refusal cases: two GPUs on NUMA 0, and on NUMA 1 the boot VGA GPU (an RTX 6000
+# Ada: only a VGA-class function can be boot VGA), a GPU with SR-IOV VFs enabled and an NVSwitch.
+REFUSALS_HOST = """\
+description: "refusal cases"
+hostname: pve-r
+cmdline: "BOOT_IMAGE=/boot/vmlinuz-6.8.12-9-pve root=/dev/mapper/pve-root ro quiet amd_iommu=on"
+iommu: true
+sev_snp: false
+modules: [nvidia, nvidia_uvm, nvidia_modeset, vfio, vfio_pci, vfio_iommu_type1, kvm_amd]
+numa:
+  - {id: 0, cpus: "0-15"}
+  - {id: 1, cpus: "16-31"}
+root_numa: {"0000:00": 0, "0000:80": 1}
+devices:
+  - {addr: "00:00.0", preset: amd-root-complex}
+  - {addr: "00:01.1", preset: pcie-root-port}
+  - {addr: "01:00.0", parent: "00:01.1", preset: rtx-pro-6000}
+  - {addr: "00:03.1", preset: pcie-root-port}
+  - {addr: "02:00.0", parent: "00:03.1", preset: rtx-pro-6000}
+  - {addr: "80:00.0", preset: amd-root-complex}
+  - {addr: "80:01.1", preset: pcie-root-port}
+  - {addr: "81:00.0", parent: "80:01.1", preset: rtx-6000-ada, boot_vga: true}
+  - {addr: "80:03.1", preset: pcie-root-port}
+  - {addr: "82:00.0", parent: "80:03.1", preset: rtx-pro-6000, vfs: 2, sriov_totalvfs: 4}
+  - {addr: "80:05.1", preset: pcie-root-port}
+  - {addr: "83:00.0", parent: "80:05.1", preset: nvswitch}
+"""
+
+
+@pytest.fixture(scope="module")
+def refusals_root(tmp_path_factory):
+    from gputopo.fixtures import materialize
+
+    base = tmp_path_factory.mktemp("refusals")
+    (base / "host.yaml").write_text(REFUSALS_HOST)
+    return materialize(base / "host.yaml", base / "root")
+
+
+def _cli_spec(node: str, ct: str, vm: str | None) -> str:
+    vms = f"    vms:\n      mappings:\n        - name: vm-gpus\n          gpus: {vm}\n" if vm else ""
+    return (f"apiVersion: gputopo/v1\nkind: GpuTopology\nnodes:\n  - name: {node}\n    containers:\n"
+            f"      - vmid: 101\n        gpus: {ct}\n{vms}")
+
+
+@pytest.mark.parametrize(
+    "host, ct, vm, want",
+    [
+        ("refusals", "{addresses: ['01:00.0']}", "{addresses: ['81:00.0']}",
+         ["0000:81:00.0: is the boot VGA device; it cannot go to a VM"]),
+        ("refusals", "{addresses: ['01:00.0']}", "{addresses: ['82:00.0']}",
+         ["0000:82:00.0: has 2 SR-IOV VFs enabled; it must not be unbound"]),
+        ("refusals", "{addresses: ['01:00.0']}", "{addresses: ['83:00.0']}",
+         ["0000:83:00.0: is an NVSwitch, not a GPU (vm:vm-gpus)"]),
+        ("refusals", "{addresses: ['01:00.0']}", "{addresses: ['01:00.0', '02:00.0']}",
+         ["0000:01:00.0: claimed by both container:101 and vm:vm-gpus"]),
+        ("refusals", "{addresses: ['01:00.0']}", "{addresses: ['0000:84:00.0']}",
+         ["0000:84:00.0: no such GPU on this host (vm:vm-gpus)"]),
+        ("refusals", "{addresses: ['01:00.0', '02:00.0', '81:00.0']}\n        service: {unit: sglang.service}", None,
+         ["container 101: tensor parallel 3 is not a power of two"]),
+        ("shared-group", "{addresses: ['05:00.0']}", "{addresses: ['03:00.0']}",
+         ["0000:03:00.0: IOMMU group 5 also holds 0000:04:00.0 (class 0x010802), which is not moving with it"]),
+        ("iommu-off", "{count: 1}", "rest",
+         ["0000:02:00.0: IOMMU is off; VM passthrough needs it (amd_iommu/intel_iommu=on)"]),
+    ],
+)
+def test_cli_refusals_one_line_each_exit_2(host, ct, vm, want, refusals_root, materialized, tmp_path, capsys):
+    root = refusals_root if host == "refusals" else materialized(host)
+    node = {"refusals": "pve-r", "shared-group": "pve-shared", "iommu-off": "pve-noiommu"}[host]
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(_cli_spec(node, ct, vm))
+    code, out, err = run_cli(["plan", "--spec", str(spec), "--root", str(root), "--pve-root", str(tmp_path / "pve")],
+                             capsys)
+    assert (code, out) == (2, "")
+    assert err.splitlines() == [f"refused: {w}" for w in want]
+
+
+def test_cli_plan_json_shape(materialized, tmp_path, capsys):
+    import json
+
+    code, out, err = run_cli(["plan", "--split", "numa", "--container", "101", "--vm-mapping", "pro6000-vm",
+                              "--root", str(materialized("seed")), "--pve-root", str(tmp_path / "pve"), "--json"],
+                             capsys)
+    assert code == 0, err
+    data = json.loads(out)
+    assert {"node", "target", "containers", "mappings", "warnings", "actions", "no_changes", "p2p_disable"} <= set(data)
+    assert data["node"] == "pve1" and data["no_changes"] is False and data["p2p_disable"] is True
+    by_addr = {t["address"]: t for t in data["target"]}
+    assert by_addr["0000:81:00.0"]["owner"] == "vm:pro6000-vm" and by_addr["0000:81:00.0"]["driver"] == "vfio-pci"
+    assert by_addr["0000:01:00.0"]["owner"] == "container:101" and by_addr["0000:01:00.0"]["driver"] == "nvidia"
+    (ct,) = data["containers"]
+    assert ct["vmid"] == 101 and len(ct["gpus"]) == 4
+    assert sorted(v.split(",")[0] for v in ct["devices"].values())[:4] == [
+        "/dev/nvidia-caps/nvidia-cap1", "/dev/nvidia-caps/nvidia-cap2", "/dev/nvidia-modeset", "/dev/nvidia-uvm"]
+    assert len(data["mappings"]["pro6000-vm"]["map"]) == 4
+    first = data["actions"][0]
+    assert set(first) >= {"kind", "phase", "description"}
+    assert [a["kind"] for a in data["actions"]].count("rebind") == 4
+    assert all("\n" not in a["description"] and a["description"] for a in data["actions"])
+
+
+def converged_seed(root, tmp_path):
+    """(spec file, pve root) that the seed host at ``root`` already matches: all eight GPUs in
+    CT 101, whose config lists them by their real minors."""
+    from gputopo.discover import discover
+
+    facts = discover(root)
+    paths = [f"/dev/nvidia{g.minor}" for g in facts.gpus if g.minor is not None] + [
+        "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset",
+        "/dev/nvidia-caps/nvidia-cap1", "/dev/nvidia-caps/nvidia-cap2"]
+    conf = tmp_path / "pve/nodes/pve1/lxc/101.conf"
+    conf.parent.mkdir(parents=True)
+    conf.write_text("arch: amd64\n" + "".join(f"dev{i}: {format_dev(p, None, '0666')}\n" for i, p in enumerate(paths)))
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(_cli_spec("pve1", "{numa: [0, 1]}", None) + "policy: {allow_cross_numa: true}\n")
+    return spec, tmp_path / "pve"
+
+
+def test_cli_plan_no_changes_on_a_converged_host(materialized, tmp_path, capsys):
+    root = materialized("seed")
+    spec, pve = converged_seed(root, tmp_path)
+    code, out, err = run_cli(["plan", "--spec", str(spec), "--root", str(root), "--pve-root", str(pve)], capsys)
+    assert code == 0, err
+    assert out.splitlines()[-1] == "No changes"
+    assert "Container 101: 8 GPU(s), tp 8, devN" in out
+
+
+def test_cross_numa_container_warns_unless_allowed():
+    text = SEED_SPEC.replace("gpus: {numa: [0]}", "gpus: {addresses: ['01:00.0', '81:00.0']}").replace(
+        "gpus: {numa: [1]}", "gpus: {addresses: ['91:00.0']}")
+    p = plan(seed_facts(), seed_spec(text), seed_current())
+    assert "container 101: GPUs span NUMA nodes [0, 1] (cross-socket traffic)" in p.warnings
+    assert "  - container 101: GPUs span NUMA nodes [0, 1] (cross-socket traffic)" in p.to_text()
+    p = plan(seed_facts(), seed_spec(text + "policy: {allow_cross_numa: true}\n"), seed_current())
+    assert not any("span NUMA" in w for w in p.warnings)
+
+
+def test_unknown_numa_warns_for_container_and_for_unmatched():
+    facts = seed_facts()
+    facts.gpu("0000:01:00.0").numa_node = None
+    facts.gpu("0000:81:00.0").numa_node = None
+    # by address the container still gets 01:00.0; 81:00.0 matches no numa selector
+    text = SEED_SPEC.replace("gpus: {numa: [0]}", "gpus: {addresses: ['01:00.0', '11:00.0']}")
+    p = plan(facts, seed_spec(text), seed_current())
+    assert "0000:01:00.0: NUMA node unknown (container 101)" in p.warnings
+    assert "0000:81:00.0: NUMA node unknown; no numa selector matches it (left with the host)" in p.warnings
+    assert {t.address: t.owner for t in p.target}["0000:81:00.0"] == "host"
+    assert not any("span NUMA" in w for w in p.warnings)  # unknown is not another node
+
+
+def _dropin(facts) -> str:
+    return next(a for a in plan(facts, seed_spec(), seed_current()).actions if isinstance(a, WriteServiceDropin)).content
+
+
+def test_p2p_disabled_only_with_sev_snp_and_translating_iommu():
+    assert "Environment=NCCL_P2P_DISABLE=1" in _dropin(seed_facts())  # SEV-SNP on, no iommu=pt
+    for change in ({"sev_snp": False}, {"sev_snp": None}, {"iommu_mode": "pt"}):
+        facts = seed_facts()
+        for k, v in change.items():
+            setattr(facts.host, k, v)
+        text = _dropin(facts)
+        assert "NCCL_P2P_DISABLE" not in text and "SEV-SNP" not in text, change
+        assert "Environment=CUDA_DEVICE_ORDER=PCI_BUS_ID" in text
+
+
+def test_sev_snp_with_iommu_pt_warns():
+    facts = seed_facts()
+    facts.host.iommu_mode = "pt"
+    p = plan(facts, seed_spec(), seed_current())
+    assert any(w.startswith("SEV-SNP is on but the IOMMU is in passthrough (iommu=pt)") for w in p.warnings)
+    assert not any("SEV-SNP" in w for w in plan(seed_facts(), seed_spec(), seed_current()).warnings)
+
+
+def test_legacy_mode_warns_about_guessed_majors():
+    text = SEED_SPEC.replace("mapping: pro6000\n", "mapping: pro6000\n        device_mode: legacy\n")
+    p = plan(seed_facts(), seed_spec(text), seed_current())
+    assert ("container 101: legacy device lines use guessed char majors for nvidia-caps 510, nvidia-uvm 511; "
+            "set legacy_majors from /proc/devices") in p.warnings
+    given = text.replace("device_mode: legacy\n", "device_mode: legacy\n        legacy_majors: {nvidia-uvm: 508}\n")
+    p = plan(seed_facts(), seed_spec(given), seed_current())
+    assert any(w.endswith("guessed char majors for nvidia-caps 510; set legacy_majors from /proc/devices")
+               for w in p.warnings)
+    (upd,) = [a for a in p.actions if isinstance(a, UpdateContainer)]
+    assert ["lxc.cgroup2.devices.allow", "c 508:* rwm"] in upd.lxc_add

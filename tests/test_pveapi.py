@@ -324,3 +324,122 @@ def test_state_is_shared_through_files(srv, seed_root, tmp_path):
         assert again_api.nodes("pve1").lxc(101).status.current.get()["status"] == "running"
     finally:
         again.stop()
+
+
+# --- files written as Proxmox's writer writes them ----------------------------------------
+
+
+def _canonical(text: str) -> bool:
+    from gputopo.pvefmt import write_lxc_conf
+
+    return write_lxc_conf(parse_lxc_conf(text)) == text
+
+
+def test_stopped_ct_file_is_written_like_pct(srv):
+    api = _ticket_api(srv)
+    api.nodes("pve1").lxc(101).config.put(dev1="/dev/nvidia1,gid=44,mode=0666", delete="dev0", onboot=1,
+                                          description="GPU box")
+    text = (srv.pve_root / "lxc/101.conf").read_text()
+    # description first as comment lines, keys sorted, raw lxc.* lines kept last and in order
+    assert text == ("#GPU box\narch: amd64\ndev1: /dev/nvidia1,gid=44,mode=0666\nhostname: llm\nmemory: 4096\n"
+                    "onboot: 1\nlxc.cgroup2.devices.allow: c 195:* rwm\n")
+    assert _canonical(text)
+    api.nodes("pve1").lxc(101).config.put(delete="description")
+    assert not (srv.pve_root / "lxc/101.conf").read_text().startswith("#")
+
+
+@pytest.mark.parametrize("version, main_dev1", [("8.4.1", False), ("9.1.2", True)])
+def test_running_ct_file_has_the_pending_section_like_pct(tmp_path, seed_root, version, main_dev1):
+    s = _server(tmp_path, seed_root, version)
+    try:
+        state.set_guest_status(s.run_dir, "lxc", 101, "running")
+        _ticket_api(s).nodes("pve1").lxc(101).config.put(dev1="/dev/nvidia1", memory=8192, delete="dev0")
+        text = (s.pve_root / "lxc/101.conf").read_text()
+        main = "arch: amd64\ndev0: /dev/nvidia0,gid=44,mode=0666\n"
+        main += "dev1: /dev/nvidia1\n" if main_dev1 else ""
+        pending = "delete: dev0\n" + ("" if main_dev1 else "dev1: /dev/nvidia1\n")
+        assert text == (main + "hostname: llm\nmemory: 8192\nlxc.cgroup2.devices.allow: c 195:* rwm\n"
+                        "\n[pve:pending]\n" + pending)
+        assert _canonical(text) and validate_lxc_conf(text) == []
+        # a start applies the pending section and leaves no empty section behind
+        api = _ticket_api(s)
+        _wait(api, api.nodes("pve1").lxc(101).status.stop.post())
+        _wait(api, api.nodes("pve1").lxc(101).status.start.post())
+        text = (s.pve_root / "lxc/101.conf").read_text()
+        assert text == ("arch: amd64\ndev1: /dev/nvidia1\nhostname: llm\nmemory: 8192\n"
+                        "lxc.cgroup2.devices.allow: c 195:* rwm\n")
+    finally:
+        s.stop()
+
+
+def test_mapping_file_is_written_like_proxmox(srv, seed_root):
+    from gputopo.pvefmt import write_pci_cfg
+
+    api = _token_api(srv)
+    m81 = GOOD_MAP.format(g=_group(seed_root, "0000:81:00.0"), p="0000:81:00.0")
+    m91 = GOOD_MAP.format(g=_group(seed_root, "0000:91:00.0"), p="0000:91:00.0")
+    api.cluster.mapping.pci.post(id="pro6000-vm", map=[m81, m91], description="NUMA 1", mdev=0)
+    api.cluster.mapping.pci.post(id="pro6000", map=[m81])
+    text = (srv.pve_root / "mapping/pci.cfg").read_text()
+    # bare id line, tab-indented properties, map lines first, others sorted, blank line between
+    assert text == (f"pro6000-vm\n\tmap {m81}\n\tmap {m91}\n\tdescription NUMA 1\n\tmdev 0\n\n"
+                    f"pro6000\n\tmap {m81}\n")
+    assert write_pci_cfg(parse_pci_cfg(text)) == text and validate_pci_cfg(text) == []
+
+
+# --- check-node against the simulated sysfs, both ways ----------------------------------------
+
+
+def test_check_node_reads_live_sysfs_both_ways(tmp_path):
+    from gputopo.sim.kernel import SimKernel
+
+    root = materialize("seed", tmp_path / "root")
+    s = _server(tmp_path, root)
+    try:
+        api = _token_api(s)
+        g81, g91 = _group(root, "0000:81:00.0"), _group(root, "0000:91:00.0")
+        api.cluster.mapping.pci.post(id="ok81", map=[GOOD_MAP.format(g=g81, p="0000:81:00.0")])
+        api.cluster.mapping.pci.post(id="group", map=[GOOD_MAP.format(g=g81 + 1000, p="0000:81:00.0")])
+        api.cluster.mapping.pci.post(id="ok91", map=[GOOD_MAP.format(g=g91, p="0000:91:00.0")])
+
+        def checks():
+            return {m["id"]: [c["message"] for c in m["checks"]]
+                    for m in api.cluster.mapping.pci.get(**{"check-node": "pve1"})}
+
+        got = checks()
+        assert got["ok81"] == [] and got["ok91"] == []
+        assert got["group"] == [f"Invalid configuration: 'iommugroup' does not match for 'group' "
+                                f"({g81} != {g81 + 1000})\n"]
+        # the map has a property the hardware does not: a board without subsystem ids
+        for name in ("subsystem_vendor", "subsystem_device"):
+            (root / "sys/bus/pci/devices/0000:91:00.0" / name).unlink()
+        assert checks()["ok91"] == ["Invalid configuration: unexpected property 'subsystem-id' configured "
+                                    "for device '0000:91:00.0'\n"]
+        # a device that falls off the bus is gone for the check at once
+        SimKernel(root, time_scale=0.0).fall_off("0000:81:00.0")
+        assert checks()["ok81"] == ["Invalid configuration: pci device '0000:81:00.0' not found\n"]
+    finally:
+        s.stop()
+
+
+# --- the same guest actions under /qemu ---------------------------------------------------------
+
+
+def test_qemu_stop_and_shutdown_tasks(srv):
+    api = _token_api(srv)
+    vm = api.nodes("pve1").qemu(200)
+    e = _err(lambda: vm.status.stop.post())
+    assert (e.status_code, e.content) == (500, "VM 200 not running")
+    upid = vm.status.start.post()
+    assert ":qmstart:200:root@pam:" in upid
+    assert _wait(api, upid)["exitstatus"] == "OK"
+    assert vm.status.current.get()["status"] == "running"
+    st = _wait(api, vm.status.shutdown.post(timeout=30))
+    assert st["exitstatus"] == "OK" and st["type"] == "qmshutdown" and st["tokenid"] == "gputopo"
+    _wait(api, vm.status.start.post())
+    srv.inject_fault("qmstop", 200, "VM quit/powerdown failed - got timeout")
+    st = _wait(api, vm.status.stop.post())
+    assert st["exitstatus"] == "VM quit/powerdown failed - got timeout"
+    assert vm.status.current.get()["status"] == "running"
+    log = api.nodes("pve1").tasks(st["upid"]).log.get()
+    assert log[-1]["t"] == "TASK ERROR: VM quit/powerdown failed - got timeout"

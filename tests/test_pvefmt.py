@@ -193,6 +193,7 @@ def test_validate_lxc_conf_accepts_real_config():
         ("net32: name=eth0", "net32"),
         ("hostname:", "unable to parse config"),
         ("lxc.rootfs.path: /tmp", "not allowed"),
+        ("lxc.cgroup.devices.allow: c 195:* rwm", "cgroup v1 key is deprecated"),
         ("delete: dev0", "only allowed in [pve:pending]"),
         ("[Bad Section]", "section"),
     ],

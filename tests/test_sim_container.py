@@ -1,6 +1,7 @@
 """Simulated containers: nvidia-smi layout, the device view, systemd units, the endpoint, faults."""
 
 import http.client
+import os
 import json
 import time
 import urllib.request
@@ -393,3 +394,65 @@ def test_break_hung_endpoint(sx, endpoint):
 def test_unknown_fault(sx):
     with pytest.raises(ValueError):
         sx.break_(101, "gremlins")
+
+
+# --- the service's processes as the host sees them ----------------------------------------
+
+
+def _host_procs(root: Path) -> dict[int, dict]:
+    out = {}
+    for d in sorted((root / "proc").glob("[0-9]*")):
+        fds = sorted(((d / "fd").iterdir()), key=lambda p: int(p.name))
+        out[int(d.name)] = {"comm": (d / "comm").read_text(), "cgroup": (d / "cgroup").read_text(),
+                            "cmdline": (d / "cmdline").read_bytes().split(b"\0")[:-1],
+                            "fds": [os.readlink(f) for f in fds]}
+    return out
+
+
+def test_service_processes_show_in_host_proc(sx):
+    from gputopo.apply import parse_cgroup_container
+    from gputopo.discover import find_holders
+
+    root = sx.paths.root
+    procs = _host_procs(root)
+    assert sorted(procs) == sx.container(101).host_pids() and len(procs) == 5  # main + 4 TP workers
+    assert {p["cgroup"] for p in procs.values()} == {"0::/lxc/101/ns/system.slice/sglang.service\n"}
+    assert all(parse_cgroup_container(p["cgroup"]) == 101 for p in procs.values())
+    assert {p["comm"] for p in procs.values()} == {"python\n"}
+    main = procs[min(procs)]
+    assert main["cmdline"][:3] == [b"/opt/sglang/bin/python", b"-m", b"sglang.launch_server"]
+    # the four granted GPUs are minors 2, 0, 1, 3; the workers hold them and the control nodes
+    held = find_holders(str(root), ["/dev/nvidia0", "/dev/nvidia1", "/dev/nvidia2", "/dev/nvidia3",
+                                    "/dev/nvidia4", "/dev/nvidiactl", "/dev/nvidia-uvm"])
+    workers = sorted(procs)[1:]
+    assert set(held) == {"/dev/nvidia0", "/dev/nvidia1", "/dev/nvidia2", "/dev/nvidia3",
+                         "/dev/nvidiactl", "/dev/nvidia-uvm"}
+    assert [pid for pid, _ in held["/dev/nvidia2"]] == workers
+    assert sx.run(101, ["systemctl", "stop", "sglang.service"], timeout=5).rc == 0
+    assert _host_procs(root) == {} and sx.container(101).host_pids() == []
+
+
+def test_processes_follow_tp_and_vanish_with_the_container(sx):
+    root = sx.paths.root
+    sx.push(101, "/etc/systemd/system/sglang.service.d/tp.conf",
+            "[Service]\nExecStart=\nExecStart=/usr/bin/python3 -m sglang.launch_server --model-path m --tp 2\n")
+    sx.run(101, ["systemctl", "daemon-reload"], timeout=5)
+    sx.run(101, ["systemctl", "restart", "sglang.service"], timeout=5)
+    procs = _host_procs(root)
+    assert len(procs) == 3
+    nodes = sorted({f for p in procs.values() for f in p["fds"] if f.startswith("/dev/nvidia")})
+    assert nodes == ["/dev/nvidia-uvm", "/dev/nvidia0", "/dev/nvidia2", "/dev/nvidiactl"]  # GPUs 0 and 1
+    sx.container(101).shutdown()
+    assert _host_procs(root) == {}
+
+
+def test_foreign_proc_entries_are_left_alone(tmp_path):
+    s = make_host(tmp_path, grant=[2, 0, 1, 3])
+    foreign = tmp_path / "root/proc" / str(200000 + 101 * 100)  # the first PID the container would take
+    (foreign / "fd").mkdir(parents=True)
+    (foreign / "comm").write_text("nvidia-persiste\n")
+    boot(s)
+    assert foreign.is_dir() and (foreign / "comm").read_text() == "nvidia-persiste\n"
+    assert 200000 + 101 * 100 not in s.container(101).host_pids()
+    s.container(101).shutdown()
+    assert foreign.is_dir()

@@ -1,7 +1,9 @@
 """The seed simulated host end to end: real HTTPS to the Proxmox API simulator, SimExec, sim serve."""
 
+import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -130,32 +132,130 @@ def test_ports_bundle(tmp_path, auth, who):
         assert ports.files.read("proc/cmdline") is not None
 
 
-def test_sim_serve_answers_with_token(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "gputopo", "sim", "serve", "--dir", str(tmp_path / "sim")],
+def _serve(args: list[str]) -> tuple[subprocess.Popen, list[str]]:
+    """Start ``gputopo sim serve ARGS`` and return it with its announcement (up to "Ctrl-C")."""
+    proc = subprocess.Popen([sys.executable, "-m", "gputopo", "sim", "serve", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        lines = []
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            lines.append(line)
-            if line.startswith("Ctrl-C"):
-                break
-        text = "".join(lines)
-        curl = next(l for l in lines if l.strip().startswith("curl "))
-        ca = re.search(r"--cacert (\S+)", curl).group(1)
-        header = re.search(r"-H 'Authorization: ([^']+)'", curl).group(1)
-        url = curl.split()[-1]
-        assert header.startswith("PVEAPIToken=root@pam!") and url.endswith("/api2/json/version"), text
-        r = requests.get(url, headers={"Authorization": header}, verify=ca, timeout=10)
-        assert r.status_code == 200 and r.json()["data"]["version"] == "8.4.1"
-        assert requests.get(url, verify=ca, timeout=10).status_code == 401
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=20)
+    lines: list[str] = []
+    while True:
+        line = proc.stdout.readline()
+        if not line:
+            proc.kill()
+            raise AssertionError("sim serve ended early: " + "".join(lines) + proc.stderr.read())
+        lines.append(line)
+        if line.startswith("Ctrl-C"):
+            return proc, lines
+
+
+def _curl(command: str, token: bool = True) -> tuple[int, str]:
+    """Run the announced curl command line, without its token header when ``token`` is false;
+    return (HTTP status, body). Falls back to requests where curl is not installed."""
+    import shlex
+    import shutil
+
+    argv = shlex.split(command.strip())
+    assert argv[0] == "curl"
+    if shutil.which("curl") is None:  # the same request without curl
+        ca = argv[argv.index("--cacert") + 1] if "--cacert" in argv else None
+        hdr = dict([argv[argv.index("-H") + 1].split(": ", 1)]) if token else {}
+        r = requests.get(argv[-1], headers=hdr, verify=ca or False, timeout=10)
+        return r.status_code, r.text
+    if not token:
+        i = argv.index("-H")
+        del argv[i:i + 2]
+    out = subprocess.run(argv[:1] + ["-sS", "-w", "\n%{http_code}"] + argv[1:], capture_output=True, text=True,
+                         timeout=20)
+    body, _, code = out.stdout.rpartition("\n")
+    return int(code), body
+
+
+def _stop(proc: subprocess.Popen, sig: int) -> str:
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=20)
     assert proc.returncode == 0, err
+    assert err.strip().endswith("stopped") and "Traceback" not in err
+    return err
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_sim_serve_from_a_fixture_answers_curl_and_stops_on_sigint(tmp_path):
+    proc, lines = _serve(["--dir", str(tmp_path / "sim"), "--from", "seed"])
+    try:
+        text = "".join(lines)
+        assert "node pve1 in " in text
+        curl = next(l for l in lines if l.strip().startswith("curl "))
+        assert "-H 'Authorization: PVEAPIToken=root@pam!gputopo=" in curl and "--cacert " in curl
+        status, body = _curl(curl)
+        assert status == 200 and json.loads(body)["data"]["version"] == "8.4.1"
+        status, body = _curl(curl, token=False)
+        assert (status, body) == (401, "")
+    except BaseException:
+        proc.kill()
+        raise
+    _stop(proc, signal.SIGINT)
+    # what it served stays on disk: the next serve reopens the same host
+    assert SimHost.open(tmp_path / "sim").node == "pve1"
+
+
+def test_sim_serve_from_a_snapshot_on_a_fixed_port_stops_on_sigterm(tmp_path):
+    from gputopo.fixtures import materialize
+    from gputopo.snapshot import snapshot
+
+    snap = tmp_path / "coyote2.tar.gz"
+    snapshot(materialize("esc8000a", tmp_path / "real"), snap)
+    port = _free_port()
+    proc, lines = _serve(["--dir", str(tmp_path / "sim"), "--from", str(snap), "--port", str(port)])
+    try:
+        assert "node coyote2 in " in "".join(lines)  # the snapshot's own hostname
+        curl = next(l for l in lines if l.strip().startswith("curl "))
+        assert f"https://127.0.0.1:{port}/api2/json/version" in curl
+        status, body = _curl(curl.replace("/version", "/nodes/coyote2/lxc/101/config"))
+        conf = json.loads(body)["data"]
+        assert status == 200 and conf["digest"]
+        # the container is granted exactly the snapshot's GPUs on nvidia
+        host = SimHost.open(tmp_path / "sim")
+        infos = list((host.paths.root / "proc/driver/nvidia/gpus").glob("*/information"))
+        assert infos and sum(1 for k, v in conf.items() if re.fullmatch(r"dev\d+", k)
+                             and re.match(r"/dev/nvidia\d+,", v)) == len(infos)
+    except BaseException:
+        proc.kill()
+        raise
+    _stop(proc, signal.SIGTERM)
+
+
+def test_sim_serve_root_and_pve_root(tmp_path, seed):
+    from gputopo.fixtures import materialize
+
+    root = materialize("seed", tmp_path / "root")
+    pve = tmp_path / "etc-pve"
+    shutil.copytree(seed.paths.pve, pve, symlinks=True)
+    conf = pve / "nodes/pve1/lxc/101.conf"
+    conf.write_text(conf.read_text().replace("hostname: llm\n", "hostname: rehearsal\n"))
+    proc, lines = _serve(["--root", str(root), "--pve-root", str(pve), "--http"])
+    try:
+        curl = next(l for l in lines if l.strip().startswith("curl "))
+        assert "--cacert" not in curl and "http://127.0.0.1:" in curl
+        status, body = _curl(curl.replace("/version", "/nodes/pve1/lxc/101/config"))
+        assert status == 200 and json.loads(body)["data"]["hostname"] == "rehearsal"
+    except BaseException:
+        proc.kill()
+        raise
+    _stop(proc, signal.SIGTERM)
+    # the operator's tree was copied, not used: the booted container's processes are not in it
+    assert not (root / f"proc/{200000 + 101 * 100}").exists()
+
+
+def test_sim_serve_refuses_bad_options(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "gputopo", "sim", "serve", "--pve-root", str(tmp_path)],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and r.stderr == "gputopo: error: --pve-root needs --root\n"
 
 
 def test_sim_create_cli(tmp_path):
@@ -170,3 +270,79 @@ def test_sim_create_cli(tmp_path):
     assert "vllm serve" in unit and "--tensor-parallel-size 8" in unit
     r = SimExec(host.dir).run(101, ["systemctl", "is-active", "vllm.service"], timeout=5)
     assert r.stdout == "active\n"
+
+
+def test_unbind_waits_for_the_running_container_to_stop(tmp_path):
+    """The service's workers hold /dev/nvidia<minor> in the host's /proc, so the simulated kernel
+    blocks an unbind of a GPU the container serves on until Proxmox stops the container."""
+    import threading
+
+    from gputopo.apply import parse_cgroup_container
+    from gputopo.discover import find_holders
+    from gputopo.sim.kernel import SimKernel
+
+    with SimHost.create(tmp_path / "sim") as host:
+        root = host.paths.root
+        held = find_holders(str(root), ["/dev/nvidia4"])["/dev/nvidia4"]
+        cgroups = {parse_cgroup_container((root / f"proc/{pid}/cgroup").read_text()) for pid, _ in held}
+        assert len(held) == 8 and cgroups == {101}  # one worker per rank of --tp 8
+        kernel = SimKernel(str(root), time_scale=0.0)
+        t = threading.Thread(target=kernel.write, args=("sys/bus/pci/drivers/nvidia/unbind", "0000:81:00.0"),
+                             daemon=True)
+        t.start()
+        t.join(0.2)
+        assert t.is_alive()
+        api = _api(host)
+        _wait(api, api.nodes("pve1").lxc(101).status.shutdown.post())
+        t.join(5)
+        assert not t.is_alive()
+        assert not (root / "sys/bus/pci/devices/0000:81:00.0/driver").exists()
+        assert find_holders(str(root), ["/dev/nvidiactl"]) == {}
+
+
+def test_create_from_an_unsafe_or_empty_archive_is_refused(tmp_path):
+    import io
+    import tarfile
+
+    from gputopo.errors import InputError
+
+    bad = tmp_path / "bad.tar.gz"
+    with tarfile.open(bad, "w:gz") as tf:
+        data = b"x"
+        info = tarfile.TarInfo("../escape")
+        info.size = len(data)
+        tf.addfile(info, io.BytesIO(data))
+    with pytest.raises(InputError) as e:
+        SimHost.create(tmp_path / "a", source=str(bad))
+    assert "leaves the root" in str(e.value) and "\n" not in str(e.value)
+    assert not (tmp_path / "escape").exists()
+    empty = tmp_path / "empty.tar.gz"
+    with tarfile.open(empty, "w:gz") as tf:
+        info = tarfile.TarInfo("proc/cmdline")
+        tf.addfile(info, io.BytesIO(b""))
+    with pytest.raises(SimHostError) as e:
+        SimHost.create(tmp_path / "b", source=str(empty))
+    assert str(e.value) == f"{empty}: snapshot holds no sys/ tree"
+
+
+@pytest.mark.parametrize("version, seen_at_once", [("8.4.1", False), ("9.1.2", True)])
+def test_new_dev_on_a_running_container_pending_or_hotplugged(tmp_path, version, seen_at_once):
+    with SimHost.create(tmp_path / "sim", pve_version=version) as host:
+        api = _api(host)
+        ct = api.nodes("pve1").lxc(101)
+        sx = SimExec(host.dir)
+        assert parse_dev_value(ct.config.get()["dev7"])["path"] == "/dev/nvidia7"
+        _wait(api, ct.status.stop.post())
+        ct.config.put(delete="dev7")
+        _wait(api, ct.status.start.post())
+
+        def gpus():
+            return len(sx.run(101, ["nvidia-smi", "-L"], timeout=5).stdout.splitlines())
+
+        assert gpus() == 7
+        ct.config.put(dev20="/dev/nvidia7,mode=0666")
+        assert gpus() == (8 if seen_at_once else 7)
+        assert ("dev20" in parse_lxc_conf(host.paths.lxc_conf(101).read_text()).pending.options) is not seen_at_once
+        _wait(api, ct.status.stop.post())
+        _wait(api, ct.status.start.post())
+        assert gpus() == 8  # a restart applies what was pending

@@ -99,3 +99,29 @@ def test_cli_snapshot_then_discover_tarball(materialized, tmp_path):
     x = tmp_path / "x"
     extract(out, x)
     assert _facts(x) == _facts(materialized("esc8000a"))
+
+
+def test_snapshot_never_opens_bars_rom_or_for_writing(fresh_host, tmp_path, monkeypatch):
+    import builtins
+    import re
+
+    r = fresh_host("seed")
+    for addr in ("0000:01:00.0", "0000:63:00.0"):
+        dev = (r / "sys/bus/pci/devices" / addr).resolve()
+        for name in ("resource0", "resource1_wc", "rom", "vpd"):
+            (dev / name).write_bytes(b"\0" * 64)
+    opened: list[tuple[str, str]] = []
+    real_open = builtins.open
+
+    def recording_open(path, mode="r", *a, **k):
+        opened.append((os.path.realpath(path) if isinstance(path, (str, os.PathLike)) else str(path), mode))
+        return real_open(path, mode, *a, **k)
+
+    monkeypatch.setattr(builtins, "open", recording_open)
+    snapshot(r, tmp_path / "s.tar.gz")
+    monkeypatch.undo()
+    root = str(r.resolve())
+    inside = [(p, m) for p, m in opened if p.startswith(root + "/")]
+    assert any(p.endswith("/0000:01:00.0/config") for p, _ in inside)  # the recorder sees reads
+    assert not [p for p, _ in inside if re.search(r"/(resource\d+(_wc)?|rom|vpd)$", p)]
+    assert all(set(m) <= {"r", "b", "t"} for _, m in inside), [x for x in inside if "r" not in x[1]]

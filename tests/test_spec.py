@@ -8,7 +8,7 @@ import pytest
 
 from gputopo.errors import SpecError
 from gputopo.spec import Spec, init_spec, load_spec, parse_spec, spec_from_split
-from test_plan import host, gpu, seed_facts
+from test_plan import gpu, host, run_cli, seed_facts
 
 BASE = """apiVersion: gputopo/v1
 kind: GpuTopology
@@ -49,6 +49,8 @@ def err(text: str) -> str:
         ("    vms:", "      - vmid: 101\n        gpus: {count: 1}\n    vms:",
          "s.yaml: nodes[0].containers[1].vmid: container 101 is listed twice"),
         ("name: pro6000-vm", "name: 9bad", "s.yaml: nodes[0].vms.mappings[0].name: String should match pattern"),
+        ("gpus: {numa: [0]}", "gpus: {numa: [0]}\n        service: {unit: sglang, tp_flag: 'tp 4'}",
+         "s.yaml: nodes[0].containers[0].service.tp_flag: String should match pattern"),
     ],
 )
 def test_errors_name_the_field(old, new, want):
@@ -105,3 +107,82 @@ def test_split_needs_known_numa():
     s = spec_from_split(facts, split="half")
     assert s.nodes[0].containers[0].gpus.addresses == ["0000:01:00.0"]
     assert s.nodes[0].vms.mappings[0].gpus.addresses == ["0000:02:00.0"]
+
+
+@pytest.mark.parametrize(
+    "majors, want",
+    [
+        ("{nvidia_uvm: 508}", "legacy_majors: keys nvidia-uvm and nvidia-caps expected (got nvidia_uvm)"),
+        ("{nvidia-uvm: 0}", "legacy_majors: a char major 1..4095 expected for nvidia-uvm"),
+    ],
+)
+def test_legacy_majors_strict(majors, want):
+    text = BASE.replace("gpus: {numa: [0]}", f"gpus: {{numa: [0]}}\n        legacy_majors: {majors}")
+    assert err(text).startswith(f"s.yaml: nodes[0].containers[0].{want}")
+
+
+# --- through the command line ------------------------------------------------------------------
+
+
+def _cli(args):
+    from click.testing import CliRunner
+
+    from gputopo.cli import cli
+
+    return CliRunner().invoke(cli, args)
+
+
+def test_cli_schema_spec_is_the_spec_schema():
+    r = _cli(["schema", "spec"])
+    assert r.exit_code == 0, r.output
+    schema = json.loads(r.output)
+    assert schema == Spec.model_json_schema()
+    assert set(schema["required"]) == {"apiVersion", "kind", "nodes"}
+    assert schema["properties"]["apiVersion"]["const"] == "gputopo/v1"
+
+
+def _comment_before(lines: list[str], key: str) -> bool:
+    """True when the line setting ``key`` has a comment on it or on the line before it."""
+    for i, ln in enumerate(lines):
+        if ln.lstrip().lstrip("- ").startswith(f"{key}:"):
+            return "#" in ln or lines[i - 1].lstrip().startswith("#")
+    raise AssertionError(f"{key} not set")
+
+
+def test_cli_init_writes_a_commented_spec_that_loads(materialized, tmp_path):
+    import yaml
+
+    out = tmp_path / "spec.yaml"
+    r = _cli(["init", "--root", str(materialized("seed")), "--split", "numa", "--container", "101",
+              "--vm-mapping", "pro6000-vm", "--container-mapping", "pro6000", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    text = out.read_text()
+    assert isinstance(yaml.safe_load(text), dict)
+    s = load_spec(out)
+    node = s.nodes[0]
+    assert node.name == "pve1"
+    (ct,) = node.containers
+    assert (ct.vmid, ct.mapping, ct.gpus.numa) == (101, "pro6000", [0])
+    assert [(m.name, m.gpus.numa) for m in node.vms.mappings] == [("pro6000-vm", [1])]
+    assert ct.service.unit == "sglang.service" and ct.service.tp_flag == "--tp"
+    lines = text.splitlines()
+    # the discovered GPUs by NUMA node head the file
+    assert "#   NUMA 0: 0000:01:00.0, 0000:11:00.0, 0000:61:00.0, 0000:71:00.0" in lines
+    for key in ("apiVersion", "name", "vmid", "gpus", "mapping", "device_mode", "mode", "service", "tp_flag",
+                "keep_driver_override", "tp_check", "allow_cross_numa", "memory_spread_pct"):
+        assert _comment_before(lines, key), key
+
+
+def test_cli_init_vllm_flag_and_stdout(materialized):
+    r = _cli(["init", "--root", str(materialized("seed")), "--service-unit", "vllm",
+              "--tp-flag", "--tensor-parallel-size"])
+    assert r.exit_code == 0, r.output
+    svc = parse_spec(r.output).nodes[0].containers[0].service
+    assert (svc.unit, svc.tp_flag) == ("vllm.service", "--tensor-parallel-size")
+
+
+def test_cli_init_refuses_a_host_it_cannot_split(materialized, capsys):
+    # numa-unknown has GPUs on NUMA 0 only (the others are unknown): nothing to split by NUMA
+    code, out, err_text = run_cli(["init", "--root", str(materialized("numa-unknown")), "--split", "numa"], capsys)
+    assert (code, out) == (2, "")
+    assert err_text == "gputopo: error: --split: numa: all GPUs are on NUMA node 0; use --split half\n"

@@ -452,6 +452,37 @@ def test_cli_verify_on_a_simulated_host(applied, tmp_path):
     assert str(res.exception) == "verification failed: 1 FAIL (inference)"
 
 
+def test_cli_verify_warn_passes_unless_strict_and_the_json_shape(applied, tmp_path):
+    from click.testing import CliRunner
+
+    from gputopo.cli import cli
+    from gputopo.sim.host import SimHost
+
+    d = tmp_path / "sim"
+    shutil.copytree(applied, d, symlinks=True)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC)
+    with SimHost.open(d) as host:
+        # a mapping the spec does not manage, with no entry for this node: Proxmox's check warns
+        host.ports().proxmox.mapping_create("other", ["id=10de:2bb5,node=pve2,path=0000:01:00.0"], None)
+    args = ["verify", "--spec", str(spec), "--sim", str(d), "--json"]
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert set(data) == {"node", "strict", "checks", "ok", "exit_code", "summary"}
+    assert data["node"] == "pve1" and data["strict"] is False and data["ok"] is True and data["exit_code"] == 0
+    for c in data["checks"]:
+        assert set(c) == {"name", "status", "summary", "details"} and "\n" not in c["summary"]
+        assert c["status"] in (PASS, WARN, FAIL) and isinstance(c["details"], dict)
+    assert {c["name"]: c["status"] for c in data["checks"]}["vm"] == WARN
+    assert data["summary"] == "all clear: 6 PASS, 1 WARN (vm)"
+    res = CliRunner().invoke(cli, args + ["--strict"])
+    assert res.exit_code == 1
+    data = json.loads(res.stdout)
+    assert data["strict"] is True and data["ok"] is False and data["exit_code"] == 1
+    assert str(res.exception) == "verification failed (strict): 1 WARN (vm)"
+
+
 def test_cli_connection_options_conflict(tmp_path):
     from click.testing import CliRunner
 

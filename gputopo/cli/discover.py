@@ -52,8 +52,7 @@ def print_facts(facts) -> None:
     nodes = ", ".join(f"{n.id}:{n.cpulist or 'no CPUs'}" for n in h.numa_nodes) or "none"
     out.print(f"[bold]{h.hostname or '?'}[/]  kernel {h.kernel or '?'}  "
               f"nvidia {h.nvidia_driver_version or 'not loaded'}  SEV-SNP {_yn(h.sev_snp)}")
-    out.print(f"IOMMU: {h.iommu_mode or 'unknown'} ({h.iommu_group_count} groups)  "
-              f"NUMA nodes: {nodes}")
+    out.print(f"IOMMU: {_iommu_text(h)}  NUMA nodes: {nodes}")
     out.print(f"modules: {' '.join(mods) or 'none of interest'}"
               + (f"  vfio groups: {', '.join(map(str, h.vfio_groups))}" if h.vfio_groups else ""))
     t = Table(show_lines=False, header_style="bold")
@@ -85,6 +84,15 @@ def _short_model(model: str | None) -> str | None:
     if model and model.endswith("]") and "[" in model:
         return model[model.index("[") + 1 : -1]
     return model
+
+
+def _iommu_text(h) -> str:
+    """'translated (39 groups)', or 'off (no groups)': without groups nothing can be passed through,
+    whatever the command line asks for."""
+    if not h.iommu_enabled:
+        asked = f"; the command line asks for {h.iommu_mode}" if h.iommu_mode not in (None, "off") else ""
+        return f"off (no groups{asked})"
+    return f"{h.iommu_mode or 'unknown'} ({h.iommu_group_count} groups)"
 
 
 def _yn(v: bool | None) -> str:

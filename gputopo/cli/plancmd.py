@@ -97,6 +97,35 @@ def source_options(f):
     return f
 
 
+def _inputs(spec_file, split, service_unit, tp_flag, container, vm_mapping, container_mapping, root, pve_root,
+            node, source):
+    """(facts, spec, current state) for plan/render/diff, read from --root and files or the live source.
+
+    Raises SpecError/ConfigError for bad input, ProxmoxError when the live source fails.
+    """
+    src = _Source(root, node=node, **source)
+    try:
+        facts = _facts(src.root)
+        spec = _spec(facts, spec_file, split, container, vm_mapping, container_mapping, node, service_unit, tp_flag)
+        return facts, spec, _current(spec, facts, src.root, pve_root, node, src.ports)
+    finally:
+        src.close()
+
+
+def _planned(spec_file, split, service_unit, tp_flag, container, vm_mapping, container_mapping, root, pve_root,
+             node, source, templates):
+    """(facts, spec, plan) for plan/render; a refused plan prints its refusals and exits 2."""
+    from gputopo.plan import plan as make_plan
+
+    facts, spec, current = _inputs(spec_file, split, service_unit, tp_flag, container, vm_mapping,
+                                   container_mapping, root, pve_root, node, source)
+    try:
+        return facts, spec, make_plan(facts, spec, current, node=node, templates=templates)
+    except PlanRefused as e:
+        _print_refused(e)
+        sys.exit(e.exit_code)
+
+
 def _print_refused(e: PlanRefused) -> None:
     for r in e.refusals:
         click.echo(f"refused: {r}", err=True)
@@ -154,21 +183,16 @@ def plan(spec_file, split, service_unit, tp_flag, container, vm_mapping, contain
          **source):
     """Show the target state and the ordered actions; "No changes" when converged (exit 2 if refused)."""
     from gputopo.cli.output import print_json
-    from gputopo.plan import plan as make_plan
 
-    src = _Source(root, node=node, **source)
-    try:
-        facts = _facts(src.root)
-        spec = _spec(facts, spec_file, split, container, vm_mapping, container_mapping, node, service_unit, tp_flag)
-        current = _current(spec, facts, src.root, pve_root, node, src.ports)
-        p = make_plan(facts, spec, current, node=node, templates=templates)
-    except PlanRefused as e:
-        _print_refused(e)
-        sys.exit(e.exit_code)
-    finally:
-        src.close()
+    _, _, p = _planned(spec_file, split, service_unit, tp_flag, container, vm_mapping,
+                              container_mapping, root, pve_root, node, source, templates)
     if as_json:
-        print_json(p)
+        data = p.model_dump(mode="json")
+        # the JSON carries each action's one-line description too, as the text does
+        for entry, action in zip(data["actions"], p.actions):
+            entry["description"] = action.describe()
+        data["no_changes"] = p.is_empty
+        print_json(data)
     else:
         sys.stdout.write(p.to_text())
 
@@ -182,20 +206,10 @@ def plan(spec_file, split, service_unit, tp_flag, container, vm_mapping, contain
 def render(spec_file, split, service_unit, tp_flag, container, vm_mapping, container_mapping, root, pve_root, node, out, templates,
            **source):
     """Write the files the plan stands for under --out."""
-    from gputopo.plan import plan as make_plan
     from gputopo.render import render as render_files
 
-    src = _Source(root, node=node, **source)
-    try:
-        facts = _facts(src.root)
-        spec = _spec(facts, spec_file, split, container, vm_mapping, container_mapping, node, service_unit, tp_flag)
-        current = _current(spec, facts, src.root, pve_root, node, src.ports)
-        p = make_plan(facts, spec, current, node=node, templates=templates)
-    except PlanRefused as e:
-        _print_refused(e)
-        sys.exit(e.exit_code)
-    finally:
-        src.close()
+    facts, spec, p = _planned(spec_file, split, service_unit, tp_flag, container, vm_mapping,
+                              container_mapping, root, pve_root, node, source, templates)
     files = render_files(p, spec, facts, templates)
     for rel, text in sorted(files.items()):
         dest = Path(out) / rel
@@ -216,24 +230,20 @@ def diff(spec_file, split, service_unit, tp_flag, container, vm_mapping, contain
     from gputopo.cli.output import print_json
     from gputopo.diff import diff as make_diff
 
-    src = None
     try:
-        src = _Source(root, node=node, **source)
-        facts = _facts(src.root)
-        spec = _spec(facts, spec_file, split, container, vm_mapping, container_mapping, node, service_unit, tp_flag)
-        current = _current(spec, facts, src.root, pve_root, node, src.ports)
+        facts, spec, current = _inputs(spec_file, split, service_unit, tp_flag, container, vm_mapping,
+                                       container_mapping, root, pve_root, node, source)
         report = make_diff(facts, spec, current, node=node, templates=templates)
     except PlanRefused as e:
         _print_refused(e)
         sys.exit(1 if exit_code else e.exit_code)
     except GputopoError as e:
+        # --exit-code keeps 2 for "differences": any error, bad input included, is 1
         if not exit_code:
             raise
-        click.echo(f"gputopo: error: {e}", err=True)
+        for line in str(e).splitlines() or [type(e).__name__]:
+            click.echo(f"gputopo: error: {line}", err=True)
         sys.exit(1)
-    finally:
-        if src is not None:
-            src.close()
     if as_json:
         print_json({"node": report.node, "is_empty": report.is_empty,
                     "areas": {k: v.model_dump() for k, v in report.areas.items()}})

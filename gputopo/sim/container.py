@@ -23,6 +23,15 @@ memory load: :data:`SEED_LOAD_MIB` cycled over the GPUs and scaled to each GPU's
 (``round(seed * total / 97887)``); an idle GPU shows :data:`IDLE_MIB`. :class:`EndpointServer`
 serves its OpenAI-compatible HTTP API on loopback from the simulator process.
 
+An active service also shows on the host as ``<root>/proc/<pid>`` entries, the way a
+container's processes look from a Proxmox node: a main process plus one worker per
+tensor-parallel rank, each with ``comm``, ``cmdline`` and ``cgroup`` (``0::/lxc/<vmid>/ns/
+system.slice/<unit>``); the workers have ``fd/<n>`` links to ``/dev/nvidiactl``,
+``/dev/nvidia-uvm`` and the ``/dev/nvidia<minor>`` of every GPU the service uses. apply's
+preflight tells container processes from foreign holders by that cgroup, and the simulated
+kernel blocks an unbind while such a link exists. They vanish when the service stops or the
+container shuts down.
+
 Faults (``<run>/faults.json``, set with :func:`break_container` / :meth:`SimExec.break_`):
 ``gpu_missing`` (``address=`` or ``index=``; default the last GPU), ``unbalanced_memory``
 (``index=``, ``used_mib=``), ``wrong_answer`` (``answer=``), ``hung_endpoint`` (``seconds=``),
@@ -35,6 +44,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import tempfile
 import threading
 import time
@@ -79,6 +89,11 @@ NVSMI_NO_DEVICES = "No devices were found\n"
 QUERY_FIELDS = ("index", "pci.bus_id", "name", "memory.used", "memory.total", "memory.free",
                 "utilization.gpu", "uuid", "minor_number", "driver_version", "count")
 # What an LXC container's /dev holds besides the passed-through nodes.
+# Host PIDs of simulated container processes start here, clear of a fixture's own proc entries.
+HOST_PID_BASE = 200000
+# Python's multiprocessing "spawn" start method: how each tensor-parallel worker's cmdline reads.
+SPAWN_ARGS = ("-c", "from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5, pipe_handle=7)",
+              "--multiprocessing-fork")
 BASE_DEV = ("console", "core", "fd", "full", "hugepages", "initctl", "log", "lxc", "mqueue", "net",
             "null", "ptmx", "pts", "random", "shm", "stderr", "stdin", "stdout", "tty", "tty1",
             "tty2", "urandom", "zero")
@@ -168,6 +183,19 @@ def faults_of(sim_dir: str | os.PathLike, vmid: int) -> dict[str, dict]:
 # --- devices and GPUs --------------------------------------------------------------------
 
 
+def _dev_paths(conf) -> list[str]:
+    """The paths of the main section's ``devN`` entries in config order; one that does not
+    parse is skipped (Proxmox would refuse to start the container with it)."""
+    out = []
+    for key, value in conf.options.items():
+        if re.fullmatch(r"dev\d+", key):
+            try:
+                out.append(parse_dev_value(value)["path"])
+            except PveFormatError:
+                continue
+    return out
+
+
 def parse_granted_devices(conf_text: str) -> list[str]:
     """The ``/dev`` paths a container config grants, in config order, without duplicates.
 
@@ -178,14 +206,9 @@ def parse_granted_devices(conf_text: str) -> list[str]:
     """
     conf = parse_lxc_conf(conf_text)
     out: list[str] = []
-    for key, value in conf.options.items():
-        if re.fullmatch(r"dev\d+", key):
-            try:
-                path = parse_dev_value(value)["path"]
-            except PveFormatError:
-                continue
-            if path not in out:
-                out.append(path)
+    for path in _dev_paths(conf):
+        if path not in out:
+            out.append(path)
     for key, value in conf.lxc:
         if key == "lxc.mount.entry":
             parts = value.split()
@@ -258,17 +281,34 @@ def missing_devices(sim_dir: str | os.PathLike, vmid: int) -> list[str]:
     text = _read(p.lxc_conf(vmid))
     if text is None:
         return []
-    conf = parse_lxc_conf(text)
-    missing = []
-    for key, value in conf.options.items():
-        if re.fullmatch(r"dev\d+", key):
-            try:
-                path = parse_dev_value(value)["path"]
-            except PveFormatError:
-                continue
-            if not os.path.lexists(_inside(p.root, path)):
-                missing.append(path)
-    return missing
+    return [path for path in _dev_paths(parse_lxc_conf(text)) if not os.path.lexists(_inside(p.root, path))]
+
+
+def container_cgroup(vmid: int, unit: str) -> str:
+    """``/proc/<pid>/cgroup`` of a service's process in a Proxmox container (cgroup v2): PVE puts
+    the container's own tree under ``/lxc/<vmid>/ns`` (``lxc.cgroup.dir.container.inner``)."""
+    return f"0::/lxc/{vmid}/ns/system.slice/{unit}\n"
+
+
+def process_comm(argv: list[str]) -> str:
+    """The kernel's ``comm`` of a process started as ``argv``: the executable's name, 15 chars."""
+    return os.path.basename(argv[0])[:15] if argv else "?"
+
+
+def host_process_plan(vmid: int, unit: str, argv: list[str], tp: int, nodes: list[str]) -> list[dict]:
+    """The host-visible processes of a service: ``[{comm, cmdline, cgroup, fds}]``.
+
+    The main process holds no device; each of the ``tp`` workers holds the control nodes and
+    every GPU node in ``nodes``, because CUDA opens every device it can see when it initialises.
+    """
+    cgroup = container_cgroup(vmid, unit)
+    comm = process_comm(argv)
+    gpu_fds = ["/dev/nvidiactl", "/dev/nvidia-uvm"] + list(nodes)
+    procs = [{"comm": comm, "cmdline": list(argv), "cgroup": cgroup, "fds": []}]
+    for _ in range(tp):
+        procs.append({"comm": comm, "cmdline": [argv[0] if argv else "python3", *SPAWN_ARGS],
+                      "cgroup": cgroup, "fds": gpu_fds})
+    return procs
 
 
 # --- systemd units -----------------------------------------------------------------------
@@ -443,6 +483,7 @@ class Container:
         Call after Proxmox marks it running. Enabled services that fail stay ``failed``.
         """
         with state.locked(self.paths.run, self.state_name):
+            self._reap_all()
             self._save({"devices": self._current_view(), "loaded": {}, "services": {}})
         for unit in self.enabled_units():
             self.start_service(unit)
@@ -450,7 +491,51 @@ class Container:
     def shutdown(self) -> None:
         """Record the container as stopped: every service ends, the /dev view is gone."""
         with state.locked(self.paths.run, self.state_name):
+            self._reap_all()
             self._save({})
+
+    # processes as the host sees them (<root>/proc/<pid>)
+    def host_pids(self) -> list[int]:
+        """Host PIDs of this container's simulated service processes, sorted."""
+        pids: list[int] = []
+        for svc in self._state().get("services", {}).values():
+            pids += svc.get("host_pids", [])
+        return sorted(pids)
+
+    def _spawn(self, unit: str, argv: list[str], tp: int, nodes: list[str]) -> list[int]:
+        proc = self.paths.root / "proc"
+        taken = {int(p.name) for p in proc.glob("[0-9]*") if p.name.isdigit()} if proc.is_dir() else set()
+        pids, pid = [], HOST_PID_BASE + self.vmid * 100
+        for spec in host_process_plan(self.vmid, unit, argv, tp, nodes):
+            while pid in taken:
+                pid += 1
+            taken.add(pid)
+            d = proc / str(pid)
+            (d / "fd").mkdir(parents=True, exist_ok=True)
+            (d / "comm").write_text(spec["comm"] + "\n")
+            (d / "cmdline").write_bytes(b"".join(a.encode() + b"\0" for a in spec["cmdline"]))
+            (d / "cgroup").write_text(spec["cgroup"])
+            for n, target in enumerate(["/dev/null"] * 3 + spec["fds"]):
+                os.symlink(target, d / "fd" / str(n))
+            pids.append(pid)
+        return pids
+
+    def _reap(self, pids: list[int]) -> None:
+        for pid in pids:
+            shutil.rmtree(self.paths.root / "proc" / str(pid), ignore_errors=True)
+
+    def _reap_all(self) -> None:
+        for svc in self._state().get("services", {}).values():
+            self._reap(svc.get("host_pids", []))
+
+    def hotplug(self, path: str) -> None:
+        """Add host node ``path`` to a running container's view (PVE 9 devN hot-plug); a node
+        the host lacks or a container never booted is left as it is."""
+        with state.locked(self.paths.run, self.state_name):
+            st = self._state()
+            if "devices" in st and path not in st["devices"] and os.path.lexists(_inside(self.paths.root, path)):
+                st["devices"].append(path)
+                self._save(st)
 
     def devices(self) -> list[str]:
         """``/dev`` nodes visible inside (fixed when it started; live config when never booted)."""
@@ -541,7 +626,9 @@ class Container:
         svc["pid"] = 1000 + (abs(hash((name, time.time()))) % 60000)
         svc["ready_at"] = time.time() + service_latency(self.sim_dir, "start")
         svc["tp"] = parse_tp(argv)
-        svc["gpus"] = [g.address for g in self.gpus()[: svc["tp"]]]
+        gpus = self.gpus()[: svc["tp"]]
+        svc["gpus"] = [g.address for g in gpus]
+        svc["host_pids"] = self._spawn(name, argv, svc["tp"], [f"/dev/nvidia{g.minor}" for g in gpus])
         self._set_service(name, svc, unit)
         return 0, warn
 
@@ -574,6 +661,7 @@ class Container:
     def stop_service(self, name: str) -> tuple[int, str]:
         if self.unit(name) is None and name not in self._state().get("services", {}):
             return 5, f"Failed to stop {name}: Unit {name} not loaded.\n"
+        self._reap(self.service(name).get("host_pids", []))
         self._set_service(name, {"state": "inactive", "pid": 0})
         return 0, ""
 

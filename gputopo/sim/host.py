@@ -15,13 +15,12 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import tarfile
 from pathlib import Path
 from typing import Any
 
 from gputopo.errors import GputopoError, InputError
 from gputopo.fixtures import materialize
-from gputopo.pvefmt import LxcConf, MapEntry, PciMapping, format_dev_value, format_map_entry, write_lxc_conf, write_pci_cfg
+from gputopo.pvefmt import LxcConf, parse_dev_value, MapEntry, PciMapping, format_dev_value, format_map_entry, write_lxc_conf, write_pci_cfg
 from gputopo.sim import state
 from gputopo.sim.container import Container, EndpointServer, SimExec, SimPaths, missing_devices, write_unit
 
@@ -57,13 +56,13 @@ class ContainerStartError(GputopoError):
 
 
 def _extract_snapshot(archive: Path, dest: Path) -> None:
-    """Unpack a ``gputopo snapshot`` archive into ``dest`` (the root holds ``sys/``)."""
-    dest.mkdir(parents=True)
-    with tarfile.open(archive) as tf:
-        try:
-            tf.extractall(dest, filter="tar")
-        except TypeError:  # Python without extraction filters
-            tf.extractall(dest)
+    """Unpack a ``gputopo snapshot`` archive into ``dest`` (the root holds ``sys/``), refusing
+    unsafe members like every other reader of snapshots; an archive made with ``tar`` around one
+    top directory is accepted too. Raises SimHostError when no ``sys/`` tree comes out and
+    :class:`gputopo.snapshot.SnapshotError` for an unreadable or unsafe archive."""
+    from gputopo.snapshot import extract
+
+    extract(archive, dest)
     if not (dest / "sys").is_dir():
         tops = [p for p in dest.iterdir() if p.is_dir()]
         if len(tops) == 1 and (tops[0] / "sys").is_dir():
@@ -96,6 +95,10 @@ class Hooks:
     def on_guest_stop(self, kind: str, vmid: int) -> None:
         if kind == "lxc":
             Container(self.sim_dir, vmid).shutdown()
+
+    def on_lxc_hotplug(self, vmid: int, key: str, value: str) -> None:
+        """A new ``devN`` was hot-plugged into running container ``vmid``: it sees the node now."""
+        Container(self.sim_dir, vmid).hotplug(parse_dev_value(value)["path"])
 
 
 class SimHost:

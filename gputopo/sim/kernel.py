@@ -804,13 +804,7 @@ class SimKernel:
 
     def _new_id(self, drv: str, value: str) -> None:
         fields = parse_id_fields(value, 7)
-        if len(fields) < 2:
-            raise _Fail(errno.EINVAL)
-        v, d = fields[0], fields[1]
-        sv = fields[2] if len(fields) > 2 else ANY
-        sd = fields[3] if len(fields) > 3 else ANY
-        c = fields[4] if len(fields) > 4 else 0
-        cm = fields[5] if len(fields) > 5 else 0
+        v, d, sv, sd, c, cm = _id_rule(fields)
         data = fields[6] if len(fields) > 6 else 0
         with self._state() as st:
             if len(fields) != 7 and self._id_match(st, drv, None, DevIds(v, d, sv, sd, c)):
@@ -830,14 +824,7 @@ class SimKernel:
                     self._try_attach(drv, addr, explicit=False)
 
     def _remove_id(self, drv: str, value: str) -> None:
-        fields = parse_id_fields(value, 6)
-        if len(fields) < 2:
-            raise _Fail(errno.EINVAL)
-        v, d = fields[0], fields[1]
-        sv = fields[2] if len(fields) > 2 else ANY
-        sd = fields[3] if len(fields) > 3 else ANY
-        c = fields[4] if len(fields) > 4 else 0
-        cm = fields[5] if len(fields) > 5 else 0
+        v, d, sv, sd, c, cm = _id_rule(parse_id_fields(value, 6))
         with self._state() as st:
             ids = st["dynids"].get(drv, [])
             for rule in ids:
@@ -855,6 +842,15 @@ class SimKernel:
             self._unbind(drv, addr)
         with self._state() as st:
             self._remove_device(st, addr)
+
+
+def _id_rule(fields: list[int]) -> tuple[int, int, int, int, int, int]:
+    """(vendor, device, subvendor, subdevice, class, class_mask) of a new_id/remove_id write with
+    the kernel's defaults for fields left out (PCI_ANY_ID, 0); EINVAL without vendor and device."""
+    if len(fields) < 2:
+        raise _Fail(errno.EINVAL)
+    padded = fields[:6] + [ANY, ANY, 0, 0][max(0, len(fields) - 2):]
+    return tuple(padded[:6])  # type: ignore[return-value]
 
 
 def _name(value: str) -> str:

@@ -194,7 +194,7 @@ ROUTES = [
     Route("GET", "/nodes", "nodes", {}),
     Route("GET", "/nodes/{node}/{kind}", "list_guests", {"node": NODE, "kind": P(_fmt_enum("lxc", "qemu"), False)}),
     Route("GET", "/nodes/{node}/lxc/{vmid}/config", "lxc_get", {"node": NODE, "vmid": VMID, "current": P(_fmt_bool), "snapshot": P(_fmt_string(40))}, ("/vms/{vmid}", ("VM.Audit",))),
-    Route("PUT", "/nodes/{node}/lxc/{vmid}/config", "lxc_put", {"node": NODE, "vmid": VMID, "digest": DIGEST, "delete": P(_fmt_configid_list), "revert": P(_fmt_configid_list)}, ("/vms/{vmid}", _VM_CONFIG_ANY), extra="lxc"),
+    Route("PUT", "/nodes/{node}/lxc/{vmid}/config", "lxc_put", {"node": NODE, "vmid": VMID, "digest": DIGEST, "delete": P(_fmt_configid_list), "revert": P(_fmt_configid_list), "description": P(_fmt_string(8192))}, ("/vms/{vmid}", _VM_CONFIG_ANY), extra="lxc"),
     Route("GET", "/nodes/{node}/qemu/{vmid}/config", "qemu_get", {"node": NODE, "vmid": VMID, "current": P(_fmt_bool), "snapshot": P(_fmt_string(40))}, ("/vms/{vmid}", ("VM.Audit",))),
     Route("GET", "/nodes/{node}/{kind}/{vmid}/status/current", "guest_current", _GUEST_STATUS_PARAMS, ("/vms/{vmid}", ("VM.Audit",))),
     Route("POST", "/nodes/{node}/{kind}/{vmid}/status/start", "guest_start", {**_GUEST_STATUS_PARAMS, "skiplock": P(_fmt_bool), "timeout": P(_fmt_int), "debug": P(_fmt_bool)}, ("/vms/{vmid}", ("VM.PowerMgmt",))),
@@ -241,7 +241,8 @@ class PveApiServer:
     with ``operator_password`` and ``operator_token_id``/``operator_token_secret`` (a non-root
     user with VM and mapping privileges). ``hooks`` may have ``on_guest_start(kind, vmid)`` /
     ``on_guest_stop(kind, vmid)``; they run inside the task and an exception fails the task
-    with its message.
+    with its message. ``on_lxc_hotplug(vmid, key, value)`` runs after a running container's
+    new ``devN`` was hot-plugged (PVE 9).
     """
 
     def __init__(
@@ -600,7 +601,7 @@ class PveApiServer:
                 why = pvefmt.check_lxc_option(k, "0")
                 if k in sets:
                     raise param_error({"delete": f"cannot set and delete '{k}' at the same time"})
-                if why and why.startswith("unknown setting"):
+                if why and why.startswith("unknown setting") and k != "description":
                     raise param_error({"delete": f"unknown option '{k}'"})
             if caller is not None and not caller.is_root_pam and any(_is_dev(k) for k in sets):
                 raise perm_error(dev_rule)
@@ -613,6 +614,7 @@ class PveApiServer:
                         raise die(f"Device {path} does not exist")
             running = state.guest_status(self.run_dir, "lxc", vmid) == "running"
             major = int(self.version.split(".")[0])
+            plugged = []
             pend = conf.pending
             pdel = [d for d in conf.pending_delete if d not in sets and d not in deletes]
             for k, v in sets.items():
@@ -625,6 +627,8 @@ class PveApiServer:
                     or (major >= 9 and _is_dev(k) and k not in conf.options)
                 )
                 if now:
+                    if running and _is_dev(k):
+                        plugged.append((k, v))
                     if k == "description":
                         conf.description = v
                     else:
@@ -644,6 +648,9 @@ class PveApiServer:
             else:
                 pend.options.pop("delete", None)
             _atomic_write(self.conf_path("lxc", vmid), pvefmt.write_lxc_conf(conf))
+        for k, v in plugged:
+            if self.hooks is not None and hasattr(self.hooks, "on_lxc_hotplug"):
+                self.hooks.on_lxc_hotplug(vmid, k, v)
         return None
 
     def h_guest_current(self, caller: Caller, p: dict) -> Any:
