@@ -9,6 +9,10 @@ Public entry points:
 * :func:`discover` -- everything the planner needs (GPUs, NVSwitches, host facts);
 * :func:`list_pci_functions` / :func:`read_pci_function` -- plain PCI functions;
 * :func:`find_holders` -- processes holding device nodes open (apply's preflight).
+
+Model names come from the root's ``pci.ids``; on the live root ``/`` udev's hwdb (through
+pyudev) names what ``pci.ids`` does not know, and the nvidia driver's "Model:" line is the last
+resort. None of them is required.
 """
 
 from __future__ import annotations
@@ -209,15 +213,19 @@ def _pci_dir(root: str | Path) -> str:
     return d
 
 
+def _listdir(path: str) -> list[str]:
+    """The entries of ``path``; [] when it is missing or cannot be listed."""
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
 def _addresses_in(path: str) -> dict[str, str]:
     """{normalised address: entry name} for the entries of ``path`` named like PCI addresses
     (any spelling, e.g. ``00000000:E1:00.0``); {} when ``path`` cannot be listed."""
-    try:
-        names = os.listdir(path)
-    except OSError:
-        return {}
     out: dict[str, str] = {}
-    for name in names:
+    for name in _listdir(path):
         try:
             out[normalize_address(name)] = name
         except AddressError:
@@ -383,11 +391,7 @@ def _read_groups(root: str) -> dict[str, int]:
     """address -> IOMMU group number, from one listing of ``sys/kernel/iommu_groups``."""
     out: dict[str, int] = {}
     gdir = os.path.join(root, IOMMU_GROUPS)
-    try:
-        groups = os.listdir(gdir)
-    except OSError:
-        return out
-    for g in groups:
+    for g in _listdir(gdir):
         if not g.isdigit():
             continue
         for addr in _addresses_in(os.path.join(gdir, g, "devices")):
@@ -398,11 +402,7 @@ def _read_groups(root: str) -> dict[str, int]:
 def _read_numa(root: str, warnings: list[str]) -> dict[int, set[int]]:
     out: dict[int, set[int]] = {}
     ndir = os.path.join(root, NODE_DIR)
-    try:
-        names = os.listdir(ndir)
-    except OSError:
-        return out
-    for n in names:
+    for n in _listdir(ndir):
         m = re.fullmatch(r"node(\d+)", n)
         if not m:
             continue

@@ -582,3 +582,19 @@ def test_version_start_up_imports_no_heavy_module():
     p = subprocess.run([sys.executable, "-c", probe.replace("'--version'", "'schema', 'facts'")],
                        capture_output=True, text=True)
     assert "pydantic" in p.stderr.splitlines()[-1]
+
+
+def test_main_keeps_a_commands_exit_code(monkeypatch):
+    import click
+
+    from gputopo.cli import LazyGroup, main
+
+    @click.command()
+    @click.pass_context
+    def failing(ctx):
+        ctx.exit(3)
+
+    monkeypatch.setattr(LazyGroup, "get_command", lambda self, ctx, name: failing)
+    with pytest.raises(SystemExit) as e:
+        main(["failing"])
+    assert e.value.code == 3

@@ -69,7 +69,10 @@ def main(argv: list[str] | None = None) -> None:
 
     debug = "--debug" in (argv if argv is not None else sys.argv[1:])
     try:
-        cli.main(args=argv, prog_name="gputopo", standalone_mode=False)
+        # Outside standalone mode click hands back ctx.exit(N)'s code instead of exiting.
+        code = cli.main(args=argv, prog_name="gputopo", standalone_mode=False)
+        if isinstance(code, int) and not isinstance(code, bool) and code:
+            sys.exit(code)
     except GputopoError as e:
         if debug:
             raise
