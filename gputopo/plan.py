@@ -21,9 +21,10 @@ Decisions recorded here:
 * A mapping's ``map`` line names only the GPU function (``path=0000:81:00.0``): Proxmox passes
   the GPU's whole IOMMU group (the audio function included) to the VM anyway, and a line with
   ``path=A;B`` would mean two devices passed together, which Proxmox then checks one by one.
-* A GPU whose ``/dev/nvidiaN`` minor is unknown (it is not on nvidia yet) gets its device entry
-  in the next plan, once nvidia has bound it and the minor can be read: minors do not follow bus
-  order and cannot be guessed.
+* A GPU whose ``/dev/nvidiaN`` minor is unknown (it is not on nvidia yet) is listed in its
+  container's ``UpdateContainer.resolve``: apply reads the minor after the switch phase, once
+  nvidia has bound it, and adds the entry in the same stop window (minors do not follow bus
+  order and cannot be guessed). In legacy mode it gets its lines in the next plan.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """``gputopo apply`` and ``gputopo recover``: build the ports, make one library call, print.
 
 ``apply`` shows the plan, asks for confirmation (``--yes`` skips it), then runs
-:func:`gputopo.apply.apply`; progress is a live table on a terminal and plain lines otherwise.
+:func:`gputopo.apply.apply`; progress is styled lines (rich) with the open stop window on a
+terminal, and plain lines otherwise (logs, pipes).
 It ends with ``gputopo verify`` when that is installed. ``recover`` settles the journal of an
 apply that was interrupted (rollback by default, ``--finish`` to complete it).
 """
