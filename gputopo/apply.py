@@ -27,10 +27,12 @@ rolling back a journal whose last step may or may not have happened is safe.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import os
 import re
+import signal
 import sys
 import threading
 import time
@@ -111,6 +113,57 @@ class HostFileError(GputopoError):
         self.path = path
         self.errno = err.errno
         super().__init__(f"/{path.lstrip('/')}: {err.strerror or err}")
+
+
+class Interrupted(GputopoError):
+    """A signal (Ctrl-C, SIGTERM, SIGHUP) stopped the apply; ``exit_code`` is 128 + its number."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        self.exit_code = 128 + signum
+        super().__init__(f"interrupted ({signal.Signals(signum).name})")
+
+
+@contextlib.contextmanager
+def interruptible():
+    """While inside, SIGTERM and SIGHUP raise :class:`Interrupted` in the main thread, the way
+    Ctrl-C raises KeyboardInterrupt, so a polite kill (systemd, a dropped ssh session) rolls
+    back instead of ending the process between two steps. Elsewhere than in the main thread
+    (where no handler can be set) it changes nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise _Signalled(signum)
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+class _Signalled(KeyboardInterrupt):
+    # a KeyboardInterrupt, so that no adapter's "except Exception" turns it into its own error
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _as_error(e: BaseException) -> BaseException:
+    """Ctrl-C and the signals of :func:`interruptible` as :class:`Interrupted`; others as they are."""
+    if isinstance(e, KeyboardInterrupt):
+        return Interrupted(getattr(e, "signum", signal.SIGINT))
+    return e
+
+
+def _failed(where: str, cause: BaseException, complete: bool, stuck: list[str]) -> ApplyFailed:
+    err = ApplyFailed(where, cause, complete, stuck)
+    if isinstance(cause, Interrupted) and not stuck:
+        err.exit_code = cause.exit_code  # a device needing a human (3) still outranks it
+    return err
 
 
 class ApplyCancelled(GputopoError):
@@ -211,6 +264,35 @@ class PlainProgress(Progress):
     def summary(self, result: ApplyResult) -> None:
         window = f", stop window {result.stop_window_s:.2f} s" if result.stop_window_s is not None else ""
         self._w(f"{result.status} in {result.wall_s:.2f} s{window}")
+
+
+class _QuietProgress(Progress):
+    """Passes events on, but a display that cannot be written (the terminal of a dropped ssh
+    session: EIO, a closed pipe) never stops an apply or its rollback half-way."""
+
+    def __init__(self, inner: Progress):
+        self.inner = inner
+
+    def _call(self, name: str, *args: Any) -> None:
+        try:
+            getattr(self.inner, name)(*args)
+        except OSError:
+            pass
+
+    def plan(self, p: Plan) -> None:
+        self._call("plan", p)
+
+    def step_begin(self, index: int, total: int, action: Any) -> None:
+        self._call("step_begin", index, total, action)
+
+    def step_end(self, index: int, total: int, action: Any, status: str, seconds: float) -> None:
+        self._call("step_end", index, total, action, status, seconds)
+
+    def note(self, text: str) -> None:
+        self._call("note", text)
+
+    def summary(self, result: ApplyResult) -> None:
+        self._call("summary", result)
 
 
 # --- the host lock ---------------------------------------------------------------------------
@@ -331,7 +413,14 @@ def preflight(p: Plan, facts: Facts, current: CurrentState, spec: Spec, ports: P
     """Every problem that would make the plan fail or harm a workload, one line each ([] = go).
 
     Changes nothing. Reads ``<root>/proc`` for holders, the API for guests and privileges.
+    A container of the spec that does not exist is the only problem reported: the plan was made
+    for a host other than this one, so every other finding would follow from that mistake.
     """
+    spec_node = pick_node(spec, facts, node)
+    missing = [f"container {c.vmid} does not exist on node {spec_node.name}"
+               for c in spec_node.containers if c.vmid not in current.containers]
+    if missing:
+        return missing
     problems: list[str] = []
     rebinds = [a for a in p.actions if isinstance(a, Rebind)]
     to_vfio = [a for a in rebinds if a.to_driver == "vfio-pci"]
@@ -417,10 +506,6 @@ def preflight(p: Plan, facts: Facts, current: CurrentState, spec: Spec, ports: P
         if isinstance(a, UpdateContainer) and (a.lxc_add or a.lxc_remove):
             problems.append(f"CT {a.vmid}: legacy lxc.* device lines cannot be changed through the Proxmox API; "
                             "use device_mode: devN (Proxmox >= 8.1)")
-    spec_node = pick_node(spec, facts, node)
-    for c in spec_node.containers:
-        if c.vmid not in current.containers:
-            problems.append(f"container {c.vmid} does not exist on node {spec_node.name}")
     for a in p.actions:
         if isinstance(a, WriteServiceDropin):
             ct = current.containers.get(a.vmid)
@@ -475,6 +560,7 @@ class Steps:
         self.t = timeouts
         self.binder = Binder(ports.sysfs, root, timeouts.sysfs)
         self.service_changed: set[int] = set()  # containers whose drop-in a rollback restored
+        self.gone: set[str] = set()  # devices a rollback found gone from the bus
 
     # -- helpers
     def _exec(self, vmid: int, argv: list[str], check: bool = True):
@@ -572,6 +658,8 @@ class Steps:
                 px.mapping_delete(a.id)
         elif isinstance(a, WriteServiceDropin):
             if self._read_dropin(a.vmid, a.path) != a.content:
+                # pct push creates the file only; a unit's .d directory rarely exists yet
+                self._exec(a.vmid, ["mkdir", "-p", a.path.rsplit("/", 1)[0] or "/"])
                 self.ports.exec.push(a.vmid, a.path, a.content, 0o644)
         elif isinstance(a, StopService):
             if self._running("lxc", a.vmid):
@@ -674,10 +762,17 @@ class Steps:
             if stuck & set(a.members):
                 return f"left IOMMU group of {a.address} alone (a write hung there)"
             prev = {m: MemberState(s["driver"], s["override"]) for m, s in before.items()}
+            # a device that fell off the bus cannot be rebound: it is a human's (rescan or
+            # reboot), the rest of its group still goes back
+            gone = sorted(m for m in prev if not (Path(self.root) / "sys/bus/pci/devices" / m).exists())
+            self.gone.update(gone)
+            prev = {m: s for m, s in prev.items() if m not in gone}
             if all(self.binder.state_of(m) == s for m, s in prev.items()):
-                return ""
+                return f"left {', '.join(gone)} alone: gone from the bus" if gone else ""
             self.binder.restore(prev)
-            return f"rebound {a.address} back to {prev[a.address].driver or 'none'}"
+            back = (f"rebound {a.address} back to {prev[a.address].driver or 'none'}" if a.address in prev
+                    else f"rebound {', '.join(prev)} back")
+            return back + (f"; left {', '.join(gone)} alone: gone from the bus" if gone else "")
         if isinstance(a, UpdateContainer):
             old = before["config"]
             cfg = px.lxc_config(a.vmid)
@@ -733,7 +828,11 @@ class Runner:
         self._lock = threading.Lock()
 
     def _one(self, i: int, a: Any, total: int) -> None:
-        before = self.s.before(a)
+        try:
+            before = self.s.before(a)
+        except BaseException as e:  # nothing changed yet, but the error belongs to this step
+            self.j.append("failed", step=i, error=str(_as_error(e)), error_type=type(e).__name__, begun=False)
+            raise
         self.j.append("begin", step=i, kind=a.kind, phase=a.phase, action=a.model_dump(), before=before)
         self.progress.step_begin(i, total, a)
         t0 = time.monotonic()
@@ -741,7 +840,7 @@ class Runner:
             self.s.do(a)
         except BaseException as e:
             dt = time.monotonic() - t0
-            self.j.append("failed", step=i, error=str(e), error_type=type(e).__name__)
+            self.j.append("failed", step=i, error=str(_as_error(e)), error_type=type(e).__name__)
             with self._lock:
                 self.times[i] = (t0, t0 + dt)
                 self.results.append(StepResult(i, a.phase, a.describe(), "failed", dt))
@@ -793,7 +892,7 @@ class Runner:
         rank = {"start": 0, "switch": 1, "config": 2, "stop": 3, "prepare": 4}
         order = sorted(dict.fromkeys(reversed(self.j.begun())),
                        key=lambda i: rank.get(steps[i]["action"].get("phase", ""), 5))
-        stuck = set(self.s.binder.stuck) | set(self.j.header.get("stuck", []))
+        stuck = set(self.s.binder.stuck) | set(self.j.header.get("stuck", [])) | self.s.gone
         for r in self.j.records:
             if r["type"] == "failed" and r.get("error_type") == "SysfsTimeout":
                 stuck.update(r.get("devices") or [])
@@ -842,7 +941,7 @@ class Runner:
             except GputopoError as e:
                 complete = False
                 self.j.append("restart-failed", what=key, error=str(e))
-        return complete, sorted(stuck)
+        return complete, sorted(stuck | self.s.gone)
 
     def stop_window(self, actions: list[Any]) -> float | None:
         stops = [self.times[i][0] for i, a in enumerate(actions) if a.phase == "stop" and i in self.times]
@@ -868,12 +967,12 @@ def _facts_summary(facts: Facts) -> dict[str, Any]:
 
 
 def _fail_step(j: Journal, e: BaseException) -> str:
-    for r in reversed(j.records):
-        if r["type"] == "failed":
-            st = j.steps().get(r["step"])
-            if st:
-                a = _ACTION.validate_python(st["action"])
-                return f"step {r['step'] + 1} ({a.describe()})"
+    """The step that failed, or (interrupted between two steps) the last one that began."""
+    actions = j.header.get("actions") or []
+    picks = [r["step"] for r in j.records if r["type"] == "failed"] or j.begun()
+    if picks and 0 <= picks[-1] < len(actions):
+        a = _ACTION.validate_python(actions[picks[-1]])
+        return f"step {picks[-1] + 1} ({a.describe()})"
     return "a step"
 
 
@@ -918,7 +1017,8 @@ def apply(
         raise PreflightFailed(problems)
     if confirm is not None and not confirm(p):
         raise ApplyCancelled()
-    with HostLock(root):
+    progress = _QuietProgress(progress)
+    with HostLock(root), interruptible():
         j0 = find_unfinished(root)
         if j0 is not None:
             raise UnfinishedApply(j0)
@@ -926,6 +1026,11 @@ def apply(
         if _signature(p2) != _signature(p):
             raise HostChanged(_diff_text(p, p2))
         p = p2
+        # again under the lock: the operator may have read the plan for minutes, long enough
+        # for a job to open a GPU that is about to move (its unbind would then hang)
+        problems = preflight(p, facts, current, spec, ports, root, node)
+        if problems:
+            raise PreflightFailed(problems)
         running_before = _running_before(p, current)
         j = Journal.create(root, {
             "spec": os.path.abspath(spec_path) if spec_path else None,
@@ -940,20 +1045,28 @@ def apply(
         runner = Runner(steps, j, progress)
         try:
             runner.forward(list(p.actions))
-        except BaseException as e:
+        except BaseException as exc:
+            e = _as_error(exc)
             where = _fail_step(j, e)
-            progress.note(f"{where} failed: {e}; rolling back")
+            progress.note(f"{where} {'was ' if isinstance(e, Interrupted) else ''}"
+                          f"{e if isinstance(e, Interrupted) else f'failed: {e}'}; rolling back")
             complete, stuck = runner.backward(running_before)
             if isinstance(e, SysfsTimeout) and e.address:
                 stuck = sorted(set(stuck) | {e.address})
             j.append("end", result="needs-human" if (stuck or not complete) else "rolled-back", needs_human=stuck)
             if not isinstance(e, GputopoError):
                 raise
-            raise ApplyFailed(where, e, complete, stuck) from e
+            raise _failed(where, e, complete, stuck) from exc
         window = runner.stop_window(list(p.actions))
         report = None
         if verify is not None:
-            report = verify()
+            try:
+                report = verify()
+            except BaseException:
+                # every step is done: an error or Ctrl-C while checking must not leave the
+                # journal open, or the next apply would send the operator to recover
+                j.append("end", result="applied", verify="did not finish")
+                raise
             if not getattr(report, "ok", True) and rollback_on_verify_failure:
                 progress.note("verification failed; rolling back")
                 complete, stuck = runner.backward(running_before)
@@ -992,7 +1105,8 @@ def recover(
     t = timeouts or Timeouts()
     progress = progress or Progress()
     t0 = time.monotonic()
-    with HostLock(root):
+    progress = _QuietProgress(progress)
+    with HostLock(root), interruptible():
         j = find_unfinished(root)
         if j is None:
             return ApplyResult("nothing-to-recover")
@@ -1006,13 +1120,16 @@ def recover(
             done = {i for i, s in j.steps().items() if s["status"] == "done"}
             try:
                 runner.forward(actions, skip=done)
-            except BaseException as e:
+            except BaseException as exc:
+                e = _as_error(exc)
                 where = _fail_step(j, e)
                 complete, stuck = runner.backward(running_before)
+                if isinstance(e, SysfsTimeout) and e.address:
+                    stuck = sorted(set(stuck) | {e.address})
                 j.append("end", result="needs-human" if (stuck or not complete) else "rolled-back", needs_human=stuck)
                 if not isinstance(e, GputopoError):
                     raise
-                raise ApplyFailed(where, e, complete, stuck) from e
+                raise _failed(where, e, complete, stuck) from exc
             j.append("end", result="applied")
             return ApplyResult("finished", steps=runner.results, wall_s=time.monotonic() - t0, journal=str(j.path))
         complete, stuck = runner.backward(running_before)

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gputopo.model import Facts
 from gputopo.plan import (
-    DEFAULT_LEGACY_MAJORS,
+    DEV_KEY,
     CurrentState,
     DeleteMapping,
     Plan,
@@ -25,14 +25,13 @@ from gputopo.plan import (
     UpdateContainer,
     WriteHostFile,
     WriteServiceDropin,
-    DEV_KEY,
+    current_nvidia_lxc,
     dev_sort,
     is_nvidia_dev,
-    is_nvidia_lxc,
-    plan as make_plan,
 )
+from gputopo.plan import plan as make_plan
 from gputopo.render import dropin_path, render, render_devices_conf, render_pci_cfg
-from gputopo.spec import Spec
+from gputopo.spec import Container, Spec
 
 AREAS = ("driver bindings", "container devices", "mappings", "service", "persistence files")
 
@@ -81,13 +80,14 @@ def unified(path: str, before: str | None, after: str | None) -> str:
     return "".join(ln if ln.endswith("\n") else ln + "\n" for ln in lines)
 
 
-def _current_devices_text(config: dict[str, Any], device_mode: str) -> str:
+def _current_devices_text(config: dict[str, Any], container: Container) -> str:
+    """The container's GPU lines as they are now, in the rendered file's form: only what the
+    planner manages for ``container``, so that unchanged lines diff as unchanged."""
     devices = sorted(
         ((k, str(v)) for k, v in config.items() if DEV_KEY.match(k) and is_nvidia_dev(str(v))),
         key=lambda kv: dev_sort(kv[0]),
     )
-    majors = {195, *DEFAULT_LEGACY_MAJORS.values()}
-    lxc = [(k, v) for k, v in (config.get("lxc") or []) if is_nvidia_lxc(k, v, majors)]
+    lxc = [(k, v) for k, v in current_nvidia_lxc(config, container)]
     return render_devices_conf(devices, lxc)
 
 
@@ -115,12 +115,12 @@ def diff(
             for m in a.members:
                 areas["driver bindings"].lines.append(f"{m}: {a.from_drivers.get(m) or 'none'} -> {a.to_driver}")
         elif isinstance(a, UpdateContainer):
-            ct = next(c for c in p.containers if c.vmid == a.vmid)
+            container = next(c for c in spec.node(p.node).containers if c.vmid == a.vmid)
             path = f"pve/lxc/{a.vmid}.devices.conf"
             cfg = current.containers[a.vmid].config if a.vmid in current.containers else {}
             areas["container devices"].lines.append(a.describe())
             areas["container devices"].files[path] = unified(
-                path, _current_devices_text(cfg, ct.device_mode), rendered.get(path, "")
+                path, _current_devices_text(cfg, container), rendered.get(path, "")
             )
         elif isinstance(a, (SetMapping, DeleteMapping)):
             areas["mappings"].lines.append(a.describe())

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Literal
 
 from gputopo.errors import AddressError, RootError
 from gputopo.model import (
@@ -238,22 +239,43 @@ def _list_addresses(devdir: str) -> list[tuple[str, str]]:
     return sorted(_addresses_in(devdir).items(), key=lambda p: address_key(p[0]))
 
 
-def _read_function(d: str, address: str) -> PciFunction:
-    """Read the attributes of one device directory into a PciFunction (model unset)."""
-    vendor = parse_hex_id(_read(f"{d}/vendor"))
-    device = parse_hex_id(_read(f"{d}/device"))
-    klass = parse_hex_id(_read(f"{d}/class"), 6)
-    override = _strip(_read(f"{d}/driver_override"))
-    group = _link_name(f"{d}/iommu_group")
-    numa = parse_int(_read(f"{d}/numa_node"))
+class _Reader:
+    """Reads each attribute of a root's PCI functions at most once (discovery looks at some
+    attributes of every function before it reads the GPUs whole)."""
+
+    def __init__(self, root: str, devdir: str):
+        self.root = root
+        self.devdir = devdir
+        self.cache: dict[tuple[str, str], str | None] = {}
+
+    def attr(self, name: str, attr: str) -> str | None:
+        """The text of ``<devdir>/<name>/<attr>``; None when it cannot be read."""
+        key = (name, attr)
+        if key not in self.cache:
+            self.cache[key] = _read(f"{self.devdir}/{name}/{attr}")
+        return self.cache[key]
+
+    def link(self, name: str, attr: str) -> str | None:
+        """The last component of the ``<devdir>/<name>/<attr>`` link; None when it is not one."""
+        return _link_name(f"{self.devdir}/{name}/{attr}")
+
+
+def _read_function(rd: _Reader, name: str, address: str) -> PciFunction:
+    """Read the attributes of the device directory ``name`` into a PciFunction (model unset)."""
+    vendor = parse_hex_id(rd.attr(name, "vendor"))
+    device = parse_hex_id(rd.attr(name, "device"))
+    klass = parse_hex_id(rd.attr(name, "class"), 6)
+    override = _strip(rd.attr(name, "driver_override"))
+    group = rd.link(name, "iommu_group")
+    numa = parse_int(rd.attr(name, "numa_node"))
     return PciFunction(
         address=address,
         vendor=vendor,
         device=device,
         **{"class": klass},
-        subsystem_vendor=parse_subsystem_id(_read(f"{d}/subsystem_vendor")),
-        subsystem_device=parse_subsystem_id(_read(f"{d}/subsystem_device")),
-        driver=_link_name(f"{d}/driver"),
+        subsystem_vendor=parse_subsystem_id(rd.attr(name, "subsystem_vendor")),
+        subsystem_device=parse_subsystem_id(rd.attr(name, "subsystem_device")),
+        driver=rd.link(name, "driver"),
         driver_override=None if override in (None, "", "(null)") else override,
         iommu_group=int(group) if group is not None and group.isdigit() else None,
         numa_node=numa if numa is not None and numa >= 0 else None,
@@ -269,7 +291,8 @@ def list_pci_functions(root: str | Path = "/") -> list[PciFunction]:
     Raises :class:`RootError` when the root has no ``sys/bus/pci/devices``.
     """
     devdir = _pci_dir(root)
-    return [_read_function(os.path.join(devdir, name), addr) for addr, name in _list_addresses(devdir)]
+    rd = _Reader(str(root), devdir)
+    return [_read_function(rd, name, addr) for addr, name in _list_addresses(devdir)]
 
 
 def read_pci_function(root: str | Path, address: str) -> PciFunction | None:
@@ -281,9 +304,8 @@ def read_pci_function(root: str | Path, address: str) -> PciFunction | None:
     devdir = _pci_dir(root)
     addr = normalize_address(address)
     for name in (addr, _wide_domain(addr)):
-        d = os.path.join(devdir, name)
-        if os.path.isdir(d):
-            return _read_function(d, addr)
+        if os.path.isdir(os.path.join(devdir, name)):
+            return _read_function(_Reader(str(root), devdir), name, addr)
     return None
 
 
@@ -364,27 +386,6 @@ def _matches(vendor: str | None, klass: str | None, rules: list[tuple[str | None
             continue
         return True
     return False
-
-
-class _Reader:
-    """Reads each attribute of a root at most once."""
-
-    def __init__(self, root: str, devdir: str):
-        self.root = root
-        self.devdir = devdir
-        self.cache: dict[tuple[str, str], str | None] = {}
-
-    def attr(self, name: str, attr: str) -> str | None:
-        key = (name, attr)
-        if key not in self.cache:
-            self.cache[key] = _read(f"{self.devdir}/{name}/{attr}")
-        return self.cache[key]
-
-    def link(self, name: str, attr: str) -> str | None:
-        return _link_name(f"{self.devdir}/{name}/{attr}")
-
-    def file(self, rel: str) -> str | None:
-        return _read(os.path.join(self.root, rel))
 
 
 def _read_groups(root: str) -> dict[str, int]:
@@ -545,6 +546,77 @@ def _natural(s: str) -> list:
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)]
 
 
+def _gpu_numa(
+    rd: _Reader, name: str, addr: str, nodes: dict[int, set[int]], warnings: list[str]
+) -> tuple[int | None, Literal["sysfs", "cpulist"] | None]:
+    """(NUMA node, where it came from): sysfs ``numa_node`` when the firmware gave one, else
+    the one node holding every CPU of ``local_cpulist``; (None, None) with a warning otherwise."""
+    raw_numa = parse_int(rd.attr(name, "numa_node"))
+    if raw_numa is not None and raw_numa >= 0:
+        if nodes and raw_numa not in nodes:
+            warnings.append(f"{addr}: numa_node {raw_numa} is not a node under {NODE_DIR}")
+        return raw_numa, "sysfs"
+    local_text = rd.attr(name, "local_cpulist")
+    try:
+        local = parse_cpulist(local_text)
+    except ValueError:
+        local = set()
+    node = numa_from_cpulist(local, nodes)
+    if node is not None:
+        return node, "cpulist"
+    warnings.append(f"{addr}: NUMA node unknown (numa_node {raw_numa if raw_numa is not None else 'missing'}, "
+                    f"local_cpulist {(local_text or 'missing').strip()!r} names no single node)")
+    return None, None
+
+
+def _group_members(
+    rd: _Reader,
+    addr: str,
+    group: list[str],
+    ids: dict[str, tuple[str | None, str | None, str | None]],
+    name_of: dict[str, str],
+) -> list[GroupMember]:
+    """The devices of ``group`` other than ``addr``, by address, each with its role: another
+    function of the same card, a bridge, or a foreign device."""
+    members = []
+    for m in sorted(group, key=address_key):
+        if m == addr:
+            continue
+        mv, md, mc = ids.get(m, (None, None, None))
+        mname = name_of.get(m)
+        if slot_of(m) == slot_of(addr):
+            role = MemberRole.FUNCTION
+        elif mc and mc.startswith("0x0604"):
+            role = MemberRole.BRIDGE
+        else:
+            role = MemberRole.FOREIGN
+        members.append(GroupMember(
+            address=m, role=role, vendor=mv, device=md, **{"class": mc},
+            driver=rd.link(mname, "driver") if mname else None,
+            subsystem_vendor=parse_subsystem_id(rd.attr(mname, "subsystem_vendor")) if mname else None,
+            subsystem_device=parse_subsystem_id(rd.attr(mname, "subsystem_device")) if mname else None,
+        ))
+    return members
+
+
+def _add_nvidia_information(g: Gpu, root: str, info_dir: str | None, warnings: list[str]) -> None:
+    """Set ``g``'s minor, UUID and (when pci.ids had none) model from the nvidia driver's
+    ``information`` file under ``info_dir``; warn when a GPU on nvidia has none."""
+    if info_dir is None:
+        if g.driver == "nvidia":
+            warnings.append(f"{g.address}: bound to nvidia but not listed under {NVIDIA_GPUS}")
+        return
+    text = _read(os.path.join(root, NVIDIA_GPUS, info_dir, "information"))
+    if text is None:
+        warnings.append(f"{g.address}: {NVIDIA_GPUS}/{info_dir}/information unreadable")
+        return
+    info = parse_nvidia_information(text)
+    g.minor = parse_int(info.get("Device Minor"))
+    g.uuid = info.get("GPU UUID") or None
+    if g.model is None and info.get("Model"):
+        g.model = info["Model"]
+
+
 def discover(
     root: str | Path = "/",
     *,
@@ -598,7 +670,7 @@ def discover(
     names = _load_pci_names(root_s, {(ids[a][0][2:], ids[a][1][2:]) for a in gpu_addrs + nvswitch_addrs})
 
     def full(addr: str) -> PciFunction:
-        f = _read_function(f"{devdir}/{name_of[addr]}", addr)
+        f = _read_function(rd, name_of[addr], addr)
         v, d = f.vendor, f.device
         if v and d:
             f.model = names.get((v[2:], d[2:]))
@@ -610,41 +682,9 @@ def discover(
         name = name_of[addr]
         base = full(addr)
         g = Gpu(**base.model_dump(by_alias=True))
-        raw_numa = parse_int(rd.attr(name, "numa_node"))
-        if raw_numa is not None and raw_numa >= 0:
-            g.numa_node, g.numa_source = raw_numa, "sysfs"
-            if nodes and raw_numa not in nodes:
-                warnings.append(f"{addr}: numa_node {raw_numa} is not a node under {NODE_DIR}")
-        else:
-            local_text = rd.attr(name, "local_cpulist")
-            try:
-                local = parse_cpulist(local_text)
-            except ValueError:
-                local = set()
-            node = numa_from_cpulist(local, nodes)
-            if node is not None:
-                g.numa_node, g.numa_source = node, "cpulist"
-            else:
-                warnings.append(f"{addr}: NUMA node unknown (numa_node {raw_numa if raw_numa is not None else 'missing'}, "
-                                f"local_cpulist {(local_text or 'missing').strip()!r} names no single node)")
+        g.numa_node, g.numa_source = _gpu_numa(rd, name, addr, nodes, warnings)
         if g.iommu_group is not None:
-            for m in sorted(members_of.get(g.iommu_group, []), key=address_key):
-                if m == addr:
-                    continue
-                mv, md, mc = ids.get(m, (None, None, None))
-                mname = name_of.get(m)
-                if slot_of(m) == slot_of(addr):
-                    role = MemberRole.FUNCTION
-                elif mc and mc.startswith("0x0604"):
-                    role = MemberRole.BRIDGE
-                else:
-                    role = MemberRole.FOREIGN
-                g.iommu_members.append(GroupMember(
-                    address=m, role=role, vendor=mv, device=md, **{"class": mc},
-                    driver=rd.link(mname, "driver") if mname else None,
-                    subsystem_vendor=parse_subsystem_id(rd.attr(mname, "subsystem_vendor")) if mname else None,
-                    subsystem_device=parse_subsystem_id(rd.attr(mname, "subsystem_device")) if mname else None,
-                ))
+            g.iommu_members = _group_members(rd, addr, members_of.get(g.iommu_group, []), ids, name_of)
         g.functions = [a for a in by_slot[slot_of(addr)] if a != addr]
         boot = parse_int(rd.attr(name, "boot_vga"))
         if boot is not None:
@@ -661,18 +701,7 @@ def discover(
         g.sriov_numvfs = parse_int(rd.attr(name, "sriov_numvfs"))
         g.sriov_totalvfs = parse_int(rd.attr(name, "sriov_totalvfs"))
         g.reset_method = parse_reset_method(rd.attr(name, "reset_method"))
-        info_dir = nv_dirs.get(addr)
-        if info_dir is not None:
-            text = _read(os.path.join(root_s, NVIDIA_GPUS, info_dir, "information"))
-            info = parse_nvidia_information(text) if text is not None else {}
-            g.minor = parse_int(info.get("Device Minor"))
-            g.uuid = info.get("GPU UUID") or None
-            if g.model is None and info.get("Model"):
-                g.model = info["Model"]
-            if text is None:
-                warnings.append(f"{addr}: {NVIDIA_GPUS}/{info_dir}/information unreadable")
-        elif g.driver == "nvidia":
-            warnings.append(f"{addr}: bound to nvidia but not listed under {NVIDIA_GPUS}")
+        _add_nvidia_information(g, root_s, nv_dirs.get(addr), warnings)
         gpus.append(g)
 
     return Facts(

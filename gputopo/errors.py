@@ -47,7 +47,7 @@ class RootError(InputError):
     def __init__(self, root: str, reason: str):
         self.root = root
         self.reason = reason
-        super().__init__(f"{root}: not a sysfs root ({reason})")
+        super().__init__(f"{root or repr(root)}: not a sysfs root ({reason})")
 
 
 class SpecError(InputError):
@@ -63,6 +63,24 @@ class SpecError(InputError):
 
 class ConfigError(InputError):
     """Bad command-line or environment configuration (credentials, URLs, options)."""
+
+
+class OutputError(InputError):
+    """An output path given on the command line cannot be written; nothing else was touched."""
+
+    def __init__(self, path: str, err: OSError):
+        self.path = path
+        self.errno = err.errno
+        super().__init__(f"{path}: cannot write: {err.strerror or err}")
+
+
+class UnavailableCommand(GputopoError):
+    """A command whose module cannot be imported (a dependency is missing or broken)."""
+
+    def __init__(self, name: str, cause: ImportError):
+        self.name = name
+        self.cause = cause
+        super().__init__(f"command {name!r} is unavailable: {str(cause).splitlines()[0] if str(cause) else type(cause).__name__}")
 
 
 # --- discovery ---------------------------------------------------------------------------

@@ -65,6 +65,11 @@ class PctExec:
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
+        # pct's exit status is not trusted alone (a failed worker may still exit 0): read it back.
+        back = self.run(vmid, ["cat", path], timeout=self.push_timeout)
+        if back.rc != 0 or back.stdout != content:
+            raise ExecError(vmid, argv, back.rc if back.rc != 0 else 1,
+                            back.stderr or f"{path} does not hold what was pushed")
 
 
 def _text(data: str | bytes | None) -> str:

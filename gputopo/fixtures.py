@@ -25,12 +25,12 @@ import struct
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gputopo.errors import InputError
 from gputopo.model import address_key, format_cpulist, normalize_address, parse_cpulist, slot_of
 from gputopo.resources import fixtures_dir
+from gputopo.spec import SpecError, format_validation_error, load_yaml
 
 
 class FixtureError(InputError):
@@ -215,6 +215,7 @@ class HostSpec(_Strict):
 
 
 def hosts_dir() -> Path:
+    """The directory of the shipped host descriptions (``<name>.yaml``)."""
     return fixtures_dir() / "hosts"
 
 
@@ -242,18 +243,17 @@ def load_host(name: str | Path) -> HostSpec:
     """
     path = _host_path(name)
     try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise FixtureError(str(path), f"not YAML: {str(e).splitlines()[0]}") from e
+        data = load_yaml(path.read_text(), str(path))
+    except SpecError as e:
+        raise FixtureError(str(path), e.expected) from None
     if not isinstance(data, dict):
         raise FixtureError(str(path), "expected a mapping")
     data.setdefault("name", path.stem)
     try:
         spec = HostSpec.model_validate(data)
     except ValidationError as e:
-        err = e.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"])
-        raise FixtureError(str(path), f"{loc}: {err['msg']}") from e
+        err = format_validation_error(str(path), e)
+        raise FixtureError(str(path), f"{err.field}: {err.expected}") from None
     if spec.generator:
         kind = spec.generator.get("kind")
         if kind not in GENERATORS:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from gputopo.errors import GputopoError
+from gputopo.errors import AddressError, GputopoError
 from gputopo.model import normalize_address
 
 # nvidia-smi accepts aliases in --query-gpu and prints the canonical name in the header.
@@ -174,7 +174,7 @@ def parse_nvidia_smi_q(text: str) -> list[dict]:
         if line.startswith("GPU "):
             try:
                 address = normalize_address(line[4:].strip())
-            except GputopoError:
+            except AddressError:
                 raise NvsmiParseError(line, "GPU heading without a PCI address") from None
             cur = {"address": address, "bus_id": None, "name": None, "uuid": None, "minor": None,
                    "memory_total": None, "memory_used": None, "memory_free": None}

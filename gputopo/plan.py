@@ -34,8 +34,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gputopo.errors import PlanRefused, Refusal
-from gputopo.model import NVIDIA_VENDOR, Facts, Gpu, MemberRole
+from gputopo.errors import AddressError, PlanRefused, Refusal, SpecError
+from gputopo.model import NVIDIA_VENDOR, Facts, Gpu, MemberRole, normalize_address, slot_of
 from gputopo.pvefmt import MapEntry, format_dev_value, format_map_entry
 from gputopo.render import (
     PERSISTENCE_PATHS,
@@ -45,7 +45,7 @@ from gputopo.render import (
     render_dropin,
     persistence_files,
 )
-from gputopo.spec import Container, GpuSelector, Node, Spec, nvidia_gpus, spec_from_split
+from gputopo.spec import Container, GpuSelector, Node, Spec, VmMapping, nvidia_gpus, spec_from_split
 
 __all__ = [
     "CurrentState",
@@ -194,7 +194,7 @@ class StopGuest(_M):
     vmid: int
 
     def describe(self) -> str:
-        return f"stop {'CT' if self.guest == 'lxc' else 'VM'} {self.vmid}"
+        return f"stop {_guest_name(self.guest, self.vmid)}"
 
 
 class Rebind(_M):
@@ -263,7 +263,7 @@ class StartGuest(_M):
     vmid: int
 
     def describe(self) -> str:
-        return f"start {'CT' if self.guest == 'lxc' else 'VM'} {self.vmid}"
+        return f"start {_guest_name(self.guest, self.vmid)}"
 
 
 class StartService(_M):
@@ -389,11 +389,16 @@ class Plan(_M):
         return "\n".join(lines) + "\n"
 
 
+def _guest_name(guest: str, vmid: int) -> str:
+    return f"{'CT' if guest == 'lxc' else 'VM'} {vmid}"
+
+
 def _dash(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
 def dev_sort(key: str) -> int:
+    """Sort key of a config key: N for ``devN``, after every devN for anything else."""
     m = DEV_KEY.match(key)
     return int(m.group(1)) if m else 10_000
 
@@ -461,10 +466,13 @@ def _dev_path(value: str) -> str:
 
 
 def is_nvidia_dev(value: str) -> bool:
+    """True when a devN value passes an nvidia node (``/dev/nvidia*``, ``path=`` spelled or not)."""
     return _dev_path(value).startswith("/dev/nvidia")
 
 
 def is_nvidia_lxc(key: str, value: str, majors: set[int]) -> bool:
+    """True when the raw ``lxc.*`` line ``key: value`` is an nvidia mount entry or a device rule
+    for one of the char ``majors``: a line gputopo manages."""
     if key == "lxc.mount.entry":
         return value.strip().startswith("/dev/nvidia")
     if key.startswith("lxc.cgroup2.devices.allow") or key.startswith("lxc.cgroup.devices.allow"):
@@ -539,11 +547,19 @@ def resolve_devices(config: dict[str, Any], update: UpdateContainer, minors: dic
 def pick_node(spec: Spec, facts: Facts, node: str | None) -> Node:
     """The spec's node for this host: ``node`` if given, the only one, or the host's name.
 
-    Raises SpecError when none fits.
+    Raises SpecError when none fits, or when the chosen node is not this host (a host whose
+    name is unknown is not checked).
     """
-    if node is None and len(spec.nodes) > 1 and facts.host.hostname:
-        node = facts.host.hostname
-    return spec.node(node)
+    # Proxmox names a node after the short hostname; a spec node of another name would write
+    # mapping lines and guest configs for a node this host is not
+    host = (facts.host.hostname or "").split(".")[0]
+    if node is None and len(spec.nodes) > 1 and host:
+        node = host
+    chosen = spec.node(node)
+    if host and chosen.name != host:
+        raise SpecError("spec", f"nodes[{spec.nodes.index(chosen)}].name",
+                        f"node {chosen.name!r} is not this host, which is {host!r}")
+    return chosen
 
 
 def _select(
@@ -566,28 +582,16 @@ def _select(
     return []  # count: resolved after the explicit selectors
 
 
-def plan(
+def _assign(
     facts: Facts,
-    spec: Spec,
-    current: CurrentState | None = None,
-    *,
-    node: str | None = None,
-    templates: str | None = None,
-) -> Plan:
-    """Plan the changes that bring the host from ``current`` to what ``spec`` asks.
-
-    Returns a :class:`Plan` (no actions when converged). Raises :class:`PlanRefused` with every
-    :class:`Refusal` when the spec cannot be carried out safely, SpecError when the spec names no
-    node for this host, ConfigError for a broken user template.
-    """
-    current = current or CurrentState()
-    spec_node = pick_node(spec, facts, node)
-    node_name = spec_node.name
-    refusals: list[Refusal] = []
-    warnings: list[str] = []
+    cts: dict[str, Container],
+    vms: dict[str, VmMapping],
+    refusals: list[Refusal],
+    warnings: list[str],
+) -> tuple[dict[str, list[Gpu]], dict[str, str]]:
+    """(owner -> its GPUs, address -> its owner): numa and address selectors first, then counts
+    from what is left, then ``rest``. A GPU claimed twice is refused; its first owner is kept."""
     candidates = nvidia_gpus(facts)
-
-    # ---- who gets which GPU
     owners: dict[str, list[str]] = {}
     selected: dict[str, list[Gpu]] = {}
 
@@ -598,16 +602,10 @@ def plan(
                 selected[owner].append(g)
                 owners.setdefault(g.address, []).append(owner)
 
-    cts = {f"container:{c.vmid}": c for c in spec_node.containers}
-    vms = {f"vm:{m.name}": m for m in spec_node.vms.mappings}
-    for owner, c in cts.items():
-        claim(owner, _select(c.gpus, candidates, facts, owner, refusals))
-    for owner, m in vms.items():
-        if m.gpus != "rest":
-            claim(owner, _select(m.gpus, candidates, facts, owner, refusals))
-    for owner, sel in [(o, c.gpus) for o, c in cts.items()] + [
-        (o, m.gpus) for o, m in vms.items() if m.gpus != "rest"
-    ]:
+    explicit = [(o, c.gpus) for o, c in cts.items()] + [(o, m.gpus) for o, m in vms.items() if m.gpus != "rest"]
+    for owner, sel in explicit:
+        claim(owner, _select(sel, candidates, facts, owner, refusals))
+    for owner, sel in explicit:
         if sel.count is not None:
             free = [g for g in candidates if g.address not in owners and not (owner.startswith("vm:") and g.boot_vga)]
             if len(free) < sel.count:
@@ -630,19 +628,15 @@ def plan(
     for addr, who in sorted(owners.items()):
         if len(who) > 1:
             refusals.append(Refusal(addr, f"claimed by both {who[0]} and {who[1]}", "double-claim"))
+    if any(isinstance(sel, GpuSelector) and sel.numa is not None for _, sel in explicit):
+        for g in candidates:
+            if g.numa_node is None and g.address not in owners:
+                warnings.append(f"{g.address}: NUMA node unknown; no numa selector matches it (left with the host)")
+    return selected, {addr: who[0] for addr, who in owners.items()}
 
-    numa_used = any(
-        isinstance(s, GpuSelector) and s.numa is not None
-        for s in [c.gpus for c in spec_node.containers] + [m.gpus for m in spec_node.vms.mappings]
-    )
-    for g in candidates:
-        if g.numa_node is None and g.address not in owners and numa_used:
-            warnings.append(f"{g.address}: NUMA node unknown; no numa selector matches it (left with the host)")
 
-    owner_of = {addr: who[0] for addr, who in owners.items()}
-    vm_addresses = {a for a, o in owner_of.items() if o.startswith("vm:")}
-
-    # ---- checks per side
+def _check_vm_gpus(facts: Facts, vm_addresses: set[str], refusals: list[Refusal], warnings: list[str]) -> None:
+    """Refuse every VM GPU that cannot be passed through safely."""
     if vm_addresses and not facts.host.modules.vfio_pci:
         warnings.append("vfio-pci module is not loaded; apply will refuse until it is (modprobe vfio-pci)")
     for g in (facts.gpu(a) for a in sorted(vm_addresses)):
@@ -668,67 +662,65 @@ def plan(
                         "shared-group",
                     )
                 )
-    for owner, c in cts.items():
-        gpus = selected.get(owner, [])
-        for g in gpus:
-            if g.vendor != NVIDIA_VENDOR:
-                refusals.append(Refusal(g.address, f"is not an NVIDIA GPU; {owner} needs the nvidia driver", "not-nvidia"))
-        nodes = {g.numa_node for g in gpus}
-        if len(nodes - {None}) > 1 and not spec.policy.allow_cross_numa:
+
+
+def _check_container(
+    c: Container, owner: str, gpus: list[Gpu], spec: Spec, owner_of: dict[str, str],
+    refusals: list[Refusal], warnings: list[str],
+) -> None:
+    """Refuse or warn about what container ``c`` gets: non-NVIDIA GPUs, NUMA spread, unknown
+    minors, guessed legacy majors, a tensor-parallel size the service cannot use."""
+    for g in gpus:
+        if g.vendor != NVIDIA_VENDOR:
+            refusals.append(Refusal(g.address, f"is not an NVIDIA GPU; {owner} needs the nvidia driver", "not-nvidia"))
+    nodes = {g.numa_node for g in gpus} - {None}
+    if len(nodes) > 1 and not spec.policy.allow_cross_numa:
+        warnings.append(f"container {c.vmid}: GPUs span NUMA nodes {sorted(nodes)} (cross-socket traffic)")
+    for g in gpus:
+        if g.numa_node is None:
+            warnings.append(f"{g.address}: NUMA node unknown (container {c.vmid})")
+        for m in g.iommu_members:
+            if m.role != MemberRole.BRIDGE and m.driver == VFIO and m.address not in owner_of:
+                warnings.append(f"{g.address}: group member {m.address} is on vfio-pci (container {c.vmid})")
+        if g.minor is None and c.device_mode == "devN":
             warnings.append(
-                f"container {c.vmid}: GPUs span NUMA nodes {sorted(nodes - {None})} (cross-socket traffic)"
+                f"{g.address}: /dev/nvidia minor unknown until nvidia binds it; apply adds its device "
+                f"to container {c.vmid} after the switch"
             )
-        for g in gpus:
-            if g.numa_node is None:
-                warnings.append(f"{g.address}: NUMA node unknown (container {c.vmid})")
-            for m in g.iommu_members:
-                if m.role != MemberRole.BRIDGE and m.driver == VFIO and m.address not in owner_of:
-                    warnings.append(f"{g.address}: group member {m.address} is on vfio-pci (container {c.vmid})")
-            if g.minor is None and c.device_mode == "devN":
-                warnings.append(
-                    f"{g.address}: /dev/nvidia minor unknown until nvidia binds it; apply adds its device "
-                    f"to container {c.vmid} after the switch"
-                )
-            elif g.minor is None:
-                warnings.append(
-                    f"{g.address}: /dev/nvidia minor unknown until nvidia binds it; plan again after apply "
-                    f"to add its device to container {c.vmid}"
-                )
-        if c.device_mode == "legacy" and gpus:
-            guessed = sorted(set(DEFAULT_LEGACY_MAJORS) - set(c.legacy_majors or {}))
-            if guessed:
-                # these majors are dynamic: a wrong one silently denies the node inside the container
-                warnings.append(
-                    f"container {c.vmid}: legacy device lines use guessed char majors for "
-                    f"{', '.join(f'{k} {DEFAULT_LEGACY_MAJORS[k]}' for k in guessed)}; "
-                    "set legacy_majors from /proc/devices"
-                )
-        tp = len(gpus)
-        if c.service is not None and tp > 0:
-            problems = []
-            if tp & (tp - 1):
-                problems.append("is not a power of two")
-            heads = c.service.attention_heads
-            if heads and heads % tp:
-                problems.append(f"does not divide the {heads} attention heads")
-            if problems:
-                text = f"container {c.vmid}: tensor parallel {tp} {' and '.join(problems)}"
-                if spec.policy.tp_check == "error":
-                    refusals.append(Refusal(None, text, "tp"))
-                else:
-                    warnings.append(text)
+        elif g.minor is None:
+            warnings.append(
+                f"{g.address}: /dev/nvidia minor unknown until nvidia binds it; plan again after apply "
+                f"to add its device to container {c.vmid}"
+            )
+    if c.device_mode == "legacy" and gpus:
+        guessed = sorted(set(DEFAULT_LEGACY_MAJORS) - set(c.legacy_majors or {}))
+        if guessed:
+            # these majors are dynamic: a wrong one silently denies the node inside the container
+            warnings.append(
+                f"container {c.vmid}: legacy device lines use guessed char majors for "
+                f"{', '.join(f'{k} {DEFAULT_LEGACY_MAJORS[k]}' for k in guessed)}; "
+                "set legacy_majors from /proc/devices"
+            )
+    tp = len(gpus)
+    if c.service is None or tp == 0:
+        return
+    problems = []
+    if tp & (tp - 1):
+        problems.append("is not a power of two")
+    heads = c.service.attention_heads
+    if heads and heads % tp:
+        problems.append(f"does not divide the {heads} attention heads")
+    if problems:
+        text = f"container {c.vmid}: tensor parallel {tp} {' and '.join(problems)}"
+        if spec.policy.tp_check == "error":
+            refusals.append(Refusal(None, text, "tp"))
+        else:
+            warnings.append(text)
 
-    if facts.host.sev_snp and facts.host.iommu_mode == "pt":
-        warnings.append(
-            "SEV-SNP is on but the IOMMU is in passthrough (iommu=pt); SEV-SNP needs it translating: "
-            "drop iommu=pt from the kernel command line"
-        )
 
-    if refusals:
-        raise PlanRefused(refusals)
-
-    keep_override = spec.policy.keep_driver_override
-    target: list[GpuTarget] = []
+def _targets(facts: Facts, owner_of: dict[str, str]) -> list[GpuTarget]:
+    """Every GPU of ``facts`` with its owner and target driver (None: left with the host)."""
+    target = []
     for g in facts.gpus:
         owner = owner_of.get(g.address, "host")
         drv = NVIDIA if owner.startswith("container:") else VFIO if owner.startswith("vm:") else None
@@ -744,21 +736,27 @@ def plan(
                 iommu_group=g.iommu_group,
             )
         )
+    return target
 
-    actions: list[Any] = []
 
-    # ---- persistence files
-    vfio_all = sorted({a for t in target if t.driver == VFIO for a in [t.address, *t.companions]})
-    want_files = persistence_files(vfio_all, templates)
+def _persistence_actions(
+    vfio_addresses: list[str], current: CurrentState, templates: str | None
+) -> list[WriteHostFile | RemoveHostFile]:
+    """Writes of the persistence files that differ, removals of those no longer wanted."""
+    want = persistence_files(vfio_addresses, templates)
+    actions: list[WriteHostFile | RemoveHostFile] = []
     for path in PERSISTENCE_PATHS:
         have = current.files.get(path)
-        if path in want_files:
-            if have != want_files[path]:
-                actions.append(WriteHostFile(path=path, content=want_files[path]))
+        if path in want:
+            if have != want[path]:
+                actions.append(WriteHostFile(path=path, content=want[path]))
         elif have is not None:
             actions.append(RemoveHostFile(path=path))
+    return actions
 
-    # ---- switch: one Rebind per IOMMU group
+
+def _rebinds(facts: Facts, target: list[GpuTarget], keep_override: bool) -> list[Rebind]:
+    """One Rebind per IOMMU group that is not yet where the target wants it."""
     rebinds: list[Rebind] = []
     seen_groups: set[Any] = set()
     for t in target:
@@ -767,239 +765,20 @@ def plan(
         g = facts.gpu(t.address)
         assert g is not None
         gkey = g.iommu_group if g.iommu_group is not None else g.address
-        if gkey in seen_groups:
+        if gkey in seen_groups or not _needs_rebind(g, t.driver, keep_override):
             continue
-        members = {g.address: g.driver}
-        for m in g.iommu_members:
-            if m.role != MemberRole.BRIDGE:
-                members[m.address] = m.driver
-        if _needs_rebind(g, t.driver, keep_override):
-            seen_groups.add(gkey)
-            rebinds.append(
-                Rebind(
-                    address=g.address,
-                    members=sorted(members),
-                    from_drivers=dict(sorted(members.items())),
-                    to_driver=t.driver,
-                    keep_override=keep_override,
-                )
-            )
-    rebinding = {m for r in rebinds for m in r.members}
-
-    # ---- mappings
-    mappings: dict[str, MappingTarget] = {}
-    mapping_actions: list[Any] = []
-    changed_mappings: set[str] = set()
-    managed: list[tuple[str, list[Gpu], str | None, str]] = [
-        (m.name, selected.get(o, []), m.description, "VM passthrough") for o, m in vms.items()
-    ] + [(c.mapping, selected.get(o, []), None, f"container {c.vmid}") for o, c in cts.items() if c.mapping]
-    for mid, gpus, description, purpose in managed:
-        cur = current.mappings.get(mid)
-        other_nodes = [e for e in (cur.map if cur else []) if _entry_fields(e).get("node") != node_name]
-        ours = [map_entry(g, node_name) for g in sorted(gpus, key=lambda g: g.address)]
-        want = other_nodes + ours
-        desc = description or (cur.description if cur and cur.description else None)
-        if desc is None and ours:
-            desc = f"{len(ours)} GPU(s) for {purpose} (gputopo)"
-        mappings[mid] = MappingTarget(map=want, description=desc if want else None)
-        if not want:
-            if cur is not None:
-                mapping_actions.append(DeleteMapping(id=mid, digest=cur.digest))
-                changed_mappings.add(mid)
-            continue
-        if cur is None:
-            mapping_actions.append(SetMapping(id=mid, map=want, description=desc, create=True))
-            changed_mappings.add(mid)
-            continue
-        same_map = sorted(normalize_map_entry(e) for e in cur.map) == sorted(normalize_map_entry(e) for e in want)
-        if not same_map or (cur.description or None) != desc:
-            mapping_actions.append(SetMapping(id=mid, map=want, description=desc, create=False, digest=cur.digest))
-            if not same_map:
-                changed_mappings.add(mid)
-    kept = {
-        mid: MappingTarget(map=list(m.map), description=m.description)
-        for mid, m in current.mappings.items()
-        if mid not in mappings
-    }
-    actions += mapping_actions
-
-    # ---- containers: devices and service
-    containers: list[ContainerTarget] = []
-    updates: list[UpdateContainer] = []
-    dropins: list[WriteServiceDropin] = []
-    touched_cts: set[int] = set()
-    restart_services: set[int] = set()
-    p2p = p2p_must_be_disabled(facts)
-    for owner, c in cts.items():
-        gpus = sorted(selected.get(owner, []), key=lambda g: g.address)
-        state = current.containers.get(c.vmid)
-        if state is None:
-            warnings.append(f"container {c.vmid}: no configuration found on node {node_name}")
-            state = ContainerState()
-        config = state.config
-        paths = _dev_paths(gpus)
-        majors = _legacy_majors(c)
-        managed_majors = {195, *DEFAULT_LEGACY_MAJORS.values(), *majors.values()}
-        cur_lxc = [list(x) for x in config.get("lxc", []) or []]
-        ours_lxc = [x for x in cur_lxc if is_nvidia_lxc(x[0], x[1], managed_majors)]
-        if c.device_mode == "devN":
-            wanted = [format_dev(p, c.gid, c.mode) for p in paths]
-            want_lxc: list[list[str]] = []
-        else:
-            wanted = []
-            want_lxc = _legacy_lines(paths, majors) if gpus else []
-        devices, to_set, delete = _device_changes(config, wanted)
-        lxc_add = [x for x in want_lxc if x not in ours_lxc]
-        lxc_remove = [x for x in ours_lxc if x not in want_lxc]
-        # GPUs coming back from vfio-pci: their entries are resolved by apply after the switch
-        resolve = [g.address for g in gpus if g.minor is None] if c.device_mode == "devN" else []
-        if to_set or delete or lxc_add or lxc_remove or resolve:
-            updates.append(
-                UpdateContainer(
-                    vmid=c.vmid,
-                    set=to_set,
-                    delete=delete,
-                    digest=config.get("digest"),
-                    lxc_add=lxc_add,
-                    lxc_remove=lxc_remove,
-                    resolve=resolve,
-                    dev_gid=c.gid if resolve else None,
-                    dev_mode=(c.mode or None) if resolve else None,
-                )
-            )
-            touched_cts.add(c.vmid)
-        # a GPU leaving nvidia that this container maps must not be unbound under it
-        used_paths = {_dev_path(v) for k, v in config.items() if DEV_KEY.match(k)}
-        for r in rebinds:
-            for a in r.members:
-                g = facts.gpu(a)
-                if g is not None and g.minor is not None and f"/dev/nvidia{g.minor}" in used_paths:
-                    touched_cts.add(c.vmid)
-
-        svc_target = None
-        if c.service is not None:
-            svc_state = state.service
-            command = c.service.command or (svc_state.exec_start if svc_state else None)
-            tp = len(gpus)
-            cur_tp = svc_state.tp if svc_state and svc_state.tp is not None else (
-                parse_tp(svc_state.exec_start) if svc_state and svc_state.exec_start else None
-            )
-            svc_target = ServiceTarget(
-                unit=c.service.unit, tp_flag=c.service.tp_flag, tp=tp, dropin=c.service.dropin,
-                command=command, current_tp=cur_tp,
-            )
-            if tp == 0:
-                warnings.append(f"container {c.vmid}: no GPUs left; {c.service.unit} is left alone")
-                svc_target.command = None
-            elif command is None:
-                warnings.append(
-                    f"container {c.vmid}: {c.service.unit} has no known command (set service.command); "
-                    "its drop-in is not managed"
-                )
-            else:
-                content = render_dropin(command, c.service.tp_flag, tp, p2p, templates)
-                if svc_state is None or svc_state.dropin != content:
-                    dropins.append(
-                        WriteServiceDropin(
-                            vmid=c.vmid,
-                            unit=c.service.unit,
-                            path=dropin_path(c.service.unit, c.service.dropin),
-                            content=content,
-                            tp=tp,
-                        )
-                    )
-                    restart_services.add(c.vmid)
-        containers.append(
-            ContainerTarget(
-                vmid=c.vmid,
-                gpus=[g.address for g in gpus],
-                device_mode=c.device_mode,
-                devices=devices,
-                lxc=want_lxc,
-                mapping=c.mapping,
-                service=svc_target,
+        seen_groups.add(gkey)
+        members = {g.address: g.driver, **{m.address: m.driver for m in g.iommu_members if m.role != MemberRole.BRIDGE}}
+        rebinds.append(
+            Rebind(
+                address=g.address,
+                members=sorted(members),
+                from_drivers=dict(sorted(members.items())),
+                to_driver=t.driver,
+                keep_override=keep_override,
             )
         )
-    actions += dropins
-
-    # ---- stop / start only what must
-    stops: list[Any] = []
-    starts: list[Any] = []
-    for c in spec_node.containers:
-        state = current.containers.get(c.vmid) or ContainerState()
-        running = state.status == "running"
-        svc = c.service
-        svc_active = bool(state.service and state.service.active)
-        restart_ct = c.vmid in touched_cts and running
-        restart_svc = c.vmid in restart_services and running and svc is not None
-        if restart_ct:
-            if svc is not None and svc_active:
-                stops.append(StopService(vmid=c.vmid, unit=svc.unit))
-            stops.append(StopGuest(guest="lxc", vmid=c.vmid))
-            starts.append(StartGuest(guest="lxc", vmid=c.vmid))
-            if svc is not None:
-                starts.append(StartService(vmid=c.vmid, unit=svc.unit))
-        elif restart_svc and svc is not None:
-            if svc_active:
-                stops.append(StopService(vmid=c.vmid, unit=svc.unit))
-            starts.append(StartService(vmid=c.vmid, unit=svc.unit))
-        elif c.vmid in current.containers and not running:
-            # The spec says this container serves its GPUs: a stopped one is not converged.
-            starts.append(StartGuest(guest="lxc", vmid=c.vmid))
-            if svc is not None:
-                starts.append(StartService(vmid=c.vmid, unit=svc.unit))
-        elif svc is not None and state.service is not None and not svc_active:
-            # The service state was read (pct exec) and it is not running.
-            starts.append(StartService(vmid=c.vmid, unit=svc.unit))
-    affected = set(changed_mappings)
-    for mid, m in {**mappings, **{k: MappingTarget(map=v.map) for k, v in current.mappings.items()}}.items():
-        if any(_entry_fields(e).get("path") in rebinding for e in m.map):
-            affected.add(mid)
-    guest_ids = spec_node.vms.guests or sorted(current.guests)
-    for vmid in guest_ids:
-        gs = current.guests.get(vmid)
-        if gs is None or gs.status != "running":
-            continue
-        uses = set()
-        for value in gs.hostpci:
-            f = _entry_fields(value if "=" in value.split(",")[0] else f"host={value}")
-            if "mapping" in f:
-                uses.add(("mapping", f["mapping"]))
-            if "host" in f:
-                uses.add(("host", f["host"]))
-        hit = any(k == "mapping" and v in affected for k, v in uses) or any(
-            k == "host" and any(m.startswith(_full(v)) for m in rebinding) for k, v in uses
-        )
-        if hit:
-            stops.append(StopGuest(guest="qemu", vmid=vmid))
-            starts.append(StartGuest(guest="qemu", vmid=vmid))
-
-    actions += stops + rebinds + updates + starts
-    order = {p: i for i, p in enumerate(PHASES)}
-    actions.sort(key=lambda a: order[a.phase])  # stable: keeps the order within a phase
-    return Plan(
-        node=node_name,
-        target=target,
-        containers=containers,
-        mappings=mappings,
-        kept_mappings=kept,
-        p2p_disable=p2p,
-        keep_override=keep_override,
-        warnings=warnings,
-        actions=actions,
-    )
-
-
-def _full(host: str) -> str:
-    host = host.split(";")[0]
-    return host if host.count(":") >= 2 else f"0000:{host}"
-
-
-def _legacy_majors(c: Container) -> dict[str, int]:
-    """The char majors of nvidia-uvm and nvidia-caps for legacy lines: the spec's, else the defaults."""
-    majors = dict(DEFAULT_LEGACY_MAJORS)
-    majors.update({k: v for k, v in (c.legacy_majors or {}).items() if k in majors})
-    return majors
+    return rebinds
 
 
 def _needs_rebind(g: Gpu, to: str, keep_override: bool) -> bool:
@@ -1011,6 +790,329 @@ def _needs_rebind(g: Gpu, to: str, keep_override: bool) -> bool:
     if g.driver != NVIDIA or g.driver_override == VFIO:
         return True
     return any(m.driver == VFIO and m.role == MemberRole.FUNCTION for m in others)
+
+
+def _mapping_changes(
+    node_name: str,
+    cts: dict[str, Container],
+    vms: dict[str, VmMapping],
+    selected: dict[str, list[Gpu]],
+    current: CurrentState,
+) -> tuple[dict[str, MappingTarget], list[SetMapping | DeleteMapping], set[str]]:
+    """(every managed mapping's target, the actions, the ids whose ``map`` changes).
+
+    Entries of other nodes are kept; a description set outside the spec is kept too.
+    """
+    managed: list[tuple[str, list[Gpu], str | None, str]] = [
+        (m.name, selected.get(o, []), m.description, "VM passthrough") for o, m in vms.items()
+    ] + [(c.mapping, selected.get(o, []), None, f"container {c.vmid}") for o, c in cts.items() if c.mapping]
+    mappings: dict[str, MappingTarget] = {}
+    actions: list[SetMapping | DeleteMapping] = []
+    changed: set[str] = set()
+    for mid, gpus, description, purpose in managed:
+        cur = current.mappings.get(mid)
+        other_nodes = [e for e in (cur.map if cur else []) if _entry_fields(e).get("node") != node_name]
+        ours = [map_entry(g, node_name) for g in sorted(gpus, key=lambda g: g.address)]
+        want = other_nodes + ours
+        desc = description or (cur.description if cur and cur.description else None)
+        if desc is None and ours:
+            desc = f"{len(ours)} GPU(s) for {purpose} (gputopo)"
+        mappings[mid] = MappingTarget(map=want, description=desc if want else None)
+        if not want:
+            if cur is not None:
+                actions.append(DeleteMapping(id=mid, digest=cur.digest))
+                changed.add(mid)
+        elif cur is None:
+            actions.append(SetMapping(id=mid, map=want, description=desc, create=True))
+            changed.add(mid)
+        else:
+            same_map = sorted(map(normalize_map_entry, cur.map)) == sorted(map(normalize_map_entry, want))
+            if not same_map or (cur.description or None) != desc:
+                actions.append(SetMapping(id=mid, map=want, description=desc, create=False, digest=cur.digest))
+            if not same_map:
+                changed.add(mid)
+    return mappings, actions, changed
+
+
+def _device_update(
+    c: Container, gpus: list[Gpu], config: dict[str, Any]
+) -> tuple[dict[str, str], list[list[str]], UpdateContainer | None]:
+    """(every devN entry the config will have, gputopo's lxc lines, the update or None)."""
+    paths = _dev_paths(gpus)
+    majors = _legacy_majors(c)
+    ours_lxc = current_nvidia_lxc(config, c)
+    if c.device_mode == "devN":
+        wanted = [format_dev(p, c.gid, c.mode) for p in paths]
+        want_lxc: list[list[str]] = []
+        # GPUs coming back from vfio-pci: apply resolves their entries after the switch
+        resolve = [g.address for g in gpus if g.minor is None]
+    else:
+        wanted = []
+        want_lxc = _legacy_lines(paths, majors) if gpus else []
+        resolve = []
+    devices, to_set, delete = _device_changes(config, wanted)
+    lxc_add = [x for x in want_lxc if x not in ours_lxc]
+    lxc_remove = [x for x in ours_lxc if x not in want_lxc]
+    if not (to_set or delete or lxc_add or lxc_remove or resolve):
+        return devices, want_lxc, None
+    return devices, want_lxc, UpdateContainer(
+        vmid=c.vmid,
+        set=to_set,
+        delete=delete,
+        digest=config.get("digest"),
+        lxc_add=lxc_add,
+        lxc_remove=lxc_remove,
+        resolve=resolve,
+        dev_gid=c.gid if resolve else None,
+        dev_mode=(c.mode or None) if resolve else None,
+    )
+
+
+def _service_target(
+    c: Container, tp: int, state: ContainerState, p2p: bool, templates: str | None, warnings: list[str]
+) -> tuple[ServiceTarget | None, WriteServiceDropin | None]:
+    """(the service's target, the drop-in to write or None) for container ``c`` with ``tp`` GPUs.
+
+    Without GPUs, or without a known command, the drop-in is not managed (a warning says why).
+    """
+    if c.service is None:
+        return None, None
+    svc_state = state.service
+    command = c.service.command or (svc_state.exec_start if svc_state else None)
+    svc_target = ServiceTarget(
+        unit=c.service.unit, tp_flag=c.service.tp_flag, tp=tp, dropin=c.service.dropin,
+        command=command, current_tp=_running_tp(svc_state),
+    )
+    if tp == 0:
+        warnings.append(f"container {c.vmid}: no GPUs left; {c.service.unit} is left alone")
+        svc_target.command = None
+        return svc_target, None
+    if command is None:
+        warnings.append(
+            f"container {c.vmid}: {c.service.unit} has no known command (set service.command); "
+            "its drop-in is not managed"
+        )
+        return svc_target, None
+    content = render_dropin(command, c.service.tp_flag, tp, p2p, templates)
+    if svc_state is not None and svc_state.dropin == content:
+        return svc_target, None
+    return svc_target, WriteServiceDropin(
+        vmid=c.vmid,
+        unit=c.service.unit,
+        path=dropin_path(c.service.unit, c.service.dropin),
+        content=content,
+        tp=tp,
+    )
+
+
+def _running_tp(svc: ServiceState | None) -> int | None:
+    if svc is None:
+        return None
+    if svc.tp is not None:
+        return svc.tp
+    return parse_tp(svc.exec_start) if svc.exec_start else None
+
+
+def _maps_a_moving_gpu(config: dict[str, Any], facts: Facts, rebinds: list[Rebind]) -> bool:
+    """True when a devN entry of ``config`` is the /dev/nvidiaN of a device being rebound: the
+    container must stop before that GPU is unbound under it."""
+    used_paths = {_dev_path(v) for k, v in config.items() if DEV_KEY.match(k)}
+    for r in rebinds:
+        for a in r.members:
+            g = facts.gpu(a)
+            if g is not None and g.minor is not None and f"/dev/nvidia{g.minor}" in used_paths:
+                return True
+    return False
+
+
+def _container_restarts(
+    spec_node: Node, current: CurrentState, touched: set[int], restart_services: set[int]
+) -> tuple[list[StopService | StopGuest], list[StartGuest | StartService]]:
+    """(stops, starts) of the containers and services: only what must stop, and what the spec
+    says serves but is not running."""
+    stops: list[StopService | StopGuest] = []
+    starts: list[StartGuest | StartService] = []
+    for c in spec_node.containers:
+        state = current.containers.get(c.vmid) or ContainerState()
+        running = state.status == "running"
+        svc = c.service
+        svc_active = bool(state.service and state.service.active)
+        if c.vmid in touched and running:
+            if svc is not None and svc_active:
+                stops.append(StopService(vmid=c.vmid, unit=svc.unit))
+            stops.append(StopGuest(guest="lxc", vmid=c.vmid))
+            starts.append(StartGuest(guest="lxc", vmid=c.vmid))
+            if svc is not None:
+                starts.append(StartService(vmid=c.vmid, unit=svc.unit))
+        elif c.vmid in restart_services and running and svc is not None:
+            if svc_active:
+                stops.append(StopService(vmid=c.vmid, unit=svc.unit))
+            starts.append(StartService(vmid=c.vmid, unit=svc.unit))
+        elif c.vmid in current.containers and not running:
+            # The spec says this container serves its GPUs: a stopped one is not converged.
+            starts.append(StartGuest(guest="lxc", vmid=c.vmid))
+            if svc is not None:
+                starts.append(StartService(vmid=c.vmid, unit=svc.unit))
+        elif svc is not None and state.service is not None and not svc_active:
+            # The service state was read (pct exec) and it is not running.
+            starts.append(StartService(vmid=c.vmid, unit=svc.unit))
+    return stops, starts
+
+
+def hostpci_devices(value: str) -> tuple[str | None, list[str]]:
+    """(mapping id, host devices) of a VM's ``hostpciN`` value.
+
+    ``mapping=ID[,...]`` names a mapping; ``host=A;B[,...]`` or a bare ``A;B[,...]`` names
+    devices, each a full address (``0000:81:00.0``) or a slot (``81:00``: every function of the
+    card), returned normalised (``0000:81:00.0``, ``0000:81:00``). Devices that are not PCI
+    addresses are left out (Proxmox refuses such a value).
+    """
+    first = value.split(",")[0]
+    fields = _entry_fields(value if "=" in first else f"host={value}")
+    hosts: list[str] = []
+    for text in filter(None, fields.get("host", "").split(";")):
+        try:
+            hosts.append(normalize_address(text) if "." in text else slot_of(normalize_address(text + ".0")))
+        except AddressError:
+            continue
+    return fields.get("mapping"), hosts
+
+
+def _guest_restarts(
+    spec_node: Node,
+    current: CurrentState,
+    mappings: dict[str, MappingTarget],
+    changed_mappings: set[str],
+    rebinding: set[str],
+) -> tuple[list[StopGuest], list[StartGuest]]:
+    """(stops, starts) of the running VMs that use a changed mapping, a mapping holding a device
+    being rebound, or such a device directly (``host=``)."""
+    affected = set(changed_mappings)
+    for mid, m in {**mappings, **current.mappings}.items():
+        paths = [p for e in m.map for p in _entry_fields(e).get("path", "").split(";")]
+        if any(p in rebinding for p in paths):
+            affected.add(mid)
+    stops: list[StopGuest] = []
+    starts: list[StartGuest] = []
+    for vmid in spec_node.vms.guests or sorted(current.guests):
+        gs = current.guests.get(vmid)
+        if gs is None or gs.status != "running":
+            continue
+        hit = False
+        for value in gs.hostpci:
+            mapping, hosts = hostpci_devices(value)
+            hit = hit or mapping in affected or any(a in hosts or slot_of(a) in hosts for a in rebinding)
+        if hit:
+            stops.append(StopGuest(guest="qemu", vmid=vmid))
+            starts.append(StartGuest(guest="qemu", vmid=vmid))
+    return stops, starts
+
+
+def plan(
+    facts: Facts,
+    spec: Spec,
+    current: CurrentState | None = None,
+    *,
+    node: str | None = None,
+    templates: str | None = None,
+) -> Plan:
+    """Plan the changes that bring the host from ``current`` to what ``spec`` asks.
+
+    Returns a :class:`Plan` (no actions when converged). Raises :class:`PlanRefused` with every
+    :class:`Refusal` when the spec cannot be carried out safely, SpecError when the spec names no
+    node for this host, ConfigError for a broken user template.
+    """
+    current = current or CurrentState()
+    spec_node = pick_node(spec, facts, node)
+    node_name = spec_node.name
+    refusals: list[Refusal] = []
+    warnings: list[str] = []
+    cts = {f"container:{c.vmid}": c for c in spec_node.containers}
+    vms = {f"vm:{m.name}": m for m in spec_node.vms.mappings}
+
+    selected, owner_of = _assign(facts, cts, vms, refusals, warnings)
+    _check_vm_gpus(facts, {a for a, o in owner_of.items() if o.startswith("vm:")}, refusals, warnings)
+    for owner, c in cts.items():
+        _check_container(c, owner, selected.get(owner, []), spec, owner_of, refusals, warnings)
+    if facts.host.sev_snp and facts.host.iommu_mode == "pt":
+        warnings.append(
+            "SEV-SNP is on but the IOMMU is in passthrough (iommu=pt); SEV-SNP needs it translating: "
+            "drop iommu=pt from the kernel command line"
+        )
+    if refusals:
+        raise PlanRefused(refusals)
+
+    keep_override = spec.policy.keep_driver_override
+    target = _targets(facts, owner_of)
+    vfio_all = sorted({a for t in target if t.driver == VFIO for a in [t.address, *t.companions]})
+    rebinds = _rebinds(facts, target, keep_override)
+    mappings, mapping_actions, changed_mappings = _mapping_changes(node_name, cts, vms, selected, current)
+
+    containers: list[ContainerTarget] = []
+    updates: list[UpdateContainer] = []
+    dropins: list[WriteServiceDropin] = []
+    touched: set[int] = set()
+    p2p = p2p_must_be_disabled(facts)
+    for owner, c in cts.items():
+        gpus = sorted(selected.get(owner, []), key=lambda g: g.address)
+        state = current.containers.get(c.vmid)
+        if state is None:
+            warnings.append(f"container {c.vmid}: no configuration found on node {node_name}")
+            state = ContainerState()
+        devices, lxc, update = _device_update(c, gpus, state.config)
+        if update is not None:
+            updates.append(update)
+        if update is not None or _maps_a_moving_gpu(state.config, facts, rebinds):
+            touched.add(c.vmid)
+        svc_target, dropin = _service_target(c, len(gpus), state, p2p, templates, warnings)
+        if dropin is not None:
+            dropins.append(dropin)
+        containers.append(
+            ContainerTarget(
+                vmid=c.vmid, gpus=[g.address for g in gpus], device_mode=c.device_mode, devices=devices,
+                lxc=lxc, mapping=c.mapping, service=svc_target,
+            )
+        )
+
+    ct_stops, ct_starts = _container_restarts(spec_node, current, touched, {d.vmid for d in dropins})
+    rebinding = {m for r in rebinds for m in r.members}
+    vm_stops, vm_starts = _guest_restarts(spec_node, current, mappings, changed_mappings, rebinding)
+    actions: list[Any] = [
+        *_persistence_actions(vfio_all, current, templates), *mapping_actions, *dropins,
+        *ct_stops, *vm_stops, *rebinds, *updates, *ct_starts, *vm_starts,
+    ]
+    order = {p: i for i, p in enumerate(PHASES)}
+    actions.sort(key=lambda a: order[a.phase])  # stable: keeps the order within a phase
+    return Plan(
+        node=node_name,
+        target=target,
+        containers=containers,
+        mappings=mappings,
+        kept_mappings={
+            mid: MappingTarget(map=list(m.map), description=m.description)
+            for mid, m in current.mappings.items()
+            if mid not in mappings
+        },
+        p2p_disable=p2p,
+        keep_override=keep_override,
+        warnings=warnings,
+        actions=actions,
+    )
+
+
+def _legacy_majors(c: Container) -> dict[str, int]:
+    """The char majors of nvidia-uvm and nvidia-caps for legacy lines: the spec's, else the defaults."""
+    majors = dict(DEFAULT_LEGACY_MAJORS)
+    majors.update({k: v for k, v in (c.legacy_majors or {}).items() if k in majors})
+    return majors
+
+
+def current_nvidia_lxc(config: dict[str, Any], c: Container) -> list[list[str]]:
+    """The raw ``lxc.*`` lines of ``config`` that gputopo manages for container ``c``: nvidia
+    mount entries and device rules for nvidia's majors (195 and the spec's or default legacy
+    ones). Other lxc lines are the operator's and are never touched."""
+    majors = {195, *DEFAULT_LEGACY_MAJORS.values(), *_legacy_majors(c).values()}
+    return [list(x) for x in config.get("lxc", []) or [] if is_nvidia_lxc(x[0], x[1], majors)]
 
 
 # --- the world after a plan -------------------------------------------------------------------

@@ -27,6 +27,7 @@ import stat
 import tarfile
 import tempfile
 import time
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -136,24 +137,45 @@ def snapshot(root: str | Path, out_tar_gz: str | Path) -> dict[str, int]:
     return counts
 
 
-def _capture(root: str, w: _TarWriter, counts: dict[str, int]) -> None:
-    def rel(p: str) -> str:
-        return os.path.relpath(p, root)
+class _Capture:
+    """Copies files and links of ``root`` into the archive under their root-relative names,
+    counting them; what cannot be read is left out."""
 
-    def copy(path: str, limit: int = MAX_ATTR_BYTES) -> None:
+    def __init__(self, root: str, w: _TarWriter, counts: dict[str, int]):
+        self.root = root
+        self.w = w
+        self.counts = counts
+
+    def rel(self, path: str) -> str:
+        return os.path.relpath(path, self.root)
+
+    def copy(self, path: str, limit: int = MAX_ATTR_BYTES) -> None:
         data = _read_limited(path, limit)
         if data is not None:
-            w.file(rel(path), data)
-            counts["files"] += 1
+            self.w.file(self.rel(path), data)
+            self.counts["files"] += 1
 
-    def link(path: str) -> None:
+    def link(self, path: str) -> None:
         try:
             target = os.readlink(path)
         except OSError:
             return
-        w.link(rel(path), target)
-        counts["links"] += 1
+        self.w.link(self.rel(path), target)
+        self.counts["links"] += 1
 
+
+def _capture(root: str, w: _TarWriter, counts: dict[str, int]) -> None:
+    c = _Capture(root, w, counts)
+    _capture_pci(root, c)
+    _capture_host(root, c)
+    _capture_dev(root, w, counts)
+    w.file(MANIFEST, json.dumps({"format": 1, "source_root": root, "created": w.mtime,
+                                 "pci_functions": counts["pci_functions"]}, indent=1).encode() + b"\n")
+
+
+def _capture_pci(root: str, c: _Capture) -> None:
+    """``sys/bus/pci``: device links and directories with their attributes, and drivers."""
+    w, counts, rel, copy, link = c.w, c.counts, c.rel, c.copy, c.link
     bus = os.path.join(root, "sys/bus/pci")
     devdir = os.path.join(bus, "devices")
     w.dir("sys/bus/pci/devices")
@@ -190,7 +212,11 @@ def _capture(root: str, w: _TarWriter, counts: dict[str, int]) -> None:
         for e in sorted(_listdir(d)):
             if os.path.islink(os.path.join(d, e)) and (e == "module" or ":" in e):
                 link(os.path.join(d, e))
-    # IOMMU groups.
+
+
+def _capture_host(root: str, c: _Capture) -> None:
+    """IOMMU groups, NUMA nodes, modules, the procfs files discovery reads, and pci.ids."""
+    w, rel, copy, link = c.w, c.rel, c.copy, c.link
     groups = os.path.join(root, "sys/kernel/iommu_groups")
     if os.path.isdir(groups):
         w.dir("sys/kernel/iommu_groups")
@@ -224,9 +250,6 @@ def _capture(root: str, w: _TarWriter, counts: dict[str, int]) -> None:
         copy(os.path.join(gpus, g, "information"))
     for p in PCI_IDS:
         copy(os.path.join(root, p), 16 * 1024 * 1024)
-    _capture_dev(root, w, counts)
-    w.file(MANIFEST, json.dumps({"format": 1, "source_root": root, "created": w.mtime,
-                                 "pci_functions": counts["pci_functions"]}, indent=1).encode() + b"\n")
 
 
 def _capture_dev(root: str, w: _TarWriter, counts: dict[str, int]) -> None:
@@ -301,7 +324,7 @@ def extract(tar_path: str | Path, dest: str | Path) -> Path:
                 tar.extractall(base, members=members, filter="fully_trusted")
             else:
                 tar.extractall(base, members=members)
-    except (tarfile.TarError, OSError) as e:
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as e:  # a truncated gzip ends in EOFError
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise SnapshotError(str(tar_path), f"cannot read snapshot: {first.rstrip(':')}") from e
     return dest_p

@@ -118,6 +118,14 @@ class Container(_Strict):
     )
     service: Service | None = None
 
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _quoted_mode(cls, value: Any) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool):
+            # YAML reads an unquoted 0666 as the octal number 438
+            raise ValueError(f'a quoted mode such as "0666" expected (unquoted, YAML reads it as the number {value})')
+        return value
+
     @field_validator("legacy_majors")
     @classmethod
     def _majors(cls, value: dict[str, int] | None) -> dict[str, int] | None:
@@ -253,7 +261,8 @@ def _loc_path(loc: tuple[Any, ...]) -> str:
     return out
 
 
-def _expected(err: dict[str, Any], model_fields: dict[str, Any] | None = None) -> str:
+def _expected(err: Any) -> str:
+    """What the field should have been, from one pydantic error (without pydantic's prefixes)."""
     kind = err.get("type", "")
     msg = str(err.get("msg", "invalid"))
     if kind == "extra_forbidden":
@@ -270,15 +279,19 @@ def _expected(err: dict[str, Any], model_fields: dict[str, Any] | None = None) -
     return msg.replace("\n", " ")
 
 
+def _other_branch(err: Any) -> bool:
+    """True for the error of a union branch the input does not have the shape of (the
+    ``'rest'`` literal of ``gpus`` when a selector was given)."""
+    return any(isinstance(p, str) and "literal[" in p for p in err["loc"])
+
+
 def format_validation_error(file: str, exc: ValidationError) -> SpecError:
-    """The first error of ``exc`` as one SpecError (file, field path, what was expected)."""
+    """The first error of ``exc`` as one SpecError (file, field path, what was expected), with
+    ``(+N more)`` when other fields are wrong too."""
     errors = exc.errors()
     # a union reports every branch; the error of the branch matching the input's shape is the useful one
-    chosen = errors[0]
-    for e in errors:
-        if not any(isinstance(p, str) and "literal[" in p for p in e["loc"]):
-            chosen = e
-            break
+    real = [e for e in errors if not _other_branch(e)] or errors
+    chosen = real[0]
     path = _loc_path(tuple(chosen["loc"]))
     expected = _expected(chosen)
     # a model validator's message may start with a sub-path: fold it into the field path
@@ -287,22 +300,43 @@ def format_validation_error(file: str, exc: ValidationError) -> SpecError:
         if head and " " not in head:
             path = f"{path}.{head}" if path else head
             expected = rest
-    real = [e for e in errors if not any(isinstance(p, str) and "literal[" in p for p in e["loc"])] or errors
     others = len({_loc_path(tuple(e["loc"])) for e in real}) - 1
     if others > 0:
         expected += f" (+{others} more)"
     return SpecError(file, path, expected)
 
 
-def parse_spec(text: str, file: str = "<spec>") -> Spec:
-    """Parse spec YAML text. Returns the Spec; raises SpecError (one line) for any problem."""
+class _SpecLoader(yaml.SafeLoader):
+    """SafeLoader without YAML 1.1's base-60 numbers: an unquoted ``0000:01:00.0`` is the PCI
+    address the operator wrote (as in YAML 1.2), not the number 60.0."""
+
+    def resolve(self, kind, value, implicit):  # noqa: ANN001 - PyYAML's signature
+        tag = super().resolve(kind, value, implicit)
+        if kind is yaml.ScalarNode and implicit[0] and ":" in value and tag in _NUMBER_TAGS:
+            return "tag:yaml.org,2002:str"
+        return tag
+
+
+_NUMBER_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+
+
+def load_yaml(text: str, file: str) -> Any:
+    """The data of YAML ``text``, read like a spec (addresses stay text: see _SpecLoader).
+
+    Raises SpecError (file, no field) naming the line and column of a syntax error.
+    """
     try:
-        data = yaml.safe_load(text)
+        return yaml.load(text, Loader=_SpecLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
         raise SpecError(file, "", f"YAML syntax error at {where}{problem}") from None
+
+
+def parse_spec(text: str, file: str = "<spec>") -> Spec:
+    """Parse spec YAML text. Returns the Spec; raises SpecError (one line) for any problem."""
+    data = load_yaml(text, file)
     if not isinstance(data, dict):
         raise SpecError(file, "", f"a mapping with apiVersion: {API_VERSION} and kind: {KIND} expected")
     if data.get("apiVersion") != API_VERSION:
@@ -358,10 +392,6 @@ def split_selectors(facts: Facts, split: str) -> tuple[GpuSelector, GpuSelector]
     raise SpecError("--split", "", f"unknown split {split!r} (expected numa or half)")
 
 
-def _node_name(facts: Facts, node: str | None) -> str:
-    return node or facts.host.hostname or "pve1"
-
-
 def spec_from_split(
     facts: Facts,
     split: str = "numa",
@@ -382,7 +412,7 @@ def spec_from_split(
         "kind": KIND,
         "nodes": [
             {
-                "name": _node_name(facts, node),
+                "name": node or facts.host.hostname or "pve1",
                 "containers": [
                     {
                         "vmid": container,
@@ -415,11 +445,17 @@ def init_spec(
     service_unit: str = "sglang.service",
     tp_flag: str = "--tp",
 ) -> str:
-    """A commented starter spec (YAML text) for the discovered host; it parses with parse_spec.
+    """A commented starter spec (YAML text) for the discovered host; it parses with parse_spec
+    into what :func:`spec_from_split` returns for the same options.
 
-    Raises SpecError when the host cannot be split that way.
+    Raises SpecError when the host cannot be split that way or an option's value is one the
+    spec refuses (the field names the option's place in the spec).
     """
-    ct_sel, vm_sel = split_selectors(facts, split)
+    # the same spec quick mode plans: validates every option before any text is written
+    spec = spec_from_split(facts, split, container, vm_mapping, container_mapping, node, service_unit, tp_flag)
+    ct_sel = spec.nodes[0].containers[0].gpus
+    vm_sel = spec.nodes[0].vms.mappings[0].gpus
+    assert isinstance(vm_sel, GpuSelector)
     gpus = nvidia_gpus(facts)
     by_numa: dict[Any, list[str]] = {}
     for g in gpus:
@@ -430,8 +466,7 @@ def init_spec(
             return [f"{indent}numa: {_yaml_list(sel.numa)}"]
         return [f"{indent}addresses:"] + [f'{indent}  - "{a}"' for a in sel.addresses or []]
 
-    n_ct = len([g for g in gpus if (ct_sel.numa and g.numa_node in ct_sel.numa) or
-                (ct_sel.addresses and g.address in ct_sel.addresses)])
+    n_ct = len([g for g in gpus if g.numa_node in (ct_sel.numa or []) or g.address in (ct_sel.addresses or [])])
     lines = [
         "# gputopo spec: which GPUs of this Proxmox host go to an LXC container (host nvidia",
         "# driver) and which to VM passthrough (vfio-pci). Check it with `gputopo plan --spec FILE`.",
@@ -445,7 +480,7 @@ def init_spec(
         f"kind: {KIND}",
         "nodes:",
         "  # one entry per Proxmox node; name is the node name Proxmox uses",
-        f"  - name: {_node_name(facts, node)}",
+        f"  - name: {spec.nodes[0].name}",
         "    containers:",
         "      # vmid: the LXC container that keeps GPUs on the host nvidia driver",
         f"      - vmid: {container}",

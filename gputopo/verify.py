@@ -42,13 +42,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gputopo.current import parse_systemctl_show, read_current
 from gputopo.discover import discover
-from gputopo.errors import GputopoError, PlanRefused
+from gputopo.errors import AddressError, GputopoError, PlanRefused
 from gputopo.model import Facts, normalize_address
 from gputopo.nvsmi import NvsmiParseError, parse_query_gpu
 from gputopo.plan import VFIO, ContainerTarget, CurrentState, Plan, pick_node
 from gputopo.plan import plan as make_plan
 from gputopo.ports import Ports
-from gputopo.render import parse_tp
+from gputopo.render import p2p_must_be_disabled, parse_tp
 from gputopo.spec import Container, Node, Spec
 
 Status = Literal["PASS", "WARN", "FAIL"]
@@ -164,7 +164,7 @@ def parse_gpu_rows(text: str) -> list[GpuRow]:
     for r in parse_query_gpu(text, QUERY_FIELDS):
         try:
             address = normalize_address(str(r["pci.bus_id"]))
-        except GputopoError:
+        except AddressError:
             raise NvsmiParseError(str(r["pci.bus_id"]), "pci.bus_id is not a PCI address") from None
         rows.append(GpuRow(index=r["index"], address=address, used=_int(r["memory.used"]),
                            total=_int(r["memory.total"]), utilization=_int(r["utilization.gpu"])))
@@ -335,16 +335,24 @@ class _Ctx:
             self._smi[vmid] = self._run_smi(vmid)
         return self._smi[vmid]
 
-    def _run_smi(self, vmid: int) -> tuple[list[GpuRow] | None, str | None]:
+    def _run(self, vmid: int, argv: list[str], what: str) -> tuple[str | None, str | None]:
+        """(stdout, None) of ``argv`` in the container, or (None, why not: the error, or
+        ``<what> exited N: <last line of stderr, else of stdout>``)."""
         try:
-            res = self.ports.exec.run(vmid, list(NVSMI_ARGV), EXEC_TIMEOUT)
+            res = self.ports.exec.run(vmid, argv, EXEC_TIMEOUT)
         except GputopoError as e:
             return None, str(e)
         if res.rc != 0:
             text = (res.stderr.strip() or res.stdout.strip()).splitlines()
-            return None, f"nvidia-smi exited {res.rc}" + (f": {text[-1]}" if text else "")
+            return None, f"{what} exited {res.rc}" + (f": {text[-1]}" if text else "")
+        return res.stdout, None
+
+    def _run_smi(self, vmid: int) -> tuple[list[GpuRow] | None, str | None]:
+        out, err = self._run(vmid, list(NVSMI_ARGV), "nvidia-smi")
+        if out is None:
+            return None, err
         try:
-            return parse_gpu_rows(res.stdout), None
+            return parse_gpu_rows(out), None
         except NvsmiParseError as e:
             return None, str(e)
 
@@ -353,24 +361,27 @@ class _Ctx:
         if vmid not in self._show:
             argv = ["systemctl", "show", "-p", "ActiveState", "-p", "SubState", "-p", "ExecStart",
                     "-p", "Environment", unit]
-            try:
-                res = self.ports.exec.run(vmid, argv, EXEC_TIMEOUT)
-            except GputopoError as e:
-                self._show[vmid] = (None, str(e))
-            else:
-                if res.rc != 0:
-                    text = res.stderr.strip().splitlines()
-                    self._show[vmid] = (None, f"systemctl show {unit} exited {res.rc}"
-                                        + (f": {text[-1]}" if text else ""))
-                else:
-                    self._show[vmid] = (parse_show_properties(res.stdout), None)
+            out, err = self._run(vmid, argv, f"systemctl show {unit}")
+            self._show[vmid] = (None, err) if out is None else (parse_show_properties(out), None)
         return self._show[vmid]
+
+    def service_command(self, vmid: int, unit: str) -> str | None:
+        """The unit's effective ExecStart command line; None when it cannot be read."""
+        props, _ = self.service_props(vmid, unit)
+        if props is None:
+            return None
+        _, command = parse_systemctl_show("ExecStart=" + props.get("ExecStart", ""))
+        return command
 
 
 # --- the checks ------------------------------------------------------------------------------
 
 
 def check_converged(ctx: _Ctx) -> Check:
+    """A fresh plan is empty: PASS; pending actions, an unreadable current state or a refused plan: FAIL.
+
+    Returns the Check; a GputopoError raised here becomes a FAIL in :func:`verify`.
+    """
     if ctx.current_error:
         return Check(name="converged", status=FAIL, summary=f"cannot read the current state: {ctx.current_error}",
                      details={"error": ctx.current_error})
@@ -394,6 +405,11 @@ def check_converged(ctx: _Ctx) -> Check:
 
 
 def check_vm(ctx: _Ctx) -> Check:
+    """VM GPUs and their companions on vfio-pci with /dev/vfio/<group>, and Proxmox's mapping check clean:
+    an error on a managed mapping FAILs, one on another mapping or a warning WARNs.
+
+    Returns the Check; a GputopoError raised here becomes a FAIL in :func:`verify`.
+    """
     if ctx.plan is None:
         return Check(name="vm", status=FAIL, summary="no plan: cannot tell which GPUs belong to VMs",
                      details={"refusals": ctx.plan_error})
@@ -455,6 +471,10 @@ def _containers(ctx: _Ctx) -> list[Container]:
 
 
 def check_container(ctx: _Ctx) -> Check:
+    """Inside each container nvidia-smi lists exactly its planned GPUs; missing or extra ones FAIL.
+
+    Returns the Check; a GputopoError raised here becomes a FAIL in :func:`verify`.
+    """
     problems: list[str] = []
     parts: list[str] = []
     details: dict[str, Any] = {}
@@ -526,6 +546,10 @@ def assess_memory(rows: list[GpuRow], spread_limit_pct: float,
 
 
 def check_memory(ctx: _Ctx) -> Check:
+    """Memory of each service's GPUs balanced and with headroom (see :func:`assess_memory`).
+
+    Returns the Check; a GputopoError raised here becomes a FAIL in :func:`verify`.
+    """
     v = ctx.spec.verify
     problems: list[str] = []
     parts: list[str] = []
@@ -549,6 +573,10 @@ def check_memory(ctx: _Ctx) -> Check:
 
 
 def check_service(ctx: _Ctx) -> Check:
+    """Each service active and running with the planned tensor-parallel size; anything else FAILs.
+
+    Returns the Check; a GputopoError raised here becomes a FAIL in :func:`verify`.
+    """
     problems: list[str] = []
     parts: list[str] = []
     details: dict[str, Any] = {}
@@ -570,9 +598,7 @@ def check_service(ctx: _Ctx) -> Check:
             continue
         state = res.stdout.strip().splitlines()[-1]
         props, err = ctx.service_props(c.vmid, unit)
-        command = None
-        if props is not None:
-            _, command = parse_systemctl_show("ExecStart=" + props.get("ExecStart", ""))
+        command = ctx.service_command(c.vmid, unit)
         tp = parse_tp(command) if command else None
         details[str(c.vmid)] = {"unit": unit, "state": state, "exec_start": command, "tp": tp, "planned_tp": want}
         if state != "active":
@@ -713,6 +739,10 @@ def _flavor(command: str | None) -> str | None:
 
 
 def check_inference(ctx: _Ctx) -> Check:
+    """Each service answers the smoke-test prompt within the timeout; no KV-cache figure WARNs.
+
+    Returns the Check; a GputopoError raised here becomes a FAIL in :func:`verify`.
+    """
     v = ctx.spec.verify
     problems: list[str] = []
     warnings: list[str] = []
@@ -726,10 +756,7 @@ def check_inference(ctx: _Ctx) -> Check:
         if base is None:
             warnings.append(f"CT {c.vmid}: no endpoint URL (set service.health_url in the spec)")
             continue
-        props, _ = ctx.service_props(c.vmid, c.service.unit)
-        command = None
-        if props is not None:
-            _, command = parse_systemctl_show("ExecStart=" + props.get("ExecStart", ""))
+        command = ctx.service_command(c.vmid, c.service.unit)
         started = time.monotonic()
         finished, out, error = _within(ctx.http_timeout, _probe(base, v.prompt, _flavor(command)))
         wall = round(time.monotonic() - started, 3)
@@ -768,15 +795,19 @@ def check_inference(ctx: _Ctx) -> Check:
 
 
 def check_platform(ctx: _Ctx) -> Check:
+    """SEV-SNP with a translating IOMMU and GPUs under several root complexes needs
+    NCCL_P2P_DISABLE=1; without it WARN with the fix.
+
+    Returns the Check; a GputopoError raised here becomes a FAIL in :func:`verify`.
+    """
     host = ctx.facts.host
-    translating = host.iommu_enabled and host.iommu_mode not in ("pt", "off")
     details: dict[str, Any] = {"sev_snp": host.sev_snp, "iommu_enabled": host.iommu_enabled,
                                "iommu_mode": host.iommu_mode or ("translated" if host.iommu_enabled else None)}
     if not host.sev_snp:
         return Check(name="platform", status=PASS,
                      summary=f"SEV-SNP {'off' if host.sev_snp is False else 'unknown'}; GPU peer-to-peer is safe",
                      details=details)
-    if not translating:
+    if not p2p_must_be_disabled(ctx.facts):
         return Check(name="platform", status=PASS,
                      summary=f"SEV-SNP on, IOMMU {host.iommu_mode or 'off'} (not translating); peer-to-peer is safe",
                      details=details)
@@ -790,10 +821,7 @@ def check_platform(ctx: _Ctx) -> Check:
         distinct = sorted({rc for rc in complexes.values() if rc})
         props, err = ctx.service_props(c.vmid, c.service.unit)
         env = parse_environment(props.get("Environment", "")) if props else {}
-        command = None
-        if props is not None:
-            _, command = parse_systemctl_show("ExecStart=" + props.get("ExecStart", ""))
-        disabled = p2p_disabled(env, command)
+        disabled = p2p_disabled(env, ctx.service_command(c.vmid, c.service.unit))
         details[str(c.vmid)] = {"root_complexes": complexes, "p2p_disabled": disabled,
                                 "environment": env, "error": err}
         if len(distinct) <= 1:

@@ -207,3 +207,19 @@ def test_cli_render_writes_files(seed_root, tmp_path):
     assert r.exit_code == 0, r.output
     assert (out / "pve/mapping/pci.cfg").read_text().startswith("pro6000\n")
     assert (out / "etc/modules-load.d/gputopo-vfio.conf").is_file()
+
+
+def test_container_diff_keeps_lines_of_the_specs_legacy_majors():
+    # The current file must be read with the majors the planner manages, or an unchanged
+    # "c 508:* rwm" line shows up as added.
+    text = SEED_SPEC.replace("mapping: pro6000\n", "mapping: pro6000\n        device_mode: legacy\n"
+                             "        legacy_majors: {nvidia-uvm: 508, nvidia-caps: 236}\n")
+    spec, facts = seed_spec(text), seed_facts()
+    p = plan(facts, spec, seed_current())
+    facts2, cur2 = expected_after(p, facts, seed_current())
+    stale = ["lxc.mount.entry", "/dev/nvidia9 dev/nvidia9 none bind,optional,create=file"]
+    cur2.containers[101].config["lxc"].append(stale)
+    devdiff = diff(facts2, spec, cur2).areas["container devices"].files["pve/lxc/101.devices.conf"]
+    assert "-lxc.mount.entry: /dev/nvidia9 dev/nvidia9" in devdiff
+    added = [ln for ln in devdiff.splitlines() if ln.startswith("+") and not ln.startswith("+++")]
+    assert added == [], devdiff

@@ -11,11 +11,18 @@ from gputopo.ports import ExecPort
 
 
 class FakeRunner:
-    def __init__(self, rc=0, stdout="", stderr="", timeout=False, missing=False):
+    """pct as a subprocess runner: records argv; push stores the file, `exec -- cat` reads it.
+
+    ``push_lies``: pct push exits 0 but the file never arrives (a failed worker whose exit
+    status says nothing).
+    """
+
+    def __init__(self, rc=0, stdout="", stderr="", timeout=False, missing=False, push_lies=False):
         self.calls = []
         self.rc, self.stdout, self.stderr = rc, stdout, stderr
-        self.timeout, self.missing = timeout, missing
+        self.timeout, self.missing, self.push_lies = timeout, missing, push_lies
         self.pushed = None
+        self.files: dict[str, str] = {}
 
     def __call__(self, cmd, **kw):
         self.calls.append((cmd, kw))
@@ -27,6 +34,13 @@ class FakeRunner:
             tmp = cmd[3]
             st = os.stat(tmp)
             self.pushed = (open(tmp).read(), st.st_mode & 0o777)
+            if self.rc == 0 and not self.push_lies:
+                self.files[cmd[4]] = self.pushed[0]
+        if cmd[1] == "exec" and cmd[4:5] == ["cat"]:
+            path = cmd[5]
+            if path not in self.files:
+                return subprocess.CompletedProcess(cmd, 1, "", f"cat: {path}: No such file or directory\n")
+            return subprocess.CompletedProcess(cmd, 0, self.files[path], "")
         return subprocess.CompletedProcess(cmd, self.rc, self.stdout, self.stderr)
 
 
@@ -70,6 +84,15 @@ def test_push_writes_private_temp_and_removes_it():
     assert cmd[4:] == ["/etc/systemd/system/sglang.service.d/tp.conf", "--perms", "0640"]
     assert r.pushed == ("[Service]\n", 0o600)
     assert not os.path.exists(cmd[3])
+
+
+def test_push_reads_back_and_refuses_a_push_that_exited_0_but_wrote_nothing():
+    r = FakeRunner()
+    PctExec(runner=r).push(101, "/etc/x.conf", "a\n")
+    assert r.calls[1][0] == ["pct", "exec", "101", "--", "cat", "/etc/x.conf"]
+    with pytest.raises(ExecError) as e:
+        PctExec(runner=FakeRunner(push_lies=True)).push(101, "/etc/x.conf", "a\n")
+    assert "No such file" in str(e.value) and len(str(e.value).splitlines()) == 1
 
 
 def test_push_failure_raises_and_cleans_up():

@@ -247,3 +247,23 @@ def test_wheel_ships_templates_and_fixtures_and_resources_find_them(tmp_path):
                        capture_output=True, text=True, cwd=tmp_path, env=env)
     assert p.returncode == 0, p.stderr
     assert (out / "sys/bus/pci/devices/0000:f1:00.0/vendor").read_text() == "0x10de\n"
+
+
+def test_unquoted_addresses_are_addresses_not_base_60_numbers(tmp_path):
+    # YAML 1.1 reads 01:00.0 as the number 60.0; a description is read like a spec
+    path = tmp_path / "h.yaml"
+    path.write_text("hostname: h\ncmdline: quiet\ndevices:\n  - {addr: 01:00.0, preset: rtx-pro-6000}\n")
+    assert load_host(path).devices[0].addr == "01:00.0"
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("hostname: h\ncmdline: 'q\n", "h.yaml: YAML syntax error at line 3, column 1: found unexpected end of stream"),
+    ("hostname: h\ncmdline: q\ndevices:\n  - {addr: 01:00.0, presett: x}\n",
+     "h.yaml: devices[0].preset: required key is missing (+1 more)"),
+])
+def test_bad_yaml_names_the_line_or_the_field(tmp_path, text, problem):
+    path = tmp_path / "h.yaml"
+    path.write_text(text)
+    with pytest.raises(FixtureError) as e:
+        load_host(path)
+    assert str(e.value) == f"{tmp_path}/{problem}"

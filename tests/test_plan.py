@@ -569,3 +569,36 @@ def test_legacy_mode_warns_about_guessed_majors():
                for w in p.warnings)
     (upd,) = [a for a in p.actions if isinstance(a, UpdateContainer)]
     assert ["lxc.cgroup2.devices.allow", "c 508:* rwm"] in upd.lxc_add
+
+
+# --- guests that must stop: every device a hostpci line or a kept mapping names -----------------
+
+
+def _guest_stops(p) -> list[int]:
+    return [a.vmid for a in p.actions if isinstance(a, StopGuest) and a.guest == "qemu"]
+
+
+def test_vm_with_a_host_list_stops_when_a_later_device_in_it_moves():
+    # Proxmox's hostpci host= takes several devices joined by ';': the moving GPU may be any of them.
+    cur = seed_current()
+    cur.guests = {300: GuestState(status="running", hostpci=["host=0000:c2:00.0;0000:81:00.0,pcie=1"])}
+    p = plan(seed_facts(), seed_spec(SEED_SPEC.replace("guests: [200]", "guests: [300]")), cur)
+    assert _guest_stops(p) == [300]
+
+
+def test_vm_with_a_short_host_address_stops_and_an_unrelated_one_does_not():
+    cur = seed_current()
+    cur.guests = {300: GuestState(status="running", hostpci=["81:00,pcie=1"]),
+                  301: GuestState(status="running", hostpci=["host=0000:c2:00.0"])}
+    p = plan(seed_facts(), seed_spec(SEED_SPEC.replace("guests: [200]", "guests: [300, 301]")), cur)
+    assert _guest_stops(p) == [300]
+
+
+def test_vm_on_a_kept_mapping_with_a_multi_function_path_stops():
+    # A mapping gputopo does not manage may pass a card's functions together (path=A;B).
+    cur = seed_current()
+    cur.mappings["other"] = MappingState(
+        map=["id=10de:2bb5,node=pve1,path=0000:c2:00.0;0000:81:00.0"], digest="o0")
+    cur.guests = {300: GuestState(status="running", hostpci=["mapping=other"])}
+    p = plan(seed_facts(), seed_spec(SEED_SPEC.replace("guests: [200]", "guests: [300]")), cur)
+    assert _guest_stops(p) == [300]

@@ -261,7 +261,7 @@ def test_mapping_crud_and_errors(srv, seed_root):
     e = _err(lambda: api.cluster.mapping.pci.post(id="pro6000-vm"))
     assert e.errors == {"map": "property is missing and it is not optional"}
     e = _err(lambda: api.cluster.mapping.pci.post(id="pro6000-vm", map=["id=0x10de:2bb5,node=pve1,path=0000:81:00.0"]))
-    assert e.status_code == 400 and "map[0].id" in e.errors["map"]
+    assert e.status_code == 400 and "map[0].id" in e.errors["map[0]"]
     api.cluster.mapping.pci.post(id="pro6000-vm", map=[m81, m91], description="NUMA 1")
     text = (srv.pve_root / "mapping/pci.cfg").read_text()
     assert validate_pci_cfg(text) == [] and parse_pci_cfg(text)[0].maps == [m81, m91]
@@ -431,7 +431,7 @@ def test_qemu_stop_and_shutdown_tasks(srv):
     e = _err(lambda: vm.status.stop.post())
     assert (e.status_code, e.content) == (500, "VM 200 not running")
     upid = vm.status.start.post()
-    assert ":qmstart:200:root@pam:" in upid
+    assert ":qmstart:200:root@pam!gputopo:" in upid
     assert _wait(api, upid)["exitstatus"] == "OK"
     assert vm.status.current.get()["status"] == "running"
     st = _wait(api, vm.status.shutdown.post(timeout=30))

@@ -71,6 +71,12 @@ def make_host(tmp: Path, gpus=GPUS, grant=None, extra_conf=""):
     return SimExec(tmp)
 
 
+def push_dropin(sx, path, text):
+    """What apply does: pct push never creates the unit's .d directory, so mkdir -p first."""
+    assert sx.run(101, ["mkdir", "-p", path.rsplit("/", 1)[0]], timeout=5).rc == 0
+    sx.push(101, path, text)
+
+
 def boot(sx, vmid=101):
     state.set_guest_status(sx.paths.run, "lxc", vmid, "running")
     sx.container(vmid).boot()
@@ -212,7 +218,7 @@ def test_drop_in_reset_and_daemon_reload(sx):
     d = sx.paths.rootfs(101) / "etc/systemd/system/sglang.service.d"
     unit = load_unit(sx.paths.rootfs(101), "sglang.service")
     assert parse_tp(unit.argv) == 4
-    sx.push(101, "/etc/systemd/system/sglang.service.d/10-tp.conf",
+    push_dropin(sx, "/etc/systemd/system/sglang.service.d/10-tp.conf",
             "[Service]\nExecStart=\nExecStart=/opt/sglang/bin/python -m sglang.launch_server "
             "--model-path /models/qwen --tp=2\n")
     assert (d / "10-tp.conf").stat().st_mode & 0o777 == 0o644
@@ -228,7 +234,7 @@ def test_drop_in_reset_and_daemon_reload(sx):
 
 
 def test_drop_in_without_reset_is_a_bad_setting(sx):
-    sx.push(101, "/etc/systemd/system/sglang.service.d/20-bad.conf",
+    push_dropin(sx, "/etc/systemd/system/sglang.service.d/20-bad.conf",
             "[Service]\nExecStart=/usr/bin/python3 -m sglang.launch_server --tp 4\n")
     sx.run(101, ["systemctl", "daemon-reload"], timeout=5)
     r = sx.run(101, ["systemctl", "restart", "sglang.service"], timeout=5)
@@ -238,7 +244,7 @@ def test_drop_in_without_reset_is_a_bad_setting(sx):
 @pytest.mark.parametrize("flag,ok", [("--tp 8", False), ("--tensor-parallel-size 3", False),
                                      ("--tp 4", True), ("--tp-size=1", True)])
 def test_service_tp_check(sx, flag, ok):
-    sx.push(101, "/etc/systemd/system/sglang.service.d/tp.conf",
+    push_dropin(sx, "/etc/systemd/system/sglang.service.d/tp.conf",
             f"[Service]\nExecStart=\nExecStart=python3 -m sglang.launch_server --model-path m {flag}\n")
     sx.run(101, ["systemctl", "daemon-reload"], timeout=5)
     r = sx.run(101, ["systemctl", "restart", "sglang.service"], timeout=5)
@@ -329,7 +335,7 @@ def test_endpoint_answers(sx, endpoint):
 
 
 def test_endpoint_vllm_metrics(sx, endpoint):
-    sx.push(101, "/etc/systemd/system/sglang.service.d/vllm.conf",
+    push_dropin(sx, "/etc/systemd/system/sglang.service.d/vllm.conf",
             "[Service]\nExecStart=\nExecStart=/usr/local/bin/vllm serve Qwen/Qwen3-32B --tensor-parallel-size 4\n")
     sx.run(101, ["systemctl", "daemon-reload"], timeout=5)
     sx.run(101, ["systemctl", "restart", "sglang.service"], timeout=5)
@@ -434,7 +440,7 @@ def test_service_processes_show_in_host_proc(sx):
 
 def test_processes_follow_tp_and_vanish_with_the_container(sx):
     root = sx.paths.root
-    sx.push(101, "/etc/systemd/system/sglang.service.d/tp.conf",
+    push_dropin(sx, "/etc/systemd/system/sglang.service.d/tp.conf",
             "[Service]\nExecStart=\nExecStart=/usr/bin/python3 -m sglang.launch_server --model-path m --tp 2\n")
     sx.run(101, ["systemctl", "daemon-reload"], timeout=5)
     sx.run(101, ["systemctl", "restart", "sglang.service"], timeout=5)

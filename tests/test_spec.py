@@ -186,3 +186,15 @@ def test_cli_init_refuses_a_host_it_cannot_split(materialized, capsys):
     code, out, err_text = run_cli(["init", "--root", str(materialized("numa-unknown")), "--split", "numa"], capsys)
     assert (code, out) == (2, "")
     assert err_text == "gputopo: error: --split: numa: all GPUs are on NUMA node 0; use --split half\n"
+
+
+@pytest.mark.parametrize("option, value, field", [
+    ("vm_mapping", "bad name", "nodes[0].vms.mappings[0].name"),
+    ("container", 5, "nodes[0].containers[0].vmid"),
+    ("tp_flag", "x", "nodes[0].containers[0].service.tp_flag"),
+])
+def test_init_spec_refuses_what_the_spec_would_refuse(option, value, field):
+    # the starter must parse: a name the spec refuses is an error here, not a broken file later
+    with pytest.raises(SpecError) as e:
+        init_spec(seed_facts(), **{option: value})
+    assert e.value.field == field and len(str(e.value).splitlines()) == 1

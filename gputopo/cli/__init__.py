@@ -33,21 +33,35 @@ COMMANDS: dict[str, str] = {
 
 
 class LazyGroup(click.Group):
+    """A group whose commands are imported only when named; ``list_commands`` lists only the
+    commands whose module imports, so ``gputopo --help`` never offers one that cannot run."""
+
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(COMMANDS)
+        return sorted(name for name in COMMANDS if self._load(name) is not None)
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        """The command ``name``, or None when there is none. Raises UnavailableCommand when
+        its module is shipped but cannot be imported (a missing dependency)."""
+        try:
+            return self._load(name, strict=True)
+        except ImportError as e:
+            from gputopo.errors import UnavailableCommand
+
+            raise UnavailableCommand(name, e) from e
+
+    @staticmethod
+    def _load(name: str, strict: bool = False) -> click.Command | None:
         target = COMMANDS.get(name)
         if target is None:
             return None
         module, attr = target.split(":")
         try:
             mod = importlib.import_module(f"gputopo.cli.{module}")
-        except ModuleNotFoundError as e:
-            if e.name == f"gputopo.cli.{module}":
-                return None
-            raise
-        return getattr(mod, attr)
+        except ImportError as e:
+            if strict and not (isinstance(e, ModuleNotFoundError) and e.name == f"gputopo.cli.{module}"):
+                raise
+            return None
+        return getattr(mod, attr, None)
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -63,8 +77,19 @@ def cli(ctx: click.Context, debug: bool) -> None:
     ctx.obj["debug"] = debug
 
 
+def _usage_line(e: click.UsageError) -> str:
+    """A click usage error as one line naming the command: 'gputopo plan: Missing option ...'."""
+    cmd = e.ctx.command_path if e.ctx is not None else "gputopo"
+    message = " ".join(e.format_message().split())  # click lays out choices over lines and tabs
+    return f"{cmd}: error: {message} (see '{cmd} --help')"
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: runs the CLI, turning expected errors into one line and an exit code."""
+    """Entry point: runs the CLI, turning expected errors into one line and an exit code.
+
+    Exits 0 on success, the error's ``exit_code`` for a GputopoError, 2 for a usage error,
+    130 when interrupted (Ctrl-C), 1 when a confirmation was declined.
+    """
     from gputopo.errors import GputopoError
 
     debug = "--debug" in (argv if argv is not None else sys.argv[1:])
@@ -81,10 +106,26 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(e.exit_code)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
+    except click.UsageError as e:
+        if isinstance(e, click.exceptions.NoArgsIsHelpError):
+            # 'gputopo' alone: the command list is what was asked for
+            click.echo(e.ctx.get_help() if e.ctx is not None else e.format_message())
+            sys.exit(0)
+        click.echo(_usage_line(e), err=True)
+        args = argv if argv is not None else sys.argv[1:]
+        # 'diff --exit-code' promises 2 for "differences": any error there, a usage error too, is 1
+        sys.exit(1 if e.ctx is not None and e.ctx.info_name == "diff" and "--exit-code" in args else 2)
     except click.ClickException as e:
         e.show()
-        sys.exit(2 if e.exit_code == 2 else e.exit_code)
-    except click.exceptions.Abort:
+        sys.exit(e.exit_code)
+    except click.exceptions.Abort as e:
+        # click turns a KeyboardInterrupt or EOFError raised anywhere in a command into Abort
+        cause = e.__cause__
+        if isinstance(cause, KeyboardInterrupt):
+            click.echo("gputopo: interrupted", err=True)
+            sys.exit(130)
+        if isinstance(cause, EOFError):
+            raise cause  # not a declined prompt: an unexpected error, traceback kept
         click.echo("gputopo: aborted", err=True)
         sys.exit(1)
     except KeyboardInterrupt:

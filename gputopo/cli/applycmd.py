@@ -15,6 +15,7 @@ import time
 import click
 
 from gputopo.cli.connect import Connection, build_ports, connection_options, host_root, release_ports
+from gputopo.cli.params import Finite
 
 
 def _progress(stream=None):
@@ -65,12 +66,23 @@ def _verifier(spec, ports, root, node):
     return lambda: run_verify(spec, ports, root=root, node=node)
 
 
+def _preflight_ports(conn: Connection, default_node: str | None):
+    """build_ports for apply: an API that cannot be reached or refuses the login is a failed
+    preflight (exit 2, nothing changed), as it is when apply's own preflight finds it."""
+    from gputopo.errors import PreflightError, ProxmoxError
+
+    try:
+        return build_ports(conn, default_node=default_node)
+    except ProxmoxError as e:
+        raise PreflightError(f"cannot use the Proxmox API ({e}); nothing was changed") from None
+
+
 @click.command()
 @click.option("--spec", "spec_file", required=True, type=click.Path(dir_okay=False), help="Spec file.")
 @connection_options
 @click.option("--dry-run", is_flag=True, help="Show the plan; change nothing.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask before changing the host.")
-@click.option("--timeout", "sysfs_timeout", type=float, default=30.0, show_default=True,
+@click.option("--timeout", "sysfs_timeout", type=Finite(), default=30.0, show_default=True,
               help="Seconds one sysfs write may take; a write that takes longer leaves its device to a human.")
 @click.option("--rollback-on-verify-failure", is_flag=True, help="Roll back when verification finds a FAIL.")
 @click.option("--no-verify", is_flag=True, help="Do not run verify after applying.")
@@ -87,7 +99,7 @@ def apply(spec_file: str, conn: Connection, dry_run: bool, yes: bool, sysfs_time
     spec = load_spec(spec_file)
     root = host_root(conn)
     default_node = spec.nodes[0].name if len(spec.nodes) == 1 else None
-    ports = build_ports(conn, default_node=default_node)
+    ports = _preflight_ports(conn, default_node)
     progress = _progress()
 
     def confirm(p) -> bool:
@@ -128,7 +140,7 @@ def apply(spec_file: str, conn: Connection, dry_run: bool, yes: bool, sysfs_time
 @click.command()
 @connection_options
 @click.option("--finish", is_flag=True, help="Complete the interrupted apply instead of rolling it back.")
-@click.option("--timeout", "sysfs_timeout", type=float, default=30.0, show_default=True,
+@click.option("--timeout", "sysfs_timeout", type=Finite(), default=30.0, show_default=True,
               help="Seconds one sysfs write may take.")
 def recover(conn: Connection, finish: bool, sysfs_timeout: float) -> None:
     """Settle an apply that was interrupted (crash, kill, power loss) from its journal.
@@ -136,6 +148,9 @@ def recover(conn: Connection, finish: bool, sysfs_timeout: float) -> None:
     By default every step it began is undone from the journal and what ran before is started
     again: the journal's before-state is a host that was known to work. --finish completes the
     remaining steps instead (and rolls back if one fails).
+
+    Exit codes: 0 settled (or nothing to recover), 1 a step failed (rolled back where it could),
+    2 bad input, 3 a device needs a human, 4 an apply holds the lock.
     """
     from gputopo.apply import Timeouts, recover as run_recover
 

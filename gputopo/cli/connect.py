@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 
 import click
 
+from gputopo.cli.params import Finite
 from gputopo.errors import ConfigError
 from gputopo.ports import Ports
 
@@ -76,7 +77,7 @@ def connection_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--ca-bundle", default=None, type=click.Path(dir_okay=False),
                      help="CA certificate(s) to check the API's TLS certificate with."),
         click.option("--insecure", is_flag=True, help="Do not check the API's TLS certificate."),
-        click.option("--api-timeout", default=60.0, show_default=True, type=float,
+        click.option("--api-timeout", default=60.0, show_default=True, type=Finite(),
                      help="Seconds per Proxmox API call."),
     ]
     for opt in reversed(options):
@@ -96,9 +97,11 @@ def parse_api_url(url: str) -> tuple[str, int]:
     if parts.scheme != "https":
         raise ConfigError(f"--api-url {url}: the Proxmox API is served over https")
     try:
-        port = parts.port or DEFAULT_API_PORT
+        port = DEFAULT_API_PORT if parts.port is None else parts.port
     except ValueError:
         raise ConfigError(f"--api-url {url}: bad port") from None
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"--api-url {url}: bad port")
     if not parts.hostname:
         raise ConfigError(f"--api-url {url}: no host")
     return parts.hostname, port

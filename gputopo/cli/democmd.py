@@ -15,13 +15,15 @@ from pathlib import Path
 
 import click
 
+from gputopo.cli.params import Finite
+
 
 @click.command()
 @click.option("--dir", "workdir", type=click.Path(file_okay=False), default=None,
               help="Create the simulated host here and keep it (default: a temporary directory, removed).")
 @click.option("--from", "source", default="seed", show_default=True,
               help="Fixture name, host yaml or snapshot .tar.gz the simulated host starts from.")
-@click.option("--pace", type=float, default=0.05, show_default=True,
+@click.option("--pace", type=Finite(allow_zero=True), default=0.05, show_default=True,
               help="Latency scale: 1 = a real server's pace (unbind 1-3 s per GPU, service start 20 s ...).")
 def demo(workdir: str | None, source: str, pace: float) -> None:
     """Split the simulated seed host's GPUs by NUMA node: discover, plan, apply, verify."""

@@ -21,7 +21,10 @@ def _parse_matches(values: tuple[str, ...]) -> list[tuple[str | None, str | None
 @click.option("--gpu-match", "gpu_match", multiple=True, metavar="VENDOR[:CLASSPREFIX]",
               help="Which devices count as GPUs, e.g. 0x10de:0x03 (repeatable; replaces the default).")
 def discover(root: str, as_json: bool, all_vendors: bool, gpu_match: tuple[str, ...]) -> None:
-    """Show the GPUs of a host: NUMA node, IOMMU group, driver, minor, link."""
+    """Show the GPUs of a host: NUMA node, IOMMU group, driver, minor, link.
+
+    Exit codes: 0, or 2 for a root that is not a sysfs tree or a snapshot that cannot be read.
+    """
     from gputopo.discover import discover as run
     from gputopo.snapshot import opened_root
 

@@ -28,10 +28,39 @@ def _facts(root: str):
     return discover(root)
 
 
+# quick mode: the spec field each option fills, so an error names the option the operator typed
+_QUICK_OPTIONS = {
+    "nodes[0].name": "--node",
+    "nodes[0].containers[0].vmid": "--container",
+    "nodes[0].containers[0].mapping": "--container-mapping",
+    "nodes[0].containers[0].service.unit": "--service-unit",
+    "nodes[0].containers[0].service.tp_flag": "--tp-flag",
+    "nodes[0].vms.mappings[0].name": "--vm-mapping",
+}
+
+
+def _quick_spec(facts, **options):
+    """The spec of quick mode (``--split`` and its options). Raises ConfigError naming the
+    option whose value the spec refuses, SpecError when the host cannot be split that way."""
+    from gputopo.errors import ConfigError, SpecError
+    from gputopo.plan import pick_node
+    from gputopo.spec import spec_from_split
+
+    try:
+        spec = spec_from_split(facts, **options)
+        pick_node(spec, facts, None)
+        return spec
+    except SpecError as e:
+        option = _QUICK_OPTIONS.get(e.field)
+        if option is None:
+            raise
+        raise ConfigError(f"{option}: {e.expected}") from None
+
+
 def _spec(facts, spec_file, split, container, vm_mapping, container_mapping, node, service_unit=None,
           tp_flag="--tp"):
     from gputopo.errors import ConfigError
-    from gputopo.spec import load_spec, spec_from_split
+    from gputopo.spec import load_spec
 
     if spec_file and split:
         raise ConfigError("give either --spec FILE or --split, not both")
@@ -39,10 +68,29 @@ def _spec(facts, spec_file, split, container, vm_mapping, container_mapping, nod
         return load_spec(spec_file)
     if not split:
         raise ConfigError("give --spec FILE, or --split numa --container N --vm-mapping NAME")
-    return spec_from_split(
+    return _quick_spec(
         facts, split=split, container=container, vm_mapping=vm_mapping,
         container_mapping=container_mapping, node=node, service_unit=service_unit, tp_flag=tp_flag,
     )
+
+
+def _write(path: Path, text: str) -> None:
+    """Write an output file the operator named. Raises OutputError (one line, exit 2)."""
+    from gputopo.errors import OutputError
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    except OSError as e:
+        raise OutputError(str(path), e) from None
+
+
+def _given(name: str) -> bool:
+    """Whether option ``name`` was given on the command line (not its default)."""
+    from click.core import ParameterSource
+
+    ctx = click.get_current_context(silent=True)
+    return ctx is not None and ctx.get_parameter_source(name) not in (None, ParameterSource.DEFAULT)
 
 
 def _current(spec, facts, root, pve_root, node, source=None):
@@ -64,6 +112,13 @@ class _Source:
         if not (sim or api_url or local):
             return
         from gputopo.cli.connect import Connection, build_ports, host_root
+        from gputopo.errors import ConfigError
+
+        # an option the live source would silently ignore is a mistake to point out
+        if _given("pve_root"):
+            raise ConfigError("--pve-root reads Proxmox's files; --sim, --api-url and --local read the API instead")
+        if sim and _given("root"):
+            raise ConfigError("--root and --sim exclude each other (a simulated host has its own root)")
 
         conn = Connection(root=None if sim else (root if root != "/" else None), sim=sim, api_url=api_url,
                           local=local, node=node, user=user, token_name=token_name,
@@ -150,25 +205,31 @@ def spec_options(f):
 
 
 @click.command()
-@click.option("--root", default="/", show_default=True, type=click.Path(file_okay=False))
-@click.option("--split", type=SPLITS, default="numa", show_default=True)
-@click.option("--container", type=int, default=101, show_default=True)
-@click.option("--vm-mapping", default="pro6000-vm", show_default=True)
-@click.option("--container-mapping", default=None)
-@click.option("--node", default=None)
-@click.option("--service-unit", default="sglang.service", show_default=True)
-@click.option("--tp-flag", default="--tp", show_default=True)
+@click.option("--root", default="/", show_default=True, type=click.Path(file_okay=False),
+              help="Host root holding sys/ and proc/.")
+@click.option("--split", type=SPLITS, default="numa", show_default=True,
+              help="numa: the lowest NUMA node's GPUs stay with the container; half: the lower half by address.")
+@click.option("--container", type=int, default=101, show_default=True, help="The container's vmid.")
+@click.option("--vm-mapping", default="pro6000-vm", show_default=True, help="PCI mapping for the VM GPUs.")
+@click.option("--container-mapping", default=None, help="PCI mapping listing the container's GPUs (optional).")
+@click.option("--node", default=None, help="Proxmox node name (default: the host's name; must be this host).")
+@click.option("--service-unit", default="sglang.service", show_default=True,
+              help="The inference service's systemd unit in the container.")
+@click.option("--tp-flag", default="--tp", show_default=True,
+              help="The service's tensor-parallel flag (vLLM: --tensor-parallel-size).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write here (default stdout).")
 def init(root, split, container, vm_mapping, container_mapping, node, service_unit, tp_flag, output):
-    """Write a commented starter spec for this host."""
+    """Write a commented starter spec for this host (exit 2 for an option the spec would refuse,
+    or a host that cannot be split that way)."""
     from gputopo.spec import init_spec
 
-    text = init_spec(
-        _facts(root), split=split, container=container, vm_mapping=vm_mapping,
-        container_mapping=container_mapping, node=node, service_unit=service_unit, tp_flag=tp_flag,
-    )
+    facts = _facts(root)
+    options = dict(split=split, container=container, vm_mapping=vm_mapping, container_mapping=container_mapping,
+                   node=node, service_unit=service_unit, tp_flag=tp_flag)
+    _quick_spec(facts, **options)  # the starter must be a spec plan accepts: check the options first
+    text = init_spec(facts, **options)
     if output:
-        Path(output).write_text(text)
+        _write(Path(output), text)
         click.echo(f"wrote {output}", err=True)
     else:
         sys.stdout.write(text)
@@ -181,7 +242,10 @@ def init(root, split, container, vm_mapping, container_mapping, node, service_un
 @source_options
 def plan(spec_file, split, service_unit, tp_flag, container, vm_mapping, container_mapping, root, pve_root, node, templates, as_json,
          **source):
-    """Show the target state and the ordered actions; "No changes" when converged (exit 2 if refused)."""
+    """Show the target state and the ordered actions; "No changes" when converged.
+
+    Exit codes: 0 a plan (or no changes), 2 bad input or a refused plan (one line per reason).
+    """
     from gputopo.cli.output import print_json
 
     _, _, p = _planned(spec_file, split, service_unit, tp_flag, container, vm_mapping,
@@ -205,7 +269,7 @@ def plan(spec_file, split, service_unit, tp_flag, container, vm_mapping, contain
 @source_options
 def render(spec_file, split, service_unit, tp_flag, container, vm_mapping, container_mapping, root, pve_root, node, out, templates,
            **source):
-    """Write the files the plan stands for under --out."""
+    """Write the files the plan stands for under --out (exit 2 for bad input or a refused plan)."""
     from gputopo.render import render as render_files
 
     facts, spec, p = _planned(spec_file, split, service_unit, tp_flag, container, vm_mapping,
@@ -213,8 +277,7 @@ def render(spec_file, split, service_unit, tp_flag, container, vm_mapping, conta
     files = render_files(p, spec, facts, templates)
     for rel, text in sorted(files.items()):
         dest = Path(out) / rel
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_text(text)
+        _write(dest, text)
         click.echo(str(dest))
 
 
@@ -226,7 +289,11 @@ def render(spec_file, split, service_unit, tp_flag, container, vm_mapping, conta
 @source_options
 def diff(spec_file, split, service_unit, tp_flag, container, vm_mapping, container_mapping, root, pve_root, node, templates, exit_code,
          as_json, **source):
-    """Show how the host differs from the spec, by area, files as unified diffs."""
+    """Show how the host differs from the spec, by area, files as unified diffs.
+
+    Exit codes: 0, or 2 for bad input or a refused plan; with --exit-code 0 no difference,
+    2 differences, 1 any error (bad input included).
+    """
     from gputopo.cli.output import print_json
     from gputopo.diff import diff as make_diff
 

@@ -40,7 +40,7 @@ def create(dir: Path, source: str, node: str | None, service: str) -> None:
               help="With --root: use a copy of this /etc/pve tree instead of the seed story's.")
 @click.option("--from", "source", default="seed", show_default=True,
               help="Fixture name, fixture .yaml or snapshot .tar.gz for a new host.")
-@click.option("--port", type=int, default=0, help="API port (default: any free port).")
+@click.option("--port", type=click.IntRange(0, 65535), default=0, help="API port (default: any free port).")
 @click.option("--http", "plain_http", is_flag=True, help="Serve plain HTTP instead of HTTPS.")
 def serve(dir_: Path | None, root: Path | None, pve_root: Path | None, source: str, port: int,
           plain_http: bool) -> None:

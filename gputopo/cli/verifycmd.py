@@ -11,6 +11,7 @@ import sys
 import click
 
 from gputopo.cli.connect import Connection, build_ports, connection_options, host_root, release_ports
+from gputopo.cli.params import Finite
 
 STYLE = {"PASS": "bold green", "WARN": "bold yellow", "FAIL": "bold red"}
 
@@ -18,13 +19,16 @@ STYLE = {"PASS": "bold green", "WARN": "bold yellow", "FAIL": "bold red"}
 @click.command()
 @click.option("--spec", "spec_file", required=True, type=click.Path(dir_okay=False), help="Spec file.")
 @connection_options
-@click.option("--timeout", "http_timeout", type=float, default=None,
+@click.option("--timeout", "http_timeout", type=Finite(), default=None,
               help="Seconds for the inference probe (default: the spec's verify.timeout).")
 @click.option("--strict", is_flag=True, help="A WARN fails too (exit 1).")
 @click.option("--json", "as_json", is_flag=True, help="The report as JSON.")
 def verify(spec_file: str, conn: Connection, http_timeout: float | None, strict: bool, as_json: bool) -> None:
     """Check the host against the spec from fresh facts: converged, VM side, container side,
-    memory balance, service, inference and platform; exit 1 on any FAIL."""
+    memory balance, service, inference and platform.
+
+    Exit codes: 0 all clear, 1 any FAIL (or WARN with --strict), 2 bad input.
+    """
     from gputopo.errors import VerifyFailed
     from gputopo.spec import load_spec
     from gputopo.verify import verify as run_verify

@@ -11,7 +11,8 @@ as a real node does:
   that existed on the host when it started, and a GPU works only when the host GPU with that
   minor is bound to nvidia (``proc/driver/nvidia/gpus/<bdf>/information`` "Device Minor");
 * ``nvidia-smi`` (``--query-gpu`` CSV, ``-L``), ``systemctl`` (show, is-active, start, stop,
-  restart, daemon-reload), ``cat``, ``test -e`` and ``ls /dev`` are implemented;
+  restart, daemon-reload), ``cat``, ``test -e``, ``rm``, ``mkdir`` and ``ls /dev`` are
+  implemented; ``pct push`` writes a file but never creates its directory, as pct does;
 * systemd units are files in the rootfs; drop-ins in ``<unit>.d/*.conf`` apply in name order,
   an empty ``ExecStart=`` resets the list, and a changed unit needs ``daemon-reload``.
 
@@ -600,16 +601,16 @@ class Container:
                 st.setdefault("loaded", {})[name] = unit.__dict__
             self._save(st)
 
-    def start_service(self, name: str) -> tuple[int, str]:
-        """Start unit ``name``; return (exit status, stderr) as ``systemctl start`` gives them."""
+    def start_service(self, name: str, verb: str = "start") -> tuple[int, str]:
+        """Start unit ``name``; return (exit status, stderr) as ``systemctl <verb>`` gives them."""
         unit, stale = self.effective_unit(name)
         if unit is None:
-            return 5, f"Failed to start {name}: Unit {name} not found.\n"
+            return 5, f"Failed to {verb} {name}: Unit {name} not found.\n"
         warn = (f"Warning: The unit file, source configuration file or drop-ins of {name} changed on "
                 f"disk. Run 'systemctl daemon-reload' to reload units.\n") if stale else ""
         problem = unit.problem()
         if problem:
-            return 1, warn + f"Failed to start {name}: Unit {name} has a bad unit file setting.\n"
+            return 1, warn + f"Failed to {verb} {name}: Unit {name} has a bad unit file setting.\n"
         cur = self.service(name)
         if cur.get("state") == "active":
             return 0, warn
@@ -770,10 +771,21 @@ def _exec_start_prop(svc: dict, unit: Unit) -> str:
             f"stop_time=[n/a] ; pid={svc.get('pid', 0)} ; code={code} ; status={status} }}")
 
 
+_UNIT_SUFFIX = re.compile(r"\.(service|socket|target|timer|mount|automount|path|slice|scope|device|swap)$")
+
+
+def unit_name(name: str) -> str:
+    """systemd's ``unit_name_mangle``: a name without a unit type suffix means ``NAME.service``."""
+    return name if _UNIT_SUFFIX.search(name) else name + ".service"
+
+
 def _systemctl(ct: Container, args: list[str]) -> ExecResult:
     if not args:
         return _res(1, err="Too few arguments.\n")
-    verb, rest = args[0], args[1:]
+    verb, rest = args[0], []
+    for i, a in enumerate(args[1:]):
+        after_p = i > 0 and args[i] in ("-p", "--property")
+        rest.append(a if a.startswith("-") or after_p else unit_name(a))
     if verb == "daemon-reload":
         ct.daemon_reload()
         return _res(0)
@@ -828,7 +840,7 @@ def _systemctl(ct: Container, args: list[str]) -> ExecResult:
                 if rc and verb == "stop":
                     return _res(rc, err=err + e)
             if verb in ("start", "restart"):
-                rc, e = ct.start_service(name)
+                rc, e = ct.start_service(name, verb)
                 err += e
                 if rc:
                     return _res(rc, err=err)
@@ -917,6 +929,35 @@ def _rm(ct: Container, args: list[str]) -> ExecResult:
     return _res(rc, err=err)
 
 
+def _mkdir(ct: Container, args: list[str]) -> ExecResult:
+    """``mkdir [-p] DIR...`` inside the container, with coreutils' messages: without ``-p`` a
+    missing parent or an existing path is an error; with ``-p`` only a file in the way is."""
+    parents = "-p" in args or "--parents" in args
+    paths = [a for a in args if not a.startswith("-")]
+    if not paths:
+        return _res(1, err="mkdir: missing operand\nTry 'mkdir --help' for more information.\n")
+    err, rc = "", 0
+    for path in paths:
+        try:
+            p = _inside(ct.rootfs, path)
+        except ValueError:
+            err, rc = err + f"mkdir: cannot create directory '{path}': Permission denied\n", 1
+            continue
+        if parents:
+            blocker = next((q for q in [p, *p.parents] if q.exists() and not q.is_dir()), None)
+            if blocker is not None:
+                err, rc = err + f"mkdir: cannot create directory '{path}': Not a directory\n", 1
+            else:
+                p.mkdir(parents=True, exist_ok=True)
+        elif p.exists():
+            err, rc = err + f"mkdir: cannot create directory '{path}': File exists\n", 1
+        elif not p.parent.is_dir():
+            err, rc = err + f"mkdir: cannot create directory '{path}': No such file or directory\n", 1
+        else:
+            p.mkdir()
+    return _res(rc, err=err)
+
+
 def service_latency(sim_dir: str | os.PathLike, op: str) -> float:
     """Seconds ``systemctl start|stop`` of a service blocks (``service.<op>`` in the run dir's
     ``latencies`` state; 0 when unset): a Type=notify server returns from start only once ready."""
@@ -976,13 +1017,16 @@ class SimExec:
             return _res(0)
         if cmd == "rm":
             return _rm(ct, args)
+        if cmd == "mkdir":
+            return _mkdir(ct, args)
         return _res(127, err=f"lxc-attach: {vmid}: Failed to exec \"{argv[0]}\": No such file or directory\n")
 
     def push(self, vmid: int, path: str, content: str, mode: int = 0o644) -> None:
         """Write ``path`` inside container ``vmid`` as ``pct push --perms`` would.
 
         Raises :class:`ExecError` (rc 255, pct's message) when the container has no config or
-        is not running, or when ``path`` escapes the container.
+        is not running, when ``path`` escapes the container, and when its directory does not
+        exist there: pct creates the file only (``create_file``), never its parents.
         """
         argv = ["pct", "push", str(vmid), path]
         if not self.paths.lxc_conf(vmid).is_file():
@@ -993,7 +1037,8 @@ class SimExec:
             target = _inside(self.paths.rootfs(vmid), path)
         except ValueError as e:
             raise ExecError(vmid, argv, 255, str(e)) from None
-        target.parent.mkdir(parents=True, exist_ok=True)
+        if not target.parent.is_dir():
+            raise ExecError(vmid, argv, 255, f"failed to create file: {path}: No such file or directory\n")
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
         with os.fdopen(fd, "w") as f:
             f.write(content)

@@ -130,10 +130,8 @@ class SimHost:
         ``.tar.gz``; ``root`` instead copies an existing host root directory. ``node`` defaults
         to the root's hostname. Raises :class:`SimHostError` for a non-empty ``dir``, an unknown
         ``service`` or a root without GPUs on nvidia; :class:`gputopo.fixtures.FixtureError`
-        for a bad fixture.
+        for a bad fixture. A failed create leaves ``dir`` as it was.
         """
-        from gputopo.discover import discover
-
         dir = Path(dir)
         if dir.exists() and any(dir.iterdir()):
             raise SimHostError(str(dir), "directory is not empty")
@@ -141,6 +139,26 @@ class SimHost:
             raise SimHostError(str(dir), f"unknown service {service!r} (sglang or vllm)")
         paths = SimPaths(dir)
         src = str(source)
+        existed = dir.exists()
+        try:
+            return cls._build(dir, paths, src, node, container, service, pve_version, root)
+        except BaseException:
+            # a failed create leaves nothing behind: the directory is as it was (absent or empty)
+            if existed:
+                for child in list(dir.iterdir()):
+                    if child.is_dir() and not child.is_symlink():
+                        shutil.rmtree(child)
+                    else:
+                        child.unlink()
+            else:
+                shutil.rmtree(dir, ignore_errors=True)
+            raise
+
+    @classmethod
+    def _build(cls, dir: Path, paths: SimPaths, src: str, node: str | None, container: int, service: str,
+               pve_version: str, root: str | os.PathLike | None) -> SimHost:
+        from gputopo.discover import discover
+
         if root is not None:
             shutil.copytree(root, paths.root, symlinks=True)
         elif src.endswith((".tar.gz", ".tgz", ".tar")):
@@ -149,6 +167,10 @@ class SimHost:
             materialize(src, paths.root)
         facts = discover(str(paths.root))
         hostname = node or facts.host.hostname or "pve"
+        if hostname != facts.host.hostname:
+            # Proxmox's node name is the host's name: the root must say the same
+            (paths.root / "proc/sys/kernel").mkdir(parents=True, exist_ok=True)
+            (paths.root / "proc/sys/kernel/hostname").write_text(hostname + "\n")
         gpus = [g for g in facts.gpus if g.driver == "nvidia" and g.minor is not None]
         if not gpus:
             raise SimHostError(src, "the host has no GPU on the nvidia driver to give the container")
@@ -184,7 +206,12 @@ class SimHost:
         if port:
             kw["port"] = port
         self.api = PveApiServer(self.paths.pve, self.paths.run, self.paths.root, self.node, self.version, **kw)
-        self.api.start()
+        try:
+            self.api.start()
+        except OSError as e:
+            self.api = None
+            raise SimHostError(str(self.dir), f"cannot serve the API on 127.0.0.1:{port or 'any port'}: "
+                                              f"{e.strerror or e}") from None
         self.endpoint = EndpointServer(self.dir, self.container, port=endpoint_port).start()
         state.write_state(self.paths.run, "api", {"url": self.api.url})
         return self

@@ -16,6 +16,8 @@ drivers/pci/pci-driver.c and fs/sysfs/file.c:
   matched or the device was already bound (drivers_probe_store).
 * ``new_id``/``remove_id``: dynamic ids; ``new_id`` makes the driver probe every unbound device
   that now matches (pci_add_dynid -> driver_attach); EEXIST when the id already matches.
+* ``remove`` (remove_store): ``kstrtoul(buf, 0)`` or EINVAL; a non-zero number unbinds the
+  driver and removes the device, ``0`` does nothing.
 * Writing below a driver directory that does not exist (a driver that is not loaded) fails
   with ENOENT, as opening a missing file does.
 
@@ -137,6 +139,21 @@ def parse_id_fields(text: str, limit: int) -> list[int]:
         except ValueError:
             break
     return out
+
+
+def parse_kstrtoul(text: str) -> int | None:
+    """The kernel's ``kstrtoul(s, 0, &v)``: one optional trailing newline, an optional ``+``, a
+    ``0x`` (hex) or ``0`` (octal) prefix, no spaces; None where the kernel returns -EINVAL."""
+    body = text[:-1] if text.endswith("\n") else text
+    body = body[1:] if body.startswith("+") else body
+    digits, allowed, base = body, "0123456789", 10
+    if body[:2].lower() == "0x":
+        digits, allowed, base = body[2:], "0123456789abcdefABCDEF", 16
+    elif body.startswith("0") and len(body) > 1:
+        digits, allowed, base = body[1:], "01234567", 8
+    if not digits or any(c not in allowed for c in digits):
+        return None
+    return int(digits, base)
 
 
 def parse_override(text: str) -> str | None:
@@ -709,7 +726,13 @@ class SimKernel:
             addr = parent.name
             if name == "driver_override":
                 return self._set_override(addr, parent / name, value)
-            return self._remove(addr)
+            # remove_store: kstrtoul(buf, 0, &val) or EINVAL; only a non-zero value removes
+            val = parse_kstrtoul(value)
+            if val is None:
+                raise _Fail(errno.EINVAL)
+            if val:
+                self._remove(addr)
+            return None
         if not full.exists():
             raise _Fail(errno.ENOENT)
         raise _Fail(errno.EOPNOTSUPP, "attribute not simulated")

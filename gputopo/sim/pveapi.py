@@ -151,15 +151,24 @@ def _fmt_enum(*values: str) -> Callable[[Any], str]:
     return f
 
 
+class ItemErrors(ValueError):
+    """Errors of an array parameter's items, keyed ``<name>[<i>]`` (JS:check_prop)."""
+
+    def __init__(self, errors: dict[int, str]):
+        super().__init__("; ".join(errors.values()))
+        self.by_index = errors
+
+
 def _fmt_map_array(v: Any) -> list[str]:
+    # a single scalar is an array of one (RH:$normalize_legacy_param_formats)
     items = v if isinstance(v, list) else [v]
-    errs = []
+    errs = {}
     for i, item in enumerate(items):
         problems = pvefmt.map_entry_problems(str(item))
         if problems:
-            errs.append("invalid format - format error\n" + "".join(f"map[{i}].{p}\n" for p in problems))
+            errs[i] = "invalid format - format error\n" + "".join(f"map[{i}].{p}\n" for p in problems)
     if errs:
-        raise ValueError("\n".join(errs))
+        raise ItemErrors(errs)
     return [str(x) for x in items]
 
 
@@ -421,20 +430,22 @@ class PveApiServer:
                 raise AuthFailed("Permission denied - invalid csrf token")
         return Caller(user, "ticket")
 
-    def dispatch(self, method: str, path: str, params: dict[str, Any], caller: Caller | None) -> _Result:
-        """Route, check permissions and parameters, run the handler. Raises ApiError."""
-        route, uri = None, {}
+    @staticmethod
+    def route(method: str, path: str) -> tuple[Route, dict[str, str]]:
+        """The route of ``method path`` and its URI parameters. Raises ApiError 501."""
         for r in ROUTES:
             if r.method != method:
                 continue
             m = r.regex.match(path)
             if m:
-                route, uri = r, {k: unquote(v) for k, v in m.groupdict().items()}
-                break
-        if route is None:
-            raise ApiError(501, f"Method '{method} {path}' not implemented")
+                return r, {k: unquote(v) for k, v in m.groupdict().items()}
+        raise ApiError(501, f"Method '{method} {path}' not implemented")
+
+    def dispatch(self, method: str, path: str, params: dict[str, Any], caller: Caller | None) -> _Result:
+        """Route, check permissions and parameters, run the handler. Raises ApiError."""
+        route, uri = self.route(method, path)
         for k, v in uri.items():
-            if k in params and params[k] != v:
+            if k in params and _perl_str(params[k]) != v:
                 raise param_error({k: "duplicate parameter (already defined in URI) with conflicting values!"})
             params[k] = v
         if route.perm and caller is not None:
@@ -450,6 +461,8 @@ class PveApiServer:
                 continue
             try:
                 values[name] = spec.fmt(params[name])
+            except ItemErrors as e:
+                errors.update({f"{name}[{i}]": msg for i, msg in e.by_index.items()})
             except ValueError as e:
                 errors[name] = str(e)
         for name, value in params.items():
@@ -533,8 +546,14 @@ class PveApiServer:
         except FileNotFoundError:
             raise die(f"Configuration file '{self._config_rel(kind, vmid)}' does not exist") from None
 
-    def _guest_view(self, kind: str, vmid: int, text: str, current: bool) -> dict:
+    def _guest_view(self, kind: str, vmid: int, text: str, current: bool, snapshot: str | None = None) -> dict:
         conf = pvefmt.parse_lxc_conf(text)
+        if snapshot:
+            # AbstractConfig load_current_config: that snapshot's keys, the file's digest
+            snap = conf.snapshots.get(snapshot)
+            if snap is None:
+                raise die(f"snapshot '{snapshot}' does not exist")
+            conf = pvefmt.LxcConf(options=snap.options, lxc=snap.lxc, description=snap.description)
         opts = dict(conf.options)
         if not current:
             opts.update({k: v for k, v in conf.pending.options.items() if k != "delete"})
@@ -573,11 +592,11 @@ class PveApiServer:
             msg = "cannot use 'snapshot' parameter with 'current'"
             raise param_error({"snapshot": msg, "current": msg})
         text = self._load("lxc", p["vmid"])
-        return self._guest_view("lxc", p["vmid"], text, bool(p.get("current")))
+        return self._guest_view("lxc", p["vmid"], text, bool(p.get("current")), p.get("snapshot"))
 
     def h_qemu_get(self, caller: Caller, p: dict) -> Any:
         text = self._load("qemu", p["vmid"])
-        return self._guest_view("qemu", p["vmid"], text, bool(p.get("current")))
+        return self._guest_view("qemu", p["vmid"], text, bool(p.get("current")), p.get("snapshot"))
 
     def h_lxc_put(self, caller: Caller, p: dict) -> Any:
         vmid = p.pop("vmid")
@@ -701,8 +720,9 @@ class PveApiServer:
             pid = 100000 + len(tasks)
             start = int(time.time())
             pstart = 1000000 + len(tasks)
-            # Proxmox UPIDs never carry a token's "!": the task user is the owner
-            upid = f"UPID:{self.node}:{pid:08X}:{pstart:08X}:{start:08X}:{ttype}:{vmid}:{user.split('!')[0]}:"
+            # the UPID names the caller as it authenticated, a token as "user@realm!tokenid";
+            # the status answer splits that (pve-manager API2/Tasks.pm $convert_token_task)
+            upid = f"UPID:{self.node}:{pid:08X}:{pstart:08X}:{start:08X}:{ttype}:{vmid}:{user}:"
             lat = (state.read_state(self.run_dir, "latencies", {}) or {}).get(ttype, DEFAULT_LATENCY)
             tasks[upid] = {
                 "upid": upid, "node": self.node, "pid": pid, "pstart": pstart, "starttime": start,
@@ -1008,6 +1028,17 @@ def _atomic_write(path: Path, text: str) -> None:
         raise
 
 
+def _perl_str(v: Any) -> Any:
+    """A JSON value as Perl's ``ne`` sees it: numbers and booleans compare as their text."""
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    return str(v) if isinstance(v, (int, float)) else v
+
+
+class BadBody(Exception):
+    """A request body that cannot become parameters."""
+
+
 def _merge(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     """Form pairs to a dict; a repeated key (``map=a&map=b``) becomes a list."""
     out: dict[str, Any] = {}
@@ -1036,7 +1067,13 @@ class _Handler(BaseHTTPRequestHandler):
         if body:
             ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip()
             if ctype == "application/json":
-                pairs += list(json.loads(body).items())
+                try:
+                    obj = json.loads(body)
+                except ValueError as e:
+                    raise BadBody(f"unable to parse JSON body - {e}") from None
+                if not isinstance(obj, dict):
+                    raise BadBody("unable to parse JSON body - not an object")
+                pairs += list(obj.items())
             else:
                 pairs += parse_qsl(body.decode(), keep_blank_values=True)
         params = _merge(pairs)
@@ -1047,7 +1084,11 @@ class _Handler(BaseHTTPRequestHandler):
     def _handle(self, method: str) -> None:
         srv = self.server_obj
         path = urlsplit(self.path).path
-        params = self._params()
+        try:
+            params = self._params()
+        except BadBody as e:
+            # the daemon answers every request; the exact text of this 400 is not in the wire doc
+            return self._send(400, str(e), {"data": None, "message": str(e) + "\n"})
         if not path.startswith(API_PREFIX + "/"):
             return self._send(501, f"Method '{method} {path}' not implemented", None)
         rel = path[len(API_PREFIX):].rstrip("/") or "/"
@@ -1091,6 +1132,25 @@ class _Handler(BaseHTTPRequestHandler):
         self._handle("DELETE")
 
 
+FORMAT_OPTIONS = ("output-format", "quiet", "noproxy")
+
+
+def _cli_option(route: Route, name: str) -> bool:
+    if name in route.params:
+        return True
+    if route.extra == "lxc" and re.match(r"^[a-z][a-z_]*\d*$", name):
+        why = pvefmt.check_lxc_option(name, "")
+        return not (why and why.startswith("unknown setting"))
+    return False
+
+
+def _cli_boolean(route: Route, name: str) -> bool:
+    spec = route.params.get(name)
+    if spec is not None:
+        return spec.fmt is _fmt_bool
+    return route.extra == "lxc" and name in _BOOL_KEYS
+
+
 class PveshSim:
     """``pvesh`` on the simulated node, as a runner for the local backend (wire doc section 6).
 
@@ -1111,27 +1171,30 @@ class PveshSim:
         if len(argv) < 3 or argv[0] != "pvesh" or argv[1] not in self.VERBS:
             return "", "USAGE: pvesh <COMMAND> [ARGS] [OPTIONS]\n", 255
         method, path = self.VERBS[argv[1]], "/" + argv[2].strip("/")
+        try:
+            route, _ = self.server.route(method, path)
+        except ApiError:
+            return "", f"No '{argv[1]}' handler defined for '{path}'\n", 1
         params: dict[str, Any] = {}
         rest = argv[3:]
         i = 0
         while i < len(rest):
             m = re.match(r"^--?([a-zA-Z][\w-]*)$", rest[i])
-            if not m or i + 1 >= len(rest):
-                return "", f"Unknown option: {rest[i]}\n400 unable to parse option\n", 255
-            k, v = m.group(1), rest[i + 1]
+            k = m.group(1) if m else rest[i]
+            # JS:get_options offers only the method's own parameters (Getopt::Long)
+            if not m or i + 1 >= len(rest) or not (k in FORMAT_OPTIONS or _cli_option(route, k)):
+                return "", f"Unknown option: {k}\n400 unable to parse option\n", 255
+            v = rest[i + 1]
             i += 2
-            if k in ("output-format", "quiet", "noproxy"):
+            if k in FORMAT_OPTIONS:
                 continue
-            if v.lower() in ("yes", "on", "true"):
-                v = "1"
-            elif v.lower() in ("no", "off", "false"):
-                v = "0"
+            if _cli_boolean(route, k):
+                # JS:parse_boolean, for boolean parameters only
+                v = {"yes": "1", "on": "1", "true": "1", "no": "0", "off": "0", "false": "0"}.get(v.lower(), v)
             params[k] = (params[k] if isinstance(params[k], list) else [params[k]]) + [v] if k in params else v
         try:
             result = self.server.dispatch(method, path, params, Caller("root@pam", "cli"))
         except ApiError as e:
-            if e.status == 501:
-                return "", f"No '{argv[1]}' handler defined for '{path}'\n", 1
             if e.status == 500 and e.errors is None:
                 return "", e.message, 255
             lines = f"{e.status} {e.message}"
