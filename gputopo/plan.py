@@ -566,6 +566,12 @@ def _select(
     sel: GpuSelector, candidates: list[Gpu], facts: Facts, owner: str, refusals: list[Refusal]
 ) -> list[Gpu]:
     if sel.numa is not None:
+        # a node the host does not have is a typo that would silently select no GPU at all
+        have = sorted(n.id for n in facts.host.numa_nodes)
+        for n in sel.numa:
+            if have and n not in have:
+                refusals.append(Refusal(None, f"{owner}: this host has no NUMA node {n} "
+                                              f"(it has {', '.join(map(str, have))})", "no-such-numa-node"))
         return [g for g in candidates if g.numa_node in sel.numa]
     if sel.addresses is not None:
         out = []

@@ -316,6 +316,16 @@ class _SpecLoader(yaml.SafeLoader):
             return "tag:yaml.org,2002:str"
         return tag
 
+    def construct_mapping(self, node, deep=False):  # noqa: ANN001 - PyYAML's signature
+        # PyYAML keeps the last of two equal keys; in a strict spec the first would vanish unseen
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
 
 _NUMBER_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
 
@@ -350,9 +360,11 @@ def parse_spec(text: str, file: str = "<spec>") -> Spec:
 def load_spec(path: str | Path) -> Spec:
     """Read and parse the spec file at ``path``. Raises SpecError naming the file."""
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as e:
         raise SpecError(str(path), "", f"cannot read: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise SpecError(str(path), "", f"not UTF-8 text (byte {e.start})") from None
     return parse_spec(text, str(path))
 
 

@@ -22,7 +22,7 @@ import pytest
 
 import applysim
 from applysim import template  # noqa: F401  (a fixture)
-from gputopo.apply import PreflightFailed, Progress, Timeouts, apply, recover
+from gputopo.apply import PreflightFailed, Progress, Timeouts, apply
 from gputopo.errors import ApplyFailed
 from gputopo.journal import find_unfinished, list_journals, parse_journal
 from gputopo.sim import state

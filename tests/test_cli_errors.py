@@ -238,6 +238,31 @@ def test_an_address_that_is_no_gpu_here_is_refused(capsys, seed, spec_file):
     assert one_line(err) == "refused: 0000:0a:00.0: no such GPU on this host (container:101)"
 
 
+def test_duplicate_keys_are_refused_not_silently_merged(capsys, seed, spec_file):
+    # PyYAML keeps the last of two equal keys: a second 'containers:' would drop the first unseen
+    bad = _variant(spec_file, "    vms:\n", "    containers: []\n    vms:\n", "dup.yaml")
+    code, _, err = run(capsys, "plan", "--root", str(seed), "--spec", str(bad))
+    assert code == 2
+    line = one_line(err)
+    assert line.startswith(f"gputopo: error: {bad}: YAML syntax error at line ") and line.endswith("duplicate key 'containers'")
+
+
+def test_a_spec_file_that_is_not_text(capsys, seed, tmp_path):
+    bad = tmp_path / "bin.yaml"
+    bad.write_bytes(b"apiVersion: \xff\xfe\n")
+    code, _, err = run(capsys, "plan", "--root", str(seed), "--spec", str(bad))
+    assert code == 2
+    assert one_line(err) == f"gputopo: error: {bad}: not UTF-8 text (byte 12)"
+
+
+def test_a_numa_node_the_host_does_not_have_is_refused(capsys, seed, spec_file):
+    # numa: [7] used to plan the container down to no GPU at all, without a word
+    bad = _variant(spec_file, "numa: [0]", "numa: [7]", "numa7.yaml")
+    code, _, err = run(capsys, "plan", "--root", str(seed), "--spec", str(bad))
+    assert code == 2
+    assert one_line(err) == "refused: container:101: this host has no NUMA node 7 (it has 0, 1)"
+
+
 # --- the node must be this host -------------------------------------------------------------------
 
 

@@ -65,11 +65,11 @@ def demo(workdir: str | None, source: str, pace: float) -> None:
         out.print(Rule())
         a = result.applied
         if a.stop_window_s is not None:
-            out.print(f"applied in {a.wall_s:.1f} s; service down for {a.stop_window_s:.1f} s; journal {a.journal}",
-                      soft_wrap=True)
+            out.print(f"applied in {a.wall_s:.1f} s; service down for {a.stop_window_s:.1f} s", soft_wrap=True)
         if keep:
+            out.print(f"journal: {a.journal}", soft_wrap=True)
             out.print(f"the simulated host stays in {sim_dir}: try "
-                      f"gputopo diff --sim {sim_dir} --spec {result.spec_path} --exit-code")
+                      f"gputopo diff --sim {sim_dir} --spec {result.spec_path} --exit-code", soft_wrap=True)
         if not result.ok:
             raise VerifyFailed("the demo did not end converged and verified (see above)")
     finally:
