@@ -126,23 +126,42 @@ class Interrupted(GputopoError):
 
 @contextlib.contextmanager
 def interruptible():
-    """While inside, SIGTERM and SIGHUP raise :class:`Interrupted` in the main thread, the way
-    Ctrl-C raises KeyboardInterrupt, so a polite kill (systemd, a dropped ssh session) rolls
-    back instead of ending the process between two steps. Elsewhere than in the main thread
-    (where no handler can be set) it changes nothing."""
+    """While inside, Ctrl-C, SIGTERM and SIGHUP raise a KeyboardInterrupt (that
+    :func:`_as_error` turns into :class:`Interrupted`) in the main thread, so a polite kill
+    (systemd, a dropped ssh session) rolls back instead of ending the process between two
+    steps. Elsewhere than in the main thread (where no handler can be set) it changes nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def handler(signum: int, frame: Any) -> None:
+        if _HOLD["depth"]:
+            _HOLD["pending"] = signum
+            return
         raise _Signalled(signum)
 
-    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+
+
+_HOLD: dict[str, Any] = {"depth": 0, "pending": None}  # touched by the main thread only
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """A signal of :func:`interruptible` that arrives inside is raised when the block ends."""
+    _HOLD["depth"] += 1
+    try:
+        yield
+    finally:
+        _HOLD["depth"] -= 1
+        if not _HOLD["depth"] and _HOLD["pending"] is not None:
+            signum, _HOLD["pending"] = _HOLD["pending"], None
+            raise _Signalled(signum)
 
 
 class _Signalled(KeyboardInterrupt):
@@ -867,7 +886,10 @@ class Runner:
                 todo = [k for k in range(i, j) if k not in skip]
                 if todo:
                     with ThreadPoolExecutor(max_workers=len(todo), thread_name_prefix="rebind") as pool:
-                        futures = [pool.submit(self._one, k, actions[k], total) for k in todo]
+                        # an interrupt between starting a worker thread and the pool recording it
+                        # would let the pool's exit skip waiting for it, and the rollback race it
+                        with _signals_held():
+                            futures = [pool.submit(self._one, k, actions[k], total) for k in todo]
                         errors = [f.exception() for f in futures]
                     failures = [e for e in errors if e is not None]
                     if failures:

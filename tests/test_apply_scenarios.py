@@ -430,4 +430,4 @@ def test_signal_mid_switch_through_the_cli_rolls_back(new_host, sig):
     assert len(lines) == 1 and f"interrupted ({name})" in lines[0] and "rolled back" in lines[0], err
     assert find_unfinished(host.paths.root) is None
     host.stop()
-    assert applysim.diff(before, applysim.fingerprint(host)) == []
+    assert applysim.diff(before, applysim.fingerprint(host)) == [], out + err
