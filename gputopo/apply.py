@@ -449,6 +449,10 @@ def preflight(p: Plan, facts: Facts, current: CurrentState, spec: Spec, ports: P
                             "to the kernel command line and reboot")
         if not (Path(root) / "sys/bus/pci/drivers/vfio-pci").is_dir():
             problems.append("the vfio-pci driver is not loaded (no sys/bus/pci/drivers/vfio-pci); run: modprobe vfio-pci")
+    to_nvidia = [a for a in rebinds if a.to_driver == "nvidia"]
+    if to_nvidia and not (Path(root) / "sys/bus/pci/drivers/nvidia").is_dir():
+        problems.append(f"the nvidia driver is not loaded (no sys/bus/pci/drivers/nvidia) but "
+                        f"{', '.join(a.address for a in to_nvidia)} must go back to it; run: modprobe nvidia")
 
     stopped_cts = {a.vmid for a in p.actions if isinstance(a, StopGuest) and a.guest == "lxc"}
     moving = _moving_gpus(p, facts)

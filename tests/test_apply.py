@@ -506,3 +506,23 @@ def test_cli_apply_ends_with_verify_and_rolls_back_on_its_failure(host):
     heal_container(host.dir, 101)
     res = CliRunner().invoke(cli, ["verify", "--spec", str(spec_file), "--sim", str(host.dir)])
     assert res.exit_code == 0 and "all clear: 7 PASS" in res.output, res.output
+
+
+def test_gpus_going_back_to_nvidia_need_the_nvidia_driver_loaded(host):
+    """Failure mode 7, second half: nvidia must be loaded before GPUs go back to it."""
+    from gputopo.spec import parse_spec
+
+    ports = host.ports()
+    root = str(host.paths.root)
+    assert apply(applysim.seed_spec(host), ports, root=root).status == "applied"
+    drivers = host.paths.root / "sys/bus/pci/drivers"
+    (drivers / "nvidia").rename(drivers / ".nvidia-unloaded")  # as if `rmmod nvidia` had run
+    try:
+        before = applysim.fingerprint(host)
+        with pytest.raises(PreflightFailed) as e:
+            apply(parse_spec(_reverse_spec_text(host)), ports, root=root)
+        (line,) = [p for p in e.value.problems if "nvidia driver is not loaded" in p]
+        assert "0000:81:00.0" in line and line.endswith("run: modprobe nvidia")
+        assert applysim.diff(before, applysim.fingerprint(host)) == []
+    finally:
+        (drivers / ".nvidia-unloaded").rename(drivers / "nvidia")

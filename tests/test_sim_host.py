@@ -346,3 +346,14 @@ def test_new_dev_on_a_running_container_pending_or_hotplugged(tmp_path, version,
         _wait(api, ct.status.stop.post())
         _wait(api, ct.status.start.post())
         assert gpus() == 8  # a restart applies what was pending
+
+
+def test_sim_create_takes_the_proxmox_release(tmp_path):
+    """`gputopo sim create --pve-version 9.1.2` makes a host that answers as PVE 9."""
+    from gputopo.cli import main
+
+    main(["sim", "create", str(tmp_path / "h"), "--pve-version", "9.1.2"])
+    host = SimHost.open(tmp_path / "h")
+    with host:
+        ports = host.ports()
+        assert ports.proxmox.version()["version"] == "9.1.2"

@@ -23,11 +23,13 @@ def sim() -> None:
               help="Fixture name, fixture .yaml or a 'gputopo snapshot' .tar.gz.")
 @click.option("--node", default=None, help="Node name (default: the host's hostname).")
 @click.option("--service", type=click.Choice(["sglang", "vllm"]), default="sglang", show_default=True)
-def create(dir: Path, source: str, node: str | None, service: str) -> None:
+@click.option("--pve-version", type=click.Choice(["8.4.1", "9.1.2"]), default="8.4.1", show_default=True,
+              help="Proxmox VE release to behave as (9: new devN are hot-plugged into a running container).")
+def create(dir: Path, source: str, node: str | None, service: str, pve_version: str) -> None:
     """Create a simulated host in DIR (the seed story: container 101 serving on every GPU)."""
     from gputopo.sim.host import SimHost
 
-    host = SimHost.create(dir, source=source, node=node, service=service)
+    host = SimHost.create(dir, source=source, node=node, service=service, pve_version=pve_version)
     click.echo(f"created simulated host {host.node} in {dir} (container {host.container})")
 
 
