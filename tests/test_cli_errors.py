@@ -12,7 +12,7 @@ import click
 import pytest
 
 from gputopo.cli import COMMANDS, LazyGroup, main
-from tests.applysim import copy_host, fingerprint, seed_spec_text, template  # noqa: F401 - fixture
+from applysim import copy_host, fingerprint, seed_spec_text, template  # noqa: F401 - fixture
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
     """(exit code, stdout, stderr) of ``gputopo ARGV``."""
