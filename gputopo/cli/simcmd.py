@@ -69,11 +69,10 @@ def serve(dir_: Path | None, root: Path | None, pve_root: Path | None, source: s
         host.start(port=port, tls=not plain_http)
         _announce(host, plain_http)
         stop = threading.Event()
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        try:
-            while not stop.wait(0.5):
-                pass
-        except KeyboardInterrupt:
+        # Set both explicitly: a server started from a background job inherits SIGINT ignored.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+        while not stop.wait(0.5):
             pass
         host.stop()
         click.echo("stopped", err=True)
