@@ -39,7 +39,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 from pydantic import TypeAdapter
 
@@ -1002,6 +1002,27 @@ def _fail_step(j: Journal, e: BaseException) -> str:
     return "a step"
 
 
+def _roll_back_and_raise(runner: "Runner", j: Journal, exc: BaseException, running_before: dict[str, Any],
+                         progress: Progress | None = None) -> NoReturn:
+    """Undo what ``runner`` did after ``exc`` stopped it, close the journal, raise the outcome.
+
+    Raises ApplyFailed (exit 3 naming the devices a human must look at, when the rollback could
+    not complete or a write hung), or ``exc`` itself when it is not one of gputopo's errors.
+    """
+    e = _as_error(exc)
+    where = _fail_step(j, e)
+    if progress is not None:
+        progress.note(f"{where} {'was ' if isinstance(e, Interrupted) else ''}"
+                      f"{e if isinstance(e, Interrupted) else f'failed: {e}'}; rolling back")
+    complete, stuck = runner.backward(running_before)
+    if isinstance(e, SysfsTimeout) and e.address:
+        stuck = sorted(set(stuck) | {e.address})
+    j.append("end", result="needs-human" if (stuck or not complete) else "rolled-back", needs_human=stuck)
+    if not isinstance(e, GputopoError):
+        raise exc
+    raise _failed(where, e, complete, stuck) from exc
+
+
 def apply(
     spec: Spec,
     ports: Ports,
@@ -1072,17 +1093,7 @@ def apply(
         try:
             runner.forward(list(p.actions))
         except BaseException as exc:
-            e = _as_error(exc)
-            where = _fail_step(j, e)
-            progress.note(f"{where} {'was ' if isinstance(e, Interrupted) else ''}"
-                          f"{e if isinstance(e, Interrupted) else f'failed: {e}'}; rolling back")
-            complete, stuck = runner.backward(running_before)
-            if isinstance(e, SysfsTimeout) and e.address:
-                stuck = sorted(set(stuck) | {e.address})
-            j.append("end", result="needs-human" if (stuck or not complete) else "rolled-back", needs_human=stuck)
-            if not isinstance(e, GputopoError):
-                raise
-            raise _failed(where, e, complete, stuck) from exc
+            _roll_back_and_raise(runner, j, exc, running_before, progress)
         window = runner.stop_window(list(p.actions))
         report = None
         if verify is not None:
@@ -1147,15 +1158,7 @@ def recover(
             try:
                 runner.forward(actions, skip=done)
             except BaseException as exc:
-                e = _as_error(exc)
-                where = _fail_step(j, e)
-                complete, stuck = runner.backward(running_before)
-                if isinstance(e, SysfsTimeout) and e.address:
-                    stuck = sorted(set(stuck) | {e.address})
-                j.append("end", result="needs-human" if (stuck or not complete) else "rolled-back", needs_human=stuck)
-                if not isinstance(e, GputopoError):
-                    raise
-                raise _failed(where, e, complete, stuck) from exc
+                _roll_back_and_raise(runner, j, exc, running_before)
             j.append("end", result="applied")
             return ApplyResult("finished", steps=runner.results, wall_s=time.monotonic() - t0, journal=str(j.path))
         complete, stuck = runner.backward(running_before)
