@@ -458,6 +458,8 @@ def preflight(p: Plan, facts: Facts, current: CurrentState, spec: Spec, ports: P
     moving = _moving_gpus(p, facts)
     if moving:
         nodes = {f"/dev/nvidia{minor}": addr for addr, minor in moving if minor is not None}
+        # nvidia_drm gives a GPU /dev/dri nodes; a display server or console on them holds it too
+        nodes.update({f"/dev/dri/{name}": addr for addr, _ in moving for name in _drm_nodes(root, addr)})
         # a CUDA context on the host holds the control nodes too, and keeps every GPU busy
         paths = sorted(nodes) + ["/dev/nvidiactl", "/dev/nvidia-uvm"]
         held = find_holders(root, paths)
@@ -535,6 +537,15 @@ def preflight(p: Plan, facts: Facts, current: CurrentState, spec: Spec, ports: P
             if ct is not None and ct.status != "running":
                 problems.append(f"CT {a.vmid} is stopped; start it so {a.path} can be written (pct push needs it running)")
     return problems
+
+
+def _drm_nodes(root: str, address: str) -> list[str]:
+    """The /dev/dri names (``card1``, ``renderD128``) the kernel's DRM driver made for a device."""
+    try:
+        names = os.listdir(Path(root) / "sys/bus/pci/devices" / address / "drm")
+    except OSError:
+        return []
+    return sorted(n for n in names if n.startswith(("card", "renderD")))
 
 
 def _cmdline(root: str, pid: int) -> str | None:

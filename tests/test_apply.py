@@ -154,6 +154,26 @@ def test_preflight_refuses_foreign_holder(host):
     assert applysim.diff(before, applysim.fingerprint(host)) == []
 
 
+def test_preflight_refuses_a_display_server_on_a_moving_gpus_dri_node(host):
+    """Failure mode 2: nvidia_drm's /dev/dri nodes held by a display server keep the GPU busy."""
+    dev = host.paths.root / "sys/bus/pci/devices/0000:91:00.0"
+    (dev / "drm/card2").mkdir(parents=True)
+    (dev / "drm/renderD129").mkdir()
+    proc = host.paths.root / "proc/3131"
+    (proc / "fd").mkdir(parents=True)
+    (proc / "comm").write_text("Xorg\n")
+    (proc / "cmdline").write_bytes(b"/usr/lib/xorg/Xorg\0:0\0")
+    (proc / "cgroup").write_text("0::/system.slice/display-manager.service\n")
+    os.symlink("/dev/dri/card2", proc / "fd/12")
+    before = applysim.fingerprint(host)
+    with pytest.raises(PreflightFailed) as e:
+        apply(applysim.seed_spec(host), host.ports(), root=str(host.paths.root))
+    assert e.value.problems == [
+        "/dev/dri/card2 (GPU 0000:91:00.0) is held open by PID 3131 (/usr/lib/xorg/Xorg :0); stop it before apply"
+    ]
+    assert applysim.diff(before, applysim.fingerprint(host)) == []
+
+
 def test_preflight_names_persistenced_with_the_fix(host):
     proc = host.paths.root / "proc/900"
     (proc / "fd").mkdir(parents=True)
