@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -602,3 +604,23 @@ def test_vm_on_a_kept_mapping_with_a_multi_function_path_stops():
     cur.guests = {300: GuestState(status="running", hostpci=["mapping=other"])}
     p = plan(seed_facts(), seed_spec(SEED_SPEC.replace("guests: [200]", "guests: [300]")), cur)
     assert _guest_stops(p) == [300]
+
+
+def test_cli_plan_and_init_read_a_snapshot_archive(materialized, tmp_path, capsys):
+    """An operator plans on a `gputopo snapshot` of the host, as discover reads it."""
+    from gputopo.snapshot import snapshot
+
+    snap = tmp_path / "pve1.tar.gz"
+    snapshot(materialized("seed"), snap)
+    quick = ["--split", "numa", "--container", "101", "--vm-mapping", "pro6000-vm"]
+    code, from_snap, err = run_cli(["plan", "--root", str(snap), *quick, "--json"], capsys)
+    assert code == 0, err
+    code, from_tree, err = run_cli(["plan", "--root", str(materialized("seed")), *quick, "--json"], capsys)
+    assert code == 0, err
+    snap_plan, tree_plan = json.loads(from_snap), json.loads(from_tree)
+    assert snap_plan["target"] == tree_plan["target"]
+    # the archive carries no /etc, so its persistence files count as absent: they are written
+    kinds = [a["kind"] for a in snap_plan["actions"]]
+    assert kinds.count("write_host_file") == 3
+    code, text, err = run_cli(["init", "--root", str(snap)], capsys)
+    assert code == 0 and "numa: [1]" in text, err

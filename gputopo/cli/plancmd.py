@@ -23,9 +23,14 @@ SPLITS = click.Choice(["numa", "half"])
 
 
 def _facts(root: str):
+    """Discover ``root``: a host root directory or a ``gputopo snapshot`` archive."""
     from gputopo.discover import discover
+    from gputopo.snapshot import opened_root
 
-    return discover(root)
+    with opened_root(root) as r:
+        facts = discover(r)
+    facts.root = root
+    return facts
 
 
 # quick mode: the spec field each option fills, so an error names the option the operator typed
@@ -100,7 +105,11 @@ def _current(spec, facts, root, pve_root, node, source=None):
     if source is not None:
         return read_current(spec, facts, proxmox=source.proxmox, exec=source.exec,
                             files=source.files, node=node)
-    return read_current(spec, facts, pve_root=pve_root, files=RealHostFiles(root), node=node)
+    from gputopo.snapshot import is_snapshot
+
+    # a snapshot holds no /etc: its persistence files count as absent
+    files = None if is_snapshot(root) else RealHostFiles(root)
+    return read_current(spec, facts, pve_root=pve_root, files=files, node=node)
 
 
 class _Source:
@@ -190,8 +199,8 @@ def spec_options(f):
     f = click.option("--node", default=None, help="Proxmox node name (default: the host's name).")(f)
     f = click.option("--pve-root", default="/etc/pve", show_default=True, type=click.Path(file_okay=False),
                      help="Proxmox's config tree to read the current state from.")(f)
-    f = click.option("--root", default="/", show_default=True, type=click.Path(file_okay=False),
-                     help="Host root holding sys/ and proc/.")(f)
+    f = click.option("--root", default="/", show_default=True, type=click.Path(),
+                     help="Host root holding sys/ and proc/, or a gputopo snapshot .tar.gz.")(f)
     f = click.option("--container-mapping", default=None, help="Quick mode: PCI mapping for the container's GPUs.")(f)
     f = click.option("--vm-mapping", default="pro6000-vm", show_default=True, help="Quick mode: the VM mapping.")(f)
     f = click.option("--container", type=int, default=101, show_default=True, help="Quick mode: container vmid.")(f)
@@ -205,8 +214,8 @@ def spec_options(f):
 
 
 @click.command()
-@click.option("--root", default="/", show_default=True, type=click.Path(file_okay=False),
-              help="Host root holding sys/ and proc/.")
+@click.option("--root", default="/", show_default=True, type=click.Path(),
+              help="Host root holding sys/ and proc/, or a gputopo snapshot .tar.gz.")
 @click.option("--split", type=SPLITS, default="numa", show_default=True,
               help="numa: the lowest NUMA node's GPUs stay with the container; half: the lower half by address.")
 @click.option("--container", type=int, default=101, show_default=True, help="The container's vmid.")
