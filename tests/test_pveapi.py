@@ -430,6 +430,10 @@ def test_qemu_stop_and_shutdown_tasks(srv):
     vm = api.nodes("pve1").qemu(200)
     e = _err(lambda: vm.status.stop.post())
     assert (e.status_code, e.content) == (500, "VM 200 not running")
+    # hostpci0 names a mapping this node does not have: the start task fails, as in Proxmox
+    assert _wait(api, vm.status.start.post())["exitstatus"] == "PCI device mapping not found for 'pro6000-vm'"
+    assert vm.status.current.get()["status"] == "stopped"
+    srv.write_conf("qemu", 200, "name: gpuvm\nmemory: 8192\n")
     upid = vm.status.start.post()
     assert ":qmstart:200:root@pam!gputopo:" in upid
     assert _wait(api, upid)["exitstatus"] == "OK"

@@ -357,3 +357,158 @@ def test_sim_create_takes_the_proxmox_release(tmp_path):
     with host:
         ports = host.ports()
         assert ports.proxmox.version()["version"] == "9.1.2"
+
+
+# --- PCI passthrough at VM start, as Proxmox does it -------------------------------------------
+
+import tempfile  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import applysim  # noqa: E402
+from applysim import template  # noqa: E402,F401  (a fixture)
+
+from gputopo.errors import TaskFailed  # noqa: E402
+from gputopo.sim.passthrough import PassthroughError, parse_host_ids, parse_hostpci  # noqa: E402
+
+CT_GPUS = ["0000:01:00.0", "0000:11:00.0", "0000:61:00.0", "0000:71:00.0"]
+VM_GPUS = ["0000:81:00.0", "0000:91:00.0", "0000:e1:00.0", "0000:f1:00.0"]
+
+
+def _drv(host, addr):
+    link = host.paths.root / "sys/bus/pci/devices" / addr / "driver"
+    return os.path.basename(os.readlink(link)) if link.is_symlink() else None
+
+
+def _reserved(host):
+    return state.read_state(host.paths.run, "pci-reserved", {}) or {}
+
+
+def _write_vm(host, vmid, hostpci):
+    (host.paths.pve / f"nodes/pve1/qemu-server/{vmid}.conf").write_text(
+        f"{hostpci}\nmachine: q35\nmemory: 8192\nname: vm{vmid}\n")
+
+
+@pytest.fixture
+def sim_copy(template):
+    made = []
+
+    def make(split: bool) -> SimHost:
+        from gputopo.apply import Timeouts, apply
+
+        base = Path(tempfile.mkdtemp(prefix="gputopo-pt-", dir=applysim.fast_tmp()))
+        host = applysim.copy_host(template, base / "sim")
+        made.append((host, base))
+        if split:
+            t = Timeouts(sysfs=5.0, guest=30.0, exec=10.0, service=20.0, poll=0.02)
+            res = apply(applysim.seed_spec(host), host.ports(), root=str(host.paths.root), timeouts=t)
+            assert res.status == "applied"
+        return host
+
+    yield make
+    for host, base in made:
+        host.stop()
+        applysim.cleanup(base)
+
+
+def test_parse_hostpci():
+    assert parse_hostpci("mapping=pro6000-vm,pcie=1") == {"mapping": "pro6000-vm", "pcie": "1"}
+    assert parse_hostpci("0000:81:00.0,pcie=1") == {"host": "0000:81:00.0", "pcie": "1"}
+    assert parse_hostpci("host=81:00,x-vga=1") == {"host": "81:00", "x-vga": "1"}
+    for bad in ("pcie=1", "mapping=a,host=81:00.0", "mapping=a,81:00.0"):
+        with pytest.raises(PassthroughError):
+            parse_hostpci(bad)
+    assert parse_host_ids("81:00.0;0000:A2:00") == [("0000:81:00.0", False), ("0000:a2:00", True)]
+    with pytest.raises(PassthroughError, match="invalid PCI ID"):
+        parse_host_ids("81:00.9")
+
+
+def test_vm_start_after_the_split_takes_free_mapped_gpus(sim_copy):
+    host = sim_copy(split=True)
+    px = host.ports().proxmox
+    px.guest_action("qemu", 201, "start", 30)
+    assert px.guest_status("qemu", 201) == "running"
+    assert _reserved(host) == {"0000:81:00.0": 201}
+    assert [_drv(host, a) for a in CT_GPUS] == ["nvidia"] * 4
+    assert [_drv(host, a) for a in VM_GPUS] == ["vfio-pci"] * 4
+    # a second VM on the same mapping gets the next free entry, a third the one after
+    _write_vm(host, 202, "hostpci0: mapping=pro6000-vm,pcie=1")
+    px.guest_action("qemu", 202, "start", 30)
+    assert _reserved(host) == {"0000:81:00.0": 201, "0000:91:00.0": 202}
+    # two entries on one mapping in one VM: two different GPUs
+    _write_vm(host, 203, "hostpci0: mapping=pro6000-vm\nhostpci1: mapping=pro6000-vm")
+    px.guest_action("qemu", 203, "start", 30)
+    assert {a for a, v in _reserved(host).items() if v == 203} == {"0000:e1:00.0", "0000:f1:00.0"}
+    _write_vm(host, 204, "hostpci0: mapping=pro6000-vm")
+    with pytest.raises(TaskFailed) as ei:
+        px.guest_action("qemu", 204, "start", 30)
+    assert ei.value.exitstatus == "could not find a free device for 'hostpci0'"
+    assert px.guest_status("qemu", 204) == "stopped"
+    # by address: a device a running VM uses is refused; once that VM stops it is free again
+    _write_vm(host, 205, "hostpci0: 0000:91:00.0,pcie=1")
+    with pytest.raises(TaskFailed) as ei:
+        px.guest_action("qemu", 205, "start", 30)
+    assert ei.value.exitstatus == "PCI device '0000:91:00.0' already in use by VMID '202'"
+    px.guest_action("qemu", 202, "stop", 30)
+    px.guest_action("qemu", 205, "start", 30)
+    assert _reserved(host)["0000:91:00.0"] == 205
+    assert _drv(host, "0000:91:00.0") == "vfio-pci"
+    assert [_drv(host, a) for a in CT_GPUS] == ["nvidia"] * 4
+
+
+def test_vm_start_fails_with_the_mapping_check_message(sim_copy):
+    host = sim_copy(split=True)
+    cfg = host.paths.pve / "mapping/pci.cfg"
+    text = cfg.read_text()
+    assert "subsystem-id=10de:204e" in text
+    cfg.write_text(text.replace("path=0000:91:00.0,subsystem-id=10de:204e", "path=0000:91:00.0,subsystem-id=10de:1234"))
+    px = host.ports().proxmox
+    with pytest.raises(TaskFailed) as ei:
+        px.guest_action("qemu", 201, "start", 30)
+    # every entry of the mapping is checked, not only the one the VM would take
+    assert ei.value.exitstatus == ("PCI device mapping invalid (hardware probably changed): "
+                                   "'subsystem-id' does not match for 'pro6000-vm' (10de:204e != 10de:1234)")
+    assert px.guest_status("qemu", 201) == "stopped" and _reserved(host) == {}
+
+
+def _unsplit_with_mapping(host):
+    """The seed host as it came (eight GPUs on nvidia) plus a valid pro6000-vm for 0000:81:00.0."""
+    from gputopo.pvefmt import PciMapping, write_pci_cfg
+
+    cfg = host.paths.pve / "mapping/pci.cfg"
+    maps = parse_pci_cfg(cfg.read_text())
+    entry = next(m for m in maps[0].maps if "path=0000:81:00.0" in m)
+    cfg.write_text(write_pci_cfg(maps + [PciMapping(id="pro6000-vm", maps=[entry])]))
+
+
+def test_vm_start_on_an_unsplit_host_shows_the_new_id_pitfall(sim_copy):
+    from gputopo.sim.kernel import SimKernel
+
+    host = sim_copy(split=False)
+    assert [_drv(host, a) for a in CT_GPUS + VM_GPUS] == ["nvidia"] * 8
+    _unsplit_with_mapping(host)
+    px = host.ports().proxmox
+    px.guest_action("lxc", 101, "shutdown", 30)
+    # a GPU left unbound, as an operator half-way through a manual move leaves it
+    SimKernel(str(host.paths.root)).write("sys/bus/pci/drivers/nvidia/unbind", "0000:e1:00.0")
+    assert _drv(host, "0000:e1:00.0") is None
+    px.guest_action("qemu", 201, "start", 30)
+    assert _reserved(host) == {"0000:81:00.0": 201}
+    assert _drv(host, "0000:81:00.0") == "vfio-pci"
+    # new_id "10de 2bb5" made vfio-pci grab the other unbound GPU of that model too
+    assert _drv(host, "0000:e1:00.0") == "vfio-pci"
+    assert [_drv(host, a) for a in CT_GPUS + ["0000:91:00.0", "0000:f1:00.0"]] == ["nvidia"] * 6
+
+
+def test_vm_start_blocks_while_the_container_holds_the_gpu(sim_copy):
+    host = sim_copy(split=False)
+    _unsplit_with_mapping(host)
+    api = _api(host.start())
+    upid = api.nodes("pve1").qemu(201).status.start.post()
+    time.sleep(0.2)
+    st = api.nodes("pve1").tasks(upid).status.get()
+    assert st["status"] == "running"  # the kernel's unbind waits for the service's workers
+    assert _drv(host, "0000:81:00.0") == "nvidia"
+    # the container's stop runs meanwhile and lets the unbind (and the VM start) finish
+    assert _wait(api, api.nodes("pve1").lxc(101).status.shutdown.post())["exitstatus"] == "OK"
+    assert _wait(api, upid)["exitstatus"] == "OK"
+    assert _drv(host, "0000:81:00.0") == "vfio-pci"

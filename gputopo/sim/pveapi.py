@@ -251,7 +251,9 @@ class PveApiServer:
     user with VM and mapping privileges). ``hooks`` may have ``on_guest_start(kind, vmid)`` /
     ``on_guest_stop(kind, vmid)``; they run inside the task and an exception fails the task
     with its message. ``on_lxc_hotplug(vmid, key, value)`` runs after a running container's
-    new ``devN`` was hot-plugged (PVE 9).
+    new ``devN`` was hot-plugged (PVE 9). A VM start does Proxmox's PCI passthrough on the
+    sysfs root (mapping check, device choice, vfio-pci binding through new_id; see
+    :mod:`gputopo.sim.passthrough`) and fails its task with Proxmox's message.
     """
 
     def __init__(
@@ -750,45 +752,80 @@ class PveApiServer:
 
     def _finish_task(self, upid: str) -> None:
         """Run a task's effect once (timer or a status read after its due time)."""
+        # Claim the task under the lock, then run it without: a VM start can block in the
+        # kernel (an unbind of a held GPU) while other tasks, such as the container's stop that
+        # releases the GPU, must still run, as on a real node.
         with state.locked(self.run_dir, "task-run"):
-            task = (state.read_state(self.run_dir, "tasks", {}) or {}).get(upid)
-            if task is None or task["status"] == "stopped":
-                return
-            kind, vmid, action = task["kind"], task["vmid"], task["action"]
-            log: list[str] = []
-            try:
-                fault = self._take_fault(task["type"], vmid)
-                if fault:
-                    raise RuntimeError(fault)
-                if action == "start":
-                    with self._lock:
-                        text = self._load(kind, vmid)
-                        if kind == "lxc":
-                            conf = pvefmt.parse_lxc_conf(text)
-                            if conf.options.get("template") in ("1",):
-                                raise RuntimeError("you can't start a CT if it's a template")
-                            if not conf.pending.is_empty():
-                                _apply_pending(conf)
-                                _atomic_write(self.conf_path(kind, vmid), pvefmt.write_lxc_conf(conf))
-                    if self.hooks is not None and hasattr(self.hooks, "on_guest_start"):
-                        self.hooks.on_guest_start(kind, vmid)
-                    state.set_guest_status(self.run_dir, kind, vmid, "running")
-                else:
-                    if self.hooks is not None and hasattr(self.hooks, "on_guest_stop"):
-                        self.hooks.on_guest_stop(kind, vmid)
-                    state.set_guest_status(self.run_dir, kind, vmid, "stopped")
-                exitstatus = "OK"
-                log.append("TASK OK")
-            except ApiError as e:
-                exitstatus = e.message.rstrip("\n").replace("\n", " ")
-                log += [exitstatus, f"TASK ERROR: {exitstatus}"]
-            except Exception as e:  # a hook or a fault: the task fails with its message
-                exitstatus = (str(e).rstrip("\n") or type(e).__name__).replace("\n", " ")
-                log += [exitstatus, f"TASK ERROR: {exitstatus}"]
             with state.locked(self.run_dir, "tasks"):
                 tasks = state.read_state(self.run_dir, "tasks", {}) or {}
-                tasks[upid].update(status="stopped", exitstatus=exitstatus, log=log)
+                task = tasks.get(upid)
+                if task is None or task["status"] == "stopped" or task.get("claimed"):
+                    return
+                task["claimed"] = True
                 state.write_state(self.run_dir, "tasks", tasks)
+        kind, vmid, action = task["kind"], task["vmid"], task["action"]
+        log: list[str] = []
+        try:
+            fault = self._take_fault(task["type"], vmid)
+            if fault:
+                raise RuntimeError(fault)
+            if action == "start":
+                with self._lock:
+                    text = self._load(kind, vmid)
+                    if kind == "lxc":
+                        conf = pvefmt.parse_lxc_conf(text)
+                        if conf.options.get("template") in ("1",):
+                            raise RuntimeError("you can't start a CT if it's a template")
+                        if not conf.pending.is_empty():
+                            _apply_pending(conf)
+                            _atomic_write(self.conf_path(kind, vmid), pvefmt.write_lxc_conf(conf))
+                if kind == "qemu":
+                    self._qemu_pci_start(vmid, text)
+                if self.hooks is not None and hasattr(self.hooks, "on_guest_start"):
+                    self.hooks.on_guest_start(kind, vmid)
+                state.set_guest_status(self.run_dir, kind, vmid, "running")
+            else:
+                if self.hooks is not None and hasattr(self.hooks, "on_guest_stop"):
+                    self.hooks.on_guest_stop(kind, vmid)
+                state.set_guest_status(self.run_dir, kind, vmid, "stopped")
+                if kind == "qemu":
+                    self._passthrough().release(vmid)
+            exitstatus = "OK"
+            log.append("TASK OK")
+        except ApiError as e:
+            exitstatus = e.message.rstrip("\n").replace("\n", " ")
+            log += [exitstatus, f"TASK ERROR: {exitstatus}"]
+        except Exception as e:  # a hook or a fault: the task fails with its message
+            exitstatus = (str(e).rstrip("\n") or type(e).__name__).replace("\n", " ")
+            log += [exitstatus, f"TASK ERROR: {exitstatus}"]
+        with state.locked(self.run_dir, "tasks"):
+            tasks = state.read_state(self.run_dir, "tasks", {}) or {}
+            tasks[upid].update(status="stopped", exitstatus=exitstatus, log=log)
+            state.write_state(self.run_dir, "tasks", tasks)
+
+    def _passthrough(self) -> Any:
+        """The VM-start PCI handling over this node's sysfs root (gputopo.sim.passthrough)."""
+        from gputopo.sim.kernel import SimKernel
+        from gputopo.sim.passthrough import Passthrough
+
+        def write(path: str, value: str) -> None:
+            if self.sysfs_root is None:
+                raise RuntimeError("no simulated sysfs root")
+            SimKernel(str(self.sysfs_root)).write(path, value)
+
+        return Passthrough(self.sysfs_root or Path("/nonexistent"), self.run_dir, self.node, write,
+                           self._assert_valid)
+
+    def _qemu_pci_start(self, vmid: int, text: str) -> None:
+        """Proxmox's PCI passthrough at VM start (qemu-server PCI.pm); see gputopo.sim.passthrough.
+
+        Raises PassthroughError with Proxmox's message, which fails the task.
+        """
+        opts = {k: v for k, v in pvefmt.parse_lxc_conf(text).options.items() if k.startswith("hostpci")}
+        if not opts:
+            return
+        _, maps = self._read_mappings()
+        self._passthrough().start(vmid, opts, maps)
 
     def _task(self, p: dict) -> dict:
         upid = p["upid"]

@@ -1,0 +1,243 @@
+"""What Proxmox VE does with a VM's PCI passthrough when the VM starts, on the simulated host.
+
+This follows qemu-server (``PVE/QemuServer/PCI.pm``: ``parse_hostpci``,
+``choose_hostpci_devices``, ``prepare_pci_device``) and pve-common (``PVE/SysFSTools.pm``:
+``pci_dev_group_bind_to_vfio``, ``pci_dev_bind_to_vfio``):
+
+1. every ``hostpciN: mapping=<id>`` is checked against the hardware, ALL of the mapping's
+   entries for this node (``assert_valid``); a mismatch fails the start;
+2. each entry gets a device: for a mapping the first entry none of whose devices is used by
+   another running VM; a ``host=`` address must not be used by another running VM;
+3. every non-bridge device in each chosen device's IOMMU group is put on vfio-pci through sysfs,
+   exactly as Proxmox writes it: ``vendor device`` to ``vfio-pci/new_id`` FIRST (which makes
+   vfio-pci grab every unbound device with that id: the pitfall gputopo avoids by pre-binding
+   per address), then ``<bdf>`` to the device's ``driver/unbind`` (the kernel blocks while the
+   device node is held), then ``<bdf>`` to ``vfio-pci/bind``. Proxmox ignores the result of each
+   write and only checks at the end that the device is on vfio-pci.
+
+The writes go through :class:`gputopo.sim.kernel.SimKernel`, so the kernel's semantics (new_id's
+driver_attach, a blocking unbind) apply. Which devices a running VM uses is kept in the run
+directory (``pci-reserved.json``: address -> vmid), like Proxmox's reservation file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Callable
+
+from gputopo.errors import SysfsWriteError
+from gputopo.pvefmt import PciMapping
+from gputopo.sim import state
+
+RESERVED = "pci-reserved"
+_HOSTPCI_RE = re.compile(r"^hostpci(\d+)$")
+_HOSTID_RE = re.compile(r"^(?:([0-9a-fA-F]{4}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.([0-7]))?$")
+
+
+class PassthroughError(Exception):
+    """Proxmox's reason a VM start failed; ``str()`` is the task's exit status (one line)."""
+
+
+def parse_hostpci(value: str) -> dict[str, str]:
+    """A ``hostpciN`` value as its properties: ``'mapping=gpu,pcie=1'`` ->
+    ``{'mapping': 'gpu', 'pcie': '1'}``; a leading value without a key is ``host``
+    (``'0000:81:00.0,pcie=1'`` -> ``{'host': '0000:81:00.0', 'pcie': '1'}``).
+
+    Raises PassthroughError when the value names neither ``host`` nor ``mapping``, or both.
+    """
+    props: dict[str, str] = {}
+    for i, part in enumerate(p.strip() for p in value.split(",")):
+        if not part:
+            continue
+        key, sep, val = part.partition("=")
+        if not sep:
+            if i != 0:
+                raise PassthroughError(f"unable to parse value of 'hostpci': invalid format - {part!r}")
+            key, val = "host", part
+        props[key] = val
+    if ("host" in props) == ("mapping" in props):
+        raise PassthroughError("unable to parse value of 'hostpci': either 'host' or 'mapping' must be set")
+    return props
+
+
+def parse_host_ids(text: str) -> list[tuple[str, bool]]:
+    """The ``host`` property's ids: ``'81:00.0;0000:82:00'`` ->
+    ``[('0000:81:00.0', False), ('0000:82:00', True)]``; True means "every function of the slot".
+
+    Raises PassthroughError for an id that is not ``[dddd:]bb:dd[.f]``.
+    """
+    out = []
+    for raw in text.split(";"):
+        m = _HOSTID_RE.match(raw.strip())
+        if not m:
+            raise PassthroughError(f"unable to parse value of 'hostpci': invalid PCI ID {raw!r}")
+        dom, bus, dev, fn = m.groups()
+        base = f"{(dom or '0000').lower()}:{bus.lower()}:{dev.lower()}"
+        out.append((f"{base}.{fn}", False) if fn is not None else (base, True))
+    return out
+
+
+def parse_map_entry(text: str) -> dict[str, str]:
+    """A mapping's ``map`` string as its properties (``id=10de:2bb5,node=pve1,...``)."""
+    return dict(x.split("=", 1) for x in text.split(",") if "=" in x)
+
+
+class Passthrough:
+    """Proxmox's VM-start PCI handling over a simulated host root.
+
+    ``write`` is the sysfs port (``SimKernel.write``); ``assert_valid(name, entry)`` returns the
+    mapping check's message for one map entry or None (the same check as ``check-node``).
+    """
+
+    def __init__(self, root: Path, run_dir: Path, node: str, write: Callable[[str, str], None],
+                 assert_valid: Callable[[str, dict[str, str]], str | None]):
+        self.root = Path(root)
+        self.run_dir = Path(run_dir)
+        self.node = node
+        self.write = write
+        self.assert_valid = assert_valid
+
+    def start(self, vmid: int, options: dict[str, str], mappings: list[PciMapping]) -> list[str]:
+        """Prepare VM ``vmid``'s passthrough devices; return the addresses it now uses (sorted).
+
+        Raises PassthroughError with Proxmox's message: a mapping that is missing or fails its
+        check, no free device, a device used by another VM, no IOMMU, a device not on vfio-pci
+        at the end. May block while a device's node is held (as the kernel's unbind does).
+        """
+        entries = sorted(((int(m.group(1)), k, v) for k, v in options.items() if (m := _HOSTPCI_RE.match(k))))
+        if not entries:
+            return []
+        by_id = {m.id: m for m in mappings}
+        wanted: list[tuple[str, list[list[str]], bool]] = []  # (key, alternatives, is a mapping)
+        for _, key, value in entries:
+            props = parse_hostpci(value)
+            if "mapping" in props:
+                wanted.append((key, self._alternatives(props["mapping"], by_id.get(props["mapping"])), True))
+            else:
+                wanted.append((key, [self._expand(parse_host_ids(props["host"]))], False))
+        chosen = self._reserve(vmid, wanted)
+        try:
+            if not self._iommu_present():
+                raise PassthroughError("cannot prepare PCI pass-through, IOMMU not present")
+            for addr in chosen:
+                self._group_bind_to_vfio(addr)
+        except BaseException:
+            self.release(vmid)
+            raise
+        return sorted(chosen)
+
+    def release(self, vmid: int) -> None:
+        """Forget what VM ``vmid`` used (it stopped); the devices stay on vfio-pci, as in Proxmox."""
+        with state.locked(self.run_dir, RESERVED):
+            res = state.read_state(self.run_dir, RESERVED, {}) or {}
+            state.write_state(self.run_dir, RESERVED, {a: v for a, v in res.items() if v != vmid})
+
+    def used(self) -> dict[str, int]:
+        """address -> vmid of every device a running VM uses."""
+        res = state.read_state(self.run_dir, RESERVED, {}) or {}
+        return {a: v for a, v in res.items() if state.guest_status(self.run_dir, "qemu", v) == "running"}
+
+    # --- steps -----------------------------------------------------------------------------
+
+    def _alternatives(self, name: str, mp: PciMapping | None) -> list[list[str]]:
+        cfgs = [e for e in (parse_map_entry(m) for m in (mp.maps if mp else [])) if e.get("node") == self.node]
+        if not cfgs:
+            raise PassthroughError(f"PCI device mapping not found for '{name}'")
+        out = []
+        for cfg in cfgs:
+            err = self.assert_valid(name, cfg)
+            if err:
+                raise PassthroughError(f"PCI device mapping invalid (hardware probably changed): {err}")
+            out.append([p if re.search(r"\.[0-7]$", p) else f"{p}.0" for p in cfg.get("path", "").split(";")])
+        return out
+
+    def _expand(self, ids: list[tuple[str, bool]]) -> list[str]:
+        devices = self.root / "sys/bus/pci/devices"
+        out = []
+        for addr, whole_slot in ids:
+            if whole_slot:
+                fns = sorted(p.name for p in devices.glob(f"{addr}.*"))
+                if not fns:
+                    raise PassthroughError(f"no PCI device found for '{addr}'")
+                out += fns
+            else:
+                out.append(addr)
+        return out
+
+    def _reserve(self, vmid: int, wanted: list[tuple[str, list[list[str]], bool]]) -> list[str]:
+        with state.locked(self.run_dir, RESERVED):
+            res = state.read_state(self.run_dir, RESERVED, {}) or {}
+            used = {a: v for a, v in res.items()
+                    if v != vmid and state.guest_status(self.run_dir, "qemu", v) == "running"}
+            mine: list[str] = []
+            for key, alternatives, is_mapping in wanted:
+                pick = None
+                for alt in alternatives:
+                    if not any(a in used or a in mine for a in alt):
+                        pick = alt
+                        break
+                if pick is None:
+                    if not is_mapping:
+                        taken = next(a for a in alternatives[0] if a in used or a in mine)
+                        owner = used.get(taken, vmid)
+                        raise PassthroughError(f"PCI device '{taken}' already in use by VMID '{owner}'")
+                    raise PassthroughError(f"could not find a free device for '{key}'")
+                mine += pick
+            res = {a: v for a, v in res.items() if v != vmid}
+            res.update({a: vmid for a in mine})
+            state.write_state(self.run_dir, RESERVED, res)
+        return mine
+
+    def _iommu_present(self) -> bool:
+        groups = self.root / "sys/kernel/iommu_groups"
+        return groups.is_dir() and any(groups.iterdir())
+
+    def _group_bind_to_vfio(self, addr: str) -> None:
+        """SysFSTools::pci_dev_group_bind_to_vfio for the group of ``addr``."""
+        pci = self.root / "sys/bus/pci"
+        if not (pci / "drivers/vfio-pci").is_dir():
+            raise PassthroughError("vfio-pci module not loaded")
+        group = pci / "devices" / addr / "iommu_group/devices"
+        try:
+            members = sorted(os.listdir(group))
+        except OSError as e:
+            raise PassthroughError(f"Cannot open iommu_group: {e.strerror}") from None
+        for dev in members:
+            devdir = pci / "devices" / dev
+            # bridges, switches and root ports have a pci_bus directory (class 0x0604) and stay
+            if (devdir / "pci_bus").exists() or _read(devdir / "class").startswith("0x0604"):
+                continue
+            if not self._bind_to_vfio(dev):
+                raise PassthroughError(f"Cannot bind {dev} to vfio")
+
+    def _bind_to_vfio(self, dev: str) -> bool:
+        """SysFSTools::pci_dev_bind_to_vfio: True when ``dev`` ends up on vfio-pci."""
+        pci = self.root / "sys/bus/pci"
+        bound = pci / "drivers/vfio-pci" / dev
+        if bound.exists():
+            return True
+        devdir = pci / "devices" / dev
+        ids = f"{_read(devdir / 'vendor').removeprefix('0x')} {_read(devdir / 'device').removeprefix('0x')}"
+        # Proxmox's file_write ignores what the write returned (the error shows only at close,
+        # which it does not check): EEXIST from a second new_id of the same id is normal
+        self._quiet_write("sys/bus/pci/drivers/vfio-pci/new_id", ids)
+        if (devdir / "driver").exists():
+            self._quiet_write(f"sys/bus/pci/devices/{dev}/driver/unbind", dev)
+        if not bound.exists():
+            self._quiet_write("sys/bus/pci/drivers/vfio-pci/bind", dev)
+        return bound.exists()
+
+    def _quiet_write(self, path: str, value: str) -> None:
+        try:
+            self.write(path, value)
+        except SysfsWriteError:
+            pass
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
