@@ -18,8 +18,10 @@ e. the phases: prepare (files, mappings, the service drop-in: nothing here needs
 
 Every step is journaled (:mod:`gputopo.journal`) with the state before it, so any failure, or a
 later :func:`recover` after a crash, can undo the completed steps in reverse from the journal
-alone, then restart what ran before. A sysfs write that hangs is never retried: the rollback
-leaves that IOMMU group alone and the error names the device (exit 3).
+alone, then restart what ran before. A sysfs write that hangs is never retried by the apply
+that saw it: the rollback leaves that IOMMU group alone, the error names the device (exit 3) and
+the journal stays open (a ``needs-human`` record), so the next apply refuses until
+:func:`recover`, run once a human fixed the device, retries the undo steps left over.
 
 Every ``do`` and ``undo`` below is idempotent (it checks the state first), so finishing or
 rolling back a journal whose last step may or may not have happened is safe.
@@ -199,6 +201,15 @@ class UnfinishedApply(JournalError):
 
     def __init__(self, journal: Journal):
         self.journal = journal
+        nh = journal.needs_human
+        if nh is not None:
+            devices = ", ".join(nh.get("needs_human") or []) or "none named"
+            steps = ", ".join(str(i + 1) for i in nh.get("pending") or []) or "none"
+            super().__init__(
+                f"an earlier apply's rollback needs a human (devices: {devices}; undo of step(s) {steps} "
+                f"not complete): {journal.path}; fix the device(s), then run 'gputopo recover'"
+            )
+            return
         super().__init__(
             f"an earlier apply did not finish: {journal.describe()}; run 'gputopo recover' to roll it back "
             "(or 'gputopo recover --finish' to complete it)"
@@ -917,10 +928,13 @@ class Runner:
                 self._one(i, a, total)
             i += 1
 
-    def backward(self, running_before: dict[str, Any]) -> tuple[bool, list[str]]:
-        """Undo every begun step (newest first), then restart what ran before.
+    def backward(self, running_before: dict[str, Any], retry: bool = False) -> tuple[bool, list[str]]:
+        """Undo every begun step whose undo has not completed (newest first), then restart what
+        ran before. ``retry`` (a recover after a human fixed the host) tries the devices on which
+        an earlier write hung again instead of leaving them alone.
 
-        Returns (complete, needs_human): ``complete`` is False when an undo failed.
+        Returns (complete, needs_human): ``complete`` is False when an undo failed or had to leave
+        a device alone.
         """
         steps = self.j.steps()
         # Newest first, except that GPUs go back to their drivers before a container's devN
@@ -929,10 +943,13 @@ class Runner:
         rank = {"start": 0, "switch": 1, "config": 2, "stop": 3, "prepare": 4}
         order = sorted(dict.fromkeys(reversed(self.j.begun())),
                        key=lambda i: rank.get(steps[i]["action"].get("phase", ""), 5))
-        stuck = set(self.s.binder.stuck) | set(self.j.header.get("stuck", [])) | self.s.gone
-        for r in self.j.records:
-            if r["type"] == "failed" and r.get("error_type") == "SysfsTimeout":
-                stuck.update(r.get("devices") or [])
+        stuck = set(self.s.binder.stuck) | self.s.gone
+        if not retry:
+            # a worker of this process may still be blocked in that write: never race it
+            stuck |= set(self.j.header.get("stuck", []))
+            for r in self.j.records:
+                if r["type"] == "failed" and r.get("error_type") == "SysfsTimeout":
+                    stuck.update(r.get("devices") or [])
         complete = True
         for i in order:
             st = steps[i]
@@ -947,7 +964,13 @@ class Runner:
                 self.j.append("undo-failed", step=i, error=str(e))
                 self.progress.note(f"undo of step {i + 1} ({a.describe()}) failed: {e}")
                 continue
-            self.j.append("undo-done", step=i, what=what)
+            left = stuck | self.s.gone | set(self.s.binder.stuck)
+            if isinstance(a, Rebind) and left & set(a.members):
+                # recorded as not undone, so that a later recover tries this group again
+                complete = False
+                self.j.append("undo-incomplete", step=i, what=what, devices=sorted(left & set(a.members)))
+            else:
+                self.j.append("undo-done", step=i, what=what)
             if what:
                 self.progress.note(f"undo {i + 1}: {what}")
         # what ran before runs again: guests first, then their services
@@ -978,7 +1001,7 @@ class Runner:
             except GputopoError as e:
                 complete = False
                 self.j.append("restart-failed", what=key, error=str(e))
-        return complete, sorted(stuck | self.s.gone)
+        return complete, sorted(stuck | self.s.gone | set(self.s.binder.stuck))
 
     def stop_window(self, actions: list[Any]) -> float | None:
         stops = [self.times[i][0] for i, a in enumerate(actions) if a.phase == "stop" and i in self.times]
@@ -1013,6 +1036,17 @@ def _fail_step(j: Journal, e: BaseException) -> str:
     return "a step"
 
 
+def _close_or_keep_open(j: Journal, complete: bool, stuck: list[str], **fields: Any) -> bool:
+    """End ``j`` as rolled-back when the rollback completed; otherwise append a ``needs-human``
+    record naming the devices and the steps still to undo, and leave the journal open so that
+    the next apply refuses and ``gputopo recover`` can retry. Returns True when it was closed."""
+    if complete and not stuck:
+        j.append("end", result="rolled-back", **fields)
+        return True
+    j.append("needs-human", needs_human=list(stuck), pending=j.pending_undo(), **fields)
+    return False
+
+
 def _roll_back_and_raise(runner: "Runner", j: Journal, exc: BaseException, running_before: dict[str, Any],
                          progress: Progress | None = None) -> NoReturn:
     """Undo what ``runner`` did after ``exc`` stopped it, close the journal, raise the outcome.
@@ -1028,7 +1062,7 @@ def _roll_back_and_raise(runner: "Runner", j: Journal, exc: BaseException, runni
     complete, stuck = runner.backward(running_before)
     if isinstance(e, SysfsTimeout) and e.address:
         stuck = sorted(set(stuck) | {e.address})
-    j.append("end", result="needs-human" if (stuck or not complete) else "rolled-back", needs_human=stuck)
+    _close_or_keep_open(j, complete, stuck)
     if not isinstance(e, GputopoError):
         raise exc
     raise _failed(where, e, complete, stuck) from exc
@@ -1118,8 +1152,7 @@ def apply(
             if not getattr(report, "ok", True) and rollback_on_verify_failure:
                 progress.note("verification failed; rolling back")
                 complete, stuck = runner.backward(running_before)
-                j.append("end", result="needs-human" if (stuck or not complete) else "rolled-back",
-                         needs_human=stuck, reason="verify")
+                _close_or_keep_open(j, complete, stuck, reason="verify")
                 res = ApplyResult("rolled-back", plan=p, steps=runner.results, wall_s=time.monotonic() - t_start,
                                   stop_window_s=window, journal=str(j.path), verify=report)
                 progress.summary(res)
@@ -1146,8 +1179,13 @@ def recover(
     host that was known to work, recorded in full; finishing forward depends on every remaining
     step working on a host in an unknown middle state. ``finish`` instead runs the steps that
     did not complete (each step is idempotent); if one fails, everything is rolled back.
+    A journal left open by a rollback that needed a human is retried the same way: every undo
+    that did not complete runs again from its before-state (devices on which a write hung are
+    tried again, under the timeout); when all succeed the journal ends ``rolled-back``, else a
+    new ``needs-human`` record keeps it open.
     Returns an ApplyResult (``nothing-to-recover``, ``recovered`` or ``finished``). Raises
-    LockHeld, JournalError, ApplyFailed.
+    LockHeld, JournalError (``finish`` on a journal whose rollback began), ApplyFailed (exit 3
+    naming the devices still stuck; the journal stays open).
     """
     root = str(root)
     t = timeouts or Timeouts()
@@ -1162,6 +1200,9 @@ def recover(
         steps = Steps(ports, root, t)
         runner = Runner(steps, j, progress)
         running_before = j.header.get("running_before", {})
+        if finish and any(r["type"].startswith("undo-") for r in j.records):
+            # half of it is already undone: finishing forward would build on an unknown middle
+            raise JournalError(f"{j.path}: its rollback already began; run 'gputopo recover' without --finish")
         j.append("recover", mode="finish" if finish else "rollback", pid=os.getpid())
         if finish:
             actions = [_ACTION.validate_python(a) for a in j.header["actions"]]
@@ -1172,9 +1213,9 @@ def recover(
                 _roll_back_and_raise(runner, j, exc, running_before)
             j.append("end", result="applied")
             return ApplyResult("finished", steps=runner.results, wall_s=time.monotonic() - t0, journal=str(j.path))
-        complete, stuck = runner.backward(running_before)
-        if stuck or not complete:
-            j.append("end", result="needs-human", needs_human=stuck)
-            raise ApplyFailed("recover", JournalError(f"{j.path}: rollback incomplete"), complete, stuck)
-        j.append("end", result="rolled-back")
+        complete, stuck = runner.backward(running_before, retry=True)
+        if not _close_or_keep_open(j, complete, stuck):
+            pending = ", ".join(str(i + 1) for i in j.pending_undo()) or "none"
+            raise ApplyFailed("recover", JournalError(
+                f"{j.path} stays open: undo of step(s) {pending} not complete"), complete, stuck)
         return ApplyResult("recovered", steps=runner.results, wall_s=time.monotonic() - t0, journal=str(j.path))

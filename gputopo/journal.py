@@ -7,8 +7,14 @@
 * ``begin``  -- step index, the action, and ``before``: the state the step changes, complete
   enough to undo the step from the journal alone (a later process, after a crash);
 * ``done`` / ``failed`` (with the error) per step;
-* ``undo-begin`` / ``undo-done`` / ``undo-failed`` per step during a rollback or recovery;
-* ``end`` -- ``applied``, ``rolled-back`` or ``needs-human`` (with the devices).
+* ``undo-begin`` / ``undo-done`` / ``undo-failed`` per step during a rollback or recovery, and
+  ``undo-incomplete`` for a step whose undo had to leave a device alone (a write hung there, or
+  it fell off the bus);
+* ``needs-human`` -- a rollback that could not complete: ``needs_human`` (the devices) and
+  ``pending`` (the steps whose undo did not complete). It does NOT end the journal: the next
+  apply refuses until ``gputopo recover`` retries those undos and ends it;
+* ``end`` -- ``applied`` or ``rolled-back`` (journals written by earlier versions may also end
+  in ``needs-human``).
 
 Every record is appended, flushed and fsynced (the file, and the directory when the file is
 created), so after a SIGKILL or a power cut the journal shows every step that may have begun.
@@ -150,11 +156,26 @@ class Journal:
                 # a step begun again (recover --finish) keeps its first before-state: the original
                 first = out.get(r["step"], {}).get("before", r.get("before"))
                 out[r["step"]] = {"action": r["action"], "before": first, "status": "begun"}
-            elif r["type"] in ("done", "failed", "undo-begin", "undo-done", "undo-failed") and r.get("step") in out:
+            elif r["type"] in ("done", "failed", "undo-begin", "undo-done", "undo-failed",
+                               "undo-incomplete") and r.get("step") in out:
                 out[r["step"]]["status"] = {"done": "done", "failed": "failed"}.get(r["type"], r["type"])
                 if r["type"] == "done" and "after" in r:
                     out[r["step"]]["after"] = r["after"]
         return out
+
+    @property
+    def needs_human(self) -> dict[str, Any] | None:
+        """The ``needs-human`` record when it is the journal's last word (a rollback that could not
+        complete and that no later recover has settled), else None."""
+        for r in reversed(self.records):
+            if r["type"] in ("needs-human", "end", "recover"):
+                return r if r["type"] == "needs-human" else None
+        return None
+
+    def pending_undo(self) -> list[int]:
+        """Indices of begun steps whose undo has not completed, in the order they began."""
+        steps = self.steps()
+        return [i for i in dict.fromkeys(self.begun()) if steps[i]["status"] != "undo-done"]
 
     def begun(self) -> list[int]:
         """Indices of steps that began (whatever happened after), in the order they began."""

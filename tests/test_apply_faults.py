@@ -21,7 +21,7 @@ import pytest
 
 import applysim
 from applysim import template  # noqa: F401  (a fixture)
-from gputopo.apply import Timeouts, apply, read_and_plan
+from gputopo.apply import Timeouts, UnfinishedApply, apply, read_and_plan
 from gputopo.errors import ApplyFailed, ExecError, JournalError
 from gputopo.journal import JOURNAL_DIR, find_unfinished, list_journals, parse_journal
 from gputopo.ports import ExecResult
@@ -207,8 +207,48 @@ def test_hanging_write_names_the_device_and_rolls_back_the_rest(new_host):
     for a in ("0000:81:00.0", "0000:e1:00.0", "0000:f1:00.0"):
         assert after[f"pci:{a}"] == before[f"pci:{a}"]
     assert after["service"] == before["service"] and after["guests"] == before["guests"]
-    recs = parse_journal(list_journals(host.paths.root)[-1].read_text())
-    assert recs[-1]["result"] == "needs-human" and recs[-1]["needs_human"] == [hung]
+    journal = list_journals(host.paths.root)[-1]
+    recs = parse_journal(journal.read_text())
+    # the journal stays open: its last word names the device and the undo still to do
+    assert recs[-1]["type"] == "needs-human" and recs[-1]["needs_human"] == [hung]
+    hung_steps = [r["step"] for r in recs if r["type"] == "failed" and r.get("error_type") == "SysfsTimeout"]
+    assert hung_steps and set(hung_steps) <= set(recs[-1]["pending"])
+    assert not [r for r in recs if r["type"] == "end"]
+    assert find_unfinished(host.paths.root).path == journal
+
+    # the next apply refuses, naming the journal and the way out
+    from gputopo.cli import main
+
+    with pytest.raises(SystemExit) as refused:
+        main(["apply", "--sim", str(host.dir), "--spec", str(_spec_file(host)), "--yes", "--no-verify"])
+    assert refused.value.code == 2
+
+    with pytest.raises(UnfinishedApply) as again:
+        apply(spec, ports, root=str(host.paths.root), timeouts=T_HANG)
+    msg = str(again.value)
+    assert "\n" not in msg and str(journal) in msg and "gputopo recover" in msg and hung in msg
+
+    # the holder is gone: the hung write returns (and acts); recover completes the rollback
+    SimKernel(host.paths.root).release(hung)
+    main_exit = None
+    try:
+        main(["recover", "--sim", str(host.dir), "--timeout", "2"])
+    except SystemExit as e:
+        main_exit = e.code
+    assert main_exit in (None, 0)
+    assert applysim.diff(before, applysim.fingerprint(host)) == []
+    recs = parse_journal(journal.read_text())
+    assert recs[-1]["type"] == "end" and recs[-1]["result"] == "rolled-back"
+    assert find_unfinished(host.paths.root) is None
+
+
+def _spec_file(host) -> Path:
+    f = host.dir / "spec.yaml"
+    f.write_text(applysim.seed_spec_text(host))
+    return f
+
+
+T_HANG = Timeouts(sysfs=0.5, guest=30, exec=10, service=20, poll=0.02)
 
 
 # --- crash: SIGKILL mid-apply, then recover ---------------------------------------------------

@@ -276,7 +276,7 @@ def test_pve9_split_reverse_and_rollback(new_host):
 # --- a GPU falls off the bus during the switch -------------------------------------------------
 
 
-def test_gpu_falling_off_the_bus_is_named_for_a_human_and_the_rest_rolled_back(new_host):
+def test_gpu_falling_off_the_bus_is_named_for_a_human_and_the_rest_rolled_back(new_host, capsys):
     host = new_host()
     gone = "0000:91:00.0"
     before = applysim.fingerprint(host)
@@ -295,10 +295,38 @@ def test_gpu_falling_off_the_bus_is_named_for_a_human_and_the_rest_rolled_back(n
         if k.startswith(("etc:", "pve:")):
             assert after.get(k) == before[k], k
     assert not [k for k in after if k.startswith("etc:") and k not in before]
-    recs = parse_journal(list_journals(host.paths.root)[-1].read_text())
-    assert recs[-1]["type"] == "end" and recs[-1]["needs_human"] == [gone]
+    journal = list_journals(host.paths.root)[-1]
+    recs = parse_journal(journal.read_text())
+    assert recs[-1]["type"] == "needs-human" and recs[-1]["needs_human"] == [gone]
+    assert [r for r in recs if r["type"] == "undo-incomplete" and r["devices"] == [gone]]
     # no undo blamed the missing device with a raw errno: it was recognised as gone
     assert not [r for r in recs if r["type"] == "undo-failed" and "drivers_probe" in r.get("error", "")]
+
+    # while the device stays gone, recover keeps the journal open and names it (exit 3)
+    from gputopo.cli import main
+
+    with pytest.raises(SystemExit) as rec:
+        main(["recover", "--sim", str(host.dir)])
+    assert rec.value.code == 3
+    err_lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("gputopo: error:")]
+    assert len(err_lines) == 1 and f"needs a human: {gone}" in err_lines[0] and str(journal) in err_lines[0]
+    recs = parse_journal(journal.read_text())
+    assert recs[-1]["type"] == "needs-human" and recs[-1]["needs_human"] == [gone]
+    assert find_unfinished(host.paths.root).path == journal
+    assert applysim.fingerprint(host) == after  # retrying changed nothing else
+    # half of it is undone: finishing forward from there is refused, the journal untouched
+    from gputopo.apply import recover
+    from gputopo.errors import JournalError
+
+    n = len(recs)
+    with pytest.raises(JournalError, match="without --finish"):
+        recover(host.ports(), root=str(host.paths.root), finish=True, timeouts=T)
+    assert len(parse_journal(journal.read_text())) == n
+    with pytest.raises(SystemExit) as refused:
+        spec_file = host.dir / "spec.yaml"
+        spec_file.write_text(applysim.seed_spec_text(host))
+        main(["apply", "--sim", str(host.dir), "--spec", str(spec_file), "--yes", "--no-verify"])
+    assert refused.value.code == 2
 
 
 # --- a holder of /dev/nvidiaN outside the container -------------------------------------------

@@ -70,3 +70,31 @@ def test_newest_unfinished_wins_and_finished_ones_are_skipped(tmp_path):
     assert find_unfinished(tmp_path).path == old.path
     old.append("end", result="needs-human", needs_human=["0000:81:00.0"])
     assert find_unfinished(tmp_path) is None
+
+
+def test_a_needs_human_record_keeps_the_journal_open_and_names_what_is_left(tmp_path):
+    j = Journal.create(tmp_path, {"actions": [{}, {}, {}]})
+    for i in range(3):
+        j.append("begin", step=i, action={}, before={})
+        j.append("done", step=i)
+    j.append("undo-begin", step=2)
+    j.append("undo-done", step=2)
+    j.append("undo-begin", step=1)
+    j.append("undo-incomplete", step=1, devices=["0000:91:00.0"])
+    j.append("undo-begin", step=0)
+    j.append("undo-failed", step=0, error="boom")
+    j.append("needs-human", needs_human=["0000:91:00.0"], pending=j.pending_undo())
+    assert j.pending_undo() == [0, 1]
+    assert j.needs_human["needs_human"] == ["0000:91:00.0"] and j.needs_human["pending"] == [0, 1]
+    again = find_unfinished(tmp_path)
+    assert again is not None and again.path == j.path and not again.finished
+    # a recover that began and has not settled yet: no longer the last word
+    j.append("recover", mode="rollback")
+    assert Journal.load(j.path).needs_human is None
+    j.append("undo-begin", step=1)
+    j.append("undo-done", step=1)
+    j.append("undo-begin", step=0)
+    j.append("undo-done", step=0)
+    assert j.pending_undo() == []
+    j.append("end", result="rolled-back")
+    assert find_unfinished(tmp_path) is None

@@ -149,6 +149,10 @@ def recover(conn: Connection, finish: bool, sysfs_timeout: float) -> None:
     again: the journal's before-state is a host that was known to work. --finish completes the
     remaining steps instead (and rolls back if one fails).
 
+    An apply whose rollback needed a human (a write hung, a GPU fell off the bus) leaves its
+    journal open; once the device is fixed, recover retries the undo steps that did not
+    complete and closes it, or keeps it open and names what is still stuck (exit 3).
+
     Exit codes: 0 settled (or nothing to recover), 1 a step failed (rolled back where it could),
     2 bad input, 3 a device needs a human, 4 an apply holds the lock.
     """
