@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from gputopo.apply import ApplyResult, Progress, Timeouts, apply
 from gputopo.discover import discover

@@ -94,3 +94,17 @@ def diff(a: dict, b: dict) -> list[str]:
 
 def cleanup(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
+
+
+def fake_process(root: Path, pid: int, node: str, comm: str = "python3", argv: tuple[str, ...] = (),
+                 cgroup: str | None = None, fd: int = 5) -> None:
+    """A host process in ``<root>/proc/<pid>`` holding ``node`` (e.g. /dev/nvidia4) open, the
+    way the kernel shows one: comm, cmdline (NUL-separated), cgroup and an fd link."""
+    proc = Path(root) / "proc" / str(pid)
+    (proc / "fd").mkdir(parents=True)
+    (proc / "comm").write_text(comm + "\n")
+    if argv:
+        (proc / "cmdline").write_bytes(b"".join(a.encode() + b"\0" for a in argv))
+    if cgroup is not None:
+        (proc / "cgroup").write_text(cgroup + "\n")
+    os.symlink(node, proc / "fd" / str(fd))

@@ -10,7 +10,6 @@ import re
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -26,7 +25,6 @@ from gputopo.apply import (
     Timeouts,
     apply,
     parse_cgroup_container,
-    read_and_plan,
 )
 from gputopo.errors import LockHeld
 from gputopo.pvefmt import parse_dev_value, parse_lxc_conf, parse_pci_cfg
@@ -132,18 +130,11 @@ def _hash_tree(d: Path) -> dict[str, str]:
 
 
 def test_preflight_refuses_foreign_holder(host):
-    proc = host.paths.root / "proc/4242"
-    (proc / "fd").mkdir(parents=True)
-    (proc / "comm").write_text("python3\n")
-    (proc / "cmdline").write_bytes(b"python3\0train.py\0")
-    (proc / "cgroup").write_text("0::/user.slice/user-0.slice/session-1.scope\n")
-    os.symlink("/dev/nvidia4", proc / "fd/7")
+    applysim.fake_process(host.paths.root, 4242, "/dev/nvidia4", argv=("python3", "train.py"),
+                          cgroup="0::/user.slice/user-0.slice/session-1.scope")
     # a process inside CT 101 (stopped by the plan) is no obstacle
-    inside = host.paths.root / "proc/5151"
-    (inside / "fd").mkdir(parents=True)
-    (inside / "comm").write_text("python3\n")
-    (inside / "cgroup").write_text("0::/lxc/101/ns/system.slice/sglang.service\n")
-    os.symlink("/dev/nvidia5", inside / "fd/3")
+    applysim.fake_process(host.paths.root, 5151, "/dev/nvidia5",
+                          cgroup="0::/lxc/101/ns/system.slice/sglang.service")
     before = applysim.fingerprint(host)
     with pytest.raises(PreflightFailed) as e:
         apply(applysim.seed_spec(host), host.ports(), root=str(host.paths.root))
@@ -159,12 +150,8 @@ def test_preflight_refuses_a_display_server_on_a_moving_gpus_dri_node(host):
     dev = host.paths.root / "sys/bus/pci/devices/0000:91:00.0"
     (dev / "drm/card2").mkdir(parents=True)
     (dev / "drm/renderD129").mkdir()
-    proc = host.paths.root / "proc/3131"
-    (proc / "fd").mkdir(parents=True)
-    (proc / "comm").write_text("Xorg\n")
-    (proc / "cmdline").write_bytes(b"/usr/lib/xorg/Xorg\0:0\0")
-    (proc / "cgroup").write_text("0::/system.slice/display-manager.service\n")
-    os.symlink("/dev/dri/card2", proc / "fd/12")
+    applysim.fake_process(host.paths.root, 3131, "/dev/dri/card2", comm="Xorg", argv=("/usr/lib/xorg/Xorg", ":0"),
+                          cgroup="0::/system.slice/display-manager.service")
     before = applysim.fingerprint(host)
     with pytest.raises(PreflightFailed) as e:
         apply(applysim.seed_spec(host), host.ports(), root=str(host.paths.root))
@@ -175,10 +162,7 @@ def test_preflight_refuses_a_display_server_on_a_moving_gpus_dri_node(host):
 
 
 def test_preflight_names_persistenced_with_the_fix(host):
-    proc = host.paths.root / "proc/900"
-    (proc / "fd").mkdir(parents=True)
-    (proc / "comm").write_text("nvidia-persistenced\n")
-    os.symlink("/dev/nvidiactl", proc / "fd/3")
+    applysim.fake_process(host.paths.root, 900, "/dev/nvidiactl", comm="nvidia-persistenced")
     with pytest.raises(PreflightFailed) as e:
         apply(applysim.seed_spec(host), host.ports(), root=str(host.paths.root))
     (line,) = e.value.problems

@@ -8,7 +8,6 @@ an action kind without a way to make it fail here fails the test.
 from __future__ import annotations
 
 import errno
-import json
 import os
 import signal
 import subprocess

@@ -333,12 +333,8 @@ def test_gpu_falling_off_the_bus_is_named_for_a_human_and_the_rest_rolled_back(n
 
 
 def _hold(host, pid: int, node: str) -> None:
-    proc = host.paths.root / "proc" / str(pid)
-    (proc / "fd").mkdir(parents=True)
-    (proc / "comm").write_text("python3\n")
-    (proc / "cmdline").write_bytes(b"python3\0bench.py\0")
-    (proc / "cgroup").write_text("0::/user.slice/user-0.slice/session-3.scope\n")
-    os.symlink(node, proc / "fd/5")
+    applysim.fake_process(host.paths.root, pid, node, argv=("python3", "bench.py"),
+                          cgroup="0::/user.slice/user-0.slice/session-3.scope")
 
 
 def test_holder_appearing_while_the_plan_is_read_is_refused_under_the_lock(new_host):

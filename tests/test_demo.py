@@ -4,8 +4,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from gputopo.cli import main
 
 SEED_LINES = [

@@ -6,7 +6,6 @@ Each test cites the statement it checks: ``wire`` = ../shared/docs/proxmox-api-w
 
 import errno
 import json
-from pathlib import Path
 
 import pytest
 import requests

@@ -726,7 +726,7 @@ def _nvidia_smi(ct: Container, args: list[str]) -> ExecResult:
             i += 1
             fmt = args[i]
         else:
-            return _res(2, f"Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n")
+            return _res(2, "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n")
         i += 1
     if query is None:
         return _res(2, "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n")
