@@ -20,10 +20,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from gputopo.apply import Timeouts, apply
-from gputopo.discover import discover
+from gputopo.apply.run import Timeouts, apply
+from gputopo.facts.discover import discover
 from gputopo.sim.host import SimHost
-from gputopo.spec import init_spec, parse_spec
+from gputopo.plan.spec import init_spec, parse_spec
 
 
 def main(argv: list[str] | None = None) -> int:

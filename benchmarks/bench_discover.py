@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gputopo.fixtures import materialize
+from gputopo.sim.fixtures import materialize
 
 
 def median_time(argv: list[str], runs: int) -> float:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno as _errno
 import os
+import signal
 
 
 class GputopoError(Exception):
@@ -81,6 +82,51 @@ class UnavailableCommand(GputopoError):
         self.name = name
         self.cause = cause
         super().__init__(f"command {name!r} is unavailable: {str(cause).splitlines()[0] if str(cause) else type(cause).__name__}")
+
+
+class SnapshotError(InputError):
+    """A snapshot could not be written or read. Names the file."""
+
+    def __init__(self, path: str, problem: str):
+        self.path = path
+        self.problem = problem
+        super().__init__(f"{path}: {problem}")
+
+
+class FixtureError(InputError):
+    """A host description is missing or invalid. Names the file or host and the problem."""
+
+    def __init__(self, where: str, problem: str):
+        self.where = where
+        self.problem = problem
+        super().__init__(f"{where}: {problem}")
+
+
+class PveFormatError(InputError):
+    """A value does not follow a Proxmox format. ``what`` names the value or key."""
+
+    def __init__(self, what: str, reason: str):
+        self.what = what
+        self.reason = reason
+        super().__init__(f"{what}: {reason}")
+
+
+class NvsmiParseError(GputopoError):
+    """nvidia-smi output did not have the expected shape. Names the line and what was wrong."""
+
+    def __init__(self, line: str, reason: str):
+        self.line = line
+        self.reason = reason
+        super().__init__(f"nvidia-smi output: {reason}: {line!r}")
+
+
+class SimHostError(InputError):
+    """A simulated host directory cannot be created or opened. Names the directory."""
+
+    def __init__(self, where: str, reason: str):
+        self.where = where
+        self.reason = reason
+        super().__init__(f"{where}: {reason}")
 
 
 # --- discovery ---------------------------------------------------------------------------
@@ -192,6 +238,15 @@ class ExecError(GputopoError):
         super().__init__(f"CT {vmid}: {' '.join(argv)} {what}" + (f": {tail}" if tail else ""))
 
 
+class HttpError(GputopoError):
+    """An HTTP request got no reply. ``reason`` is short: ``timed out``, ``Connection refused``."""
+
+    def __init__(self, url: str, reason: str):
+        self.url = url
+        self.reason = reason
+        super().__init__(f"{url}: {reason}")
+
+
 class PreflightError(GputopoError):
     """A check before anything was changed failed; nothing was touched."""
 
@@ -230,3 +285,76 @@ class JournalError(GputopoError):
 
 class VerifyFailed(GputopoError):
     """Verification found at least one FAIL."""
+
+
+class PreflightFailed(PreflightError):
+    """Preflight found problems (``problems``: one line each); nothing was changed."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+class HostChanged(PreflightError):
+    """The plan made under the lock differs from the one checked and confirmed."""
+
+    def __init__(self, detail: str):
+        self.detail = detail
+        super().__init__(f"the host changed since the plan was made ({detail}); nothing was changed, plan again")
+
+
+class HostFileError(GputopoError):
+    """A host file could not be written or removed (read-only filesystem, disk full)."""
+
+    def __init__(self, path: str, err: OSError):
+        self.path = path
+        self.errno = err.errno
+        super().__init__(f"/{path.lstrip('/')}: {err.strerror or err}")
+
+
+class Interrupted(GputopoError):
+    """A signal (Ctrl-C, SIGTERM, SIGHUP) stopped the apply; ``exit_code`` is 128 + its number."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        self.exit_code = 128 + signum
+        super().__init__(f"interrupted ({signal.Signals(signum).name})")
+
+
+class ApplyCancelled(GputopoError):
+    """The operator declined the plan; nothing was changed."""
+
+    def __init__(self) -> None:
+        super().__init__("apply cancelled; nothing was changed")
+
+
+class ContainerStartError(GputopoError):
+    """Proxmox refused to start a container (the task fails with this message)."""
+
+
+class UnfinishedApply(JournalError):
+    """An earlier apply did not finish; its journal must be recovered first.
+
+    ``needs_human`` and ``pending`` (0-based step indices) are set when the journal's last word
+    is a rollback that needed a human; ``description`` is the journal's one-line summary.
+    """
+
+    exit_code = 2
+
+    def __init__(self, path: str, description: str, needs_human: list[str] | None = None,
+                 pending: list[int] | None = None):
+        self.path = path
+        self.needs_human = needs_human
+        self.pending = pending
+        if needs_human is not None:
+            devices = ", ".join(needs_human) or "none named"
+            steps = ", ".join(str(i + 1) for i in pending or []) or "none"
+            super().__init__(
+                f"an earlier apply's rollback needs a human (devices: {devices}; undo of step(s) {steps} "
+                f"not complete): {path}; fix the device(s), then run 'gputopo recover'"
+            )
+            return
+        super().__init__(
+            f"an earlier apply did not finish: {description}; run 'gputopo recover' to roll it back "
+            "(or 'gputopo recover --finish' to complete it)"
+        )

@@ -3,17 +3,23 @@
 Each external system sits behind one small Protocol; a real adapter and the simulated one
 (``gputopo.sim``) implement it, and apply/verify only ever see the Protocol.
 
-* :class:`SysfsPort`  -- attribute writes under ``<root>/sys`` (real: ``gputopo.bind.RealSysfs``)
-* :class:`ProxmoxPort` -- the Proxmox VE API (real: ``gputopo.proxmox.ProxmoxClient`` over
+* :class:`SysfsPort`  -- attribute writes under ``<root>/sys`` (real: ``gputopo.adapters.sysfs.RealSysfs``)
+* :class:`ProxmoxPort` -- the Proxmox VE API (real: ``gputopo.adapters.proxmox.ProxmoxClient`` over
   proxmoxer, https or local/pvesh; the simulator serves real HTTP, so tests use the real client)
 * :class:`ExecPort`   -- commands inside a container (real: ``pct exec``/``pct push``)
 * :class:`HostFilesPort` -- files on the host under the root (persistence files)
+* :class:`HttpPort`   -- HTTP to the services the containers run (the inference endpoint that
+  verify probes; real: ``gputopo.adapters.http.RequestsHttp``)
+
+:class:`Ports` bundles them, typed, with a ``close`` hook for whatever building them started:
+nothing else travels with them, so no code path can tell a simulated host from a real one.
 """
 
 from __future__ import annotations
 
+import json as _json
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Callable, Protocol, runtime_checkable
 
 
 @runtime_checkable
@@ -87,6 +93,11 @@ class ProxmoxPort(Protocol):
 
     def qemu_config(self, vmid: int) -> dict[str, Any]: ...
 
+    def lxc_interfaces(self, vmid: int) -> list[dict[str, Any]]:
+        """GET .../lxc/{vmid}/interfaces: the running container's interfaces (``name``, ``hwaddr``,
+        ``inet`` as ``10.0.0.5/24``, ...); [] when it is stopped (Proxmox answers null)."""
+        ...
+
     def mappings(self, check_node: str | None = None) -> list[dict[str, Any]]: ...
 
     def mapping_create(self, id: str, map: list[str], description: str | None) -> None: ...
@@ -114,11 +125,44 @@ class HostFilesPort(Protocol):
 
 
 @dataclass
+class HttpResponse:
+    status: int
+    text: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status < 300
+
+    def json(self) -> Any:
+        """The body as JSON. Raises ValueError when it is not JSON."""
+        return _json.loads(self.text)
+
+
+@runtime_checkable
+class HttpPort(Protocol):
+    """HTTP requests to a service a container runs (``http://<container address>:<port>/...``)."""
+
+    def request(self, method: str, url: str, *, json: Any = None, timeout: float) -> HttpResponse:
+        """Send one request; return the reply whatever its status.
+
+        Raises :class:`gputopo.errors.HttpError` (its ``reason``: ``timed out``, ``Connection
+        refused``, ``connection closed without a reply``, ...) when no reply came.
+        """
+        ...
+
+
+def _nothing() -> None:
+    return None
+
+
+@dataclass
 class Ports:
-    """The bundle of ports that apply and verify work through."""
+    """The bundle of ports that apply and verify work through. ``close()`` stops whatever was
+    started to build them (a simulated host's servers); it is safe to call twice."""
 
     sysfs: SysfsPort
     proxmox: ProxmoxPort
     exec: ExecPort
     files: HostFilesPort
-    extra: dict[str, Any] = field(default_factory=dict)
+    http: HttpPort
+    close: Callable[[], None] = field(default=_nothing)

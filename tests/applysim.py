@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from gputopo.discover import discover
+from gputopo.facts.discover import discover
 from gputopo.sim import state
 from gputopo.sim.container import SimExec
 from gputopo.sim.host import SimHost
 from gputopo.sim.kernel import SimKernel
-from gputopo.spec import init_spec, parse_spec
+from gputopo.plan.spec import init_spec, parse_spec
 
 SCALE = 0.01  # kernel latencies: nvidia unbind 2 s -> 20 ms
 

@@ -3,7 +3,7 @@
 Each ``scenario_*`` function takes a :class:`KernelBackend` (writes through a SysfsPort, reads
 the tree under ``root``) and asserts what can be observed after every step. They hold for the
 simulated kernel (``gputopo.sim.kernel.SimKernel`` on a fixture tree) and for a real Linux
-kernel (``gputopo.bind.RealSysfs("/")`` in a QEMU guest whose "GPU" is a bochs-display with an
+kernel (``gputopo.adapters.sysfs.RealSysfs("/")`` in a QEMU guest whose "GPU" is a bochs-display with an
 HD-audio companion in one IOMMU group), so nothing here depends on the nvidia driver or on
 anything only the simulator does. Every scenario puts the devices back on their native
 drivers when it ends, so they can run one after another on one machine.

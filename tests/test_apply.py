@@ -17,17 +17,10 @@ import pytest
 
 import applysim
 from applysim import template  # noqa: F401  (a fixture)
-from gputopo.apply import (
-    HostChanged,
-    HostLock,
-    PlainProgress,
-    PreflightFailed,
-    Timeouts,
-    apply,
-    parse_cgroup_container,
-)
+from gputopo.apply.run import HostLock, PlainProgress, Timeouts, apply, parse_cgroup_container
+from gputopo.errors import HostChanged, PreflightFailed
 from gputopo.errors import LockHeld
-from gputopo.pvefmt import parse_dev_value, parse_lxc_conf, parse_pci_cfg
+from gputopo.formats.pvefmt import parse_dev_value, parse_lxc_conf, parse_pci_cfg
 from gputopo.sim.container import SimExec
 
 NUMA0 = {"0000:01:00.0": 0, "0000:11:00.0": 1, "0000:61:00.0": 3, "0000:71:00.0": 2}
@@ -92,7 +85,7 @@ def test_seed_split_applies_and_converges(host):
     assert "--tp 4 " in show
 
     # journal: header, begin/done per step, end applied
-    from gputopo.journal import Journal, find_unfinished
+    from gputopo.apply.journal import Journal, find_unfinished
 
     j = Journal.load(res.journal)
     assert j.result == "applied" and find_unfinished(root) is None
@@ -195,7 +188,7 @@ def test_preflight_refuses_running_vm_outside_the_plan(host):
 
 
 def test_confirm_declined_changes_nothing(host):
-    from gputopo.apply import ApplyCancelled
+    from gputopo.errors import ApplyCancelled
 
     before = applysim.fingerprint(host)
     seen = []
@@ -222,7 +215,7 @@ def test_host_changed_between_confirm_and_lock(host):
     with pytest.raises(HostChanged) as e:
         apply(spec, ports, root=str(host.paths.root), confirm=confirm)
     assert e.value.exit_code == 2 and "\n" not in str(e.value)
-    from gputopo.journal import list_journals
+    from gputopo.apply.journal import list_journals
 
     assert list_journals(host.paths.root) == []
 
@@ -271,7 +264,7 @@ WINDOW_KINDS = {"stop_service", "stop_guest", "rebind", "update_container", "sta
 
 
 def test_nothing_that_could_run_before_the_stop_runs_in_the_stop_window(host):
-    from gputopo.journal import Journal
+    from gputopo.apply.journal import Journal
 
     spec = applysim.seed_spec(host)
     out = io.StringIO()
@@ -301,7 +294,7 @@ def test_nothing_that_could_run_before_the_stop_runs_in_the_stop_window(host):
 def test_cli_progress_is_plain_lines_off_a_terminal_and_rich_on_one(host, monkeypatch):
     from click.testing import CliRunner
 
-    from gputopo.apply import PlainProgress as Plain
+    from gputopo.apply.run import PlainProgress as Plain
     from gputopo.cli import cli
     from gputopo.cli import applycmd
 
@@ -343,7 +336,7 @@ def test_secrets_never_reach_output_journal_or_errors(host):
     assert "rolling back" in text and "undo" in text
     assert password not in text and password not in str(e.value)
     journals = list((host.paths.root / "var/lib/gputopo").rglob("*")) if (host.paths.root / "var/lib/gputopo").exists() else []
-    from gputopo.journal import list_journals
+    from gputopo.apply.journal import list_journals
 
     files = list_journals(host.paths.root) + [p for p in journals if p.is_file()]
     assert files
@@ -359,13 +352,13 @@ def test_secrets_never_reach_output_journal_or_errors(host):
 def test_apply_over_the_local_backend_with_pvesh(host):
     """The same apply with ``--local``: every Proxmox call is a ``pvesh`` command on the node."""
     from gputopo.ports import Ports
-    from gputopo.proxmox import ApiConfig, ProxmoxClient
+    from gputopo.adapters.proxmox import ApiConfig, ProxmoxClient
     from gputopo.sim.pveapi import PveshSim
 
     sim_ports = host.ports()
     pvesh = PveshSim(host.api)
     client = ProxmoxClient.from_config(ApiConfig(backend="local", node=host.node, timeout=30), runner=pvesh)
-    ports = Ports(sysfs=sim_ports.sysfs, proxmox=client, exec=sim_ports.exec, files=sim_ports.files)
+    ports = Ports(sysfs=sim_ports.sysfs, proxmox=client, exec=sim_ports.exec, files=sim_ports.files, http=sim_ports.http)
     spec = applysim.seed_spec(host)
     res = apply(spec, ports, root=str(host.paths.root))
     assert res.status == "applied"
@@ -397,9 +390,9 @@ def _reverse_spec_text(host) -> str:
 
 
 def test_reverse_split_gives_every_gpu_back_with_tp_8_and_verifies(host):
-    from gputopo.plan import UpdateContainer
-    from gputopo.spec import parse_spec
-    from gputopo.verify import verify
+    from gputopo.plan.planner import UpdateContainer
+    from gputopo.plan.spec import parse_spec
+    from gputopo.verify.checks import verify
 
     ports = host.ports()
     root = str(host.paths.root)
@@ -446,7 +439,7 @@ def test_reverse_split_gives_every_gpu_back_with_tp_8_and_verifies(host):
 def test_reverse_split_failing_at_the_start_rolls_back_the_resolved_entries(host):
     from gputopo.errors import ApplyFailed
     from gputopo.sim.container import break_container
-    from gputopo.spec import parse_spec
+    from gputopo.plan.spec import parse_spec
 
     ports = host.ports()
     root = str(host.paths.root)
@@ -461,7 +454,7 @@ def test_reverse_split_failing_at_the_start_rolls_back_the_resolved_entries(host
 
 
 def test_resolve_devices_fills_free_indices_and_needs_every_minor():
-    from gputopo.plan import UpdateContainer, resolve_devices
+    from gputopo.plan.planner import UpdateContainer, resolve_devices
 
     cfg = {"dev0": "/dev/nvidia0,mode=0666", "dev1": "/dev/nvidiactl,mode=0666", "dev3": "/dev/nvidia9,mode=0666",
            "digest": "x"}
@@ -482,7 +475,7 @@ def test_cli_apply_ends_with_verify_and_rolls_back_on_its_failure(host):
 
     from gputopo.cli import cli
     from gputopo.errors import VerifyFailed
-    from gputopo.journal import Journal, list_journals
+    from gputopo.apply.journal import Journal, list_journals
     from gputopo.sim.container import break_container
 
     spec_file = host.dir / "spec.yaml"
@@ -514,7 +507,7 @@ def test_cli_apply_ends_with_verify_and_rolls_back_on_its_failure(host):
 
 def test_gpus_going_back_to_nvidia_need_the_nvidia_driver_loaded(host):
     """Failure mode 7, second half: nvidia must be loaded before GPUs go back to it."""
-    from gputopo.spec import parse_spec
+    from gputopo.plan.spec import parse_spec
 
     ports = host.ports()
     root = str(host.paths.root)

@@ -20,9 +20,10 @@ import pytest
 
 import applysim
 from applysim import template  # noqa: F401  (a fixture)
-from gputopo.apply import Timeouts, UnfinishedApply, apply, read_and_plan
+from gputopo.apply.run import Timeouts, apply, read_and_plan
+from gputopo.errors import UnfinishedApply
 from gputopo.errors import ApplyFailed, ExecError, JournalError
-from gputopo.journal import JOURNAL_DIR, find_unfinished, list_journals, parse_journal
+from gputopo.apply.journal import JOURNAL_DIR, find_unfinished, list_journals, parse_journal
 from gputopo.ports import ExecResult
 from gputopo.sim.container import break_container
 from gputopo.sim.kernel import SimKernel

@@ -22,14 +22,15 @@ import pytest
 
 import applysim
 from applysim import template  # noqa: F401  (a fixture)
-from gputopo.apply import PreflightFailed, Progress, Timeouts, apply
+from gputopo.apply.run import Progress, Timeouts, apply
+from gputopo.errors import PreflightFailed
 from gputopo.errors import ApplyFailed
-from gputopo.journal import find_unfinished, list_journals, parse_journal
+from gputopo.apply.journal import find_unfinished, list_journals, parse_journal
 from gputopo.sim import state
 from gputopo.sim.container import Container, SimExec, write_unit
 from gputopo.sim.host import SERVICE_COMMANDS, SimHost
 from gputopo.sim.kernel import SimKernel
-from gputopo.spec import parse_spec
+from gputopo.plan.spec import parse_spec
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "hosts"
 T = Timeouts(sysfs=5.0, guest=30.0, exec=10.0, service=20.0, poll=0.02)
@@ -67,7 +68,7 @@ def _spec(text: str, replace: dict[str, str] | None = None):
 
 def _converged(host, spec, unit: str = "sglang.service") -> None:
     """verify all clear and a second apply plans nothing."""
-    from gputopo.verify import verify
+    from gputopo.verify.checks import verify
 
     ports = host.ports()
     report = verify(spec, ports, root=str(host.paths.root))
@@ -315,7 +316,7 @@ def test_gpu_falling_off_the_bus_is_named_for_a_human_and_the_rest_rolled_back(n
     assert find_unfinished(host.paths.root).path == journal
     assert applysim.fingerprint(host) == after  # retrying changed nothing else
     # half of it is undone: finishing forward from there is refused, the journal untouched
-    from gputopo.apply import recover
+    from gputopo.apply.run import recover
     from gputopo.errors import JournalError
 
     n = len(recs)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gputopo.bind import Binder, MemberState, RealSysfs
+from gputopo.adapters.sysfs import Binder, MemberState, RealSysfs
 from gputopo.errors import BindError, SysfsTimeout, SysfsWriteError
 from gputopo.ports import SysfsPort
 from gputopo.sim.kernel import SimKernel, parse_minor

@@ -39,8 +39,8 @@ def seed(materialized) -> Path:
 
 @pytest.fixture
 def spec_file(tmp_path, seed) -> Path:
-    from gputopo.discover import discover
-    from gputopo.spec import init_spec
+    from gputopo.facts.discover import discover
+    from gputopo.plan.spec import init_spec
 
     p = tmp_path / "spec.yaml"
     p.write_text(init_spec(discover(str(seed))))
@@ -216,7 +216,7 @@ def test_a_wrong_value_names_the_field_and_the_value(capsys, seed, spec_file, ol
 @pytest.mark.parametrize("written", ["0000:01:00.0", "01:00.0", "00000000:01:00.0", "0000:01:00.0".upper()])
 def test_an_address_unquoted_or_in_another_form_is_the_address(written):
     # YAML 1.1 reads an unquoted 0000:01:00.0 as the base-60 number 60.0
-    from gputopo.spec import parse_spec
+    from gputopo.plan.spec import parse_spec
 
     text = ("apiVersion: gputopo/v1\nkind: GpuTopology\nnodes:\n  - name: pve1\n    containers:\n"
             f"      - vmid: 101\n        gpus:\n          addresses: [{written}, 0000:11:00.0]\n")
@@ -225,7 +225,7 @@ def test_an_address_unquoted_or_in_another_form_is_the_address(written):
 
 
 def test_numbers_and_dates_still_load_as_yaml_says():
-    from gputopo.spec import _SpecLoader
+    from gputopo.plan.spec import _SpecLoader
     import yaml
 
     assert yaml.load("[12, 1.5, 0x10, 1:30, '7']", Loader=_SpecLoader) == [12, 1.5, 16, "1:30", "7"]
@@ -287,7 +287,7 @@ def test_quick_mode_and_init_name_the_node_option(capsys, seed, tmp_path):
 
 
 def test_a_simulated_host_named_by_node_has_that_hostname(tmp_path):
-    from gputopo.discover import discover
+    from gputopo.facts.discover import discover
     from gputopo.sim.host import SimHost
 
     host = SimHost.create(tmp_path / "h", node="pve7")
@@ -403,7 +403,8 @@ def test_sim_create_that_fails_leaves_nothing(capsys, tmp_path):
 
 
 def test_sim_serve_on_a_port_in_use(capsys, tmp_path):
-    from gputopo.sim.host import SimHost, SimHostError
+    from gputopo.sim.host import SimHost
+    from gputopo.errors import SimHostError
 
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))

@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gputopo.current import config_from_lxc_text, parse_systemctl_show, read_current
-from gputopo.diff import diff
-from gputopo.hostfiles import RealHostFiles
-from gputopo.plan import UpdateContainer, expected_after, plan
+from gputopo.facts.current import config_from_lxc_text, parse_systemctl_show, read_current
+from gputopo.plan.diff import diff
+from gputopo.adapters.hostfiles import RealHostFiles
+from gputopo.plan.planner import UpdateContainer, expected_after, plan
 from gputopo.ports import ExecResult
-from gputopo.pvefmt import parse_lxc_conf, write_lxc_conf
-from gputopo.render import PERSISTENCE_PATHS, render
+from gputopo.formats.pvefmt import parse_lxc_conf, write_lxc_conf
+from gputopo.plan.render import PERSISTENCE_PATHS, render
 from test_plan import SEED_CMD, SEED_SPEC, converged_seed, run_cli, seed_current, seed_facts, seed_spec
 
 SHOW = (

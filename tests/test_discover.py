@@ -13,7 +13,7 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from gputopo.discover import (
+from gputopo.facts.discover import (
     discover,
     find_holders,
     hwdb_modalias,
@@ -34,7 +34,7 @@ from gputopo.discover import (
     udev_hwdb_names,
 )
 from gputopo.errors import InputError, RootError
-from gputopo.model import MemberRole, address_key, format_cpulist
+from gputopo.model.facts import MemberRole, address_key, format_cpulist
 
 # --- parsers -------------------------------------------------------------------------------
 
@@ -161,7 +161,7 @@ def test_udev_hwdb_names_through_pyudev():
 
 
 def test_live_root_asks_hwdb_only_for_what_pci_ids_lacks(monkeypatch, materialized):
-    import gputopo.discover as d
+    import gputopo.facts.discover as d
 
     asked = []
     monkeypatch.setattr(d, "udev_hwdb_names", lambda w: asked.append(set(w)) or {p: "from hwdb" for p in w})
@@ -388,7 +388,7 @@ devices:
 
 
 def test_nonzero_and_five_digit_domains(tmp_path):
-    from gputopo.fixtures import materialize
+    from gputopo.sim.fixtures import materialize
 
     desc = tmp_path / "wide.yaml"
     desc.write_text(WIDE_DOMAINS)

@@ -6,7 +6,7 @@ import subprocess
 import pytest
 
 from gputopo.errors import ExecError
-from gputopo.exec import PctExec
+from gputopo.adapters.pct import PctExec
 from gputopo.ports import ExecPort
 
 

@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from gputopo.discover import discover
+from gputopo.facts.discover import discover
 from gputopo.errors import PlanRefused
-from gputopo.plan import ContainerState, CurrentState, MappingState, ServiceState, expected_after, format_dev, map_entry, plan
-from gputopo.pvefmt import validate_lxc_conf, validate_pci_cfg
-from gputopo.render import render
-from gputopo.spec import parse_spec, spec_from_split
+from gputopo.model.state import ContainerState, CurrentState, MappingState, ServiceState
+from gputopo.plan.planner import expected_after, format_dev, map_entry, plan
+from gputopo.formats.pvefmt import validate_lxc_conf, validate_pci_cfg
+from gputopo.plan.render import render
+from gputopo.plan.spec import parse_spec, spec_from_split
 from test_plan import SEED_CMD, SEED_SPEC
 
 GOLDEN = Path(__file__).parent / "golden"

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from gputopo.errors import JournalError
-from gputopo.journal import JOURNAL_DIR, Journal, find_unfinished, list_journals, parse_journal
+from gputopo.apply.journal import JOURNAL_DIR, Journal, find_unfinished, list_journals, parse_journal
 
 HEADER = '{"type": "header", "pid": 7, "started": 0, "actions": [{"kind": "stop_service"}, {"kind": "stop_guest"}]}'
 

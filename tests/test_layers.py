@@ -1,66 +1,151 @@
-"""The layer rule of docs/ARCHITECTURE.md: imports point down only."""
+"""The layer rule of docs/ARCHITECTURE.md: imports point down only.
+
+A module's layer is its directory under ``gputopo/`` (a top-level module is a layer of its own).
+A module may import from its own directory and from layers ranked below its own; nothing else.
+Relative imports are resolved against the importing module's package, so ``from ..cli import
+x`` is caught like ``from gputopo.cli import x``. A module whose layer is not in :data:`RANK`
+fails the test: every new directory must be placed.
+"""
+
+from __future__ import annotations
 
 import ast
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parent.parent / "gputopo"
 
-BASE = {"model", "errors", "ports", "resources"}
-PURE = {"spec", "plan", "render", "diff", "pvefmt", "nvsmi"}
-EDGE = {"discover", "snapshot", "bind", "proxmox", "exec", "hostfiles", "fixtures", "current"}
-ORCH = {"apply", "journal", "verify", "demo"}
-RANK = {**{m: 0 for m in BASE}, **{m: 1 for m in PURE}, **{m: 2 for m in EDGE}, **{m: 3 for m in ORCH}}
-# Within the pure layer a module may use the ones before it: spec -> render -> plan -> diff.
-# Within a layer, a fixed order keeps imports acyclic: a module may import those ranked below it.
-RANK.update({"spec": 1.1, "render": 1.2, "plan": 1.3, "diff": 1.4})
-RANK.update({"journal": 3.0, "verify": 3.1, "apply": 3.2, "demo": 3.3})
+# Lower ranks are imported by higher ones. Equal ranks do not import each other (siblings).
+RANK: dict[str, int] = {
+    "__init__": 0,  # gputopo/__init__.py: the version only
+    "errors": 0,
+    "resources": 0,
+    "model": 1,  # facts and current-state data models
+    "ports": 2,  # the Protocols the edge implements
+    "formats": 3,  # Proxmox and nvidia-smi text formats, pure
+    "actions": 4,  # one module per action kind: data, describe, preflight, before/do/undo, expect
+    "plan": 5,  # spec, planner, render, diff: pure
+    "facts": 6,  # discovery and the current state: reads the host
+    "adapters": 6,  # the real sysfs, Proxmox API, pvesh, pct, host files, HTTP
+    "apply": 7,
+    "verify": 7,
+    "sim": 8,  # a simulated host behind the ports; may use everything but the CLI
+    "cli": 9,
+    "__main__": 10,
+}
 
 
-def _imports(path: Path) -> set[str]:
+def _module_name(path: Path, pkg: Path) -> str:
+    rel = path.relative_to(pkg.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__" and len(parts) > 2:
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _is_package(path: Path) -> bool:
+    return path.name == "__init__.py"
+
+
+def _imports(path: Path, module: str) -> set[str]:
+    """Every gputopo module (or module.name) that ``path`` imports, relative imports resolved."""
     tree = ast.parse(path.read_text())
-    found = set()
+    package = module if _is_package(path) else module.rsplit(".", 1)[0]
+    found: set[str] = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("gputopo"):
-            found.add(node.module)
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                if node.level > 1:
+                    base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if not target.startswith("gputopo"):
+                continue
+            found.add(target)
             for alias in node.names:
-                found.add(f"{node.module}.{alias.name}")
+                found.add(f"{target}.{alias.name}")
         elif isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.startswith("gputopo"))
     return found
 
 
-def _layer_of(module: str) -> tuple[str, int | None]:
+def layer_of(module: str) -> str:
+    """The layer of a dotted module name: the part after ``gputopo.`` ('__init__' for the package)."""
     parts = module.split(".")
-    if len(parts) < 2:
-        return module, None
-    if parts[1] in ("cli", "sim"):
-        return parts[1], 99 if parts[1] == "cli" else 50
-    return parts[1], RANK.get(parts[1])
+    return parts[1] if len(parts) > 1 else "__init__"
 
 
-def test_every_module_has_a_layer():
-    for path in PKG.glob("*.py"):
-        if path.stem in ("__init__", "__main__"):
+def layer_violations(pkg: Path) -> list[str]:
+    """Every import under ``pkg`` that points up or sideways, and every module with no layer."""
+    bad: list[str] = []
+    for path in sorted(pkg.rglob("*.py")):
+        me = _module_name(path, pkg)
+        mine = layer_of(me) if me != pkg.name or path.stem != "__init__" else "__init__"
+        if mine not in RANK:
+            bad.append(f"{me}: not placed in a layer (add {mine!r} to RANK in tests/test_layers.py)")
             continue
-        assert path.stem in RANK, f"{path.name} is not placed in a layer (tests/test_layers.py)"
+        for imp in sorted(_imports(path, me)):
+            theirs = layer_of(imp)
+            if theirs == mine:
+                continue
+            if theirs not in RANK:
+                # 'from gputopo import __version__' names an attribute of the package
+                if imp.count(".") == 1 and (pkg / "__init__.py").is_file() and theirs.startswith("__"):
+                    continue
+                bad.append(f"{me} imports {imp}, whose layer {theirs!r} is not placed")
+            elif RANK[theirs] >= RANK[mine]:
+                bad.append(f"{me} ({mine}) imports {imp} ({theirs})")
+    return bad
 
 
 def test_imports_point_down():
-    bad = []
-    for path in PKG.rglob("*.py"):
-        rel = path.relative_to(PKG.parent).with_suffix("")
-        me = ".".join(rel.parts)
-        _, my_rank = _layer_of(me)
-        if my_rank is None:
-            continue
-        for imp in _imports(path):
-            name, rank = _layer_of(imp)
-            if rank is None or name == rel.parts[1]:
-                continue
-            if name == "cli" and my_rank != 99:
-                bad.append(f"{me} imports {imp}")
-            elif my_rank == 50:
-                continue  # sim may use everything but cli
-            elif rank >= my_rank and not (my_rank == 0 and name == "errors"):
-                bad.append(f"{me} imports {imp}")
-    assert not bad, "imports that point up or sideways:\n" + "\n".join(bad)
+    bad = layer_violations(PKG)
+    assert not bad, "imports that point up or sideways, or unplaced modules:\n" + "\n".join(bad)
+
+
+def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
+    pkg = tmp_path / "gputopo"
+    for rel, text in files.items():
+        p = pkg / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    return pkg
+
+
+def test_the_rule_catches_an_upward_relative_import(tmp_path):
+    pkg = _tree(tmp_path, {
+        "__init__.py": "",
+        "plan/__init__.py": "",
+        "plan/planner.py": "from ..cli import main\nfrom . import sibling\n",
+        "plan/sibling.py": "from ..model.facts import Facts\n",
+        "model/facts.py": "",
+        "cli/__init__.py": "",
+    })
+    bad = layer_violations(pkg)
+    assert bad == ["gputopo.plan.planner (plan) imports gputopo.cli (cli)",
+                   "gputopo.plan.planner (plan) imports gputopo.cli.main (cli)"]
+
+
+def test_the_rule_catches_a_sideways_import_and_an_unplaced_module(tmp_path):
+    pkg = _tree(tmp_path, {
+        "__init__.py": "",
+        "apply/run.py": "from gputopo.verify.checks import verify\n",
+        "verify/checks.py": "",
+        "gadgets/thing.py": "from gputopo.errors import GputopoError\n",
+    })
+    bad = layer_violations(pkg)
+    assert "gputopo.apply.run (apply) imports gputopo.verify.checks (verify)" in bad
+    assert any(b.startswith("gputopo.gadgets.thing: not placed in a layer") for b in bad)
+
+
+def test_the_rule_accepts_downward_imports(tmp_path):
+    pkg = _tree(tmp_path, {
+        "__init__.py": "__version__ = '1'\n",
+        "cli/main.py": "from gputopo import __version__\nfrom ..apply import run\nfrom gputopo.sim import host\n",
+        "apply/run.py": "from ..plan.planner import plan\nfrom . import journal\n",
+        "apply/journal.py": "",
+        "plan/planner.py": "from gputopo.errors import PlanRefused\n",
+        "errors.py": "",
+    })
+    assert layer_violations(pkg) == []

@@ -9,8 +9,8 @@ import subprocess
 
 import pytest
 
-from gputopo.discover import discover, list_pci_functions
-from gputopo.fixtures import list_hosts
+from gputopo.facts.discover import discover, list_pci_functions
+from gputopo.sim.fixtures import list_hosts
 
 LSPCI = shutil.which("lspci")
 pytestmark = pytest.mark.skipif(LSPCI is None, reason="lspci (pciutils) is not installed")

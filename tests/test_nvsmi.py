@@ -5,14 +5,8 @@ from pathlib import Path
 import pytest
 
 from gputopo.errors import AddressError, GputopoError
-from gputopo.nvsmi import (
-    NvsmiParseError,
-    header_cell,
-    normalize_bus_id,
-    parse_list_gpus,
-    parse_nvidia_smi_q,
-    parse_query_gpu,
-)
+from gputopo.formats.nvsmi import header_cell, normalize_bus_id, parse_list_gpus, parse_nvidia_smi_q, parse_query_gpu
+from gputopo.errors import NvsmiParseError
 
 REAL = Path(__file__).resolve().parent.parent / "fixtures" / "real"
 SEED_FIELDS = ["index", "memory.used", "memory.total", "utilization.gpu"]

@@ -1,4 +1,4 @@
-"""Planner tests on hosts built directly from gputopo.model (no sysfs tree needed)."""
+"""Planner tests on hosts built directly from gputopo.model.facts (no sysfs tree needed)."""
 
 from __future__ import annotations
 
@@ -9,24 +9,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gputopo.errors import PlanRefused
-from gputopo.model import Facts, GroupMember, Gpu, HostFacts, MemberRole, Modules, NumaNode
-from gputopo.plan import (
-    ContainerState,
-    CurrentState,
-    GuestState,
-    MappingState,
-    Rebind,
-    ServiceState,
-    SetMapping,
-    StopGuest,
-    UpdateContainer,
-    WriteServiceDropin,
-    expected_after,
-    format_dev,
-    map_entry,
-    plan,
-)
-from gputopo.spec import Spec, parse_spec, spec_from_split
+from gputopo.model.facts import Facts, GroupMember, Gpu, HostFacts, MemberRole, Modules, NumaNode
+from gputopo.model.state import ContainerState, CurrentState, GuestState, MappingState, ServiceState
+from gputopo.plan.planner import Rebind, SetMapping, StopGuest, UpdateContainer, WriteServiceDropin, expected_after, format_dev, map_entry, plan
+from gputopo.plan.spec import Spec, parse_spec, spec_from_split
 
 SEED_NUMA = {"01": 0, "11": 0, "61": 0, "71": 0, "81": 1, "91": 1, "e1": 1, "f1": 1}
 SEED_MINOR = {"01": 0, "11": 1, "61": 3, "71": 2, "81": 4, "91": 5, "e1": 7, "f1": 6}
@@ -419,7 +405,7 @@ devices:
 
 @pytest.fixture(scope="module")
 def refusals_root(tmp_path_factory):
-    from gputopo.fixtures import materialize
+    from gputopo.sim.fixtures import materialize
 
     base = tmp_path_factory.mktemp("refusals")
     (base / "host.yaml").write_text(REFUSALS_HOST)
@@ -491,7 +477,7 @@ def test_cli_plan_json_shape(materialized, tmp_path, capsys):
 def converged_seed(root, tmp_path):
     """(spec file, pve root) that the seed host at ``root`` already matches: all eight GPUs in
     CT 101, whose config lists them by their real minors."""
-    from gputopo.discover import discover
+    from gputopo.facts.discover import discover
 
     facts = discover(root)
     paths = [f"/dev/nvidia{g.minor}" for g in facts.gpus if g.minor is not None] + [
@@ -608,7 +594,7 @@ def test_vm_on_a_kept_mapping_with_a_multi_function_path_stops():
 
 def test_cli_plan_and_init_read_a_snapshot_archive(materialized, tmp_path, capsys):
     """An operator plans on a `gputopo snapshot` of the host, as discover reads it."""
-    from gputopo.snapshot import snapshot
+    from gputopo.facts.snapshot import snapshot
 
     snap = tmp_path / "pve1.tar.gz"
     snapshot(materialized("seed"), snap)

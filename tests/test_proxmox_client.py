@@ -5,10 +5,10 @@ import os
 import pytest
 
 from gputopo.errors import ConfigError, ProxmoxError, TaskFailed
-from gputopo.fixtures import materialize
+from gputopo.sim.fixtures import materialize
 from gputopo.ports import ProxmoxPort
-from gputopo.proxmox import ApiConfig, ProxmoxClient, read_secret_file
-from gputopo.pvefmt import parse_lxc_conf, parse_pci_cfg
+from gputopo.adapters.proxmox import ApiConfig, ProxmoxClient, read_secret_file
+from gputopo.formats.pvefmt import parse_lxc_conf, parse_pci_cfg
 from gputopo.sim import state
 from gputopo.sim.pveapi import PveApiServer, PveshSim
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gputopo.errors import ExecError
-from gputopo.nvsmi import parse_list_gpus, parse_query_gpu
+from gputopo.formats.nvsmi import parse_list_gpus, parse_query_gpu
 from gputopo.ports import ExecPort
 from gputopo.sim import state
 from gputopo.sim.container import (
@@ -416,8 +416,8 @@ def _host_procs(root: Path) -> dict[int, dict]:
 
 
 def test_service_processes_show_in_host_proc(sx):
-    from gputopo.apply import parse_cgroup_container
-    from gputopo.discover import find_holders
+    from gputopo.apply.run import parse_cgroup_container
+    from gputopo.facts.discover import find_holders
 
     root = sx.paths.root
     procs = _host_procs(root)

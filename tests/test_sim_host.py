@@ -14,11 +14,12 @@ import requests
 from proxmoxer import ProxmoxAPI
 from proxmoxer.tools import Tasks
 
-from gputopo.nvsmi import normalize_bus_id, parse_query_gpu
-from gputopo.pvefmt import parse_lxc_conf, parse_pci_cfg, parse_dev_value
+from gputopo.formats.nvsmi import normalize_bus_id, parse_query_gpu
+from gputopo.formats.pvefmt import parse_lxc_conf, parse_pci_cfg, parse_dev_value
 from gputopo.sim import state
 from gputopo.sim.container import SimExec
-from gputopo.sim.host import SimHost, SimHostError
+from gputopo.sim.host import SimHost
+from gputopo.errors import SimHostError
 
 SEED_MINORS = {"0000:01:00.0": 0, "0000:11:00.0": 1, "0000:61:00.0": 3, "0000:71:00.0": 2}
 
@@ -205,8 +206,8 @@ def test_sim_serve_from_a_fixture_answers_curl_and_stops_on_sigint(tmp_path):
 
 
 def test_sim_serve_from_a_snapshot_on_a_fixed_port_stops_on_sigterm(tmp_path):
-    from gputopo.fixtures import materialize
-    from gputopo.snapshot import snapshot
+    from gputopo.sim.fixtures import materialize
+    from gputopo.facts.snapshot import snapshot
 
     snap = tmp_path / "coyote2.tar.gz"
     snapshot(materialize("esc8000a", tmp_path / "real"), snap)
@@ -231,7 +232,7 @@ def test_sim_serve_from_a_snapshot_on_a_fixed_port_stops_on_sigterm(tmp_path):
 
 
 def test_sim_serve_root_and_pve_root(tmp_path, seed):
-    from gputopo.fixtures import materialize
+    from gputopo.sim.fixtures import materialize
 
     root = materialize("seed", tmp_path / "root")
     pve = tmp_path / "etc-pve"
@@ -277,8 +278,8 @@ def test_unbind_waits_for_the_running_container_to_stop(tmp_path):
     blocks an unbind of a GPU the container serves on until Proxmox stops the container."""
     import threading
 
-    from gputopo.apply import parse_cgroup_container
-    from gputopo.discover import find_holders
+    from gputopo.apply.run import parse_cgroup_container
+    from gputopo.facts.discover import find_holders
     from gputopo.sim.kernel import SimKernel
 
     with SimHost.create(tmp_path / "sim") as host:
@@ -393,7 +394,7 @@ def sim_copy(template):
     made = []
 
     def make(split: bool) -> SimHost:
-        from gputopo.apply import Timeouts, apply
+        from gputopo.apply.run import Timeouts, apply
 
         base = Path(tempfile.mkdtemp(prefix="gputopo-pt-", dir=applysim.fast_tmp()))
         host = applysim.copy_host(template, base / "sim")
@@ -472,7 +473,7 @@ def test_vm_start_fails_with_the_mapping_check_message(sim_copy):
 
 def _unsplit_with_mapping(host):
     """The seed host as it came (eight GPUs on nvidia) plus a valid pro6000-vm for 0000:81:00.0."""
-    from gputopo.pvefmt import PciMapping, write_pci_cfg
+    from gputopo.formats.pvefmt import PciMapping, write_pci_cfg
 
     cfg = host.paths.pve / "mapping/pci.cfg"
     maps = parse_pci_cfg(cfg.read_text())

@@ -17,7 +17,7 @@ import pytest
 
 import kernel_scenarios as ks
 from gputopo.errors import SysfsWriteError
-from gputopo.fixtures import DeviceSpec, HostSpec, NumaSpec, load_host, materialize
+from gputopo.sim.fixtures import DeviceSpec, HostSpec, NumaSpec, load_host, materialize
 from gputopo.sim.kernel import (
     SimKernel,
     nvidia_information,

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gputopo.discover import discover
+from gputopo.facts.discover import discover
 from gputopo.errors import RootError
-from gputopo.fixtures import list_hosts
-from gputopo.snapshot import SnapshotError, extract, opened_root, snapshot
+from gputopo.sim.fixtures import list_hosts
+from gputopo.facts.snapshot import extract, opened_root, snapshot
+from gputopo.errors import SnapshotError
 
 
 def _facts(root) -> dict:

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from gputopo.current import read_current
-from gputopo.discover import discover
+from gputopo.facts.current import read_current
+from gputopo.facts.discover import discover
 from gputopo.errors import VerifyFailed
-from gputopo.nvsmi import parse_nvidia_smi_q, parse_query_gpu
-from gputopo.plan import plan as make_plan
-from gputopo.spec import parse_spec
-from gputopo.verify import (
+from gputopo.formats.nvsmi import parse_nvidia_smi_q, parse_query_gpu
+from gputopo.plan.planner import plan as make_plan
+from gputopo.plan.spec import parse_spec
+from gputopo.verify.checks import (
     CHECKS,
     FAIL,
     PASS,
@@ -139,7 +139,7 @@ def test_query_rows_with_a_header_line():
 
 
 def test_query_rows_reject_a_bad_bus_id():
-    from gputopo.nvsmi import NvsmiParseError
+    from gputopo.errors import NvsmiParseError
 
     with pytest.raises(NvsmiParseError, match="pci.bus_id"):
         parse_gpu_rows("0, GPU-1234, 1, 2, 0\n")
@@ -212,7 +212,7 @@ def test_report_ok_and_strict():
 def _converge(ports, spec, root: str) -> None:
     """Apply the spec with gputopo's own apply (verify as its last step), then check that a
     fresh plan is empty."""
-    from gputopo.apply import apply
+    from gputopo.apply.run import apply
 
     result = apply(spec, ports, root=root, verify=lambda: verify(spec, ports, root=root))
     assert result.status == "applied", result
@@ -325,7 +325,7 @@ def test_hung_endpoint_fails_within_the_timeout(healthy):
 
 def test_gpu_left_on_nvidia_fails_the_vm_side(demo):
     host, ports = demo
-    from gputopo.bind import Binder
+    from gputopo.adapters.sysfs import Binder
 
     Binder(ports.sysfs, host.paths.root).move_group(["0000:91:00.0"], "nvidia")
     report = _verify(host, ports, only=["vm", "converged"])
@@ -498,7 +498,7 @@ def test_cli_connection_options_conflict(tmp_path):
 def test_http_reasons():
     import requests
 
-    from gputopo.verify import http_reason
+    from gputopo.adapters.http import http_reason
 
     refused = requests.ConnectionError(
         "HTTPConnectionPool(host='10.0.0.5', port=30000): Max retries exceeded with url: /v1/models "
@@ -512,24 +512,51 @@ def test_http_reasons():
     assert http_reason(ValueError("x")) == "ValueError"
 
 
+def test_endpoint_from_the_container_address(healthy):
+    """Without health_url the URL is the container's address (Proxmox's interfaces of the running
+    container) and the port of the service's command (--port 30000)."""
+    from gputopo.sim.addresses import container_address
+
+    host, ports = healthy
+    c = _verify(host, ports, only=["inference"]).check("inference")
+    assert c.status == PASS, c.summary
+    assert c.details[str(CT)]["url"] == f"http://{container_address(CT)}:30000"
+    assert ports.proxmox.lxc_interfaces(CT)[1]["inet"] == f"{container_address(CT)}/24"
+
+
 def test_endpoint_from_the_spec_health_url(healthy):
-    """On a real host the URL comes from service.health_url (the simulator's record is absent)."""
+    """service.health_url wins; a plain HTTP port reaches it (here the endpoint's loopback URL)."""
+    from gputopo.adapters.http import RequestsHttp
     from gputopo.ports import Ports
 
     host, ports = healthy
-    bare = Ports(sysfs=ports.sysfs, proxmox=ports.proxmox, exec=ports.exec, files=ports.files)
-    url = ports.extra["endpoint"]
+    bare = Ports(sysfs=ports.sysfs, proxmox=ports.proxmox, exec=ports.exec, files=ports.files, http=RequestsHttp())
+    url = host.endpoint.url
     spec = SPEC.replace("service: {unit: sglang.service}", f"service: {{unit: sglang.service, health_url: '{url}/health'}}")
     c = _verify(host, bare, spec, only=["inference"]).check("inference")
     assert c.status == PASS and c.details[str(CT)]["url"] == url, c.summary
-    # without either the probe cannot run: a WARN that says how to fix it
-    c = _verify(host, bare, only=["inference"]).check("inference")
-    assert c.status == WARN and "service.health_url" in c.summary
+    # the container's address on a network this machine cannot reach: no reply within the timeout
+    c = _verify(host, bare, only=["inference"], http_timeout=0.5).check("inference")
+    assert c.status == FAIL and "10.0.0.101:30000" in c.summary
+
+
+def test_endpoint_of_a_stopped_container_is_unknown(demo):
+    """A stopped container has no address (Proxmox answers null): nothing can answer, a FAIL."""
+    from gputopo.verify.checks import container_address
+
+    host, ports = demo
+    assert container_address([]) is None
+    assert container_address([{"name": "lo", "inet": "127.0.0.1/8"}]) is None
+    ports.proxmox.guest_action("lxc", CT, "shutdown", 30)
+    assert ports.proxmox.lxc_interfaces(CT) == []
+    c = _verify(host, ports, only=["inference"]).check("inference")
+    assert c.status == FAIL and "not running" in c.summary, c.summary
 
 
 def test_endpoint_not_listening_fails(healthy):
     import socket
 
+    from gputopo.adapters.http import RequestsHttp
     from gputopo.ports import Ports
 
     host, ports = healthy
@@ -537,10 +564,18 @@ def test_endpoint_not_listening_fails(healthy):
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()  # nothing listens there now
-    bare = Ports(sysfs=ports.sysfs, proxmox=ports.proxmox, exec=ports.exec, files=ports.files)
+    bare = Ports(sysfs=ports.sysfs, proxmox=ports.proxmox, exec=ports.exec, files=ports.files, http=RequestsHttp())
     spec = SPEC.replace("service: {unit: sglang.service}",
                         f"service: {{unit: sglang.service, health_url: 'http://127.0.0.1:{port}/health'}}")
     c = _verify(host, bare, spec, only=["inference"]).check("inference")
+    assert c.status == FAIL and "Connection refused" in c.summary
+
+
+def test_a_wrong_port_on_the_container_is_refused(healthy):
+    host, ports = healthy
+    spec = SPEC.replace("service: {unit: sglang.service}",
+                        "service: {unit: sglang.service, health_url: 'http://10.0.0.101:8000'}")
+    c = _verify(host, ports, spec, only=["inference"]).check("inference")
     assert c.status == FAIL and "Connection refused" in c.summary
 
 
@@ -568,9 +603,9 @@ def test_build_ports_refuses_contradictions(tmp_path):
 
 def test_build_ports_for_a_real_api(healthy):
     """The real-host path: HTTPS with a CA bundle and the password from the environment."""
-    from gputopo.bind import RealSysfs
+    from gputopo.adapters.sysfs import RealSysfs
     from gputopo.cli.connect import Connection, build_ports, release_ports
-    from gputopo.exec import PctExec
+    from gputopo.adapters.pct import PctExec
 
     host, _ = healthy
     conn = Connection(root=str(host.paths.root), api_url=host.url, node="pve1",

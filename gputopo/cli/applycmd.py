@@ -19,7 +19,7 @@ from gputopo.cli.params import Finite
 
 
 def _progress(stream=None):
-    from gputopo.apply import PlainProgress
+    from gputopo.apply.run import PlainProgress
 
     if not sys.stdout.isatty():
         return PlainProgress(stream)
@@ -60,7 +60,7 @@ class _RichProgress:
 
 def _verifier(spec, ports, root, node):
     try:
-        from gputopo.verify import verify as run_verify
+        from gputopo.verify.checks import verify as run_verify
     except ImportError:
         return None
     return lambda: run_verify(spec, ports, root=root, node=node)
@@ -93,8 +93,8 @@ def apply(spec_file: str, conn: Connection, dry_run: bool, yes: bool, sysfs_time
     Exit codes: 0 applied (or no changes), 1 failed and rolled back, 2 refused before anything
     changed, 3 a device needs a human, 4 another apply holds the lock.
     """
-    from gputopo.apply import Timeouts, apply as run_apply
-    from gputopo.spec import load_spec
+    from gputopo.apply.run import Timeouts, apply as run_apply
+    from gputopo.plan.spec import load_spec
 
     spec = load_spec(spec_file)
     root = host_root(conn)
@@ -156,9 +156,9 @@ def recover(conn: Connection, finish: bool, sysfs_timeout: float) -> None:
     Exit codes: 0 settled (or nothing to recover), 1 a step failed (rolled back where it could),
     2 bad input, 3 a device needs a human, 4 an apply holds the lock.
     """
-    from gputopo.apply import Timeouts, recover as run_recover
+    from gputopo.apply.run import Timeouts, recover as run_recover
 
-    from gputopo.journal import find_unfinished
+    from gputopo.apply.journal import find_unfinished
 
     root = host_root(conn)
     unfinished = find_unfinished(root)

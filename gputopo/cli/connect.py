@@ -141,10 +141,11 @@ def build_ports(conn: Connection, default_node: str | None = None, env: dict[str
 
     if conn.api_url and conn.local:
         raise ConfigError("--api-url and --local exclude each other")
-    from gputopo.bind import RealSysfs
-    from gputopo.exec import PctExec
-    from gputopo.hostfiles import RealHostFiles
-    from gputopo.proxmox import ApiConfig, ProxmoxClient
+    from gputopo.adapters.http import RequestsHttp
+    from gputopo.adapters.pct import PctExec
+    from gputopo.adapters.sysfs import RealSysfs
+    from gputopo.adapters.hostfiles import RealHostFiles
+    from gputopo.adapters.proxmox import ApiConfig, ProxmoxClient
 
     root = host_root(conn)
     node = conn.node or default_node or socket.gethostname().split(".")[0]
@@ -156,11 +157,10 @@ def build_ports(conn: Connection, default_node: str | None = None, env: dict[str
     else:
         cfg = ApiConfig(backend="local", node=node, timeout=conn.api_timeout)
     client = ProxmoxClient.from_config(cfg, env=env)
-    return Ports(sysfs=RealSysfs(root), proxmox=client, exec=PctExec(), files=RealHostFiles(root))
+    return Ports(sysfs=RealSysfs(root), proxmox=client, exec=PctExec(), files=RealHostFiles(root),
+                 http=RequestsHttp())
 
 
 def release_ports(ports: Ports) -> None:
     """Stop whatever :func:`build_ports` started for ``ports`` (a simulated host's servers)."""
-    sim = ports.extra.get("sim")
-    if sim is not None:
-        sim.stop()
+    ports.close()

@@ -29,13 +29,13 @@ def demo(workdir: str | None, source: str, pace: float) -> None:
     """Split the simulated seed host's GPUs by NUMA node: discover, plan, apply, verify."""
     from rich.rule import Rule
 
-    from gputopo.apply import Timeouts
+    from gputopo.apply.run import Timeouts
     from gputopo.cli.applycmd import _progress
     from gputopo.cli.discover import print_facts
     from gputopo.cli.output import console
     from gputopo.cli.verifycmd import print_report
-    from gputopo.demo import DemoShow, run_demo
-    from gputopo.discover import discover
+    from gputopo.sim.demo import DemoShow, run_demo
+    from gputopo.facts.discover import discover
     from gputopo.errors import VerifyFailed
     from gputopo.sim.host import SimHost
 

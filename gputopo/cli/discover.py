@@ -8,7 +8,7 @@ import click
 def _parse_matches(values: tuple[str, ...]) -> list[tuple[str | None, str | None]] | None:
     if not values:
         return None
-    from gputopo.discover import parse_gpu_match
+    from gputopo.facts.discover import parse_gpu_match
 
     return [parse_gpu_match(v) for v in values]
 
@@ -25,8 +25,8 @@ def discover(root: str, as_json: bool, all_vendors: bool, gpu_match: tuple[str, 
 
     Exit codes: 0, or 2 for a root that is not a sysfs tree or a snapshot that cannot be read.
     """
-    from gputopo.discover import discover as run
-    from gputopo.snapshot import opened_root
+    from gputopo.facts.discover import discover as run
+    from gputopo.facts.snapshot import opened_root
 
     rules = _parse_matches(gpu_match)
     with opened_root(root) as r:
@@ -107,7 +107,7 @@ def _yn(v: bool | None) -> str:
 @click.option("--root", default="/", show_default=True, help="Host root to capture.")
 def snapshot(out: str, root: str) -> None:
     """Capture what discovery reads from a host into OUT.tar.gz (read-only, no secrets)."""
-    from gputopo.snapshot import snapshot as run
+    from gputopo.facts.snapshot import snapshot as run
 
     counts = run(root, out)
     click.echo(f"wrote {out}: {counts['pci_functions']} PCI functions, "

@@ -24,8 +24,8 @@ SPLITS = click.Choice(["numa", "half"])
 
 def _facts(root: str):
     """Discover ``root``: a host root directory or a ``gputopo snapshot`` archive."""
-    from gputopo.discover import discover
-    from gputopo.snapshot import opened_root
+    from gputopo.facts.discover import discover
+    from gputopo.facts.snapshot import opened_root
 
     with opened_root(root) as r:
         facts = discover(r)
@@ -48,8 +48,8 @@ def _quick_spec(facts, **options):
     """The spec of quick mode (``--split`` and its options). Raises ConfigError naming the
     option whose value the spec refuses, SpecError when the host cannot be split that way."""
     from gputopo.errors import ConfigError, SpecError
-    from gputopo.plan import pick_node
-    from gputopo.spec import spec_from_split
+    from gputopo.plan.planner import pick_node
+    from gputopo.plan.spec import spec_from_split
 
     try:
         spec = spec_from_split(facts, **options)
@@ -65,7 +65,7 @@ def _quick_spec(facts, **options):
 def _spec(facts, spec_file, split, container, vm_mapping, container_mapping, node, service_unit=None,
           tp_flag="--tp"):
     from gputopo.errors import ConfigError
-    from gputopo.spec import load_spec
+    from gputopo.plan.spec import load_spec
 
     if spec_file and split:
         raise ConfigError("give either --spec FILE or --split, not both")
@@ -99,13 +99,13 @@ def _given(name: str) -> bool:
 
 
 def _current(spec, facts, root, pve_root, node, source=None):
-    from gputopo.current import read_current
-    from gputopo.hostfiles import RealHostFiles
+    from gputopo.facts.current import read_current
+    from gputopo.adapters.hostfiles import RealHostFiles
 
     if source is not None:
         return read_current(spec, facts, proxmox=source.proxmox, exec=source.exec,
                             files=source.files, node=node)
-    from gputopo.snapshot import is_snapshot
+    from gputopo.facts.snapshot import is_snapshot
 
     # a snapshot holds no /etc: its persistence files count as absent
     files = None if is_snapshot(root) else RealHostFiles(root)
@@ -179,7 +179,7 @@ def _inputs(spec_file, split, service_unit, tp_flag, container, vm_mapping, cont
 def _planned(spec_file, split, service_unit, tp_flag, container, vm_mapping, container_mapping, root, pve_root,
              node, source, templates):
     """(facts, spec, plan) for plan/render; a refused plan prints its refusals and exits 2."""
-    from gputopo.plan import plan as make_plan
+    from gputopo.plan.planner import plan as make_plan
 
     facts, spec, current = _inputs(spec_file, split, service_unit, tp_flag, container, vm_mapping,
                                    container_mapping, root, pve_root, node, source)
@@ -230,7 +230,7 @@ def spec_options(f):
 def init(root, split, container, vm_mapping, container_mapping, node, service_unit, tp_flag, output):
     """Write a commented starter spec for this host (exit 2 for an option the spec would refuse,
     or a host that cannot be split that way)."""
-    from gputopo.spec import init_spec
+    from gputopo.plan.spec import init_spec
 
     facts = _facts(root)
     options = dict(split=split, container=container, vm_mapping=vm_mapping, container_mapping=container_mapping,
@@ -279,7 +279,7 @@ def plan(spec_file, split, service_unit, tp_flag, container, vm_mapping, contain
 def render(spec_file, split, service_unit, tp_flag, container, vm_mapping, container_mapping, root, pve_root, node, out, templates,
            **source):
     """Write the files the plan stands for under --out (exit 2 for bad input or a refused plan)."""
-    from gputopo.render import render as render_files
+    from gputopo.plan.render import render as render_files
 
     facts, spec, p = _planned(spec_file, split, service_unit, tp_flag, container, vm_mapping,
                               container_mapping, root, pve_root, node, source, templates)
@@ -304,7 +304,7 @@ def diff(spec_file, split, service_unit, tp_flag, container, vm_mapping, contain
     2 differences, 1 any error (bad input included).
     """
     from gputopo.cli.output import print_json
-    from gputopo.diff import diff as make_diff
+    from gputopo.plan.diff import diff as make_diff
 
     try:
         facts, spec, current = _inputs(spec_file, split, service_unit, tp_flag, container, vm_mapping,

@@ -14,13 +14,13 @@ def schema(what: str) -> None:
     from gputopo.errors import GputopoError
 
     if what == "facts":
-        from gputopo.model import Facts
+        from gputopo.model.facts import Facts
 
         data = Facts.model_json_schema(by_alias=True)
     else:
         try:
-            from gputopo.spec import Spec
+            from gputopo.plan.spec import Spec
         except ImportError as e:
-            raise GputopoError(f"spec schema unavailable: gputopo.spec cannot be imported ({e})") from e
+            raise GputopoError(f"spec schema unavailable: gputopo.plan.spec cannot be imported ({e})") from e
         data = Spec.model_json_schema()
     click.echo(json.dumps(data, indent=2))

@@ -30,8 +30,8 @@ def verify(spec_file: str, conn: Connection, http_timeout: float | None, strict:
     Exit codes: 0 all clear, 1 any FAIL (or WARN with --strict), 2 bad input.
     """
     from gputopo.errors import VerifyFailed
-    from gputopo.spec import load_spec
-    from gputopo.verify import verify as run_verify
+    from gputopo.plan.spec import load_spec
+    from gputopo.verify.checks import verify as run_verify
 
     spec = load_spec(spec_file)
     root = host_root(conn)

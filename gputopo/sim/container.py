@@ -55,12 +55,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from gputopo.discover import parse_nvidia_information, parse_nvidia_version
+from gputopo.facts.discover import parse_nvidia_information, parse_nvidia_version
 from gputopo.errors import ExecError
-from gputopo.model import normalize_address
-from gputopo.nvsmi import UNITS, canonical_field, header_cell
+from gputopo.model.facts import normalize_address
+from gputopo.formats.nvsmi import UNITS, canonical_field, header_cell
 from gputopo.ports import ExecResult
-from gputopo.pvefmt import PveFormatError, parse_dev_value, parse_lxc_conf
+from gputopo.formats.pvefmt import parse_dev_value, parse_lxc_conf
+from gputopo.errors import PveFormatError
 from gputopo.sim import state
 
 # The seed host's per-GPU load with four GPUs serving (MiB of 97887), from the operator's log.
@@ -405,6 +406,18 @@ def service_flavor(argv: list[str]) -> str | None:
     if re.search(r"(^|[/\s])vllm(\s+serve\b|\.entrypoints)", joined):
         return "vllm"
     return None
+
+
+# the servers' own defaults: sglang ServerArgs.port, vllm's --port
+DEFAULT_PORTS = {"sglang": 30000, "vllm": 8000}
+
+
+def listening_port(argv: list[str]) -> int | None:
+    """The port the server of ``argv`` listens on: ``--port``, else its flavour's default."""
+    value = _flag(argv, ("--port",))
+    if value is not None and value.isdigit():
+        return int(value)
+    return DEFAULT_PORTS.get(service_flavor(argv) or "")
 
 
 def _flag(argv: list[str], names: tuple[str, ...]) -> str | None:

@@ -18,9 +18,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from gputopo.errors import GputopoError, InputError
-from gputopo.fixtures import materialize
-from gputopo.pvefmt import LxcConf, parse_dev_value, MapEntry, PciMapping, format_dev_value, format_map_entry, write_lxc_conf, write_pci_cfg
+from gputopo.errors import ContainerStartError, SimHostError
+from gputopo.sim.fixtures import materialize
+from gputopo.formats.pvefmt import LxcConf, parse_dev_value, MapEntry, PciMapping, format_dev_value, format_map_entry, write_lxc_conf, write_pci_cfg
 from gputopo.sim import state
 from gputopo.sim.container import Container, EndpointServer, SimExec, SimPaths, missing_devices, write_unit
 
@@ -42,25 +42,12 @@ VFIO_BIND, NVIDIA_BIND = 0.3, 0.5
 UNBIND_MIN, UNBIND_MAX = 1.0, 3.0
 
 
-class SimHostError(InputError):
-    """A simulated host directory cannot be created or opened. Names the directory."""
-
-    def __init__(self, where: str, reason: str):
-        self.where = where
-        self.reason = reason
-        super().__init__(f"{where}: {reason}")
-
-
-class ContainerStartError(GputopoError):
-    """Proxmox refused to start a container (the task fails with this message)."""
-
-
 def _extract_snapshot(archive: Path, dest: Path) -> None:
     """Unpack a ``gputopo snapshot`` archive into ``dest`` (the root holds ``sys/``), refusing
     unsafe members like every other reader of snapshots; an archive made with ``tar`` around one
     top directory is accepted too. Raises SimHostError when no ``sys/`` tree comes out and
-    :class:`gputopo.snapshot.SnapshotError` for an unreadable or unsafe archive."""
-    from gputopo.snapshot import extract
+    :class:`gputopo.errors.SnapshotError` for an unreadable or unsafe archive."""
+    from gputopo.facts.snapshot import extract
 
     extract(archive, dest)
     if not (dest / "sys").is_dir():
@@ -129,7 +116,7 @@ class SimHost:
         ``source``: a fixture name (``seed``), a fixture yaml, or a ``gputopo snapshot``
         ``.tar.gz``; ``root`` instead copies an existing host root directory. ``node`` defaults
         to the root's hostname. Raises :class:`SimHostError` for a non-empty ``dir``, an unknown
-        ``service`` or a root without GPUs on nvidia; :class:`gputopo.fixtures.FixtureError`
+        ``service`` or a root without GPUs on nvidia; :class:`gputopo.errors.FixtureError`
         for a bad fixture. A failed create leaves ``dir`` as it was.
         """
         dir = Path(dir)
@@ -157,7 +144,7 @@ class SimHost:
     @classmethod
     def _build(cls, dir: Path, paths: SimPaths, src: str, node: str | None, container: int, service: str,
                pve_version: str, root: str | os.PathLike | None) -> SimHost:
-        from gputopo.discover import discover
+        from gputopo.facts.discover import discover
 
         if root is not None:
             shutil.copytree(root, paths.root, symlinks=True)
@@ -243,9 +230,10 @@ class SimHost:
         ``auth`` is ``"password"`` (root@pam ticket) or ``"token"`` (an API token of root@pam,
         which Proxmox refuses for devN changes). Raises ValueError for another ``auth``.
         """
-        from gputopo.hostfiles import RealHostFiles
+        from gputopo.adapters.hostfiles import RealHostFiles
+        from gputopo.sim.http import SimHttp
         from gputopo.ports import Ports
-        from gputopo.proxmox import ApiConfig, ProxmoxClient
+        from gputopo.adapters.proxmox import ApiConfig, ProxmoxClient
         from gputopo.sim.kernel import SimKernel
 
         if auth not in ("password", "token"):
@@ -263,9 +251,15 @@ class SimHost:
         env = ({"GPUTOPO_PVE_TOKEN_SECRET": creds["token_value"]} if auth == "token"
                else {"GPUTOPO_PVE_PASSWORD": creds["password"]})
         client = ProxmoxClient.from_config(cfg, env=env)
+        endpoints = {self.container: self.endpoint.url} if self.endpoint else {}
+        http = SimHttp(self.dir, endpoints)
+
+        def close() -> None:
+            http.close()
+            self.stop()
+
         return Ports(sysfs=SimKernel(str(self.paths.root)), proxmox=client, exec=SimExec(self.dir),
-                     files=RealHostFiles(str(self.paths.root)),
-                     extra={"sim": self, "endpoint": self.endpoint.url if self.endpoint else None})
+                     files=RealHostFiles(str(self.paths.root)), http=http, close=close)
 
     def set_latencies(self, scale: float = 1.0, moving: list[str] | None = None) -> dict[str, float]:
         """Give the host a real server's pace, every latency multiplied by ``scale``.

@@ -5,7 +5,7 @@ the same paths under ``/api2/json``, the same request pipeline (401 before 501 b
 before 400 before the handler), the same status codes, reason phrases and bodies, UPID tasks
 that take time and can fail, and API-token / ticket+CSRF authentication.
 
-State lives where Proxmox keeps it, in Proxmox's formats (written with :mod:`gputopo.pvefmt`):
+State lives where Proxmox keeps it, in Proxmox's formats (written with :mod:`gputopo.formats.pvefmt`):
 ``<pve_root>/nodes/<node>/lxc/<vmid>.conf``, ``nodes/<node>/qemu-server/<vmid>.conf`` and
 ``mapping/pci.cfg``. Runtime state (guest status, tasks, latencies, faults) is JSON under
 ``run_dir`` through :mod:`gputopo.sim.state`, so another process sees the same host.
@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from gputopo import pvefmt
+from gputopo.formats import pvefmt
 from gputopo.sim import state
+from gputopo.sim.addresses import container_address
 
 API_PREFIX = "/api2/json"
 
@@ -204,6 +205,7 @@ ROUTES = [
     Route("GET", "/nodes/{node}/{kind}", "list_guests", {"node": NODE, "kind": P(_fmt_enum("lxc", "qemu"), False)}),
     Route("GET", "/nodes/{node}/lxc/{vmid}/config", "lxc_get", {"node": NODE, "vmid": VMID, "current": P(_fmt_bool), "snapshot": P(_fmt_string(40))}, ("/vms/{vmid}", ("VM.Audit",))),
     Route("PUT", "/nodes/{node}/lxc/{vmid}/config", "lxc_put", {"node": NODE, "vmid": VMID, "digest": DIGEST, "delete": P(_fmt_configid_list), "revert": P(_fmt_configid_list), "description": P(_fmt_string(8192))}, ("/vms/{vmid}", _VM_CONFIG_ANY), extra="lxc"),
+    Route("GET", "/nodes/{node}/lxc/{vmid}/interfaces", "lxc_interfaces", {"node": NODE, "vmid": VMID}, ("/vms/{vmid}", ("VM.Audit",))),
     Route("GET", "/nodes/{node}/qemu/{vmid}/config", "qemu_get", {"node": NODE, "vmid": VMID, "current": P(_fmt_bool), "snapshot": P(_fmt_string(40))}, ("/vms/{vmid}", ("VM.Audit",))),
     Route("GET", "/nodes/{node}/{kind}/{vmid}/status/current", "guest_current", _GUEST_STATUS_PARAMS, ("/vms/{vmid}", ("VM.Audit",))),
     Route("POST", "/nodes/{node}/{kind}/{vmid}/status/start", "guest_start", {**_GUEST_STATUS_PARAMS, "skiplock": P(_fmt_bool), "timeout": P(_fmt_int), "debug": P(_fmt_bool)}, ("/vms/{vmid}", ("VM.PowerMgmt",))),
@@ -600,6 +602,24 @@ class PveApiServer:
         text = self._load("qemu", p["vmid"])
         return self._guest_view("qemu", p["vmid"], text, bool(p.get("current")), p.get("snapshot"))
 
+    def h_lxc_interfaces(self, caller: Caller, p: dict) -> Any:
+        """The running container's interfaces as ``ip --json a`` inside it shows them
+        (pve-container ``PVE::LXC::get_interfaces``: lo and eth0 with ``inet`` as address/prefix,
+        ``hwaddr`` and ``hardware-address``, ``ip-addresses``); a stopped container has no pid to
+        enter, so the answer is null (``get_interfaces`` returns early)."""
+        vmid = p["vmid"]
+        opts = pvefmt.parse_lxc_conf(self._load("lxc", vmid)).options
+        if state.guest_status(self.run_dir, "lxc", vmid) != "running":
+            return None
+        net0 = dict(kv.split("=", 1) for kv in str(opts.get("net0", "")).split(",") if "=" in kv)
+        mac = net0.get("hwaddr", "bc:24:11:00:00:00").lower()
+        out = []
+        for name, addr, prefix, hw in (("lo", "127.0.0.1", 8, "00:00:00:00:00:00"),
+                                       (net0.get("name", "eth0"), container_address(vmid), 24, mac)):
+            out.append({"name": name, "hwaddr": hw, "hardware-address": hw, "inet": f"{addr}/{prefix}",
+                        "ip-addresses": [{"ip-address-type": "inet", "ip-address": addr, "prefix": prefix}]})
+        return out
+
     def h_lxc_put(self, caller: Caller, p: dict) -> Any:
         vmid = p.pop("vmid")
         p.pop("node")
@@ -857,7 +877,7 @@ class PveApiServer:
     # --- hardware -------------------------------------------------------------------------
 
     def h_hardware_pci(self, caller: Caller, p: dict) -> Any:
-        from gputopo.discover import list_pci_functions
+        from gputopo.facts.discover import list_pci_functions
 
         if not self._has_any(caller, ("Sys.Audit",)) if caller else False:
             raise perm_error("/nodes/" + self.node + ", Sys.Audit")
@@ -934,7 +954,7 @@ class PveApiServer:
 
     def _assert_valid(self, name: str, cfg: dict[str, str]) -> str | None:
         """pve-guest-common Mapping/PCI.pm:assert_valid against the simulated sysfs."""
-        from gputopo.discover import read_pci_function
+        from gputopo.facts.discover import read_pci_function
 
         for idx, path in enumerate((cfg.get("path") or "").split(";")):
             if not re.search(r"\.[0-9a-f]$", path, re.IGNORECASE):

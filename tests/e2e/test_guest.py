@@ -110,7 +110,7 @@ def test_discover_reports_what_the_kernel_shows(guest):
 
 
 def test_snapshot_rediscovers_identically_on_the_host(guest, tmp_path):
-    from gputopo.discover import discover
+    from gputopo.facts.discover import discover
 
     snap = guest.data("snapshot")
     assert snap["rc"] == 0, snap["stderr"]
@@ -122,7 +122,7 @@ def test_snapshot_rediscovers_identically_on_the_host(guest, tmp_path):
     assert here == there
 
 
-# --- rebinding through gputopo.bind --------------------------------------------------------
+# --- rebinding through gputopo.adapters.sysfs --------------------------------------------------------
 
 
 def _not_viable(v: dict) -> bool:
@@ -223,7 +223,7 @@ def test_rollback_of_move_group_restores_the_start_state(guest):
 
 def _snapshot_root(guest, name: str, dest) -> str:
     """Extract a snapshot the guest took and return the host root inside it."""
-    from gputopo.snapshot import extract
+    from gputopo.facts.snapshot import extract
 
     tar = guest.out_dir / name
     assert tar.is_file(), f"the guest wrote no {name}"

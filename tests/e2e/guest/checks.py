@@ -198,7 +198,7 @@ def stand_in_pair(numa: str) -> tuple[str, str, str]:
 
 
 def binder():
-    from gputopo.bind import Binder, RealSysfs
+    from gputopo.adapters.sysfs import Binder, RealSysfs
 
     port = RealSysfs(root="/")
     return port, Binder(port, "/", BIND_TIMEOUT)
@@ -338,7 +338,7 @@ def check_conformance(out: str) -> dict:
     snapshot; ``before`` shows the guest is still in that state)."""
     roles = scenario_roles()
     res: dict = {"roles": roles, "before": driver_table()}
-    from gputopo.bind import RealSysfs
+    from gputopo.adapters.sysfs import RealSysfs
 
     ks = _kernel_scenarios()
     backend = ks.KernelBackend(port=RealSysfs("/"), root="/", **roles)
@@ -349,7 +349,7 @@ def check_conformance(out: str) -> dict:
 
 def check_scenarios(out: str) -> dict:
     """Every kernel_scenarios scenario against the real kernel: which hold here."""
-    from gputopo.bind import RealSysfs
+    from gputopo.adapters.sysfs import RealSysfs
 
     ks = _kernel_scenarios()
     backend = ks.KernelBackend(port=RealSysfs("/"), root="/", **scenario_roles())

@@ -13,25 +13,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gputopo.model import Facts
-from gputopo.plan import (
-    DEV_KEY,
-    CurrentState,
-    DeleteMapping,
-    Plan,
-    Rebind,
-    RemoveHostFile,
-    SetMapping,
-    UpdateContainer,
-    WriteHostFile,
-    WriteServiceDropin,
-    current_nvidia_lxc,
-    dev_sort,
-    is_nvidia_dev,
-)
-from gputopo.plan import plan as make_plan
-from gputopo.render import dropin_path, render, render_devices_conf, render_pci_cfg
-from gputopo.spec import Container, Spec
+from gputopo.model.facts import Facts
+from gputopo.model.state import CurrentState
+from gputopo.plan.planner import DEV_KEY, DeleteMapping, Plan, Rebind, RemoveHostFile, SetMapping, UpdateContainer, WriteHostFile, WriteServiceDropin, current_nvidia_lxc, dev_sort, is_nvidia_dev
+from gputopo.plan.planner import plan as make_plan
+from gputopo.plan.render import dropin_path, render, render_devices_conf, render_pci_cfg
+from gputopo.plan.spec import Container, Spec
 
 AREAS = ("driver bindings", "container devices", "mappings", "service", "persistence files")
 
@@ -102,7 +89,7 @@ def diff(
 ) -> DiffReport:
     """Compare the host (``facts`` + ``current``) with ``spec``. Returns the DiffReport.
 
-    ``rendered`` is what :func:`gputopo.render.render` made for the same plan (made here when
+    ``rendered`` is what :func:`gputopo.plan.render.render` made for the same plan (made here when
     None). Raises PlanRefused when the spec cannot be planned, SpecError for a spec without a
     node for this host.
     """

@@ -1,4 +1,4 @@
-"""Discovery: read a host root (sysfs, procfs, dev) and return :class:`gputopo.model.Facts`.
+"""Discovery: read a host root (sysfs, procfs, dev) and return :class:`gputopo.model.facts.Facts`.
 
 Read-only. Every function takes the host ``root`` (a directory holding ``sys/``, ``proc/``,
 ``dev/``); nothing hard-codes ``/sys``. Raw text is gathered by the ``_read*`` helpers and
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Literal
 
 from gputopo.errors import AddressError, RootError
-from gputopo.model import (
+from gputopo.model.facts import (
     NVIDIA_VENDOR,
     Facts,
     Gpu,

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import re
 
-from gputopo.errors import AddressError, GputopoError
-from gputopo.model import normalize_address
+from gputopo.errors import NvsmiParseError
+from gputopo.errors import AddressError
+from gputopo.model.facts import normalize_address
 
 # nvidia-smi accepts aliases in --query-gpu and prints the canonical name in the header.
 ALIASES: dict[str, str] = {
@@ -46,15 +47,6 @@ _INT_FIELDS = {"index", "minor_number", "count", "temperature.gpu", "pcie.link.g
 _MISSING = {"[N/A]", "[Not Supported]", "N/A", "[Unknown Error]", "[Insufficient Permissions]",
             "[GPU requires reset]", "[GPU is lost]"}
 _NUMBER_RE = re.compile(r"^(-?\d+(?:\.\d+)?)(?:\s*(MiB|%|W|MHz|C))?$")
-
-
-class NvsmiParseError(GputopoError):
-    """nvidia-smi output did not have the expected shape. Names the line and what was wrong."""
-
-    def __init__(self, line: str, reason: str):
-        self.line = line
-        self.reason = reason
-        super().__init__(f"nvidia-smi output: {reason}: {line!r}")
 
 
 def canonical_field(field: str) -> str:

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gputopo.errors import JournalError
+from gputopo.errors import JournalError, UnfinishedApply
 
 JOURNAL_DIR = "var/lib/gputopo/journal"
 END_STATES = ("applied", "rolled-back", "needs-human")
@@ -180,6 +180,14 @@ class Journal:
     def begun(self) -> list[int]:
         """Indices of steps that began (whatever happened after), in the order they began."""
         return [r["step"] for r in self.records if r["type"] == "begin"]
+
+    def unfinished_error(self) -> UnfinishedApply:
+        """The error that refuses a new apply while this journal is open."""
+        nh = self.needs_human
+        if nh is None:
+            return UnfinishedApply(str(self.path), self.describe())
+        return UnfinishedApply(str(self.path), self.describe(), list(nh.get("needs_human") or []),
+                               list(nh.get("pending") or []))
 
     def describe(self) -> str:
         """One line: the file, the pid and start time of the apply that wrote it, its progress."""

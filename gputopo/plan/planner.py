@@ -35,9 +35,10 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field
 
 from gputopo.errors import AddressError, PlanRefused, Refusal, SpecError
-from gputopo.model import NVIDIA_VENDOR, Facts, Gpu, MemberRole, normalize_address, slot_of
-from gputopo.pvefmt import MapEntry, format_dev_value, format_map_entry
-from gputopo.render import (
+from gputopo.model.facts import NVIDIA_VENDOR, Facts, Gpu, MemberRole, normalize_address, slot_of
+from gputopo.model.state import ContainerState, CurrentState, MappingState, ServiceState
+from gputopo.formats.pvefmt import MapEntry, format_dev_value, format_map_entry
+from gputopo.plan.render import (
     PERSISTENCE_PATHS,
     dropin_path,
     p2p_must_be_disabled,
@@ -45,7 +46,7 @@ from gputopo.render import (
     render_dropin,
     persistence_files,
 )
-from gputopo.spec import Container, GpuSelector, Node, Spec, VmMapping, nvidia_gpus, spec_from_split
+from gputopo.plan.spec import Container, GpuSelector, Node, Spec, VmMapping, nvidia_gpus, spec_from_split
 
 __all__ = [
     "CurrentState",
@@ -74,43 +75,6 @@ MAX_DEV_INDEX = 255
 
 class _M(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-# --- current state ---------------------------------------------------------------------------
-
-
-class ServiceState(_M):
-    unit: str
-    active: bool = False
-    exec_start: str | None = Field(None, description="The unit's effective ExecStart command")
-    tp: int | None = None
-    dropin: str | None = Field(None, description="Current text of gputopo's drop-in; null when absent")
-
-
-class ContainerState(_M):
-    config: dict[str, Any] = Field(default_factory=dict, description="As GET .../lxc/{vmid}/config returns it")
-    status: Literal["running", "stopped"] = "stopped"
-    service: ServiceState | None = None
-
-
-class MappingState(_M):
-    map: list[str] = Field(default_factory=list)
-    description: str | None = None
-    digest: str | None = None
-
-
-class GuestState(_M):
-    status: Literal["running", "stopped"] = "stopped"
-    hostpci: list[str] = Field(default_factory=list)
-
-
-class CurrentState(_M):
-    """What Proxmox, the containers and the host files say now (read by gputopo.current)."""
-
-    containers: dict[int, ContainerState] = Field(default_factory=dict)
-    mappings: dict[str, MappingState] = Field(default_factory=dict)
-    guests: dict[int, GuestState] = Field(default_factory=dict)
-    files: dict[str, str | None] = Field(default_factory=dict, description="host path -> text (None: absent)")
 
 
 # --- actions -------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gputopo.errors import BindError, SysfsTimeout, SysfsWriteError
-from gputopo.model import normalize_address
+from gputopo.model.facts import normalize_address
 from gputopo.ports import SysfsPort
 
 # Drivers that bind only what they are told to (their id tables match nothing by themselves).

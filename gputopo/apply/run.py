@@ -16,7 +16,7 @@ e. the phases: prepare (files, mappings, the service drop-in: nothing here needs
    (the container's devN, digest read right before the PUT), start (container, then service,
    waiting until it is active).
 
-Every step is journaled (:mod:`gputopo.journal`) with the state before it, so any failure, or a
+Every step is journaled (:mod:`gputopo.apply.journal`) with the state before it, so any failure, or a
 later :func:`recover` after a crash, can undo the completed steps in reverse from the journal
 alone, then restart what ran before. A sysfs write that hangs is never retried by the apply
 that saw it: the rollback leaves that IOMMU group alone, the error names the device (exit 3) and
@@ -45,9 +45,10 @@ from typing import Any, Callable, NoReturn
 
 from pydantic import TypeAdapter
 
-from gputopo.bind import Binder, MemberState
-from gputopo.current import read_current
-from gputopo.discover import discover, find_holders
+from gputopo.errors import ApplyCancelled, HostChanged, HostFileError, Interrupted, PreflightFailed
+from gputopo.adapters.sysfs import Binder, MemberState
+from gputopo.facts.current import read_current
+from gputopo.facts.discover import discover, find_holders
 from gputopo.errors import (
     ApplyFailed,
     BindError,
@@ -55,34 +56,15 @@ from gputopo.errors import (
     GputopoError,
     JournalError,
     LockHeld,
-    PreflightError,
     ProxmoxError,
     SysfsTimeout,
 )
-from gputopo.journal import Journal, find_unfinished
-from gputopo.model import Facts
-from gputopo.plan import (
-    DEV_KEY,
-    Action,
-    CurrentState,
-    DeleteMapping,
-    Plan,
-    Rebind,
-    RemoveHostFile,
-    SetMapping,
-    StartGuest,
-    StartService,
-    StopGuest,
-    StopService,
-    UpdateContainer,
-    WriteHostFile,
-    WriteServiceDropin,
-    pick_node,
-    plan as make_plan,
-    resolve_devices,
-)
+from gputopo.apply.journal import Journal, find_unfinished
+from gputopo.model.facts import Facts
+from gputopo.model.state import CurrentState
+from gputopo.plan.planner import DEV_KEY, Action, DeleteMapping, Plan, Rebind, RemoveHostFile, SetMapping, StartGuest, StartService, StopGuest, StopService, UpdateContainer, WriteHostFile, WriteServiceDropin, pick_node, plan as make_plan, resolve_devices
 from gputopo.ports import Ports
-from gputopo.spec import Spec
+from gputopo.plan.spec import Spec
 
 LOCK_PATH = "run/lock/gputopo.lock"
 MAPPING_ID = re.compile(r"^[a-z][a-z0-9_-]+$", re.IGNORECASE)  # pve-configid
@@ -90,40 +72,6 @@ _ACTION = TypeAdapter(Action)
 
 
 # --- errors ----------------------------------------------------------------------------------
-
-
-class PreflightFailed(PreflightError):
-    """Preflight found problems (``problems``: one line each); nothing was changed."""
-
-    def __init__(self, problems: list[str]):
-        self.problems = problems
-        super().__init__("\n".join(problems))
-
-
-class HostChanged(PreflightError):
-    """The plan made under the lock differs from the one checked and confirmed."""
-
-    def __init__(self, detail: str):
-        self.detail = detail
-        super().__init__(f"the host changed since the plan was made ({detail}); nothing was changed, plan again")
-
-
-class HostFileError(GputopoError):
-    """A host file could not be written or removed (read-only filesystem, disk full)."""
-
-    def __init__(self, path: str, err: OSError):
-        self.path = path
-        self.errno = err.errno
-        super().__init__(f"/{path.lstrip('/')}: {err.strerror or err}")
-
-
-class Interrupted(GputopoError):
-    """A signal (Ctrl-C, SIGTERM, SIGHUP) stopped the apply; ``exit_code`` is 128 + its number."""
-
-    def __init__(self, signum: int):
-        self.signum = signum
-        self.exit_code = 128 + signum
-        super().__init__(f"interrupted ({signal.Signals(signum).name})")
 
 
 @contextlib.contextmanager
@@ -185,35 +133,6 @@ def _failed(where: str, cause: BaseException, complete: bool, stuck: list[str]) 
     if isinstance(cause, Interrupted) and not stuck:
         err.exit_code = cause.exit_code  # a device needing a human (3) still outranks it
     return err
-
-
-class ApplyCancelled(GputopoError):
-    """The operator declined the plan; nothing was changed."""
-
-    def __init__(self) -> None:
-        super().__init__("apply cancelled; nothing was changed")
-
-
-class UnfinishedApply(JournalError):
-    """An earlier apply did not finish; its journal must be recovered first."""
-
-    exit_code = 2
-
-    def __init__(self, journal: Journal):
-        self.journal = journal
-        nh = journal.needs_human
-        if nh is not None:
-            devices = ", ".join(nh.get("needs_human") or []) or "none named"
-            steps = ", ".join(str(i + 1) for i in nh.get("pending") or []) or "none"
-            super().__init__(
-                f"an earlier apply's rollback needs a human (devices: {devices}; undo of step(s) {steps} "
-                f"not complete): {journal.path}; fix the device(s), then run 'gputopo recover'"
-            )
-            return
-        super().__init__(
-            f"an earlier apply did not finish: {journal.describe()}; run 'gputopo recover' to roll it back "
-            "(or 'gputopo recover --finish' to complete it)"
-        )
 
 
 # --- options and results ---------------------------------------------------------------------
@@ -1097,7 +1016,7 @@ def apply(
     HostLock(root).check()  # a running apply is named before its journal is blamed
     j0 = find_unfinished(root)
     if j0 is not None:
-        raise UnfinishedApply(j0)
+        raise j0.unfinished_error()
     facts, current, p = read_and_plan(spec, ports, root, node)
     progress.plan(p)
     if p.is_empty:
@@ -1113,7 +1032,7 @@ def apply(
     with HostLock(root), interruptible():
         j0 = find_unfinished(root)
         if j0 is not None:
-            raise UnfinishedApply(j0)
+            raise j0.unfinished_error()
         facts, current, p2 = read_and_plan(spec, ports, root, node)
         if _signature(p2) != _signature(p):
             raise HostChanged(_diff_text(p, p2))

@@ -31,7 +31,8 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from gputopo.errors import InputError, RootError
+from gputopo.errors import SnapshotError
+from gputopo.errors import RootError
 
 # Attribute files copied from each PCI function's directory (all small text files).
 DEVICE_ATTRS = (
@@ -60,15 +61,6 @@ MODULE_PARAMS = (
 )
 PCI_IDS = ("usr/share/misc/pci.ids", "usr/share/hwdata/pci.ids", "usr/share/pci.ids")
 MANIFEST = "gputopo-snapshot.json"
-
-
-class SnapshotError(InputError):
-    """A snapshot could not be written or read. Names the file."""
-
-    def __init__(self, path: str, problem: str):
-        self.path = path
-        self.problem = problem
-        super().__init__(f"{path}: {problem}")
 
 
 class _TarWriter:

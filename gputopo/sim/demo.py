@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from gputopo.apply import ApplyResult, Progress, Timeouts, apply
-from gputopo.discover import discover
-from gputopo.model import Facts
+from gputopo.apply.run import ApplyResult, Progress, Timeouts, apply
+from gputopo.facts.discover import discover
+from gputopo.model.facts import Facts
 from gputopo.ports import Ports
-from gputopo.spec import init_spec, parse_spec
-from gputopo.verify import VerifyReport, verify
+from gputopo.plan.spec import init_spec, parse_spec
+from gputopo.verify.checks import VerifyReport, verify
 
 NVIDIA_SMI_QUERY = [
     "nvidia-smi",

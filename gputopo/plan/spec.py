@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gputopo.errors import AddressError, SpecError
-from gputopo.model import NVIDIA_VENDOR, Facts, Gpu, normalize_address
+from gputopo.model.facts import NVIDIA_VENDOR, Facts, Gpu, normalize_address
 
 API_VERSION = "gputopo/v1"
 KIND = "GpuTopology"

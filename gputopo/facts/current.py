@@ -1,6 +1,6 @@
 """Read the current state the planner compares against (edge layer: this is I/O).
 
-Two sources, the same result (:class:`gputopo.plan.CurrentState`):
+Two sources, the same result (:class:`gputopo.model.state.CurrentState`):
 
 * Proxmox's files under a pve root (``/etc/pve``): ``nodes/<node>/lxc/<vmid>.conf``,
   ``nodes/<node>/qemu-server/<vmid>.conf``, ``mapping/pci.cfg``. Files cannot tell whether a
@@ -10,7 +10,7 @@ Two sources, the same result (:class:`gputopo.plan.CurrentState`):
   :class:`gputopo.ports.ExecPort` (``systemctl show`` and ``cat`` of the drop-in).
 
 Host persistence files come from a :class:`gputopo.ports.HostFilesPort`. Parsing is done by the
-pure ``parse_*`` functions here and in :mod:`gputopo.pvefmt`.
+pure ``parse_*`` functions here and in :mod:`gputopo.formats.pvefmt`.
 """
 
 from __future__ import annotations
@@ -20,19 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from gputopo.errors import ExecError, ProxmoxError
-from gputopo.model import Facts
-from gputopo.plan import (
-    ContainerState,
-    CurrentState,
-    GuestState,
-    MappingState,
-    ServiceState,
-    pick_node,
-)
+from gputopo.model.facts import Facts
+from gputopo.model.state import ContainerState, CurrentState, GuestState, MappingState, ServiceState
+from gputopo.plan.planner import pick_node
 from gputopo.ports import ExecPort, HostFilesPort, ProxmoxPort
-from gputopo.pvefmt import parse_lxc_conf, parse_pci_cfg, sha1_digest
-from gputopo.render import PERSISTENCE_PATHS, dropin_path, parse_tp
-from gputopo.spec import Spec
+from gputopo.formats.pvefmt import parse_lxc_conf, parse_pci_cfg, sha1_digest
+from gputopo.plan.render import PERSISTENCE_PATHS, dropin_path, parse_tp
+from gputopo.plan.spec import Spec
 
 EXEC_TIMEOUT = 20.0
 

@@ -1,7 +1,7 @@
 """Verify: an independent health check of a host against its spec, the operator's "all clear".
 
-Everything is read fresh (a new :func:`gputopo.discover.discover` and
-:func:`gputopo.current.read_current`), never taken from what an apply remembers. Seven checks,
+Everything is read fresh (a new :func:`gputopo.facts.discover.discover` and
+:func:`gputopo.facts.current.read_current`), never taken from what an apply remembers. Seven checks,
 each PASS / WARN / FAIL with the numbers behind it:
 
 1. ``converged``  -- a fresh plan is empty (drivers, container devices, mappings, persistence
@@ -40,16 +40,18 @@ from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gputopo.current import parse_systemctl_show, read_current
-from gputopo.discover import discover
-from gputopo.errors import AddressError, GputopoError, PlanRefused
-from gputopo.model import Facts, normalize_address
-from gputopo.nvsmi import NvsmiParseError, parse_query_gpu
-from gputopo.plan import VFIO, ContainerTarget, CurrentState, Plan, pick_node
-from gputopo.plan import plan as make_plan
-from gputopo.ports import Ports
-from gputopo.render import p2p_must_be_disabled, parse_tp
-from gputopo.spec import Container, Node, Spec
+from gputopo.facts.current import parse_systemctl_show, read_current
+from gputopo.facts.discover import discover
+from gputopo.errors import AddressError, GputopoError, HttpError, PlanRefused
+from gputopo.model.facts import Facts, normalize_address
+from gputopo.formats.nvsmi import parse_query_gpu
+from gputopo.errors import NvsmiParseError
+from gputopo.model.state import CurrentState
+from gputopo.plan.planner import VFIO, ContainerTarget, Plan, pick_node
+from gputopo.plan.planner import plan as make_plan
+from gputopo.ports import HttpPort, Ports
+from gputopo.plan.render import p2p_must_be_disabled, parse_tp
+from gputopo.plan.spec import Container, Node, Spec
 
 Status = Literal["PASS", "WARN", "FAIL"]
 PASS: Status = "PASS"
@@ -158,7 +160,7 @@ def parse_gpu_rows(text: str) -> list[GpuRow]:
     --format=csv,noheader[,nounits]`` (with or without units or a header).
 
     Bus ids are normalised (``00000000:01:00.0`` -> ``0000:01:00.0``). Raises
-    :class:`gputopo.nvsmi.NvsmiParseError` for a line of another shape.
+    :class:`gputopo.errors.NvsmiParseError` for a line of another shape.
     """
     rows = []
     for r in parse_query_gpu(text, QUERY_FIELDS):
@@ -622,15 +624,48 @@ def _base_url(url: str) -> str:
     return m.group(1) if m else url.strip().rstrip("/")
 
 
-def endpoint_url(ctx: _Ctx, c: Container) -> str | None:
-    """The service's base URL: where a simulated host serves it, else the spec's health_url."""
-    recorded = ctx.ports.extra.get("endpoints", {}).get(c.vmid) if isinstance(ctx.ports.extra.get("endpoints"), dict) else None
-    recorded = recorded or ctx.ports.extra.get("endpoint")
-    if recorded:
-        return _base_url(str(recorded))
-    if c.service is not None and c.service.health_url:
-        return _base_url(c.service.health_url)
+DEFAULT_PORTS = {"sglang": 30000, "vllm": 8000}
+
+
+def service_port(command: str | None) -> int | None:
+    """The port the inference server listens on: its ``--port N`` (or ``--port=N``), else the
+    server's default (SGLang 30000, vLLM 8000); None for an unknown server without the flag."""
+    if command:
+        m = re.search(r"(?:^|\s)--port(?:=|\s+)(\d+)(?:\s|$)", command)
+        if m:
+            return int(m.group(1))
+    return DEFAULT_PORTS.get(_flavor(command) or "")
+
+
+def container_address(interfaces: list[dict[str, Any]]) -> str | None:
+    """The first IPv4 address of a container's non-loopback interface, from Proxmox's
+    ``GET .../lxc/{vmid}/interfaces`` (``inet`` is ``10.0.0.5/24``); None when it has none."""
+    for itf in interfaces or []:
+        if itf.get("name") == "lo":
+            continue
+        inet = str(itf.get("inet") or "")
+        if inet:
+            return inet.split("/", 1)[0]
     return None
+
+
+def endpoint_url(ctx: _Ctx, c: Container) -> tuple[str | None, str]:
+    """(the service's base URL, where it came from): the spec's ``health_url``; else the
+    container's address (Proxmox's interfaces of the running container) and the server's port.
+    (None, why) when neither is known."""
+    if c.service is not None and c.service.health_url:
+        return _base_url(c.service.health_url), "service.health_url"
+    command = ctx.service_command(c.vmid, c.service.unit) if c.service is not None else None
+    port = service_port(command)
+    if port is None:
+        return None, "no --port in the service's command (set service.health_url in the spec)"
+    try:
+        address = container_address(ctx.ports.proxmox.lxc_interfaces(c.vmid))
+    except GputopoError as e:
+        return None, f"cannot read the container's address ({e}); set service.health_url in the spec"
+    if address is None:
+        return None, "the container reports no IPv4 address (set service.health_url in the spec)"
+    return f"http://{address}:{port}", "container address and the service's port"
 
 
 def _within(seconds: float, work: Callable[[float], Any]) -> tuple[bool, Any, BaseException | None]:
@@ -653,33 +688,30 @@ def _within(seconds: float, work: Callable[[float], Any]) -> tuple[bool, Any, Ba
     return True, box.get("result"), box.get("error")
 
 
-def _probe(base: str, prompt: str, flavor: str | None) -> Callable[[float], dict[str, Any]]:
-    import requests
-
+def _probe(http: HttpPort, base: str, prompt: str, flavor: str | None) -> Callable[[float], dict[str, Any]]:
     def left(deadline: float) -> float:
         return max(0.01, deadline - time.monotonic())
 
     def work(deadline: float) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        s = requests.Session()
         model = "default"
         try:
-            r = s.get(f"{base}/v1/models", timeout=left(deadline))
+            r = http.request("GET", f"{base}/v1/models", timeout=left(deadline))
             if r.ok:
                 data = r.json().get("data") or []
                 if data and data[0].get("id"):
                     model = str(data[0]["id"])
-        except (requests.RequestException, ValueError, AttributeError):
+        except (HttpError, ValueError, AttributeError):
             pass  # the completion below reports what is wrong
         started = time.monotonic()
-        r = s.post(f"{base}/v1/chat/completions", timeout=left(deadline), json={
+        r = http.request("POST", f"{base}/v1/chat/completions", timeout=left(deadline), json={
             "model": model, "messages": [{"role": "user", "content": prompt}],
             "max_tokens": 64, "temperature": 0})
         out["latency_s"] = round(time.monotonic() - started, 3)
         out["model"] = model
-        out["status"] = r.status_code
+        out["status"] = r.status
         if not r.ok:
-            out["error"] = f"HTTP {r.status_code}: {r.text.strip()[:200]}"
+            out["error"] = f"HTTP {r.status}: {r.text.strip()[:200]}"
             return out
         try:
             out["content"] = str(r.json()["choices"][0]["message"]["content"])
@@ -689,19 +721,19 @@ def _probe(base: str, prompt: str, flavor: str | None) -> Callable[[float], dict
         kv = None
         if flavor in (None, "sglang") and kv is None:
             try:
-                rr = s.get(f"{base}/get_server_info", timeout=left(deadline))
+                rr = http.request("GET", f"{base}/get_server_info", timeout=left(deadline))
                 if rr.ok:
                     kv = parse_sglang_kv_tokens(rr.json())
                     out["kv_source"] = "sglang /get_server_info max_total_num_tokens"
-            except (requests.RequestException, ValueError):
+            except (HttpError, ValueError):
                 pass
         if flavor in (None, "vllm") and kv is None:
             try:
-                rr = s.get(f"{base}/metrics", timeout=left(deadline))
+                rr = http.request("GET", f"{base}/metrics", timeout=left(deadline))
                 if rr.ok:
                     kv = parse_vllm_kv_tokens(rr.text)
                     out["kv_source"] = "vllm /metrics num_gpu_blocks x block_size"
-            except requests.RequestException:
+            except HttpError:
                 pass
         out["kv_tokens"] = kv
         if kv is None:
@@ -709,23 +741,6 @@ def _probe(base: str, prompt: str, flavor: str | None) -> Callable[[float], dict
         return out
 
     return work
-
-
-_ERRNO_RE = re.compile(r"\[Errno -?\d+\] ([^'\")\]]+)")
-
-
-def http_reason(error: BaseException) -> str:
-    """A short reason for a failed HTTP request: ``timed out``, ``Connection refused`` (an
-    errno's text), ``connection closed without a reply``; the exception's class name otherwise."""
-    text, name = str(error), type(error).__name__
-    if "Timeout" in name or "timed out" in text.lower():
-        return "timed out"
-    m = _ERRNO_RE.search(text)
-    if m:
-        return m.group(1).strip()
-    if "Remote end closed connection" in text or "Connection aborted" in text:
-        return "connection closed without a reply"
-    return name
 
 
 def _flavor(command: str | None) -> str | None:
@@ -752,21 +767,25 @@ def check_inference(ctx: _Ctx) -> Check:
         t = ctx.target(c.vmid)
         if c.service is None or t is None or not t.gpus:
             continue
-        base = endpoint_url(ctx, c)
+        ct_state = ctx.current.containers.get(c.vmid) if ctx.current is not None else None
+        if ct_state is not None and ct_state.status != "running":
+            problems.append(f"CT {c.vmid} is not running: nothing can answer")
+            continue
+        base, source = endpoint_url(ctx, c)
         if base is None:
-            warnings.append(f"CT {c.vmid}: no endpoint URL (set service.health_url in the spec)")
+            warnings.append(f"CT {c.vmid}: no endpoint URL: {source}")
             continue
         command = ctx.service_command(c.vmid, c.service.unit)
         started = time.monotonic()
-        finished, out, error = _within(ctx.http_timeout, _probe(base, v.prompt, _flavor(command)))
+        finished, out, error = _within(ctx.http_timeout, _probe(ctx.ports.http, base, v.prompt, _flavor(command)))
         wall = round(time.monotonic() - started, 3)
-        d: dict[str, Any] = {"url": base, "wall_s": wall}
+        d: dict[str, Any] = {"url": base, "url_source": source, "wall_s": wall}
         details[str(c.vmid)] = d
         if not finished:
             problems.append(f"CT {c.vmid}: {base} gave no answer within {ctx.http_timeout:g} s")
             continue
         if error is not None:
-            reason = http_reason(error)
+            reason = error.reason if isinstance(error, HttpError) else type(error).__name__
             if reason == "timed out":
                 reason = f"no answer within {ctx.http_timeout:g} s"
             problems.append(f"CT {c.vmid}: {base}: {reason}")

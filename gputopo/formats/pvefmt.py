@@ -24,16 +24,7 @@ import re
 from dataclasses import dataclass, field
 from urllib.parse import quote, unquote
 
-from gputopo.errors import InputError
-
-
-class PveFormatError(InputError):
-    """A value does not follow a Proxmox format. ``what`` names the value or key."""
-
-    def __init__(self, what: str, reason: str):
-        self.what = what
-        self.reason = reason
-        super().__init__(f"{what}: {reason}")
+from gputopo.errors import PveFormatError
 
 
 def sha1_digest(text: str) -> str:

@@ -266,6 +266,10 @@ class ProxmoxClient:
     def qemu_config(self, vmid: int) -> dict[str, Any]:
         return self._call("GET", f"{self._n()}/qemu/{vmid}/config")
 
+    def lxc_interfaces(self, vmid: int) -> list[dict[str, Any]]:
+        """GET .../lxc/{vmid}/interfaces; [] for a stopped container (Proxmox answers null)."""
+        return self._call("GET", f"{self._n()}/lxc/{vmid}/interfaces") or []
+
     def mappings(self, check_node: str | None = None) -> list[dict[str, Any]]:
         """GET /cluster/mapping/pci (with ``checks`` per entry when ``check_node`` is set)."""
         params = {"check-node": check_node} if check_node else {}

@@ -27,19 +27,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gputopo.errors import InputError
-from gputopo.model import address_key, format_cpulist, normalize_address, parse_cpulist, slot_of
+from gputopo.errors import FixtureError
+from gputopo.model.facts import address_key, format_cpulist, normalize_address, parse_cpulist, slot_of
 from gputopo.resources import fixtures_dir
-from gputopo.spec import SpecError, format_validation_error, load_yaml
-
-
-class FixtureError(InputError):
-    """A host description is missing or invalid. Names the file or host and the problem."""
-
-    def __init__(self, where: str, problem: str):
-        self.where = where
-        self.problem = problem
-        super().__init__(f"{where}: {problem}")
+from gputopo.plan.spec import SpecError, format_validation_error, load_yaml
 
 
 # --- presets -----------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from typing import Any
 import jinja2
 
 from gputopo.errors import ConfigError
-from gputopo.pvefmt import validate_lxc_conf, validate_pci_cfg
+from gputopo.formats.pvefmt import validate_lxc_conf, validate_pci_cfg
 from gputopo.resources import templates_dir
 
 UDEV_RULES_PATH = "etc/udev/rules.d/90-gputopo-vfio.rules"
@@ -204,11 +204,11 @@ def _check_proxmox(path: str, template: str, problems: list[str]) -> None:
 
 
 def render(plan: Any, spec: Any = None, facts: Any = None, templates: str | None = None) -> dict[str, str]:
-    """Every file of ``plan`` (a :class:`gputopo.plan.Plan`): relative path -> text.
+    """Every file of ``plan`` (a :class:`gputopo.plan.planner.Plan`): relative path -> text.
 
     ``spec`` and ``facts`` are accepted for symmetry with the planner; the plan already carries
     what was derived from them. The Proxmox files are checked with Proxmox's parser rules
-    (:mod:`gputopo.pvefmt`). Raises ConfigError for a broken or missing user template, or one
+    (:mod:`gputopo.formats.pvefmt`). Raises ConfigError for a broken or missing user template, or one
     whose output Proxmox would not accept as written.
     """
     out: dict[str, str] = {}

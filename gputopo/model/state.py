@@ -1,0 +1,48 @@
+"""The current state the planner compares against: what Proxmox, the containers and the host files
+say now (read by :mod:`gputopo.facts.current`). Data only."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _M(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ServiceState(_M):
+    unit: str
+    active: bool = False
+    exec_start: str | None = Field(None, description="The unit's effective ExecStart command")
+    tp: int | None = None
+    dropin: str | None = Field(None, description="Current text of gputopo's drop-in; null when absent")
+
+
+class ContainerState(_M):
+    config: dict[str, Any] = Field(default_factory=dict, description="As GET .../lxc/{vmid}/config returns it")
+    status: Literal["running", "stopped"] = "stopped"
+    service: ServiceState | None = None
+
+
+class MappingState(_M):
+    map: list[str] = Field(default_factory=list)
+    description: str | None = None
+    digest: str | None = None
+
+
+class GuestState(_M):
+    status: Literal["running", "stopped"] = "stopped"
+    hostpci: list[str] = Field(default_factory=list)
+
+
+class CurrentState(_M):
+    """What Proxmox, the containers and the host files say now (read by gputopo.current)."""
+
+    containers: dict[int, ContainerState] = Field(default_factory=dict)
+    mappings: dict[str, MappingState] = Field(default_factory=dict)
+    guests: dict[int, GuestState] = Field(default_factory=dict)
+    files: dict[str, str | None] = Field(default_factory=dict, description="host path -> text (None: absent)")
+
+
