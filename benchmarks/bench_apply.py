@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gputopo.apply.run import Timeouts, apply
+from gputopo.apply import Timeouts, apply
 from gputopo.facts.discover import discover
 from gputopo.sim.host import SimHost
 from gputopo.plan.spec import init_spec, parse_spec

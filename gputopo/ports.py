@@ -107,6 +107,15 @@ class ProxmoxPort(Protocol):
     def mapping_delete(self, id: str) -> None: ...
 
 
+@dataclass(frozen=True)
+class FileMeta:
+    """A file's permission bits and owner."""
+
+    mode: int
+    uid: int
+    gid: int
+
+
 @runtime_checkable
 class HostFilesPort(Protocol):
     """Files on the host, relative to the root (``etc/udev/rules.d/...``)."""
@@ -117,11 +126,18 @@ class HostFilesPort(Protocol):
         """The file's text, or None when it does not exist."""
         ...
 
-    def write(self, path: str, content: str, mode: int = 0o644) -> None:
-        """Atomic replace (temp file, fsync, rename)."""
+    def meta(self, path: str) -> FileMeta | None:
+        """The file's mode and owner, or None when it does not exist."""
         ...
 
-    def remove(self, path: str) -> None: ...
+    def write(self, path: str, content: str, mode: int = 0o644, owner: tuple[int, int] | None = None) -> None:
+        """Atomic replace (temp file, fsync, rename) with ``mode`` and ``owner`` (uid, gid; None:
+        the writer's)."""
+        ...
+
+    def remove(self, path: str) -> None:
+        """Remove the file; one that is already gone is not an error."""
+        ...
 
 
 @dataclass

@@ -17,7 +17,9 @@ import pytest
 
 import applysim
 from applysim import template  # noqa: F401  (a fixture)
-from gputopo.apply.run import HostLock, PlainProgress, Timeouts, apply, parse_cgroup_container
+from gputopo.apply.lock import HostLock
+from gputopo.apply import PlainProgress, Timeouts, apply
+from gputopo.apply.preflight import parse_cgroup_container
 from gputopo.errors import HostChanged, PreflightFailed
 from gputopo.errors import LockHeld
 from gputopo.formats.pvefmt import parse_dev_value, parse_lxc_conf, parse_pci_cfg
@@ -89,8 +91,8 @@ def test_seed_split_applies_and_converges(host):
 
     j = Journal.load(res.journal)
     assert j.result == "applied" and find_unfinished(root) is None
-    assert len(j.header["actions"]) == len(res.plan.actions)
-    assert all(s["status"] == "done" for s in j.steps().values())
+    assert len(j.header.actions) == len(res.plan.actions)
+    assert all(s.status == "done" for s in j.steps().values())
 
     again = apply(spec, ports, root=root)
     assert again.status == "no-changes" and again.plan.is_empty
@@ -232,28 +234,37 @@ def test_lock_refuses_second_holder_naming_it(tmp_path):
 
 
 def test_concurrent_apply_refused_naming_the_first(host):
-    """Two real processes: the first is slowed in the stop window, the second is refused."""
-    from gputopo.sim import state
+    """Two real processes: the first is held inside its switch phase (an unbind that blocks until
+    the test releases it), the second is refused naming the first. No timing window: the test
+    waits for the first apply's journal to show the rebind began."""
+    from gputopo.apply.journal import Begin, Journal, list_journals
+    from gputopo.sim.kernel import SimKernel
 
-    state.write_state(host.paths.run, "latencies", {"service.stop": 1.5})
+    kernel = SimKernel(host.paths.root)
+    kernel.inject("0000:81:00.0", "unbind", "hang")
     spec_file = host.dir / "spec.yaml"
     spec_file.write_text(applysim.seed_spec_text(host))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # the hung unbind must outlast the second apply, however slow this machine is
     cmd = [sys.executable, "-m", "gputopo", "apply", "--spec", str(spec_file), "--sim", str(host.dir), "--yes",
-           "--no-verify"]
+           "--no-verify", "--timeout", "600"]
     first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
-        lock = host.paths.root / "run/lock/gputopo.lock"
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if lock.exists() and lock.read_text().startswith("pid"):
-                break
+        def rebind_begun() -> bool:
+            journals = list_journals(host.paths.root)
+            return bool(journals) and any(isinstance(r, Begin) and r.action.kind == "rebind"
+                                          for r in Journal.load(journals[-1]).records)
+
+        deadline = time.monotonic() + 120  # a bound on a broken test, not a measured window
+        while not rebind_begun() and first.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
-        second = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
+        assert first.poll() is None, first.stdout.read()
+        second = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
         assert second.returncode == 4, second.stderr
         assert f"pid {first.pid} " in second.stderr and "another apply holds" in second.stderr
     finally:
-        out, _ = first.communicate(timeout=60)
+        kernel.release()
+        out, _ = first.communicate(timeout=120)
     assert first.returncode == 0, out
 
 
@@ -280,7 +291,7 @@ def test_nothing_that_could_run_before_the_stop_runs_in_the_stop_window(host):
     assert phases == sorted(phases, key=["prepare", "stop", "switch", "config", "start"].index)
     # the run: every prepare step was done before the first stop began (journal order)
     recs = Journal.load(res.journal).records
-    order = [(r["type"], r["step"]) for r in recs if r["type"] in ("begin", "done")]
+    order = [(r.type, r.step) for r in recs if r.type in ("begin", "done")]
     stop_began = order.index(("begin", first_stop))
     assert {("done", i) for i in range(first_stop)} <= set(order[:stop_began])
     # plain progress: one line per begin and end, numbered against the plan
@@ -294,7 +305,7 @@ def test_nothing_that_could_run_before_the_stop_runs_in_the_stop_window(host):
 def test_cli_progress_is_plain_lines_off_a_terminal_and_rich_on_one(host, monkeypatch):
     from click.testing import CliRunner
 
-    from gputopo.apply.run import PlainProgress as Plain
+    from gputopo.apply import PlainProgress as Plain
     from gputopo.cli import cli
     from gputopo.cli import applycmd
 
@@ -390,7 +401,7 @@ def _reverse_spec_text(host) -> str:
 
 
 def test_reverse_split_gives_every_gpu_back_with_tp_8_and_verifies(host):
-    from gputopo.plan.planner import UpdateContainer
+    from gputopo.actions import UpdateContainer
     from gputopo.plan.spec import parse_spec
     from gputopo.verify.checks import verify
 
@@ -454,17 +465,22 @@ def test_reverse_split_failing_at_the_start_rolls_back_the_resolved_entries(host
 
 
 def test_resolve_devices_fills_free_indices_and_needs_every_minor():
-    from gputopo.plan.planner import UpdateContainer, resolve_devices
+    from gputopo.actions import UpdateContainer
+    from gputopo.formats.devn import resolve_devices
 
     cfg = {"dev0": "/dev/nvidia0,mode=0666", "dev1": "/dev/nvidiactl,mode=0666", "dev3": "/dev/nvidia9,mode=0666",
            "digest": "x"}
     upd = UpdateContainer(vmid=101, set={"dev2": "/dev/nvidia1,mode=0666"}, delete=["dev3"],
                           resolve=["0000:81:00.0", "0000:91:00.0"], dev_mode="0666")
-    got = resolve_devices(cfg, upd, {"0000:81:00.0": 4, "0000:91:00.0": 0})
+
+    def resolve(minors):
+        return resolve_devices(cfg, upd.set, upd.delete, upd.resolve, upd.dev_gid, upd.dev_mode, minors)
+
+    got = resolve({"0000:81:00.0": 4, "0000:91:00.0": 0})
     # minor 0 is already mapped; minor 4 takes dev3, freed by the delete
     assert got == {"dev3": "/dev/nvidia4,mode=0666"}
     with pytest.raises(KeyError, match="0000:91:00.0"):
-        resolve_devices(cfg, upd, {"0000:81:00.0": 4, "0000:91:00.0": None})
+        resolve({"0000:81:00.0": 4, "0000:91:00.0": None})
 
 
 # --- apply ends with verify ----------------------------------------------------------------------
@@ -491,7 +507,7 @@ def test_cli_apply_ends_with_verify_and_rolls_back_on_its_failure(host):
     assert "verification failed; rolling back" in res.output
     assert applysim.diff(before, applysim.fingerprint(host)) == []
     end = Journal.load(list_journals(host.paths.root)[-1]).records[-1]
-    assert end["result"] == "rolled-back" and end["reason"] == "verify"
+    assert end.result == "rolled-back" and end.reason == "verify"
 
     # without the flag the split stays and the exit code still says verification failed
     res = CliRunner().invoke(cli, args)

@@ -20,7 +20,7 @@ import pytest
 
 import applysim
 from applysim import template  # noqa: F401  (a fixture)
-from gputopo.apply.run import Timeouts, apply, read_and_plan
+from gputopo.apply import Timeouts, apply, read_and_plan
 from gputopo.errors import UnfinishedApply
 from gputopo.errors import ApplyFailed, ExecError, JournalError
 from gputopo.apply.journal import JOURNAL_DIR, find_unfinished, list_journals, parse_journal
@@ -59,10 +59,13 @@ class ReadOnlyFiles:
     def read(self, path):
         return self.inner.read(path)
 
-    def write(self, path, content, mode=0o644):
+    def meta(self, path):
+        return self.inner.meta(path)
+
+    def write(self, path, content, mode=0o644, owner=None):
         if path == self.path:
             raise OSError(errno.EROFS, os.strerror(errno.EROFS), path)
-        self.inner.write(path, content, mode)
+        self.inner.write(path, content, mode, owner)
 
     def remove(self, path):
         if path == self.path:
@@ -183,7 +186,7 @@ def test_every_step_failing_rolls_back_byte_for_byte(template, new_host):
         assert applysim.diff(before, got) == [], (i, a.describe())
         j = list_journals(host.paths.root)[-1]
         recs = parse_journal(j.read_text())
-        assert recs[-1]["type"] == "end" and recs[-1]["result"] == "rolled-back"
+        assert recs[-1].type == "end" and recs[-1].result == "rolled-back"
         assert find_unfinished(host.paths.root) is None
         host.stop()
 
@@ -210,10 +213,10 @@ def test_hanging_write_names_the_device_and_rolls_back_the_rest(new_host):
     journal = list_journals(host.paths.root)[-1]
     recs = parse_journal(journal.read_text())
     # the journal stays open: its last word names the device and the undo still to do
-    assert recs[-1]["type"] == "needs-human" and recs[-1]["needs_human"] == [hung]
-    hung_steps = [r["step"] for r in recs if r["type"] == "failed" and r.get("error_type") == "SysfsTimeout"]
-    assert hung_steps and set(hung_steps) <= set(recs[-1]["pending"])
-    assert not [r for r in recs if r["type"] == "end"]
+    assert recs[-1].type == "needs-human" and recs[-1].needs_human == [hung]
+    hung_steps = [r.step for r in recs if r.type == "failed" and r.error_type == "SysfsTimeout"]
+    assert hung_steps and set(hung_steps) <= set(recs[-1].pending)
+    assert not [r for r in recs if r.type == "end"]
     assert find_unfinished(host.paths.root).path == journal
 
     # the next apply refuses, naming the journal and the way out
@@ -238,7 +241,7 @@ def test_hanging_write_names_the_device_and_rolls_back_the_rest(new_host):
     assert main_exit in (None, 0)
     assert applysim.diff(before, applysim.fingerprint(host)) == []
     recs = parse_journal(journal.read_text())
-    assert recs[-1]["type"] == "end" and recs[-1]["result"] == "rolled-back"
+    assert recs[-1].type == "end" and recs[-1].result == "rolled-back"
     assert find_unfinished(host.paths.root) is None
 
 
@@ -267,8 +270,8 @@ def _begun(root: Path) -> set[int]:
     for p in d.glob("*.jsonl"):
         try:
             for r in parse_journal(p.read_text()):
-                if r["type"] == "begin":
-                    out.add(r["step"])
+                if r.type == "begin":
+                    out.add(r.step)
         except JournalError:
             pass
     return out

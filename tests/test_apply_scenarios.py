@@ -22,7 +22,7 @@ import pytest
 
 import applysim
 from applysim import template  # noqa: F401  (a fixture)
-from gputopo.apply.run import Progress, Timeouts, apply
+from gputopo.apply import Progress, Timeouts, apply
 from gputopo.errors import PreflightFailed
 from gputopo.errors import ApplyFailed
 from gputopo.apply.journal import find_unfinished, list_journals, parse_journal
@@ -298,10 +298,10 @@ def test_gpu_falling_off_the_bus_is_named_for_a_human_and_the_rest_rolled_back(n
     assert not [k for k in after if k.startswith("etc:") and k not in before]
     journal = list_journals(host.paths.root)[-1]
     recs = parse_journal(journal.read_text())
-    assert recs[-1]["type"] == "needs-human" and recs[-1]["needs_human"] == [gone]
-    assert [r for r in recs if r["type"] == "undo-incomplete" and r["devices"] == [gone]]
+    assert recs[-1].type == "needs-human" and recs[-1].needs_human == [gone]
+    assert [r for r in recs if r.type == "undo-incomplete" and r.devices == [gone]]
     # no undo blamed the missing device with a raw errno: it was recognised as gone
-    assert not [r for r in recs if r["type"] == "undo-failed" and "drivers_probe" in r.get("error", "")]
+    assert not [r for r in recs if r.type == "undo-failed" and "drivers_probe" in r.error]
 
     # while the device stays gone, recover keeps the journal open and names it (exit 3)
     from gputopo.cli import main
@@ -312,11 +312,11 @@ def test_gpu_falling_off_the_bus_is_named_for_a_human_and_the_rest_rolled_back(n
     err_lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("gputopo: error:")]
     assert len(err_lines) == 1 and f"needs a human: {gone}" in err_lines[0] and str(journal) in err_lines[0]
     recs = parse_journal(journal.read_text())
-    assert recs[-1]["type"] == "needs-human" and recs[-1]["needs_human"] == [gone]
+    assert recs[-1].type == "needs-human" and recs[-1].needs_human == [gone]
     assert find_unfinished(host.paths.root).path == journal
     assert applysim.fingerprint(host) == after  # retrying changed nothing else
     # half of it is undone: finishing forward from there is refused, the journal untouched
-    from gputopo.apply.run import recover
+    from gputopo.apply import recover
     from gputopo.errors import JournalError
 
     n = len(recs)
@@ -419,7 +419,7 @@ def _journal_has_begun(root: Path, phase: str) -> bool:
             recs = parse_journal(p.read_text())
         except Exception:
             continue
-        if any(r["type"] == "begin" and r["phase"] == phase for r in recs):
+        if any(r.type == "begin" and r.action.phase == phase for r in recs):
             return True
     return False
 

@@ -10,7 +10,8 @@ from click.testing import CliRunner
 from gputopo.facts.current import config_from_lxc_text, parse_systemctl_show, read_current
 from gputopo.plan.diff import diff
 from gputopo.adapters.hostfiles import RealHostFiles
-from gputopo.plan.planner import UpdateContainer, expected_after, plan
+from gputopo.actions import UpdateContainer
+from gputopo.plan.planner import expected_after, plan
 from gputopo.ports import ExecResult
 from gputopo.formats.pvefmt import parse_lxc_conf, write_lxc_conf
 from gputopo.plan.render import PERSISTENCE_PATHS, render

@@ -13,7 +13,9 @@ import pytest
 from gputopo.facts.discover import discover
 from gputopo.errors import PlanRefused
 from gputopo.model.state import ContainerState, CurrentState, MappingState, ServiceState
-from gputopo.plan.planner import expected_after, format_dev, map_entry, plan
+from gputopo.plan.planner import expected_after, plan
+from gputopo.formats.devn import format_dev
+from gputopo.plan.mappings import map_entry
 from gputopo.formats.pvefmt import validate_lxc_conf, validate_pci_cfg
 from gputopo.plan.render import render
 from gputopo.plan.spec import parse_spec, spec_from_split

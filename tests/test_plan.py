@@ -11,7 +11,10 @@ from hypothesis import strategies as st
 from gputopo.errors import PlanRefused
 from gputopo.model.facts import Facts, GroupMember, Gpu, HostFacts, MemberRole, Modules, NumaNode
 from gputopo.model.state import ContainerState, CurrentState, GuestState, MappingState, ServiceState
-from gputopo.plan.planner import Rebind, SetMapping, StopGuest, UpdateContainer, WriteServiceDropin, expected_after, format_dev, map_entry, plan
+from gputopo.actions import Rebind, SetMapping, StopGuest, UpdateContainer, WriteServiceDropin
+from gputopo.plan.planner import expected_after, plan
+from gputopo.formats.devn import format_dev
+from gputopo.plan.mappings import map_entry
 from gputopo.plan.spec import Spec, parse_spec, spec_from_split
 
 SEED_NUMA = {"01": 0, "11": 0, "61": 0, "71": 0, "81": 1, "91": 1, "e1": 1, "f1": 1}

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from gputopo.errors import ConfigError
-from gputopo.plan.planner import WriteHostFile, WriteServiceDropin, plan
+from gputopo.actions import WriteHostFile, WriteServiceDropin
+from gputopo.plan.planner import plan
 from gputopo.formats.pvefmt import parse_pci_cfg, validate_lxc_conf, validate_pci_cfg
 from gputopo.plan.render import (
     parse_tp,

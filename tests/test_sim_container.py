@@ -416,7 +416,7 @@ def _host_procs(root: Path) -> dict[int, dict]:
 
 
 def test_service_processes_show_in_host_proc(sx):
-    from gputopo.apply.run import parse_cgroup_container
+    from gputopo.apply.preflight import parse_cgroup_container
     from gputopo.facts.discover import find_holders
 
     root = sx.paths.root

@@ -278,7 +278,7 @@ def test_unbind_waits_for_the_running_container_to_stop(tmp_path):
     blocks an unbind of a GPU the container serves on until Proxmox stops the container."""
     import threading
 
-    from gputopo.apply.run import parse_cgroup_container
+    from gputopo.apply.preflight import parse_cgroup_container
     from gputopo.facts.discover import find_holders
     from gputopo.sim.kernel import SimKernel
 
@@ -394,7 +394,7 @@ def sim_copy(template):
     made = []
 
     def make(split: bool) -> SimHost:
-        from gputopo.apply.run import Timeouts, apply
+        from gputopo.apply import Timeouts, apply
 
         base = Path(tempfile.mkdtemp(prefix="gputopo-pt-", dir=applysim.fast_tmp()))
         host = applysim.copy_host(template, base / "sim")

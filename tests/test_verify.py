@@ -212,7 +212,7 @@ def test_report_ok_and_strict():
 def _converge(ports, spec, root: str) -> None:
     """Apply the spec with gputopo's own apply (verify as its last step), then check that a
     fresh plan is empty."""
-    from gputopo.apply.run import apply
+    from gputopo.apply import apply
 
     result = apply(spec, ports, root=root, verify=lambda: verify(spec, ports, root=root))
     assert result.status == "applied", result

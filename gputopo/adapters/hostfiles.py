@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from pathlib import Path
+
+from gputopo.ports import FileMeta
 
 
 class RealHostFiles:
@@ -26,8 +29,17 @@ class RealHostFiles:
         except FileNotFoundError:
             return None
 
-    def write(self, path: str, content: str, mode: int = 0o644) -> None:
-        """Replace the file atomically: temp file in the same directory, fsync, rename, fsync dir."""
+    def meta(self, path: str) -> FileMeta | None:
+        """The file's mode bits and owner, or None when it does not exist."""
+        try:
+            st = self._path(path).stat()
+        except FileNotFoundError:
+            return None
+        return FileMeta(mode=stat.S_IMODE(st.st_mode), uid=st.st_uid, gid=st.st_gid)
+
+    def write(self, path: str, content: str, mode: int = 0o644, owner: tuple[int, int] | None = None) -> None:
+        """Replace the file atomically: temp file in the same directory, fsync, rename, fsync dir.
+        ``owner`` (uid, gid) is set before the rename, so the file never shows another owner."""
         target = self._path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
@@ -37,6 +49,8 @@ class RealHostFiles:
                 f.flush()
                 os.fsync(f.fileno())
             os.chmod(tmp, mode)
+            if owner is not None:
+                os.chown(tmp, owner[0], owner[1])
             os.replace(tmp, target)
         except BaseException:
             if os.path.exists(tmp):

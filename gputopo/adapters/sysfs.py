@@ -243,11 +243,13 @@ class Binder:
     def restore(self, previous: dict[str, MemberState] | dict[str, str | None]) -> None:
         """Undo :meth:`move_group`: put every member back on its previous driver and override.
 
-        ``previous`` is what move_group returned, or plain address -> driver (no override).
+        ``previous`` is what move_group returned (or anything with ``driver`` and ``override``),
+        or plain address -> driver (no override).
         Members that had no driver are unbound. Raises like :meth:`move_group`.
         """
         previous = {
-            normalize_address(m): st if isinstance(st, MemberState) else MemberState(st, None)
+            normalize_address(m): (MemberState(st.driver, st.override) if hasattr(st, "driver")
+                                   else MemberState(st, None))
             for m, st in previous.items()
         }
         by_target: dict[str | None, list[str]] = {}

@@ -1,63 +1,187 @@
-"""The apply journal: one JSONL file per apply, durable record by record (orchestration layer).
+"""The apply journal: one JSONL file per apply, durable record by record, every record a typed model.
 
-``<root>/var/lib/gputopo/journal/<UTC timestamp>-<pid>.jsonl`` holds, one JSON object a line:
+``<root>/var/lib/gputopo/journal/<UTC timestamp>-<pid>.jsonl`` holds one JSON object a line:
 
-* ``header`` -- spec path and SHA-256, the planned actions (as data), a facts summary, pid,
-  command and start time;
-* ``begin``  -- step index, the action, and ``before``: the state the step changes, complete
+* :class:`Header` -- format version, spec path and SHA-256, the planned actions, a facts summary,
+  what ran before, pid, command and start time;
+* :class:`Begin` -- step index, the action, and ``before``: the state the step changes, complete
   enough to undo the step from the journal alone (a later process, after a crash);
-* ``done`` / ``failed`` (with the error) per step;
-* ``undo-begin`` / ``undo-done`` / ``undo-failed`` per step during a rollback or recovery, and
-  ``undo-incomplete`` for a step whose undo had to leave a device alone (a write hung there, or
-  it fell off the bus);
-* ``needs-human`` -- a rollback that could not complete: ``needs_human`` (the devices) and
-  ``pending`` (the steps whose undo did not complete). It does NOT end the journal: the next
-  apply refuses until ``gputopo recover`` retries those undos and ends it;
-* ``end`` -- ``applied`` or ``rolled-back`` (journals written by earlier versions may also end
-  in ``needs-human``).
+* :class:`Done` / :class:`Failed` per step;
+* :class:`UndoBegin` / :class:`UndoDone` / :class:`UndoFailed` per step during a rollback or
+  recovery, and :class:`UndoIncomplete` for a step whose undo had to leave a device alone (a
+  write hung there, or it fell off the bus);
+* :class:`ServiceChanged` -- an undo put back a service's drop-in: the service must be restarted
+  with its old configuration, even by a later process after a crash;
+* :class:`RestartFailed` -- what ran before could not be started again;
+* :class:`NeedsHuman` -- a rollback that could not complete: the devices and the steps whose
+  undo did not complete. It does NOT end the journal: the next apply refuses until
+  ``gputopo recover`` retries those undos and ends it;
+* :class:`Verifying` -- every step is done and the verification that may roll the apply back
+  runs (``--rollback-on-verify-failure``); a crash here leaves an apply that finished;
+* :class:`Recover` -- a recovery began (its mode);
+* :class:`End` -- ``applied`` or ``rolled-back``.
 
 Every record is appended, flushed and fsynced (the file, and the directory when the file is
 created), so after a SIGKILL or a power cut the journal shows every step that may have begun.
-A journal without ``end`` belongs to an apply that did not finish: :func:`find_unfinished`.
+A journal without ``End`` belongs to an apply that did not finish: :func:`find_unfinished`.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, Union
 
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from gputopo.actions import Action
 from gputopo.errors import JournalError, UnfinishedApply
 
 JOURNAL_DIR = "var/lib/gputopo/journal"
-END_STATES = ("applied", "rolled-back", "needs-human")
+VERSION = 2
 
 
-def parse_journal(text: str, name: str = "<journal>") -> list[dict[str, Any]]:
-    """The records of a journal's text, in order.
+class _Rec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    t: float = Field(default_factory=time.time)
+
+
+class RunningBeforeRec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    guests: dict[str, str] = Field(default_factory=dict)  # "lxc/101" -> running | stopped
+    services: dict[str, str] = Field(default_factory=dict)  # "101/sglang.service" -> active | inactive
+
+
+class Header(_Rec):
+    type: Literal["header"] = "header"
+    version: int = VERSION
+    pid: int
+    started: float
+    argv: list[str] = Field(default_factory=list)
+    spec: str | None = None
+    spec_sha256: str | None = None
+    node: str | None = None
+    actions: list[Action] = Field(default_factory=list)
+    facts: dict[str, Any] = Field(default_factory=dict)
+    running_before: RunningBeforeRec = Field(default_factory=RunningBeforeRec)
+
+
+class Begin(_Rec):
+    type: Literal["begin"] = "begin"
+    step: int
+    action: Action
+    before: Any  # the action's Before model as data (ActionModel.load_before reads it back)
+
+
+class Done(_Rec):
+    type: Literal["done"] = "done"
+    step: int
+    seconds: float
+
+
+class Failed(_Rec):
+    type: Literal["failed"] = "failed"
+    step: int
+    error: str
+    error_type: str
+    begun: bool = True  # False: reading the before-state failed, nothing was changed
+    devices: list[str] = Field(default_factory=list)  # devices on which a write hung
+
+
+class UndoBegin(_Rec):
+    type: Literal["undo-begin"] = "undo-begin"
+    step: int
+
+
+class UndoDone(_Rec):
+    type: Literal["undo-done"] = "undo-done"
+    step: int
+    what: str = ""
+
+
+class UndoFailed(_Rec):
+    type: Literal["undo-failed"] = "undo-failed"
+    step: int
+    error: str
+
+
+class UndoIncomplete(_Rec):
+    type: Literal["undo-incomplete"] = "undo-incomplete"
+    step: int
+    what: str = ""
+    devices: list[str] = Field(default_factory=list)
+
+
+class ServiceChanged(_Rec):
+    type: Literal["service-changed"] = "service-changed"
+    vmid: int
+
+
+class RestartFailed(_Rec):
+    type: Literal["restart-failed"] = "restart-failed"
+    what: str
+    error: str
+
+
+class NeedsHuman(_Rec):
+    type: Literal["needs-human"] = "needs-human"
+    needs_human: list[str] = Field(default_factory=list)
+    pending: list[int] = Field(default_factory=list)
+    reason: str | None = None
+
+
+class Verifying(_Rec):
+    type: Literal["verifying"] = "verifying"
+
+
+class Recover(_Rec):
+    type: Literal["recover"] = "recover"
+    mode: Literal["rollback", "finish"]
+    pid: int
+
+
+class End(_Rec):
+    type: Literal["end"] = "end"
+    result: Literal["applied", "rolled-back"]
+    reason: str | None = None
+    verify: str | None = None
+
+
+Record = Annotated[
+    Union[Header, Begin, Done, Failed, UndoBegin, UndoDone, UndoFailed, UndoIncomplete, ServiceChanged,
+          RestartFailed, NeedsHuman, Verifying, Recover, End],
+    Field(discriminator="type"),
+]
+_RECORD: TypeAdapter[Any] = TypeAdapter(Record)
+
+
+def parse_journal(text: str, name: str = "<journal>") -> list[Any]:
+    """The typed records of a journal's text, in order.
 
     A last line without its newline is a record cut short by a crash and is dropped; any other
-    line that is not a JSON object raises :class:`JournalError` naming the file and line.
+    line that is not a valid record raises :class:`JournalError` naming the file and line.
     """
-    records: list[dict[str, Any]] = []
+    records: list[Any] = []
     lines = text.split("\n")
     for i, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
+            rec = _RECORD.validate_json(line)
+        except ValidationError as e:
             if i == len(lines):  # torn final write
                 break
-            raise JournalError(f"{name}:{i}: not a JSON record") from None
-        if not isinstance(rec, dict) or "type" not in rec:
-            raise JournalError(f"{name}:{i}: record without a type")
+            first = e.errors()[0]
+            where = ".".join(str(x) for x in first["loc"])
+            raise JournalError(f"{name}:{i}: not a journal record ({where}: {first['msg']})") from None
         records.append(rec)
-    if records and records[0]["type"] != "header":
-        raise JournalError(f"{name}: first record is {records[0]['type']!r}, not the header")
+    if records and not isinstance(records[0], Header):
+        raise JournalError(f"{name}: first record is {records[0].type!r}, not the header")
     return records
 
 
@@ -73,10 +197,20 @@ def _utc_stamp(t: float) -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(t))
 
 
+@dataclass
+class Step:
+    """One step as the journal tells it: the action, its first before-state, the last word on it
+    (begun, done, failed, undo-begin, undo-done, undo-failed, undo-incomplete)."""
+
+    action: Any
+    before: Any
+    status: str
+
+
 class Journal:
     """One apply's journal file. Build with :meth:`create` (a new apply) or :meth:`load`."""
 
-    def __init__(self, path: Path, records: list[dict[str, Any]]):
+    def __init__(self, path: Path, records: list[Any]):
         self.path = Path(path)
         self.records = records
         self._lock = threading.Lock()
@@ -84,21 +218,21 @@ class Journal:
     # --- creation and loading ----------------------------------------------------------------
 
     @classmethod
-    def create(cls, root: str | os.PathLike, header: dict[str, Any]) -> Journal:
+    def create(cls, root: str | os.PathLike, header: Header) -> Journal:
         """Start a journal under ``root`` with ``header`` as its first record; returns it.
 
         Raises OSError when the journal directory cannot be written (nothing was changed yet).
         """
         d = Path(root) / JOURNAL_DIR
         d.mkdir(parents=True, exist_ok=True)
-        now = time.time()
-        path = d / f"{_utc_stamp(now)}-{os.getpid()}.jsonl"
+        now = header.started
+        path = d / f"{_utc_stamp(now)}-{header.pid}.jsonl"
         n = 1
         while path.exists():  # two applies in one second from one pid (tests)
-            path = d / f"{_utc_stamp(now)}-{os.getpid()}.{n}.jsonl"
+            path = d / f"{_utc_stamp(now)}-{header.pid}.{n}.jsonl"
             n += 1
         j = cls(path, [])
-        j.append("header", pid=os.getpid(), started=now, **header)
+        j.append(header)
         _fsync_dir(d)
         return j
 
@@ -117,10 +251,9 @@ class Journal:
 
     # --- writing -------------------------------------------------------------------------------
 
-    def append(self, type: str, **fields: Any) -> dict[str, Any]:
+    def append(self, rec: Any) -> Any:
         """Append one record durably (write, flush, fsync) and return it. Thread-safe."""
-        rec = {"type": type, "t": time.time(), **fields}
-        line = json.dumps(rec, sort_keys=True, default=str) + "\n"
+        line = rec.model_dump_json() + "\n"
         with self._lock:
             with open(self.path, "a") as f:
                 f.write(line)
@@ -132,71 +265,83 @@ class Journal:
     # --- reading -------------------------------------------------------------------------------
 
     @property
-    def header(self) -> dict[str, Any]:
+    def header(self) -> Header:
         return self.records[0]
 
     @property
     def result(self) -> str | None:
-        """The ``end`` record's result, or None while unfinished."""
+        """The ``End`` record's result, or None while unfinished."""
         for r in reversed(self.records):
-            if r["type"] == "end":
-                return r.get("result")
+            if isinstance(r, End):
+                return r.result
         return None
 
     @property
     def finished(self) -> bool:
         return self.result is not None
 
-    def steps(self) -> dict[int, dict[str, Any]]:
-        """Step index -> {"action", "before", "status"}: ``status`` is the last word on the step
-        (begun, done, failed, undo-begin, undo-done, undo-failed)."""
-        out: dict[int, dict[str, Any]] = {}
+    def of(self, kind: type) -> list[Any]:
+        """Every record of type ``kind``, in order."""
+        return [r for r in self.records if isinstance(r, kind)]
+
+    def steps(self) -> dict[int, Step]:
+        """Step index -> :class:`Step`. A step begun again (recover --finish) keeps its first
+        before-state: the original."""
+        out: dict[int, Step] = {}
         for r in self.records:
-            if r["type"] == "begin":
-                # a step begun again (recover --finish) keeps its first before-state: the original
-                first = out.get(r["step"], {}).get("before", r.get("before"))
-                out[r["step"]] = {"action": r["action"], "before": first, "status": "begun"}
-            elif r["type"] in ("done", "failed", "undo-begin", "undo-done", "undo-failed",
-                               "undo-incomplete") and r.get("step") in out:
-                out[r["step"]]["status"] = {"done": "done", "failed": "failed"}.get(r["type"], r["type"])
-                if r["type"] == "done" and "after" in r:
-                    out[r["step"]]["after"] = r["after"]
+            if isinstance(r, Begin):
+                first = out[r.step].before if r.step in out else r.before
+                out[r.step] = Step(action=r.action, before=first, status="begun")
+            elif isinstance(r, (Done, Failed, UndoBegin, UndoDone, UndoFailed, UndoIncomplete)) and r.step in out:
+                out[r.step].status = r.type
         return out
 
     @property
-    def needs_human(self) -> dict[str, Any] | None:
-        """The ``needs-human`` record when it is the journal's last word (a rollback that could not
+    def needs_human(self) -> NeedsHuman | None:
+        """The ``NeedsHuman`` record when it is the journal's last word (a rollback that could not
         complete and that no later recover has settled), else None."""
         for r in reversed(self.records):
-            if r["type"] in ("needs-human", "end", "recover"):
-                return r if r["type"] == "needs-human" else None
+            if isinstance(r, (NeedsHuman, End, Recover)):
+                return r if isinstance(r, NeedsHuman) else None
         return None
+
+    @property
+    def verifying(self) -> bool:
+        """True when every step was done and only the verification was running."""
+        return any(isinstance(r, Verifying) for r in self.records)
+
+    def services_to_restart(self) -> set[int]:
+        """Containers whose service drop-in an undo put back (from any process)."""
+        return {r.vmid for r in self.records if isinstance(r, ServiceChanged)}
+
+    def begun(self) -> list[int]:
+        """Indices of steps that began (whatever happened after), in the order they began."""
+        return [r.step for r in self.records if isinstance(r, Begin)]
 
     def pending_undo(self) -> list[int]:
         """Indices of begun steps whose undo has not completed, in the order they began."""
         steps = self.steps()
-        return [i for i in dict.fromkeys(self.begun()) if steps[i]["status"] != "undo-done"]
+        return [i for i in dict.fromkeys(self.begun()) if steps[i].status != "undo-done"]
 
-    def begun(self) -> list[int]:
-        """Indices of steps that began (whatever happened after), in the order they began."""
-        return [r["step"] for r in self.records if r["type"] == "begin"]
+    def hung_devices(self) -> set[str]:
+        """Devices on which a write of this apply hung (the worker may still be blocked there)."""
+        return {d for r in self.records if isinstance(r, Failed) for d in r.devices}
+
+    def describe(self) -> str:
+        """One line: the file, the pid and start time of the apply that wrote it, its progress."""
+        h = self.header
+        started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(h.started))
+        steps = self.steps()
+        done = sum(1 for s in steps.values() if s.status == "done")
+        return (f"{self.path} (pid {h.pid}, started {started}, {len(steps)} of "
+                f"{len(h.actions)} step(s) begun, {done} done)")
 
     def unfinished_error(self) -> UnfinishedApply:
         """The error that refuses a new apply while this journal is open."""
         nh = self.needs_human
         if nh is None:
             return UnfinishedApply(str(self.path), self.describe())
-        return UnfinishedApply(str(self.path), self.describe(), list(nh.get("needs_human") or []),
-                               list(nh.get("pending") or []))
-
-    def describe(self) -> str:
-        """One line: the file, the pid and start time of the apply that wrote it, its progress."""
-        h = self.header
-        started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(h.get("started", 0)))
-        steps = self.steps()
-        done = sum(1 for s in steps.values() if s["status"] == "done")
-        return (f"{self.path} (pid {h.get('pid')}, started {started}, {len(steps)} of "
-                f"{len(h.get('actions', []))} step(s) begun, {done} done)")
+        return UnfinishedApply(str(self.path), self.describe(), list(nh.needs_human), list(nh.pending))
 
 
 def list_journals(root: str | os.PathLike) -> list[Path]:
@@ -204,6 +349,7 @@ def list_journals(root: str | os.PathLike) -> list[Path]:
     d = Path(root) / JOURNAL_DIR
     if not d.is_dir():
         return []
+
     def key(p: Path) -> tuple[str, int, str]:
         # "<stamp>-<pid>.jsonl", then "<stamp>-<pid>.<n>.jsonl" for later ones in that second
         parts = p.name[: -len(".jsonl")].split(".")
@@ -213,7 +359,7 @@ def list_journals(root: str | os.PathLike) -> list[Path]:
 
 
 def find_unfinished(root: str | os.PathLike) -> Journal | None:
-    """The newest journal under ``root`` without an ``end`` record, or None.
+    """The newest journal under ``root`` without an ``End`` record, or None.
 
     Raises JournalError when such a journal cannot be parsed (a human must look at it).
     """

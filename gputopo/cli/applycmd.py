@@ -19,7 +19,7 @@ from gputopo.cli.params import Finite
 
 
 def _progress(stream=None):
-    from gputopo.apply.run import PlainProgress
+    from gputopo.apply import PlainProgress
 
     if not sys.stdout.isatty():
         return PlainProgress(stream)
@@ -93,7 +93,7 @@ def apply(spec_file: str, conn: Connection, dry_run: bool, yes: bool, sysfs_time
     Exit codes: 0 applied (or no changes), 1 failed and rolled back, 2 refused before anything
     changed, 3 a device needs a human, 4 another apply holds the lock.
     """
-    from gputopo.apply.run import Timeouts, apply as run_apply
+    from gputopo.apply import Timeouts, apply as run_apply
     from gputopo.plan.spec import load_spec
 
     spec = load_spec(spec_file)
@@ -156,13 +156,13 @@ def recover(conn: Connection, finish: bool, sysfs_timeout: float) -> None:
     Exit codes: 0 settled (or nothing to recover), 1 a step failed (rolled back where it could),
     2 bad input, 3 a device needs a human, 4 an apply holds the lock.
     """
-    from gputopo.apply.run import Timeouts, recover as run_recover
+    from gputopo.apply import Timeouts, recover as run_recover
 
     from gputopo.apply.journal import find_unfinished
 
     root = host_root(conn)
     unfinished = find_unfinished(root)
-    ports = build_ports(conn, default_node=unfinished.header.get("node") if unfinished else None)
+    ports = build_ports(conn, default_node=unfinished.header.node if unfinished else None)
     try:
         result = run_recover(ports, root=root, finish=finish, progress=_progress(), timeouts=Timeouts(sysfs=sysfs_timeout))
     finally:

@@ -29,7 +29,7 @@ def demo(workdir: str | None, source: str, pace: float) -> None:
     """Split the simulated seed host's GPUs by NUMA node: discover, plan, apply, verify."""
     from rich.rule import Rule
 
-    from gputopo.apply.run import Timeouts
+    from gputopo.apply import Timeouts
     from gputopo.cli.applycmd import _progress
     from gputopo.cli.discover import print_facts
     from gputopo.cli.output import console

@@ -48,7 +48,7 @@ def _quick_spec(facts, **options):
     """The spec of quick mode (``--split`` and its options). Raises ConfigError naming the
     option whose value the spec refuses, SpecError when the host cannot be split that way."""
     from gputopo.errors import ConfigError, SpecError
-    from gputopo.plan.planner import pick_node
+    from gputopo.plan.select import pick_node
     from gputopo.plan.spec import spec_from_split
 
     try:

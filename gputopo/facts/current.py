@@ -22,7 +22,7 @@ from typing import Any
 from gputopo.errors import ExecError, ProxmoxError
 from gputopo.model.facts import Facts
 from gputopo.model.state import ContainerState, CurrentState, GuestState, MappingState, ServiceState
-from gputopo.plan.planner import pick_node
+from gputopo.plan.select import pick_node
 from gputopo.ports import ExecPort, HostFilesPort, ProxmoxPort
 from gputopo.formats.pvefmt import parse_lxc_conf, parse_pci_cfg, sha1_digest
 from gputopo.plan.render import PERSISTENCE_PATHS, dropin_path, parse_tp

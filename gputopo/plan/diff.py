@@ -13,14 +13,17 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gputopo.actions import DiffContext
+from gputopo.formats.devn import dev_entries, dev_sort, is_nvidia_dev
 from gputopo.model.facts import Facts
 from gputopo.model.state import CurrentState
-from gputopo.plan.planner import DEV_KEY, DeleteMapping, Plan, Rebind, RemoveHostFile, SetMapping, UpdateContainer, WriteHostFile, WriteServiceDropin, current_nvidia_lxc, dev_sort, is_nvidia_dev
+from gputopo.plan.devices import current_nvidia_lxc
+from gputopo.plan.model import Plan
 from gputopo.plan.planner import plan as make_plan
-from gputopo.plan.render import dropin_path, render, render_devices_conf, render_pci_cfg
+from gputopo.plan.render import render, render_devices_conf, render_pci_cfg
 from gputopo.plan.spec import Container, Spec
 
-AREAS = ("driver bindings", "container devices", "mappings", "service", "persistence files")
+AREAS = ("driver bindings", "container devices", "mappings", "service", "persistence files", "guests and services")
 
 
 class DiffArea(BaseModel):
@@ -70,10 +73,8 @@ def unified(path: str, before: str | None, after: str | None) -> str:
 def _current_devices_text(config: dict[str, Any], container: Container) -> str:
     """The container's GPU lines as they are now, in the rendered file's form: only what the
     planner manages for ``container``, so that unchanged lines diff as unchanged."""
-    devices = sorted(
-        ((k, str(v)) for k, v in config.items() if DEV_KEY.match(k) and is_nvidia_dev(str(v))),
-        key=lambda kv: dev_sort(kv[0]),
-    )
+    devices = sorted(((k, v) for k, v in dev_entries(config).items() if is_nvidia_dev(v)),
+                     key=lambda kv: dev_sort(kv[0]))
     lxc = [(k, v) for k, v in current_nvidia_lxc(config, container)]
     return render_devices_conf(devices, lxc)
 
@@ -90,49 +91,19 @@ def diff(
     """Compare the host (``facts`` + ``current``) with ``spec``. Returns the DiffReport.
 
     ``rendered`` is what :func:`gputopo.plan.render.render` made for the same plan (made here when
-    None). Raises PlanRefused when the spec cannot be planned, SpecError for a spec without a
-    node for this host.
+    None). Every action of the plan adds its own lines (``ActionModel.diff``). Raises PlanRefused
+    when the spec cannot be planned, SpecError for a spec without a node for this host.
     """
     p: Plan = make_plan(facts, spec, current, node=node, templates=templates)
     rendered = rendered if rendered is not None else render(p, spec, facts, templates)
-    areas = {name: DiffArea() for name in AREAS}
-
+    containers = {c.vmid: c for c in spec.node(p.node).containers}
+    ctx = DiffContext(
+        plan=p, spec=spec, current=current, rendered=rendered, areas={}, unified=unified,
+        render_pci_cfg=render_pci_cfg,
+        render_devices=lambda config, vmid: _current_devices_text(config, containers[vmid]),
+    )
     for a in p.actions:
-        if isinstance(a, Rebind):
-            for m in a.members:
-                areas["driver bindings"].lines.append(f"{m}: {a.from_drivers.get(m) or 'none'} -> {a.to_driver}")
-        elif isinstance(a, UpdateContainer):
-            container = next(c for c in spec.node(p.node).containers if c.vmid == a.vmid)
-            path = f"pve/lxc/{a.vmid}.devices.conf"
-            cfg = current.containers[a.vmid].config if a.vmid in current.containers else {}
-            areas["container devices"].lines.append(a.describe())
-            areas["container devices"].files[path] = unified(
-                path, _current_devices_text(cfg, container), rendered.get(path, "")
-            )
-        elif isinstance(a, (SetMapping, DeleteMapping)):
-            areas["mappings"].lines.append(a.describe())
-        elif isinstance(a, WriteServiceDropin):
-            ct = next(c for c in p.containers if c.vmid == a.vmid)
-            svc = ct.service
-            assert svc is not None
-            was = current.containers[a.vmid].service if a.vmid in current.containers else None
-            areas["service"].lines.append(
-                f"CT {a.vmid} {a.unit}: tensor parallel {svc.current_tp if svc.current_tp is not None else '?'} -> {a.tp}"
-            )
-            path = f"ct/{a.vmid}{dropin_path(svc.unit, svc.dropin)}"
-            areas["service"].files[path] = unified(path, was.dropin if was else None, rendered.get(path))
-        elif isinstance(a, (WriteHostFile, RemoveHostFile)):
-            before = current.files.get(a.path)
-            after = a.content if isinstance(a, WriteHostFile) else None
-            areas["persistence files"].lines.append(a.describe())
-            areas["persistence files"].files[a.path] = unified(a.path, before, after)
-
-    if areas["mappings"].lines:
-        sections_now = [
-            {"id": mid, "map": m.map, "description": m.description} for mid, m in current.mappings.items() if m.map
-        ]
-        path = "pve/mapping/pci.cfg"
-        areas["mappings"].files[path] = unified(
-            path, render_pci_cfg(sections_now) if sections_now else None, rendered.get(path)
-        )
-    return DiffReport(node=p.node, areas={k: v for k, v in areas.items() if v.lines or v.files})
+        a.diff(ctx)
+    areas = {name: DiffArea(lines=ctx.areas[name].lines, files=ctx.areas[name].files)
+             for name in AREAS if name in ctx.areas and (ctx.areas[name].lines or ctx.areas[name].files)}
+    return DiffReport(node=p.node, areas=areas)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from gputopo.apply.run import ApplyResult, Progress, Timeouts, apply
+from gputopo.apply import ApplyResult, Progress, Timeouts, apply
 from gputopo.facts.discover import discover
 from gputopo.model.facts import Facts
 from gputopo.ports import Ports

@@ -47,7 +47,9 @@ from gputopo.model.facts import Facts, normalize_address
 from gputopo.formats.nvsmi import parse_query_gpu
 from gputopo.errors import NvsmiParseError
 from gputopo.model.state import CurrentState
-from gputopo.plan.planner import VFIO, ContainerTarget, Plan, pick_node
+from gputopo.actions import VFIO
+from gputopo.plan.model import ContainerTarget, Plan
+from gputopo.plan.select import pick_node
 from gputopo.plan.planner import plan as make_plan
 from gputopo.ports import HttpPort, Ports
 from gputopo.plan.render import p2p_must_be_disabled, parse_tp

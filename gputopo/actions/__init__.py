@@ -1,0 +1,46 @@
+"""The action kinds a plan is made of, one module each (see :mod:`gputopo.actions.base`).
+
+``Action`` is the discriminated union of every kind (keyed by ``kind``), for the plan's and the
+journal's models; :func:`action_class` maps a kind back to its class.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Union
+
+from pydantic import Field, TypeAdapter
+
+from gputopo.actions.base import (
+    PHASES,
+    UNDO_RANK,
+    ActionModel,
+    DiffArea,
+    DiffContext,
+    Holder,
+    Phase,
+    PreflightContext,
+    RunningBefore,
+    StepContext,
+    Timeouts,
+    World,
+    action_class,
+    action_kinds,
+)
+from gputopo.actions.container import UpdateContainer
+from gputopo.actions.dropin import WriteServiceDropin
+from gputopo.actions.guest import StartGuest, StopGuest
+from gputopo.actions.hostfile import RemoveHostFile, WriteHostFile
+from gputopo.actions.mapping import DeleteMapping, SetMapping
+from gputopo.actions.rebind import NVIDIA, VFIO, Rebind
+from gputopo.actions.service import StartService, StopService
+
+Action = Annotated[Union[tuple(action_kinds().values())], Field(discriminator="kind")]  # type: ignore[valid-type]
+ACTION = TypeAdapter(Action)
+
+__all__ = [
+    "ACTION", "NVIDIA", "PHASES", "UNDO_RANK", "VFIO", "Action", "ActionModel", "DeleteMapping",
+    "DiffArea", "DiffContext", "Holder", "Phase", "PreflightContext", "Rebind", "RemoveHostFile",
+    "RunningBefore", "SetMapping", "StartGuest", "StartService", "StepContext", "StopGuest",
+    "StopService", "Timeouts", "UpdateContainer", "World", "WriteHostFile", "WriteServiceDropin",
+    "action_class", "action_kinds",
+]

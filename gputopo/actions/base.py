@@ -1,0 +1,322 @@
+"""What every action kind shares: the base model, the registry, and the contexts it works in.
+
+An action is one typed step of a plan (pyinfra's operations, terraform's resources): a pydantic
+model whose class holds the kind's whole meaning, in one place:
+
+* ``describe()`` -- one line for humans;
+* ``preflight(ctx)`` -- problems to report before anything stops (``[]`` = go);
+* ``before(ctx)`` -- the state it changes, as its ``Before`` model, enough to undo it later from the
+  journal alone (a later process, after a crash);
+* ``do(ctx)`` / ``undo(before, ctx)`` -- carry it out / put back what it changed; both idempotent
+  (they check the state first), so finishing or rolling back a journal whose last step may or may
+  not have happened is safe;
+* ``expect(world)`` -- what the host looks like after it (rehearsing a plan, ``expected_after``);
+* ``diff(ctx)`` -- its lines (and file diffs) in ``gputopo diff``;
+* ``was_running(current, out)`` -- what ran before it that a rollback must start again.
+
+Every kind registers itself by subclassing :class:`ActionModel` with a ``kind`` literal; apply,
+recover, dry-run, ``expected_after`` and diff only ever call these methods, and
+:func:`action_class` turns a journaled ``kind`` back into its class. Nothing else switches on
+action types.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict
+
+from gputopo.errors import ExecError
+from gputopo.model.facts import Facts
+from gputopo.model.state import CurrentState
+from gputopo.ports import ExecResult, Ports
+
+Phase = Literal["prepare", "stop", "switch", "config", "start"]
+PHASES: tuple[str, ...] = ("prepare", "stop", "switch", "config", "start")
+# Rollback order: GPUs go back to their drivers (switch) before a container's devN entries are
+# restored (config): Proxmox refuses a devN whose /dev node does not exist, and the nodes of GPUs
+# coming back from vfio-pci appear only once nvidia has them again.
+UNDO_RANK = {"start": 0, "switch": 1, "config": 2, "stop": 3, "prepare": 4}
+
+_KINDS: dict[str, type["ActionModel"]] = {}
+
+
+class NoBefore(BaseModel):
+    """The before-state of a kind whose undo needs none."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class ActionModel(BaseModel):
+    """Base of every action kind. Subclasses set ``kind`` (a Literal) and ``phase``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: str
+    phase: Phase
+
+    Before: ClassVar[type[BaseModel]] = NoBefore
+    # consecutive steps of a parallel kind run at once, one worker each (IOMMU groups)
+    parallel: ClassVar[bool] = False
+    # the diff area its lines belong to (see gputopo.plan.diff.AREAS); None: not shown
+    diff_area: ClassVar[str | None] = None
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kw: Any) -> None:
+        super().__pydantic_init_subclass__(**kw)
+        field_ = cls.model_fields.get("kind")
+        default = field_.default if field_ is not None else None
+        if isinstance(default, str) and default:
+            if default in _KINDS and _KINDS[default] is not cls:
+                raise TypeError(f"action kind {default!r} registered twice")
+            _KINDS[default] = cls
+
+    # -- what every kind answers --------------------------------------------------------------
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+    def preflight(self, ctx: "PreflightContext") -> list[str]:
+        """Problems that would make this step fail or harm a workload; [] when there are none."""
+        return []
+
+    def before(self, ctx: "StepContext") -> BaseModel:
+        return NoBefore()
+
+    def do(self, ctx: "StepContext") -> None:
+        raise NotImplementedError
+
+    def undo(self, before: Any, ctx: "StepContext") -> str:
+        """Put back what :meth:`do` changed; returns what was done (one line, '' for nothing)."""
+        return ""
+
+    def expect(self, world: "World") -> None:
+        """Change ``world`` the way this step changes the host."""
+
+    def diff(self, ctx: "DiffContext") -> None:
+        """Add this step's lines (and file diffs) to ``ctx``."""
+
+    def was_running(self, current: CurrentState, out: "RunningBefore") -> None:
+        """Record in ``out`` what ran before this step and must run again after a rollback."""
+
+    def devices(self) -> list[str]:
+        """PCI addresses this step writes to (a step whose device hung is left alone)."""
+        return []
+
+    def stopped_guest(self) -> tuple[str, int] | None:
+        """(``lxc``|``qemu``, vmid) of the guest this step stops, if it stops one."""
+        return None
+
+    def load_before(self, data: dict[str, Any]) -> BaseModel:
+        return self.Before.model_validate(data)
+
+
+def action_class(kind: str) -> type[ActionModel]:
+    """The class of action ``kind``. Raises KeyError for a kind no module registered."""
+    return _KINDS[kind]
+
+
+def action_kinds() -> dict[str, type[ActionModel]]:
+    """Every registered kind -> its class (in registration order)."""
+    return dict(_KINDS)
+
+
+# --- contexts --------------------------------------------------------------------------------
+
+
+@dataclass
+class Timeouts:
+    """Seconds each kind of operation may take before it counts as failed."""
+
+    sysfs: float = 30.0  # one sysfs write (an unbind that blocks longer needs a human)
+    guest: float = 300.0  # a container/VM start or shutdown task
+    exec: float = 60.0  # one command in a container (systemctl stop/start)
+    service: float = 900.0  # until the service reports active (model loading)
+    poll: float = 0.1
+
+
+class GroupBinder(Protocol):
+    """Moves IOMMU groups between drivers (``gputopo.adapters.sysfs.Binder``)."""
+
+    stuck: list[str]
+
+    def move_group(self, members: list[str], to_driver: str | None, keep_override: bool = False) -> Any: ...
+
+    def restore(self, previous: dict[str, Any]) -> None: ...
+
+    def state_of(self, address: str) -> Any: ...
+
+    def driver_of(self, address: str) -> str | None: ...
+
+
+@dataclass
+class RunningBefore:
+    """What ran before an apply and must run again after a rollback: guests (``lxc/101`` ->
+    running|stopped) and services (``101/sglang.service`` -> active|inactive)."""
+
+    guests: dict[str, str] = field(default_factory=dict)
+    services: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class StepContext:
+    """What a step's before/do/undo work with: the ports, the binder, the timeouts, and the
+    bookkeeping a rollback shares between steps. Built by apply for one run."""
+
+    ports: Ports
+    root: str
+    timeouts: Timeouts
+    binder: GroupBinder
+    read_minors: Callable[[], dict[str, int | None]]  # address -> /dev/nvidia minor, read now
+    device_present: Callable[[str], bool]  # the PCI device is on the bus
+    note: Callable[[str], None] = lambda text: None
+    stuck: set[str] = field(default_factory=set)  # devices an undo must leave alone
+    gone: set[str] = field(default_factory=set)  # devices a rollback found gone from the bus
+    service_changed: set[int] = field(default_factory=set)  # containers whose drop-in an undo restored
+
+    def exec(self, vmid: int, argv: list[str], check: bool = True) -> ExecResult:
+        """Run ``argv`` in container ``vmid``. Raises ExecError when it fails and ``check``."""
+        res = self.ports.exec.run(vmid, argv, self.timeouts.exec)
+        if check and res.rc != 0:
+            raise ExecError(vmid, argv, res.rc, res.stderr)
+        return res
+
+    def running(self, kind: str, vmid: int) -> bool:
+        return self.ports.proxmox.guest_status(kind, vmid) == "running"
+
+    def service_active(self, vmid: int, unit: str) -> bool:
+        if not self.running("lxc", vmid):
+            return False
+        return self.exec(vmid, ["systemctl", "is-active", unit], check=False).stdout.strip() == "active"
+
+    def wait_active(self, vmid: int, unit: str) -> None:
+        """Wait until ``unit`` is active. Raises ExecError when it fails or the service timeout passes."""
+        deadline = time.monotonic() + self.timeouts.service
+        while True:
+            res = self.exec(vmid, ["systemctl", "is-active", unit], check=False)
+            state = res.stdout.strip()
+            if state == "active":
+                return
+            if state in ("failed", "inactive") or time.monotonic() >= deadline:
+                raise ExecError(vmid, ["systemctl", "is-active", unit],
+                                None if state not in ("failed", "inactive") else res.rc,
+                                f"{unit} is {state or 'unknown'}")
+            time.sleep(self.timeouts.poll)
+
+    def start_service(self, vmid: int, unit: str) -> None:
+        """daemon-reload, start ``unit`` and wait until it is active. Raises ExecError."""
+        self.exec(vmid, ["systemctl", "daemon-reload"])
+        self.exec(vmid, ["systemctl", "start", unit])
+        self.wait_active(vmid, unit)
+
+    def mapping(self, id: str) -> dict[str, Any] | None:
+        """The PCI mapping ``id`` as the API lists it (``map``, ``description``, ``digest``), or None."""
+        for m in self.ports.proxmox.mappings():
+            if m["id"] == id:
+                return m
+        return None
+
+    def read_file_in(self, vmid: int, path: str) -> str | None:
+        """A file's text inside container ``vmid``; None when it does not exist. Raises ExecError."""
+        res = self.exec(vmid, ["cat", path], check=False)
+        if res.rc == 0:
+            return res.stdout
+        if "No such file" in res.stderr:
+            return None
+        raise ExecError(vmid, ["cat", path], res.rc, res.stderr)
+
+
+@dataclass
+class Holder:
+    """A process that holds a device node open (from ``/proc/<pid>/fd``)."""
+
+    pid: int
+    comm: str
+    cmdline: str | None
+    container: int | None  # the LXC container it runs in, None on the host
+
+
+@dataclass
+class PreflightContext:
+    """What a step's preflight may look at: the facts and state the plan was made from, the
+    steps of the whole plan, and readers of the live host. Built by apply's preflight."""
+
+    facts: Facts
+    current: CurrentState
+    ports: Ports
+    actions: list[ActionModel]
+    api_ok: bool
+    driver_loaded: Callable[[str], bool]  # sys/bus/pci/drivers/<name> exists
+    holders: Callable[[list[str]], dict[str, list[Holder]]]  # device node -> its holders
+    drm_nodes: Callable[[str], list[str]]  # the /dev/dri names of a PCI device
+    _cache: dict[str, Any] = field(default_factory=dict)
+
+    def stopped_guests(self, kind: str) -> set[int]:
+        """The guests of ``kind`` the plan stops before it switches drivers."""
+        return {g[1] for g in (a.stopped_guest() for a in self.actions) if g is not None and g[0] == kind}
+
+    def cached(self, key: str, make: Callable[[], Any]) -> Any:
+        """``make()`` once per preflight (e.g. the list of running VMs and their configs)."""
+        if key not in self._cache:
+            self._cache[key] = make()
+        return self._cache[key]
+
+
+@dataclass
+class World:
+    """The facts and current state a plan turns into, step by step (see ``expected_after``).
+
+    GPUs that reach nvidia without a known minor get the lowest free one, as the driver does,
+    when :meth:`settle` runs (after the switch phase, before anything reads the minors).
+    """
+
+    facts: Facts
+    current: CurrentState
+    drivers: dict[str, str | None] = field(default_factory=dict)
+    overrides: dict[str, str | None] = field(default_factory=dict)
+
+    def settle(self) -> None:
+        if not self.drivers:
+            return
+        drivers = self.drivers
+        used = {g.minor for g in self.facts.gpus
+                if g.minor is not None and drivers.get(g.address, g.driver) == "nvidia"}
+        for g in self.facts.gpus:
+            if g.address in drivers:
+                g.driver = drivers[g.address]
+                g.driver_override = self.overrides.get(g.address)
+                if g.driver == "nvidia" and g.minor is None:
+                    g.minor = min(set(range(256)) - used)
+                    used.add(g.minor)
+                elif g.driver != "nvidia":
+                    g.minor = None
+            for m in g.iommu_members:
+                if m.address in drivers:
+                    m.driver = drivers[m.address]
+        self.drivers = {}
+        self.overrides = {}
+
+
+@dataclass
+class DiffArea:
+    lines: list[str] = field(default_factory=list)
+    files: dict[str, str] = field(default_factory=dict)  # path -> unified diff
+
+
+@dataclass
+class DiffContext:
+    """What a step's diff may look at, and the areas it adds to."""
+
+    plan: Any  # gputopo.plan.model.Plan
+    spec: Any  # gputopo.plan.spec.Spec
+    current: CurrentState
+    rendered: dict[str, str]
+    areas: dict[str, DiffArea]
+    unified: Callable[[str, str | None, str | None], str]  # (path, before, after) -> unified diff
+    render_pci_cfg: Callable[[list[dict[str, Any]]], str]  # sections -> pci.cfg text
+    render_devices: Callable[[dict[str, Any], int], str]  # (container config, vmid) -> its GPU lines
+
+    def area(self, name: str) -> DiffArea:
+        return self.areas.setdefault(name, DiffArea())

@@ -1,0 +1,133 @@
+"""A container's device entries (``devN``, or legacy raw ``lxc.*`` lines) through the API.
+
+Set and delete only what changes, guarded by the digest read right before the PUT. GPUs coming
+back from vfio-pci are listed in ``resolve``: their ``/dev/nvidiaN`` minors exist only once nvidia
+has bound them in the switch phase (minors do not follow bus order and cannot be guessed), so
+their entries are computed here, from the minors read at that moment.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gputopo.actions.base import ActionModel, DiffContext, Phase, PreflightContext, StepContext, World
+from gputopo.errors import BindError
+from gputopo.formats.devn import DEV_KEY, by_dev_index, dev_sort, resolve_devices
+from gputopo.model.state import ContainerState
+
+
+class ConfigBefore(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    config: dict[str, Any]  # the container's config without its digest
+
+
+class UpdateContainer(ActionModel):
+    kind: Literal["update_container"] = "update_container"
+    phase: Phase = "config"
+    vmid: int
+    set: dict[str, str] = Field(default_factory=dict)
+    delete: list[str] = Field(default_factory=list)
+    digest: str | None = None
+    lxc_add: list[list[str]] = Field(default_factory=list, description="raw lxc.* lines to add (legacy)")
+    lxc_remove: list[list[str]] = Field(default_factory=list, description="raw lxc.* lines to remove")
+    resolve: list[str] = Field(
+        default_factory=list,
+        description="GPUs coming back to nvidia whose /dev/nvidiaN entries apply adds after the switch "
+        "phase: their minors exist only once nvidia has bound them",
+    )
+    dev_gid: int | None = Field(None, description="gid option of the resolved entries")
+    dev_mode: str | None = Field(None, description="mode option of the resolved entries")
+
+    Before = ConfigBefore
+    diff_area = "container devices"
+
+    def describe(self) -> str:
+        parts = []
+        if self.set:
+            parts.append("set " + " ".join(f"{k}={v.split(',')[0]}" for k, v in by_dev_index(self.set)))
+        if self.delete:
+            parts.append("delete " + ",".join(sorted(self.delete, key=dev_sort)))
+        if self.resolve:
+            parts.append(f"add /dev/nvidia of {', '.join(self.resolve)} once nvidia has bound them")
+        if self.lxc_add:
+            parts.append(f"add {len(self.lxc_add)} lxc line(s)")
+        if self.lxc_remove:
+            parts.append(f"remove {len(self.lxc_remove)} lxc line(s)")
+        return f"CT {self.vmid}: " + "; ".join(parts)
+
+    def changes_devices(self) -> bool:
+        return any(k.startswith("dev") for k in [*self.set, *self.delete]) or bool(self.resolve)
+
+    def preflight(self, ctx: PreflightContext) -> list[str]:
+        problems = []
+        if ctx.api_ok and self.changes_devices():
+            ok, why = ctx.cached("can-change-devices", ctx.ports.proxmox.can_change_devices)
+            if not ok:
+                problems.append(why)
+        if self.lxc_add or self.lxc_remove:
+            problems.append(f"CT {self.vmid}: legacy lxc.* device lines cannot be changed through the Proxmox API; "
+                            "use device_mode: devN (Proxmox >= 8.1)")
+        return problems
+
+    def before(self, ctx: StepContext) -> ConfigBefore:
+        cfg = ctx.ports.proxmox.lxc_config(self.vmid)
+        return ConfigBefore(config={k: v for k, v in cfg.items() if k != "digest"})
+
+    def do(self, ctx: StepContext) -> None:
+        px = ctx.ports.proxmox
+        cfg = px.lxc_config(self.vmid)  # the digest right before the PUT
+        sets = {k: v for k, v in self.set.items() if str(cfg.get(k)) != v}
+        sets.update(self._resolved(ctx, cfg))
+        deletes = [k for k in self.delete if k in cfg]
+        if sets or deletes:
+            px.lxc_update(self.vmid, sets, deletes, cfg["digest"])
+
+    def _resolved(self, ctx: StepContext, cfg: dict[str, Any]) -> dict[str, str]:
+        """devN entries of the GPUs that came back to nvidia in the switch phase, from their minors
+        read now. Raises BindError for a GPU without one."""
+        if not self.resolve:
+            return {}
+        try:
+            return resolve_devices(cfg, self.set, self.delete, self.resolve, self.dev_gid, self.dev_mode,
+                                   ctx.read_minors())
+        except KeyError as e:
+            address = e.args[0]
+            raise BindError(address, "nvidia", ctx.binder.driver_of(address),
+                            f"no /dev/nvidia minor for CT {self.vmid} (proc/driver/nvidia/gpus/{address} missing)") from None
+
+    def undo(self, before: ConfigBefore, ctx: StepContext) -> str:
+        old = before.config
+        cfg = ctx.ports.proxmox.lxc_config(self.vmid)
+        # every devN key: entries resolved at apply time are not in the journaled action
+        keys = set(self.set) | set(self.delete) | {k for k in (*old, *cfg) if DEV_KEY.match(k)}
+        sets = {k: str(old[k]) for k in keys if k in old and str(cfg.get(k)) != str(old[k])}
+        deletes = sorted(k for k in keys if k not in old and k in cfg)
+        if not sets and not deletes:
+            return ""
+        ctx.ports.proxmox.lxc_update(self.vmid, sets, deletes, cfg["digest"])
+        return f"CT {self.vmid}: restored its configuration"
+
+    def expect(self, world: World) -> None:
+        world.settle()
+        ct = world.current.containers.setdefault(self.vmid, ContainerState())
+        minors = {g.address: g.minor for g in world.facts.gpus}
+        extra = (resolve_devices(ct.config, self.set, self.delete, self.resolve, self.dev_gid, self.dev_mode, minors)
+                 if self.resolve else {})
+        for k in self.delete:
+            ct.config.pop(k, None)
+        ct.config.update(self.set)
+        ct.config.update(extra)
+        lxc = [list(x) for x in ct.config.get("lxc", []) if list(x) not in self.lxc_remove] + self.lxc_add
+        if lxc or "lxc" in ct.config:
+            ct.config["lxc"] = lxc
+        ct.config["digest"] = "new"
+
+    def diff(self, ctx: DiffContext) -> None:
+        path = f"pve/lxc/{self.vmid}.devices.conf"
+        cfg = ctx.current.containers[self.vmid].config if self.vmid in ctx.current.containers else {}
+        area = ctx.area("container devices")
+        area.lines.append(self.describe())
+        area.files[path] = ctx.unified(path, ctx.render_devices(cfg, self.vmid), ctx.rendered.get(path, ""))

@@ -1,0 +1,101 @@
+"""The inference service's systemd drop-in inside a container (``pct push``): its ``ExecStart``
+with the tensor-parallel size the container's GPUs allow, read by systemd at the next start."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from gputopo.actions.base import ActionModel, DiffContext, Phase, PreflightContext, RunningBefore, StepContext, World
+from gputopo.errors import ExecError
+from gputopo.model.state import ContainerState, CurrentState, ServiceState
+
+
+class DropinBefore(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    content: str | None  # None: there was no drop-in
+    dir_existed: bool = True  # whether the unit's .d directory existed (removed again if not)
+
+
+def _dir(path: str) -> str:
+    return path.rsplit("/", 1)[0] or "/"
+
+
+class WriteServiceDropin(ActionModel):
+    kind: Literal["write_service_dropin"] = "write_service_dropin"
+    phase: Phase = "prepare"
+    vmid: int
+    unit: str
+    path: str
+    content: str
+    tp: int
+
+    Before = DropinBefore
+    diff_area = "service"
+
+    def describe(self) -> str:
+        return f"CT {self.vmid}: write {self.path} ({self.unit}, tensor parallel {self.tp}; read at next start)"
+
+    def preflight(self, ctx: PreflightContext) -> list[str]:
+        ct = ctx.current.containers.get(self.vmid)
+        if ct is not None and ct.status != "running":
+            return [f"CT {self.vmid} is stopped; start it so {self.path} can be written (pct push needs it running)"]
+        return []
+
+    def before(self, ctx: StepContext) -> DropinBefore:
+        content = ctx.read_file_in(self.vmid, self.path)
+        exists = ctx.exec(self.vmid, ["test", "-d", _dir(self.path)], check=False).rc == 0
+        return DropinBefore(content=content, dir_existed=exists)
+
+    def do(self, ctx: StepContext) -> None:
+        if ctx.read_file_in(self.vmid, self.path) != self.content:
+            # pct push creates the file only; a unit's .d directory rarely exists yet
+            ctx.exec(self.vmid, ["mkdir", "-p", _dir(self.path)])
+            ctx.ports.exec.push(self.vmid, self.path, self.content, 0o644)
+
+    def undo(self, before: DropinBefore, ctx: StepContext) -> str:
+        if not ctx.running("lxc", self.vmid):
+            raise ExecError(self.vmid, ["cat", self.path], 255, f"CT {self.vmid} is not running; cannot restore {self.path}")
+        now = ctx.read_file_in(self.vmid, self.path)
+        if now == before.content:
+            return ""
+        ctx.service_changed.add(self.vmid)
+        if before.content is None:
+            ctx.exec(self.vmid, ["rm", "-f", self.path])
+            if not before.dir_existed:
+                ctx.exec(self.vmid, ["rmdir", "--ignore-fail-on-non-empty", _dir(self.path)], check=False)
+            return f"CT {self.vmid}: removed {self.path}"
+        ctx.ports.exec.push(self.vmid, self.path, before.content, 0o644)
+        return f"CT {self.vmid}: restored {self.path}"
+
+    def expect(self, world: World) -> None:
+        ct = world.current.containers.setdefault(self.vmid, ContainerState())
+        svc = ct.service or ServiceState(unit=self.unit)
+        svc.dropin = self.content
+        svc.tp = self.tp
+        for line in self.content.splitlines():
+            if line.startswith("ExecStart=") and line != "ExecStart=":
+                svc.exec_start = line[len("ExecStart="):].replace("%%", "%")
+        ct.service = svc
+
+    def diff(self, ctx: DiffContext) -> None:
+        target = next(c for c in ctx.plan.containers if c.vmid == self.vmid)
+        svc = target.service
+        was = ctx.current.containers[self.vmid].service if self.vmid in ctx.current.containers else None
+        now_tp = svc.current_tp if svc is not None and svc.current_tp is not None else "?"
+        area = ctx.area("service")
+        area.lines.append(f"CT {self.vmid} {self.unit}: tensor parallel {now_tp} -> {self.tp}")
+        path = f"ct/{self.vmid}{self.path}"
+        area.files[path] = ctx.unified(path, was.dropin if was else None, ctx.rendered.get(path))
+
+    def was_running(self, current: CurrentState, out: RunningBefore) -> None:
+        record_service(current, self.vmid, self.unit, out)
+
+
+def record_service(current: CurrentState, vmid: int, unit: str, out: RunningBefore) -> None:
+    """Note whether ``unit`` in container ``vmid`` was active before the apply."""
+    ct = current.containers.get(vmid)
+    active = bool(ct and ct.service and ct.service.active)
+    out.services[f"{vmid}/{unit}"] = "active" if active else "inactive"

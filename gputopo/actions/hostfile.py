@@ -1,0 +1,113 @@
+"""Host files under the root: the boot-time persistence of per-address binding (modprobe.d hook,
+udev rule, vfio module list). Written atomically; undone by restoring the old text and mode."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from gputopo.actions.base import ActionModel, DiffContext, Phase, StepContext, World
+from gputopo.errors import HostFileError
+
+
+class FileBefore(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    content: str | None  # None: the file did not exist
+    mode: int | None = None  # its permission bits and owner, restored with the content
+    uid: int | None = None
+    gid: int | None = None
+
+
+def _read(ctx: StepContext, path: str) -> FileBefore:
+    try:
+        meta = ctx.ports.files.meta(path)
+        content = ctx.ports.files.read(path)
+    except OSError as e:
+        raise HostFileError(path, e) from e
+    if meta is None or content is None:
+        return FileBefore(content=None)
+    return FileBefore(content=content, mode=meta.mode, uid=meta.uid, gid=meta.gid)
+
+
+def _restore(ctx: StepContext, path: str, before: FileBefore) -> str:
+    try:
+        if _read(ctx, path) == before:
+            return ""
+        if before.content is None:
+            ctx.ports.files.remove(path)
+            return f"removed /{path}"
+        owner = (before.uid, before.gid) if before.uid is not None and before.gid is not None else None
+        ctx.ports.files.write(path, before.content, before.mode if before.mode is not None else 0o644, owner)
+        return f"restored /{path}"
+    except OSError as e:
+        raise HostFileError(path, e) from e
+
+
+class WriteHostFile(ActionModel):
+    kind: Literal["write_host_file"] = "write_host_file"
+    phase: Phase = "prepare"
+    path: str
+    content: str
+    mode: int = 0o644
+
+    Before = FileBefore
+    diff_area = "persistence files"
+
+    def describe(self) -> str:
+        return f"write host file /{self.path} ({len(self.content.splitlines())} lines)"
+
+    def before(self, ctx: StepContext) -> FileBefore:
+        return _read(ctx, self.path)
+
+    def do(self, ctx: StepContext) -> None:
+        try:
+            meta = ctx.ports.files.meta(self.path)
+            if ctx.ports.files.read(self.path) != self.content or meta is None or meta.mode != self.mode:
+                ctx.ports.files.write(self.path, self.content, self.mode)
+        except OSError as e:
+            raise HostFileError(self.path, e) from e
+
+    def undo(self, before: FileBefore, ctx: StepContext) -> str:
+        return _restore(ctx, self.path, before)
+
+    def expect(self, world: World) -> None:
+        world.current.files[self.path] = self.content
+
+    def diff(self, ctx: DiffContext) -> None:
+        area = ctx.area("persistence files")
+        area.lines.append(self.describe())
+        area.files[self.path] = ctx.unified(self.path, ctx.current.files.get(self.path), self.content)
+
+
+class RemoveHostFile(ActionModel):
+    kind: Literal["remove_host_file"] = "remove_host_file"
+    phase: Phase = "prepare"
+    path: str
+
+    Before = FileBefore
+    diff_area = "persistence files"
+
+    def describe(self) -> str:
+        return f"remove host file /{self.path}"
+
+    def before(self, ctx: StepContext) -> FileBefore:
+        return _read(ctx, self.path)
+
+    def do(self, ctx: StepContext) -> None:
+        try:
+            ctx.ports.files.remove(self.path)
+        except OSError as e:
+            raise HostFileError(self.path, e) from e
+
+    def undo(self, before: FileBefore, ctx: StepContext) -> str:
+        return _restore(ctx, self.path, before)
+
+    def expect(self, world: World) -> None:
+        world.current.files[self.path] = None
+
+    def diff(self, ctx: DiffContext) -> None:
+        area = ctx.area("persistence files")
+        area.lines.append(self.describe())
+        area.files[self.path] = ctx.unified(self.path, ctx.current.files.get(self.path), None)

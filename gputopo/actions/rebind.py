@@ -1,0 +1,214 @@
+"""One IOMMU group moving between drivers, per address (``driver_override``, unbind, probe).
+
+To vfio-pci every member goes to vfio-pci; to nvidia the GPU goes to nvidia and the other
+functions back to their default drivers (override cleared). Consecutive rebinds run in parallel,
+one worker per group; every sysfs write runs under a timeout, and a write that hangs leaves its
+group to a human (the rollback does not race the worker that may still be blocked in it).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, RootModel
+
+from gputopo.actions.base import ActionModel, DiffContext, Phase, PreflightContext, StepContext, World
+from gputopo.errors import BindError, GputopoError, ProxmoxError
+from gputopo.formats.mapline import map_paths
+
+VFIO = "vfio-pci"
+NVIDIA = "nvidia"
+
+
+class MemberBefore(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    driver: str | None
+    override: str | None
+
+
+class RebindBefore(RootModel[dict[str, MemberBefore]]):
+    """Every member's driver and driver_override before the move."""
+
+
+class Rebind(ActionModel):
+    """Move one IOMMU group's devices to ``to_driver``."""
+
+    kind: Literal["rebind"] = "rebind"
+    phase: Phase = "switch"
+    address: str
+    members: list[str]
+    from_drivers: dict[str, str | None]
+    to_driver: Literal["nvidia", "vfio-pci"]
+    keep_override: bool = True
+
+    Before = RebindBefore
+    parallel = True
+    diff_area = "driver bindings"
+
+    def describe(self) -> str:
+        before = sorted({d or "none" for d in self.from_drivers.values()})
+        extra = [m for m in self.members if m != self.address]
+        with_ = f" with {', '.join(extra)}" if extra else ""
+        keep = " (override kept)" if self.to_driver == VFIO and self.keep_override else ""
+        if before == [self.to_driver]:
+            # already on the driver: only driver_override changes
+            what = "set" if self.to_driver == VFIO and self.keep_override else "clear"
+            return f"{what} driver_override on {self.address}{with_} (stays on {self.to_driver})"
+        return f"rebind {self.address}{with_}: {'/'.join(before)} -> {self.to_driver}{keep}"
+
+    def devices(self) -> list[str]:
+        return list(self.members)
+
+    # -- preflight ------------------------------------------------------------------------------
+
+    def preflight(self, ctx: PreflightContext) -> list[str]:
+        problems: list[str] = []
+        if self.to_driver == VFIO:
+            if not ctx.facts.host.iommu_enabled:
+                problems.append("IOMMU is off (no sys/kernel/iommu_groups); add amd_iommu=on or intel_iommu=on "
+                                "to the kernel command line and reboot")
+            if not ctx.driver_loaded(VFIO):
+                problems.append("the vfio-pci driver is not loaded (no sys/bus/pci/drivers/vfio-pci); run: modprobe vfio-pci")
+            problems += self._holders(ctx)
+        elif not ctx.driver_loaded(NVIDIA):
+            going = [a.address for a in ctx.actions if isinstance(a, Rebind) and a.to_driver == NVIDIA]
+            problems.append(f"the nvidia driver is not loaded (no sys/bus/pci/drivers/nvidia) but "
+                            f"{', '.join(going)} must go back to it; run: modprobe nvidia")
+        problems += self._running_vms(ctx)
+        return problems
+
+    def _holders(self, ctx: PreflightContext) -> list[str]:
+        """Processes outside the containers the plan stops that hold a moving GPU's nodes."""
+        nodes: dict[str, str] = {}
+        for m in self.members:
+            g = ctx.facts.gpu(m)
+            if g is None or g.driver != NVIDIA:
+                continue
+            if g.minor is not None:
+                nodes[f"/dev/nvidia{g.minor}"] = m
+            # nvidia_drm gives a GPU /dev/dri nodes; a display server or console on them holds it too
+            nodes.update({f"/dev/dri/{name}": m for name in ctx.drm_nodes(m)})
+        if not nodes:
+            return []
+        # a CUDA context on the host holds the control nodes too, and keeps every GPU busy
+        paths = sorted(nodes) + ["/dev/nvidiactl", "/dev/nvidia-uvm"]
+        held = ctx.holders(paths)
+        stopped = ctx.stopped_guests("lxc")
+        problems = []
+        for path in paths:
+            for h in held.get(path, []):
+                if h.container is not None and h.container in stopped:
+                    continue  # it ends when the plan stops its container
+                gpu = f" (GPU {nodes[path]})" if path in nodes else ""
+                if h.comm == "nvidia-persistenced":
+                    problems.append(f"{path}{gpu} is held open by nvidia-persistenced (PID {h.pid}); it keeps every GPU "
+                                    "on nvidia: run 'systemctl stop nvidia-persistenced' before apply (and "
+                                    "'systemctl start nvidia-persistenced' after)")
+                else:
+                    where = f" in CT {h.container}, which the plan does not stop" if h.container is not None else ""
+                    problems.append(f"{path}{gpu} is held open by PID {h.pid} ({h.cmdline or h.comm}){where}; "
+                                    "stop it before apply")
+        return problems
+
+    def _running_vms(self, ctx: PreflightContext) -> list[str]:
+        """Running VMs the plan does not stop that use a device of this group."""
+        if not ctx.api_ok:
+            return []
+        try:
+            vms = ctx.cached("running-vms", lambda: _running_vm_configs(ctx))
+        except ProxmoxError as e:
+            return [f"cannot list VMs: {e}"]
+        mapping_paths = {mid: {p for e in m.map for p in map_paths(e)} for mid, m in ctx.current.mappings.items()}
+        stopped = ctx.stopped_guests("qemu")
+        problems = []
+        for vmid, cfg in vms.items():
+            if vmid in stopped:
+                continue
+            for k, v in cfg.items():
+                if not re.fullmatch(r"hostpci\d+", k):
+                    continue
+                hits = hostpci_addresses(str(v), mapping_paths) & set(self.members)
+                if hits:
+                    problems.append(f"VM {vmid} is running with {', '.join(sorted(hits))} ({k}) and the plan does "
+                                    f"not stop it; shut it down or list it in the spec's vms.guests")
+        return problems
+
+    # -- before, do, undo -----------------------------------------------------------------------
+
+    def before(self, ctx: StepContext) -> RebindBefore:
+        return RebindBefore({m: MemberBefore(driver=s.driver, override=s.override)
+                             for m, s in ((m, ctx.binder.state_of(m)) for m in self.members)})
+
+    def do(self, ctx: StepContext) -> None:
+        if self.to_driver == VFIO:
+            ctx.binder.move_group(self.members, VFIO, self.keep_override)
+            return
+        ctx.binder.move_group(self.members, None, False)
+        got = ctx.binder.driver_of(self.address)
+        if got != NVIDIA:
+            raise BindError(self.address, NVIDIA, got)
+
+    def undo(self, before: RebindBefore, ctx: StepContext) -> str:
+        if ctx.stuck & set(self.members):
+            return f"left IOMMU group of {self.address} alone (a write hung there)"
+        prev = dict(before.root)
+        # a device that fell off the bus cannot be rebound: it is a human's (rescan or reboot),
+        # the rest of its group still goes back
+        gone = sorted(m for m in prev if not ctx.device_present(m))
+        ctx.gone.update(gone)
+        prev = {m: s for m, s in prev.items() if m not in gone}
+        left = f"left {', '.join(gone)} alone: gone from the bus" if gone else ""
+        now = {m: ctx.binder.state_of(m) for m in prev}
+        if all((now[m].driver, now[m].override) == (s.driver, s.override) for m, s in prev.items()):
+            return left
+        ctx.binder.restore(prev)
+        back = (f"rebound {self.address} back to {prev[self.address].driver or 'none'}" if self.address in prev
+                else f"rebound {', '.join(prev)} back")
+        return back + (f"; {left}" if left else "")
+
+    # -- expect, diff ---------------------------------------------------------------------------
+
+    def expect(self, world: World) -> None:
+        for m in self.members:
+            if self.to_driver == VFIO:
+                world.drivers[m] = VFIO
+                world.overrides[m] = VFIO if self.keep_override else None
+            else:
+                world.drivers[m] = NVIDIA if m == self.address else None
+                world.overrides[m] = None
+
+    def diff(self, ctx: DiffContext) -> None:
+        area = ctx.area("driver bindings")
+        for m in self.members:
+            area.lines.append(f"{m}: {self.from_drivers.get(m) or 'none'} -> {self.to_driver}")
+
+
+def _running_vm_configs(ctx: PreflightContext) -> dict[int, dict[str, Any]]:
+    out: dict[int, dict[str, Any]] = {}
+    for g in ctx.ports.proxmox.list_guests("qemu"):
+        vmid = int(g["vmid"])
+        if ctx.ports.proxmox.guest_status("qemu", vmid) != "running":
+            continue
+        try:
+            out[vmid] = ctx.ports.proxmox.qemu_config(vmid)
+        except GputopoError:
+            continue
+    return out
+
+
+def hostpci_addresses(value: str, mapping_paths: dict[str, set[str]]) -> set[str]:
+    """The host devices a VM's ``hostpciN`` value passes: a mapping's paths, or ``host=`` devices
+    (a bare slot ``81:00`` means every function of the card)."""
+    first = value.split(",", 1)[0]
+    if first.startswith("mapping="):
+        return set(mapping_paths.get(first[8:], set()))
+    host = first[5:] if first.startswith("host=") else first
+    out = set()
+    for h in host.split(";"):
+        h = h if h.count(":") >= 2 else f"0000:{h}"
+        out.add(h)
+        if "." not in h.rsplit(":", 1)[-1]:  # a whole slot: every function
+            out.update(f"{h}.{f}" for f in range(8))
+    return out

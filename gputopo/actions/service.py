@@ -1,0 +1,85 @@
+"""The inference service inside a container: stopped before its GPUs move, started after.
+
+Neither undo does anything itself: after a rollback every service that was active runs again
+(``RunningBefore``), restarted when its drop-in was put back.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from gputopo.actions.base import ActionModel, DiffContext, Phase, RunningBefore, StepContext, World
+from gputopo.actions.dropin import record_service
+from gputopo.model.state import ContainerState, CurrentState
+
+
+class ServiceBefore(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    active: bool
+
+
+class StopService(ActionModel):
+    kind: Literal["stop_service"] = "stop_service"
+    phase: Phase = "stop"
+    vmid: int
+    unit: str
+
+    Before = ServiceBefore
+
+    def describe(self) -> str:
+        return f"CT {self.vmid}: stop {self.unit}"
+
+    def before(self, ctx: StepContext) -> ServiceBefore:
+        return ServiceBefore(active=ctx.service_active(self.vmid, self.unit))
+
+    def do(self, ctx: StepContext) -> None:
+        if ctx.running("lxc", self.vmid):
+            ctx.exec(self.vmid, ["systemctl", "stop", self.unit])
+
+    def undo(self, before: ServiceBefore, ctx: StepContext) -> str:
+        return ""  # the final restart brings back every service that was active
+
+    def expect(self, world: World) -> None:
+        ct = world.current.containers.get(self.vmid)
+        if ct is not None and ct.service is not None:
+            ct.service.active = False
+
+    def was_running(self, current: CurrentState, out: RunningBefore) -> None:
+        record_service(current, self.vmid, self.unit, out)
+
+
+class StartService(ActionModel):
+    kind: Literal["start_service"] = "start_service"
+    phase: Phase = "start"
+    vmid: int
+    unit: str
+
+    Before = ServiceBefore
+
+    def describe(self) -> str:
+        return f"CT {self.vmid}: start {self.unit} (after systemctl daemon-reload)"
+
+    def before(self, ctx: StepContext) -> ServiceBefore:
+        return ServiceBefore(active=ctx.service_active(self.vmid, self.unit))
+
+    def do(self, ctx: StepContext) -> None:
+        ctx.start_service(self.vmid, self.unit)
+
+    def undo(self, before: ServiceBefore, ctx: StepContext) -> str:
+        return ""  # stopping it again would only be undone by the final restart
+
+    def expect(self, world: World) -> None:
+        ct = world.current.containers.setdefault(self.vmid, ContainerState())
+        if ct.service is not None:
+            ct.service.active = True
+
+    def diff(self, ctx: DiffContext) -> None:
+        ct = ctx.current.containers.get(self.vmid)
+        if ct is not None and ct.status == "running" and ct.service is not None and not ct.service.active:
+            ctx.area("guests and services").lines.append(f"CT {self.vmid}: {self.unit} is not running")
+
+    def was_running(self, current: CurrentState, out: RunningBefore) -> None:
+        record_service(current, self.vmid, self.unit, out)

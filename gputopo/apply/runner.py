@@ -1,0 +1,214 @@
+"""Running a journal's steps forward and backward.
+
+Forward, every step is journaled (``Begin`` with its before-state, then ``Done`` or ``Failed``);
+consecutive steps of a parallel kind (rebinds: one IOMMU group each) run at once. Backward, every
+begun step whose undo has not completed is undone from its journaled before-state, newest first
+(but GPUs go back to their drivers before a container's devN entries are restored), then what ran
+before runs again. Everything a later process needs to finish a rollback is in the journal.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from gputopo.actions import UNDO_RANK, ActionModel, RunningBefore, StepContext, Timeouts
+from gputopo.adapters.sysfs import Binder
+from gputopo.apply import signals
+from gputopo.apply.journal import (
+    Begin,
+    Done,
+    Failed,
+    Journal,
+    RestartFailed,
+    ServiceChanged,
+    UndoBegin,
+    UndoDone,
+    UndoFailed,
+    UndoIncomplete,
+)
+from gputopo.apply.progress import Progress, StepResult
+from gputopo.errors import GputopoError, SysfsTimeout
+from gputopo.facts.discover import discover
+from gputopo.ports import Ports
+
+
+def step_context(ports: Ports, root: str, timeouts: Timeouts, progress: Progress) -> StepContext:
+    """The context the steps of one run share (its binder keeps the devices on which a write hung)."""
+    return StepContext(
+        ports=ports,
+        root=root,
+        timeouts=timeouts,
+        binder=Binder(ports.sysfs, root, timeouts.sysfs),
+        read_minors=lambda: {g.address: g.minor for g in discover(root).gpus},
+        device_present=lambda address: (Path(root) / "sys/bus/pci/devices" / address).exists(),
+        note=progress.note,
+    )
+
+
+class Runner:
+    """Runs a journal's steps forward and backward through a :class:`StepContext`."""
+
+    def __init__(self, ctx: StepContext, journal: Journal, progress: Progress):
+        self.ctx = ctx
+        self.j = journal
+        self.progress = progress
+        self.results: list[StepResult] = []
+        self._lock = threading.Lock()
+
+    # --- forward -------------------------------------------------------------------------------
+
+    def _one(self, i: int, a: ActionModel, total: int) -> None:
+        try:
+            before = a.before(self.ctx)
+        except BaseException as e:  # nothing changed yet, but the error belongs to this step
+            self.j.append(Failed(step=i, error=str(signals.as_error(e)), error_type=type(e).__name__, begun=False))
+            raise
+        self.j.append(Begin(step=i, action=a, before=before.model_dump()))
+        self.progress.step_begin(i, total, a)
+        t0 = time.monotonic()
+        try:
+            a.do(self.ctx)
+        except BaseException as e:
+            t1 = time.monotonic()
+            hung = [e.address] if isinstance(e, SysfsTimeout) and e.address else []
+            self.j.append(Failed(step=i, error=str(signals.as_error(e)), error_type=type(e).__name__, devices=hung))
+            self._result(StepResult(i, a.phase, a.describe(), "failed", t1 - t0, t0, t1))
+            self.progress.step_end(i, total, a, "FAILED", t1 - t0)
+            raise
+        t1 = time.monotonic()
+        self.j.append(Done(step=i, seconds=round(t1 - t0, 4)))
+        self._result(StepResult(i, a.phase, a.describe(), "done", t1 - t0, t0, t1))
+        self.progress.step_end(i, total, a, "done", t1 - t0)
+
+    def _result(self, r: StepResult) -> None:
+        with self._lock:
+            self.results.append(r)
+
+    def forward(self, actions: list[ActionModel], skip: set[int] = frozenset()) -> None:
+        """Run ``actions`` (index = position) except ``skip``. Raises the first failure after every
+        worker of a parallel group ended (a hung device outranks the others: it decides the exit code)."""
+        total = len(actions)
+        i = 0
+        while i < total:
+            a = actions[i]
+            if not a.parallel:
+                if i not in skip:
+                    self._one(i, a, total)
+                i += 1
+                continue
+            k = i
+            while k < total and type(actions[k]) is type(a):
+                k += 1
+            todo = [n for n in range(i, k) if n not in skip]
+            if todo:
+                with ThreadPoolExecutor(max_workers=len(todo), thread_name_prefix=a.kind) as pool:
+                    # an interrupt between starting a worker thread and the pool recording it
+                    # would let the pool's exit skip waiting for it, and the rollback race it
+                    with signals.held():
+                        futures = [pool.submit(self._one, n, actions[n], total) for n in todo]
+                    errors = [f.exception() for f in futures]
+                failures = [e for e in errors if e is not None]
+                if failures:
+                    hung = [e for e in failures if isinstance(e, SysfsTimeout)]
+                    raise (hung or failures)[0]
+            i = k
+
+    def stop_window(self) -> float | None:
+        """Seconds from the first stop step's start to the last start step's end."""
+        stops = [r.started for r in self.results if r.phase == "stop"]
+        starts = [r.ended for r in self.results if r.phase == "start"]
+        if not stops or not starts:
+            return None
+        return max(starts) - min(stops)
+
+    # --- backward ------------------------------------------------------------------------------
+
+    def backward(self, running_before: RunningBefore, retry: bool = False) -> tuple[bool, list[str]]:
+        """Undo every begun step whose undo has not completed (newest first, GPUs before devN),
+        then restart what ran before. ``retry`` (a recover after a human fixed the host) tries the
+        devices on which an earlier write hung again instead of leaving them alone.
+
+        Returns (complete, needs_human): ``complete`` is False when an undo failed or had to leave
+        a device alone.
+        """
+        ctx = self.ctx
+        steps = self.j.steps()
+        order = sorted(dict.fromkeys(reversed(self.j.begun())), key=lambda n: UNDO_RANK.get(steps[n].action.phase, 5))
+        ctx.stuck = set(ctx.binder.stuck) | ctx.gone
+        if not retry:
+            ctx.stuck |= self.j.hung_devices()  # a worker of this process may still be blocked there
+        journaled = self.j.services_to_restart()
+        complete = True
+        for n in order:
+            st = steps[n]
+            if st.status == "undo-done":
+                continue
+            a = st.action
+            self.j.append(UndoBegin(step=n))
+            try:
+                what = a.undo(a.load_before(st.before), ctx)
+            except GputopoError as e:
+                complete = False
+                self.j.append(UndoFailed(step=n, error=str(e)))
+                self.progress.note(f"undo of step {n + 1} ({a.describe()}) failed: {e}")
+                continue
+            finally:
+                for vmid in sorted(ctx.service_changed - journaled):
+                    self.j.append(ServiceChanged(vmid=vmid))
+                    journaled.add(vmid)
+            left = (ctx.stuck | ctx.gone | set(ctx.binder.stuck)) & set(a.devices())
+            if left:
+                # recorded as not undone, so that a later recover tries this group again
+                complete = False
+                self.j.append(UndoIncomplete(step=n, what=what, devices=sorted(left)))
+            else:
+                self.j.append(UndoDone(step=n, what=what))
+            if what:
+                self.progress.note(f"undo {n + 1}: {what}")
+        complete = self._restart(running_before, journaled) and complete
+        return complete, sorted(ctx.stuck | ctx.gone | set(ctx.binder.stuck))
+
+    def _restart(self, running_before: RunningBefore, changed: set[int]) -> bool:
+        """Start again what ran before: guests first, then their services (restarted when their
+        drop-in was put back). Returns False when something could not be started."""
+        ctx = self.ctx
+        ok = True
+        for key, status in running_before.guests.items():
+            kind, vmid = key.split("/")
+            try:
+                if status == "running" and not ctx.running(kind, int(vmid)):
+                    ctx.ports.proxmox.guest_action(kind, int(vmid), "start", ctx.timeouts.guest)
+                    self.progress.note(f"started {kind} {vmid}")
+            except GputopoError as e:
+                ok = False
+                self.j.append(RestartFailed(what=key, error=str(e)))
+        for key, status in running_before.services.items():
+            vmid_s, unit = key.split("/", 1)
+            vmid = int(vmid_s)
+            if status != "active":
+                continue
+            try:
+                if vmid in changed and ctx.service_active(vmid, unit):
+                    ctx.exec(vmid, ["systemctl", "daemon-reload"])
+                    ctx.exec(vmid, ["systemctl", "restart", unit])
+                    ctx.wait_active(vmid, unit)
+                    self.progress.note(f"CT {vmid}: restarted {unit} with its previous configuration")
+                elif not ctx.service_active(vmid, unit):
+                    ctx.start_service(vmid, unit)
+                    self.progress.note(f"CT {vmid}: started {unit}")
+            except GputopoError as e:
+                ok = False
+                self.j.append(RestartFailed(what=key, error=str(e)))
+        return ok
+
+
+def running_before_of(actions: list[ActionModel], current: Any) -> RunningBefore:
+    """What ran before the apply and must run again after a rollback, as the steps record it."""
+    out = RunningBefore()
+    for a in actions:
+        a.was_running(current, out)
+    return out

@@ -1,0 +1,31 @@
+"""The ``map`` lines of a PCI resource mapping as plain ``key=value`` fields. Pure.
+
+A line reads ``id=10de:2bb5,iommugroup=40,node=pve1,path=0000:81:00.0,subsystem-id=10de:204e``
+(pve-guest-common ``PVE/Mapping/PCI.pm``: ``path`` may join devices passed together with ``;``).
+"""
+
+from __future__ import annotations
+
+
+def map_fields(entry: str) -> dict[str, str]:
+    """``{key: value}`` of one map line; parts without ``=`` are ignored."""
+    out: dict[str, str] = {}
+    for part in entry.split(","):
+        if "=" in part:
+            k, v = part.split("=", 1)
+            out[k.strip()] = v.strip()
+    return out
+
+
+def map_paths(entry: str) -> list[str]:
+    """The devices of one map line (``path=A;B`` -> [A, B])."""
+    return [p for p in map_fields(entry).get("path", "").split(";") if p]
+
+
+def normalize_map_entry(entry: str) -> str:
+    """A map entry in Proxmox's canonical form: keys sorted, hex lowercase."""
+    fields = map_fields(entry)
+    for k in ("id", "subsystem-id", "path"):
+        if k in fields:
+            fields[k] = fields[k].lower()
+    return ",".join(f"{k}={v}" for k, v in sorted(fields.items()))

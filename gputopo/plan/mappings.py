@@ -1,0 +1,77 @@
+"""The PCI mappings the spec manages: their ``map`` lines for this node, kept for other nodes. Pure."""
+
+from __future__ import annotations
+
+from gputopo.actions import DeleteMapping, SetMapping
+from gputopo.formats.mapline import map_fields, normalize_map_entry
+from gputopo.formats.pvefmt import MapEntry, format_map_entry
+from gputopo.model.facts import Gpu
+from gputopo.model.state import CurrentState
+from gputopo.plan.model import MappingTarget
+from gputopo.plan.spec import Container, VmMapping
+
+
+def map_entry(gpu: Gpu, node: str) -> str:
+    """``id=vvvv:dddd,iommugroup=N,node=<node>,path=<addr>,subsystem-id=vvvv:dddd`` for a GPU.
+
+    Raises PveFormatError when the GPU's ids cannot form a valid entry.
+    """
+    subsystem = None
+    if gpu.subsystem_vendor and gpu.subsystem_device:
+        subsystem = f"{_hex(gpu.subsystem_vendor)}:{_hex(gpu.subsystem_device)}"
+    return format_map_entry(
+        MapEntry(
+            id=f"{_hex(gpu.vendor)}:{_hex(gpu.device)}",
+            node=node,
+            path=gpu.address,
+            iommugroup=gpu.iommu_group,
+            subsystem_id=subsystem,
+        )
+    )
+
+
+def _hex(value: str | None) -> str:
+    text = (value or "").lower()
+    return text[2:] if text.startswith("0x") else text
+
+
+def mapping_changes(
+    node_name: str,
+    cts: dict[str, Container],
+    vms: dict[str, VmMapping],
+    selected: dict[str, list[Gpu]],
+    current: CurrentState,
+) -> tuple[dict[str, MappingTarget], list[SetMapping | DeleteMapping], set[str]]:
+    """(every managed mapping's target, the actions, the ids whose ``map`` changes).
+
+    Entries of other nodes are kept; a description set outside the spec is kept too.
+    """
+    managed: list[tuple[str, list[Gpu], str | None, str]] = [
+        (m.name, selected.get(o, []), m.description, "VM passthrough") for o, m in vms.items()
+    ] + [(c.mapping, selected.get(o, []), None, f"container {c.vmid}") for o, c in cts.items() if c.mapping]
+    mappings: dict[str, MappingTarget] = {}
+    actions: list[SetMapping | DeleteMapping] = []
+    changed: set[str] = set()
+    for mid, gpus, description, purpose in managed:
+        cur = current.mappings.get(mid)
+        other_nodes = [e for e in (cur.map if cur else []) if map_fields(e).get("node") != node_name]
+        ours = [map_entry(g, node_name) for g in sorted(gpus, key=lambda g: g.address)]
+        want = other_nodes + ours
+        desc = description or (cur.description if cur and cur.description else None)
+        if desc is None and ours:
+            desc = f"{len(ours)} GPU(s) for {purpose} (gputopo)"
+        mappings[mid] = MappingTarget(map=want, description=desc if want else None)
+        if not want:
+            if cur is not None:
+                actions.append(DeleteMapping(id=mid, digest=cur.digest))
+                changed.add(mid)
+        elif cur is None:
+            actions.append(SetMapping(id=mid, map=want, description=desc, create=True))
+            changed.add(mid)
+        else:
+            same_map = sorted(map(normalize_map_entry, cur.map)) == sorted(map(normalize_map_entry, want))
+            if not same_map or (cur.description or None) != desc:
+                actions.append(SetMapping(id=mid, map=want, description=desc, create=False, digest=cur.digest))
+            if not same_map:
+                changed.add(mid)
+    return mappings, actions, changed

@@ -1,0 +1,121 @@
+"""The plan: the target of every GPU, container and mapping, and the ordered actions that get there.
+
+A plan is data: every action is a model of :mod:`gputopo.actions` with a ``kind``, a ``phase`` and a
+one-line ``describe()``. Apply iterates the actions in order; an empty action list means the host is
+converged ("No changes"). Phases, in execution order:
+
+* ``prepare`` -- safe while everything runs: persistence files, PCI mappings, the service drop-in
+  (systemd reads it only at the next start);
+* ``stop``    -- the service, the container, VMs whose devices change (only what must stop);
+* ``switch``  -- one Rebind per IOMMU group; they may run in parallel;
+* ``config``  -- the container's device entries (with the digest read at plan time);
+* ``start``   -- what was stopped, in reverse.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gputopo.actions import VFIO, Action
+
+
+class _M(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class GpuTarget(_M):
+    address: str
+    owner: str = Field(description="container:<vmid> | vm:<mapping> | host (left untouched)")
+    driver: Literal["nvidia", "vfio-pci"] | None = Field(description="Target driver; null = untouched")
+    current_driver: str | None
+    companions: list[str] = Field(default_factory=list)
+    numa_node: int | None = None
+    minor: int | None = None
+    iommu_group: int | None = None
+
+
+class ServiceTarget(_M):
+    unit: str
+    tp_flag: str
+    tp: int
+    dropin: str
+    command: str | None = Field(None, description="Base command; null when unknown (drop-in not managed)")
+    current_tp: int | None = None
+
+
+class ContainerTarget(_M):
+    vmid: int
+    gpus: list[str]
+    device_mode: Literal["devN", "legacy"]
+    devices: dict[str, str] = Field(description="Every devN entry the config will have")
+    lxc: list[list[str]] = Field(default_factory=list, description="gputopo's raw lxc.* lines (legacy)")
+    mapping: str | None = None
+    service: ServiceTarget | None = None
+
+
+class MappingTarget(_M):
+    map: list[str]
+    description: str | None = None
+
+
+class Plan(_M):
+    node: str
+    target: list[GpuTarget]
+    containers: list[ContainerTarget] = Field(default_factory=list)
+    mappings: dict[str, MappingTarget] = Field(default_factory=dict, description="Mappings the spec manages")
+    kept_mappings: dict[str, MappingTarget] = Field(default_factory=dict, description="Other mappings, untouched")
+    p2p_disable: bool = False
+    keep_override: bool = True
+    warnings: list[str] = Field(default_factory=list)
+    actions: list[Action] = Field(default_factory=list)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.actions
+
+    def vfio_addresses(self) -> list[str]:
+        """Every address that the target puts on vfio-pci (VM GPUs and their companions)."""
+        out: set[str] = set()
+        for t in self.target:
+            if t.driver == VFIO:
+                out.add(t.address)
+                out.update(t.companions)
+        return sorted(out)
+
+    def to_text(self) -> str:
+        """The plan for humans: target table, warnings, numbered actions or 'No changes'."""
+        lines = [f"Node {self.node}"]
+        lines.append(f"{'GPU':<14} {'NUMA':<5} {'MINOR':<6} {'GROUP':<6} {'DRIVER':<22} OWNER")
+        for t in self.target:
+            drv = t.current_driver or "none"
+            if t.driver and t.driver != t.current_driver:
+                drv = f"{drv} -> {t.driver}"
+            comp = f" (+{', '.join(t.companions)})" if t.companions else ""
+            lines.append(
+                f"{t.address:<14} {_dash(t.numa_node):<5} {_dash(t.minor):<6} {_dash(t.iommu_group):<6} "
+                f"{drv:<22} {t.owner}{comp}"
+            )
+        for ct in self.containers:
+            svc = ""
+            if ct.service is not None:
+                was = f" (now {ct.service.current_tp})" if ct.service.current_tp not in (None, ct.service.tp) else ""
+                svc = f", {ct.service.unit} tp {ct.service.tp}{was}"
+            lines.append(f"Container {ct.vmid}: {len(ct.gpus)} GPU(s), tp {len(ct.gpus)}, {ct.device_mode}{svc}")
+        for mid, m in sorted(self.mappings.items()):
+            lines.append(f"Mapping {mid}: {len(m.map)} device(s)")
+        if self.warnings:
+            lines.append("Warnings:")
+            lines += [f"  - {w}" for w in self.warnings]
+        if not self.actions:
+            lines.append("No changes")
+        else:
+            lines.append("Actions:")
+            for i, a in enumerate(self.actions, 1):
+                lines.append(f"  {i:>2}. [{a.phase}] {a.describe()}")
+        return "\n".join(lines) + "\n"
+
+
+def _dash(value: Any) -> str:
+    return "-" if value is None else str(value)

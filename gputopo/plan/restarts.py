@@ -1,0 +1,156 @@
+"""What must stop and start again: containers whose devices change, services whose drop-in
+changes, VMs whose passthrough devices move, and what the spec says serves but is stopped. Pure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gputopo.actions import Rebind, StartGuest, StartService, StopGuest, StopService, WriteServiceDropin
+from gputopo.errors import AddressError
+from gputopo.formats.devn import DEV_KEY, dev_path
+from gputopo.formats.mapline import map_fields
+from gputopo.model.facts import Facts, normalize_address, slot_of
+from gputopo.model.state import ContainerState, CurrentState, ServiceState
+from gputopo.plan.model import MappingTarget, ServiceTarget
+from gputopo.plan.render import dropin_path, parse_tp, render_dropin
+from gputopo.plan.spec import Container, Node
+
+
+def service_target(
+    c: Container, tp: int, state: ContainerState, p2p: bool, templates: str | None, warnings: list[str]
+) -> tuple[ServiceTarget | None, WriteServiceDropin | None]:
+    """(the service's target, the drop-in to write or None) for container ``c`` with ``tp`` GPUs.
+
+    Without GPUs, or without a known command, the drop-in is not managed (a warning says why).
+    """
+    if c.service is None:
+        return None, None
+    svc_state = state.service
+    command = c.service.command or (svc_state.exec_start if svc_state else None)
+    svc_target = ServiceTarget(
+        unit=c.service.unit, tp_flag=c.service.tp_flag, tp=tp, dropin=c.service.dropin,
+        command=command, current_tp=_running_tp(svc_state),
+    )
+    if tp == 0:
+        warnings.append(f"container {c.vmid}: no GPUs left; {c.service.unit} is left alone")
+        svc_target.command = None
+        return svc_target, None
+    if command is None:
+        warnings.append(
+            f"container {c.vmid}: {c.service.unit} has no known command (set service.command); "
+            "its drop-in is not managed"
+        )
+        return svc_target, None
+    content = render_dropin(command, c.service.tp_flag, tp, p2p, templates)
+    if svc_state is not None and svc_state.dropin == content:
+        return svc_target, None
+    return svc_target, WriteServiceDropin(
+        vmid=c.vmid,
+        unit=c.service.unit,
+        path=dropin_path(c.service.unit, c.service.dropin),
+        content=content,
+        tp=tp,
+    )
+
+
+def _running_tp(svc: ServiceState | None) -> int | None:
+    if svc is None:
+        return None
+    if svc.tp is not None:
+        return svc.tp
+    return parse_tp(svc.exec_start) if svc.exec_start else None
+
+
+def maps_a_moving_gpu(config: dict[str, Any], facts: Facts, rebinds: list[Rebind]) -> bool:
+    """True when a devN entry of ``config`` is the /dev/nvidiaN of a device being rebound: the
+    container must stop before that GPU is unbound under it."""
+    used_paths = {dev_path(v) for k, v in config.items() if DEV_KEY.match(k)}
+    for r in rebinds:
+        for a in r.members:
+            g = facts.gpu(a)
+            if g is not None and g.minor is not None and f"/dev/nvidia{g.minor}" in used_paths:
+                return True
+    return False
+
+
+def container_restarts(
+    spec_node: Node, current: CurrentState, touched: set[int], restart_services: set[int]
+) -> tuple[list[StopService | StopGuest], list[StartGuest | StartService]]:
+    """(stops, starts) of the containers and services: only what must stop, and what the spec
+    says serves but is not running."""
+    stops: list[StopService | StopGuest] = []
+    starts: list[StartGuest | StartService] = []
+    for c in spec_node.containers:
+        state = current.containers.get(c.vmid) or ContainerState()
+        running = state.status == "running"
+        svc = c.service
+        svc_active = bool(state.service and state.service.active)
+        if c.vmid in touched and running:
+            if svc is not None and svc_active:
+                stops.append(StopService(vmid=c.vmid, unit=svc.unit))
+            stops.append(StopGuest(guest="lxc", vmid=c.vmid))
+            starts.append(StartGuest(guest="lxc", vmid=c.vmid))
+            if svc is not None:
+                starts.append(StartService(vmid=c.vmid, unit=svc.unit))
+        elif c.vmid in restart_services and running and svc is not None:
+            if svc_active:
+                stops.append(StopService(vmid=c.vmid, unit=svc.unit))
+            starts.append(StartService(vmid=c.vmid, unit=svc.unit))
+        elif c.vmid in current.containers and not running:
+            # The spec says this container serves its GPUs: a stopped one is not converged.
+            starts.append(StartGuest(guest="lxc", vmid=c.vmid))
+            if svc is not None:
+                starts.append(StartService(vmid=c.vmid, unit=svc.unit))
+        elif svc is not None and state.service is not None and not svc_active:
+            # The service state was read (pct exec) and it is not running.
+            starts.append(StartService(vmid=c.vmid, unit=svc.unit))
+    return stops, starts
+
+
+def hostpci_devices(value: str) -> tuple[str | None, list[str]]:
+    """(mapping id, host devices) of a VM's ``hostpciN`` value.
+
+    ``mapping=ID[,...]`` names a mapping; ``host=A;B[,...]`` or a bare ``A;B[,...]`` names
+    devices, each a full address (``0000:81:00.0``) or a slot (``81:00``: every function of the
+    card), returned normalised (``0000:81:00.0``, ``0000:81:00``). Devices that are not PCI
+    addresses are left out (Proxmox refuses such a value).
+    """
+    first = value.split(",")[0]
+    fields = map_fields(value if "=" in first else f"host={value}")
+    hosts: list[str] = []
+    for text in filter(None, fields.get("host", "").split(";")):
+        try:
+            hosts.append(normalize_address(text) if "." in text else slot_of(normalize_address(text + ".0")))
+        except AddressError:
+            continue
+    return fields.get("mapping"), hosts
+
+
+def guest_restarts(
+    spec_node: Node,
+    current: CurrentState,
+    mappings: dict[str, MappingTarget],
+    changed_mappings: set[str],
+    rebinding: set[str],
+) -> tuple[list[StopGuest], list[StartGuest]]:
+    """(stops, starts) of the running VMs that use a changed mapping, a mapping holding a device
+    being rebound, or such a device directly (``host=``)."""
+    affected = set(changed_mappings)
+    for mid, m in {**mappings, **current.mappings}.items():
+        paths = [p for e in m.map for p in map_fields(e).get("path", "").split(";")]
+        if any(p in rebinding for p in paths):
+            affected.add(mid)
+    stops: list[StopGuest] = []
+    starts: list[StartGuest] = []
+    for vmid in spec_node.vms.guests or sorted(current.guests):
+        gs = current.guests.get(vmid)
+        if gs is None or gs.status != "running":
+            continue
+        hit = False
+        for value in gs.hostpci:
+            mapping, hosts = hostpci_devices(value)
+            hit = hit or mapping in affected or any(a in hosts or slot_of(a) in hosts for a in rebinding)
+        if hit:
+            stops.append(StopGuest(guest="qemu", vmid=vmid))
+            starts.append(StartGuest(guest="qemu", vmid=vmid))
+    return stops, starts
