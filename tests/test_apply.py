@@ -403,7 +403,7 @@ def _reverse_spec_text(host) -> str:
 def test_reverse_split_gives_every_gpu_back_with_tp_8_and_verifies(host):
     from gputopo.actions import UpdateContainer
     from gputopo.plan.spec import parse_spec
-    from gputopo.verify.checks import verify
+    from gputopo.verify import verify
 
     ports = host.ports()
     root = str(host.paths.root)

@@ -68,7 +68,7 @@ def _spec(text: str, replace: dict[str, str] | None = None):
 
 def _converged(host, spec, unit: str = "sglang.service") -> None:
     """verify all clear and a second apply plans nothing."""
-    from gputopo.verify.checks import verify
+    from gputopo.verify import verify
 
     ports = host.ports()
     report = verify(spec, ports, root=str(host.paths.root))

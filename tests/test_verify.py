@@ -10,22 +10,18 @@ from pathlib import Path
 
 import pytest
 
+from gputopo.errors import VerifyFailed
 from gputopo.facts.current import read_current
 from gputopo.facts.discover import discover
-from gputopo.errors import VerifyFailed
 from gputopo.formats.nvsmi import parse_nvidia_smi_q, parse_query_gpu
 from gputopo.plan.planner import plan as make_plan
 from gputopo.plan.spec import parse_spec
-from gputopo.verify.checks import (
-    CHECKS,
-    FAIL,
-    PASS,
-    WARN,
-    Check,
+from gputopo.verify import CHECKS, FAIL, PASS, WARN, Check, VerifyReport, verify
+from gputopo.verify.memory import assess_memory
+from gputopo.verify.parse import (
     GpuRow,
-    VerifyReport,
     answer_matches,
-    assess_memory,
+    base_url,
     mapping_checks,
     memory_spread_pct,
     p2p_disabled,
@@ -35,7 +31,8 @@ from gputopo.verify.checks import (
     parse_sglang_kv_tokens,
     parse_show_properties,
     parse_vllm_kv_tokens,
-    verify,
+    server_flavor,
+    service_port,
 )
 
 REAL = Path(__file__).resolve().parent.parent / "fixtures" / "real"
@@ -194,6 +191,17 @@ def test_mapping_checks_flatten_messages():
                                      "pro6000": []}
 
 
+def test_endpoint_parts_from_the_command_and_the_url():
+    sglang = "/opt/sglang/.venv/bin/python -m sglang.launch_server --model-path /m --tp 4"
+    assert server_flavor(sglang) == "sglang" and service_port(sglang) == 30000
+    assert service_port(sglang + " --port 31000") == 31000
+    assert service_port("vllm serve /m --port=8100 --tensor-parallel-size 4") == 8100
+    assert service_port("vllm serve /m --tensor-parallel-size 4") == 8000
+    assert service_port("/usr/bin/llama-server --ports 9") is None and server_flavor(None) is None
+    assert base_url("http://10.0.0.5:30000/health") == "http://10.0.0.5:30000"
+    assert base_url(" http://10.0.0.5:30000/ ") == "http://10.0.0.5:30000"
+
+
 def test_report_ok_and_strict():
     checks = [Check(name="a", status=PASS, summary="x"), Check(name="b", status=WARN, summary="y")]
     assert VerifyReport(checks=checks).ok and VerifyReport(checks=checks).exit_code == 0
@@ -272,6 +280,30 @@ def demo(applied, tmp_path):
 
 def _verify(host, ports, spec_text: str = SPEC, **kw) -> VerifyReport:
     return verify(parse_spec(spec_text), ports, root=str(host.paths.root), **kw)
+
+
+def test_each_service_is_shown_once(healthy):
+    """One ``systemctl show`` per container serves the current-state read and every check."""
+    from dataclasses import replace
+
+    host, ports = healthy
+    seen: list[list[str]] = []
+
+    class Recording:
+        def run(self, vmid, argv, timeout, input=None):
+            seen.append(list(argv))
+            return ports.exec.run(vmid, argv, timeout, input)
+
+        def push(self, vmid, path, content, mode=0o644):
+            ports.exec.push(vmid, path, content, mode)
+
+    report = verify(parse_spec(SPEC), replace(ports, exec=Recording()), root=str(host.paths.root))
+    assert report.ok, report.to_text()
+    shows = [a for a in seen if a[:2] == ["systemctl", "show"]]
+    assert len(shows) == 1 and shows[0][-1] == "sglang.service", seen
+    assert {"ActiveState", "SubState", "ExecStart", "Environment"} <= set(shows[0][2:-1])
+    assert ["cat", "/etc/systemd/system/sglang.service.d/gputopo.conf"] in seen  # the rest still runs
+    assert report.check("service").details[str(CT)]["tp"] == 4
 
 
 def test_demo_host_passes_every_check(healthy):
@@ -542,7 +574,7 @@ def test_endpoint_from_the_spec_health_url(healthy):
 
 def test_endpoint_of_a_stopped_container_is_unknown(demo):
     """A stopped container has no address (Proxmox answers null): nothing can answer, a FAIL."""
-    from gputopo.verify.checks import container_address
+    from gputopo.verify.parse import container_address
 
     host, ports = demo
     assert container_address([]) is None
@@ -603,9 +635,9 @@ def test_build_ports_refuses_contradictions(tmp_path):
 
 def test_build_ports_for_a_real_api(healthy):
     """The real-host path: HTTPS with a CA bundle and the password from the environment."""
+    from gputopo.adapters.pct import PctExec
     from gputopo.adapters.sysfs import RealSysfs
     from gputopo.cli.connect import Connection, build_ports, release_ports
-    from gputopo.adapters.pct import PctExec
 
     host, _ = healthy
     conn = Connection(root=str(host.paths.root), api_url=host.url, node="pve1",

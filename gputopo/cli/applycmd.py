@@ -60,7 +60,7 @@ class _RichProgress:
 
 def _verifier(spec, ports, root, node):
     try:
-        from gputopo.verify.checks import verify as run_verify
+        from gputopo.verify import verify as run_verify
     except ImportError:
         return None
     return lambda: run_verify(spec, ports, root=root, node=node)

@@ -31,7 +31,7 @@ def verify(spec_file: str, conn: Connection, http_timeout: float | None, strict:
     """
     from gputopo.errors import VerifyFailed
     from gputopo.plan.spec import load_spec
-    from gputopo.verify.checks import verify as run_verify
+    from gputopo.verify import verify as run_verify
 
     spec = load_spec(spec_file)
     root = host_root(conn)

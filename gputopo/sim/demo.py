@@ -16,7 +16,7 @@ from gputopo.facts.discover import discover
 from gputopo.model.facts import Facts
 from gputopo.ports import Ports
 from gputopo.plan.spec import init_spec, parse_spec
-from gputopo.verify.checks import VerifyReport, verify
+from gputopo.verify import VerifyReport, verify
 
 NVIDIA_SMI_QUERY = [
     "nvidia-smi",

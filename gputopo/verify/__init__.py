@@ -1,0 +1,84 @@
+"""Verify: an independent health check of a host against its spec, the operator's "all clear".
+
+Everything is read fresh (a new :func:`gputopo.facts.discover.discover` and
+:func:`gputopo.facts.current.read_current`), never taken from what an apply remembers. Seven
+checks, each PASS / WARN / FAIL with the numbers behind it, one module each:
+
+1. :mod:`~gputopo.verify.converged` -- a fresh plan is empty;
+2. :mod:`~gputopo.verify.vm`        -- VM GPUs and their group companions on vfio-pci,
+   ``/dev/vfio`` present, Proxmox's own mapping check clean;
+3. :mod:`~gputopo.verify.container` -- nvidia-smi inside each container lists exactly its GPUs;
+4. :mod:`~gputopo.verify.memory`    -- memory used balanced across a service's GPUs, with headroom;
+5. :mod:`~gputopo.verify.service`   -- the unit active with the planned tensor-parallel size;
+6. :mod:`~gputopo.verify.inference` -- the endpoint answers the smoke-test prompt in time and
+   reports its KV-cache size;
+7. :mod:`~gputopo.verify.platform`  -- peer-to-peer DMA disabled where SEV-SNP needs it.
+
+They share one :class:`~gputopo.verify.context.Context` (facts, current state, plan, and each
+container's nvidia-smi and ``systemctl show`` read once); their evidence is parsed by the pure
+functions of :mod:`~gputopo.verify.parse`; their verdicts make a
+:class:`~gputopo.verify.report.VerifyReport`. ``report.ok`` is False for any FAIL (and for any
+WARN when ``strict``), ``report.exit_code`` is 0 or 1.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from gputopo.errors import GputopoError
+from gputopo.plan.spec import Spec
+from gputopo.ports import Ports
+from gputopo.verify import (
+    container,
+    converged,
+    inference,
+    memory,
+    platform,
+    service,
+    vm,
+)
+from gputopo.verify.context import Context
+from gputopo.verify.report import FAIL, PASS, WARN, Check, Status, VerifyReport
+
+__all__ = ["CHECKS", "REGISTRY", "FAIL", "PASS", "WARN", "Check", "Status", "VerifyReport", "verify"]
+
+#: check name -> its function, in the order verify runs them; each takes the Context and returns its
+#: Check, and a GputopoError it raises becomes a FAIL of that check
+REGISTRY: dict[str, Callable[[Context], Check]] = {
+    m.NAME: m.check for m in (converged, vm, container, memory, service, inference, platform)
+}
+CHECKS = tuple(REGISTRY)
+
+
+def verify(
+    spec: Spec,
+    ports: Ports,
+    *,
+    root: str | Path,
+    http_timeout: float | None = None,
+    strict: bool = False,
+    node: str | None = None,
+    only: list[str] | None = None,
+) -> VerifyReport:
+    """Check the host under ``root`` (through ``ports``) against ``spec`` from fresh facts.
+
+    ``http_timeout`` bounds the whole inference probe (default: ``spec.verify.timeout``);
+    ``only`` limits the checks to those names (default all of :data:`CHECKS`, in that order).
+    Returns the :class:`VerifyReport`; a check that cannot be made is a FAIL in it, not an
+    exception. Raises RootError when ``root`` holds no sysfs tree, SpecError when the spec names
+    no node for this host, ValueError for an unknown name in ``only``.
+    """
+    names = list(only) if only else list(CHECKS)
+    unknown = [n for n in names if n not in REGISTRY]
+    if unknown:
+        raise ValueError(f"unknown check(s) {', '.join(unknown)} (known: {', '.join(CHECKS)})")
+    timeout = float(http_timeout if http_timeout is not None else spec.verify.timeout)
+    ctx = Context(spec, ports, str(root), node, timeout)
+    report = VerifyReport(node=ctx.node, strict=strict)
+    for name in names:
+        try:
+            report.checks.append(REGISTRY[name](ctx))
+        except GputopoError as e:
+            report.checks.append(Check(name=name, status=FAIL, summary=str(e), details={"error": str(e)}))
+    return report

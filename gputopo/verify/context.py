@@ -1,0 +1,169 @@
+"""What the checks share, read once per verification: fresh facts, the current state, a fresh
+plan (or why there is none), and each container's nvidia-smi rows and service properties."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from gputopo.errors import GputopoError, NvsmiParseError, PlanRefused
+from gputopo.facts.current import parse_systemctl_show, read_current
+from gputopo.facts.discover import discover
+from gputopo.model.facts import Facts
+from gputopo.model.state import ContainerState, CurrentState
+from gputopo.plan.model import ContainerTarget, Plan
+from gputopo.plan.select import pick_node
+from gputopo.plan.planner import plan as make_plan
+from gputopo.plan.spec import Container, Node, Service, Spec
+from gputopo.ports import ExecPort, ExecResult, Ports
+from gputopo.verify.parse import (
+    QUERY_FIELDS,
+    GpuRow,
+    parse_gpu_rows,
+    parse_show_properties,
+)
+
+EXEC_TIMEOUT = 30.0
+NVSMI_ARGV = ["nvidia-smi", "--query-gpu=" + ",".join(QUERY_FIELDS), "--format=csv,noheader,nounits"]
+SHOW_PROPS = ("ActiveState", "SubState", "ExecStart", "Environment")
+
+
+def show_argv(unit: str) -> list[str]:
+    """``systemctl show`` of every property verify reads (:data:`SHOW_PROPS`) of ``unit``."""
+    argv = ["systemctl", "show"]
+    for p in SHOW_PROPS:
+        argv += ["-p", p]
+    return argv + [unit]
+
+
+class _ShowOnce:
+    """An ExecPort over ``exec`` that runs ``systemctl show`` once per container and unit.
+
+    The first ``systemctl show ... UNIT`` asks for all of :data:`SHOW_PROPS`; every later one,
+    whatever properties it names, gets that same answer (or error). ``systemctl show -p`` prints
+    only the properties asked for, one ``Key=value`` a line, and both its readers
+    (:func:`gputopo.facts.current.parse_systemctl_show`, :func:`parse_show_properties`) pick
+    lines by key, so the wider answer serves the current-state read and the checks alike.
+    Every other command goes straight to ``exec``.
+    """
+
+    def __init__(self, exec: ExecPort):
+        self._exec = exec
+        self._show: dict[tuple[int, str], ExecResult | GputopoError] = {}
+
+    def run(self, vmid: int, argv: list[str], timeout: float, input: str | None = None) -> ExecResult:
+        if argv[:2] != ["systemctl", "show"] or len(argv) < 3 or input is not None:
+            return self._exec.run(vmid, argv, timeout, input)
+        key = (vmid, argv[-1])
+        if key not in self._show:
+            try:
+                self._show[key] = self._exec.run(vmid, show_argv(argv[-1]), timeout)
+            except GputopoError as e:
+                self._show[key] = e
+        got = self._show[key]
+        if isinstance(got, GputopoError):
+            raise got
+        return got
+
+    def push(self, vmid: int, path: str, content: str, mode: int = 0o644) -> None:
+        self._exec.push(vmid, path, content, mode)
+
+
+class Context:
+    """Fresh facts, the current state and the plan of the spec's node, with the container reads
+    the checks share (each made once).
+
+    Raises RootError when ``root`` holds no sysfs tree and SpecError when the spec names no node
+    for this host; an unreadable current state or a refused plan is kept (``current_error``,
+    ``plan_error``) for the checks to report.
+    """
+
+    def __init__(self, spec: Spec, ports: Ports, root: str, node: str | None, http_timeout: float):
+        self.spec = spec
+        self.ports = ports
+        self.exec: ExecPort = _ShowOnce(ports.exec)
+        self.root = root
+        self.http_timeout = http_timeout
+        self.facts: Facts = discover(root)
+        self.spec_node: Node = pick_node(spec, self.facts, node)
+        self.node = self.spec_node.name
+        self.current: CurrentState | None = None
+        self.current_error: str | None = None
+        try:
+            self.current = read_current(spec, self.facts, proxmox=ports.proxmox, exec=self.exec,
+                                        files=ports.files, node=self.node)
+        except GputopoError as e:
+            self.current_error = str(e)
+        self.plan: Plan | None = None
+        self.plan_error: list[str] = []
+        try:
+            self.plan = make_plan(self.facts, spec, self.current or CurrentState(), node=self.node)
+        except PlanRefused as e:
+            self.plan_error = [f"refused: {r}" for r in e.refusals]
+        self._smi: dict[int, tuple[list[GpuRow] | None, str | None]] = {}
+
+    @property
+    def containers(self) -> list[Container]:
+        """The spec's containers on this node."""
+        return list(self.spec_node.containers)
+
+    def target(self, vmid: int) -> ContainerTarget | None:
+        """The plan's target for container ``vmid``; None without a plan or a target."""
+        if self.plan is None:
+            return None
+        for ct in self.plan.containers:
+            if ct.vmid == vmid:
+                return ct
+        return None
+
+    def services(self, min_gpus: int = 1) -> Iterator[tuple[Container, Service, ContainerTarget]]:
+        """(container, its service, its target) for each container with a service and at least
+        ``min_gpus`` planned GPUs."""
+        for c in self.containers:
+            t = self.target(c.vmid)
+            if c.service is not None and t is not None and len(t.gpus) >= min_gpus:
+                yield c, c.service, t
+
+    def container_state(self, vmid: int) -> ContainerState | None:
+        """The container as the current state read it; None when unknown."""
+        return self.current.containers.get(vmid) if self.current is not None else None
+
+    def run(self, vmid: int, argv: list[str], what: str) -> tuple[str | None, str | None]:
+        """(stdout, None) of ``argv`` in the container, or (None, why not: the error, or
+        ``<what> exited N: <last line of stderr, else of stdout>``)."""
+        try:
+            res = self.exec.run(vmid, argv, EXEC_TIMEOUT)
+        except GputopoError as e:
+            return None, str(e)
+        if res.rc != 0:
+            text = (res.stderr.strip() or res.stdout.strip()).splitlines()
+            return None, f"{what} exited {res.rc}" + (f": {text[-1]}" if text else "")
+        return res.stdout, None
+
+    def nvidia_smi(self, vmid: int) -> tuple[list[GpuRow] | None, str | None]:
+        """(rows, None) or (None, why not), run once per container."""
+        if vmid not in self._smi:
+            self._smi[vmid] = self._read_smi(vmid)
+        return self._smi[vmid]
+
+    def _read_smi(self, vmid: int) -> tuple[list[GpuRow] | None, str | None]:
+        out, err = self.run(vmid, list(NVSMI_ARGV), "nvidia-smi")
+        if out is None:
+            return None, err
+        try:
+            return parse_gpu_rows(out), None
+        except NvsmiParseError as e:
+            return None, str(e)
+
+    def service_props(self, vmid: int, unit: str) -> tuple[dict[str, str] | None, str | None]:
+        """(``systemctl show`` properties, None) or (None, why not), read once per container
+        (the current-state read included)."""
+        out, err = self.run(vmid, show_argv(unit), f"systemctl show {unit}")
+        return (None, err) if out is None else (parse_show_properties(out), None)
+
+    def service_command(self, vmid: int, unit: str) -> str | None:
+        """The unit's effective ExecStart command line; None when it cannot be read."""
+        props, _ = self.service_props(vmid, unit)
+        if props is None:
+            return None
+        _, command = parse_systemctl_show("ExecStart=" + props.get("ExecStart", ""))
+        return command
