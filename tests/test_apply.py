@@ -20,7 +20,8 @@ from applysim import template  # noqa: F401  (a fixture)
 from gputopo.apply.run import HostLock, PlainProgress, Timeouts, apply, parse_cgroup_container
 from gputopo.errors import HostChanged, PreflightFailed
 from gputopo.errors import LockHeld
-from gputopo.formats.pvefmt import parse_dev_value, parse_lxc_conf, parse_pci_cfg
+from gputopo.formats.lxcconf import parse_dev_value, parse_lxc_conf
+from gputopo.formats.pcicfg import parse_pci_cfg
 from gputopo.sim.container import SimExec
 
 NUMA0 = {"0000:01:00.0": 0, "0000:11:00.0": 1, "0000:61:00.0": 3, "0000:71:00.0": 2}
@@ -352,7 +353,8 @@ def test_secrets_never_reach_output_journal_or_errors(host):
 def test_apply_over_the_local_backend_with_pvesh(host):
     """The same apply with ``--local``: every Proxmox call is a ``pvesh`` command on the node."""
     from gputopo.ports import Ports
-    from gputopo.adapters.proxmox import ApiConfig, ProxmoxClient
+    from gputopo.adapters.credentials import ApiConfig
+    from gputopo.adapters.proxmox import ProxmoxClient
     from gputopo.sim.pveapi import PveshSim
 
     sim_ports = host.ports()

@@ -14,7 +14,8 @@ from gputopo.facts.discover import discover
 from gputopo.errors import PlanRefused
 from gputopo.model.state import ContainerState, CurrentState, MappingState, ServiceState
 from gputopo.plan.planner import expected_after, format_dev, map_entry, plan
-from gputopo.formats.pvefmt import validate_lxc_conf, validate_pci_cfg
+from gputopo.formats.lxcconf import validate_lxc_conf
+from gputopo.formats.pcicfg import validate_pci_cfg
 from gputopo.plan.render import render
 from gputopo.plan.spec import parse_spec, spec_from_split
 from test_plan import SEED_CMD, SEED_SPEC

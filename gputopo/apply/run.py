@@ -48,7 +48,8 @@ from pydantic import TypeAdapter
 from gputopo.errors import ApplyCancelled, HostChanged, HostFileError, Interrupted, PreflightFailed
 from gputopo.adapters.sysfs import Binder, MemberState
 from gputopo.facts.current import read_current
-from gputopo.facts.discover import discover, find_holders
+from gputopo.facts.discover import discover
+from gputopo.facts.procfs import find_holders
 from gputopo.errors import (
     ApplyFailed,
     BindError,

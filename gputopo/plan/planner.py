@@ -37,7 +37,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from gputopo.errors import AddressError, PlanRefused, Refusal, SpecError
 from gputopo.model.facts import NVIDIA_VENDOR, Facts, Gpu, MemberRole, normalize_address, slot_of
 from gputopo.model.state import ContainerState, CurrentState, MappingState, ServiceState
-from gputopo.formats.pvefmt import MapEntry, format_dev_value, format_map_entry
+from gputopo.formats.lxcconf import format_dev_value
+from gputopo.formats.pcicfg import MapEntry, format_map_entry
 from gputopo.plan.render import (
     PERSISTENCE_PATHS,
     dropin_path,
