@@ -4,8 +4,9 @@ Each external system sits behind one small Protocol; a real adapter and the simu
 (``gputopo.sim``) implement it, and apply/verify only ever see the Protocol.
 
 * :class:`SysfsPort`  -- attribute writes under ``<root>/sys`` (real: ``gputopo.adapters.sysfs.RealSysfs``)
-* :class:`ProxmoxPort` -- the Proxmox VE API (real: ``gputopo.adapters.proxmox.ProxmoxClient`` over
-  proxmoxer, https or local/pvesh; the simulator serves real HTTP, so tests use the real client)
+* :class:`ProxmoxPort` -- the Proxmox VE API (real: ``gputopo.adapters.proxmox.HttpsClient`` over
+  proxmoxer, or ``LocalClient`` through ``pvesh`` on the node; the simulator serves real HTTP,
+  so tests use the real client)
 * :class:`ExecPort`   -- commands inside a container (real: ``pct exec``/``pct push``)
 * :class:`HostFilesPort` -- files on the host under the root (persistence files)
 * :class:`HttpPort`   -- HTTP to the services the containers run (the inference endpoint that

@@ -19,10 +19,10 @@ import applysim
 from applysim import template  # noqa: F401  (a fixture)
 from gputopo.apply.lock import HostLock
 from gputopo.apply import PlainProgress, Timeouts, apply
-from gputopo.apply.preflight import parse_cgroup_container
 from gputopo.errors import HostChanged, PreflightFailed
 from gputopo.errors import LockHeld
-from gputopo.formats.pvefmt import parse_dev_value, parse_lxc_conf, parse_pci_cfg
+from gputopo.formats.lxcconf import parse_dev_value, parse_lxc_conf
+from gputopo.formats.pcicfg import parse_pci_cfg
 from gputopo.sim.container import SimExec
 
 NUMA0 = {"0000:01:00.0": 0, "0000:11:00.0": 1, "0000:61:00.0": 3, "0000:71:00.0": 2}
@@ -36,14 +36,6 @@ def host(template):
     yield h
     h.stop()
     applysim.cleanup(base)
-
-
-def test_parse_cgroup_container():
-    assert parse_cgroup_container("0::/lxc/101/ns/system.slice/sglang.service\n") == 101
-    assert parse_cgroup_container("4:devices:/lxc/205\n1:name=systemd:/lxc/205/init.scope\n") == 205
-    assert parse_cgroup_container("0::/lxc.payload.300/system.slice\n") == 300
-    assert parse_cgroup_container("0::/system.slice/nvidia-persistenced.service\n") is None
-    assert parse_cgroup_container("") is None
 
 
 def test_seed_split_applies_and_converges(host):
@@ -363,7 +355,8 @@ def test_secrets_never_reach_output_journal_or_errors(host):
 def test_apply_over_the_local_backend_with_pvesh(host):
     """The same apply with ``--local``: every Proxmox call is a ``pvesh`` command on the node."""
     from gputopo.ports import Ports
-    from gputopo.adapters.proxmox import ApiConfig, ProxmoxClient
+    from gputopo.adapters.credentials import ApiConfig
+    from gputopo.adapters.proxmox import ProxmoxClient
     from gputopo.sim.pveapi import PveshSim
 
     sim_ports = host.ports()

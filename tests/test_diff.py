@@ -13,7 +13,7 @@ from gputopo.adapters.hostfiles import RealHostFiles
 from gputopo.actions import UpdateContainer
 from gputopo.plan.planner import expected_after, plan
 from gputopo.ports import ExecResult
-from gputopo.formats.pvefmt import parse_lxc_conf, write_lxc_conf
+from gputopo.formats.lxcconf import parse_lxc_conf, write_lxc_conf
 from gputopo.plan.render import PERSISTENCE_PATHS, render
 from test_plan import SEED_CMD, SEED_SPEC, converged_seed, run_cli, seed_current, seed_facts, seed_spec
 

@@ -13,28 +13,12 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from gputopo.facts.discover import (
-    discover,
-    find_holders,
-    hwdb_modalias,
-    list_pci_functions,
-    numa_from_cpulist,
-    parse_bool_param,
-    parse_cpulist,
-    parse_gpu_match,
-    parse_hex_id,
-    parse_iommu_mode,
-    parse_modules,
-    parse_nvidia_information,
-    parse_nvidia_version,
-    parse_pci_ids,
-    parse_reset_method,
-    parse_subsystem_id,
-    read_pci_function,
-    udev_hwdb_names,
-)
+from gputopo.facts.discover import discover, parse_gpu_match, parse_nvidia_information
+from gputopo.facts.host import numa_from_cpulist, parse_bool_param, parse_iommu_mode, parse_modules, parse_nvidia_version
+from gputopo.facts.names import hwdb_modalias, parse_pci_ids, udev_hwdb_names
+from gputopo.facts.pci import list_pci_functions, parse_hex_id, parse_reset_method, parse_subsystem_id, read_pci_function
 from gputopo.errors import InputError, RootError
-from gputopo.model.facts import MemberRole, address_key, format_cpulist
+from gputopo.model.facts import MemberRole, address_key, format_cpulist, parse_cpulist
 
 # --- parsers -------------------------------------------------------------------------------
 
@@ -161,15 +145,15 @@ def test_udev_hwdb_names_through_pyudev():
 
 
 def test_live_root_asks_hwdb_only_for_what_pci_ids_lacks(monkeypatch, materialized):
-    import gputopo.facts.discover as d
+    from gputopo.facts import names
 
     asked = []
-    monkeypatch.setattr(d, "udev_hwdb_names", lambda w: asked.append(set(w)) or {p: "from hwdb" for p in w})
-    got = d._load_pci_names("/", {("10de", "fffe")})
+    monkeypatch.setattr(names, "udev_hwdb_names", lambda w: asked.append(set(w)) or {p: "from hwdb" for p in w})
+    got = names.load_pci_names("/", {("10de", "fffe")})
     assert asked == [{("10de", "fffe")}] and got == {("10de", "fffe"): "from hwdb"}
     # A fixture or snapshot root is not this host: its names come from its own pci.ids only.
     asked.clear()
-    f = d.discover(materialized("seed"))
+    f = discover(materialized("seed"))
     assert asked == [] and f.gpus[0].model == "GB202GL [RTX PRO 6000 Blackwell Server Edition]"
 
 
@@ -448,28 +432,6 @@ def test_not_a_sysfs_root(tmp_path):
     assert str(tmp_path) in str(e.value) and "\n" not in str(e.value)
     with pytest.raises(RootError):
         list_pci_functions(tmp_path)
-
-
-# --- holders ---------------------------------------------------------------------------------
-
-
-def test_find_holders(tmp_path):
-    for pid, comm, targets in [(100, "python3", ["/dev/nvidia3", "/dev/nvidiactl", "/dev/null"]),
-                               (200, "nvidia-persiste", ["/dev/nvidia3"]),
-                               (300, "bash", ["/dev/pts/0", "pipe:[1234]"])]:
-        fd = tmp_path / "proc" / str(pid) / "fd"
-        fd.mkdir(parents=True)
-        (tmp_path / "proc" / str(pid) / "comm").write_text(comm + "\n")
-        for i, t in enumerate(targets):
-            os.symlink(t, fd / str(i))
-    # A simulated host may link into its own root.
-    fd = tmp_path / "proc/400/fd"
-    fd.mkdir(parents=True)
-    os.symlink(str(tmp_path / "dev/nvidia5"), fd / "3")
-    got = find_holders(tmp_path, ["/dev/nvidia3", "/dev/nvidiactl", "/dev/nvidia5", "/dev/nvidia0"])
-    assert got == {"/dev/nvidia3": [(100, "python3"), (200, "nvidia-persiste")],
-                   "/dev/nvidiactl": [(100, "python3")], "/dev/nvidia5": [(400, "?")]}
-    assert find_holders(tmp_path / "nowhere", ["/dev/nvidia0"]) == {}
 
 
 # --- CLI ---------------------------------------------------------------------------------------

@@ -16,7 +16,8 @@ from gputopo.model.state import ContainerState, CurrentState, MappingState, Serv
 from gputopo.plan.planner import expected_after, plan
 from gputopo.formats.devn import format_dev
 from gputopo.plan.mappings import map_entry
-from gputopo.formats.pvefmt import validate_lxc_conf, validate_pci_cfg
+from gputopo.formats.lxcconf import validate_lxc_conf
+from gputopo.formats.pcicfg import validate_pci_cfg
 from gputopo.plan.render import render
 from gputopo.plan.spec import parse_spec, spec_from_split
 from test_plan import SEED_CMD, SEED_SPEC

@@ -9,7 +9,8 @@ import subprocess
 
 import pytest
 
-from gputopo.facts.discover import discover, list_pci_functions
+from gputopo.facts.discover import discover
+from gputopo.facts.pci import list_pci_functions
 from gputopo.sim.fixtures import list_hosts
 
 LSPCI = shutil.which("lspci")

@@ -7,8 +7,10 @@ import pytest
 from gputopo.errors import ConfigError, ProxmoxError, TaskFailed
 from gputopo.sim.fixtures import materialize
 from gputopo.ports import ProxmoxPort
-from gputopo.adapters.proxmox import ApiConfig, ProxmoxClient, read_secret_file
-from gputopo.formats.pvefmt import parse_lxc_conf, parse_pci_cfg
+from gputopo.adapters.credentials import ApiConfig, read_secret_file
+from gputopo.adapters.proxmox import ProxmoxClient
+from gputopo.formats.lxcconf import parse_lxc_conf
+from gputopo.formats.pcicfg import parse_pci_cfg
 from gputopo.sim import state
 from gputopo.sim.pveapi import PveApiServer, PveshSim
 
@@ -190,10 +192,15 @@ def test_local_backend_sends_map_as_repeated_options(srv, seed_root):
     assert ei.value.exitstatus == "stop failed: busy"
 
 
-def test_proxmoxer_str_list_problem_is_real(srv):
-    """Without the workaround, a command backend sends str(list) and Proxmox refuses it."""
+def test_local_backend_errors_and_null_results(srv):
     pvesh = PveshSim(srv)
     c = ProxmoxClient.from_config(ApiConfig(backend="local"), env={}, runner=pvesh)
     with pytest.raises(ProxmoxError) as ei:
-        c._call("POST", "/cluster/mapping/pci", id="gpu", map=["id=10de:2bb5,node=pve1,path=0000:91:00.0"])
-    assert ei.value.status == 400
+        c.lxc_update(101, {"memory": "lots"}, [], "")
+    assert ei.value.status == 400 and ei.value.errors == {"memory": "type check ('integer') failed - got 'lots'"}
+    assert pvesh.calls[-1][:5] == ["pvesh", "set", "/nodes/pve1/lxc/101/config", "--memory", "lots"]
+    # a stopped container's interfaces are null: pvesh prints nothing
+    assert c.lxc_interfaces(101) == []
+    with pytest.raises(ProxmoxError) as ei:
+        c.qemu_config(999)
+    assert ei.value.call == "GET /nodes/pve1/qemu/999/config" and "999" in str(ei.value)

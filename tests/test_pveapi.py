@@ -9,7 +9,9 @@ from proxmoxer import ProxmoxAPI
 from proxmoxer.core import AuthenticationError, ResourceException
 
 from gputopo.sim.fixtures import materialize
-from gputopo.formats.pvefmt import parse_lxc_conf, parse_pci_cfg, sha1_digest, validate_lxc_conf, validate_pci_cfg
+from gputopo.formats.lxcconf import parse_lxc_conf, validate_lxc_conf
+from gputopo.formats.pcicfg import parse_pci_cfg, validate_pci_cfg
+from gputopo.formats.propstring import sha1_digest
 from gputopo.sim import state
 from gputopo.sim.pveapi import PveApiServer
 
@@ -220,7 +222,7 @@ def test_start_task_applies_pending_and_calls_hooks(tmp_path, seed_root):
         api = _ticket_api(s)
         conf = parse_lxc_conf(CT)
         conf.pending.options["dev1"] = "/dev/nvidia1"
-        from gputopo.formats.pvefmt import write_lxc_conf
+        from gputopo.formats.lxcconf import write_lxc_conf
         s.write_conf("lxc", 101, write_lxc_conf(conf))
         upid = api.nodes("pve1").lxc(101).status.start.post()
         assert upid.startswith("UPID:pve1:") and upid.endswith(":vzstart:101:root@pam:")
@@ -330,7 +332,7 @@ def test_state_is_shared_through_files(srv, seed_root, tmp_path):
 
 
 def _canonical(text: str) -> bool:
-    from gputopo.formats.pvefmt import write_lxc_conf
+    from gputopo.formats.lxcconf import write_lxc_conf
 
     return write_lxc_conf(parse_lxc_conf(text)) == text
 
@@ -373,7 +375,7 @@ def test_running_ct_file_has_the_pending_section_like_pct(tmp_path, seed_root, v
 
 
 def test_mapping_file_is_written_like_proxmox(srv, seed_root):
-    from gputopo.formats.pvefmt import write_pci_cfg
+    from gputopo.formats.pcicfg import write_pci_cfg
 
     api = _token_api(srv)
     m81 = GOOD_MAP.format(g=_group(seed_root, "0000:81:00.0"), p="0000:81:00.0")

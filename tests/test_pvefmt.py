@@ -4,7 +4,9 @@ import pytest
 from hypothesis import given, strategies as st
 
 from gputopo.errors import GputopoError
-from gputopo.formats.pvefmt import LxcConf, LxcSection, MapEntry, PciMapping, encode_text, decode_text, format_dev_value, format_map_entry, parse_dev_value, parse_lxc_conf, parse_map_entry, parse_pci_cfg, sha1_digest, validate_lxc_conf, validate_pci_cfg, write_lxc_conf, write_pci_cfg
+from gputopo.formats.lxcconf import LxcConf, LxcSection, format_dev_value, parse_dev_value, parse_lxc_conf, validate_lxc_conf, write_lxc_conf
+from gputopo.formats.pcicfg import MapEntry, PciMapping, format_map_entry, parse_map_entry, parse_pci_cfg, validate_pci_cfg, write_pci_cfg
+from gputopo.formats.propstring import decode_text, encode_text, sha1_digest
 from gputopo.errors import PveFormatError
 
 # --- devN ----------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Renderer tests: Proxmox files pass Proxmox's rules (gputopo.formats.pvefmt), the TP flag, overrides."""
+"""Renderer tests: Proxmox files pass Proxmox's rules (gputopo.formats.lxcconf, gputopo.formats.pcicfg), the TP flag, overrides."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import pytest
 from gputopo.errors import ConfigError
 from gputopo.actions import WriteHostFile, WriteServiceDropin
 from gputopo.plan.planner import plan
-from gputopo.formats.pvefmt import parse_pci_cfg, validate_lxc_conf, validate_pci_cfg
+from gputopo.formats.lxcconf import validate_lxc_conf
+from gputopo.formats.pcicfg import parse_pci_cfg, validate_pci_cfg
 from gputopo.plan.render import (
     parse_tp,
     render,
@@ -162,7 +163,7 @@ def test_dropin_escapes_percent_for_systemd():
 
 
 def test_pci_cfg_template_writes_what_proxmox_writes():
-    from gputopo.formats.pvefmt import PciMapping, write_pci_cfg
+    from gputopo.formats.pcicfg import PciMapping, write_pci_cfg
 
     facts = seed_facts()
     p = plan(facts, seed_spec(), seed_current())

@@ -416,8 +416,7 @@ def _host_procs(root: Path) -> dict[int, dict]:
 
 
 def test_service_processes_show_in_host_proc(sx):
-    from gputopo.apply.preflight import parse_cgroup_container
-    from gputopo.facts.discover import find_holders
+    from gputopo.facts.procfs import find_holders, parse_cgroup_container
 
     root = sx.paths.root
     procs = _host_procs(root)

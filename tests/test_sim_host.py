@@ -15,7 +15,8 @@ from proxmoxer import ProxmoxAPI
 from proxmoxer.tools import Tasks
 
 from gputopo.formats.nvsmi import normalize_bus_id, parse_query_gpu
-from gputopo.formats.pvefmt import parse_lxc_conf, parse_pci_cfg, parse_dev_value
+from gputopo.formats.lxcconf import parse_dev_value, parse_lxc_conf
+from gputopo.formats.pcicfg import parse_pci_cfg
 from gputopo.sim import state
 from gputopo.sim.container import SimExec
 from gputopo.sim.host import SimHost
@@ -278,8 +279,7 @@ def test_unbind_waits_for_the_running_container_to_stop(tmp_path):
     blocks an unbind of a GPU the container serves on until Proxmox stops the container."""
     import threading
 
-    from gputopo.apply.preflight import parse_cgroup_container
-    from gputopo.facts.discover import find_holders
+    from gputopo.facts.procfs import find_holders, parse_cgroup_container
     from gputopo.sim.kernel import SimKernel
 
     with SimHost.create(tmp_path / "sim") as host:
@@ -473,7 +473,7 @@ def test_vm_start_fails_with_the_mapping_check_message(sim_copy):
 
 def _unsplit_with_mapping(host):
     """The seed host as it came (eight GPUs on nvidia) plus a valid pro6000-vm for 0000:81:00.0."""
-    from gputopo.formats.pvefmt import PciMapping, write_pci_cfg
+    from gputopo.formats.pcicfg import PciMapping, write_pci_cfg
 
     cfg = host.paths.pve / "mapping/pci.cfg"
     maps = parse_pci_cfg(cfg.read_text())

@@ -29,7 +29,7 @@ from typing import Any, Callable, ClassVar, Literal, Protocol
 from pydantic import BaseModel, ConfigDict
 
 from gputopo.errors import ExecError
-from gputopo.model.facts import Facts
+from gputopo.model.facts import Facts, Holder
 from gputopo.model.state import CurrentState
 from gputopo.ports import ExecResult, Ports
 
@@ -226,16 +226,6 @@ class StepContext:
         if "No such file" in res.stderr:
             return None
         raise ExecError(vmid, ["cat", path], res.rc, res.stderr)
-
-
-@dataclass
-class Holder:
-    """A process that holds a device node open (from ``/proc/<pid>/fd``)."""
-
-    pid: int
-    comm: str
-    cmdline: str | None
-    container: int | None  # the LXC container it runs in, None on the host
 
 
 @dataclass

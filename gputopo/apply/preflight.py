@@ -9,65 +9,18 @@ use a moving device, the login's right to change ``devN``, a running container f
 
 from __future__ import annotations
 
-import os
-import re
 from pathlib import Path
 
-from gputopo.actions import Holder, PreflightContext
+from gputopo.actions import PreflightContext
 from gputopo.errors import ProxmoxError
-from gputopo.facts.discover import find_holders
+from gputopo.facts.pci import read_drm_nodes
+from gputopo.facts.procfs import read_holders
 from gputopo.model.facts import Facts
 from gputopo.model.state import CurrentState
 from gputopo.plan.model import Plan
 from gputopo.plan.select import pick_node
 from gputopo.plan.spec import Spec
 from gputopo.ports import Ports
-
-
-def parse_cgroup_container(text: str) -> int | None:
-    """The LXC container a process runs in, from ``/proc/<pid>/cgroup`` text (``0::/lxc/101/ns/..``,
-    cgroup v1 ``4:devices:/lxc/101``, or the payload cgroup ``/lxc.payload.101/``); None on the host."""
-    for line in text.splitlines():
-        path = line.split(":", 2)[-1]
-        m = re.search(r"/lxc(?:\.payload)?[./](\d+)(?:/|$)", path)
-        if m:
-            return int(m.group(1))
-    return None
-
-
-def _read_text(path: Path) -> str:
-    try:
-        return path.read_text()
-    except OSError:
-        return ""
-
-
-def _cmdline(root: str, pid: int) -> str | None:
-    try:
-        raw = (Path(root) / "proc" / str(pid) / "cmdline").read_bytes()
-    except OSError:
-        return None
-    text = raw.replace(b"\0", b" ").decode(errors="replace").strip()
-    return text or None
-
-
-def read_holders(root: str, paths: list[str]) -> dict[str, list[Holder]]:
-    """Device node -> the processes holding it open, with their command line and container."""
-    out: dict[str, list[Holder]] = {}
-    for path, procs in find_holders(root, paths).items():
-        out[path] = [Holder(pid=pid, comm=comm, cmdline=_cmdline(root, pid),
-                            container=parse_cgroup_container(_read_text(Path(root) / "proc" / str(pid) / "cgroup")))
-                     for pid, comm in procs]
-    return out
-
-
-def drm_nodes(root: str, address: str) -> list[str]:
-    """The /dev/dri names (``card1``, ``renderD128``) the kernel's DRM driver made for a device."""
-    try:
-        names = os.listdir(Path(root) / "sys/bus/pci/devices" / address / "drm")
-    except OSError:
-        return []
-    return sorted(n for n in names if n.startswith(("card", "renderD")))
 
 
 def preflight(p: Plan, facts: Facts, current: CurrentState, spec: Spec, ports: Ports, root: str,
@@ -93,7 +46,7 @@ def preflight(p: Plan, facts: Facts, current: CurrentState, spec: Spec, ports: P
         facts=facts, current=current, ports=ports, actions=list(p.actions), api_ok=api_ok,
         driver_loaded=lambda name: (Path(root) / "sys/bus/pci/drivers" / name).is_dir(),
         holders=lambda paths: read_holders(root, paths),
-        drm_nodes=lambda address: drm_nodes(root, address),
+        drm_nodes=lambda address: read_drm_nodes(root, address),
     )
     for a in p.actions:
         problems += a.preflight(ctx)

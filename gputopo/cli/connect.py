@@ -145,7 +145,8 @@ def build_ports(conn: Connection, default_node: str | None = None, env: dict[str
     from gputopo.adapters.pct import PctExec
     from gputopo.adapters.sysfs import RealSysfs
     from gputopo.adapters.hostfiles import RealHostFiles
-    from gputopo.adapters.proxmox import ApiConfig, ProxmoxClient
+    from gputopo.adapters.credentials import ApiConfig
+    from gputopo.adapters.proxmox import ProxmoxClient
 
     root = host_root(conn)
     node = conn.node or default_node or socket.gethostname().split(".")[0]

@@ -10,7 +10,8 @@ Two sources, the same result (:class:`gputopo.model.state.CurrentState`):
   :class:`gputopo.ports.ExecPort` (``systemctl show`` and ``cat`` of the drop-in).
 
 Host persistence files come from a :class:`gputopo.ports.HostFilesPort`. Parsing is done by the
-pure ``parse_*`` functions here and in :mod:`gputopo.formats.pvefmt`.
+pure ``parse_*`` functions here and in :mod:`gputopo.formats.lxcconf` and
+:mod:`gputopo.formats.pcicfg`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from gputopo.model.facts import Facts
 from gputopo.model.state import ContainerState, CurrentState, GuestState, MappingState, ServiceState
 from gputopo.plan.select import pick_node
 from gputopo.ports import ExecPort, HostFilesPort, ProxmoxPort
-from gputopo.formats.pvefmt import parse_lxc_conf, parse_pci_cfg, sha1_digest
+from gputopo.formats.lxcconf import parse_lxc_conf
+from gputopo.formats.pcicfg import parse_pci_cfg
+from gputopo.formats.propstring import sha1_digest
 from gputopo.plan.render import PERSISTENCE_PATHS, dropin_path, parse_tp
 from gputopo.plan.spec import Spec
 

@@ -13,6 +13,7 @@ This module imports nothing of gputopo's except ``errors``. The JSON form of :cl
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from enum import Enum
 from typing import Literal
 
@@ -235,3 +236,18 @@ class Facts(Model):
 
     def to_json(self) -> str:
         return self.model_dump_json(by_alias=True, indent=2)
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A process that holds a device node open.
+
+    ``comm`` is the kernel's short name (``?`` when unreadable); ``cmdline`` the command line
+    with its arguments joined by spaces (None for a process without one, such as a kernel
+    thread or a zombie); ``container`` the LXC container it runs in (None on the host).
+    """
+
+    pid: int
+    comm: str
+    cmdline: str | None
+    container: int | None

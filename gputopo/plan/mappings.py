@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from gputopo.actions import DeleteMapping, SetMapping
 from gputopo.formats.mapline import map_fields, normalize_map_entry
-from gputopo.formats.pvefmt import MapEntry, format_map_entry
+from gputopo.formats.pcicfg import MapEntry, format_map_entry
 from gputopo.model.facts import Gpu
 from gputopo.model.state import CurrentState
 from gputopo.plan.model import MappingTarget

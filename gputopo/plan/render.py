@@ -25,7 +25,8 @@ from typing import Any
 import jinja2
 
 from gputopo.errors import ConfigError
-from gputopo.formats.pvefmt import validate_lxc_conf, validate_pci_cfg
+from gputopo.formats.lxcconf import validate_lxc_conf
+from gputopo.formats.pcicfg import validate_pci_cfg
 from gputopo.resources import templates_dir
 
 UDEV_RULES_PATH = "etc/udev/rules.d/90-gputopo-vfio.rules"

@@ -55,12 +55,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from gputopo.facts.discover import parse_nvidia_information, parse_nvidia_version
+from gputopo.facts.discover import parse_nvidia_information
+from gputopo.facts.host import parse_nvidia_version
 from gputopo.errors import ExecError
 from gputopo.model.facts import normalize_address
 from gputopo.formats.nvsmi import UNITS, canonical_field, header_cell
 from gputopo.ports import ExecResult
-from gputopo.formats.pvefmt import parse_dev_value, parse_lxc_conf
+from gputopo.formats.lxcconf import parse_dev_value, parse_lxc_conf
 from gputopo.errors import PveFormatError
 from gputopo.sim import state
 

@@ -20,7 +20,8 @@ from typing import Any
 
 from gputopo.errors import ContainerStartError, SimHostError
 from gputopo.sim.fixtures import materialize
-from gputopo.formats.pvefmt import LxcConf, parse_dev_value, MapEntry, PciMapping, format_dev_value, format_map_entry, write_lxc_conf, write_pci_cfg
+from gputopo.formats.lxcconf import LxcConf, format_dev_value, parse_dev_value, write_lxc_conf
+from gputopo.formats.pcicfg import MapEntry, PciMapping, format_map_entry, write_pci_cfg
 from gputopo.sim import state
 from gputopo.sim.container import Container, EndpointServer, SimExec, SimPaths, missing_devices, write_unit
 
@@ -233,7 +234,8 @@ class SimHost:
         from gputopo.adapters.hostfiles import RealHostFiles
         from gputopo.sim.http import SimHttp
         from gputopo.ports import Ports
-        from gputopo.adapters.proxmox import ApiConfig, ProxmoxClient
+        from gputopo.adapters.credentials import ApiConfig
+        from gputopo.adapters.proxmox import ProxmoxClient
         from gputopo.sim.kernel import SimKernel
 
         if auth not in ("password", "token"):

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Callable
 
 from gputopo.errors import SysfsWriteError
-from gputopo.formats.pvefmt import PciMapping
+from gputopo.formats.pcicfg import PciMapping
 from gputopo.sim import state
 
 RESERVED = "pci-reserved"

@@ -877,7 +877,7 @@ class PveApiServer:
     # --- hardware -------------------------------------------------------------------------
 
     def h_hardware_pci(self, caller: Caller, p: dict) -> Any:
-        from gputopo.facts.discover import list_pci_functions
+        from gputopo.facts.pci import list_pci_functions
 
         if not self._has_any(caller, ("Sys.Audit",)) if caller else False:
             raise perm_error("/nodes/" + self.node + ", Sys.Audit")
@@ -954,7 +954,7 @@ class PveApiServer:
 
     def _assert_valid(self, name: str, cfg: dict[str, str]) -> str | None:
         """pve-guest-common Mapping/PCI.pm:assert_valid against the simulated sysfs."""
-        from gputopo.facts.discover import read_pci_function
+        from gputopo.facts.pci import read_pci_function
 
         for idx, path in enumerate((cfg.get("path") or "").split(";")):
             if not re.search(r"\.[0-9a-f]$", path, re.IGNORECASE):

@@ -1,0 +1,112 @@
+"""Where and as whom gputopo reaches the Proxmox API: :class:`ApiConfig` and the secrets.
+
+Secrets come only from the environment (``GPUTOPO_PVE_PASSWORD``, ``GPUTOPO_PVE_TOKEN`` =
+``user@realm!tokenid=secret``, ``GPUTOPO_PVE_TOKEN_SECRET``) or from an owner-only file; they
+never appear in ``repr``, logs or error messages.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from gputopo.errors import ConfigError
+
+ENV_PASSWORD = "GPUTOPO_PVE_PASSWORD"
+ENV_TOKEN = "GPUTOPO_PVE_TOKEN"
+ENV_TOKEN_SECRET = "GPUTOPO_PVE_TOKEN_SECRET"
+
+
+class ApiConfig(BaseModel):
+    """Where and as whom to reach the Proxmox API. Holds no secret.
+
+    ``secret_file`` names an owner-only file holding the password (password login) or the
+    token secret (``token_name`` set); the environment variables take precedence.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    backend: Literal["https", "local"] = "https"
+    host: str = "127.0.0.1"
+    port: int = 8006
+    node: str = "pve1"
+    user: str = "root@pam"
+    token_name: str | None = None
+    verify_ssl: bool = True
+    ca_bundle: str | None = None
+    timeout: float = 60.0
+    task_timeout: float = 300.0
+    poll_interval: float = 0.5
+    secret_file: str | None = None
+
+
+@dataclass(repr=False)
+class Credentials:
+    """Who logs in: an API token (``token_name`` and ``token_secret``) or a password. The
+    ``repr`` shows no secret."""
+
+    user: str
+    token_name: str | None = None
+    token_secret: str | None = None
+    password: str | None = None
+
+    def __repr__(self) -> str:
+        return f"Credentials({self.user}{'!' + self.token_name if self.token_name else ''})"
+
+    def scrub(self, text: str) -> str:
+        """``text`` with every secret replaced by ``***``."""
+        for s in (self.token_secret, self.password):
+            if s:
+                text = text.replace(s, "***")
+        return text
+
+
+def read_secret_file(path: str) -> str:
+    """The first line of ``path``; refuses a file that group or others can read.
+
+    Raises ConfigError naming the file when it is missing, unreadable or not owner-only.
+    """
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read secret file ({e.strerror})") from None
+    if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ConfigError(f"{path}: secret file must be readable by its owner only (mode {stat.S_IMODE(st.st_mode):04o}; chmod 600 it)")
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read secret file ({e.strerror})") from None
+    secret = text.strip().splitlines()[0] if text.strip() else ""
+    if not secret:
+        raise ConfigError(f"{path}: secret file is empty")
+    return secret
+
+
+def resolve_credentials(cfg: ApiConfig, env: dict[str, str]) -> Credentials:
+    """The credentials ``cfg`` asks for, from ``env`` or the secret file.
+
+    ``GPUTOPO_PVE_TOKEN`` wins; then a token secret when ``cfg.token_name`` is set; else a
+    password. Raises ConfigError when none is given or the token is malformed.
+    """
+    user, token_name = cfg.user, cfg.token_name
+    full = env.get(ENV_TOKEN)
+    if full:
+        m = re.match(r"^(?P<user>[^!\s]+@[^!\s]+)!(?P<tid>[A-Za-z][A-Za-z0-9._-]*)=(?P<secret>\S+)$", full)
+        if not m:
+            raise ConfigError(f"{ENV_TOKEN}: expected user@realm!tokenid=secret")
+        return Credentials(m["user"], token_name=m["tid"], token_secret=m["secret"])
+    if token_name:
+        secret = env.get(ENV_TOKEN_SECRET) or (read_secret_file(cfg.secret_file) if cfg.secret_file else None)
+        if not secret:
+            raise ConfigError(f"token {user}!{token_name}: set {ENV_TOKEN_SECRET} or a secret file")
+        return Credentials(user, token_name=token_name, token_secret=secret)
+    password = env.get(ENV_PASSWORD) or (read_secret_file(cfg.secret_file) if cfg.secret_file else None)
+    if not password:
+        raise ConfigError(f"{user}: no credentials: set {ENV_PASSWORD}, {ENV_TOKEN} or a secret file")
+    return Credentials(user, password=password)
