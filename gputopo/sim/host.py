@@ -22,7 +22,8 @@ from gputopo.errors import ContainerStartError, SimHostError
 from gputopo.sim.fixtures import materialize
 from gputopo.formats.pvefmt import LxcConf, parse_dev_value, MapEntry, PciMapping, format_dev_value, format_map_entry, write_lxc_conf, write_pci_cfg
 from gputopo.sim import state
-from gputopo.sim.container import Container, EndpointServer, SimExec, SimPaths, missing_devices, write_unit
+from gputopo.sim.container import Container, EndpointServer, SimExec, SimPaths, write_unit
+from gputopo.sim.container.devices import missing_devices
 
 DEFAULT_CT = 101
 DEFAULT_VM = 201
