@@ -12,7 +12,8 @@ import pytest
 from gputopo.adapters.sysfs import Binder, MemberState, RealSysfs
 from gputopo.errors import BindError, SysfsTimeout, SysfsWriteError
 from gputopo.ports import SysfsPort
-from gputopo.sim.kernel import SimKernel, parse_minor
+from gputopo.sim.kernel import SimKernel
+from gputopo.sim.kernel.nvidia import parse_minor
 from test_sim_kernel import ADA, ADA_AUDIO, DUMMY, PRO, kern, root  # noqa: F401 (fixtures)
 
 

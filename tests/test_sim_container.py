@@ -13,16 +13,11 @@ from gputopo.errors import ExecError
 from gputopo.formats.nvsmi import parse_list_gpus, parse_query_gpu
 from gputopo.ports import ExecPort
 from gputopo.sim import state
-from gputopo.sim.container import (
-    EndpointServer,
-    SimExec,
-    answer_arithmetic,
-    load_unit,
-    missing_devices,
-    parse_granted_devices,
-    parse_tp,
-    write_unit,
-)
+from gputopo.sim.container import EndpointServer, SimExec, write_unit
+from gputopo.sim.container.devices import missing_devices, parse_granted_devices
+from gputopo.sim.container.endpoint import answer_arithmetic
+from gputopo.sim.container.server_args import parse_tp
+from gputopo.sim.container.units import load_unit
 
 REAL = Path(__file__).resolve().parent.parent / "fixtures" / "real"
 # the seed host's NUMA-0 GPUs plus two more; minors deliberately not in bus order

@@ -18,13 +18,9 @@ import pytest
 import kernel_scenarios as ks
 from gputopo.errors import SysfsWriteError
 from gputopo.sim.fixtures import DeviceSpec, HostSpec, NumaSpec, load_host, materialize
-from gputopo.sim.kernel import (
-    SimKernel,
-    nvidia_information,
-    parse_id_fields,
-    parse_minor,
-    parse_override,
-)
+from gputopo.sim.kernel import SimKernel
+from gputopo.sim.kernel.nvidia import nvidia_information, parse_minor
+from gputopo.sim.kernel.parse import parse_id_fields, parse_override
 
 ADA, ADA_AUDIO = "0000:41:00.0", "0000:41:00.1"
 ADA2, ADA2_AUDIO = "0000:c1:00.0", "0000:c1:00.1"

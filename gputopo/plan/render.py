@@ -209,7 +209,7 @@ def render(plan: Any, spec: Any = None, facts: Any = None, templates: str | None
 
     ``spec`` and ``facts`` are accepted for symmetry with the planner; the plan already carries
     what was derived from them. The Proxmox files are checked with Proxmox's parser rules
-    (:mod:`gputopo.formats.pvefmt`). Raises ConfigError for a broken or missing user template, or one
+    (:mod:`gputopo.formats`). Raises ConfigError for a broken or missing user template, or one
     whose output Proxmox would not accept as written.
     """
     out: dict[str, str] = {}

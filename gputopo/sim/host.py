@@ -23,7 +23,8 @@ from gputopo.sim.fixtures import materialize
 from gputopo.formats.lxcconf import LxcConf, format_dev_value, parse_dev_value, write_lxc_conf
 from gputopo.formats.pcicfg import MapEntry, PciMapping, format_map_entry, write_pci_cfg
 from gputopo.sim import state
-from gputopo.sim.container import Container, EndpointServer, SimExec, SimPaths, missing_devices, write_unit
+from gputopo.sim.container import Container, EndpointServer, SimExec, SimPaths, write_unit
+from gputopo.sim.container.devices import missing_devices
 
 DEFAULT_CT = 101
 DEFAULT_VM = 201

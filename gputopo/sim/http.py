@@ -52,7 +52,8 @@ class SimHttp:
 
     def request(self, method: str, url: str, *, json: Any = None, timeout: float) -> HttpResponse:
         """See :class:`gputopo.ports.HttpPort`. Raises HttpError when no reply came."""
-        from gputopo.sim.container import Container, listening_port
+        from gputopo.sim.container import Container
+        from gputopo.sim.container.server_args import listening_port
 
         parts = urlsplit(url)
         vmid = vmid_of_address(parts.hostname)

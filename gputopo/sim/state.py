@@ -12,9 +12,10 @@ import contextlib
 import fcntl
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from gputopo.sim.files import atomic_write
 
 GUESTS = "guests"
 
@@ -36,18 +37,7 @@ def load_json(path: str | os.PathLike, default: Any = None) -> Any:
 
 def save_json(path: str | os.PathLike, data: Any) -> None:
     """Replace ``path`` with ``data`` as JSON atomically (temp file in the same dir, rename)."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
-            f.write("\n")
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
 def read_state(run_dir: str | os.PathLike, name: str, default: Any = None) -> Any:

@@ -1,0 +1,261 @@
+"""One simulated container at run time: its ``/dev`` view, its GPUs and its services.
+
+A container runs only while Proxmox says it runs (:mod:`gputopo.sim.state`). At boot its view
+is fixed: the ``/dev/nvidia*`` nodes its config grants (``devN`` or ``lxc.mount.entry``) that
+exist on the host; a GPU works only when the host GPU with that minor is bound to nvidia
+(``proc/driver/nvidia/gpus/<bdf>/information`` "Device Minor").
+
+The inference service (SGLang ``sglang.launch_server`` or vLLM ``vllm serve``) checks its
+tensor-parallel size at start: more than the usable GPUs, or a size that does not divide the
+model's :data:`ATTENTION_HEADS`, makes it fail like a crashing server (``systemctl start`` exits 1,
+``is-active`` says ``failed``). While it runs it holds its first ``tp`` GPUs
+(:mod:`gputopo.sim.container.gpus` for the memory they show) and its processes show on the host
+(:mod:`gputopo.sim.container.processes`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+
+from gputopo.model.facts import normalize_address
+from gputopo.sim import state
+from gputopo.sim.container.devices import parse_granted_devices
+from gputopo.sim.container.faults import break_container, faults_of, heal_container
+from gputopo.sim.container.gpus import IDLE_MIB, SEED_LOAD_MIB, SEED_TOTAL_MIB, HostGpu, host_nvidia_gpus
+from gputopo.sim.container.paths import SimPaths, inside, read_text
+from gputopo.sim.container.processes import reap, spawn
+from gputopo.sim.container.server_args import parse_tp, service_flavor
+from gputopo.sim.container.units import Unit, load_unit
+
+ATTENTION_HEADS = 64  # the served model's heads: the tensor-parallel size must divide it
+
+
+def service_latency(sim_dir: str | os.PathLike, op: str) -> float:
+    """Seconds ``systemctl start|stop`` of a service blocks (``service.<op>`` in the run dir's
+    ``latencies`` state; 0 when unset): a Type=notify server returns from start only once ready."""
+    lat = state.read_state(SimPaths(Path(sim_dir)).run, "latencies", {}) or {}
+    return float(lat.get(f"service.{op}", 0.0))
+
+
+class Container:
+    """One simulated container: its device view, GPUs, services. All state lives in files."""
+
+    def __init__(self, sim_dir: str | os.PathLike, vmid: int):
+        self.paths = SimPaths(Path(sim_dir))
+        self.sim_dir = Path(sim_dir)
+        self.vmid = int(vmid)
+        self.rootfs = self.paths.rootfs(self.vmid)
+        self.state_name = f"ct-{self.vmid}"
+
+    # runtime state: {"devices": [...] (view fixed at start), "loaded": {unit: fingerprint},
+    #                 "services": {unit: {...}}}
+    def _state(self) -> dict:
+        return state.read_state(self.paths.run, self.state_name, {}) or {}
+
+    def _save(self, data: dict) -> None:
+        state.write_state(self.paths.run, self.state_name, data)
+
+    def running(self) -> bool:
+        return state.guest_status(self.paths.run, "lxc", self.vmid) == "running"
+
+    def conf_text(self) -> str | None:
+        return read_text(self.paths.lxc_conf(self.vmid))
+
+    def _current_view(self) -> list[str]:
+        text = self.conf_text() or ""
+        return [d for d in parse_granted_devices(text) if os.path.lexists(inside(self.paths.root, d))]
+
+    def boot(self) -> None:
+        """Record the container as started: fix its /dev view, clear services, start enabled ones.
+
+        Call after Proxmox marks it running. Enabled services that fail stay ``failed``.
+        """
+        with state.locked(self.paths.run, self.state_name):
+            self._reap_all()
+            self._save({"devices": self._current_view(), "loaded": {}, "services": {}})
+        for unit in self.enabled_units():
+            self.start_service(unit)
+
+    def shutdown(self) -> None:
+        """Record the container as stopped: every service ends, the /dev view is gone."""
+        with state.locked(self.paths.run, self.state_name):
+            self._reap_all()
+            self._save({})
+
+    # processes as the host sees them (<root>/proc/<pid>)
+    def host_pids(self) -> list[int]:
+        """Host PIDs of this container's simulated service processes, sorted."""
+        pids: list[int] = []
+        for svc in self._state().get("services", {}).values():
+            pids += svc.get("host_pids", [])
+        return sorted(pids)
+
+    def _reap_all(self) -> None:
+        for svc in self._state().get("services", {}).values():
+            reap(self.paths.root, svc.get("host_pids", []))
+
+    def hotplug(self, path: str) -> None:
+        """Add host node ``path`` to a running container's view (PVE 9 devN hot-plug); a node
+        the host lacks or a container never booted is left as it is."""
+        with state.locked(self.paths.run, self.state_name):
+            st = self._state()
+            if "devices" in st and path not in st["devices"] and os.path.lexists(inside(self.paths.root, path)):
+                st["devices"].append(path)
+                self._save(st)
+
+    def devices(self) -> list[str]:
+        """``/dev`` nodes visible inside (fixed when it started; live config when never booted)."""
+        st = self._state()
+        return list(st["devices"]) if "devices" in st else self._current_view()
+
+    def gpus(self) -> list[HostGpu]:
+        """Usable GPUs in nvidia-smi index order (PCI bus order).
+
+        A GPU is usable when its ``/dev/nvidia<minor>`` is in the view and the host GPU with
+        that minor is bound to nvidia; the ``gpu_missing`` fault hides one more.
+        """
+        view = set(self.devices())
+        gpus = [g for g in host_nvidia_gpus(self.paths.root)
+                if g.driver == "nvidia" and g.minor is not None and f"/dev/nvidia{g.minor}" in view]
+        gpus.sort(key=lambda g: tuple(int(x, 16) for x in re.split(r"[:.]", g.address)))
+        fault = faults_of(self.sim_dir, self.vmid).get("gpu_missing")
+        if fault is not None and gpus:
+            if fault.get("address"):
+                gone = normalize_address(fault["address"])
+                gpus = [g for g in gpus if g.address != gone]
+            else:
+                gpus.pop(int(fault.get("index", len(gpus) - 1)))
+        return gpus
+
+    def has_control(self) -> bool:
+        return "/dev/nvidiactl" in self.devices()
+
+    # units and services
+    def enabled_units(self) -> list[str]:
+        wants = self.rootfs / "etc/systemd/system/multi-user.target.wants"
+        return sorted(p.name for p in wants.glob("*.service")) if wants.is_dir() else []
+
+    def unit(self, name: str) -> Unit | None:
+        return load_unit(self.rootfs, name)
+
+    def effective_unit(self, name: str) -> tuple[Unit | None, bool]:
+        """The unit systemd would run and whether its files changed since it was loaded."""
+        disk = self.unit(name)
+        st = self._state()
+        loaded = st.get("loaded", {}).get(name)
+        if disk is None or loaded is None:
+            return disk, False
+        if loaded["fingerprint"] == disk.fingerprint:
+            return disk, False
+        return Unit(**loaded), True
+
+    def daemon_reload(self) -> None:
+        with state.locked(self.paths.run, self.state_name):
+            st = self._state()
+            st["loaded"] = {}
+            self._save(st)
+
+    def service(self, name: str) -> dict:
+        return self._state().get("services", {}).get(name, {"state": "inactive", "pid": 0})
+
+    def _set_service(self, name: str, svc: dict, unit: Unit | None = None) -> None:
+        with state.locked(self.paths.run, self.state_name):
+            st = self._state()
+            st.setdefault("services", {})[name] = svc
+            if unit is not None:
+                st.setdefault("loaded", {})[name] = unit.__dict__
+            self._save(st)
+
+    def start_service(self, name: str, verb: str = "start") -> tuple[int, str]:
+        """Start unit ``name``; return (exit status, stderr) as ``systemctl <verb>`` gives them."""
+        unit, stale = self.effective_unit(name)
+        if unit is None:
+            return 5, f"Failed to {verb} {name}: Unit {name} not found.\n"
+        warn = (f"Warning: The unit file, source configuration file or drop-ins of {name} changed on "
+                f"disk. Run 'systemctl daemon-reload' to reload units.\n") if stale else ""
+        problem = unit.problem()
+        if problem:
+            return 1, warn + f"Failed to {verb} {name}: Unit {name} has a bad unit file setting.\n"
+        cur = self.service(name)
+        if cur.get("state") == "active":
+            return 0, warn
+        reason = self._start_problem(unit)
+        argv = unit.argv
+        svc = {"state": "active", "pid": 0, "argv": argv, "result": "success", "message": "",
+               "started": time.time()}
+        if reason:
+            svc.update(state="failed", result="exit-code", message=reason, code=1)
+            self._set_service(name, svc, unit)
+            return 1, warn + (
+                f"Job for {name} failed because the control process exited with error code.\n"
+                f"See \"systemctl status {name}\" and \"journalctl -xeu {name}\" for details.\n")
+        svc["pid"] = 1000 + (abs(hash((name, time.time()))) % 60000)
+        svc["ready_at"] = time.time() + service_latency(self.sim_dir, "start")
+        svc["tp"] = parse_tp(argv)
+        gpus = self.gpus()[: svc["tp"]]
+        svc["gpus"] = [g.address for g in gpus]
+        svc["host_pids"] = spawn(self.paths.root, self.vmid, name, argv, svc["tp"], [f"/dev/nvidia{g.minor}" for g in gpus])
+        self._set_service(name, svc, unit)
+        return 0, warn
+
+    def _start_problem(self, unit: Unit) -> str | None:
+        argv = unit.argv
+        fault = faults_of(self.sim_dir, self.vmid).get("service_fails")
+        if fault is not None:
+            if fault.get("count") is not None:  # fails only the next ``count`` starts
+                if int(fault["count"]) <= 1:
+                    heal_container(self.sim_dir, self.vmid, "service_fails")
+                else:
+                    break_container(self.sim_dir, self.vmid, "service_fails", **{**fault, "count": int(fault["count"]) - 1})
+            return fault.get("message", "RuntimeError: server crashed during startup")
+        if service_flavor(argv) is None:
+            return None
+        try:
+            tp = parse_tp(argv)
+        except ValueError as e:
+            return f"error: argument --tp: {e}"
+        if not self.has_control() or "/dev/nvidia-uvm" not in self.devices():
+            return "RuntimeError: CUDA driver initialization failed, no CUDA-capable device"
+        n = len(self.gpus())
+        if tp > n:
+            return f"RuntimeError: tensor parallel size {tp} needs {tp} GPUs, {n} available"
+        if ATTENTION_HEADS % tp:
+            return (f"ValueError: Total number of attention heads ({ATTENTION_HEADS}) must be "
+                    f"divisible by tensor parallel size ({tp}).")
+        return None
+
+    def stop_service(self, name: str) -> tuple[int, str]:
+        if self.unit(name) is None and name not in self._state().get("services", {}):
+            return 5, f"Failed to stop {name}: Unit {name} not loaded.\n"
+        reap(self.paths.root, self.service(name).get("host_pids", []))
+        self._set_service(name, {"state": "inactive", "pid": 0})
+        return 0, ""
+
+    def gpu_memory_used(self) -> dict[str, int]:
+        """MiB used per GPU address: the serving pattern on the GPUs services hold, else idle."""
+        used = {g.address: IDLE_MIB for g in self.gpus()}
+        totals = {g.address: g.memory_total for g in self.gpus()}
+        for svc in self._state().get("services", {}).values():
+            if svc.get("state") != "active":
+                continue
+            for i, addr in enumerate(svc.get("gpus", [])):
+                if addr in used:
+                    used[addr] = round(SEED_LOAD_MIB[i % len(SEED_LOAD_MIB)] * totals[addr] / SEED_TOTAL_MIB)
+        fault = faults_of(self.sim_dir, self.vmid).get("unbalanced_memory")
+        gpus = self.gpus()
+        if fault is not None and gpus:
+            g = gpus[int(fault.get("index", len(gpus) - 1))]
+            used[g.address] = int(fault.get("used_mib", totals[g.address] // 3))
+        return used
+
+    def active_server(self) -> tuple[str, dict] | None:
+        """(unit, service state) of the running inference service, if one is active."""
+        if not self.running():
+            return None
+        for name, svc in self._state().get("services", {}).items():
+            if svc.get("state") == "active" and service_flavor(svc.get("argv", [])):
+                return name, svc
+        return None

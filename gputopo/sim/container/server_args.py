@@ -1,0 +1,67 @@
+"""What an inference server's command line says: flavour, port, tensor parallelism, model."""
+
+from __future__ import annotations
+
+import re
+
+
+def service_flavor(argv: list[str]) -> str | None:
+    """``"sglang"`` for ``python -m sglang.launch_server``, ``"vllm"`` for ``vllm serve``."""
+    joined = " ".join(argv)
+    if "sglang.launch_server" in joined:
+        return "sglang"
+    if re.search(r"(^|[/\s])vllm(\s+serve\b|\.entrypoints)", joined):
+        return "vllm"
+    return None
+
+
+# the servers' own defaults: sglang ServerArgs.port, vllm's --port
+DEFAULT_PORTS = {"sglang": 30000, "vllm": 8000}
+
+
+def listening_port(argv: list[str]) -> int | None:
+    """The port the server of ``argv`` listens on: ``--port``, else its flavour's default."""
+    value = _flag(argv, ("--port",))
+    if value is not None and value.isdigit():
+        return int(value)
+    return DEFAULT_PORTS.get(service_flavor(argv) or "")
+
+
+def _flag(argv: list[str], names: tuple[str, ...]) -> str | None:
+    value = None
+    for i, tok in enumerate(argv):
+        for n in names:
+            if tok == n and i + 1 < len(argv):
+                value = argv[i + 1]
+            elif tok.startswith(n + "="):
+                value = tok.split("=", 1)[1]
+    return value
+
+
+def parse_tp(argv: list[str]) -> int:
+    """The tensor-parallel size in a server command line (``--tp N``, ``--tp=N``, ``--tp-size``,
+    ``--tensor-parallel-size``, vLLM's ``-tp``); 1 when absent.
+
+    Raises ValueError when the value is not a positive integer.
+    """
+    raw = _flag(argv, ("--tp", "--tp-size", "--tensor-parallel-size", "-tp"))
+    if raw is None:
+        return 1
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"invalid tensor-parallel size {raw!r}")
+    return int(raw)
+
+
+def served_model(argv: list[str]) -> str:
+    """The model name clients use: ``--served-model-name``, else the model path or id."""
+    name = _flag(argv, ("--served-model-name",))
+    if name:
+        return name
+    path = _flag(argv, ("--model-path", "--model"))
+    if path:
+        return path
+    if "serve" in argv:
+        i = argv.index("serve")
+        if i + 1 < len(argv) and not argv[i + 1].startswith("-"):
+            return argv[i + 1]
+    return "default"

@@ -1,0 +1,105 @@
+"""``systemctl`` in a simulated container: show, is-active, start, stop, restart, daemon-reload.
+
+A start returns once the server is ready, like a Type=notify unit; meanwhile ``is-active``
+says ``activating``. ``show`` prints service properties before unit ones, as systemd does.
+"""
+
+from __future__ import annotations
+
+import time
+
+from gputopo.ports import ExecResult
+from gputopo.sim.container.lifecycle import Container, service_latency
+from gputopo.sim.container.shell import result
+from gputopo.sim.container.units import Unit, unit_name
+
+
+def _exec_start_prop(svc: dict, unit: Unit) -> str:
+    argv = unit.argv
+    path = argv[0] if argv and argv[0].startswith("/") else f"/usr/bin/{argv[0] if argv else ''}"
+    started = svc.get("state") in ("active", "failed")
+    start_time = time.strftime("%a %Y-%m-%d %H:%M:%S UTC", time.gmtime(svc["started"])) if started else "n/a"
+    if svc.get("state") == "failed":
+        code, status = "exited", f"{svc.get('code', 1)}/FAILURE"
+    else:
+        code, status = "(null)", "0/0"
+    return (f"{{ path={path} ; argv[]={' '.join(argv)} ; ignore_errors=no ; start_time=[{start_time}] ; "
+            f"stop_time=[n/a] ; pid={svc.get('pid', 0)} ; code={code} ; status={status} }}")
+
+
+def systemctl(ct: Container, args: list[str]) -> ExecResult:
+    """Run ``systemctl ARGS`` in container ``ct``."""
+    if not args:
+        return result(1, err="Too few arguments.\n")
+    verb, rest = args[0], []
+    for i, a in enumerate(args[1:]):
+        after_p = i > 0 and args[i] in ("-p", "--property")
+        rest.append(a if a.startswith("-") or after_p else unit_name(a))
+    if verb == "daemon-reload":
+        ct.daemon_reload()
+        return result(0)
+    if verb == "show":
+        props: list[str] = []
+        units: list[str] = []
+        i = 0
+        while i < len(rest):
+            if rest[i] == "-p" and i + 1 < len(rest):
+                props.extend(rest[i + 1].split(","))
+                i += 2
+                continue
+            if rest[i].startswith("--property="):
+                props.extend(rest[i].split("=", 1)[1].split(","))
+            else:
+                units.append(rest[i])
+            i += 1
+        out = []
+        for name in units:
+            unit, _ = ct.effective_unit(name)
+            svc = ct.service(name)
+            # systemd prints service properties (MainPID, ExecStart) before unit ones (ActiveState)
+            order = ["MainPID", "ExecStart", "LoadState", "ActiveState", "SubState", "Result"]
+            sub = {"active": "running", "failed": "failed"}.get(svc["state"], "dead")
+            values = {
+                "MainPID": str(svc.get("pid", 0)),
+                "ExecStart": _exec_start_prop(svc, unit) if unit and unit.exec_start else "",
+                "LoadState": "loaded" if unit else "not-found",
+                "ActiveState": svc["state"],
+                "SubState": sub,
+                "Result": svc.get("result", "success"),
+                # systemd joins every Environment= assignment of the unit and its drop-ins
+                "Environment": " ".join(unit.environment) if unit else "",
+            }
+            for p in [p for p in order if p in props] + [p for p in props if p not in order]:
+                if p in values:
+                    out.append(f"{p}={values[p]}")
+            if len(units) > 1:
+                out.append("")
+        return result(0, "".join(line + "\n" for line in out))
+    if verb == "is-active":
+        states = [_ready_state(ct.service(u)) for u in rest]
+        rc = 0 if states and all(s == "active" for s in states) else 3
+        return result(rc, "".join(s + "\n" for s in states))
+    if verb in ("start", "stop", "restart"):
+        err = ""
+        for name in rest:
+            if verb in ("stop", "restart"):
+                if ct.service(name).get("state") == "active":
+                    time.sleep(service_latency(ct.sim_dir, "stop"))
+                rc, e = ct.stop_service(name)
+                if rc and verb == "stop":
+                    return result(rc, err=err + e)
+            if verb in ("start", "restart"):
+                rc, e = ct.start_service(name, verb)
+                err += e
+                if rc:
+                    return result(rc, err=err)
+                # like a Type=notify unit: start returns once the server says it is ready
+                time.sleep(max(0.0, float(ct.service(name).get("ready_at", 0.0)) - time.time()))
+        return result(0, err=err)
+    return result(1, err=f"Unknown command verb {verb}.\n")
+
+
+def _ready_state(svc: dict) -> str:
+    if svc.get("state") == "active" and float(svc.get("ready_at", 0.0)) > time.time():
+        return "activating"
+    return svc["state"]

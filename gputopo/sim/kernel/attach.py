@@ -1,0 +1,114 @@
+"""What binding, unbinding and removing a device change in the tree (state lock held).
+
+Side effects appear and vanish as on a real host: nvidia creates
+``proc/driver/nvidia/gpus/<bdf>/information`` and ``dev/nvidia<minor>``; vfio-pci creates
+``dev/vfio/<group>`` while any member of the group is bound to it. A device that falls off the
+bus loses its directory and links; a dead one reads 0xff from its config space.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import uuid as _uuid
+from pathlib import Path
+
+from gputopo.sim.files import atomic_write
+from gputopo.sim.kernel.nvidia import nvidia_information, set_minor_line
+
+
+class TreeChanges:
+    """Tree changes of :class:`gputopo.sim.kernel.SimKernel` (a mixin over its tree reader)."""
+
+    def _link(self, link: Path, target: Path) -> None:
+        if os.path.lexists(link):
+            os.unlink(link)
+        os.symlink(os.path.relpath(target, link.parent), link)
+
+    def _unlink(self, p: Path) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(p)
+
+    def _attach(self, st: dict, addr: str, drv: str) -> None:
+        dev = self._devdir(addr)
+        drvdir = self._p(f"sys/bus/pci/drivers/{drv}")
+        self._link(dev / "driver", drvdir)
+        self._link(drvdir / addr, dev)
+        if drv == "nvidia":
+            self._nvidia_up(st, addr)
+        elif drv == "vfio-pci":
+            g = self.group_of(addr)
+            (self._p("dev/vfio")).mkdir(parents=True, exist_ok=True)
+            self._p("dev/vfio/vfio").touch()
+            if g is not None:
+                self._p(f"dev/vfio/{g}").touch()
+
+    def _detach(self, st: dict, addr: str, drv: str) -> None:
+        self._unlink(self._p(f"sys/bus/pci/devices/{addr}/driver"))
+        self._unlink(self._p(f"sys/bus/pci/drivers/{drv}/{addr}"))
+        if drv == "nvidia":
+            shutil.rmtree(self._p(f"proc/driver/nvidia/gpus/{addr}"), ignore_errors=True)
+            m = st["minors"].get(addr)
+            if m is not None:
+                self._unlink(self._p(f"dev/nvidia{m}"))
+        elif drv == "vfio-pci":
+            g = self.group_of(addr)
+            if g is not None and not any(
+                self._driver(m) == "vfio-pci" for m in self.group_members(g) if m != addr
+            ):
+                self._unlink(self._p(f"dev/vfio/{g}"))
+
+    def _nvidia_up(self, st: dict, addr: str) -> None:
+        # nvidia keeps a GPU's minor when it is free again, else hands out the lowest free one
+        in_use = {m for a, m in st["minors"].items() if a != addr and self._driver(a) == "nvidia"}
+        previous = st["minors"].get(addr)
+        minor = previous if previous is not None and previous not in in_use else next(
+            i for i in range(len(in_use) + 1) if i not in in_use
+        )
+        st["minors"][addr] = minor
+        text = st["nv_info"].get(addr)
+        if text is None:
+            ids = self._ids(addr)
+            seed = hashlib.sha256(addr.encode()).digest()[:16]
+            text = nvidia_information(
+                addr, minor, f"NVIDIA Device {ids.device:04x}", f"GPU-{_uuid.UUID(bytes=seed)}"
+            )
+            st["nv_info"][addr] = text
+        d = self._p(f"proc/driver/nvidia/gpus/{addr}")
+        d.mkdir(parents=True, exist_ok=True)
+        write_attr(d / "information", set_minor_line(text, minor))
+        self._p("dev").mkdir(exist_ok=True)
+        self._p(f"dev/nvidia{minor}").touch()
+
+    def _remove_device(self, st: dict, addr: str) -> None:
+        if not self._exists(addr):
+            return
+        drv = self._driver(addr)
+        if drv is not None:
+            self._detach(st, addr, drv)
+        dev = self._devdir(addr)
+        g = self.group_of(addr)
+        if g is not None:
+            self._unlink(self._p(f"sys/kernel/iommu_groups/{g}/devices/{addr}"))
+        self._unlink(self._p(f"sys/bus/pci/devices/{addr}"))
+        shutil.rmtree(dev, ignore_errors=True)
+        if addr not in st["removed"]:
+            st["removed"].append(addr)
+
+    def _make_dead(self, addr: str) -> None:
+        base = self._devdir(addr)
+        cfg = base / "config"
+        size = cfg.stat().st_size if cfg.exists() else 256
+        cfg.write_bytes(b"\xff" * max(size, 64))
+        for name, value in (("vendor", "0xffff"), ("device", "0xffff"), ("subsystem_vendor", "0xffff"),
+                            ("subsystem_device", "0xffff"), ("class", "0xffffff")):
+            if (base / name).exists():
+                (base / name).write_text(value + "\n")
+
+
+def write_attr(path: Path, text: str) -> None:
+    """Replace a file's content in one step: a kernel attribute never reads half-written, even
+    when the simulating process is killed mid-write. Mode 0644, as sysfs shows attributes."""
+    atomic_write(path, text, mode=0o644)

@@ -1,0 +1,116 @@
+"""The HTTP side of the simulated API: parameters from query and body, answers on the wire.
+
+Status codes, reason phrases and bodies as a PVE node sends them (proxmox-api-wire.md): a 401
+has no body, an error carries ``message`` (and ``errors`` for a parameter check).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from http.server import BaseHTTPRequestHandler
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl, urlsplit
+
+from gputopo.sim.pveapi.answers import ApiError, AuthFailed
+from gputopo.sim.pveapi.routes import API_PREFIX
+
+if TYPE_CHECKING:
+    from gputopo.sim.pveapi.server import PveApiServer
+
+
+class BadBody(Exception):
+    """A request body that cannot become parameters."""
+
+
+def merge_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """Form pairs to a dict; a repeated key (``map=a&map=b``) becomes a list."""
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            out[k] = (out[k] if isinstance(out[k], list) else [out[k]]) + [v]
+        else:
+            out[k] = v
+    return out
+
+
+class ApiRequestHandler(BaseHTTPRequestHandler):
+    server_obj: PveApiServer
+    protocol_version = "HTTP/1.1"
+    server_version = "pve-api-daemon/3.0"
+    sys_version = ""
+
+    def log_message(self, format: str, *args: Any) -> None:  # keep test output clean
+        pass
+
+    def _params(self) -> dict[str, Any]:
+        url = urlsplit(self.path)
+        pairs: list[tuple[str, Any]] = []
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        if body:
+            ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip()
+            if ctype == "application/json":
+                try:
+                    obj = json.loads(body)
+                except ValueError as e:
+                    raise BadBody(f"unable to parse JSON body - {e}") from None
+                if not isinstance(obj, dict):
+                    raise BadBody("unable to parse JSON body - not an object")
+                pairs += list(obj.items())
+            else:
+                pairs += parse_qsl(body.decode(), keep_blank_values=True)
+        params = merge_pairs(pairs)
+        params.update(merge_pairs(parse_qsl(url.query, keep_blank_values=True)))  # the query string wins
+        params.pop("_dc", None)
+        return params
+
+    def _handle(self, method: str) -> None:
+        srv = self.server_obj
+        path = urlsplit(self.path).path
+        try:
+            params = self._params()
+        except BadBody as e:
+            # the daemon answers every request; the exact text of this 400 is not in the wire doc
+            return self._send(400, str(e), {"data": None, "message": str(e) + "\n"})
+        if not path.startswith(API_PREFIX + "/"):
+            return self._send(501, f"Method '{method} {path}' not implemented", None)
+        rel = path[len(API_PREFIX):].rstrip("/") or "/"
+        try:
+            caller = srv.authenticate(method, rel, self.headers)
+        except AuthFailed as e:
+            if srv.auth_fail_delay:
+                time.sleep(srv.auth_fail_delay)
+            return self._send(401, str(e), None)
+        try:
+            result = srv.dispatch(method, rel, params, caller)
+        except ApiError as e:
+            body: dict[str, Any] = {"data": None, "message": e.message}
+            if e.errors is not None:
+                body["errors"] = e.errors
+            return self._send(e.status, e.message, body)
+        return self._send(200, "OK", {"data": result.data, **result.extra})
+
+    def _send(self, status: int, message: str, body: dict | None) -> None:
+        reason = message.split("\n", 1)[0]
+        payload = b"" if body is None else json.dumps(body).encode()
+        self.send_response(status, reason)
+        if body is not None:
+            self.send_header("Content-Type", "application/json;charset=UTF-8")
+        self.send_header("Cache-Control", "max-age=0")
+        self.send_header("Pragma", "no-cache")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def do_GET(self) -> None:
+        self._handle("GET")
+
+    def do_POST(self) -> None:
+        self._handle("POST")
+
+    def do_PUT(self) -> None:
+        self._handle("PUT")
+
+    def do_DELETE(self) -> None:
+        self._handle("DELETE")

@@ -1,0 +1,102 @@
+"""The request pipeline of the simulated API, in Proxmox's order.
+
+401 (authentication, before this) before 501 (no route) before 403 (permission) before 400
+(parameters) before the handler; a node name that is not this node fails like a hostname
+lookup, and an injected API fault (a pmxcfs lock timeout) answers before the handler runs.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from gputopo.formats.lxcconf import check_lxc_option
+from gputopo.sim import state
+from gputopo.sim.pveapi.answers import ApiError, Result, die, param_error, perm_error
+from gputopo.sim.pveapi.auth import Caller
+from gputopo.sim.pveapi.params import BOOL_KEYS, ItemErrors, fmt_bool, perl_str
+from gputopo.sim.pveapi.routes import Route, find_route
+
+API_FAULTS = "api-faults"
+
+
+class Pipeline:
+    """Routing, checks and dispatch of :class:`gputopo.sim.pveapi.PveApiServer` (a mixin)."""
+
+    def inject_api_fault(self, method: str, path: str, message: str, status: int = 500, count: int = 1) -> None:
+        """Make the next ``count`` ``method`` calls whose API path (below ``/api2/json``) matches
+        the regex ``path`` fail with ``status`` and ``message``, as a node answers when pmxcfs
+        cannot take its lock (``cfs-lock 'file-pci_mapping' error: got lock request timeout``)."""
+        with state.locked(self.run_dir, API_FAULTS):
+            faults = state.read_state(self.run_dir, API_FAULTS, []) or []
+            faults.append({"method": method, "path": path, "message": message, "status": status, "count": count})
+            state.write_state(self.run_dir, API_FAULTS, faults)
+
+    def _take_api_fault(self, method: str, path: str) -> ApiError | None:
+        if not (self.run_dir / f"{API_FAULTS}.json").exists():
+            return None
+        with state.locked(self.run_dir, API_FAULTS):
+            faults = state.read_state(self.run_dir, API_FAULTS, []) or []
+            for f in faults:
+                if f["method"] == method and re.fullmatch(f["path"], path) and f["count"] > 0:
+                    f["count"] -= 1
+                    state.write_state(self.run_dir, API_FAULTS, [x for x in faults if x["count"] > 0])
+                    return ApiError(int(f["status"]), f["message"].rstrip("\n") + "\n")
+        return None
+
+    @staticmethod
+    def route(method: str, path: str) -> tuple[Route, dict[str, str]]:
+        """The route of ``method path`` and its URI parameters. Raises ApiError 501."""
+        return find_route(method, path)
+
+    def dispatch(self, method: str, path: str, params: dict[str, Any], caller: Caller | None) -> Result:
+        """Route, check permissions and parameters, run the handler. Raises ApiError."""
+        route, uri = self.route(method, path)
+        for k, v in uri.items():
+            if k in params and perl_str(params[k]) != v:
+                raise param_error({k: "duplicate parameter (already defined in URI) with conflicting values!"})
+            params[k] = v
+        if route.perm and caller is not None:
+            acl, privs = route.perm
+            if not self._has_any(caller, privs):
+                # an any-of check on a single object reports no detail (RPCEnvironment check_any)
+                raise perm_error(None if route.handler == "mapping_get" else f"{acl.format(**uri)}, {'|'.join(privs)}")
+        values, errors = {}, {}
+        for name, spec in route.params.items():
+            if name not in params:
+                if not spec.optional:
+                    errors[name] = "property is missing and it is not optional"
+                continue
+            try:
+                values[name] = spec.fmt(params[name])
+            except ItemErrors as e:
+                errors.update({f"{name}[{i}]": msg for i, msg in e.by_index.items()})
+            except ValueError as e:
+                errors[name] = str(e)
+        for name, value in params.items():
+            if name in route.params or name == "_dc":
+                continue
+            if route.extra == "lxc":
+                why = check_lxc_option(name, str(value)) if re.match(r"^[a-z][a-z_]*\d*$", name) else "unknown setting"
+                if why is None and name in BOOL_KEYS:
+                    try:  # the wire takes only 0/1 (JSONSchema check_type), the file parser more
+                        value = int(fmt_bool(value))
+                    except ValueError as e:
+                        why = str(e)
+                if why and why.startswith("unknown setting"):
+                    errors[name] = "property is not defined in schema and the schema does not allow additional properties"
+                elif why:
+                    errors[name] = why if why.startswith(("type check", "value ")) else f"invalid format - {why}\n"
+                else:
+                    values[name] = str(value)
+            else:
+                errors[name] = "property is not defined in schema and the schema does not allow additional properties"
+        if errors:
+            raise param_error(errors)
+        if "node" in values and values["node"] != self.node:
+            raise die(f"hostname lookup '{values['node']}' failed - failed to get address info for: {values['node']}: Name or service not known")
+        fault = self._take_api_fault(method, path)
+        if fault is not None:
+            raise fault
+        out = getattr(self, "h_" + route.handler)(caller, values)
+        return out if isinstance(out, Result) else Result(out)
