@@ -23,7 +23,8 @@ from pathlib import Path
 from gputopo.apply import Timeouts, apply
 from gputopo.facts.discover import discover
 from gputopo.sim.host import SimHost
-from gputopo.plan.spec import init_spec, parse_spec
+from gputopo.plan.starter import init_spec
+from gputopo.plan.spec import parse_spec
 
 
 def main(argv: list[str] | None = None) -> int:

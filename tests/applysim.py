@@ -20,7 +20,8 @@ from gputopo.sim import state
 from gputopo.sim.container import SimExec
 from gputopo.sim.host import SimHost
 from gputopo.sim.kernel import SimKernel
-from gputopo.plan.spec import init_spec, parse_spec
+from gputopo.plan.starter import init_spec
+from gputopo.plan.spec import parse_spec
 
 SCALE = 0.01  # kernel latencies: nvidia unbind 2 s -> 20 ms
 

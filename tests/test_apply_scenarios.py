@@ -426,26 +426,32 @@ def _journal_has_begun(root: Path, phase: str) -> bool:
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_signal_mid_switch_through_the_cli_rolls_back(new_host, sig):
+    """The apply is held in its switch phase by an unbind that blocks until the test releases it
+    (no timing window): the signal arrives while a worker is inside a sysfs write, the rollback
+    waits for that write to end and undoes everything."""
     host = new_host()
     host.ports()
     before = applysim.fingerprint(host)
     spec_file = host.dir / "spec.yaml"
     spec_file.write_text(applysim.seed_spec_text(host))
-    SimKernel(host.paths.root).configure(time_scale=1.0, latency={"nvidia.unbind": 0.3})
+    kernel = SimKernel(host.paths.root)
+    kernel.inject("0000:81:00.0", "unbind", "hang", times=1)
     cmd = [sys.executable, "-m", "gputopo", "apply", "--spec", str(spec_file), "--sim", str(host.dir),
-           "--yes", "--no-verify"]
+           "--yes", "--no-verify", "--timeout", "600"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120  # a bound on a broken test, not a measured window
         while time.monotonic() < deadline and proc.poll() is None:
             if _journal_has_begun(host.paths.root, "switch"):
                 break
-            time.sleep(0.01)
+            time.sleep(0.02)
         assert proc.poll() is None, proc.communicate()
         proc.send_signal(sig)
+        kernel.release()
         out, err = proc.communicate(timeout=120)
     finally:
+        kernel.release()
         if proc.poll() is None:
             proc.kill()
     SimKernel(host.paths.root).configure(time_scale=applysim.SCALE)

@@ -40,7 +40,7 @@ def seed(materialized) -> Path:
 @pytest.fixture
 def spec_file(tmp_path, seed) -> Path:
     from gputopo.facts.discover import discover
-    from gputopo.plan.spec import init_spec
+    from gputopo.plan.starter import init_spec
 
     p = tmp_path / "spec.yaml"
     p.write_text(init_spec(discover(str(seed))))

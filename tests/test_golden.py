@@ -19,7 +19,8 @@ from gputopo.plan.mappings import map_entry
 from gputopo.formats.lxcconf import validate_lxc_conf
 from gputopo.formats.pcicfg import validate_pci_cfg
 from gputopo.plan.render import render
-from gputopo.plan.spec import parse_spec, spec_from_split
+from gputopo.plan.spec import parse_spec
+from gputopo.plan.starter import spec_from_split
 from test_plan import SEED_CMD, SEED_SPEC
 
 GOLDEN = Path(__file__).parent / "golden"

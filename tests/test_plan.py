@@ -15,7 +15,8 @@ from gputopo.actions import Rebind, SetMapping, StopGuest, UpdateContainer, Writ
 from gputopo.plan.planner import expected_after, plan
 from gputopo.formats.devn import format_dev
 from gputopo.plan.mappings import map_entry
-from gputopo.plan.spec import Spec, parse_spec, spec_from_split
+from gputopo.plan.spec import Spec, parse_spec
+from gputopo.plan.starter import spec_from_split
 
 SEED_NUMA = {"01": 0, "11": 0, "61": 0, "71": 0, "81": 1, "91": 1, "e1": 1, "f1": 1}
 SEED_MINOR = {"01": 0, "11": 1, "61": 3, "71": 2, "81": 4, "91": 5, "e1": 7, "f1": 6}

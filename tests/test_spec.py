@@ -7,7 +7,8 @@ import json
 import pytest
 
 from gputopo.errors import SpecError
-from gputopo.plan.spec import Spec, init_spec, load_spec, parse_spec, spec_from_split
+from gputopo.plan.spec import Spec, load_spec, parse_spec
+from gputopo.plan.starter import init_spec, spec_from_split
 from test_plan import gpu, host, run_cli, seed_facts
 
 BASE = """apiVersion: gputopo/v1

@@ -49,7 +49,7 @@ def _quick_spec(facts, **options):
     option whose value the spec refuses, SpecError when the host cannot be split that way."""
     from gputopo.errors import ConfigError, SpecError
     from gputopo.plan.select import pick_node
-    from gputopo.plan.spec import spec_from_split
+    from gputopo.plan.starter import spec_from_split
 
     try:
         spec = spec_from_split(facts, **options)
@@ -230,7 +230,7 @@ def spec_options(f):
 def init(root, split, container, vm_mapping, container_mapping, node, service_unit, tp_flag, output):
     """Write a commented starter spec for this host (exit 2 for an option the spec would refuse,
     or a host that cannot be split that way)."""
-    from gputopo.plan.spec import init_spec
+    from gputopo.plan.starter import init_spec
 
     facts = _facts(root)
     options = dict(split=split, container=container, vm_mapping=vm_mapping, container_mapping=container_mapping,

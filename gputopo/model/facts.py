@@ -251,3 +251,8 @@ class Holder:
     comm: str
     cmdline: str | None
     container: int | None
+
+
+def nvidia_gpus(facts: Facts) -> list[Gpu]:
+    """The NVIDIA GPUs of ``facts`` (display-class functions of vendor 10de), by address."""
+    return sorted((g for g in facts.gpus if g.vendor == NVIDIA_VENDOR), key=lambda g: g.address)

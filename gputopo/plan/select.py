@@ -5,7 +5,8 @@ from __future__ import annotations
 from gputopo.errors import Refusal, SpecError
 from gputopo.model.facts import NVIDIA_VENDOR, Facts, Gpu, MemberRole
 from gputopo.plan.devices import DEFAULT_LEGACY_MAJORS
-from gputopo.plan.spec import Container, GpuSelector, Node, Spec, VmMapping, nvidia_gpus
+from gputopo.plan.spec import Container, GpuSelector, Node, Spec, VmMapping
+from gputopo.model.facts import nvidia_gpus
 
 VFIO = "vfio-pci"
 

@@ -15,7 +15,8 @@ from gputopo.apply import ApplyResult, Progress, Timeouts, apply
 from gputopo.facts.discover import discover
 from gputopo.model.facts import Facts
 from gputopo.ports import Ports
-from gputopo.plan.spec import init_spec, parse_spec
+from gputopo.plan.starter import init_spec
+from gputopo.plan.spec import parse_spec
 from gputopo.verify import VerifyReport, verify
 
 NVIDIA_SMI_QUERY = [

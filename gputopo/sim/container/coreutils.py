@@ -1,4 +1,4 @@
-"""The file commands of a simulated container: ``cat``, ``test``, ``rm``, ``mkdir``, ``ls /dev``."""
+"""The file commands of a simulated container: ``cat``, ``test``, ``rm``, ``mkdir``, ``rmdir``, ``ls /dev``."""
 
 from __future__ import annotations
 
@@ -108,4 +108,30 @@ def mkdir(ct: Container, args: list[str]) -> ExecResult:
             err, rc = err + f"mkdir: cannot create directory '{path}': No such file or directory\n", 1
         else:
             p.mkdir()
+    return result(rc, err=err)
+
+
+def rmdir(ct: Container, args: list[str]) -> ExecResult:
+    """``rmdir [--ignore-fail-on-non-empty] DIR...`` with coreutils' messages: only an empty
+    directory goes; a non-empty one is an error unless the flag says to ignore it."""
+    ignore = "--ignore-fail-on-non-empty" in args
+    paths = [a for a in args if not a.startswith("-")]
+    if not paths:
+        return result(1, err="rmdir: missing operand\nTry 'rmdir --help' for more information.\n")
+    err, rc = "", 0
+    for path in paths:
+        try:
+            p = inside(ct.rootfs, path)
+        except ValueError:
+            err, rc = err + f"rmdir: failed to remove '{path}': Permission denied\n", 1
+            continue
+        if not p.exists():
+            err, rc = err + f"rmdir: failed to remove '{path}': No such file or directory\n", 1
+        elif not p.is_dir():
+            err, rc = err + f"rmdir: failed to remove '{path}': Not a directory\n", 1
+        elif any(p.iterdir()):
+            if not ignore:
+                err, rc = err + f"rmdir: failed to remove '{path}': Directory not empty\n", 1
+        else:
+            p.rmdir()
     return result(rc, err=err)

@@ -2,7 +2,7 @@
 
 It answers as a real node does: a container runs commands only while Proxmox says it runs
 (:mod:`gputopo.sim.state`); otherwise ``pct`` exits 255 with ``container '101' not running!``.
-``nvidia-smi``, ``systemctl``, ``cat``, ``test``, ``rm``, ``mkdir``, ``ls /dev`` and ``true``
+``nvidia-smi``, ``systemctl``, ``cat``, ``test``, ``rm``, ``mkdir``, ``rmdir``, ``ls /dev`` and ``true``
 are implemented (an unknown command exits 127); ``pct push`` writes a file but never creates
 its directory, as pct does.
 """
@@ -16,7 +16,7 @@ from typing import Any
 from gputopo.errors import ExecError
 from gputopo.ports import ExecResult
 from gputopo.sim import state
-from gputopo.sim.container.coreutils import cat, ls_dev, mkdir, rm, test
+from gputopo.sim.container.coreutils import cat, ls_dev, mkdir, rm, rmdir, test
 from gputopo.sim.container.faults import break_container, heal_container
 from gputopo.sim.container.lifecycle import Container
 from gputopo.sim.container.nvidia_smi import nvidia_smi
@@ -83,6 +83,8 @@ class SimExec:
             return rm(ct, args)
         if cmd == "mkdir":
             return mkdir(ct, args)
+        if cmd == "rmdir":
+            return rmdir(ct, args)
         return result(127, err=f"lxc-attach: {vmid}: Failed to exec \"{argv[0]}\": No such file or directory\n")
 
     def push(self, vmid: int, path: str, content: str, mode: int = 0o644) -> None:

@@ -1,0 +1,187 @@
+"""Starter specs from a discovered host: quick mode (``plan --split numa``) and ``gputopo init``'s
+commented file. Both validate through :class:`gputopo.plan.spec.Spec`, so they agree. Pure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+from gputopo.errors import SpecError
+from gputopo.model.facts import Facts, nvidia_gpus
+from gputopo.plan.spec import API_VERSION, KIND, GpuSelector, Spec, format_validation_error
+
+
+def split_selectors(facts: Facts, split: str) -> tuple[GpuSelector, GpuSelector]:
+    """(container selector, VM selector) for a ``--split`` mode.
+
+    ``numa``: the lowest NUMA node that has GPUs goes to the container, the other nodes to the VM.
+    ``half``: the lower half of the GPUs by address to the container, the rest to the VM.
+    Raises SpecError when the host cannot be split that way.
+    """
+    gpus = nvidia_gpus(facts)
+    if not gpus:
+        raise SpecError("--split", "", "the host has no NVIDIA GPUs")
+    if split == "numa":
+        nodes = sorted({g.numa_node for g in gpus if g.numa_node is not None})
+        if not nodes:
+            raise SpecError("--split", "numa", "no GPU has a known NUMA node; use --split half or addresses")
+        if len(nodes) < 2:
+            raise SpecError("--split", "numa", f"all GPUs are on NUMA node {nodes[0]}; use --split half")
+        return GpuSelector(numa=[nodes[0]]), GpuSelector(numa=nodes[1:])
+    if split == "half":
+        if len(gpus) < 2:
+            raise SpecError("--split", "half", "one GPU cannot be split")
+        half = len(gpus) // 2
+        return (
+            GpuSelector(addresses=[g.address for g in gpus[:half]]),
+            GpuSelector(addresses=[g.address for g in gpus[half:]]),
+        )
+    raise SpecError("--split", "", f"unknown split {split!r} (expected numa or half)")
+
+
+def spec_from_split(
+    facts: Facts,
+    split: str = "numa",
+    container: int = 101,
+    vm_mapping: str = "pro6000-vm",
+    container_mapping: str | None = None,
+    node: str | None = None,
+    service_unit: str | None = None,
+    tp_flag: str = "--tp",
+) -> Spec:
+    """A Spec for the quick mode (``gputopo plan --split numa --container N --vm-mapping NAME``).
+
+    Raises SpecError when the host cannot be split that way or a name is invalid.
+    """
+    ct_sel, vm_sel = split_selectors(facts, split)
+    data: dict[str, Any] = {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "nodes": [
+            {
+                "name": node or facts.host.hostname or "pve1",
+                "containers": [
+                    {
+                        "vmid": container,
+                        "gpus": ct_sel.model_dump(exclude_none=True),
+                        **({"mapping": container_mapping} if container_mapping else {}),
+                        **({"service": {"unit": service_unit, "tp_flag": tp_flag}} if service_unit else {}),
+                    }
+                ],
+                "vms": {"mappings": [{"name": vm_mapping, "gpus": vm_sel.model_dump(exclude_none=True)}]},
+            }
+        ],
+    }
+    try:
+        return Spec.model_validate(data)
+    except ValidationError as e:
+        raise format_validation_error("--split", e) from None
+
+
+def _yaml_list(values: list[Any]) -> str:
+    return "[" + ", ".join(str(v) for v in values) + "]"
+
+
+def init_spec(
+    facts: Facts,
+    split: str = "numa",
+    container: int = 101,
+    vm_mapping: str = "pro6000-vm",
+    container_mapping: str | None = None,
+    node: str | None = None,
+    service_unit: str = "sglang.service",
+    tp_flag: str = "--tp",
+) -> str:
+    """A commented starter spec (YAML text) for the discovered host; it parses with parse_spec
+    into what :func:`spec_from_split` returns for the same options.
+
+    Raises SpecError when the host cannot be split that way or an option's value is one the
+    spec refuses (the field names the option's place in the spec).
+    """
+    # the same spec quick mode plans: validates every option before any text is written
+    spec = spec_from_split(facts, split, container, vm_mapping, container_mapping, node, service_unit, tp_flag)
+    ct_sel = spec.nodes[0].containers[0].gpus
+    vm_sel = spec.nodes[0].vms.mappings[0].gpus
+    assert isinstance(vm_sel, GpuSelector)
+    gpus = nvidia_gpus(facts)
+    by_numa: dict[Any, list[str]] = {}
+    for g in gpus:
+        by_numa.setdefault(g.numa_node, []).append(g.address)
+
+    def sel_lines(sel: GpuSelector, indent: str) -> list[str]:
+        if sel.numa is not None:
+            return [f"{indent}numa: {_yaml_list(sel.numa)}"]
+        return [f"{indent}addresses:"] + [f'{indent}  - "{a}"' for a in sel.addresses or []]
+
+    n_ct = len([g for g in gpus if g.numa_node in (ct_sel.numa or []) or g.address in (ct_sel.addresses or [])])
+    lines = [
+        "# gputopo spec: which GPUs of this Proxmox host go to an LXC container (host nvidia",
+        "# driver) and which to VM passthrough (vfio-pci). Check it with `gputopo plan --spec FILE`.",
+        f"# Discovered: {len(gpus)} NVIDIA GPU(s); by NUMA node:",
+    ]
+    for numa, addrs in sorted(by_numa.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)):
+        label = "unknown" if numa is None else str(numa)
+        lines.append(f"#   NUMA {label}: {', '.join(addrs)}")
+    lines += [
+        f"apiVersion: {API_VERSION}   # the spec format version",
+        f"kind: {KIND}",
+        "nodes:",
+        "  # one entry per Proxmox node; name is the node name Proxmox uses",
+        f"  - name: {spec.nodes[0].name}",
+        "    containers:",
+        "      # vmid: the LXC container that keeps GPUs on the host nvidia driver",
+        f"      - vmid: {container}",
+        "        # gpus: exactly one of numa: [ids], addresses: [PCI addresses], count: N",
+        "        gpus:",
+        *sel_lines(ct_sel, "          "),
+    ]
+    if container_mapping:
+        lines += [
+            "        # mapping: a PCI mapping listing the container's GPUs (informational for Proxmox)",
+            f"        mapping: {container_mapping}",
+        ]
+    else:
+        lines += ["        # mapping: optional PCI mapping listing the container's GPUs (informational)"]
+    lines += [
+        "        # device_mode: devN (Proxmox >= 8.1) or legacy (lxc.cgroup2 + lxc.mount.entry lines)",
+        "        device_mode: devN",
+        '        # mode: the device nodes\' mode in the container; gid: their group (unset: root)',
+        '        mode: "0666"',
+        "        # service: the inference server whose tensor-parallel size follows the GPU count",
+        "        service:",
+        f"          unit: {service_unit}",
+        "          # tp_flag: --tp (SGLang) or --tensor-parallel-size (vLLM)",
+        f"          tp_flag: \"{tp_flag}\"",
+        f"          # TP will be {n_ct}. command: the full base ExecStart; unset = the unit's current one",
+        "          # command: python3 -m sglang.launch_server --model-path /models/m --tp 4",
+        "          # health_url: http://127.0.0.1:30000/health",
+        "          # attention_heads: 64   # the TP size must divide it",
+        "          dropin: gputopo.conf",
+        "    vms:",
+        "      mappings:",
+        "        # a PCI mapping for VM passthrough; its GPUs are bound to vfio-pci per address",
+        f"        - name: {vm_mapping}",
+        "          # gpus: a selector like the container's, or 'rest' (every GPU no container claims)",
+        "          gpus:",
+        *sel_lines(vm_sel, "            "),
+        "          description: GPUs for VM passthrough",
+        "      # guests: VM vmids using these mappings (stopped/started when their GPUs change)",
+        "      guests: []",
+        "policy:",
+        "  # keep driver_override=vfio-pci after binding, so a reprobe cannot take a VM GPU back",
+        "  keep_driver_override: true",
+        "  # tp_check: error or warn when the TP size is not a power of two / does not divide the heads",
+        "  tp_check: error",
+        "  # allow_cross_numa: silence the warning for a container spanning NUMA nodes",
+        "  allow_cross_numa: false",
+        "verify:",
+        "  # max spread of memory use across the container's GPUs, in percent",
+        "  memory_spread_pct: 5",
+        "  # min_headroom_mib: free memory each GPU must keep (unset: not checked)",
+        "  # a smoke-test prompt, the text the answer must contain, and its timeout in seconds",
+        '  prompt: "What is 7 x 13? Answer with the number only."',
+        '  expect: "91"',
+        "  timeout: 120",
+    ]
+    return "\n".join(lines) + "\n"
