@@ -604,7 +604,7 @@ def test_build_ports_refuses_contradictions(tmp_path):
 def test_build_ports_for_a_real_api(healthy):
     """The real-host path: HTTPS with a CA bundle and the password from the environment."""
     from gputopo.adapters.sysfs import RealSysfs
-    from gputopo.cli.connect import Connection, build_ports, release_ports
+    from gputopo.cli.connect import Connection, build_ports
     from gputopo.adapters.pct import PctExec
 
     host, _ = healthy
@@ -616,4 +616,4 @@ def test_build_ports_for_a_real_api(healthy):
         assert ports.proxmox.node == "pve1" and ports.proxmox.identity() == "root@pam"
         assert {m["id"] for m in ports.proxmox.mappings()} == {"pro6000", "pro6000-vm"}
     finally:
-        release_ports(ports)
+        ports.close()
