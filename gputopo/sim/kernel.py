@@ -30,6 +30,8 @@ node is held open (a ``proc/<pid>/fd/*`` link to it) blocks until the holder goe
 
 Latencies, a global ``time_scale`` and injected faults live with the rest of the simulator's
 state in ``<root>/.gputopo-sim/kernel.json`` so every process using the same root sees them.
+Each instance also keeps, in memory, the driver operations it carried out (:meth:`SimKernel.events`),
+so a test can check what happened and when instead of timing a whole run.
 """
 
 from __future__ import annotations
@@ -117,6 +119,23 @@ class DevIds:
     subvendor: int
     subdevice: int
     cls: int
+
+
+@dataclass(frozen=True)
+class KernelEvent:
+    """One driver operation the simulated kernel carried out on a device.
+
+    ``start``: ``time.monotonic()`` once the device was this write's to change (its lock held,
+    faults passed); ``end``: when the tree showed the result. ``delay``: the latency it was given
+    (seconds, ``time_scale`` applied).
+    """
+
+    op: str  # "unbind" or "bind" (a bind through bind, drivers_probe or new_id)
+    driver: str
+    address: str
+    delay: float
+    start: float
+    end: float
 
 
 def parse_hex_attr(text: str) -> int | None:
@@ -228,6 +247,7 @@ class SimKernel:
         self._lock = threading.RLock()
         self._tls = threading.local()
         self._dev_locks: dict[str, threading.Lock] = {}
+        self._events: list[KernelEvent] = []
         with self._state() as st:
             if time_scale is not None:
                 st["time_scale"] = time_scale
@@ -361,6 +381,15 @@ class SimKernel:
         """Remove every fault (for ``address`` only, when given), hangs included."""
         with self._state() as st:
             st["faults"] = [f for f in st["faults"] if address is not None and f["address"] != address]
+
+    def events(self) -> list[KernelEvent]:
+        """The driver operations this instance carried out, oldest first (a copy)."""
+        with self._lock:
+            return list(self._events)
+
+    def _record(self, op: str, drv: str, addr: str, delay: float, start: float) -> None:
+        with self._lock:
+            self._events.append(KernelEvent(op, drv, addr, delay, start, time.monotonic()))
 
     def fall_off(self, address: str) -> None:
         """The device leaves the bus now (surprise removal): its directory, its links and its
@@ -538,7 +567,8 @@ class SimKernel:
             self._wait_released(f["id"])
         return "noop" if f["kind"] == "noop" else None
 
-    def _sleep(self, addr: str, drv: str, op: str) -> None:
+    def _sleep(self, addr: str, drv: str, op: str) -> float:
+        """Wait the operation's latency; returns it in seconds."""
         st = self._read_state()
         per = st["address_latency"].get(addr, {})
         lat = st["latency"]
@@ -546,6 +576,7 @@ class SimKernel:
         delay = float(seconds) * float(st["time_scale"])
         if delay > 0:
             time.sleep(delay)
+        return delay
 
     def _dev_lock(self, addr: str) -> threading.Lock:
         with self._lock:
@@ -761,11 +792,13 @@ class SimKernel:
                 if self._driver(addr) != drv:
                     raise _Fail(errno.ENODEV)
                 nodes = self._nodes_of(st, addr, drv)
-            self._sleep(addr, drv, "unbind")
+            start = time.monotonic()
+            delay = self._sleep(addr, drv, "unbind")
             self._wait_unheld(nodes)
             with self._state() as st:
                 if self._exists(addr) and self._driver(addr) == drv:
                     self._detach(st, addr, drv)
+                    self._record("unbind", drv, addr, delay, start)
 
     def _try_attach(self, drv: str, addr: str, explicit: bool) -> None:
         """Probe ``drv`` on ``addr`` (device lock held by the caller). With ``explicit`` (the
@@ -788,7 +821,8 @@ class SimKernel:
                 return
         if self._fault(addr, "bind") == "noop":
             return
-        self._sleep(addr, drv, "bind")
+        start = time.monotonic()
+        delay = self._sleep(addr, drv, "bind")
         with self._state() as st:
             if not self._exists(addr):
                 raise _Fail(errno.ENODEV)
@@ -797,6 +831,7 @@ class SimKernel:
                     raise _Fail(errno.EBUSY)
                 return
             self._attach(st, addr, drv)
+            self._record("bind", drv, addr, delay, start)
 
     def _bind(self, drv: str, addr: str) -> None:
         with self._state():
