@@ -8,7 +8,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 
 import pytest
 from click.testing import CliRunner
@@ -236,11 +235,9 @@ def test_iommu_off(materialized):
 
 
 def test_large(materialized):
+    # how fast discovery is on a large host is benchmarks/bench_discover.py's question
     r = materialized("large")
-    t = time.perf_counter()
     f = discover(r)
-    elapsed = time.perf_counter() - t
-    assert elapsed < 10, elapsed  # generous for a shared runner; the benchmark measures it
     pfs = [g for g in f.gpus if g.sriov_numvfs]
     assert len(pfs) == 1 and pfs[0].sriov_numvfs == 4 and pfs[0].sriov_totalvfs == 32
     assert len(f.gpus) >= 64

@@ -1,12 +1,19 @@
-"""Golden files: plan text and rendered files per scenario, on fixture hosts.
+"""Golden files: per scenario on a fixture host, the plan as text (``plan.txt``) and as JSON
+(``plan.json``: every field of every action) and the rendered files (``files/...``).
 
-On a mismatch the test shows GOT and WANT; ``GPUTOPO_UPDATE_GOLDEN=1`` rewrites the files.
+A scenario's directory holds exactly what it produces: a file that differs, is missing or is no
+longer produced fails the test, with GOT and WANT. ``GPUTOPO_UPDATE_GOLDEN=1`` rewrites the files,
+deletes those no scenario produces any more, and then FAILS, so an update is never mistaken for a
+pass: review ``git diff tests/golden``, then run again without it. Where ``CI`` is set the update
+is refused and nothing runs: CI only compares.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -25,6 +32,20 @@ from test_plan import SEED_CMD, SEED_SPEC
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("GPUTOPO_UPDATE_GOLDEN") == "1"
+if UPDATE and "CI" in os.environ:
+    pytest.fail("GPUTOPO_UPDATE_GOLDEN=1 is refused where CI is set: CI compares golden files, it never "
+                "writes them", pytrace=False)
+
+# scenario name -> function of the hosts fixture returning {path under golden/<name>: text}
+SCENARIOS: dict[str, Callable[..., dict[str, str]]] = {}
+
+
+def scenario(name: str):
+    def register(f: Callable[..., dict[str, str]]) -> Callable[..., dict[str, str]]:
+        SCENARIOS[name] = f
+        return f
+
+    return register
 
 
 @pytest.fixture(scope="module")
@@ -40,32 +61,54 @@ def hosts(materialized):
     return get
 
 
-def check(scenario: str, name: str, got: str) -> None:
-    path = GOLDEN / scenario / name
-    if UPDATE:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(got)
-        return
-    if not path.is_file():
-        pytest.fail(f"missing golden file {path} (run with GPUTOPO_UPDATE_GOLDEN=1)\nGOT:\n{got}")
-    want = path.read_text()
-    if got != want:
-        pytest.fail(f"{scenario}/{name} differs\n--- GOT ---\n{got}--- WANT ---\n{want}")
-
-
-def check_all(scenario: str, p, spec, facts) -> None:
-    check(scenario, "plan.txt", p.to_text())
-    files = render(p, spec, facts)
-    for rel, text in files.items():
+def planned(p, spec, facts) -> dict[str, str]:
+    """The golden files of a plan: its text, its JSON and the files it renders (each checked
+    against Proxmox's parser rules first)."""
+    out = {"plan.txt": p.to_text(), "plan.json": p.model_dump_json(indent=2) + "\n"}
+    for rel, text in render(p, spec, facts).items():
         if rel.startswith("pve/lxc/"):
             assert validate_lxc_conf(text, allow_description=False) == [], rel
         if rel == "pve/mapping/pci.cfg":
             assert validate_pci_cfg(text) == [], rel
-        check(scenario, f"files/{rel}", text)
-    listed = sorted(str(q.relative_to(GOLDEN / scenario / "files")) for q in (GOLDEN / scenario / "files").rglob("*")
-                    if q.is_file()) if (GOLDEN / scenario / "files").is_dir() else []
-    if not UPDATE:
-        assert listed == sorted(files), "rendered file set differs from the golden one"
+        out[f"files/{rel}"] = text
+    return out
+
+
+def on_disk(d: Path) -> dict[str, str]:
+    return {p.relative_to(d).as_posix(): p.read_text() for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+def rewrite(d: Path, produced: dict[str, str]) -> list[str]:
+    """Make ``d`` hold exactly ``produced``; returns what changed ("wrote X", "deleted Y")."""
+    before = on_disk(d) if d.is_dir() else {}
+    changes = []
+    for rel in sorted(before.keys() - produced.keys()):
+        (d / rel).unlink()
+        changes.append(f"deleted {rel}")
+    for sub in sorted((p for p in d.rglob("*") if p.is_dir()), reverse=True) if d.is_dir() else []:
+        if not any(sub.iterdir()):
+            sub.rmdir()
+    for rel, text in sorted(produced.items()):
+        if before.get(rel) != text:
+            (d / rel).parent.mkdir(parents=True, exist_ok=True)
+            (d / rel).write_text(text)
+            changes.append(f"wrote {rel}")
+    return changes
+
+
+def compare(d: Path, produced: dict[str, str]) -> list[str]:
+    """Every way ``d`` differs from ``produced``, GOT and WANT shown."""
+    want = on_disk(d) if d.is_dir() else {}
+    problems = [f"{rel}: no scenario output produces it any more" for rel in sorted(want.keys() - produced.keys())]
+    for rel, got in sorted(produced.items()):
+        if rel not in want:
+            problems.append(f"{rel}: missing golden file\n--- GOT ---\n{got}")
+        elif got != want[rel]:
+            problems.append(f"{rel} differs\n--- GOT ---\n{got}--- WANT ---\n{want[rel]}")
+    return problems
+
+
+# --- scenarios ------------------------------------------------------------------------------------
 
 
 def seed_current(facts) -> CurrentState:
@@ -83,34 +126,39 @@ def seed_current(facts) -> CurrentState:
     )
 
 
-def test_seed_numa_split(hosts):
+def node_spec(facts, body: str):
+    """A spec for the one node of ``facts``; ``body`` is the node's YAML below its name."""
+    return parse_spec(f"apiVersion: gputopo/v1\nkind: GpuTopology\nnodes:\n  - name: {facts.host.hostname}\n{body}")
+
+
+@scenario("seed-numa-split")
+def seed_numa_split(hosts):
     facts = hosts("seed")
     spec = parse_spec(SEED_SPEC)
-    check_all("seed-numa-split", plan(facts, spec, seed_current(facts)), spec, facts)
+    return planned(plan(facts, spec, seed_current(facts)), spec, facts)
 
 
-def test_seed_converged_no_changes(hosts):
+@scenario("seed-converged")
+def seed_converged(hosts):
     facts = hosts("seed")
     spec = parse_spec(SEED_SPEC)
     cur = seed_current(facts)
     f2, c2 = expected_after(plan(facts, spec, cur), facts, cur)
     p = plan(f2, spec, c2)
     assert p.actions == []
-    check_all("seed-converged", p, spec, f2)
+    return planned(p, spec, f2)
 
 
-def test_esc8000a_audio_functions(hosts):
+@scenario("esc8000a-audio")
+def esc8000a_audio_functions(hosts):
     facts = hosts("esc8000a")
     spec = spec_from_split(facts, container=101, vm_mapping="ada-vm", container_mapping="ada")
-    check_all("esc8000a-audio", plan(facts, spec, CurrentState()), spec, facts)
+    return planned(plan(facts, spec, CurrentState()), spec, facts)
 
 
-def node_spec(facts, body: str):
-    """A spec for the one node of ``facts``; ``body`` is the node's YAML below its name."""
-    return parse_spec(f"apiVersion: gputopo/v1\nkind: GpuTopology\nnodes:\n  - name: {facts.host.hostname}\n{body}")
-
-
-def test_shared_group_refused(hosts):
+@scenario("shared-group-refused")
+def shared_group_refused(hosts):
+    # a refused plan has no Plan to dump: its refusals are the golden text
     facts = hosts("shared-group")
     spec = node_spec(facts, """\
     vms:
@@ -120,11 +168,12 @@ def test_shared_group_refused(hosts):
 """)
     with pytest.raises(PlanRefused) as e:
         plan(facts, spec, CurrentState())
-    check("shared-group-refused", "plan.txt", "".join(f"refused: {r}\n" for r in e.value.refusals))
     assert any(r.code == "shared-group" for r in e.value.refusals)
+    return {"plan.txt": "".join(f"refused: {r}\n" for r in e.value.refusals)}
 
 
-def test_numa_unknown(hosts):
+@scenario("numa-unknown")
+def numa_unknown(hosts):
     facts = hosts("numa-unknown")
     spec = node_spec(facts, """\
     containers:
@@ -137,4 +186,30 @@ def test_numa_unknown(hosts):
 """)
     p = plan(facts, spec, CurrentState())
     assert sum("NUMA node unknown" in w for w in p.warnings) == 2
-    check_all("numa-unknown", p, spec, facts)
+    return planned(p, spec, facts)
+
+
+# --- the tests ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_golden(hosts, name):
+    d = GOLDEN / name
+    produced = SCENARIOS[name](hosts)
+    if UPDATE:
+        changes = rewrite(d, produced)
+        pytest.fail(f"GPUTOPO_UPDATE_GOLDEN=1: golden/{name}: {'; '.join(changes) or 'unchanged'}; review "
+                    "the diff, then run again without it", pytrace=False)
+    problems = compare(d, produced)
+    if problems:
+        pytest.fail(f"golden/{name} (GPUTOPO_UPDATE_GOLDEN=1 rewrites it):\n" + "\n".join(problems), pytrace=False)
+
+
+def test_every_golden_directory_has_a_scenario():
+    stale = sorted(p.name for p in GOLDEN.iterdir() if p.name not in SCENARIOS)
+    if UPDATE:
+        for name in stale:
+            shutil.rmtree(GOLDEN / name) if (GOLDEN / name).is_dir() else (GOLDEN / name).unlink()
+        if stale:
+            pytest.fail(f"GPUTOPO_UPDATE_GOLDEN=1: deleted golden/{', golden/'.join(stale)}", pytrace=False)
+    assert stale == [], "golden output no scenario produces (GPUTOPO_UPDATE_GOLDEN=1 deletes it)"

@@ -10,7 +10,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ import pytest
 import kernel_scenarios as ks
 from gputopo.errors import SysfsWriteError
 from gputopo.sim.fixtures import DeviceSpec, HostSpec, NumaSpec, load_host, materialize
-from gputopo.sim.kernel import SimKernel
+from gputopo.sim.kernel import KernelEvent, SimKernel
 from gputopo.sim.kernel.nvidia import nvidia_information, parse_minor
 from gputopo.sim.kernel.parse import parse_id_fields, parse_override
 
@@ -288,25 +287,34 @@ def test_remove_attribute_unbinds_and_removes(kern: SimKernel, root: Path) -> No
 # --- latency, holders, faults ------------------------------------------------------------------
 
 
+def overlap_all(events: list[KernelEvent]) -> bool:
+    """Whether every event was under way at one same moment (none waited for another)."""
+    return max(e.start for e in events) < min(e.end for e in events)
+
+
 def test_latencies_overlap_across_devices(root: Path) -> None:
-    k = SimKernel(root, time_scale=1.0, latency={"nvidia.unbind": 0.15})
-    start = time.monotonic()
+    k = SimKernel(root, time_scale=1.0, latency={"nvidia.unbind": 0.3})
     threads = [threading.Thread(target=k.write, args=("sys/bus/pci/drivers/nvidia/unbind", a)) for a in PRO]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    elapsed = time.monotonic() - start
-    assert 0.15 <= elapsed < 0.4
     assert all(driver(root, a) is None for a in PRO)
+    unbinds = k.events()
+    assert sorted((e.op, e.driver, e.address) for e in unbinds) == [("unbind", "nvidia", a) for a in PRO]
+    assert all(e.delay == 0.3 and e.end - e.start >= 0.3 for e in unbinds)
+    assert overlap_all(unbinds)
 
 
 def test_per_address_latency_and_time_scale(root: Path) -> None:
-    k = SimKernel(root, time_scale=0.5)
+    k = SimKernel(root, time_scale=0.5, latency={"nvidia.unbind": 0.02})
     k.configure(address_latency={PRO[0]: {"unbind": 0.3}})
-    start = time.monotonic()
     k.write("sys/bus/pci/drivers/nvidia/unbind", PRO[0])
-    assert 0.15 <= time.monotonic() - start < 0.3
+    k.write("sys/bus/pci/drivers/nvidia/unbind", PRO[1])
+    slow, other = k.events()
+    assert (slow.op, slow.address, slow.delay) == ("unbind", PRO[0], 0.15)
+    assert slow.end - slow.start >= 0.15
+    assert (other.address, other.delay) == (PRO[1], 0.01)
 
 
 def test_parallel_moves_of_every_gpu(kern: SimKernel, root: Path) -> None:

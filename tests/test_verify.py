@@ -637,7 +637,7 @@ def test_build_ports_for_a_real_api(healthy):
     """The real-host path: HTTPS with a CA bundle and the password from the environment."""
     from gputopo.adapters.pct import PctExec
     from gputopo.adapters.sysfs import RealSysfs
-    from gputopo.cli.connect import Connection, build_ports, release_ports
+    from gputopo.cli.connect import Connection, build_ports
 
     host, _ = healthy
     conn = Connection(root=str(host.paths.root), api_url=host.url, node="pve1",
@@ -648,4 +648,4 @@ def test_build_ports_for_a_real_api(healthy):
         assert ports.proxmox.node == "pve1" and ports.proxmox.identity() == "root@pam"
         assert {m["id"] for m in ports.proxmox.mappings()} == {"pro6000", "pro6000-vm"}
     finally:
-        release_ports(ports)
+        ports.close()

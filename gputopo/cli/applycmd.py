@@ -14,7 +14,7 @@ import time
 
 import click
 
-from gputopo.cli.connect import Connection, build_ports, connection_options, host_root, release_ports
+from gputopo.cli.connect import Connection, build_ports, connection_options, host_root
 from gputopo.cli.params import Finite
 
 
@@ -79,7 +79,7 @@ def _preflight_ports(conn: Connection, default_node: str | None):
 
 @click.command()
 @click.option("--spec", "spec_file", required=True, type=click.Path(dir_okay=False), help="Spec file.")
-@connection_options
+@connection_options()
 @click.option("--dry-run", is_flag=True, help="Show the plan; change nothing.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask before changing the host.")
 @click.option("--timeout", "sysfs_timeout", type=Finite(), default=30.0, show_default=True,
@@ -119,7 +119,7 @@ def apply(spec_file: str, conn: Connection, dry_run: bool, yes: bool, sysfs_time
                            rollback_on_verify_failure=rollback_on_verify_failure, spec_path=spec_file,
                            node=conn.node)
     finally:
-        release_ports(ports)
+        ports.close()
     if result.status in ("no-changes", "dry-run"):
         click.echo(result.plan.to_text() if result.plan else "No changes", nl=False)
         return
@@ -138,7 +138,7 @@ def apply(spec_file: str, conn: Connection, dry_run: bool, yes: bool, sysfs_time
 
 
 @click.command()
-@connection_options
+@connection_options()
 @click.option("--finish", is_flag=True, help="Complete the interrupted apply instead of rolling it back.")
 @click.option("--timeout", "sysfs_timeout", type=Finite(), default=30.0, show_default=True,
               help="Seconds one sysfs write may take.")
@@ -166,7 +166,7 @@ def recover(conn: Connection, finish: bool, sysfs_timeout: float) -> None:
     try:
         result = run_recover(ports, root=root, finish=finish, progress=_progress(), timeouts=Timeouts(sysfs=sysfs_timeout))
     finally:
-        release_ports(ports)
+        ports.close()
     if result.status == "nothing-to-recover":
         click.echo("No unfinished apply: nothing to recover")
     else:

@@ -1,27 +1,51 @@
-"""How a command reaches a host: the connection options and the :class:`gputopo.ports.Ports` they build.
+"""How a command reaches a host: one set of options, the :class:`Connection` they fill and the
+:class:`gputopo.ports.Ports` they build.
 
-Every command that acts on or checks a host (``apply``, ``recover``, ``verify``) takes the same
-options through :func:`connection_options` and turns them into ports with :func:`build_ports`:
+Every command that reads or changes a host takes its options from :func:`connection_options`
+and receives them as one ``conn: Connection``. A command asks only for the option groups it
+uses, so an option that makes no sense for it is left off by construction: ``--help`` does not
+offer it and click refuses it in one line (``No such option: --pve-root``).
+
+======================  ==========================  ==========  =====  ======  ======
+command                 ``--root``                  --pve-root  --sim  API(*)  --node
+======================  ==========================  ==========  =====  ======  ======
+plan, render, diff      a directory or a snapshot   yes         yes    yes     yes
+init                    a directory or a snapshot   -           yes    -       yes
+apply, recover, verify  a directory                 -           yes    yes     yes
+discover                a directory or a snapshot   -           -      -       -
+snapshot                a directory                 -           -      -       -
+======================  ==========================  ==========  =====  ======  ======
+
+(*) ``--api-url`` (or ``GPUTOPO_PVE_URL``), ``--local``, ``--user``, ``--token-name``,
+``--secret-file``, ``--ca-bundle``, ``--insecure``, ``--api-timeout``.
+
+Where the options lead:
 
 * ``--sim DIR``: a simulated host (``gputopo sim create DIR``); its Proxmox API and inference
   endpoint are served from this process on loopback, its root is ``DIR/root``;
 * ``--api-url https://HOST[:PORT]``: the Proxmox API over HTTPS (API token with ``--token-name``,
   else a password); secrets only from ``GPUTOPO_PVE_PASSWORD`` / ``GPUTOPO_PVE_TOKEN`` /
   ``GPUTOPO_PVE_TOKEN_SECRET`` or ``--secret-file``;
-* ``--local`` (the default without ``--api-url``): ``pvesh`` on the node itself.
+* ``--local``: ``pvesh`` and ``pct`` on the node itself; the default of apply, recover and
+  verify without ``--api-url``;
+* neither (plan, render, diff): Proxmox's files under ``--pve-root`` (default ``/etc/pve``).
+
+An option that the chosen source would silently ignore is refused with a one-line
+:class:`gputopo.errors.ConfigError` naming it (``--root`` with ``--sim``, ``--pve-root`` with an
+API, ``--user`` without ``--api-url``, ...). ``GPUTOPO_PVE_URL`` is a default only: ``--sim``,
+``--local`` or ``--pve-root`` on the command line set it aside.
 
 On a real host sysfs writes, host files and ``pct exec`` work on ``--root`` (default ``/``).
-Call :func:`release_ports` when done: it stops what :func:`build_ports` started.
+Call the ports' ``close()`` when done: it stops what :func:`build_ports` started.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import os
 import socket
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Callable
-from urllib.parse import urlsplit
 
 import click
 
@@ -31,58 +55,112 @@ from gputopo.ports import Ports
 
 ENV_API_URL = "GPUTOPO_PVE_URL"
 DEFAULT_API_PORT = 8006
+DEFAULT_PVE_ROOT = "/etc/pve"
+DEFAULT_USER = "root@pam"
+DEFAULT_API_TIMEOUT = 60.0
 
 
-@dataclass
+@dataclass(frozen=True)
 class Connection:
-    """The connection options as given on the command line (no secrets)."""
+    """The connection options as given on the command line (no secrets); None: not given."""
 
     root: str | None = None
+    pve_root: str | None = None
     sim: str | None = None
     api_url: str | None = None
     local: bool = False
     node: str | None = None
-    user: str = "root@pam"
+    user: str | None = None
     token_name: str | None = None
     secret_file: str | None = None
     ca_bundle: str | None = None
     insecure: bool = False
-    api_timeout: float = 60.0
+    api_timeout: float | None = None
+
+    @property
+    def live(self) -> bool:
+        """Whether an API was asked for (``--sim``, ``--api-url`` or ``--local``)."""
+        return self.sim is not None or self.api_url is not None or self.local
 
 
-_FIELDS = [f.name for f in fields(Connection)]
+# options that only the HTTPS API uses: field -> option
+_HTTPS_ONLY = {"user": "--user", "token_name": "--token-name", "secret_file": "--secret-file",
+               "ca_bundle": "--ca-bundle", "insecure": "--insecure"}
+_API = ("api_url", "local", *_HTTPS_ONLY, "api_timeout")
 
 
-def connection_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    """Click decorator: add the connection options and pass them as one ``conn: Connection``."""
+def _option(field: str, snapshot: bool, sim: bool) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The one definition of each connection option (``snapshot``/``sim`` shape ``--root``)."""
+    if field == "root":
+        archive = ", or a 'gputopo snapshot' .tar.gz" if snapshot else ""
+        default = "/, or DIR/root with --sim" if sim else "/"
+        return click.option("--root", default=None, type=click.Path(file_okay=snapshot),
+                            help=f"Host root holding sys/, proc/, dev/, etc/{archive} (default: {default}).")
+    return {
+        "pve_root": click.option(
+            "--pve-root", default=None, type=click.Path(file_okay=False),
+            help=f"Proxmox's config tree to read the current state from when no API is given "
+                 f"(default: {DEFAULT_PVE_ROOT}; a missing one means nothing is configured yet)."),
+        "sim": click.option("--sim", default=None, type=click.Path(file_okay=False),
+                            help="Work on the simulated host in DIR (gputopo sim create DIR)."),
+        "api_url": click.option("--api-url", default=None, envvar=ENV_API_URL, show_envvar=True,
+                                help="Proxmox API over HTTPS, e.g. https://pve1:8006."),
+        "local": click.option("--local", is_flag=True,
+                              help="Reach Proxmox through pvesh and pct on this node (what apply, recover and "
+                                   "verify do anyway without --api-url)."),
+        "node": click.option("--node", default=None,
+                             help="Proxmox node name (default: the spec's only node, else the host's name)."),
+        "user": click.option("--user", default=None,
+                             help=f"Proxmox user of --api-url, password from GPUTOPO_PVE_PASSWORD or "
+                                  f"--secret-file (default: {DEFAULT_USER})."),
+        "token_name": click.option("--token-name", default=None,
+                                   help="API token id of --user, secret from GPUTOPO_PVE_TOKEN_SECRET or "
+                                        "--secret-file (GPUTOPO_PVE_TOKEN=user@realm!id=secret replaces both)."),
+        "secret_file": click.option("--secret-file", default=None, type=click.Path(dir_okay=False),
+                                    help="Owner-only file holding the password or token secret."),
+        "ca_bundle": click.option("--ca-bundle", default=None, type=click.Path(dir_okay=False),
+                                  help="CA certificate(s) to check the API's TLS certificate with."),
+        "insecure": click.option("--insecure", is_flag=True, help="Do not check the API's TLS certificate."),
+        "api_timeout": click.option("--api-timeout", default=None, type=Finite(),
+                                    help=f"Seconds per Proxmox API call, --api-url or --local "
+                                         f"(default: {DEFAULT_API_TIMEOUT:g})."),
+    }[field]
 
-    @functools.wraps(f)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        conn = Connection(**{name: kwargs.pop(name) for name in _FIELDS})
-        return f(*args, conn=conn, **kwargs)
 
-    options = [
-        click.option("--root", default=None, type=click.Path(file_okay=False),
-                     help="Host root holding sys/, proc/, dev/, etc/ (default: /, or DIR/root with --sim)."),
-        click.option("--sim", default=None, type=click.Path(file_okay=False),
-                     help="Work on the simulated host in DIR (gputopo sim create DIR)."),
-        click.option("--api-url", default=None, envvar=ENV_API_URL, show_envvar=True,
-                     help="Proxmox API, e.g. https://pve1:8006 (default: --local)."),
-        click.option("--local", is_flag=True, help="Use pvesh on this node instead of the HTTPS API."),
-        click.option("--node", default=None, help="Proxmox node name (default: the spec's node, else this host's name)."),
-        click.option("--user", default="root@pam", show_default=True, help="Proxmox user (password or token owner)."),
-        click.option("--token-name", default=None, help="API token id of --user (secret from GPUTOPO_PVE_TOKEN_SECRET)."),
-        click.option("--secret-file", default=None, type=click.Path(dir_okay=False),
-                     help="Owner-only file holding the password or token secret."),
-        click.option("--ca-bundle", default=None, type=click.Path(dir_okay=False),
-                     help="CA certificate(s) to check the API's TLS certificate with."),
-        click.option("--insecure", is_flag=True, help="Do not check the API's TLS certificate."),
-        click.option("--api-timeout", default=60.0, show_default=True, type=Finite(),
-                     help="Seconds per Proxmox API call."),
-    ]
-    for opt in reversed(options):
-        wrapper = opt(wrapper)
-    return wrapper
+def connection_options(*, snapshot: bool = False, pve_root: bool = False, sim: bool = True, api: bool = True,
+                       node: bool = True) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Click decorator: add ``--root`` and the option groups asked for, and pass them to the
+    command as one ``conn: Connection``.
+
+    ``snapshot``: ``--root`` may be a snapshot archive; ``pve_root``: ``--pve-root``; ``sim``:
+    ``--sim``; ``api``: ``--api-url`` and its companions; ``node``: ``--node``.
+    """
+    names = ["root"] + ["pve_root"] * pve_root + ["sim"] * sim + list(_API) * api + ["node"] * node
+
+    def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(f)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            conn = Connection(**{name: kwargs.pop(name) for name in names})
+            return f(*args, conn=_env_yields(conn), **kwargs)
+
+        for name in reversed(names):
+            wrapper = _option(name, snapshot, sim)(wrapper)
+        return wrapper
+
+    return decorate
+
+
+def _env_yields(conn: Connection) -> Connection:
+    """``conn`` without an ``--api-url`` that came from the environment when the command line
+    chose another source: the environment is a default, the command line a decision."""
+    from click.core import ParameterSource
+
+    ctx = click.get_current_context(silent=True)
+    if (conn.api_url is not None and (conn.sim is not None or conn.local or conn.pve_root is not None)
+            and ctx is not None
+            and ctx.get_parameter_source("api_url") == ParameterSource.ENVIRONMENT):
+        return dataclasses.replace(conn, api_url=None)
+    return conn
 
 
 def parse_api_url(url: str) -> tuple[str, int]:
@@ -90,6 +168,8 @@ def parse_api_url(url: str) -> tuple[str, int]:
 
     Raises ConfigError for another scheme or a URL without a host.
     """
+    from urllib.parse import urlsplit
+
     text = url.strip()
     if "://" not in text:
         text = "https://" + text
@@ -107,40 +187,60 @@ def parse_api_url(url: str) -> tuple[str, int]:
     return parts.hostname, port
 
 
+def _sim_host(conn: Connection):
+    """The simulated host of ``--sim`` (not started). Raises ConfigError for ``--root`` given
+    too or a ``--node`` that is not its node, SimHostError for a directory that holds none."""
+    from gputopo.sim.host import SimHost
+
+    if conn.root is not None:
+        raise ConfigError("--root and --sim exclude each other (a simulated host has its own root)")
+    sim = SimHost.open(conn.sim)
+    if conn.node and conn.node != sim.node:
+        raise ConfigError(f"--node {conn.node}: the simulated host in {conn.sim} is node {sim.node}")
+    return sim
+
+
 def host_root(conn: Connection) -> str:
     """The host root the command works on: ``--root``, ``DIR/root`` with ``--sim``, else ``/``.
 
-    Raises ConfigError when ``--root`` and ``--sim`` are both given.
+    Raises ConfigError when ``--root`` and ``--sim`` are both given, SimHostError for a
+    ``--sim`` directory that holds no simulated host.
     """
-    if conn.sim:
-        if conn.root:
-            raise ConfigError("--root and --sim exclude each other (a simulated host has its own root)")
-        return os.path.join(conn.sim, "root")
-    return conn.root or "/"
+    if conn.sim is not None:
+        return str(_sim_host(conn).paths.root)
+    return "/" if conn.root is None else conn.root
+
+
+def _refuse_ignored(conn: Connection, timeout_used: bool) -> None:
+    """Raises ConfigError naming an API option that the chosen source would ignore."""
+    if conn.api_url is None:
+        for name, option in _HTTPS_ONLY.items():
+            if getattr(conn, name):
+                raise ConfigError(f"{option} applies to --api-url only")
+    if conn.api_timeout is not None and not timeout_used:
+        raise ConfigError("--api-timeout applies to --api-url and --local only")
 
 
 def build_ports(conn: Connection, default_node: str | None = None, env: dict[str, str] | None = None) -> Ports:
-    """The ports for ``conn``: a simulated host's, or real sysfs/pct/host files plus the Proxmox API.
+    """The ports for ``conn``: a simulated host's, or real sysfs/pct/host files plus the Proxmox API
+    (``pvesh`` on this node without ``--api-url``).
 
     ``default_node`` is the node name used when ``--node`` is not given (the spec's node); the
-    host's short name otherwise. Raises ConfigError for contradictory options or bad
-    credentials, ProxmoxError when the API refuses the login, SimHostError for a ``--sim``
+    host's short name otherwise. Raises ConfigError for contradictory or ignored options and
+    bad credentials, ProxmoxError when the API refuses the login, SimHostError for a ``--sim``
     directory that holds no simulated host.
     """
-    if conn.sim:
-        if conn.api_url or conn.local:
+    if conn.sim is not None:
+        if conn.api_url is not None or conn.local:
             raise ConfigError("--sim excludes --api-url and --local (the simulated host serves its own API)")
-        host_root(conn)
-        from gputopo.sim.host import SimHost
-
-        sim = SimHost.open(conn.sim)
-        if conn.node and conn.node != sim.node:
-            raise ConfigError(f"--node {conn.node}: the simulated host in {conn.sim} is node {sim.node}")
+        sim = _sim_host(conn)
+        _refuse_ignored(conn, timeout_used=False)
         sim.start()
         return sim.ports()
 
-    if conn.api_url and conn.local:
+    if conn.api_url is not None and conn.local:
         raise ConfigError("--api-url and --local exclude each other")
+    _refuse_ignored(conn, timeout_used=True)
     from gputopo.adapters.http import RequestsHttp
     from gputopo.adapters.pct import PctExec
     from gputopo.adapters.sysfs import RealSysfs
@@ -150,18 +250,34 @@ def build_ports(conn: Connection, default_node: str | None = None, env: dict[str
 
     root = host_root(conn)
     node = conn.node or default_node or socket.gethostname().split(".")[0]
-    if conn.api_url:
+    timeout = DEFAULT_API_TIMEOUT if conn.api_timeout is None else conn.api_timeout
+    if conn.api_url is not None:
         host, port = parse_api_url(conn.api_url)
-        cfg = ApiConfig(backend="https", host=host, port=port, node=node, user=conn.user,
+        cfg = ApiConfig(backend="https", host=host, port=port, node=node, user=conn.user or DEFAULT_USER,
                         token_name=conn.token_name, verify_ssl=not conn.insecure,
-                        ca_bundle=conn.ca_bundle, secret_file=conn.secret_file, timeout=conn.api_timeout)
+                        ca_bundle=conn.ca_bundle, secret_file=conn.secret_file, timeout=timeout)
     else:
-        cfg = ApiConfig(backend="local", node=node, timeout=conn.api_timeout)
+        cfg = ApiConfig(backend="local", node=node, timeout=timeout)
     client = ProxmoxClient.from_config(cfg, env=env)
     return Ports(sysfs=RealSysfs(root), proxmox=client, exec=PctExec(), files=RealHostFiles(root),
                  http=RequestsHttp())
 
 
-def release_ports(ports: Ports) -> None:
-    """Stop whatever :func:`build_ports` started for ``ports`` (a simulated host's servers)."""
-    ports.close()
+def source_ports(conn: Connection, default_node: str | None = None) -> Ports | None:
+    """For plan, render and diff: the ports of the API the current state is read from, or None
+    when it is read from Proxmox's files (no ``--sim``, ``--api-url`` or ``--local``).
+
+    Raises ConfigError for ``--pve-root`` with an API or an API option without one, and what
+    :func:`build_ports` raises.
+    """
+    if not conn.live:
+        _refuse_ignored(conn, timeout_used=False)
+        return None
+    if conn.pve_root is not None:
+        raise ConfigError("--pve-root reads Proxmox's files; --sim, --api-url and --local read the API instead")
+    return build_ports(conn, default_node=default_node)
+
+
+def pve_root(conn: Connection) -> str:
+    """Proxmox's config tree for the file source: ``--pve-root``, else ``/etc/pve``."""
+    return DEFAULT_PVE_ROOT if conn.pve_root is None else conn.pve_root

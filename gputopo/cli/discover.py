@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from gputopo.cli.connect import Connection, connection_options, host_root
+
 
 def _parse_matches(values: tuple[str, ...]) -> list[tuple[str | None, str | None]] | None:
     if not values:
@@ -14,13 +16,12 @@ def _parse_matches(values: tuple[str, ...]) -> list[tuple[str | None, str | None
 
 
 @click.command()
-@click.option("--root", default="/", show_default=True,
-              help="Host root to read (a directory, or a snapshot .tar.gz).")
+@connection_options(snapshot=True, sim=False, api=False, node=False)
 @click.option("--json", "as_json", is_flag=True, help="Print the facts as JSON (gputopo schema facts).")
 @click.option("--all", "all_vendors", is_flag=True, help="Count display-class devices of any vendor as GPUs.")
 @click.option("--gpu-match", "gpu_match", multiple=True, metavar="VENDOR[:CLASSPREFIX]",
               help="Which devices count as GPUs, e.g. 0x10de:0x03 (repeatable; replaces the default).")
-def discover(root: str, as_json: bool, all_vendors: bool, gpu_match: tuple[str, ...]) -> None:
+def discover(conn: Connection, as_json: bool, all_vendors: bool, gpu_match: tuple[str, ...]) -> None:
     """Show the GPUs of a host: NUMA node, IOMMU group, driver, minor, link.
 
     Exit codes: 0, or 2 for a root that is not a sysfs tree or a snapshot that cannot be read.
@@ -29,6 +30,7 @@ def discover(root: str, as_json: bool, all_vendors: bool, gpu_match: tuple[str, 
     from gputopo.facts.snapshot import opened_root
 
     rules = _parse_matches(gpu_match)
+    root = host_root(conn)
     with opened_root(root) as r:
         facts = run(r, all_vendors=all_vendors, gpu_match=rules)
     facts.root = root
@@ -104,11 +106,11 @@ def _yn(v: bool | None) -> str:
 
 @click.command()
 @click.argument("out", metavar="OUT.tar.gz", type=click.Path(dir_okay=False))
-@click.option("--root", default="/", show_default=True, help="Host root to capture.")
-def snapshot(out: str, root: str) -> None:
+@connection_options(sim=False, api=False, node=False)
+def snapshot(out: str, conn: Connection) -> None:
     """Capture what discovery reads from a host into OUT.tar.gz (read-only, no secrets)."""
     from gputopo.facts.snapshot import snapshot as run
 
-    counts = run(root, out)
+    counts = run(host_root(conn), out)
     click.echo(f"wrote {out}: {counts['pci_functions']} PCI functions, "
                f"{counts['files']} files, {counts['links']} links")

@@ -8,6 +8,9 @@ Where the current state comes from:
   shows as to be written);
 * with ``--sim DIR``, ``--api-url URL`` or ``--local``: the Proxmox API (guest status, configs,
   mappings) and ``pct exec`` into the container for the service, exactly as apply reads it.
+
+Those options, ``--root`` and ``--node`` are :mod:`gputopo.cli.connect`'s, shared with apply,
+recover and verify; ``init`` takes only ``--root``, ``--sim`` and ``--node`` of them.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from pathlib import Path
 
 import click
 
+from gputopo.cli.connect import Connection, connection_options, host_root, pve_root, source_ports
 from gputopo.errors import GputopoError, PlanRefused
 
 SPLITS = click.Choice(["numa", "half"])
@@ -90,101 +94,43 @@ def _write(path: Path, text: str) -> None:
         raise OutputError(str(path), e) from None
 
 
-def _given(name: str) -> bool:
-    """Whether option ``name`` was given on the command line (not its default)."""
-    from click.core import ParameterSource
-
-    ctx = click.get_current_context(silent=True)
-    return ctx is not None and ctx.get_parameter_source(name) not in (None, ParameterSource.DEFAULT)
-
-
-def _current(spec, facts, root, pve_root, node, source=None):
+def _current(spec, facts, root: str, conn: Connection, ports):
     from gputopo.facts.current import read_current
-    from gputopo.adapters.hostfiles import RealHostFiles
 
-    if source is not None:
-        return read_current(spec, facts, proxmox=source.proxmox, exec=source.exec,
-                            files=source.files, node=node)
+    if ports is not None:
+        return read_current(spec, facts, proxmox=ports.proxmox, exec=ports.exec, files=ports.files, node=conn.node)
+    from gputopo.adapters.hostfiles import RealHostFiles
     from gputopo.facts.snapshot import is_snapshot
 
     # a snapshot holds no /etc: its persistence files count as absent
     files = None if is_snapshot(root) else RealHostFiles(root)
-    return read_current(spec, facts, pve_root=pve_root, files=files, node=node)
+    return read_current(spec, facts, pve_root=pve_root(conn), files=files, node=conn.node)
 
 
-class _Source:
-    """The live current-state source chosen by --sim / --api-url / --local (None: files)."""
+def _inputs(conn: Connection, quick: dict):
+    """(facts, spec, current state) for plan/render/diff, read from the host root and Proxmox's
+    files or the API that ``conn`` names; ``quick`` holds the spec options.
 
-    def __init__(self, root, sim, api_url, local, user, token_name, secret_file, ca_bundle, insecure, node):
-        self.ports = None
-        self.root = root
-        if not (sim or api_url or local):
-            return
-        from gputopo.cli.connect import Connection, build_ports, host_root
-        from gputopo.errors import ConfigError
-
-        # an option the live source would silently ignore is a mistake to point out
-        if _given("pve_root"):
-            raise ConfigError("--pve-root reads Proxmox's files; --sim, --api-url and --local read the API instead")
-        if sim and _given("root"):
-            raise ConfigError("--root and --sim exclude each other (a simulated host has its own root)")
-
-        conn = Connection(root=None if sim else (root if root != "/" else None), sim=sim, api_url=api_url,
-                          local=local, node=node, user=user, token_name=token_name,
-                          secret_file=secret_file, ca_bundle=ca_bundle, insecure=insecure)
-        self.root = host_root(conn)
-        self.ports = build_ports(conn, default_node=node)
-
-    def close(self):
-        if self.ports is not None:
-            from gputopo.cli.connect import release_ports
-
-            release_ports(self.ports)
-
-
-def source_options(f):
-    """--sim / --api-url / --local: read the current state live instead of from files."""
-    opts = [
-        click.option("--sim", default=None, type=click.Path(file_okay=False),
-                     help="Read the current state from the simulated host in DIR."),
-        click.option("--api-url", default=None, help="Read the current state through the Proxmox API (https)."),
-        click.option("--local", is_flag=True, help="Read the current state through pvesh and pct on this node."),
-        click.option("--user", default="root@pam", show_default=True, help="Proxmox user."),
-        click.option("--token-name", default=None, help="API token id of --user."),
-        click.option("--secret-file", default=None, type=click.Path(dir_okay=False),
-                     help="Owner-only file holding the password or token secret."),
-        click.option("--ca-bundle", default=None, type=click.Path(dir_okay=False), help="CA for the API's TLS."),
-        click.option("--insecure", is_flag=True, help="Do not check the API's TLS certificate."),
-    ]
-    for opt in reversed(opts):
-        f = opt(f)
-    return f
-
-
-def _inputs(spec_file, split, service_unit, tp_flag, container, vm_mapping, container_mapping, root, pve_root,
-            node, source):
-    """(facts, spec, current state) for plan/render/diff, read from --root and files or the live source.
-
-    Raises SpecError/ConfigError for bad input, ProxmoxError when the live source fails.
+    Raises SpecError/ConfigError for bad input, ProxmoxError when the API fails.
     """
-    src = _Source(root, node=node, **source)
+    ports = source_ports(conn, default_node=conn.node)
     try:
-        facts = _facts(src.root)
-        spec = _spec(facts, spec_file, split, container, vm_mapping, container_mapping, node, service_unit, tp_flag)
-        return facts, spec, _current(spec, facts, src.root, pve_root, node, src.ports)
+        root = host_root(conn)
+        facts = _facts(root)
+        spec = _spec(facts, node=conn.node, **quick)
+        return facts, spec, _current(spec, facts, root, conn, ports)
     finally:
-        src.close()
+        if ports is not None:
+            ports.close()
 
 
-def _planned(spec_file, split, service_unit, tp_flag, container, vm_mapping, container_mapping, root, pve_root,
-             node, source, templates):
+def _planned(conn: Connection, quick: dict, templates):
     """(facts, spec, plan) for plan/render; a refused plan prints its refusals and exits 2."""
     from gputopo.plan.planner import plan as make_plan
 
-    facts, spec, current = _inputs(spec_file, split, service_unit, tp_flag, container, vm_mapping,
-                                   container_mapping, root, pve_root, node, source)
+    facts, spec, current = _inputs(conn, quick)
     try:
-        return facts, spec, make_plan(facts, spec, current, node=node, templates=templates)
+        return facts, spec, make_plan(facts, spec, current, node=conn.node, templates=templates)
     except PlanRefused as e:
         _print_refused(e)
         sys.exit(e.exit_code)
@@ -196,11 +142,7 @@ def _print_refused(e: PlanRefused) -> None:
 
 
 def spec_options(f):
-    f = click.option("--node", default=None, help="Proxmox node name (default: the host's name).")(f)
-    f = click.option("--pve-root", default="/etc/pve", show_default=True, type=click.Path(file_okay=False),
-                     help="Proxmox's config tree to read the current state from.")(f)
-    f = click.option("--root", default="/", show_default=True, type=click.Path(),
-                     help="Host root holding sys/ and proc/, or a gputopo snapshot .tar.gz.")(f)
+    """The spec file, or quick mode's options; the command gets them as keyword arguments."""
     f = click.option("--container-mapping", default=None, help="Quick mode: PCI mapping for the container's GPUs.")(f)
     f = click.option("--vm-mapping", default="pro6000-vm", show_default=True, help="Quick mode: the VM mapping.")(f)
     f = click.option("--container", type=int, default=101, show_default=True, help="Quick mode: container vmid.")(f)
@@ -213,28 +155,31 @@ def spec_options(f):
     return f
 
 
+# the current state: Proxmox's files under --pve-root, or an API (--sim, --api-url, --local)
+state_options = connection_options(snapshot=True, pve_root=True)
+TEMPLATES_HELP = "Directory whose templates override the built-ins by name."
+
+
 @click.command()
-@click.option("--root", default="/", show_default=True, type=click.Path(),
-              help="Host root holding sys/ and proc/, or a gputopo snapshot .tar.gz.")
+@connection_options(snapshot=True, api=False)
 @click.option("--split", type=SPLITS, default="numa", show_default=True,
               help="numa: the lowest NUMA node's GPUs stay with the container; half: the lower half by address.")
 @click.option("--container", type=int, default=101, show_default=True, help="The container's vmid.")
 @click.option("--vm-mapping", default="pro6000-vm", show_default=True, help="PCI mapping for the VM GPUs.")
 @click.option("--container-mapping", default=None, help="PCI mapping listing the container's GPUs (optional).")
-@click.option("--node", default=None, help="Proxmox node name (default: the host's name; must be this host).")
 @click.option("--service-unit", default="sglang.service", show_default=True,
               help="The inference service's systemd unit in the container.")
 @click.option("--tp-flag", default="--tp", show_default=True,
               help="The service's tensor-parallel flag (vLLM: --tensor-parallel-size).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write here (default stdout).")
-def init(root, split, container, vm_mapping, container_mapping, node, service_unit, tp_flag, output):
+def init(conn: Connection, split, container, vm_mapping, container_mapping, service_unit, tp_flag, output):
     """Write a commented starter spec for this host (exit 2 for an option the spec would refuse,
     or a host that cannot be split that way)."""
     from gputopo.plan.starter import init_spec
 
-    facts = _facts(root)
+    facts = _facts(host_root(conn))
     options = dict(split=split, container=container, vm_mapping=vm_mapping, container_mapping=container_mapping,
-                   node=node, service_unit=service_unit, tp_flag=tp_flag)
+                   node=conn.node, service_unit=service_unit, tp_flag=tp_flag)
     _quick_spec(facts, **options)  # the starter must be a spec plan accepts: check the options first
     text = init_spec(facts, **options)
     if output:
@@ -246,19 +191,17 @@ def init(root, split, container, vm_mapping, container_mapping, node, service_un
 
 @click.command()
 @spec_options
-@click.option("--templates", type=click.Path(file_okay=False, exists=True), default=None)
+@state_options
+@click.option("--templates", type=click.Path(file_okay=False, exists=True), default=None, help=TEMPLATES_HELP)
 @click.option("--json", "as_json", is_flag=True, help="The plan as JSON.")
-@source_options
-def plan(spec_file, split, service_unit, tp_flag, container, vm_mapping, container_mapping, root, pve_root, node, templates, as_json,
-         **source):
+def plan(conn: Connection, templates, as_json, **quick):
     """Show the target state and the ordered actions; "No changes" when converged.
 
     Exit codes: 0 a plan (or no changes), 2 bad input or a refused plan (one line per reason).
     """
     from gputopo.cli.output import print_json
 
-    _, _, p = _planned(spec_file, split, service_unit, tp_flag, container, vm_mapping,
-                              container_mapping, root, pve_root, node, source, templates)
+    _, _, p = _planned(conn, quick, templates)
     if as_json:
         data = p.model_dump(mode="json")
         # the JSON carries each action's one-line description too, as the text does
@@ -272,17 +215,14 @@ def plan(spec_file, split, service_unit, tp_flag, container, vm_mapping, contain
 
 @click.command()
 @spec_options
+@state_options
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Directory to write the files to.")
-@click.option("--templates", type=click.Path(file_okay=False, exists=True), default=None,
-              help="Directory whose templates override the built-ins by name.")
-@source_options
-def render(spec_file, split, service_unit, tp_flag, container, vm_mapping, container_mapping, root, pve_root, node, out, templates,
-           **source):
+@click.option("--templates", type=click.Path(file_okay=False, exists=True), default=None, help=TEMPLATES_HELP)
+def render(conn: Connection, out, templates, **quick):
     """Write the files the plan stands for under --out (exit 2 for bad input or a refused plan)."""
     from gputopo.plan.render import render as render_files
 
-    facts, spec, p = _planned(spec_file, split, service_unit, tp_flag, container, vm_mapping,
-                              container_mapping, root, pve_root, node, source, templates)
+    facts, spec, p = _planned(conn, quick, templates)
     files = render_files(p, spec, facts, templates)
     for rel, text in sorted(files.items()):
         dest = Path(out) / rel
@@ -292,12 +232,11 @@ def render(spec_file, split, service_unit, tp_flag, container, vm_mapping, conta
 
 @click.command()
 @spec_options
-@click.option("--templates", type=click.Path(file_okay=False, exists=True), default=None)
+@state_options
+@click.option("--templates", type=click.Path(file_okay=False, exists=True), default=None, help=TEMPLATES_HELP)
 @click.option("--exit-code", "exit_code", is_flag=True, help="Exit 0: no difference, 2: differences, 1: error.")
-@click.option("--json", "as_json", is_flag=True)
-@source_options
-def diff(spec_file, split, service_unit, tp_flag, container, vm_mapping, container_mapping, root, pve_root, node, templates, exit_code,
-         as_json, **source):
+@click.option("--json", "as_json", is_flag=True, help="The difference as JSON.")
+def diff(conn: Connection, templates, exit_code, as_json, **quick):
     """Show how the host differs from the spec, by area, files as unified diffs.
 
     Exit codes: 0, or 2 for bad input or a refused plan; with --exit-code 0 no difference,
@@ -307,9 +246,8 @@ def diff(spec_file, split, service_unit, tp_flag, container, vm_mapping, contain
     from gputopo.plan.diff import diff as make_diff
 
     try:
-        facts, spec, current = _inputs(spec_file, split, service_unit, tp_flag, container, vm_mapping,
-                                       container_mapping, root, pve_root, node, source)
-        report = make_diff(facts, spec, current, node=node, templates=templates)
+        facts, spec, current = _inputs(conn, quick)
+        report = make_diff(facts, spec, current, node=conn.node, templates=templates)
     except PlanRefused as e:
         _print_refused(e)
         sys.exit(1 if exit_code else e.exit_code)

@@ -22,7 +22,8 @@ def sim() -> None:
 @click.option("--from", "source", default="seed", show_default=True,
               help="Fixture name, fixture .yaml or a 'gputopo snapshot' .tar.gz.")
 @click.option("--node", default=None, help="Node name (default: the host's hostname).")
-@click.option("--service", type=click.Choice(["sglang", "vllm"]), default="sglang", show_default=True)
+@click.option("--service", type=click.Choice(["sglang", "vllm"]), default="sglang", show_default=True,
+              help="The inference server running in the container.")
 @click.option("--pve-version", type=click.Choice(["8.4.1", "9.1.2"]), default="8.4.1", show_default=True,
               help="Proxmox VE release to behave as (9: new devN are hot-plugged into a running container).")
 def create(dir: Path, source: str, node: str | None, service: str, pve_version: str) -> None:

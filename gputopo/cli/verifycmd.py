@@ -10,7 +10,7 @@ import sys
 
 import click
 
-from gputopo.cli.connect import Connection, build_ports, connection_options, host_root, release_ports
+from gputopo.cli.connect import Connection, build_ports, connection_options, host_root
 from gputopo.cli.params import Finite
 
 STYLE = {"PASS": "bold green", "WARN": "bold yellow", "FAIL": "bold red"}
@@ -18,7 +18,7 @@ STYLE = {"PASS": "bold green", "WARN": "bold yellow", "FAIL": "bold red"}
 
 @click.command()
 @click.option("--spec", "spec_file", required=True, type=click.Path(dir_okay=False), help="Spec file.")
-@connection_options
+@connection_options()
 @click.option("--timeout", "http_timeout", type=Finite(), default=None,
               help="Seconds for the inference probe (default: the spec's verify.timeout).")
 @click.option("--strict", is_flag=True, help="A WARN fails too (exit 1).")
@@ -40,7 +40,7 @@ def verify(spec_file: str, conn: Connection, http_timeout: float | None, strict:
     try:
         report = run_verify(spec, ports, root=root, http_timeout=http_timeout, strict=strict, node=conn.node)
     finally:
-        release_ports(ports)
+        ports.close()
     if as_json:
         sys.stdout.write(report.to_json() + "\n")
     else:

@@ -10,10 +10,12 @@
 * :mod:`.attach`: what binding, unbinding and removal change in the tree (links, nvidia's
   ``proc``/``dev`` entries, ``dev/vfio/<group>``);
 * :mod:`.faults`: injected faults, latencies and the time scale;
+* :mod:`.events`: what this instance did and when (:class:`KernelEvent`), for tests;
 * :mod:`.statefile`: the state file every process using the same root shares;
 * :mod:`.parse` and :mod:`.nvidia`: the text formats written and read back.
 """
 
 from gputopo.sim.kernel.bind import SimKernel
+from gputopo.sim.kernel.events import KernelEvent
 
-__all__ = ["SimKernel"]
+__all__ = ["KernelEvent", "SimKernel"]

@@ -32,10 +32,12 @@ import contextlib
 import errno
 import os
 import threading
+import time
 from pathlib import Path
 
 from gputopo.errors import SysfsWriteError
 from gputopo.sim.kernel.attach import TreeChanges, write_attr
+from gputopo.sim.kernel.events import EventLog, KernelEvent
 from gputopo.sim.kernel.faults import Fail, Faults
 from gputopo.sim.kernel.match import ANY, DevIds, Matching
 from gputopo.sim.kernel.parse import bus_name, parse_id_fields, parse_kstrtoul
@@ -43,7 +45,7 @@ from gputopo.sim.kernel.statefile import StateFile
 from gputopo.sim.kernel.tree import PciTree
 
 
-class SimKernel(StateFile, Faults, PciTree, TreeChanges, Matching):
+class SimKernel(StateFile, Faults, PciTree, TreeChanges, Matching, EventLog):
     """Simulated kernel sysfs semantics over the tree at ``root`` (implements SysfsPort).
 
     ``write`` raises :class:`gputopo.errors.SysfsWriteError` with the errno the kernel would
@@ -65,6 +67,7 @@ class SimKernel(StateFile, Faults, PciTree, TreeChanges, Matching):
         self._lock = threading.RLock()
         self._tls = threading.local()
         self._dev_locks: dict[str, threading.Lock] = {}
+        self._events: list[KernelEvent] = []
         with self._state() as st:
             if time_scale is not None:
                 st["time_scale"] = time_scale
@@ -155,11 +158,13 @@ class SimKernel(StateFile, Faults, PciTree, TreeChanges, Matching):
                 if self._driver(addr) != drv:
                     raise Fail(errno.ENODEV)
                 nodes = self._nodes_of(st, addr, drv)
-            self._sleep(addr, drv, "unbind")
+            start = time.monotonic()
+            delay = self._sleep(addr, drv, "unbind")
             self._wait_unheld(nodes)
             with self._state() as st:
                 if self._exists(addr) and self._driver(addr) == drv:
                     self._detach(st, addr, drv)
+                    self._record("unbind", drv, addr, delay, start)
 
     def _try_attach(self, drv: str, addr: str, explicit: bool) -> None:
         """Probe ``drv`` on ``addr`` (device lock held by the caller). With ``explicit`` (the
@@ -182,7 +187,8 @@ class SimKernel(StateFile, Faults, PciTree, TreeChanges, Matching):
                 return
         if self._fault(addr, "bind") == "noop":
             return
-        self._sleep(addr, drv, "bind")
+        start = time.monotonic()
+        delay = self._sleep(addr, drv, "bind")
         with self._state() as st:
             if not self._exists(addr):
                 raise Fail(errno.ENODEV)
@@ -191,6 +197,7 @@ class SimKernel(StateFile, Faults, PciTree, TreeChanges, Matching):
                     raise Fail(errno.EBUSY)
                 return
             self._attach(st, addr, drv)
+            self._record("bind", drv, addr, delay, start)
 
     def _bind(self, drv: str, addr: str) -> None:
         with self._state():

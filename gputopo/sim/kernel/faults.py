@@ -141,7 +141,8 @@ class Faults:
             self._wait_released(f["id"])
         return "noop" if f["kind"] == "noop" else None
 
-    def _sleep(self, addr: str, drv: str, op: str) -> None:
+    def _sleep(self, addr: str, drv: str, op: str) -> float:
+        """Wait the operation's latency; returns it in seconds."""
         st = self._read_state()
         per = st["address_latency"].get(addr, {})
         lat = st["latency"]
@@ -149,4 +150,5 @@ class Faults:
         delay = float(seconds) * float(st["time_scale"])
         if delay > 0:
             time.sleep(delay)
+        return delay
 
