@@ -178,13 +178,13 @@ def _inputs(spec_file, split, service_unit, tp_flag, container, vm_mapping, cont
 
 def _planned(spec_file, split, service_unit, tp_flag, container, vm_mapping, container_mapping, root, pve_root,
              node, source, templates):
-    """(facts, spec, plan) for plan/render; a refused plan prints its refusals and exits 2."""
+    """(facts, spec, plan, current state) for plan/render; a refused plan prints its refusals and exits 2."""
     from gputopo.plan.planner import plan as make_plan
 
     facts, spec, current = _inputs(spec_file, split, service_unit, tp_flag, container, vm_mapping,
                                    container_mapping, root, pve_root, node, source)
     try:
-        return facts, spec, make_plan(facts, spec, current, node=node, templates=templates)
+        return facts, spec, make_plan(facts, spec, current, node=node, templates=templates), current
     except PlanRefused as e:
         _print_refused(e)
         sys.exit(e.exit_code)
@@ -248,17 +248,23 @@ def init(root, split, container, vm_mapping, container_mapping, node, service_un
 @spec_options
 @click.option("--templates", type=click.Path(file_okay=False, exists=True), default=None)
 @click.option("--json", "as_json", is_flag=True, help="The plan as JSON.")
+@click.option("--svg", "svg", type=click.Path(dir_okay=False), default=None,
+              help="Also draw the host now and after the plan side by side into this SVG file.")
 @source_options
 def plan(spec_file, split, service_unit, tp_flag, container, vm_mapping, container_mapping, root, pve_root, node, templates, as_json,
-         **source):
+         svg, **source):
     """Show the target state and the ordered actions; "No changes" when converged.
 
     Exit codes: 0 a plan (or no changes), 2 bad input or a refused plan (one line per reason).
     """
     from gputopo.cli.output import print_json
 
-    _, _, p = _planned(spec_file, split, service_unit, tp_flag, container, vm_mapping,
-                              container_mapping, root, pve_root, node, source, templates)
+    facts, _, p, current = _planned(spec_file, split, service_unit, tp_flag, container, vm_mapping,
+                                    container_mapping, root, pve_root, node, source, templates)
+    if svg:
+        from gputopo.cli.topoview import plan_svg
+
+        _write(Path(svg), plan_svg(facts, current, p))
     if as_json:
         data = p.model_dump(mode="json")
         # the JSON carries each action's one-line description too, as the text does
@@ -281,8 +287,8 @@ def render(spec_file, split, service_unit, tp_flag, container, vm_mapping, conta
     """Write the files the plan stands for under --out (exit 2 for bad input or a refused plan)."""
     from gputopo.plan.render import render as render_files
 
-    facts, spec, p = _planned(spec_file, split, service_unit, tp_flag, container, vm_mapping,
-                              container_mapping, root, pve_root, node, source, templates)
+    facts, spec, p, _ = _planned(spec_file, split, service_unit, tp_flag, container, vm_mapping,
+                                 container_mapping, root, pve_root, node, source, templates)
     files = render_files(p, spec, facts, templates)
     for rel, text in sorted(files.items()):
         dest = Path(out) / rel

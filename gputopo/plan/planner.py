@@ -38,6 +38,7 @@ from gputopo.errors import AddressError, PlanRefused, Refusal, SpecError
 from gputopo.model.facts import NVIDIA_VENDOR, Facts, Gpu, MemberRole, normalize_address, slot_of
 from gputopo.model.state import ContainerState, CurrentState, MappingState, ServiceState
 from gputopo.formats.pvefmt import MapEntry, format_dev_value, format_map_entry
+from gputopo.plan import placement
 from gputopo.plan.render import (
     PERSISTENCE_PATHS,
     dropin_path,
@@ -582,7 +583,7 @@ def _assign(
                 refusals.append(
                     Refusal(None, f"{owner} wants {sel.count} GPU(s), only {len(free)} unclaimed", "count")
                 )
-            claim(owner, free[: sel.count])
+            claim(owner, placement.choose(free, sel.count))  # closest together first
     for owner, m in vms.items():
         if m.gpus == "rest":
             rest = []
@@ -645,7 +646,7 @@ def _check_container(
             refusals.append(Refusal(g.address, f"is not an NVIDIA GPU; {owner} needs the nvidia driver", "not-nvidia"))
     nodes = {g.numa_node for g in gpus} - {None}
     if len(nodes) > 1 and not spec.policy.allow_cross_numa:
-        warnings.append(f"container {c.vmid}: GPUs span NUMA nodes {sorted(nodes)} (cross-socket traffic)")
+        warnings.append(placement.spread_warning(c.vmid, gpus))
     for g in gpus:
         if g.numa_node is None:
             warnings.append(f"{g.address}: NUMA node unknown (container {c.vmid})")
