@@ -58,7 +58,7 @@ def sim(template, tmp_path):  # noqa: F811 - the session fixture from applysim
 @pytest.mark.parametrize("argv, command, culprit", [
     (["plan", "--bogus"], "gputopo plan", "--bogus"),
     (["render", "--spec", "x.yaml"], "gputopo render", "--out"),
-    (["schema"], "gputopo schema", "{facts|spec}"),
+    (["schema"], "gputopo schema", "{facts|spec|topo}"),
     (["schema", "nope"], "gputopo schema", "'nope'"),
     (["sim", "create"], "gputopo sim create", "DIR"),
     (["discover", "extra"], "gputopo discover", "extra"),

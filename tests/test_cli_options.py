@@ -24,6 +24,7 @@ OFFERED = {
     "apply": ["--root", "--sim", *API, "--node"],
     "recover": ["--root", "--sim", *API, "--node"],
     "verify": ["--root", "--sim", *API, "--node"],
+    "topo": ["--root", "--pve-root", "--sim", "--node"],
     "discover": ["--root"],
     "snapshot": ["--root"],
 }
@@ -77,7 +78,7 @@ def test_the_options_are_one_definition():
     for name in OFFERED:
         opt = _options(commands[name])["--root"]
         assert opt.default is None and opt.help.startswith("Host root holding sys/, proc/, dev/, etc/")
-        assert opt.type.file_okay == (name in ("plan", "render", "diff", "init", "discover")), name
+        assert opt.type.file_okay == (name in ("plan", "render", "diff", "init", "discover", "topo")), name
 
 
 def test_help_shows_the_environment_variable(capsys):

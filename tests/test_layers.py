@@ -23,6 +23,7 @@ RANK: dict[str, int] = {
     "ports": 2,  # the Protocols the edge implements
     "formats": 3,  # Proxmox and nvidia-smi text formats, pure
     "actions": 4,  # one module per action kind: data, describe, preflight, before/do/undo, expect
+    "topo": 4,  # the topology tree, PCIe distance matrix, owners, SVG/DOT pictures: pure
     "plan": 5,  # spec, planner, render, diff: pure
     "facts": 6,  # discovery and the current state: reads the host
     "adapters": 6,  # the real sysfs, Proxmox API, pvesh, pct, host files, HTTP

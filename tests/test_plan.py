@@ -508,8 +508,10 @@ def test_cross_numa_container_warns_unless_allowed():
     text = SEED_SPEC.replace("gpus: {numa: [0]}", "gpus: {addresses: ['01:00.0', '81:00.0']}").replace(
         "gpus: {numa: [1]}", "gpus: {addresses: ['91:00.0']}")
     p = plan(seed_facts(), seed_spec(text), seed_current())
-    assert "container 101: GPUs span NUMA nodes [0, 1] (cross-socket traffic)" in p.warnings
-    assert "  - container 101: GPUs span NUMA nodes [0, 1] (cross-socket traffic)" in p.to_text()
+    want = ("container 101: GPUs span NUMA nodes [0, 1] (cross-socket traffic: "
+            "0000:01:00.0 and 0000:81:00.0 are SYS apart)")
+    assert want in p.warnings
+    assert f"  - {want}" in p.to_text()
     p = plan(seed_facts(), seed_spec(text + "policy: {allow_cross_numa: true}\n"), seed_current())
     assert not any("span NUMA" in w for w in p.warnings)
 

@@ -17,6 +17,7 @@ from gputopo import __version__
 # command name -> "module:attribute" (module relative to gputopo.cli)
 COMMANDS: dict[str, str] = {
     "discover": "discover:discover",
+    "topo": "topocmd:topo",
     "snapshot": "discover:snapshot",
     "schema": "schema:schema",
     "init": "plancmd:init",

@@ -12,6 +12,7 @@ command                 ``--root``                  --pve-root  --sim  API(*)  -
 plan, render, diff      a directory or a snapshot   yes         yes    yes     yes
 init                    a directory or a snapshot   -           yes    -       yes
 apply, recover, verify  a directory                 -           yes    yes     yes
+topo                    a directory or a snapshot   yes         yes    -       yes
 discover                a directory or a snapshot   -           -      -       -
 snapshot                a directory                 -           -      -       -
 ======================  ==========================  ==========  =====  ======  ======
@@ -279,5 +280,10 @@ def source_ports(conn: Connection, default_node: str | None = None) -> Ports | N
 
 
 def pve_root(conn: Connection) -> str:
-    """Proxmox's config tree for the file source: ``--pve-root``, else ``/etc/pve``."""
+    """Proxmox's config tree for the file source: ``--pve-root``, the simulated host's with
+    ``--sim``, else ``/etc/pve``."""
+    if conn.sim is not None:
+        if conn.pve_root is not None:
+            raise ConfigError("--pve-root and --sim exclude each other (a simulated host has its own)")
+        return str(_sim_host(conn).paths.pve)
     return DEFAULT_PVE_ROOT if conn.pve_root is None else conn.pve_root

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 
@@ -21,3 +22,14 @@ def print_json(data: Any) -> None:
     else:
         text = json.dumps(data, indent=2, sort_keys=False, default=str)
     sys.stdout.write(text + "\n")
+
+
+def write_output(path: Path, text: str) -> None:
+    """Write a file the operator named. Raises OutputError (one line, exit 2)."""
+    from gputopo.errors import OutputError
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    except OSError as e:
+        raise OutputError(str(path), e) from None

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import click
 
+from gputopo.cli.output import write_output
 from gputopo.cli.connect import Connection, connection_options, host_root, pve_root, source_ports
 from gputopo.errors import GputopoError, PlanRefused
 
@@ -83,17 +84,6 @@ def _spec(facts, spec_file, split, container, vm_mapping, container_mapping, nod
     )
 
 
-def _write(path: Path, text: str) -> None:
-    """Write an output file the operator named. Raises OutputError (one line, exit 2)."""
-    from gputopo.errors import OutputError
-
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    except OSError as e:
-        raise OutputError(str(path), e) from None
-
-
 def _current(spec, facts, root: str, conn: Connection, ports):
     from gputopo.facts.current import read_current
 
@@ -125,12 +115,12 @@ def _inputs(conn: Connection, quick: dict):
 
 
 def _planned(conn: Connection, quick: dict, templates):
-    """(facts, spec, plan) for plan/render; a refused plan prints its refusals and exits 2."""
+    """(facts, spec, plan, current state) for plan/render; a refused plan prints its refusals and exits 2."""
     from gputopo.plan.planner import plan as make_plan
 
     facts, spec, current = _inputs(conn, quick)
     try:
-        return facts, spec, make_plan(facts, spec, current, node=conn.node, templates=templates)
+        return facts, spec, make_plan(facts, spec, current, node=conn.node, templates=templates), current
     except PlanRefused as e:
         _print_refused(e)
         sys.exit(e.exit_code)
@@ -183,7 +173,7 @@ def init(conn: Connection, split, container, vm_mapping, container_mapping, serv
     _quick_spec(facts, **options)  # the starter must be a spec plan accepts: check the options first
     text = init_spec(facts, **options)
     if output:
-        _write(Path(output), text)
+        write_output(Path(output), text)
         click.echo(f"wrote {output}", err=True)
     else:
         sys.stdout.write(text)
@@ -194,14 +184,20 @@ def init(conn: Connection, split, container, vm_mapping, container_mapping, serv
 @state_options
 @click.option("--templates", type=click.Path(file_okay=False, exists=True), default=None, help=TEMPLATES_HELP)
 @click.option("--json", "as_json", is_flag=True, help="The plan as JSON.")
-def plan(conn: Connection, templates, as_json, **quick):
+@click.option("--svg", "svg", type=click.Path(dir_okay=False), default=None,
+              help="Also draw the host now and after the plan side by side into this SVG file.")
+def plan(conn: Connection, templates, as_json, svg, **quick):
     """Show the target state and the ordered actions; "No changes" when converged.
 
     Exit codes: 0 a plan (or no changes), 2 bad input or a refused plan (one line per reason).
     """
     from gputopo.cli.output import print_json
 
-    _, _, p = _planned(conn, quick, templates)
+    facts, _, p, current = _planned(conn, quick, templates)
+    if svg:
+        from gputopo.cli.topoview import plan_svg
+
+        write_output(Path(svg), plan_svg(facts, current, p))
     if as_json:
         data = p.model_dump(mode="json")
         # the JSON carries each action's one-line description too, as the text does
@@ -222,11 +218,11 @@ def render(conn: Connection, out, templates, **quick):
     """Write the files the plan stands for under --out (exit 2 for bad input or a refused plan)."""
     from gputopo.plan.render import render as render_files
 
-    facts, spec, p = _planned(conn, quick, templates)
+    facts, spec, p, _ = _planned(conn, quick, templates)
     files = render_files(p, spec, facts, templates)
     for rel, text in sorted(files.items()):
         dest = Path(out) / rel
-        _write(dest, text)
+        write_output(dest, text)
         click.echo(str(dest))
 
 

@@ -1,4 +1,5 @@
-"""``gputopo schema facts|spec``: print the JSON Schema of discovery's output or the spec."""
+"""``gputopo schema facts|spec|topo``: print the JSON Schema of discovery's output, the spec or
+``topo --json``."""
 
 from __future__ import annotations
 
@@ -8,15 +9,19 @@ import click
 
 
 @click.command()
-@click.argument("what", type=click.Choice(["facts", "spec"]))
+@click.argument("what", type=click.Choice(["facts", "spec", "topo"]))
 def schema(what: str) -> None:
-    """Print the JSON Schema of the facts (discover --json) or of the spec file."""
+    """Print the JSON Schema of the facts (discover --json), the spec file or topo --json."""
     from gputopo.errors import GputopoError
 
     if what == "facts":
         from gputopo.model.facts import Facts
 
         data = Facts.model_json_schema(by_alias=True)
+    elif what == "topo":
+        from gputopo.topo.model import TopoReport
+
+        data = TopoReport.model_json_schema(by_alias=True)
     else:
         try:
             from gputopo.plan.spec import Spec

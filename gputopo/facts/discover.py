@@ -251,10 +251,14 @@ def discover(
         _add_nvidia_information(g, root_s, nv_dirs.get(addr), warnings)
         gpus.append(g)
 
-    return Facts(
+    facts = Facts(
         root=root_s,
         gpus=gpus,
         nvswitches=[full(a) for a in nvswitch_addrs],
         host=host,
         warnings=warnings,
     )
+    from gputopo.facts.tree import add_topology  # here: tree.py uses this module's pci.ids parser
+
+    add_topology(root_s, facts)
+    return facts

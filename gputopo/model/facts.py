@@ -100,6 +100,26 @@ class MemberRole(str, Enum):
     FOREIGN = "foreign"  # anything else: an NVMe, a NIC, another GPU
 
 
+BridgeKind = Literal["root_port", "switch_upstream", "switch_downstream", "pcie_to_pci", "pci_to_pcie", "bridge"]
+
+
+class Bridge(Model):
+    """A PCI bridge on the way from a host bridge down to a device.
+
+    ``kind`` comes from the bridge's PCI Express capability (Device/Port Type: 4 root port,
+    5 switch upstream port, 6 switch downstream port, 7 PCIe-to-PCI, 8 PCI-to-PCIe); where the
+    configuration space cannot be read it is inferred from the bridge's place in the chain
+    (first under the host bridge: root port; below it: a switch's upstream port, then its
+    downstream port), or is ``bridge``.
+    """
+
+    address: str
+    kind: BridgeKind
+    vendor: str | None = None
+    device: str | None = None
+    model: str | None = None
+
+
 class PciFunction(Model):
     """One PCI function as sysfs shows it."""
 
@@ -115,6 +135,13 @@ class PciFunction(Model):
     numa_node: int | None = None
     model: str | None = None
     readable: bool = Field(True, description="False when the ids read 0xffff/0x0000 or are missing")
+    host_bridge: str | None = Field(
+        None, description="Root bus 'dddd:bb' the device hangs from (sys/devices/pcidddd:bb); set by discover "
+                          "for GPUs and NVSwitches, null when the device link does not resolve there")
+    upstream: list[Bridge] = Field(
+        default_factory=list,
+        description="Bridges from the host bridge down to the device's parent, root port first; set by "
+                    "discover for GPUs and NVSwitches")
 
     @property
     def is_bridge(self) -> bool:
@@ -170,6 +197,8 @@ class Gpu(PciFunction):
     reset_method: list[str] | None = None
     minor: int | None = Field(None, description="/dev/nvidiaN minor from proc/driver/nvidia")
     uuid: str | None = Field(None, description="GPU UUID from proc/driver/nvidia, when bound")
+    local_cpulist: str | None = Field(
+        None, description="CPUs local to the GPU (sysfs local_cpulist, canonical form); null when unreadable")
 
     @property
     def companions(self) -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from gputopo.errors import Refusal, SpecError
 from gputopo.model.facts import NVIDIA_VENDOR, Facts, Gpu, MemberRole
+from gputopo.plan import placement
 from gputopo.plan.devices import DEFAULT_LEGACY_MAJORS
 from gputopo.plan.spec import Container, GpuSelector, Node, Spec, VmMapping
 from gputopo.model.facts import nvidia_gpus
@@ -85,7 +86,7 @@ def assign(
                 refusals.append(
                     Refusal(None, f"{owner} wants {sel.count} GPU(s), only {len(free)} unclaimed", "count")
                 )
-            claim(owner, free[: sel.count])
+            claim(owner, placement.choose(free, sel.count))  # closest together first
     for owner, m in vms.items():
         if m.gpus == "rest":
             rest = []
@@ -148,7 +149,7 @@ def check_container(
             refusals.append(Refusal(g.address, f"is not an NVIDIA GPU; {owner} needs the nvidia driver", "not-nvidia"))
     nodes = {g.numa_node for g in gpus} - {None}
     if len(nodes) > 1 and not spec.policy.allow_cross_numa:
-        warnings.append(f"container {c.vmid}: GPUs span NUMA nodes {sorted(nodes)} (cross-socket traffic)")
+        warnings.append(placement.spread_warning(c.vmid, gpus))
     for g in gpus:
         if g.numa_node is None:
             warnings.append(f"{g.address}: NUMA node unknown (container {c.vmid})")

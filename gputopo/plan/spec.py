@@ -34,7 +34,9 @@ class GpuSelector(_Strict):
 
     numa: list[int] | None = Field(None, description="NUMA node ids; GPUs of unknown NUMA never match")
     addresses: list[str] | None = Field(None, description="PCI addresses (dddd:bb:dd.f or bb:dd.f)")
-    count: int | None = Field(None, ge=1, description="N GPUs not claimed elsewhere, lowest address first")
+    count: int | None = Field(None, ge=1, description=(
+        "N GPUs not claimed elsewhere, closest together first (one switch, then one host bridge, "
+        "then one NUMA node), lowest address on ties"))
 
     @field_validator("addresses")
     @classmethod

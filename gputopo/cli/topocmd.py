@@ -1,0 +1,93 @@
+"""``gputopo topo``: the host's PCIe tree with each GPU's owner, the distance matrix, pictures."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from gputopo.cli.connect import Connection, connection_options, host_root, pve_root
+from gputopo.cli.output import write_output
+
+
+@click.command()
+@connection_options(snapshot=True, pve_root=True, sim=True, api=False)
+@click.option("--matrix", is_flag=True, help="The GPU-to-GPU PCIe distance matrix instead of the tree.")
+@click.option("--format", "fmt", type=click.Choice(["text", "svg", "dot"]), default="text", show_default=True,
+              help="text: the tree (or --matrix); svg: a picture; dot: Graphviz text.")
+@click.option("--json", "as_json", is_flag=True, help="The tree and the matrix as JSON (gputopo schema topo).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write here (default stdout).")
+def topo(conn: Connection, matrix, fmt, as_json, output):
+    """Show the PCIe tree: NUMA node, host bridge, root port, switches, and each GPU with its
+    companions and owner (container, VM mapping or free); identical GPUs are never merged.
+    Owners come from Proxmox's files (--pve-root, or the simulated host's with --sim).
+
+    Exit codes: 0, or 2 for a root that is empty, damaged or not a sysfs tree, or a bad option.
+    """
+    from gputopo.errors import ConfigError, RootError
+    from gputopo.facts.discover import discover
+    from gputopo.facts.guests import read_node_guests
+    from gputopo.facts.snapshot import opened_root
+    from gputopo.topo.owners import owners_now
+    from gputopo.topo.tree import build_report, unplaced
+
+    if as_json and fmt != "text":
+        raise ConfigError(f"--json and --format {fmt} exclude each other")
+    root = host_root(conn)
+    with opened_root(root) as r:
+        facts = discover(r)
+        if not os.listdir(os.path.join(r, "sys/bus/pci/devices")):
+            raise RootError(root, "no PCI functions under sys/bus/pci/devices")
+    lost = unplaced(facts)
+    if lost:
+        raise RootError(root, f"{lost[0]}: sys/bus/pci/devices entry does not lead into sys/devices")
+    node = conn.node or (facts.host.hostname or "").split(".")[0]
+    report = build_report(facts, owners_now(facts, read_node_guests(pve_root(conn), node), node))
+
+    if as_json:
+        text = report.model_dump_json(by_alias=True, indent=2) + "\n"
+    elif fmt == "svg":
+        from gputopo.topo.svg import render_svg
+
+        text = render_svg(report)
+    elif fmt == "dot":
+        from gputopo.topo.dot import render_dot
+
+        text = render_dot(report)
+    elif matrix:
+        from gputopo.cli.topoview import matrix_text
+
+        text = matrix_text(report)
+    else:
+        _print_tree(report, output)
+        return
+    _emit(text, output)
+
+
+def _emit(text: str, output: str | None) -> None:
+    if output:
+        write_output(Path(output), text)
+        click.echo(f"wrote {output}", err=True)
+    else:
+        sys.stdout.write(text)
+
+
+def _print_tree(report, output: str | None) -> None:
+    from gputopo.cli.output import console
+    from gputopo.cli.topoview import WIDTH, print_tree
+
+    if output:
+        from io import StringIO
+
+        from rich.console import Console
+
+        buf = StringIO()
+        print_tree(report, Console(file=buf, width=WIDTH, color_system=None, highlight=False, soft_wrap=False))
+        _emit(buf.getvalue(), output)
+        return
+    out = console()
+    if not out.is_terminal:
+        out.width = WIDTH
+    print_tree(report, out)

@@ -1,0 +1,84 @@
+"""GPU-to-GPU PCIe distance from the facts' PCI chains, in ``nvidia-smi topo -m``'s terms. Pure.
+
+For two devices with chains of bridges below their host bridges (``PciFunction.upstream``):
+
+* ``X``: the same device;
+* same host bridge, a common bridge: ``PIX`` when the path between them crosses one bridge at
+  most, counting a switch (its upstream port with its downstream ports) as one bridge, as NVML
+  does ("all devices that only need traverse a single PCIe switch"); ``PXB`` when it crosses
+  more (switches behind a switch);
+* same host bridge, no common bridge (different root ports): ``PHB``;
+* different host bridges on one NUMA node: ``NODE``; on different or unknown nodes: ``SYS``.
+
+``nvidia-smi topo -m`` on the ASUS ESC8000A-E12 in ``fixtures/real`` reports exactly this for its
+four GPUs (NODE within a socket, SYS across) and PIX for two functions of one NIC.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gputopo.model.facts import Gpu, PciFunction
+from gputopo.topo.model import LEVELS, DistanceMatrix, MatrixGpu
+
+RANK = {level: i for i, level in enumerate(LEVELS)}
+
+
+def _unit(chain: Sequence, i: int) -> str:
+    """The switch (or lone bridge) that bridge ``chain[i]`` belongs to: a downstream port belongs
+    to the upstream port above it."""
+    b = chain[i]
+    if b.kind == "switch_downstream" and i > 0 and chain[i - 1].kind == "switch_upstream":
+        return chain[i - 1].address
+    return b.address
+
+
+def distance(a: PciFunction, b: PciFunction) -> str:
+    """The level between ``a`` and ``b``: one of X, PIX, PXB, PHB, NODE, SYS (see the module)."""
+    if a.address == b.address:
+        return "X"
+    if a.host_bridge is None or b.host_bridge is None or a.host_bridge != b.host_bridge:
+        if a.numa_node is not None and a.numa_node == b.numa_node:
+            return "NODE"
+        return "SYS"
+    ca, cb = a.upstream, b.upstream
+    k = 0
+    while k < len(ca) and k < len(cb) and ca[k].address == cb[k].address:
+        k += 1
+    if k == 0:
+        return "PHB"
+    units = {_unit(ca, i) for i in range(k - 1, len(ca))} | {_unit(cb, i) for i in range(k - 1, len(cb))}
+    return "PIX" if len(units) <= 1 else "PXB"
+
+
+def nearest_switch(d: PciFunction) -> str | None:
+    """The address of the switch (upstream port) closest above ``d``, or None when ``d`` hangs
+    from a root port directly."""
+    for b in reversed(d.upstream):
+        if b.kind == "switch_upstream":
+            return b.address
+    return None
+
+
+def matrix(gpus: Sequence[Gpu]) -> DistanceMatrix:
+    """The distance matrix of ``gpus`` in the order given (GPU0 first), with each GPU's NUMA node
+    and local CPUs, and notes on what sysfs could not say."""
+    levels = [[distance(a, b) for b in gpus] for a in gpus]
+    notes = []
+    unknown = [g.address for g in gpus if g.numa_node is None]
+    if unknown:
+        notes.append(f"NUMA node unknown for {', '.join(unknown)}: across host bridges they count as SYS")
+    lost = [g.address for g in gpus if g.host_bridge is None]
+    if lost:
+        notes.append(f"PCI path unknown for {', '.join(lost)}: their distances are SYS or NODE at best")
+    return DistanceMatrix(
+        gpus=[MatrixGpu(index=i, address=g.address, numa_node=g.numa_node, cpus=g.local_cpulist, minor=g.minor)
+              for i, g in enumerate(gpus)],
+        levels=levels,
+        notes=notes,
+    )
+
+
+def worst(levels: Sequence[str]) -> str:
+    """The farthest of ``levels`` (``X`` for none)."""
+    return max(levels, key=RANK.__getitem__, default="X")

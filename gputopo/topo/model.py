@@ -1,0 +1,140 @@
+"""The topology view's data: owners, the tree and the PCIe distance matrix (``gputopo topo --json``).
+
+Data only. The JSON form of :class:`TopoReport` is documented by ``gputopo schema topo``; like
+the facts, anything unknown is ``null``, never a made-up default.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+TOPO_SCHEMA_VERSION = 1
+
+# nvidia-smi topo -m's legend, closest first (NV# needs NVML: sysfs cannot show NVLinks).
+LEVELS: tuple[str, ...] = ("X", "PIX", "PXB", "PHB", "NODE", "SYS")
+LEGEND: dict[str, str] = {
+    "X": "Self",
+    "SYS": "Connection traversing PCIe as well as the SMP interconnect between NUMA nodes (e.g., QPI/UPI)",
+    "NODE": "Connection traversing PCIe as well as the interconnect between PCIe Host Bridges within a NUMA node",
+    "PHB": "Connection traversing PCIe as well as a PCIe Host Bridge (typically the CPU)",
+    "PXB": "Connection traversing multiple PCIe bridges (without traversing the PCIe Host Bridge)",
+    "PIX": "Connection traversing at most a single PCIe bridge",
+}
+
+
+class _M(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Owner(_M):
+    """Who has a GPU: a container (its ``/dev/nvidiaN`` is in the container's ``devN``), a VM
+    mapping (the GPU is in the mapping's ``map`` lines and on vfio-pci), or nobody."""
+
+    kind: Literal["container", "vm", "free"]
+    containers: list[int] = Field(default_factory=list, description="Containers granted the GPU's node")
+    mapping: str | None = Field(None, description="The PCI mapping naming the GPU (kind vm)")
+    vms: list[int] = Field(default_factory=list, description="VMs whose hostpci uses the mapping or the address")
+
+    @property
+    def key(self) -> str:
+        """A stable identity: ``container:101``, ``vm:pro6000-vm``, ``vm:#201`` or ``free``."""
+        if self.kind == "container":
+            return "container:" + ",".join(map(str, self.containers))
+        if self.kind == "vm":
+            return f"vm:{self.mapping}" if self.mapping else "vm:#" + ",".join(map(str, self.vms))
+        return "free"
+
+    @property
+    def label(self) -> str:
+        """For people: ``container 101``, ``VM mapping pro6000-vm``, ``VM 201``, ``free``."""
+        if self.kind == "container":
+            return ("containers " if len(self.containers) > 1 else "container ") + ", ".join(map(str, self.containers))
+        if self.kind == "vm":
+            if self.mapping:
+                used = f" · VM {', '.join(map(str, self.vms))}" if self.vms else ""
+                return f"VM mapping {self.mapping}{used}"
+            return "VM " + ", ".join(map(str, self.vms))
+        return "free"
+
+
+FREE = Owner(kind="free")
+
+
+class Companion(_M):
+    """A device that moves with a GPU (its IOMMU group's non-bridge members)."""
+
+    address: str
+    role: str = Field(description="function | foreign (see the facts' MemberRole)")
+    class_: str | None = Field(None, alias="class")
+    driver: str | None = None
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class GpuView(_M):
+    """One GPU as the tree shows it; identical GPUs stay separate entries."""
+
+    index: int = Field(description="Position in address order (the matrix's GPU<index>)")
+    address: str
+    model: str | None = None
+    driver: str | None = None
+    iommu_group: int | None = None
+    minor: int | None = None
+    numa_node: int | None = None
+    link: str | None = Field(None, description="Current link, e.g. '32GT/s x16'")
+    boot_vga: bool | None = None
+    owner: Owner = Field(default_factory=lambda: FREE.model_copy())
+    companions: list[Companion] = Field(default_factory=list)
+
+
+class TreeNode(_M):
+    """A node of the tree: NUMA node -> host bridge -> root port -> switches -> GPU / NVSwitch."""
+
+    kind: Literal["numa", "host_bridge", "root_port", "switch", "bridge", "gpu", "nvswitch"]
+    id: str = Field(description="'numa:0' / 'numa:?', a host bridge 'dddd:bb', else a PCI address")
+    label: str
+    detail: str | None = Field(None, description="Second line: CPUs of a NUMA node, a bridge's model")
+    gpu: GpuView | None = None
+    children: list["TreeNode"] = Field(default_factory=list)
+
+    def walk(self):
+        """This node and every node below it, depth first."""
+        yield self
+        for c in self.children:
+            yield from c.walk()
+
+
+class MatrixGpu(_M):
+    index: int
+    address: str
+    numa_node: int | None = None
+    cpus: str | None = Field(None, description="The GPU's local CPUs (nvidia-smi's CPU Affinity)")
+    minor: int | None = None
+
+
+class DistanceMatrix(_M):
+    """GPU-to-GPU PCIe distance, as ``nvidia-smi topo -m`` names it, computed from sysfs."""
+
+    gpus: list[MatrixGpu] = Field(default_factory=list)
+    levels: list[list[str]] = Field(default_factory=list, description="levels[i][j]: X, PIX, PXB, PHB, NODE, SYS")
+    legend: dict[str, str] = Field(default_factory=lambda: dict(LEGEND))
+    notes: list[str] = Field(default_factory=list)
+
+
+class OwnerCount(_M):
+    key: str
+    label: str
+    gpus: int
+
+
+class TopoReport(_M):
+    """``gputopo topo --json``: the tree and the matrix of one host."""
+
+    schema_version: int = TOPO_SCHEMA_VERSION
+    hostname: str | None = None
+    owners: list[OwnerCount] = Field(default_factory=list, description="Each owner and how many GPUs it has")
+    tree: list[TreeNode] = Field(default_factory=list, description="One root per NUMA node with devices")
+    matrix: DistanceMatrix = Field(default_factory=DistanceMatrix)
+    warnings: list[str] = Field(default_factory=list)
