@@ -60,8 +60,6 @@ class ActionModel(BaseModel):
     Before: ClassVar[type[BaseModel]] = NoBefore
     # consecutive steps of a parallel kind run at once, one worker each (IOMMU groups)
     parallel: ClassVar[bool] = False
-    # the diff area its lines belong to (see gputopo.plan.diff.AREAS); None: not shown
-    diff_area: ClassVar[str | None] = None
 
     @classmethod
     def __pydantic_init_subclass__(cls, **kw: Any) -> None:

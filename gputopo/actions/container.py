@@ -42,7 +42,6 @@ class UpdateContainer(ActionModel):
     dev_mode: str | None = Field(None, description="mode option of the resolved entries")
 
     Before = ConfigBefore
-    diff_area = "container devices"
 
     def describe(self) -> str:
         parts = []

@@ -33,7 +33,6 @@ class WriteServiceDropin(ActionModel):
     tp: int
 
     Before = DropinBefore
-    diff_area = "service"
 
     def describe(self) -> str:
         return f"CT {self.vmid}: write {self.path} ({self.unit}, tensor parallel {self.tp}; read at next start)"

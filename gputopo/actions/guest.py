@@ -36,22 +36,30 @@ def _set_status(world: World, guest: str, vmid: int, status: str) -> None:
         world.current.guests[vmid].status = status  # type: ignore[assignment]
 
 
-class StopGuest(ActionModel):
-    kind: Literal["stop_guest"] = "stop_guest"
-    phase: Phase = "stop"
+class _GuestStep(ActionModel):
+    """What stopping and starting a guest share: which guest, and its status before."""
+
     guest: Literal["lxc", "qemu"]
     vmid: int
 
     Before = GuestBefore
+
+    def before(self, ctx: StepContext) -> GuestBefore:
+        return GuestBefore(status=ctx.ports.proxmox.guest_status(self.guest, self.vmid))
+
+    def was_running(self, current: CurrentState, out: RunningBefore) -> None:
+        _record(current, self.guest, self.vmid, out)
+
+
+class StopGuest(_GuestStep):
+    kind: Literal["stop_guest"] = "stop_guest"
+    phase: Phase = "stop"
 
     def describe(self) -> str:
         return f"stop {guest_name(self.guest, self.vmid)}"
 
     def stopped_guest(self) -> tuple[str, int]:
         return self.guest, self.vmid
-
-    def before(self, ctx: StepContext) -> GuestBefore:
-        return GuestBefore(status=ctx.ports.proxmox.guest_status(self.guest, self.vmid))
 
     def do(self, ctx: StepContext) -> None:
         if ctx.running(self.guest, self.vmid):
@@ -66,23 +74,13 @@ class StopGuest(ActionModel):
     def expect(self, world: World) -> None:
         _set_status(world, self.guest, self.vmid, "stopped")
 
-    def was_running(self, current: CurrentState, out: RunningBefore) -> None:
-        _record(current, self.guest, self.vmid, out)
 
-
-class StartGuest(ActionModel):
+class StartGuest(_GuestStep):
     kind: Literal["start_guest"] = "start_guest"
     phase: Phase = "start"
-    guest: Literal["lxc", "qemu"]
-    vmid: int
-
-    Before = GuestBefore
 
     def describe(self) -> str:
         return f"start {guest_name(self.guest, self.vmid)}"
-
-    def before(self, ctx: StepContext) -> GuestBefore:
-        return GuestBefore(status=ctx.ports.proxmox.guest_status(self.guest, self.vmid))
 
     def do(self, ctx: StepContext) -> None:
         if not ctx.running(self.guest, self.vmid):
@@ -104,6 +102,3 @@ class StartGuest(ActionModel):
         if now is not None and now.status != "running":
             ctx.area("guests and services").lines.append(
                 f"{guest_name(self.guest, self.vmid)} is stopped; the spec says it serves")
-
-    def was_running(self, current: CurrentState, out: RunningBefore) -> None:
-        _record(current, self.guest, self.vmid, out)

@@ -45,21 +45,43 @@ def _restore(ctx: StepContext, path: str, before: FileBefore) -> str:
         raise HostFileError(path, e) from e
 
 
-class WriteHostFile(ActionModel):
-    kind: Literal["write_host_file"] = "write_host_file"
+class _FileStep(ActionModel):
+    """What writing and removing a host file share: which file, its state before, its undo."""
+
     phase: Phase = "prepare"
     path: str
-    content: str
-    mode: int = 0o644
 
     Before = FileBefore
-    diff_area = "persistence files"
+
+    def after(self) -> str | None:
+        """The file's text once the step is done (None: absent)."""
+        raise NotImplementedError
+
+    def before(self, ctx: StepContext) -> FileBefore:
+        return _read(ctx, self.path)
+
+    def undo(self, before: FileBefore, ctx: StepContext) -> str:
+        return _restore(ctx, self.path, before)
+
+    def expect(self, world: World) -> None:
+        world.current.files[self.path] = self.after()
+
+    def diff(self, ctx: DiffContext) -> None:
+        area = ctx.area("persistence files")
+        area.lines.append(self.describe())
+        area.files[self.path] = ctx.unified(self.path, ctx.current.files.get(self.path), self.after())
+
+
+class WriteHostFile(_FileStep):
+    kind: Literal["write_host_file"] = "write_host_file"
+    content: str
+    mode: int = 0o644
 
     def describe(self) -> str:
         return f"write host file /{self.path} ({len(self.content.splitlines())} lines)"
 
-    def before(self, ctx: StepContext) -> FileBefore:
-        return _read(ctx, self.path)
+    def after(self) -> str | None:
+        return self.content
 
     def do(self, ctx: StepContext) -> None:
         try:
@@ -69,45 +91,18 @@ class WriteHostFile(ActionModel):
         except OSError as e:
             raise HostFileError(self.path, e) from e
 
-    def undo(self, before: FileBefore, ctx: StepContext) -> str:
-        return _restore(ctx, self.path, before)
 
-    def expect(self, world: World) -> None:
-        world.current.files[self.path] = self.content
-
-    def diff(self, ctx: DiffContext) -> None:
-        area = ctx.area("persistence files")
-        area.lines.append(self.describe())
-        area.files[self.path] = ctx.unified(self.path, ctx.current.files.get(self.path), self.content)
-
-
-class RemoveHostFile(ActionModel):
+class RemoveHostFile(_FileStep):
     kind: Literal["remove_host_file"] = "remove_host_file"
-    phase: Phase = "prepare"
-    path: str
-
-    Before = FileBefore
-    diff_area = "persistence files"
 
     def describe(self) -> str:
         return f"remove host file /{self.path}"
 
-    def before(self, ctx: StepContext) -> FileBefore:
-        return _read(ctx, self.path)
+    def after(self) -> str | None:
+        return None
 
     def do(self, ctx: StepContext) -> None:
         try:
             ctx.ports.files.remove(self.path)
         except OSError as e:
             raise HostFileError(self.path, e) from e
-
-    def undo(self, before: FileBefore, ctx: StepContext) -> str:
-        return _restore(ctx, self.path, before)
-
-    def expect(self, world: World) -> None:
-        world.current.files[self.path] = None
-
-    def diff(self, ctx: DiffContext) -> None:
-        area = ctx.area("persistence files")
-        area.lines.append(self.describe())
-        area.files[self.path] = ctx.unified(self.path, ctx.current.files.get(self.path), None)

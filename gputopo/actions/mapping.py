@@ -51,42 +51,45 @@ def _restore(ctx: StepContext, id: str, before: MappingBefore) -> str:
     return ""
 
 
-def _check_id(id: str) -> list[str]:
-    if MAPPING_ID.match(id):
-        return []
-    return [f"mapping name {id!r} is not valid for Proxmox (a letter, then letters, digits, - or _)"]
+class _MappingStep(ActionModel):
+    """What creating, updating and deleting a mapping share: its id, its state before, its undo."""
 
-
-def _diff_file(ctx: DiffContext) -> None:
-    from_now = [{"id": mid, "map": m.map, "description": m.description}
-                for mid, m in ctx.current.mappings.items() if m.map]
-    path = "pve/mapping/pci.cfg"
-    ctx.area("mappings").files[path] = ctx.unified(
-        path, ctx.render_pci_cfg(from_now) if from_now else None, ctx.rendered.get(path))
-
-
-class SetMapping(ActionModel):
-    kind: Literal["set_mapping"] = "set_mapping"
     phase: Phase = "prepare"
     id: str
-    map: list[str]
-    description: str | None = None
-    create: bool
     digest: str | None = None
 
     Before = MappingBefore
-    diff_area = "mappings"
+
+    def preflight(self, ctx: PreflightContext) -> list[str]:
+        if MAPPING_ID.match(self.id):
+            return []
+        return [f"mapping name {self.id!r} is not valid for Proxmox (a letter, then letters, digits, - or _)"]
+
+    def before(self, ctx: StepContext) -> MappingBefore:
+        return _before(ctx, self.id)
+
+    def undo(self, before: MappingBefore, ctx: StepContext) -> str:
+        return _restore(ctx, self.id, before)
+
+    def diff(self, ctx: DiffContext) -> None:
+        ctx.area("mappings").lines.append(self.describe())
+        from_now = [{"id": mid, "map": m.map, "description": m.description}
+                    for mid, m in ctx.current.mappings.items() if m.map]
+        path = "pve/mapping/pci.cfg"
+        ctx.area("mappings").files[path] = ctx.unified(
+            path, ctx.render_pci_cfg(from_now) if from_now else None, ctx.rendered.get(path))
+
+
+class SetMapping(_MappingStep):
+    kind: Literal["set_mapping"] = "set_mapping"
+    map: list[str]
+    description: str | None = None
+    create: bool
 
     def describe(self) -> str:
         paths = [map_fields(e).get("path", "?") for e in self.map]
         verb = "create" if self.create else "update"
         return f"{verb} PCI mapping {self.id}: {len(self.map)} device(s) {', '.join(paths)}"
-
-    def preflight(self, ctx: PreflightContext) -> list[str]:
-        return _check_id(self.id)
-
-    def before(self, ctx: StepContext) -> MappingBefore:
-        return _before(ctx, self.id)
 
     def do(self, ctx: StepContext) -> None:
         cur = ctx.mapping(self.id)
@@ -95,45 +98,19 @@ class SetMapping(ActionModel):
         else:  # the digest read right now, not at plan time
             ctx.ports.proxmox.mapping_update(self.id, self.map, self.description, cur.get("digest") or "")
 
-    def undo(self, before: MappingBefore, ctx: StepContext) -> str:
-        return _restore(ctx, self.id, before)
-
     def expect(self, world: World) -> None:
         world.current.mappings[self.id] = MappingState(map=list(self.map), description=self.description, digest="new")
 
-    def diff(self, ctx: DiffContext) -> None:
-        ctx.area("mappings").lines.append(self.describe())
-        _diff_file(ctx)
 
-
-class DeleteMapping(ActionModel):
+class DeleteMapping(_MappingStep):
     kind: Literal["delete_mapping"] = "delete_mapping"
-    phase: Phase = "prepare"
-    id: str
-    digest: str | None = None
-
-    Before = MappingBefore
-    diff_area = "mappings"
 
     def describe(self) -> str:
         return f"delete PCI mapping {self.id}"
-
-    def preflight(self, ctx: PreflightContext) -> list[str]:
-        return _check_id(self.id)
-
-    def before(self, ctx: StepContext) -> MappingBefore:
-        return _before(ctx, self.id)
 
     def do(self, ctx: StepContext) -> None:
         if ctx.mapping(self.id) is not None:
             ctx.ports.proxmox.mapping_delete(self.id)
 
-    def undo(self, before: MappingBefore, ctx: StepContext) -> str:
-        return _restore(ctx, self.id, before)
-
     def expect(self, world: World) -> None:
         world.current.mappings.pop(self.id, None)
-
-    def diff(self, ctx: DiffContext) -> None:
-        ctx.area("mappings").lines.append(self.describe())
-        _diff_file(ctx)

@@ -45,7 +45,6 @@ class Rebind(ActionModel):
 
     Before = RebindBefore
     parallel = True
-    diff_area = "driver bindings"
 
     def describe(self) -> str:
         before = sorted({d or "none" for d in self.from_drivers.values()})

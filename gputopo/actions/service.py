@@ -21,19 +21,27 @@ class ServiceBefore(BaseModel):
     active: bool
 
 
-class StopService(ActionModel):
-    kind: Literal["stop_service"] = "stop_service"
-    phase: Phase = "stop"
+class _ServiceStep(ActionModel):
+    """What stopping and starting a container's service share: which service, and its state."""
+
     vmid: int
     unit: str
 
     Before = ServiceBefore
 
-    def describe(self) -> str:
-        return f"CT {self.vmid}: stop {self.unit}"
-
     def before(self, ctx: StepContext) -> ServiceBefore:
         return ServiceBefore(active=ctx.service_active(self.vmid, self.unit))
+
+    def was_running(self, current: CurrentState, out: RunningBefore) -> None:
+        record_service(current, self.vmid, self.unit, out)
+
+
+class StopService(_ServiceStep):
+    kind: Literal["stop_service"] = "stop_service"
+    phase: Phase = "stop"
+
+    def describe(self) -> str:
+        return f"CT {self.vmid}: stop {self.unit}"
 
     def do(self, ctx: StepContext) -> None:
         if ctx.running("lxc", self.vmid):
@@ -47,23 +55,13 @@ class StopService(ActionModel):
         if ct is not None and ct.service is not None:
             ct.service.active = False
 
-    def was_running(self, current: CurrentState, out: RunningBefore) -> None:
-        record_service(current, self.vmid, self.unit, out)
 
-
-class StartService(ActionModel):
+class StartService(_ServiceStep):
     kind: Literal["start_service"] = "start_service"
     phase: Phase = "start"
-    vmid: int
-    unit: str
-
-    Before = ServiceBefore
 
     def describe(self) -> str:
         return f"CT {self.vmid}: start {self.unit} (after systemctl daemon-reload)"
-
-    def before(self, ctx: StepContext) -> ServiceBefore:
-        return ServiceBefore(active=ctx.service_active(self.vmid, self.unit))
 
     def do(self, ctx: StepContext) -> None:
         ctx.start_service(self.vmid, self.unit)
@@ -80,6 +78,3 @@ class StartService(ActionModel):
         ct = ctx.current.containers.get(self.vmid)
         if ct is not None and ct.status == "running" and ct.service is not None and not ct.service.active:
             ctx.area("guests and services").lines.append(f"CT {self.vmid}: {self.unit} is not running")
-
-    def was_running(self, current: CurrentState, out: RunningBefore) -> None:
-        record_service(current, self.vmid, self.unit, out)
