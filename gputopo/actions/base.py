@@ -170,6 +170,7 @@ class StepContext:
     read_minors: Callable[[], dict[str, int | None]]  # address -> /dev/nvidia minor, read now
     device_present: Callable[[str], bool]  # the PCI device is on the bus
     note: Callable[[str], None] = lambda text: None
+    warn: Callable[[str], None] = lambda text: None  # something that succeeded with a warning (a task's WARNINGS)
     stuck: set[str] = field(default_factory=set)  # devices an undo must leave alone
     gone: set[str] = field(default_factory=set)  # devices a rollback found gone from the bus
     service_changed: set[int] = field(default_factory=set)  # containers whose drop-in an undo restored

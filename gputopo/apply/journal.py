@@ -82,6 +82,7 @@ class Done(_Rec):
     type: Literal["done"] = "done"
     step: int
     seconds: float
+    warnings: list[str] = Field(default_factory=list)  # it succeeded, with these warnings
 
 
 class Failed(_Rec):

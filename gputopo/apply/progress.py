@@ -17,6 +17,7 @@ class StepResult:
     seconds: float
     started: float = 0.0  # time.monotonic() when it began
     ended: float = 0.0
+    warnings: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -58,10 +58,28 @@ class Runner:
         self.progress = progress
         self.results: list[StepResult] = []
         self._lock = threading.Lock()
+        # a step's warnings, by the thread that runs it (parallel steps run in worker threads)
+        self._warnings: dict[int, list[str]] = {}
+        self._local = threading.local()
+        ctx.warn = self._warn
 
     # --- forward -------------------------------------------------------------------------------
 
+    def _warn(self, text: str) -> None:
+        step = getattr(self._local, "step", None)
+        if step is not None:
+            self._warnings[step].append(text)
+        else:
+            self.progress.note(f"warning: {text}")
+
     def _one(self, i: int, a: ActionModel, total: int) -> None:
+        self._local.step = i
+        try:
+            self._run_one(i, a, total)
+        finally:
+            self._local.step = None
+
+    def _run_one(self, i: int, a: ActionModel, total: int) -> None:
         try:
             before = a.before(self.ctx)
         except BaseException as e:  # nothing changed yet, but the error belongs to this step
@@ -70,6 +88,7 @@ class Runner:
         self.j.append(Begin(step=i, action=a, before=before.model_dump()))
         self.progress.step_begin(i, total, a)
         t0 = time.monotonic()
+        warnings = self._warnings[i] = []
         try:
             a.do(self.ctx)
         except BaseException as e:
@@ -80,9 +99,11 @@ class Runner:
             self.progress.step_end(i, total, a, "FAILED", t1 - t0)
             raise
         t1 = time.monotonic()
-        self.j.append(Done(step=i, seconds=round(t1 - t0, 4)))
-        self._result(StepResult(i, a.phase, a.describe(), "done", t1 - t0, t0, t1))
+        self.j.append(Done(step=i, seconds=round(t1 - t0, 4), warnings=warnings))
+        self._result(StepResult(i, a.phase, a.describe(), "done", t1 - t0, t0, t1, warnings))
         self.progress.step_end(i, total, a, "done", t1 - t0)
+        for w in warnings:
+            self.progress.note(f"step {i + 1}: warning: {w}")
 
     def _result(self, r: StepResult) -> None:
         with self._lock:
