@@ -195,10 +195,11 @@ class BindError(GputopoError):
 
     def __init__(self, address: str, wanted: str | None, got: str | None, detail: str = ""):
         self.address = address
-        self.wanted = wanted
+        self.wanted = wanted  # None: its native driver, whichever that is
         self.got = got
         extra = f": {detail}" if detail else ""
-        super().__init__(f"{address}: expected driver {wanted or 'none'}, found {got or 'none'}{extra}")
+        expected = f"driver {wanted}" if wanted else "its native driver"
+        super().__init__(f"{address}: expected {expected}, found {got or 'no driver'}{extra}")
 
 
 class ProxmoxError(GputopoError):
@@ -342,16 +343,21 @@ class UnfinishedApply(JournalError):
     exit_code = 2
 
     def __init__(self, path: str, description: str, needs_human: list[str] | None = None,
-                 pending: list[int] | None = None):
+                 pending: list[int] | None = None, left: str | None = None):
         self.path = path
         self.needs_human = needs_human
         self.pending = pending
         if needs_human is not None:
-            devices = ", ".join(needs_human) or "none named"
-            steps = ", ".join(str(i + 1) for i in pending or []) or "none"
+            what = []
+            if needs_human:
+                what.append(f"devices: {', '.join(needs_human)}")
+            if pending:
+                what.append("undo of step(s) " + ", ".join(str(i + 1) for i in pending) + " not complete")
+            if left and not pending:
+                what.append(left)
             super().__init__(
-                f"an earlier apply's rollback needs a human (devices: {devices}; undo of step(s) {steps} "
-                f"not complete): {path}; fix the device(s), then run 'gputopo recover'"
+                f"an earlier apply's rollback needs a human ({'; '.join(what) or 'see the journal'}): {path}; "
+                "fix what it names, then run 'gputopo recover'"
             )
             return
         super().__init__(

@@ -140,6 +140,14 @@ class HostFilesPort(Protocol):
         """Remove the file; one that is already gone is not an error."""
         ...
 
+    def is_dir(self, path: str) -> bool:
+        """True when ``path`` is a directory."""
+        ...
+
+    def remove_dir(self, path: str) -> None:
+        """Remove the directory if it is empty; a missing or non-empty one is left as it is."""
+        ...
+
 
 @dataclass
 class HttpResponse:

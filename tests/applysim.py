@@ -58,10 +58,34 @@ def seed_spec(host: SimHost):
     return parse_spec(seed_spec_text(host))
 
 
+def running_service(root: Path, vmid: int, unit: str) -> tuple[str | None, list[str]]:
+    """What runs, as the host's /proc shows it: the service's main process's command line and the
+    /dev/nvidia nodes its processes hold open (from the processes in the container's cgroup for
+    ``unit``, never from the unit files)."""
+    cgroup = f"/lxc/{vmid}/ns/system.slice/{unit}"
+    main, held = None, set()
+    for d in sorted((root / "proc").glob("[0-9]*"), key=lambda q: int(q.name)):
+        try:
+            if cgroup not in (d / "cgroup").read_text():
+                continue
+            words = [w for w in (d / "cmdline").read_bytes().decode().split("\0") if w]
+        except OSError:
+            continue
+        if main is None and "--multiprocessing-fork" not in words:
+            main = " ".join(words)
+        for fd in (d / "fd").iterdir() if (d / "fd").is_dir() else []:
+            target = os.readlink(fd)
+            if target.startswith("/dev/nvidia"):
+                held.add(target)
+    return main, sorted(held)
+
+
 def fingerprint(host: SimHost, vmid: int = 101, unit: str = "sglang.service") -> dict[str, object]:
-    """Everything an apply may change, as comparable data: every PCI device's driver and
-    driver_override, /dev/vfio, the Proxmox files, the host's etc/, the container's systemd
-    files, guest states and the service's state and command line."""
+    """Everything an apply may change, as comparable data, what RUNS as well as what describes it:
+    every PCI device's driver and driver_override, /dev/vfio and the nvidia nodes, the Proxmox
+    files, the host's etc/ and the container's systemd tree (every file with its mode, every
+    directory), guest states, the service's state, the command line its main process really runs
+    and the GPU nodes its processes hold, and the container's own view of /dev."""
     root = host.paths.root
     out: dict[str, object] = {}
     devs = root / "sys/bus/pci/devices"
@@ -77,14 +101,17 @@ def fingerprint(host: SimHost, vmid: int = 101, unit: str = "sglang.service") ->
         if not base.exists():
             continue
         for p in sorted(base.rglob("*")):
-            if p.is_file() and not p.is_symlink():
-                out[f"{label}:{p.relative_to(base)}"] = hashlib.sha256(p.read_bytes()).hexdigest()
+            if p.is_dir() and not p.is_symlink():
+                out[f"{label}:{p.relative_to(base)}/"] = "dir"
+            elif p.is_file() and not p.is_symlink():
+                mode = oct(p.stat().st_mode & 0o7777)
+                out[f"{label}:{p.relative_to(base)}"] = (hashlib.sha256(p.read_bytes()).hexdigest(), mode)
     out["guests"] = state.read_state(host.paths.run, "guests", {})
     sx = SimExec(host.dir)
-    show = sx.run(vmid, ["systemctl", "show", "-p", "ActiveState", "-p", "ExecStart", unit], timeout=5)
     active = sx.run(vmid, ["systemctl", "is-active", unit], timeout=5).stdout.strip()
-    argv = [ln for ln in show.stdout.splitlines() if "argv[]=" in ln]
-    out["service"] = (active, argv[0].split("argv[]=", 1)[1].split(" ;", 1)[0] if argv else None)
+    out["service"] = (active, *running_service(root, vmid, unit))
+    view = sx.run(vmid, ["ls", "/dev"], timeout=5)
+    out["ct:/dev"] = sorted(view.stdout.split()) if view.rc == 0 else None
     return out
 
 

@@ -440,6 +440,36 @@ def test_reverse_split_gives_every_gpu_back_with_tp_8_and_verifies(host):
     assert apply(spec, ports, root=root).status == "no-changes"
 
 
+def test_a_vfio_dynamic_id_left_by_a_vm_start_cannot_take_the_gpus_back(host):
+    """Proxmox writes the GPU's 'vendor device' to vfio-pci/new_id at a VM start whose device is
+    not on vfio-pci yet (pve-common SysFSTools.pm pci_dev_bind_to_vfio); the id stays. A reverse
+    split then binds every GPU back by name (driver_override=nvidia): probing alone would let
+    vfio-pci's dynamic id win, as the simulated kernel lets it."""
+    from gputopo.adapters.sysfs import Binder
+    from gputopo.errors import BindError
+    from gputopo.plan.spec import parse_spec
+    from gputopo.sim.kernel import SimKernel
+
+    ports = host.ports()
+    root = str(host.paths.root)
+    assert apply(applysim.seed_spec(host), ports, root=root).status == "applied"
+    kernel = SimKernel(root)
+    kernel.write("sys/bus/pci/drivers/vfio-pci/new_id", "10de 2bb5")
+    # what probing alone does now: the dynamic id wins, the GPU is not the container's again
+    probe_only = Binder(kernel, root, 5.0)
+    with pytest.raises(BindError) as e:
+        probe_only.move_group([NUMA1[0]], None, False)
+    assert e.value.got == "vfio-pci" and "remove_id" in str(e.value)
+    probe_only.move_group([NUMA1[0]], "vfio-pci", True)  # back where the split left it
+
+    res = apply(parse_spec(_reverse_spec_text(host)), ports, root=root)
+    assert res.status == "applied"
+    for a in NUMA0.keys() | set(NUMA1):
+        dev = host.paths.root / "sys/bus/pci/devices" / a
+        assert os.path.basename(os.readlink(dev / "driver")) == "nvidia", a
+        assert (dev / "driver_override").read_text().strip() in ("", "(null)"), a
+
+
 def test_reverse_split_failing_at_the_start_rolls_back_the_resolved_entries(host):
     from gputopo.errors import ApplyFailed
     from gputopo.sim.container import break_container

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gputopo.facts.current import config_from_lxc_text, parse_systemctl_show, read_current
+from gputopo.facts.current import config_from_lxc_text, read_current
+from gputopo.formats.systemd import parse_systemctl_show
 from gputopo.plan.diff import diff
 from gputopo.adapters.hostfiles import RealHostFiles
 from gputopo.actions import UpdateContainer

@@ -18,6 +18,7 @@ from gputopo.plan.planner import plan as make_plan
 from gputopo.plan.spec import parse_spec
 from gputopo.verify import CHECKS, FAIL, PASS, WARN, Check, VerifyReport, verify
 from gputopo.verify.memory import assess_memory
+from gputopo.formats.systemd import parse_show_properties
 from gputopo.verify.parse import (
     GpuRow,
     answer_matches,
@@ -29,7 +30,6 @@ from gputopo.verify.parse import (
     parse_gpu_rows,
     parse_root_complex,
     parse_sglang_kv_tokens,
-    parse_show_properties,
     parse_vllm_kv_tokens,
     server_flavor,
     service_port,

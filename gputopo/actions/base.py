@@ -29,6 +29,7 @@ from typing import Any, Callable, ClassVar, Literal, Protocol
 from pydantic import BaseModel, ConfigDict
 
 from gputopo.errors import ExecError
+from gputopo.formats.systemd import exec_start_command, parse_cmdline, parse_show_properties
 from gputopo.model.facts import Facts, Holder
 from gputopo.model.state import CurrentState
 from gputopo.ports import ExecResult, Ports
@@ -140,7 +141,8 @@ class GroupBinder(Protocol):
 
     stuck: list[str]
 
-    def move_group(self, members: list[str], to_driver: str | None, keep_override: bool = False) -> Any: ...
+    def move_group(self, members: list[str], to_driver: str | None, keep_override: bool = False,
+                   natives: dict[str, str | None] | None = None) -> Any: ...
 
     def restore(self, previous: dict[str, Any]) -> None: ...
 
@@ -169,6 +171,7 @@ class StepContext:
     binder: GroupBinder
     read_minors: Callable[[], dict[str, int | None]]  # address -> /dev/nvidia minor, read now
     device_present: Callable[[str], bool]  # the PCI device is on the bus
+    native_driver: Callable[[str], str | None] = lambda address: None  # its native module's driver
     note: Callable[[str], None] = lambda text: None
     warn: Callable[[str], None] = lambda text: None  # something that succeeded with a warning (a task's WARNINGS)
     stuck: set[str] = field(default_factory=set)  # devices an undo must leave alone
@@ -203,6 +206,21 @@ class StepContext:
                                 None if state not in ("failed", "inactive") else res.rc,
                                 f"{unit} is {state or 'unknown'}")
             time.sleep(self.timeouts.poll)
+
+    def service_commands(self, vmid: int, unit: str) -> tuple[str, str | None, str | None]:
+        """(state, the unit's command, the running main process's command) of ``unit``: what the
+        unit file says (``ExecStart`` as systemd loaded it) against what actually runs
+        (``/proc/<MainPID>/cmdline``); a command is None when it cannot be read or nothing runs.
+        Raises ExecError when ``systemctl show`` itself fails."""
+        res = self.exec(vmid, ["systemctl", "show", "-p", "MainPID", "-p", "ExecStart", "-p", "ActiveState", unit])
+        props = parse_show_properties(res.stdout)
+        state = props.get("ActiveState", "").strip() or "unknown"
+        running = None
+        pid = props.get("MainPID", "0").strip()
+        if pid.isdigit() and int(pid) > 0:
+            raw = self.exec(vmid, ["cat", f"/proc/{pid}/cmdline"], check=False)
+            running = parse_cmdline(raw.stdout) if raw.rc == 0 else None
+        return state, exec_start_command(props.get("ExecStart", "")), running
 
     def start_service(self, vmid: int, unit: str) -> None:
         """daemon-reload, start ``unit`` and wait until it is active. Raises ExecError."""

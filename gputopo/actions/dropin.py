@@ -58,16 +58,20 @@ class WriteServiceDropin(ActionModel):
         if not ctx.running("lxc", self.vmid):
             raise ExecError(self.vmid, ["cat", self.path], 255, f"CT {self.vmid} is not running; cannot restore {self.path}")
         now = ctx.read_file_in(self.vmid, self.path)
-        if now == before.content:
-            return ""
-        ctx.service_changed.add(self.vmid)
-        if before.content is None:
-            ctx.exec(self.vmid, ["rm", "-f", self.path])
-            if not before.dir_existed:
-                ctx.exec(self.vmid, ["rmdir", "--ignore-fail-on-non-empty", _dir(self.path)], check=False)
-            return f"CT {self.vmid}: removed {self.path}"
-        ctx.ports.exec.push(self.vmid, self.path, before.content, 0o644)
-        return f"CT {self.vmid}: restored {self.path}"
+        done = ""
+        if now != before.content:
+            ctx.service_changed.add(self.vmid)
+            if before.content is None:
+                ctx.exec(self.vmid, ["rm", "-f", self.path])
+                done = f"CT {self.vmid}: removed {self.path}"
+            else:
+                ctx.ports.exec.push(self.vmid, self.path, before.content, 0o644)
+                return f"CT {self.vmid}: restored {self.path}"
+        if not before.dir_existed and ctx.exec(self.vmid, ["test", "-d", _dir(self.path)], check=False).rc == 0:
+            # the directory apply made for the drop-in (a failed push may leave it empty)
+            ctx.exec(self.vmid, ["rmdir", "--ignore-fail-on-non-empty", _dir(self.path)])
+            done = done or f"CT {self.vmid}: removed {_dir(self.path)}"
+        return done
 
     def expect(self, world: World) -> None:
         ct = world.current.containers.setdefault(self.vmid, ContainerState())

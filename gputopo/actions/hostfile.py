@@ -18,25 +18,36 @@ class FileBefore(BaseModel):
     mode: int | None = None  # its permission bits and owner, restored with the content
     uid: int | None = None
     gid: int | None = None
+    absent_dirs: list[str] = []  # its parent directories that did not exist, deepest first
+
+
+def _parents(path: str) -> list[str]:
+    parts = path.strip("/").split("/")[:-1]
+    return ["/".join(parts[:i]) for i in range(len(parts), 0, -1)]
 
 
 def _read(ctx: StepContext, path: str) -> FileBefore:
     try:
         meta = ctx.ports.files.meta(path)
         content = ctx.ports.files.read(path)
+        absent = [d for d in _parents(path) if not ctx.ports.files.is_dir(d)]
     except OSError as e:
         raise HostFileError(path, e) from e
     if meta is None or content is None:
-        return FileBefore(content=None)
+        return FileBefore(content=None, absent_dirs=absent)
     return FileBefore(content=content, mode=meta.mode, uid=meta.uid, gid=meta.gid)
 
 
 def _restore(ctx: StepContext, path: str, before: FileBefore) -> str:
     try:
-        if _read(ctx, path) == before:
+        now = _read(ctx, path)
+        if now.model_dump(exclude={"absent_dirs"}) == before.model_dump(exclude={"absent_dirs"}) \
+                and set(before.absent_dirs) <= set(now.absent_dirs):
             return ""
         if before.content is None:
             ctx.ports.files.remove(path)
+            for d in before.absent_dirs:  # the directories the write made for it
+                ctx.ports.files.remove_dir(d)
             return f"removed /{path}"
         owner = (before.uid, before.gid) if before.uid is not None and before.gid is not None else None
         ctx.ports.files.write(path, before.content, before.mode if before.mode is not None else 0o644, owner)

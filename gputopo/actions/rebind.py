@@ -50,10 +50,10 @@ class Rebind(ActionModel):
         before = sorted({d or "none" for d in self.from_drivers.values()})
         extra = [m for m in self.members if m != self.address]
         with_ = f" with {', '.join(extra)}" if extra else ""
-        keep = " (override kept)" if self.to_driver == VFIO and self.keep_override else ""
+        keep = " (override kept)" if self.keep_override else ""
         if before == [self.to_driver]:
             # already on the driver: only driver_override changes
-            what = "set" if self.to_driver == VFIO and self.keep_override else "clear"
+            what = "set" if self.keep_override else "clear"
             return f"{what} driver_override on {self.address}{with_} (stays on {self.to_driver})"
         return f"rebind {self.address}{with_}: {'/'.join(before)} -> {self.to_driver}{keep}"
 
@@ -144,7 +144,10 @@ class Rebind(ActionModel):
         if self.to_driver == VFIO:
             ctx.binder.move_group(self.members, VFIO, self.keep_override)
             return
-        ctx.binder.move_group(self.members, None, False)
+        # every member back by name: the GPU to nvidia, its other functions to the driver their
+        # modalias resolves to, so that no vfio-pci dynamic id can take them
+        natives = {m: NVIDIA if m == self.address else ctx.native_driver(m) for m in self.members}
+        ctx.binder.move_group(self.members, None, self.keep_override, natives)
         got = ctx.binder.driver_of(self.address)
         if got != NVIDIA:
             raise BindError(self.address, NVIDIA, got)
@@ -176,7 +179,7 @@ class Rebind(ActionModel):
                 world.overrides[m] = VFIO if self.keep_override else None
             else:
                 world.drivers[m] = NVIDIA if m == self.address else None
-                world.overrides[m] = None
+                world.overrides[m] = NVIDIA if self.keep_override and m == self.address else None
 
     def diff(self, ctx: DiffContext) -> None:
         area = ctx.area("driver bindings")

@@ -68,3 +68,13 @@ class RealHostFiles:
             self._path(path).unlink()
         except FileNotFoundError:
             pass
+
+    def is_dir(self, path: str) -> bool:
+        return self._path(path).is_dir()
+
+    def remove_dir(self, path: str) -> None:
+        """Remove the directory when it is empty; anything else leaves it (and raises nothing)."""
+        try:
+            self._path(path).rmdir()
+        except OSError:
+            pass

@@ -164,8 +164,12 @@ class Binder:
         if not (self.root / _devpath(address)).exists():
             raise BindError(address, wanted, None, "device is gone from the bus")
         if native and wanted is None:
-            if got is None or got in OVERRIDE_DRIVERS:
-                raise BindError(address, "its native driver", got, "no native driver claimed it")
+            if got in OVERRIDE_DRIVERS:
+                raise BindError(address, None, got, f"{got} claimed it through a dynamic id (left by a VM "
+                                "start): echo the device's 'vendor device' to sys/bus/pci/drivers/"
+                                f"{got}/remove_id")
+            if got is None:
+                raise BindError(address, None, None, "no native driver claimed it")
             return
         if got != wanted:
             raise BindError(address, wanted, got)
@@ -177,23 +181,30 @@ class Binder:
     def move(self, address: str, to_driver: str | None, keep_override: bool = False) -> None:
         """Move one function to ``to_driver`` (None: whatever driver matches it natively).
 
-        For vfio-pci/pci-stub: override, unbind, drivers_probe. For a native driver: clear the
-        override, unbind, drivers_probe, and pin it with an override if ``keep_override``.
-        The override is cleared afterwards unless ``keep_override``.
-        Raises SysfsWriteError, SysfsTimeout (naming the device) or BindError when the read-back
-        shows no driver or another one.
+        See :meth:`move_group`. Raises SysfsWriteError, SysfsTimeout (naming the device) or
+        BindError when the read-back shows no driver or another one.
         """
         self.move_group([address], to_driver, keep_override)
 
     def move_group(
-        self, members: list[str], to_driver: str | None, keep_override: bool = False
+        self, members: list[str], to_driver: str | None, keep_override: bool = False,
+        natives: dict[str, str | None] | None = None,
     ) -> dict[str, MemberState]:
         """Move every member of one IOMMU group: set overrides, unbind ALL, then probe all.
 
+        To vfio-pci (or pci-stub) every member gets ``driver_override`` set to it. Back to native
+        drivers (``to_driver`` None), each member whose native driver ``natives`` names is bound by
+        name too (``driver_override=<native>``, then probe): only that driver can match, so a
+        vfio-pci dynamic id left by a VM start (Proxmox writes ``new_id`` at every start with a
+        mapped device) can never win. A member whose native driver is unknown is probed without
+        an override. The override is cleared afterwards unless ``keep_override`` (it then pins
+        the member to its driver).
+
         Returns each member's state before the move (pass it to :meth:`restore` to undo).
-        Raises like :meth:`move` (BindError before any write when a member does not exist);
-        a failure leaves the members where they are (callers undo
-        with the returned state, which is also attached to the error as ``previous``).
+        Raises SysfsWriteError, SysfsTimeout (naming the device) or BindError (before any write
+        when a member does not exist; after, when the read-back shows no driver or another one).
+        A failure leaves the members where they are; the returned state is also attached to the
+        error as ``previous``.
         """
         members = [normalize_address(m) for m in members]
         for m in members:
@@ -201,41 +212,40 @@ class Binder:
                 raise BindError(m, to_driver, None, "no such device (gone from the bus?)")
         previous = {m: self.state_of(m) for m in members}
         native = to_driver is None or to_driver not in OVERRIDE_DRIVERS
+        want = {m: (to_driver if to_driver is not None else (natives or {}).get(m)) for m in members}
         try:
-            todo = [m for m in members if not self._already(m, to_driver, native, keep_override)]
+            todo = [m for m in members if not self._already(m, want[m], native, keep_override)]
             for m in todo:
-                self._set_override(m, None if native else to_driver)
+                self._set_override(m, want[m])
             for m in todo:
-                if self.driver_of(m) != to_driver or to_driver is None:
+                if self.driver_of(m) != want[m] or want[m] is None:
                     self._unbind(m)
             for m in todo:
                 if self.driver_of(m) is None:
                     self._probe(m)
             for m in members:
-                self._check(m, to_driver, native)
+                self._check(m, want[m], native)
             if to_driver == "vfio-pci":
                 for g in sorted({g for g in map(self.iommu_group_of, members) if g is not None}):
                     if not self.vfio_group_present(g):
                         raise BindError(members[0], to_driver, to_driver, f"no dev/vfio/{g}")
-            for m in todo:
-                if native and keep_override and to_driver is not None:
-                    self._set_override(m, to_driver)
-                elif not keep_override:
+            if not keep_override:
+                for m in todo:
                     self._set_override(m, None)
         except (BindError, SysfsWriteError, SysfsTimeout) as e:
             e.previous = previous  # type: ignore[attr-defined]
             raise
         return previous
 
-    def _already(self, m: str, to_driver: str | None, native: bool, keep: bool) -> bool:
+    def _already(self, m: str, want: str | None, native: bool, keep: bool) -> bool:
         drv = self.driver_of(m)
         override = self.override_of(m)
-        if to_driver is None:
-            # "native" is whatever binds without an override; an override means it is pinned
+        if want is None:
+            # an unknown native driver: whatever binds without an override
             return drv is not None and override is None and drv not in OVERRIDE_DRIVERS
-        if drv != to_driver:
+        if drv != want:
             return False
-        want_override = to_driver if keep else None
+        want_override = want if keep else None
         if override != want_override:
             self._set_override(m, want_override)
         return True
@@ -262,7 +272,8 @@ class Binder:
         for drv, ms in by_target.items():
             for m in ms:
                 if self.driver_of(m) != drv:
-                    self._set_override(m, drv if drv in OVERRIDE_DRIVERS else None)
+                    # by name, native drivers too: a vfio-pci dynamic id must not win the probe
+                    self._set_override(m, drv)
                     self._unbind(m)
         for drv, ms in by_target.items():
             for m in ms:

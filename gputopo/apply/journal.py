@@ -131,9 +131,10 @@ class RestartFailed(_Rec):
 
 class NeedsHuman(_Rec):
     type: Literal["needs-human"] = "needs-human"
-    needs_human: list[str] = Field(default_factory=list)
-    pending: list[int] = Field(default_factory=list)
-    reason: str | None = None
+    needs_human: list[str] = Field(default_factory=list)  # devices a human must look at
+    pending: list[int] = Field(default_factory=list)  # steps whose undo did not complete
+    reason: str | None = None  # why the rollback ran ("verify"), None: a failure
+    left: str | None = None  # what is left, in one line (undos, guests or services not back)
 
 
 class Verifying(_Rec):
@@ -342,7 +343,7 @@ class Journal:
         nh = self.needs_human
         if nh is None:
             return UnfinishedApply(str(self.path), self.describe())
-        return UnfinishedApply(str(self.path), self.describe(), list(nh.needs_human), list(nh.pending))
+        return UnfinishedApply(str(self.path), self.describe(), list(nh.needs_human), list(nh.pending), nh.left)
 
 
 def list_journals(root: str | os.PathLike) -> list[Path]:

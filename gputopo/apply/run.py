@@ -31,7 +31,17 @@ from typing import Any, Callable, NoReturn
 
 from gputopo.actions import RunningBefore, Timeouts
 from gputopo.apply import signals
-from gputopo.apply.journal import End, Header, Journal, NeedsHuman, Recover, RunningBeforeRec, Verifying, find_unfinished
+from gputopo.apply.journal import (
+    End,
+    Header,
+    Journal,
+    NeedsHuman,
+    Recover,
+    RestartFailed,
+    RunningBeforeRec,
+    Verifying,
+    find_unfinished,
+)
 from gputopo.apply.lock import HostLock
 from gputopo.apply.preflight import preflight
 from gputopo.apply.progress import ApplyResult, Progress, Quiet
@@ -98,35 +108,40 @@ def _facts_summary(facts: Facts) -> dict[str, Any]:
     }
 
 
-def _fail_step(j: Journal) -> str:
-    """The step that failed, or (interrupted between two steps) the last one that began."""
-    from gputopo.apply.journal import Failed
-
-    actions = j.header.actions
-    picks = [r.step for r in j.of(Failed)] or j.begun()
+def _fail_step(runner: Runner) -> str:
+    """The step whose error stopped the run, or (interrupted between two steps) the last one that began."""
+    actions = runner.j.header.actions
+    picks = [runner.failed_at] if runner.failed_at is not None else runner.j.begun()
     if picks and 0 <= picks[-1] < len(actions):
         return f"step {picks[-1] + 1} ({actions[picks[-1]].describe()})"
     return "a step"
 
 
-def _close_or_keep_open(j: Journal, complete: bool, stuck: list[str], reason: str | None = None) -> bool:
-    """End ``j`` as rolled-back when the rollback completed; otherwise append a ``NeedsHuman``
-    record naming the devices and the steps still to undo, and leave the journal open so that
-    the next apply refuses and ``gputopo recover`` can retry. Returns True when it was closed."""
-    if complete and not stuck:
-        j.append(End(result="rolled-back", reason=reason))
-        return True
-    j.append(NeedsHuman(needs_human=list(stuck), pending=j.pending_undo(), reason=reason))
-    return False
+def _left_over(j: Journal, since: int) -> str:
+    """What a rollback that began at record ``since`` could not do, in one line."""
+    parts = []
+    pending = j.pending_undo()
+    if pending:
+        parts.append("undo of step(s) " + ", ".join(str(i + 1) for i in pending) + " not complete")
+    parts += [f"{r.what}: {r.error}" for r in j.records[since:] if isinstance(r, RestartFailed)]
+    return "; ".join(parts) or "a device still needs a human"
 
 
 def _roll_back(runner: Runner, j: Journal, running_before: RunningBefore, retry: bool = False,
                reason: str | None = None) -> tuple[bool, list[str]]:
-    """Undo what ``runner``'s journal began and close it (or keep it open for a human). Signals
-    wait until the rollback ends (a second Ctrl-C must not leave half of it undone)."""
+    """Undo what ``runner``'s journal began, then end the journal as rolled back, or (when the
+    rollback could not complete) append a ``NeedsHuman`` record naming the devices, the steps
+    still to undo and what else is left, and leave it open: the next apply refuses and
+    ``gputopo recover`` retries. Signals wait until the rollback ends (a second Ctrl-C must not
+    leave half of it undone)."""
     with signals.deferred(runner.progress.note):
+        mark = len(j.records)
         complete, stuck = runner.backward(running_before, retry=retry)
-        _close_or_keep_open(j, complete, stuck, reason)
+        if complete and not stuck:
+            j.append(End(result="rolled-back", reason=reason))
+        else:
+            j.append(NeedsHuman(needs_human=list(stuck), pending=j.pending_undo(), reason=reason,
+                                left=_left_over(j, mark)))
     return complete, stuck
 
 
@@ -137,7 +152,7 @@ def _roll_back_and_raise(runner: Runner, j: Journal, exc: BaseException, running
     not complete or a write hung), or ``exc`` itself when it is not one of gputopo's errors.
     """
     e = signals.as_error(exc)
-    where = _fail_step(j)
+    where = _fail_step(runner)
     if isinstance(e, Interrupted):
         runner.progress.note(f"{where} was {e}; rolling back")
     else:
@@ -298,7 +313,5 @@ def recover(
             return ApplyResult("finished", steps=runner.results, wall_s=time.monotonic() - t0, journal=str(j.path))
         complete, stuck = _roll_back(runner, j, rb, retry=True)
         if not (complete and not stuck):
-            pending = ", ".join(str(i + 1) for i in j.pending_undo()) or "none"
-            raise ApplyFailed("recover", JournalError(
-                f"{j.path} stays open: undo of step(s) {pending} not complete"), complete, stuck)
+            raise ApplyFailed("recover", JournalError(f"{j.path} stays open: {j.needs_human.left}"), complete, stuck)
         return ApplyResult("recovered", steps=runner.results, wall_s=time.monotonic() - t0, journal=str(j.path))

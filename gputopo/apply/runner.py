@@ -31,8 +31,10 @@ from gputopo.apply.journal import (
     UndoIncomplete,
 )
 from gputopo.apply.progress import Progress, StepResult
-from gputopo.errors import GputopoError, SysfsTimeout
+from gputopo.errors import ExecError, GputopoError, SysfsTimeout
 from gputopo.facts.discover import discover
+from gputopo.formats.devn import dev_entries, dev_path
+from gputopo.facts.modalias import native_driver
 from gputopo.ports import Ports
 
 
@@ -45,6 +47,7 @@ def step_context(ports: Ports, root: str, timeouts: Timeouts, progress: Progress
         binder=Binder(ports.sysfs, root, timeouts.sysfs),
         read_minors=lambda: {g.address: g.minor for g in discover(root).gpus},
         device_present=lambda address: (Path(root) / "sys/bus/pci/devices" / address).exists(),
+        native_driver=lambda address: native_driver(root, address),
         note=progress.note,
     )
 
@@ -57,6 +60,7 @@ class Runner:
         self.j = journal
         self.progress = progress
         self.results: list[StepResult] = []
+        self.failed_at: int | None = None  # the step whose error forward() raised
         self._lock = threading.Lock()
         # a step's warnings, by the thread that runs it (parallel steps run in worker threads)
         self._warnings: dict[int, list[str]] = {}
@@ -118,7 +122,9 @@ class Runner:
             a = actions[i]
             if not a.parallel:
                 if i not in skip:
+                    self.failed_at = i
                     self._one(i, a, total)
+                    self.failed_at = None
                 i += 1
                 continue
             k = i
@@ -132,10 +138,11 @@ class Runner:
                     with signals.held():
                         futures = [pool.submit(self._one, n, actions[n], total) for n in todo]
                     errors = [f.exception() for f in futures]
-                failures = [e for e in errors if e is not None]
+                failures = [(n, e) for n, e in zip(todo, errors) if e is not None]
                 if failures:
-                    hung = [e for e in failures if isinstance(e, SysfsTimeout)]
-                    raise (hung or failures)[0]
+                    hung = [f for f in failures if isinstance(f[1], SysfsTimeout)]
+                    self.failed_at, first = (hung or failures)[0]
+                    raise first
             i = k
 
     def stop_window(self) -> float | None:
@@ -193,6 +200,54 @@ class Runner:
         complete = self._restart(running_before, journaled) and complete
         return complete, sorted(ctx.stuck | ctx.gone | set(ctx.binder.stuck))
 
+    def _missing_devices(self, vmid: int) -> list[str]:
+        """The device nodes container ``vmid``'s config passes that it does not see: a container
+        sees the nodes that existed on the host when it started."""
+        cfg = self.ctx.ports.proxmox.lxc_config(vmid)
+        wanted = sorted({dev_path(v) for v in dev_entries(cfg).values()})
+        seen = set(self.ctx.exec(vmid, ["ls", "/dev"]).stdout.split())
+        return [p for p in wanted if p[len("/dev/"):].split("/", 1)[0] not in seen]
+
+    def _fix_device_view(self, vmid: int) -> None:
+        """Restart a running container that lacks some of its GPUs' device nodes (it was started
+        during the rollback while a GPU was still away), so it sees them again. Raises
+        GputopoError naming the nodes it still lacks afterwards."""
+        ctx = self.ctx
+        if not ctx.running("lxc", vmid):
+            return
+        missing = self._missing_devices(vmid)
+        if not missing:
+            return
+        ctx.ports.proxmox.guest_action("lxc", vmid, "shutdown", ctx.timeouts.guest)
+        ctx.ports.proxmox.guest_action("lxc", vmid, "start", ctx.timeouts.guest)
+        self.progress.note(f"restarted CT {vmid}: it did not see {', '.join(missing)}")
+        still = self._missing_devices(vmid)
+        if still:
+            raise ExecError(vmid, ["ls", "/dev"], 1, f"CT {vmid} still does not see {', '.join(still)}")
+
+    def _restart_service(self, vmid: int, unit: str, dropin_restored: bool) -> None:
+        """Make ``unit`` run what its unit file says again. A container started during the
+        rollback has already started it, maybe with the drop-in that was just put back (it is
+        ``activating``, or runs the wrong command line): what runs is compared with the unit, and
+        it is restarted when they differ. Raises ExecError."""
+        ctx = self.ctx
+        if not ctx.running("lxc", vmid):
+            raise ExecError(vmid, ["systemctl", "start", unit], 255, f"CT {vmid} is not running")
+        ctx.exec(vmid, ["systemctl", "daemon-reload"])
+        state, wanted, running = ctx.service_commands(vmid, unit)
+        if state in ("active", "activating", "reloading") and running is not None and running == wanted:
+            ctx.wait_active(vmid, unit)
+            return
+        if state in ("active", "activating", "reloading"):
+            why = ("it ran another command line" if running is not None
+                   else "its drop-in was put back" if dropin_restored else "its command line could not be read")
+            ctx.exec(vmid, ["systemctl", "restart", unit])
+            ctx.wait_active(vmid, unit)
+            self.progress.note(f"CT {vmid}: restarted {unit} with its previous configuration ({why})")
+            return
+        ctx.start_service(vmid, unit)
+        self.progress.note(f"CT {vmid}: started {unit}")
+
     def _restart(self, running_before: RunningBefore, changed: set[int]) -> bool:
         """Start again what ran before: guests first, then their services (restarted when their
         drop-in was put back). Returns False when something could not be started."""
@@ -207,20 +262,21 @@ class Runner:
             except GputopoError as e:
                 ok = False
                 self.j.append(RestartFailed(what=key, error=str(e)))
+        for key, status in running_before.guests.items():
+            kind, vmid = key.split("/")
+            if kind != "lxc" or status != "running":
+                continue
+            try:
+                self._fix_device_view(int(vmid))
+            except GputopoError as e:
+                ok = False
+                self.j.append(RestartFailed(what=key, error=str(e)))
         for key, status in running_before.services.items():
             vmid_s, unit = key.split("/", 1)
-            vmid = int(vmid_s)
             if status != "active":
                 continue
             try:
-                if vmid in changed and ctx.service_active(vmid, unit):
-                    ctx.exec(vmid, ["systemctl", "daemon-reload"])
-                    ctx.exec(vmid, ["systemctl", "restart", unit])
-                    ctx.wait_active(vmid, unit)
-                    self.progress.note(f"CT {vmid}: restarted {unit} with its previous configuration")
-                elif not ctx.service_active(vmid, unit):
-                    ctx.start_service(vmid, unit)
-                    self.progress.note(f"CT {vmid}: started {unit}")
+                self._restart_service(int(vmid_s), unit, int(vmid_s) in changed)
             except GputopoError as e:
                 ok = False
                 self.j.append(RestartFailed(what=key, error=str(e)))

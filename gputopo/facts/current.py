@@ -20,6 +20,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from gputopo.formats.systemd import parse_show_properties, parse_systemctl_show
 from gputopo.errors import ExecError, ProxmoxError
 from gputopo.model.facts import Facts
 from gputopo.model.state import ContainerState, CurrentState, GuestState, MappingState, ServiceState
@@ -32,25 +33,6 @@ from gputopo.plan.render import PERSISTENCE_PATHS, dropin_path, parse_tp
 from gputopo.plan.spec import Spec
 
 EXEC_TIMEOUT = 20.0
-
-
-def parse_systemctl_show(text: str) -> tuple[bool, str | None]:
-    """(active, exec_start command) from ``systemctl show -p ActiveState -p ExecStart UNIT``.
-
-    ``ExecStart`` looks like ``{ path=/usr/bin/python3 ; argv[]=/usr/bin/python3 -m x --tp 8 ;
-    ignore_errors=no ; ... }``; the command is the ``argv[]`` part. Returns None for the command
-    when the unit has none (or several, as after a reset: the last one wins).
-    """
-    active = False
-    command = None
-    for line in text.splitlines():
-        key, _, value = line.partition("=")
-        if key == "ActiveState":
-            active = value.strip() in ("active", "reloading", "activating")
-        elif key == "ExecStart":
-            for m in re.finditer(r"argv\[\]=(.*?) ;", value):
-                command = m.group(1).strip()
-    return active, command
 
 
 def config_from_lxc_text(text: str) -> dict[str, Any]:
@@ -93,12 +75,16 @@ def _read_text(path: Path) -> str | None:
 
 
 def _service_state(exec: ExecPort, vmid: int, svc: Any) -> ServiceState:
-    res = exec.run(vmid, ["systemctl", "show", "-p", "ActiveState", "-p", "ExecStart", svc.unit], EXEC_TIMEOUT)
+    res = exec.run(vmid, ["systemctl", "show", "-p", "ActiveState", "-p", "ExecStart", "-p", "LoadState", svc.unit],
+                   EXEC_TIMEOUT)
     active, command = parse_systemctl_show(res.stdout) if res.rc == 0 else (False, None)
+    # systemd answers for any name: an unknown unit is LoadState=not-found
+    load = parse_show_properties(res.stdout).get("LoadState", "").strip() if res.rc == 0 else ""
     cat = exec.run(vmid, ["cat", dropin_path(svc.unit, svc.dropin)], EXEC_TIMEOUT)
     dropin = cat.stdout if cat.rc == 0 else None
     return ServiceState(
-        unit=svc.unit, active=active, exec_start=command, tp=parse_tp(command) if command else None, dropin=dropin
+        unit=svc.unit, active=active, exec_start=command, tp=parse_tp(command) if command else None, dropin=dropin,
+        found=load != "not-found",
     )
 
 

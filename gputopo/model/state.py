@@ -18,6 +18,7 @@ class ServiceState(_M):
     exec_start: str | None = Field(None, description="The unit's effective ExecStart command")
     tp: int | None = None
     dropin: str | None = Field(None, description="Current text of gputopo's drop-in; null when absent")
+    found: bool = Field(True, description="False when systemd has no such unit (LoadState=not-found)")
 
 
 class ContainerState(_M):

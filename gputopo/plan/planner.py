@@ -26,7 +26,7 @@ from gputopo.plan.devices import device_update
 from gputopo.plan.mappings import mapping_changes
 from gputopo.plan.model import ContainerTarget, GpuTarget, MappingTarget, Plan
 from gputopo.plan.render import PERSISTENCE_PATHS, p2p_must_be_disabled, persistence_files
-from gputopo.plan.restarts import container_restarts, guest_restarts, maps_a_moving_gpu, service_target
+from gputopo.plan.restarts import check_service_unit, container_restarts, guest_restarts, maps_a_moving_gpu, service_target
 from gputopo.plan.select import assign, check_container, check_vm_gpus, pick_node
 from gputopo.plan.spec import Spec
 
@@ -68,8 +68,9 @@ def _persistence_actions(
     return actions
 
 
-def _rebinds(facts: Facts, target: list[GpuTarget], keep_override: bool) -> list[Rebind]:
-    """One Rebind per IOMMU group that is not yet where the target wants it."""
+def _rebinds(facts: Facts, target: list[GpuTarget], keep_override: bool, pin_native: bool) -> list[Rebind]:
+    """One Rebind per IOMMU group that is not yet where the target wants it. ``keep_override``
+    pins VM GPUs to vfio-pci, ``pin_native`` container GPUs to nvidia (``driver_override``)."""
     rebinds: list[Rebind] = []
     seen_groups: set[Any] = set()
     for t in target:
@@ -78,7 +79,8 @@ def _rebinds(facts: Facts, target: list[GpuTarget], keep_override: bool) -> list
         g = facts.gpu(t.address)
         assert g is not None
         gkey = g.iommu_group if g.iommu_group is not None else g.address
-        if gkey in seen_groups or not _needs_rebind(g, t.driver, keep_override):
+        keep = keep_override if t.driver == VFIO else pin_native
+        if gkey in seen_groups or not _needs_rebind(g, t.driver, keep):
             continue
         seen_groups.add(gkey)
         members = {g.address: g.driver, **{m.address: m.driver for m in g.iommu_members if m.role != MemberRole.BRIDGE}}
@@ -88,7 +90,7 @@ def _rebinds(facts: Facts, target: list[GpuTarget], keep_override: bool) -> list
                 members=sorted(members),
                 from_drivers=dict(sorted(members.items())),
                 to_driver=t.driver,
-                keep_override=keep_override,
+                keep_override=keep,
             )
         )
     return rebinds
@@ -100,7 +102,7 @@ def _needs_rebind(g: Gpu, to: str, keep_override: bool) -> bool:
         if g.driver != VFIO or any(m.driver != VFIO for m in others):
             return True
         return keep_override and g.driver_override != VFIO
-    if g.driver != NVIDIA or g.driver_override == VFIO:
+    if g.driver != NVIDIA or g.driver_override != (NVIDIA if keep_override else None):
         return True
     return any(m.driver == VFIO and m.role == MemberRole.FUNCTION for m in others)
 
@@ -131,6 +133,7 @@ def plan(
     check_vm_gpus(facts, {a for a, o in owner_of.items() if o.startswith("vm:")}, refusals, warnings)
     for owner, c in cts.items():
         check_container(c, owner, selected.get(owner, []), spec, owner_of, refusals, warnings)
+        check_service_unit(c, current.containers.get(c.vmid), len(selected.get(owner, [])), refusals)
     if facts.host.sev_snp and facts.host.iommu_mode == "pt":
         warnings.append(
             "SEV-SNP is on but the IOMMU is in passthrough (iommu=pt); SEV-SNP needs it translating: "
@@ -142,7 +145,7 @@ def plan(
     keep_override = spec.policy.keep_driver_override
     target = _targets(facts, owner_of)
     vfio_all = sorted({a for t in target if t.driver == VFIO for a in [t.address, *t.companions]})
-    rebinds = _rebinds(facts, target, keep_override)
+    rebinds = _rebinds(facts, target, keep_override, spec.policy.pin_native_driver)
     mappings, mapping_actions, changed_mappings = mapping_changes(node_name, cts, vms, selected, current)
 
     containers: list[ContainerTarget] = []

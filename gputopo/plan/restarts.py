@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from gputopo.actions import Rebind, StartGuest, StartService, StopGuest, StopService, WriteServiceDropin
-from gputopo.errors import AddressError
+from gputopo.errors import AddressError, Refusal
 from gputopo.formats.devn import DEV_KEY, dev_path
 from gputopo.formats.mapline import map_fields
 from gputopo.model.facts import Facts, normalize_address, slot_of
@@ -14,6 +14,26 @@ from gputopo.model.state import ContainerState, CurrentState, ServiceState
 from gputopo.plan.model import MappingTarget, ServiceTarget
 from gputopo.plan.render import dropin_path, parse_tp, render_dropin
 from gputopo.plan.spec import Container, Node
+
+
+def check_service_unit(c: Container, state: ContainerState | None, tp: int, refusals: list[Refusal]) -> None:
+    """Refuse, before anything stops, a service the container does not have or whose unit's own
+    command has no tensor-parallel flag: otherwise the container would be stopped and its GPUs moved, and the
+    start at the end fail and roll everything back (two outages for a typo). Checked only when the
+    service was read from the running container."""
+    svc = state.service if state is not None else None
+    if c.service is None or svc is None or tp == 0:
+        return
+    if not svc.found:
+        refusals.append(Refusal(None, f"container {c.vmid}: unit {c.service.unit} not found in the container "
+                                      "(check service.unit)", "no-unit"))
+        return
+    # a spec's command is a base that gputopo completes with the flag; the unit's own command
+    # must show the flag, or the drop-in would append it to something that is not the server
+    if c.service.command is None and svc.exec_start is not None and parse_tp(svc.exec_start) is None:
+        refusals.append(Refusal(None, f"container {c.vmid}: {c.service.unit} runs without a tensor-parallel flag "
+                                      f"({c.service.tp_flag}): {svc.exec_start[:80]}; set service.command",
+                                "no-tp-flag"))
 
 
 def service_target(

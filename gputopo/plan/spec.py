@@ -200,6 +200,14 @@ class Policy(_Strict):
             "reload cannot take a VM GPU back"
         ),
     )
+    pin_native_driver: bool = Field(
+        False,
+        description=(
+            "Leave driver_override=nvidia set on container GPUs after binding them back (they are "
+            "always bound by name, so a vfio-pci dynamic id cannot take them; this also pins them "
+            "against a later reprobe)"
+        ),
+    )
     tp_check: Literal["error", "warn"] = Field(
         "error", description="What a TP size the service cannot use is: a refusal or a warning"
     )

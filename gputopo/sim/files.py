@@ -13,6 +13,11 @@ import os
 import tempfile
 from pathlib import Path
 
+# Every (non-private) file under /etc/pve reads as 0640 root:www-data, whoever wrote it: pmxcfs
+# masks the mode itself (pve-cluster src/pmxcfs/pmxcfs.c cfs_fuse_getattr: 0666 from the memdb
+# & 0777750 for files outside priv/).
+PMXCFS_MODE = 0o640
+
 
 def atomic_write(path: str | os.PathLike, text: str, mode: int | None = None) -> None:
     """Replace ``path`` with ``text`` (temp file in the same directory, then rename).

@@ -23,6 +23,7 @@ from gputopo.sim.fixtures import materialize
 from gputopo.formats.lxcconf import LxcConf, format_dev_value, parse_dev_value, write_lxc_conf
 from gputopo.formats.pcicfg import MapEntry, PciMapping, format_map_entry, write_pci_cfg
 from gputopo.sim import state
+from gputopo.sim.files import PMXCFS_MODE, atomic_write
 from gputopo.sim.container import Container, EndpointServer, SimExec, SimPaths, write_unit
 from gputopo.sim.container.devices import missing_devices
 
@@ -326,13 +327,14 @@ def _write_pve(paths: SimPaths, node: str, ctid: int, facts) -> None:
     }
     for i, n in enumerate(nodes):
         options[f"dev{i}"] = format_dev_value(n, mode="0666")
-    (nodedir / "lxc" / f"{ctid}.conf").write_text(write_lxc_conf(LxcConf(options=options)))
+    atomic_write(nodedir / "lxc" / f"{ctid}.conf", write_lxc_conf(LxcConf(options=options)), PMXCFS_MODE)
 
-    (nodedir / "qemu-server" / f"{DEFAULT_VM}.conf").write_text(
+    atomic_write(
+        nodedir / "qemu-server" / f"{DEFAULT_VM}.conf",
         "bios: ovmf\nboot: order=scsi0\ncores: 32\nhostpci0: mapping=pro6000-vm,pcie=1\nmachine: q35\n"
         "memory: 131072\nname: gpu-vm\nnet0: virtio=BC:24:11:00:02:01,bridge=vmbr0\nnuma: 1\nostype: l26\n"
         f"scsi0: local-lvm:vm-{DEFAULT_VM}-disk-0,iothread=1,size=100G\nscsihw: virtio-scsi-single\n"
-        "sockets: 1\nvmgenid: 6f1c2c4e-0000-4000-8000-000000000201\n")
+        "sockets: 1\nvmgenid: 6f1c2c4e-0000-4000-8000-000000000201\n", PMXCFS_MODE)
 
     maps = []
     for g in sorted(gpus, key=lambda g: g.address):
@@ -341,8 +343,9 @@ def _write_pve(paths: SimPaths, node: str, ctid: int, facts) -> None:
             subsystem_id=(f"{_hex(g.subsystem_vendor)}:{_hex(g.subsystem_device)}"
                           if g.subsystem_vendor and g.subsystem_device else None))
         maps.append(format_map_entry(entry))
-    (paths.pve / "mapping" / "pci.cfg").write_text(
-        write_pci_cfg([PciMapping(id="pro6000", maps=maps, description="GPUs of the inference container")]))
+    atomic_write(paths.pve / "mapping" / "pci.cfg",
+                 write_pci_cfg([PciMapping(id="pro6000", maps=maps, description="GPUs of the inference container")]),
+                 PMXCFS_MODE)
 
 
 def _hex(value: str | None) -> str:

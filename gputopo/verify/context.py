@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Iterator
 
 from gputopo.errors import GputopoError, NvsmiParseError, PlanRefused
-from gputopo.facts.current import parse_systemctl_show, read_current
+from gputopo.facts.current import read_current
+from gputopo.formats.systemd import parse_show_properties, parse_systemctl_show
 from gputopo.facts.discover import discover
 from gputopo.model.facts import Facts
 from gputopo.model.state import ContainerState, CurrentState
@@ -19,12 +20,11 @@ from gputopo.verify.parse import (
     QUERY_FIELDS,
     GpuRow,
     parse_gpu_rows,
-    parse_show_properties,
 )
 
 EXEC_TIMEOUT = 30.0
 NVSMI_ARGV = ["nvidia-smi", "--query-gpu=" + ",".join(QUERY_FIELDS), "--format=csv,noheader,nounits"]
-SHOW_PROPS = ("ActiveState", "SubState", "ExecStart", "Environment")
+SHOW_PROPS = ("ActiveState", "SubState", "ExecStart", "Environment", "LoadState")
 
 
 def show_argv(unit: str) -> list[str]:

@@ -71,16 +71,6 @@ def memory_spread_pct(used: list[int]) -> float:
 # --- systemd ---------------------------------------------------------------------------------
 
 
-def parse_show_properties(text: str) -> dict[str, str]:
-    """``systemctl show -p A -p B UNIT`` output (``Key=value`` lines) as a dict (first wins)."""
-    out: dict[str, str] = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition("=")
-        if sep and key and key not in out:
-            out[key] = value
-    return out
-
-
 def parse_environment(value: str) -> dict[str, str]:
     """systemd's ``Environment=`` property (``A=1 "B=two words"``) as a dict.
 

@@ -192,12 +192,12 @@ class Container:
             return 1, warn + (
                 f"Job for {name} failed because the control process exited with error code.\n"
                 f"See \"systemctl status {name}\" and \"journalctl -xeu {name}\" for details.\n")
-        svc["pid"] = 1000 + (abs(hash((name, time.time()))) % 60000)
         svc["ready_at"] = time.time() + service_latency(self.sim_dir, "start")
         svc["tp"] = parse_tp(argv)
         gpus = self.gpus()[: svc["tp"]]
         svc["gpus"] = [g.address for g in gpus]
         svc["host_pids"] = spawn(self.paths.root, self.vmid, name, argv, svc["tp"], [f"/dev/nvidia{g.minor}" for g in gpus])
+        svc["pid"] = svc["host_pids"][0]  # MainPID: the server's main process
         self._set_service(name, svc, unit)
         return 0, warn
 

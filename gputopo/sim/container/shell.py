@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from gputopo.ports import ExecResult
@@ -21,5 +22,12 @@ def container_file(ct: Container, path: str) -> Path:
     """
     # the host's /proc/driver/nvidia shows through: lxcfs does not virtualise it
     if path.startswith("/proc/driver/nvidia/"):
+        return inside(ct.paths.root, path)
+    # the container's own processes: the simulator gives each one pid, seen alike from the host
+    # and from inside (a real container's pid namespace numbers them anew)
+    m = re.match(r"^/proc/(\d+)(/.*)?$", path)
+    if m:
+        if int(m.group(1)) not in ct.host_pids():
+            raise ValueError(f"{path}: no such process in CT {ct.vmid}")
         return inside(ct.paths.root, path)
     return inside(ct.rootfs, path)

@@ -15,7 +15,7 @@ from gputopo.formats.lxcconf import LxcConf, LxcSection, check_lxc_option, parse
 from gputopo.formats.propstring import sha1_digest
 from gputopo.sim import state
 from gputopo.sim.addresses import container_address
-from gputopo.sim.files import atomic_write
+from gputopo.sim.files import PMXCFS_MODE, atomic_write
 from gputopo.sim.pveapi.answers import die, param_error, perm_error
 from gputopo.sim.pveapi.auth import Caller
 from gputopo.sim.pveapi.params import BOOL_KEYS, INT_KEYS
@@ -176,7 +176,7 @@ class GuestConfigHandlers:
                 pend.options["delete"] = ",".join(pdel)
             else:
                 pend.options.pop("delete", None)
-            atomic_write(self.conf_path("lxc", vmid), write_lxc_conf(conf))
+            atomic_write(self.conf_path("lxc", vmid), write_lxc_conf(conf), PMXCFS_MODE)
         for k, v in plugged:
             if self.hooks is not None and hasattr(self.hooks, "on_lxc_hotplug"):
                 self.hooks.on_lxc_hotplug(vmid, k, v)

@@ -11,7 +11,7 @@ from typing import Any
 
 from gputopo.formats.pcicfg import PciMapping, parse_pci_cfg, write_pci_cfg
 from gputopo.formats.propstring import sha1_digest
-from gputopo.sim.files import atomic_write
+from gputopo.sim.files import PMXCFS_MODE, atomic_write
 from gputopo.sim.pveapi.answers import die
 from gputopo.sim.pveapi.auth import Caller
 
@@ -123,7 +123,7 @@ class MappingHandlers:
                 raise die(f"create hardware mapping failed: pci ID '{p['id']}' already defined")
             mp = PciMapping(id=p["id"])
             self._apply_mapping_props(mp, p)
-            atomic_write(self.mapping_path(), write_pci_cfg(maps + [mp]))
+            atomic_write(self.mapping_path(), write_pci_cfg(maps + [mp]), PMXCFS_MODE)
         return None
 
     def h_mapping_update(self, caller: Caller, p: dict) -> Any:
@@ -150,7 +150,7 @@ class MappingHandlers:
                 else:
                     raise die(prefix + f"invalid key '{k}' in 'delete'")  # not a mapping property
             self._apply_mapping_props(mp, p)
-            atomic_write(self.mapping_path(), write_pci_cfg(maps))
+            atomic_write(self.mapping_path(), write_pci_cfg(maps), PMXCFS_MODE)
         return None
 
     def h_mapping_delete(self, caller: Caller, p: dict) -> Any:
@@ -158,5 +158,5 @@ class MappingHandlers:
             _, maps = self._read_mappings()
             keep = [m for m in maps if m.id != p["id"]]
             if len(keep) != len(maps):
-                atomic_write(self.mapping_path(), write_pci_cfg(keep))
+                atomic_write(self.mapping_path(), write_pci_cfg(keep), PMXCFS_MODE)
         return None

@@ -26,7 +26,7 @@ from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from gputopo.sim.files import atomic_write
+from gputopo.sim.files import PMXCFS_MODE, atomic_write
 from gputopo.sim.pveapi.auth import Auth
 from gputopo.sim.pveapi.guest_config import GuestConfigHandlers
 from gputopo.sim.pveapi.guest_status import GuestStatusHandlers
@@ -152,7 +152,7 @@ class PveApiServer(Auth, Pipeline, NodeHandlers, GuestConfigHandlers, GuestStatu
 
     def write_conf(self, kind: str, vmid: int, text: str) -> None:
         """Place a guest config file (as ``pct create``/``qm create`` would leave it)."""
-        atomic_write(self.conf_path(kind, vmid), text)
+        atomic_write(self.conf_path(kind, vmid), text, PMXCFS_MODE)
 
     def mapping_path(self) -> Path:
         return self.pve_root / "mapping" / "pci.cfg"

@@ -17,7 +17,7 @@ from typing import Any
 
 from gputopo.formats.lxcconf import parse_lxc_conf, write_lxc_conf
 from gputopo.sim import state
-from gputopo.sim.files import atomic_write
+from gputopo.sim.files import PMXCFS_MODE, atomic_write
 from gputopo.sim.pveapi.answers import ApiError, Result, param_error
 from gputopo.sim.pveapi.auth import Caller
 from gputopo.sim.pveapi.guest_config import apply_pending
@@ -106,7 +106,7 @@ class TaskHandlers:
                             raise RuntimeError("you can't start a CT if it's a template")
                         if not conf.pending.is_empty():
                             apply_pending(conf)
-                            atomic_write(self.conf_path(kind, vmid), write_lxc_conf(conf))
+                            atomic_write(self.conf_path(kind, vmid), write_lxc_conf(conf), PMXCFS_MODE)
                 if kind == "qemu":
                     self._qemu_pci_start(vmid, text)
                 if self.hooks is not None and hasattr(self.hooks, "on_guest_start"):
