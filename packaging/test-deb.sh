@@ -41,7 +41,13 @@ listing() {
 
 before=$(mktemp)
 after=$(mktemp)
-trap 'rm -f "$before" "$after"' EXIT
+cleanup() {  # a failed run does not leave the package installed for the next one to trip over
+    rm -f "$before" "$after"
+    if dpkg-query -W -f '${Status}' gputopo 2>/dev/null | grep -q installed; then
+        apt-get remove -y -qq gputopo >/dev/null 2>&1 || true
+    fi
+}
+trap cleanup EXIT
 listing >"$before"
 
 say "installing $(basename "$deb") ($version) with apt, without network"
