@@ -8,10 +8,12 @@ print as one line on stderr and exit with their code; ``--debug`` keeps the trac
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 import click
 
+import gputopo
 from gputopo import __version__
 
 # command name -> "module:attribute" (module relative to gputopo.cli)
@@ -65,8 +67,19 @@ class LazyGroup(click.Group):
         return getattr(mod, attr, None)
 
 
+def _version_message() -> str:
+    """What ``gputopo --version`` prints: the version, then the Python that runs it and the
+    directory gputopo is imported from, so a bug report says which install it came from (the
+    node's .deb under /usr/lib/gputopo, a pipx venv, a checkout)."""
+    python = ".".join(str(n) for n in sys.version_info[:3])
+    where = os.path.dirname(os.path.abspath(gputopo.__file__))
+    # click formats the message with %: a '%' in a path must not be read as a placeholder
+    install = f"Python {python} ({sys.executable})\nrunning from {where}"
+    return "%(prog)s, version %(version)s\n" + install.replace("%", "%%")
+
+
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="gputopo")
+@click.version_option(__version__, prog_name="gputopo", message=_version_message())
 @click.option("--debug", is_flag=True, help="Show tracebacks for expected errors too.")
 @click.pass_context
 def cli(ctx: click.Context, debug: bool) -> None:

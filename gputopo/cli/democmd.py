@@ -27,6 +27,9 @@ from gputopo.cli.params import Finite
               help="Latency scale: 1 = a real server's pace (unbind 1-3 s per GPU, service start 20 s ...).")
 def demo(workdir: str | None, source: str, pace: float) -> None:
     """Split the simulated seed host's GPUs by NUMA node: discover, plan, apply, verify."""
+    from gputopo.cli.simcmd import require_sim_extra
+
+    require_sim_extra("demo")
     from rich.rule import Rule
 
     from gputopo.apply import Timeouts

@@ -12,9 +12,30 @@ from pathlib import Path
 import click
 
 
+def require_sim_extra(command: str) -> None:
+    """Check that the simulated host can run here: its Proxmox API serves HTTPS with a
+    certificate made by the ``cryptography`` package, an optional extra (``gputopo[sim]``)
+    that a node install may leave out.
+
+    Raises UnavailableCommand (one line saying what to install) when it cannot be imported.
+    """
+    try:
+        from cryptography import x509  # noqa: F401  (what gputopo.sim.tls needs)
+    except ImportError as e:
+        from gputopo.errors import UnavailableCommand
+
+        raise UnavailableCommand(command, ModuleNotFoundError(
+            "the simulated host needs the 'cryptography' package for its HTTPS certificate: "
+            "pip install 'gputopo[sim]' (pipx: pipx inject gputopo cryptography)",
+            name="cryptography")) from e
+
+
 @click.group()
 def sim() -> None:
     """A simulated Proxmox VE host: kernel sysfs, Proxmox API, containers and their service."""
+    # Checked for every subcommand, 'create' too: a host made here is only of use served
+    # (sim serve, or --sim DIR on the other commands), and that needs the certificate.
+    require_sim_extra("sim")
 
 
 @sim.command("create")
