@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -22,9 +21,10 @@ import applysim
 from applysim import template  # noqa: F401  (a fixture)
 from gputopo.apply import Timeouts, apply, read_and_plan
 from gputopo.errors import UnfinishedApply
-from gputopo.errors import ApplyFailed, ExecError, JournalError
-from gputopo.apply.journal import JOURNAL_DIR, find_unfinished, list_journals, parse_journal
+from gputopo.errors import ApplyFailed, ExecError
+from gputopo.apply.journal import find_unfinished, list_journals, parse_journal
 from gputopo.ports import ExecResult
+from gputopo.sim import state
 from gputopo.sim.container import break_container
 from gputopo.sim.kernel import SimKernel
 from gputopo.sim.pveapi import PveApiServer
@@ -37,6 +37,8 @@ def new_host(template):
     def make():
         base = Path(tempfile.mkdtemp(prefix="gputopo-fault-", dir=applysim.fast_tmp()))
         h = applysim.copy_host(template, base / "sim")
+        # a service that is activating for a while after each start, as a real one loading a model
+        state.write_state(h.paths.run, "latencies", {"service.start": 0.3})
         made.append((h, base))
         return h
 
@@ -252,107 +254,70 @@ T_HANG = Timeouts(sysfs=0.5, guest=30, exec=10, service=20, poll=0.02)
 
 
 # --- crash: SIGKILL mid-apply, then recover ---------------------------------------------------
+# (tests/test_crash_matrix.py kills at every point; here one point per phase, in the fast set)
+
+DRIVER = Path(__file__).resolve().parent / "crashdriver.py"
 
 
-def _cli(*args, **kw):
+def _drive(host, *args: str, at: str | None = None, count: Path | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return [sys.executable, "-m", "gputopo", *args], env
+    if at:
+        env["GPUTOPO_CRASH_AT"] = at
+    if count:
+        env["GPUTOPO_CRASH_COUNT"] = str(count)
+    return subprocess.run([sys.executable, str(DRIVER), *args, "--sim", str(host.dir)], capture_output=True,
+                          text=True, env=env, timeout=300)
 
 
-def _begun(root: Path) -> set[int]:
-    d = root / JOURNAL_DIR
-    if not d.is_dir():
-        return set()
-    out = set()
-    for p in d.glob("*.jsonl"):
-        try:
-            for r in parse_journal(p.read_text()):
-                if r.type == "begin":
-                    out.add(r.step)
-        except JournalError:
-            pass
-    return out
+def _apply_args(host) -> list[str]:
+    f = host.dir / "spec.yaml"
+    f.write_text(applysim.seed_spec_text(host))
+    return ["apply", "--spec", str(f), "--yes", "--no-verify", "--timeout", "30"]
 
 
-def _slow(host):
-    """Latencies that keep every slow step open long enough to kill it mid-way."""
-    from gputopo.sim import state
-
-    SimKernel(host.paths.root).configure(time_scale=1.0, latency={"nvidia.unbind": 0.25})
-    state.write_state(host.paths.run, "latencies", {"vzshutdown": 0.25, "vzstart": 0.25, "qmshutdown": 0.25,
-                                                    "service.stop": 0.25, "service.start": 0.25})
-
-
-def _fast(host):
-    from gputopo.sim import state
-
-    SimKernel(host.paths.root).configure(time_scale=applysim.SCALE)
-    state.write_state(host.paths.run, "latencies", {})
-
-
-def _kill_at(host, spec_file, step: int) -> int:
-    cmd, env = _cli("apply", "--spec", str(spec_file), "--sim", str(host.dir), "--yes", "--no-verify",
-                    "--timeout", "10")
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
-    deadline = time.monotonic() + 60
+def _first_begin_per_phase(template) -> dict[str, int]:
+    """Phase -> the journal record count right after its first step began (a clean run's trace)."""
+    base = Path(tempfile.mkdtemp(prefix="gputopo-trace-", dir=applysim.fast_tmp()))
+    h = applysim.copy_host(template, base / "sim")
     try:
-        while time.monotonic() < deadline and proc.poll() is None:
-            if step in _begun(host.paths.root):
-                break
-            time.sleep(0.01)
-        assert proc.poll() is None, f"apply ended before step {step + 1} began: {proc.stderr.read().decode()}"
+        out = base / "count.json"
+        assert _drive(h, *_apply_args(h), count=out).returncode == 0
+        records = parse_journal(list_journals(h.paths.root)[-1].read_text())
     finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
-    return proc.returncode
+        h.stop()
+        applysim.cleanup(base)
+    firsts: dict[str, int] = {}
+    for n, r in enumerate(records, 1):
+        if r.type == "begin":
+            firsts.setdefault(r.action.phase, n)
+    return firsts
 
 
-CRASH_STEPS = None  # every step of the plan
-
-
-def test_sigkill_each_step_then_recover_rolls_back(template, new_host):
-    actions = _seed_steps(template)
-    for i, a in enumerate(actions):
-        if CRASH_STEPS is not None and i not in CRASH_STEPS:
-            continue
+def test_sigkill_in_each_phase_then_recover_rolls_back(template, new_host):
+    firsts = _first_begin_per_phase(template)
+    assert set(firsts) == {"prepare", "stop", "switch", "config", "start"}
+    for i, (phase, n) in enumerate(sorted(firsts.items(), key=lambda kv: kv[1])):
         host = new_host()
-        host.ports()
         before = applysim.fingerprint(host)
-        spec_file = host.dir / "spec.yaml"
-        spec_file.write_text(applysim.seed_spec_text(host))
-        _slow(host)
-        assert _kill_at(host, spec_file, i) == -signal.SIGKILL
-        _fast(host)
+        res = _drive(host, *_apply_args(host), at=f"record:{n}")
+        assert res.returncode == -signal.SIGKILL, (phase, res.stderr)
         assert find_unfinished(host.paths.root) is not None
-        if i == 0:
-            cmd, env = _cli("apply", "--spec", str(spec_file), "--sim", str(host.dir), "--yes", "--no-verify")
-            refused = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
+        if i == 0:  # the next apply names what to do
+            refused = _drive(host, *_apply_args(host))
             assert refused.returncode == 2 and "gputopo recover" in refused.stderr, refused.stderr
-        if i == len(actions) - 1:  # once through a separate process, as an operator runs it
-            cmd, env = _cli("recover", "--sim", str(host.dir))
-            rec = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
-            assert rec.returncode == 0, (i, a.describe(), rec.stdout, rec.stderr)
-        else:
-            from gputopo.cli import main
-
-            main(["recover", "--sim", str(host.dir)])
-        assert applysim.diff(before, applysim.fingerprint(host)) == [], (i, a.describe())
+        rec = _drive(host, "recover")
+        assert rec.returncode == 0, (phase, rec.stdout, rec.stderr)
         assert find_unfinished(host.paths.root) is None
+        assert applysim.diff(before, applysim.fingerprint(host)) == [], phase
         host.stop()
 
 
 def test_sigkill_in_switch_then_recover_finish_applies(template, new_host):
-    actions = _seed_steps(template)
-    step = next(i for i, a in enumerate(actions) if a.kind == "rebind")
+    firsts = _first_begin_per_phase(template)
     host = new_host()
-    host.ports()
-    spec_file = host.dir / "spec.yaml"
-    spec_file.write_text(applysim.seed_spec_text(host))
-    _slow(host)
-    _kill_at(host, spec_file, step)
-    _fast(host)
-    cmd, env = _cli("recover", "--sim", str(host.dir), "--finish")
-    rec = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    res = _drive(host, *_apply_args(host), at=f"record:{firsts['switch']}")
+    assert res.returncode == -signal.SIGKILL, res.stderr
+    rec = _drive(host, "recover", "--finish")
     assert rec.returncode == 0, rec.stderr
     assert find_unfinished(host.paths.root) is None
     host.stop()  # the other processes' servers replaced the simulator's TLS files
@@ -360,3 +325,27 @@ def test_sigkill_in_switch_then_recover_finish_applies(template, new_host):
     _, _, p = read_and_plan(applysim.seed_spec(host), ports, str(host.paths.root))
     assert p.is_empty, p.to_text()
     assert applysim.fingerprint(host)["service"][0] == "active"
+
+
+def test_sigkill_after_every_step_while_verifying_leaves_an_applied_host(template, new_host):
+    """Verification is not part of the transaction: killed after the last step (journal closed),
+    or during a verification that may roll back (journal open at Verifying), the host stays
+    applied and recover does not undo it."""
+    host = new_host()
+    args = _apply_args(host)[:-3] + ["--rollback-on-verify-failure", "--timeout", "30"]
+    out = host.dir / "count.json"
+    probe = _drive(host, *args, count=out)
+    assert probe.returncode == 0, probe.stderr
+    recs = parse_journal(list_journals(host.paths.root)[-1].read_text())
+    verifying = next(n for n, r in enumerate(recs, 1) if r.type == "verifying")
+    applied = applysim.fingerprint(host)
+    host.stop()
+
+    host = new_host()
+    res = _drive(host, *args, at=f"record:{verifying}")
+    assert res.returncode == -signal.SIGKILL, res.stderr
+    rec = _drive(host, "recover")
+    assert rec.returncode == 0 and "only the verification was interrupted" in rec.stdout + rec.stderr, rec.stderr
+    assert find_unfinished(host.paths.root) is None
+    assert applysim.diff(applied, applysim.fingerprint(host)) == []
+    host.stop()

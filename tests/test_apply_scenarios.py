@@ -29,6 +29,7 @@ from gputopo.apply.journal import find_unfinished, list_journals, parse_journal
 from gputopo.sim import state
 from gputopo.sim.container import Container, SimExec, write_unit
 from gputopo.sim.host import SERVICE_COMMANDS, SimHost
+from gputopo.sim.files import PMXCFS_MODE
 from gputopo.sim.kernel import SimKernel
 from gputopo.plan.spec import parse_spec
 
@@ -130,7 +131,8 @@ def test_esc8000a_gpu_and_audio_move_together_and_back(new_host, tmp_path):
     _converged(host, back)
     # back where it started, but for the drop-in that now says --tp 4 explicitly
     changed = applysim.diff(before, applysim.fingerprint(host))
-    assert [c.split(":")[0] + ":" + c.split(":")[1] for c in changed] == ["ct:system/sglang.service.d/gputopo.conf"]
+    assert [c.split(":")[0] + ":" + c.split(":")[1] for c in changed] == [
+        "ct:system/sglang.service.d/", "ct:system/sglang.service.d/gputopo.conf"]
 
 
 # --- splits by address and by count, a vLLM service -------------------------------------------
@@ -195,9 +197,11 @@ def test_split_by_count_with_vllm(new_host):
 
 def _add_container(host, vmid: int) -> None:
     """A second container with the control nodes, no GPU and a vLLM unit that is not enabled."""
-    host.paths.lxc_conf(vmid).write_text(
+    conf = host.paths.lxc_conf(vmid)
+    conf.write_text(
         "arch: amd64\ncores: 16\ndev0: /dev/nvidiactl,mode=0666\ndev1: /dev/nvidia-uvm,mode=0666\n"
         f"hostname: llm2\nmemory: 65536\nostype: ubuntu\nrootfs: local-lvm:vm-{vmid}-disk-0,size=100G\nswap: 0\n")
+    conf.chmod(PMXCFS_MODE)  # as every file under /etc/pve reads
     write_unit(host.dir, vmid, "vllm.service",
                "[Unit]\nDescription=vllm\n\n[Service]\nType=simple\nExecStart="
                + SERVICE_COMMANDS["vllm"].format(tp=1) + "\n\n[Install]\nWantedBy=multi-user.target\n",

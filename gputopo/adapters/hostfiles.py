@@ -42,6 +42,7 @@ class RealHostFiles:
         ``owner`` (uid, gid) is set before the rename, so the file never shows another owner."""
         target = self._path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_temps(target)
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
         try:
             with os.fdopen(fd, "w") as f:
@@ -63,9 +64,12 @@ class RealHostFiles:
             os.close(dfd)
 
     def remove(self, path: str) -> None:
-        """Remove the file; a file that is already gone is not an error."""
+        """Remove the file (and what a write of it killed half-way left); a file that is already
+        gone is not an error."""
+        target = self._path(path)
+        _remove_stale_temps(target)
         try:
-            self._path(path).unlink()
+            target.unlink()
         except FileNotFoundError:
             pass
 
@@ -78,3 +82,13 @@ class RealHostFiles:
             self._path(path).rmdir()
         except OSError:
             pass
+
+
+def _remove_stale_temps(target: Path) -> None:
+    """Remove the temp files an earlier write of ``target`` left when it was killed between
+    creating and renaming one (``.<name>.XXXXXXXX`` beside it: only this class makes them)."""
+    try:
+        for p in target.parent.glob(f".{target.name}.*"):
+            p.unlink(missing_ok=True)
+    except OSError:
+        pass

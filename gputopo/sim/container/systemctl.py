@@ -66,6 +66,9 @@ def systemctl(ct: Container, args: list[str]) -> ExecResult:
                 "ActiveState": svc["state"],
                 "SubState": sub,
                 "Result": svc.get("result", "success"),
+                # when it last became active: a restart changes it (the simulator's clock is
+                # wall time in microseconds, systemd's is CLOCK_MONOTONIC; both only grow)
+                "ActiveEnterTimestampMonotonic": str(int(svc.get("started", 0) * 1_000_000)),
                 # systemd joins every Environment= assignment of the unit and its drop-ins
                 "Environment": " ".join(unit.environment) if unit else "",
             }
