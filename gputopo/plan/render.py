@@ -35,6 +35,8 @@ MODPROBE_PATH = "etc/modprobe.d/gputopo-vfio.conf"
 # Every host file the persistence of per-address binding consists of.
 PERSISTENCE_PATHS = (UDEV_RULES_PATH, MODULES_PATH, MODPROBE_PATH)
 VFIO_MODULES = ("vfio", "vfio_iommu_type1", "vfio_pci")
+# The module the GPUs the container keeps are bound to; the modprobe.d hook sits on it.
+NATIVE_DRIVER = "nvidia"
 TEMPLATE_NAMES = (
     "lxc-devices.conf.j2",
     "pci.cfg.j2",
@@ -143,23 +145,26 @@ def render_modules(templates: str | None = None) -> str:
     return _render("modules-vfio.conf.j2", templates, modules=list(VFIO_MODULES))
 
 
-def render_modprobe(addresses: list[str], templates: str | None = None) -> str:
-    """modprobe.d hook: whenever nvidia loads, the VM GPUs' overrides are set first.
+def render_modprobe(addresses: list[str], templates: str | None = None, driver: str = NATIVE_DRIVER) -> str:
+    """modprobe.d hook: whenever ``driver`` (nvidia) loads, the VM GPUs' overrides are set first.
 
     The udev rule alone races: the first GPU's add event can load nvidia, which then probes every
-    unbound GPU, including VM GPUs whose own add event has not run yet.
+    unbound GPU, including VM GPUs whose own add event has not run yet. ``driver`` is the
+    template's ``driver`` variable: the module the hook sits on.
     """
-    return _render("modprobe-vfio.conf.j2", templates, addresses=sorted(addresses))
+    return _render("modprobe-vfio.conf.j2", templates, addresses=sorted(addresses), driver=driver)
 
 
-def persistence_files(addresses: list[str], templates: str | None = None) -> dict[str, str]:
-    """Every boot-time persistence file for binding ``addresses`` to vfio-pci (empty: none)."""
+def persistence_files(addresses: list[str], templates: str | None = None,
+                      driver: str = NATIVE_DRIVER) -> dict[str, str]:
+    """Every boot-time persistence file for binding ``addresses`` to vfio-pci (empty: none);
+    the modprobe.d hook sits on the module ``driver``."""
     if not addresses:
         return {}
     return {
         UDEV_RULES_PATH: render_udev_rules(addresses, templates),
         MODULES_PATH: render_modules(templates),
-        MODPROBE_PATH: render_modprobe(addresses, templates),
+        MODPROBE_PATH: render_modprobe(addresses, templates, driver),
     }
 
 

@@ -43,6 +43,10 @@ class GuestSession:
             pytest.fail(f"guest check {check!r} crashed in the guest:\n{r['error']}")
         return r["data"]
 
+    def unavailable(self, reason: str):
+        """Skip (fail with GPUTOPO_E2E_REQUIRE=1): the guest lacked what a check needs."""
+        _unavailable(reason)
+
 
 def _unavailable(reason: str):
     if os.environ.get("GPUTOPO_E2E_REQUIRE") == "1":
@@ -69,7 +73,7 @@ def guest(tmp_path_factory) -> GuestSession:
     except harness.E2EUnavailable as e:
         _unavailable(str(e))
     out = tmp_path_factory.mktemp("e2e-out")
-    script = harness.python_script([str(CHECKS), str(out)])
+    script = harness.python_script([str(CHECKS), str(out)], env=harness.guest_tools())
     timeout = float(os.environ.get("GPUTOPO_E2E_TIMEOUT", "900"))
     try:
         run = harness.boot(image, script, out, timeout=timeout)

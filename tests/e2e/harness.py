@@ -17,6 +17,8 @@ guest address  device                                      NUMA  why
 =============  ==========================================  ====  ==============================
 00:01.0        VGA 1234:1111 class 030000 (bochs-drm)      -1    root bus has no _PXM
 01:00.0        e1000e behind a root port                   -1    an onboard NIC
+02:00.0        e1000 8086:100e behind a root port          -1    identical pair: a pinned card
+03:00.0        e1000 8086:100e behind a root port          -1    and its twin (guest/persistence.py)
 21:00.0/.1     bochs-display 1234:1111 + ich9-intel-hda    0     GPU + HDMI-audio stand-in,
                                                                  one IOMMU group
 22:00.0/.1     two-function e1000e                         0     shared group, no ACS
@@ -36,7 +38,8 @@ what ``linux-image-amd64`` depends on), ``GPUTOPO_E2E_BUSYBOX`` (a static busybo
 (fail instead of skipping when QEMU or the kernel cannot be had).
 
 Host tools: qemu-system-x86_64, busybox (static), dpkg, apt-get/apt-cache, modprobe + depmod
-(kmod). Debian/Ubuntu packages: qemu-system-x86 busybox-static kmod (dpkg and apt are there).
+(kmod), systemd-udevd + udevadm (the guest runs them and kmod from the shared ``/usr``).
+Debian/Ubuntu packages: qemu-system-x86 busybox-static kmod udev (dpkg and apt are there).
 """
 
 from __future__ import annotations
@@ -61,7 +64,7 @@ REPO = HERE.parent.parent
 MODULES = [
     "vfio", "vfio_iommu_type1", "vfio-pci", "pci-stub",
     "e1000e", "nvme", "virtio_pci", "9p", "9pnet_virtio",
-    "bochs", "virtio-gpu", "snd-hda-intel",
+    "bochs", "virtio-gpu", "snd-hda-intel", "e1000",
 ]
 
 # Files that go into the initramfs; their content is part of the cache key.
@@ -347,12 +350,18 @@ def topology_args(full: bool = True) -> list[str]:
     if not full:
         return []
     args: list[str] = []
-    for i in range(4):  # each NIC gets a dangling hub port: no host networking at all
+    for i in range(6):  # each NIC gets a dangling hub port: no host networking at all
         args += ["-netdev", f"hubport,id=n{i},hubid={i}"]
     devices = [
         "VGA,bus=pcie.0,addr=01.0",
         "pcie-root-port,id=rp00,bus=pcie.0,addr=02.0,chassis=1,slot=1",
         "e1000e,bus=rp00,addr=00.0,netdev=n0,mac=52:54:00:00:00:01",
+        # two identical e1000 cards, each behind its own root port (with I/O space: e1000
+        # needs its I/O BAR): the stand-in pair for boot persistence
+        "pcie-root-port,id=rp03,bus=pcie.0,addr=03.0,chassis=3,slot=3",
+        "e1000,bus=rp03,addr=00.0,netdev=n4,mac=52:54:00:00:00:04",
+        "pcie-root-port,id=rp04,bus=pcie.0,addr=04.0,chassis=4,slot=4",
+        "e1000,bus=rp04,addr=00.0,netdev=n5,mac=52:54:00:00:00:05",
         "pxb-pcie,id=pxb0,bus=pcie.0,addr=08.0,bus_nr=0x20,numa_node=0",
         "pcie-root-port,id=rp0a,bus=pxb0,addr=00.0,chassis=10,slot=10,io-reserve=0",
         "bochs-display,bus=rp0a,addr=00.0,multifunction=on",
@@ -396,6 +405,26 @@ def python_shares() -> list[str]:
     for p in wanted:
         if not _covered(p, out):
             out.append(p)
+    return out
+
+
+def guest_tools() -> dict[str, str]:
+    """Host programs the guest's checks run from the shared directories, as their environment:
+    ``GPUTOPO_E2E_KMOD`` (kmod), ``GPUTOPO_E2E_UDEVD`` and ``GPUTOPO_E2E_UDEVADM`` (udev), each
+    the real path behind the first candidate found. One that is missing, or outside
+    :func:`python_shares`, is left out (the check that needs it reports it unavailable).
+    """
+    shares = python_shares()
+    candidates = {
+        "GPUTOPO_E2E_KMOD": [shutil.which("modprobe"), "/sbin/modprobe", "/usr/sbin/modprobe"],
+        "GPUTOPO_E2E_UDEVD": ["/usr/lib/systemd/systemd-udevd", "/lib/systemd/systemd-udevd"],
+        "GPUTOPO_E2E_UDEVADM": [shutil.which("udevadm"), "/usr/bin/udevadm", "/bin/udevadm"],
+    }
+    out: dict[str, str] = {}
+    for env, paths in candidates.items():
+        found = next((p for p in paths if p and os.access(p, os.X_OK)), None)
+        if found and _covered(os.path.realpath(found), shares):
+            out[env] = os.path.realpath(found)
     return out
 
 

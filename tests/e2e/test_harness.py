@@ -145,3 +145,12 @@ def test_no_qemu_means_unavailable(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(harness.E2EUnavailable, match="qemu-system-x86_64 not found"):
         harness.find_qemu()
+
+
+def test_guest_tools_are_real_paths_inside_the_shares(monkeypatch):
+    monkeypatch.setattr(harness, "python_shares", lambda: ["/nonexistent-share"])
+    assert harness.guest_tools() == {}
+    monkeypatch.setattr(harness, "python_shares", lambda: ["/"])
+    for env, path in harness.guest_tools().items():
+        assert env.startswith("GPUTOPO_E2E_") and os.path.realpath(path) == path
+        assert os.access(path, os.X_OK), env

@@ -419,6 +419,15 @@ def check_replay(out: str) -> dict:
     return {"roles": roles, "before": before, "steps": steps, "after": driver_table()}
 
 
+def check_persistence(out: str) -> dict:
+    """Boot persistence with real kmod and udevd (guest/persistence.py); runs last, as it leaves
+    udev's traces and the stand-in driver's state behind."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import persistence
+
+    return persistence.check_persistence(out)
+
+
 CHECKS = {
     "discover": check_discover,
     "snapshot": check_snapshot,
@@ -428,6 +437,7 @@ CHECKS = {
     "replay": check_replay,
     "conformance": check_conformance,
     "scenarios": check_scenarios,
+    "persistence": check_persistence,
 }
 
 
