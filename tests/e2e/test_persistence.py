@@ -2,9 +2,12 @@
 guest's /etc and run by real kmod and real systemd-udevd (guest/persistence.py says how).
 
 The pinned card must sit on vfio-pci and its identical twin on the native driver after a boot's
-coldplug, after the driver's first ``modprobe``, and after a PCI rescan. The xfail markers name
-what the real kernel and kmod showed the rendered files to miss; they are strict, so a fix that
-makes a test pass fails it until its marker goes.
+coldplug, after the driver's first ``modprobe``, and after a PCI rescan (also when udev runs only
+after the kernel probed the re-added card). What the real kernel and kmod showed earlier versions
+of the files to miss, and the rendered files now handle: kmod ignores an ``install`` command of a
+module that also has a ``softdep`` (modprobe.d(5)); setting ``driver_override`` probes nothing by
+itself while vfio-pci is already loaded; the kernel sends a device's add event before it probes it
+and does not wait for udev, so the native driver can win a rescan.
 """
 
 from __future__ import annotations
@@ -64,19 +67,12 @@ def test_guest_ran_the_rendered_files_through_real_kmod_and_udevd(guest):
 
 
 @pytest.mark.e2e
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "the rule sets driver_override at the add event, but vfio-pci, loaded from modules-load.d "
-    "before coldplug, is not probed again, so the pinned card stays unbound"))
 def test_boot_coldplug_puts_the_pinned_card_on_vfio_pci(guest):
     d = _data(guest)
     assert d["steps"]["coldplug"] == _want(d)
 
 
 @pytest.mark.e2e
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "kmod ignores an install command of a module that also has a softdep (modprobe.d(5): softdep "
-    "takes precedence; kmod's __kmod_module_fill_softdep sets ignorecmd), so the hook never runs; "
-    "and setting driver_override alone probes nothing while vfio-pci is already loaded"))
 def test_first_modprobe_of_the_driver_puts_the_pinned_card_on_vfio_pci(guest):
     d = _data(guest)
     assert d["modprobe_rc"] == 0, d["log"]
@@ -84,9 +80,6 @@ def test_first_modprobe_of_the_driver_puts_the_pinned_card_on_vfio_pci(guest):
 
 
 @pytest.mark.e2e
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "an add-only udev rule loses when udev runs after the kernel probed the re-added card: "
-    "the pinned card lands on the native driver"))
 def test_pci_rescan_puts_the_pinned_card_back_on_vfio_pci(guest):
     d = _data(guest)
     steps = d["steps"]
