@@ -42,7 +42,7 @@ def test_snapshot_keeps_links_and_skips_bars_secrets(fresh_host, tmp_path):
     (dev / "config").write_bytes((dev / "config").read_bytes() + b"\x01" * 3840)  # 4 KiB like PCIe
     (r / "proc/4242/fd").mkdir(parents=True)
     (r / "proc/4242/environ").write_text("PASSWORD=hunter2")
-    (r / "etc").mkdir()
+    (r / "etc").mkdir(exist_ok=True)
     (r / "etc/shadow").write_text("root:x")
     out = tmp_path / "s.tar.gz"
     snapshot(r, out)
