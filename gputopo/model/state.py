@@ -35,6 +35,8 @@ class MappingState(_M):
 class GuestState(_M):
     status: Literal["running", "stopped"] = "stopped"
     hostpci: list[str] = Field(default_factory=list)
+    config: dict[str, Any] = Field(
+        default_factory=dict, description="As GET .../qemu/{vmid}/config returns it (pending merged in, digest)")
 
 
 class CurrentState(_M):
