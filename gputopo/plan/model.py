@@ -119,7 +119,7 @@ class Plan(_M):
         for mid, m in sorted(self.mappings.items()):
             lines.append(f"Mapping {mid}: {len(m.map)} device(s)")
         for vm in self.vms:
-            nodes = ",".join(map(str, vm.numa_nodes)) or "unknown"
+            nodes = ",".join(map(str, vm.numa_nodes)) or ("unknown" if vm.gpus else "-")
             lines.append(f"VM {vm.vmid}: {vm.gpus} GPU(s) from {vm.mapping}, NUMA node {nodes}")
             lines += [f"  - {n}" for n in vm.notes]
         if self.warnings:

@@ -38,7 +38,8 @@ class VmConsumer(BaseModel):
     when_gpus_leave: Literal["refuse", "remove", "repoint"] = Field(
         "refuse", description=(
             "When GPUs of its mapping go to a container: refuse the plan, remove the hostpciN lines of the "
-            "GPUs that left, or repoint every line to repoint_to"))
+            "GPUs that left, or repoint every line to repoint_to. With remove or repoint, a mapping with fewer "
+            "GPUs than asked is a warning (the VM gets what is there), not a refusal"))
     repoint_to: str | None = Field(None, pattern=MAPPING_ID_PATTERN, description="The mapping for 'repoint'")
     start: bool = Field(False, description="The VM should run: apply starts it when it is stopped")
     verify_guest: bool = Field(

@@ -100,7 +100,7 @@ def _run(rt: dict[str, Any], argv: list[str]) -> ExecResult:
     if prog == "true":
         return ExecResult(0)
     raise AgentError(f"Agent error: Guest agent command failed, error was 'Failed to execute child process "
-                     f"\u201c{argv[0]}\u201d (No such file or directory)'")
+                     f"\"{argv[0]}\" (No such file or directory)'")
 
 
 def nvidia_smi(rt: dict[str, Any], args: list[str]) -> ExecResult:
