@@ -213,6 +213,15 @@ def test_reverse_split_with_the_vm_running_on_the_mapping_is_refused_naming_vm_a
                         "(0000:81:00.0, 0000:91:00.0, 0000:e1:00.0, 0000:f1:00.0 to container 101)")
 
 
+def test_read_from_files_a_vm_may_be_running_and_the_plan_says_so(facts):
+    f2, c2 = split_then(facts, spec_text(extra="      guests: [201]\n"), current(facts, status="running"))
+    c2.guest_status_known = False  # Proxmox's files cannot tell: every guest counts as running
+    back = spec_text(container="numa: [0, 1]", extra="      guests: [201]\n").replace("gpus: {numa: [1]}", "gpus: rest")
+    (r,) = refused(f2, back, c2)
+    assert r.startswith("VM 201 may be running (Proxmox's files cannot tell: plan with --local or --api-url to know) "
+                        "with mapping pro6000-vm (hostpci0)")
+
+
 def test_reverse_split_removes_the_consumers_lines_and_never_starts_it_on_container_gpus(facts):
     consumer = "vmid: 201\nmapping: pro6000-vm\nwhen_gpus_leave: remove"
     f2, c2 = split_then(facts, spec_text(consumer), current(facts, status="running"))

@@ -70,3 +70,14 @@ def test_schema_documents_the_vm_entries():
     props = schema["$defs"]["VmConsumer"]["properties"]
     assert {"vmid", "mapping", "gpus", "pcie", "x-vga", "rombar", "affinity", "numa", "hugepages", "mmio64_mb",
             "when_gpus_leave", "repoint_to", "start", "verify_guest"} == set(props)
+
+
+def test_init_writes_a_consumer_for_vm(materialized, capsys):
+    from gputopo.cli import main
+
+    assert main(["init", "--root", str(materialized("seed")), "--vm", "201"]) is None
+    spec = parse_spec(capsys.readouterr().out)
+    (c,) = spec.nodes[0].vms.consumers
+    assert (c.vmid, c.mapping, c.when_gpus_leave, c.start, c.verify_guest) == (201, "pro6000-vm", "remove", True, True)
+    assert main(["init", "--root", str(materialized("seed"))]) is None
+    assert parse_spec(capsys.readouterr().out).nodes[0].vms.consumers == []

@@ -166,6 +166,7 @@ def read_current(
             )
     elif pve_root is not None and Path(pve_root).is_dir():
         base = Path(pve_root)
+        state.guest_status_known = False
         for c in spec_node.containers:
             text = _read_text(base / "nodes" / name / "lxc" / f"{c.vmid}.conf")
             if text is not None:

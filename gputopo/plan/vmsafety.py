@@ -108,8 +108,10 @@ def check_guests(current: CurrentState, view: MapView, handled: set[int], restar
             if g.status == "running" and leaving:
                 refused.add(vmid)
                 verb = "would be stopped and could not start again" if vmid in restarts else "holds them"
+                runs = ("is running" if current.guest_status_known else
+                        "may be running (Proxmox's files cannot tell: plan with --local or --api-url to know)")
                 refusals.append(Refusal(None, (
-                    f"VM {vmid} is running with mapping {mid} ({key}), whose GPU(s) go to a container "
+                    f"VM {vmid} {runs} with mapping {mid} ({key}), whose GPU(s) go to a container "
                     f"({owners_text(leaving)}): it {verb}; list it in vms.consumers with when_gpus_leave: "
                     "remove or repoint, or shut it down and change its hostpci lines"), "vm-mapping"))
                 break

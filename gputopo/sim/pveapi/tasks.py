@@ -3,8 +3,8 @@
 A task finishes on a timer after its latency (``latencies`` in the run dir; settable per task
 type), or when its status is read after it was due. Its effect runs once: a container start
 applies pending changes and boots the container (hooks), a VM start does Proxmox's PCI
-passthrough and the rest of qemu-server's start (:mod:`gputopo.sim.pveapi.qemu_vm`); an injected fault or a hook's exception fails
-the task with its message.
+passthrough and the rest of qemu-server's start (:mod:`gputopo.sim.pveapi.qemu_vm`); an injected
+fault or a hook's exception fails the task with its message.
 """
 
 from __future__ import annotations
