@@ -36,7 +36,8 @@ def read_node_guests(pve_root: str | Path, node: str) -> CurrentState:
     :class:`gputopo.errors.PveFormatError` naming the value.
     """
     base = Path(pve_root)
-    state = CurrentState(guest_status_known=False)
+    # read from files, a guest's status is unknown (nothing read: nothing to know)
+    state = CurrentState(guest_status_known=not (base / "nodes" / node).is_dir())
     nodedir = base / "nodes" / node
     for vmid, text in _confs(nodedir / "lxc"):
         state.containers[vmid] = ContainerState(config=config_from_lxc_text(text), status="running")
