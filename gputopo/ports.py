@@ -94,6 +94,23 @@ class ProxmoxPort(Protocol):
 
     def qemu_config(self, vmid: int) -> dict[str, Any]: ...
 
+    def qemu_update(self, vmid: int, set: dict[str, str], delete: list[str], digest: str) -> None:
+        """PUT .../qemu/{vmid}/config: ``set`` keys, ``delete`` keys, guarded by ``digest``."""
+        ...
+
+    def agent_ping(self, vmid: int) -> None:
+        """POST .../qemu/{vmid}/agent/ping. Raises ProxmoxError when no guest agent answers."""
+        ...
+
+    def agent_exec(self, vmid: int, argv: list[str]) -> int:
+        """POST .../qemu/{vmid}/agent/exec: start ``argv`` in the guest; returns its pid."""
+        ...
+
+    def agent_exec_status(self, vmid: int, pid: int) -> dict[str, Any]:
+        """GET .../qemu/{vmid}/agent/exec-status: ``exited`` (0/1) and, once exited, ``exitcode``,
+        ``out-data``, ``err-data``."""
+        ...
+
     def lxc_interfaces(self, vmid: int) -> list[dict[str, Any]]:
         """GET .../lxc/{vmid}/interfaces: the running container's interfaces (``name``, ``hwaddr``,
         ``inet`` as ``10.0.0.5/24``, ...); [] when it is stopped (Proxmox answers null)."""

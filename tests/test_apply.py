@@ -434,7 +434,12 @@ def test_reverse_split_gives_every_gpu_back_with_tp_8_and_verifies(host):
     assert "--tp 8" in dropin.read_text()
 
     report = res.verify
-    assert report.ok and {c.status for c in report.checks} == {"PASS"}, report.to_text()
+    statuses = {c.name: c.status for c in report.checks}
+    # pro6000, the container's mapping from before that the spec does not manage, lists its GPUs
+    # and no VM uses it: a warning (a VM using it could be given a container GPU)
+    assert statuses.pop("vm") == "WARN", report.to_text()
+    assert report.check("vm").summary.startswith("mapping pro6000 lists container GPU(s) 0000:01:00.0 (CT 101)")
+    assert report.ok and set(statuses.values()) == {"PASS"}, report.to_text()
     assert report.check("container").details["101"]["seen"] == sorted(minors)
     assert report.check("service").details["101"]["tp"] == 8
     assert apply(spec, ports, root=root).status == "no-changes"
@@ -541,7 +546,8 @@ def test_cli_apply_ends_with_verify_and_rolls_back_on_its_failure(host):
 
     heal_container(host.dir, 101)
     res = CliRunner().invoke(cli, ["verify", "--spec", str(spec_file), "--sim", str(host.dir)])
-    assert res.exit_code == 0 and "all clear: 7 PASS" in res.output, res.output
+    # the seed's old mapping pro6000 still lists the container's GPUs (the spec does not manage it)
+    assert res.exit_code == 0 and "all clear: 6 PASS, 1 WARN (vm)" in res.output, res.output
 
 
 def test_gpus_going_back_to_nvidia_need_the_nvidia_driver_loaded(host):

@@ -1,5 +1,6 @@
 """The README's main command and the plan/diff story on the simulated seed host."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,9 +20,21 @@ def test_demo_ends_split_verified_and_converged(tmp_path: Path):
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     out = run.stdout
-    assert "all clear: 7 PASS" in out
+    assert "all clear: 8 PASS" in out
     for line in SEED_LINES:  # the operator's own nvidia-smi lines, from inside the container
         assert line in out
+    # VM 201 runs on the four GPUs of NUMA node 1, pinned there; its guest's nvidia-smi lists them
+    guest = out.split("inside VM 201 (QEMU guest agent):", 1)[1].split("a second plan")[0]
+    assert len([ln for ln in guest.splitlines() if "RTX PRO 6000 Blackwell" in ln]) == 4, guest
+    assert re.search(r"│ guest\s+│ PASS\s+│ VM 201: the guest's nvidia-smi lists its 4 GPU\(s\)", out), out
+    # pinned to NUMA node 1: the CPUs its QEMU process may run on, as the kernel shows them
+    root = tmp_path / "d/sim/root"
+    pid = (root / "run/qemu-server/201.pid").read_text().strip()
+    assert "Cpus_allowed_list:\t64-127,192-255\n" in (root / "proc" / pid / "status").read_text()
+    conf = (tmp_path / "d/sim/pve/nodes/pve1/qemu-server/201.conf").read_text()
+    assert [ln for ln in conf.splitlines() if ln.startswith("hostpci")] == [
+        f"hostpci{i}: mapping=pro6000-vm,pcie=1" for i in range(4)]
+    assert "affinity: 64-127,192-255\n" in conf
     assert "a second plan: No changes" in out
     # the state of the design notes: the mapping split and --tp 4
     pci = (tmp_path / "d/sim/pve/mapping/pci.cfg").read_text()

@@ -19,12 +19,13 @@ import pytest
 
 from gputopo.facts.discover import discover
 from gputopo.errors import PlanRefused
-from gputopo.model.state import ContainerState, CurrentState, MappingState, ServiceState
+from gputopo.model.state import ContainerState, CurrentState, GuestState, MappingState, ServiceState
 from gputopo.plan.planner import expected_after, plan
 from gputopo.formats.devn import format_dev
 from gputopo.plan.mappings import map_entry
 from gputopo.formats.lxcconf import validate_lxc_conf
 from gputopo.formats.pcicfg import validate_pci_cfg
+from gputopo.formats.qemuconf import QemuConf, validate_qemu_conf, write_qemu_conf
 from gputopo.plan.render import render
 from gputopo.plan.spec import parse_spec
 from gputopo.plan.starter import spec_from_split
@@ -70,6 +71,8 @@ def planned(p, spec, facts) -> dict[str, str]:
             assert validate_lxc_conf(text, allow_description=False) == [], rel
         if rel == "pve/mapping/pci.cfg":
             assert validate_pci_cfg(text) == [], rel
+        if rel.startswith("pve/qemu-server/"):
+            assert validate_qemu_conf(text, allow_description=False, at_start=False) == [], rel
         out[f"files/{rel}"] = text
     return out
 
@@ -187,6 +190,74 @@ def numa_unknown(hosts):
     p = plan(facts, spec, CurrentState())
     assert sum("NUMA node unknown" in w for w in p.warnings) == 2
     return planned(p, spec, facts)
+
+
+# --- VMs as consumers of a mapping ----------------------------------------------------------------
+
+VM_201 = {"agent": "1", "bios": "ovmf", "boot": "order=scsi0", "cores": "32", "cpu": "host",
+          "efidisk0": "local-lvm:vm-201-disk-1,efitype=4m,pre-enrolled-keys=1,size=4M",
+          "hostpci0": "mapping=pro6000-vm,pcie=1", "hostpci1": "0000:22:00.0", "machine": "q35", "memory": "131072",
+          "name": "gpu-vm", "numa": "1", "ostype": "l26", "scsi0": "local-lvm:vm-201-disk-0,iothread=1,size=100G",
+          "scsihw": "virtio-scsi-single", "sockets": "1"}
+CONSUMER = """      consumers:
+        - vmid: 201
+          mapping: pro6000-vm
+          hugepages: 1024
+          when_gpus_leave: remove
+          start: true
+"""
+
+
+def vm_current(facts, status: str = "stopped") -> CurrentState:
+    cur = seed_current(facts)
+    cur.guests[201] = GuestState(status=status, config={**VM_201, "digest": "2" * 40},
+                                 hostpci=[VM_201["hostpci0"], VM_201["hostpci1"]])
+    return cur
+
+
+def whole_vm_config(p, facts, cur, vmid: int = 201) -> dict[str, str]:
+    """The VM's whole config once ``p`` is applied, written as qemu-server writes it, checked
+    with everything qemu-server would refuse (at the VM's start too)."""
+    _, after = expected_after(p, facts, cur)
+    text = write_qemu_conf(QemuConf(options={k: str(v) for k, v in after.guests[vmid].config.items()
+                                             if k != "digest"}))
+    assert validate_qemu_conf(text) == [], text
+    return {f"after/pve/qemu-server/{vmid}.conf": text}
+
+
+@scenario("seed-vm-consumer")
+def seed_vm_consumer(hosts):
+    facts = hosts("seed")
+    spec = parse_spec(SEED_SPEC + CONSUMER)
+    cur = vm_current(facts)
+    p = plan(facts, spec, cur)
+    return {**planned(p, spec, facts), **whole_vm_config(p, facts, cur)}
+
+
+@scenario("seed-vm-reverse")
+def seed_vm_reverse(hosts):
+    # the split applied with VM 201 running on its four GPUs, then every GPU back to the container
+    facts = hosts("seed")
+    split = parse_spec(SEED_SPEC + CONSUMER)
+    cur = vm_current(facts, status="running")
+    f2, c2 = expected_after(plan(facts, split, cur), facts, cur)
+    back = parse_spec(SEED_SPEC.replace("{numa: [0]}", "{numa: [0, 1]}").replace("{numa: [1]}", "rest") + CONSUMER)
+    p = plan(f2, back, c2)
+    return {**planned(p, back, f2), **whole_vm_config(p, f2, c2)}
+
+
+@scenario("seed-vm-refused")
+def seed_vm_refused(hosts):
+    facts = hosts("seed")
+    cur = vm_current(facts)
+    cur.guests[202] = GuestState(config={**VM_201, "bios": "seabios", "machine": "pc-i440fx-9.0"})
+    cur.guests[203] = GuestState(config={**VM_201, "args": "-smbios 'type=0"})
+    consumers = "".join(f"        - {{vmid: {v}, mapping: pro6000-vm, gpus: {n}}}\n"
+                        for v, n in ((202, 1), (203, 4), (204, 1), (201, 5)))
+    spec = parse_spec(SEED_SPEC + "      consumers:\n" + consumers)
+    with pytest.raises(PlanRefused) as e:
+        plan(facts, spec, cur)
+    return {"plan.txt": "".join(f"refused: {r}\n" for r in e.value.refusals)}
 
 
 # --- the tests ------------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from gputopo.actions.hostfile import RemoveHostFile, WriteHostFile
 from gputopo.actions.mapping import DeleteMapping, SetMapping
 from gputopo.actions.rebind import NVIDIA, VFIO, Rebind
 from gputopo.actions.service import StartService, StopService
+from gputopo.actions.vmconfig import UpdateVmConfig
 
 Action = Annotated[Union[tuple(action_kinds().values())], Field(discriminator="kind")]  # type: ignore[valid-type]
 ACTION = TypeAdapter(Action)
@@ -41,6 +42,6 @@ __all__ = [
     "ACTION", "NVIDIA", "PHASES", "UNDO_RANK", "VFIO", "Action", "ActionModel", "DeleteMapping",
     "DiffArea", "DiffContext", "Holder", "Phase", "PreflightContext", "Rebind", "RemoveHostFile",
     "RunningBefore", "SetMapping", "StartGuest", "StartService", "StepContext", "StopGuest",
-    "StopService", "Timeouts", "UpdateContainer", "World", "WriteHostFile", "WriteServiceDropin",
+    "StopService", "Timeouts", "UpdateContainer", "UpdateVmConfig", "World", "WriteHostFile", "WriteServiceDropin",
     "action_class", "action_kinds",
 ]

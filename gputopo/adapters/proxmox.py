@@ -127,6 +127,37 @@ class ProxmoxClient(ABC):
     def qemu_config(self, vmid: int) -> dict[str, Any]:
         return self._call("GET", f"{self._n()}/qemu/{vmid}/config")
 
+    def qemu_update(self, vmid: int, set: dict[str, str], delete: list[str], digest: str) -> None:
+        """PUT the VM config (synchronous): ``set`` keys, ``delete`` keys, guarded by ``digest``.
+
+        Raises ProxmoxError.
+        """
+        params: dict[str, Any] = {k: wire_value(v) for k, v in set.items()}
+        if delete:
+            params["delete"] = ",".join(delete)
+        params["digest"] = digest
+        out = self._call("PUT", f"{self._n()}/qemu/{vmid}/config", **params)
+        self._check_null(out, f"PUT {self._n()}/qemu/{vmid}/config")
+
+    def agent_ping(self, vmid: int) -> None:
+        """POST .../agent/ping. Raises ProxmoxError when the VM has no agent, is not running or its
+        agent does not answer (qemu-server waits 3 s for ``guest-ping``)."""
+        self._call("POST", f"{self._n()}/qemu/{vmid}/agent/ping")
+
+    def agent_exec(self, vmid: int, argv: list[str]) -> int:
+        """POST .../agent/exec with ``command`` as an array (one form field per word); the pid.
+
+        Raises ProxmoxError, also when the answer carries no pid.
+        """
+        out = self._call("POST", f"{self._n()}/qemu/{vmid}/agent/exec", command=list(argv))
+        if not isinstance(out, dict) or "pid" not in out:
+            raise ProxmoxError(f"POST {self._n()}/qemu/{vmid}/agent/exec", None, f"no pid in the answer {str(out)[:80]!r}")
+        return int(out["pid"])
+
+    def agent_exec_status(self, vmid: int, pid: int) -> dict[str, Any]:
+        """GET .../agent/exec-status?pid=N: ``exited`` and, once exited, ``exitcode``, ``out-data``."""
+        return self._call("GET", f"{self._n()}/qemu/{vmid}/agent/exec-status", pid=pid)
+
     def lxc_interfaces(self, vmid: int) -> list[dict[str, Any]]:
         """GET .../lxc/{vmid}/interfaces; [] for a stopped container (Proxmox answers null)."""
         return self._call("GET", f"{self._n()}/lxc/{vmid}/interfaces") or []

@@ -46,6 +46,7 @@ _QUICK_OPTIONS = {
     "nodes[0].containers[0].service.unit": "--service-unit",
     "nodes[0].containers[0].service.tp_flag": "--tp-flag",
     "nodes[0].vms.mappings[0].name": "--vm-mapping",
+    "nodes[0].vms.consumers[0].vmid": "--vm",
 }
 
 
@@ -161,15 +162,17 @@ TEMPLATES_HELP = "Directory whose templates override the built-ins by name."
               help="The inference service's systemd unit in the container.")
 @click.option("--tp-flag", default="--tp", show_default=True,
               help="The service's tensor-parallel flag (vLLM: --tensor-parallel-size).")
+@click.option("--vm", type=int, default=None,
+              help="A VM that takes the VM mapping's GPUs (its hostpciN lines, NUMA pinning, MMIO window).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write here (default stdout).")
-def init(conn: Connection, split, container, vm_mapping, container_mapping, service_unit, tp_flag, output):
+def init(conn: Connection, split, container, vm_mapping, container_mapping, service_unit, tp_flag, vm, output):
     """Write a commented starter spec for this host (exit 2 for an option the spec would refuse,
     or a host that cannot be split that way)."""
     from gputopo.plan.starter import init_spec
 
     facts = _facts(host_root(conn))
     options = dict(split=split, container=container, vm_mapping=vm_mapping, container_mapping=container_mapping,
-                   node=conn.node, service_unit=service_unit, tp_flag=tp_flag)
+                   node=conn.node, service_unit=service_unit, tp_flag=tp_flag, vm=vm)
     _quick_spec(facts, **options)  # the starter must be a spec plan accepts: check the options first
     text = init_spec(facts, **options)
     if output:

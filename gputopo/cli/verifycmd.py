@@ -23,7 +23,11 @@ STYLE = {"PASS": "bold green", "WARN": "bold yellow", "FAIL": "bold red"}
               help="Seconds for the inference probe (default: the spec's verify.timeout).")
 @click.option("--strict", is_flag=True, help="A WARN fails too (exit 1).")
 @click.option("--json", "as_json", is_flag=True, help="The report as JSON.")
-def verify(spec_file: str, conn: Connection, http_timeout: float | None, strict: bool, as_json: bool) -> None:
+@click.option("--start-vms", is_flag=True,
+              help="Check every VM of vms.consumers from inside: start it if stopped, run nvidia-smi through its "
+                   "guest agent, compare its GPUs, stop it again.")
+def verify(spec_file: str, conn: Connection, http_timeout: float | None, strict: bool, as_json: bool,
+           start_vms: bool) -> None:
     """Check the host against the spec from fresh facts: converged, VM side, container side,
     memory balance, service, inference and platform.
 
@@ -38,7 +42,8 @@ def verify(spec_file: str, conn: Connection, http_timeout: float | None, strict:
     default_node = spec.nodes[0].name if len(spec.nodes) == 1 else None
     ports = build_ports(conn, default_node=default_node)
     try:
-        report = run_verify(spec, ports, root=root, http_timeout=http_timeout, strict=strict, node=conn.node)
+        report = run_verify(spec, ports, root=root, http_timeout=http_timeout, strict=strict, node=conn.node,
+                            start_vms=start_vms)
     finally:
         ports.close()
     if as_json:

@@ -28,6 +28,7 @@ from gputopo.plan.select import pick_node
 from gputopo.ports import ExecPort, HostFilesPort, ProxmoxPort
 from gputopo.formats.lxcconf import parse_lxc_conf
 from gputopo.formats.pcicfg import parse_pci_cfg
+from gputopo.formats.qemuconf import parse_qemu_conf
 from gputopo.formats.propstring import sha1_digest
 from gputopo.plan.render import PERSISTENCE_PATHS, dropin_path, parse_tp
 from gputopo.plan.spec import Spec
@@ -56,6 +57,20 @@ def hostpci_values(config: dict[str, Any]) -> list[str]:
     """The ``hostpciN`` values of a VM config, in index order."""
     keys = sorted((k for k in config if re.fullmatch(r"hostpci\d+", k)), key=lambda k: int(k[7:]))
     return [str(config[k]) for k in keys]
+
+
+def config_from_qemu_text(text: str) -> dict[str, Any]:
+    """A VM config as the API's GET .../qemu/{vmid}/config returns it: keys with pending values
+    merged in and pending deletions removed, the description, the digest."""
+    conf = parse_qemu_conf(text)
+    out: dict[str, Any] = dict(conf.options)
+    out.update({k: v for k, v in conf.pending.items() if k != "delete"})
+    for key in conf.pending_delete:
+        out.pop(key, None)
+    if conf.description is not None:
+        out["description"] = conf.description
+    out["digest"] = sha1_digest(text)
+    return out
 
 
 def mappings_from_pci_cfg(text: str) -> dict[str, MappingState]:
@@ -108,7 +123,8 @@ def read_current(
     spec_node = pick_node(spec, facts, node)
     name = spec_node.name
     state = CurrentState()
-    vm_ids = list(spec_node.vms.guests)
+    # every VM of the node: a VM the spec does not name can still use a mapping whose GPUs move
+    named = [*spec_node.vms.guests, *(c.vmid for c in spec_node.vms.consumers)]
 
     if proxmox is not None:
         for c in spec_node.containers:
@@ -124,19 +140,19 @@ def read_current(
             state.mappings[m["id"]] = MappingState(
                 map=list(m.get("map") or []), description=m.get("description"), digest=m.get("digest")
             )
-        if not vm_ids:
-            vm_ids = [int(g["vmid"]) for g in proxmox.list_guests("qemu")]
-        for vmid in vm_ids:
+        listed = {int(g["vmid"]): g.get("status") for g in proxmox.list_guests("qemu")}
+        for vmid in sorted(set(listed) | set(named)):
             try:
                 cfg = proxmox.qemu_config(vmid)
             except ProxmoxError:
                 continue
-            status = proxmox.guest_status("qemu", vmid)
+            status = listed.get(vmid) or proxmox.guest_status("qemu", vmid)
             state.guests[vmid] = GuestState(
-                status="running" if status == "running" else "stopped", hostpci=hostpci_values(cfg)
+                status="running" if status == "running" else "stopped", hostpci=hostpci_values(cfg), config=cfg
             )
     elif pve_root is not None and Path(pve_root).is_dir():
         base = Path(pve_root)
+        state.guest_status_known = False
         for c in spec_node.containers:
             text = _read_text(base / "nodes" / name / "lxc" / f"{c.vmid}.conf")
             if text is not None:
@@ -145,12 +161,12 @@ def read_current(
         if text is not None:
             state.mappings = mappings_from_pci_cfg(text)
         qdir = base / "nodes" / name / "qemu-server"
-        if not vm_ids and qdir.is_dir():
-            vm_ids = sorted(int(p.stem) for p in qdir.glob("*.conf") if p.stem.isdigit())
-        for vmid in vm_ids:
+        found = sorted(int(p.stem) for p in qdir.glob("*.conf") if p.stem.isdigit()) if qdir.is_dir() else []
+        for vmid in sorted(set(found) | set(named)):
             text = _read_text(qdir / f"{vmid}.conf")
             if text is not None:
-                state.guests[vmid] = GuestState(status="running", hostpci=hostpci_values(config_from_lxc_text(text)))
+                cfg = config_from_qemu_text(text)
+                state.guests[vmid] = GuestState(status="running", hostpci=hostpci_values(cfg), config=cfg)
 
     if exec is not None:
         for c in spec_node.containers:

@@ -3,7 +3,7 @@
 Read-only. Every function takes the host ``root`` (a directory holding ``sys/``, ``proc/``,
 ``dev/``); nothing hard-codes ``/sys``. The parts are read where they live:
 :mod:`gputopo.facts.pci` (one PCI function), :mod:`gputopo.facts.host` (modules, IOMMU, NUMA,
-SEV-SNP, the driver version), :mod:`gputopo.facts.names` (model names) and
+SEV-SNP, the driver version), :mod:`gputopo.facts.names` (model names), :mod:`gputopo.facts.bars` (BAR sizes) and
 :mod:`gputopo.facts.procfs` (processes holding device nodes); this module picks the GPUs and
 NVSwitches and puts each one together.
 
@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Literal
 
 from gputopo.errors import InputError
+from gputopo.facts.bars import read_bars
 from gputopo.facts.files import addresses_in, read_text, sorted_addresses, stripped
 from gputopo.facts.host import IOMMU_GROUPS, NODE_DIR, numa_from_cpulist, read_groups, read_host_facts, read_numa
 from gputopo.facts.names import load_pci_names
@@ -248,6 +249,7 @@ def discover(
             g.iommu_members = _group_members(rd, addr, members_of.get(g.iommu_group, []), ids, name_of)
         g.functions = [a for a in by_slot[slot_of(addr)] if a != addr]
         _fill_gpu(g, rd, name)
+        g.bars = read_bars(rd, name)
         _add_nvidia_information(g, root_s, nv_dirs.get(addr), warnings)
         gpus.append(g)
 

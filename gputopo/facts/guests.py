@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gputopo.facts.current import config_from_lxc_text, hostpci_values, mappings_from_pci_cfg
+from gputopo.facts.current import config_from_lxc_text, config_from_qemu_text, hostpci_values, mappings_from_pci_cfg
 from gputopo.model.state import ContainerState, CurrentState, GuestState
 
 
@@ -36,12 +36,14 @@ def read_node_guests(pve_root: str | Path, node: str) -> CurrentState:
     :class:`gputopo.errors.PveFormatError` naming the value.
     """
     base = Path(pve_root)
-    state = CurrentState()
+    # read from files, a guest's status is unknown (nothing read: nothing to know)
+    state = CurrentState(guest_status_known=not (base / "nodes" / node).is_dir())
     nodedir = base / "nodes" / node
     for vmid, text in _confs(nodedir / "lxc"):
         state.containers[vmid] = ContainerState(config=config_from_lxc_text(text), status="running")
     for vmid, text in _confs(nodedir / "qemu-server"):
-        state.guests[vmid] = GuestState(status="running", hostpci=hostpci_values(config_from_lxc_text(text)))
+        cfg = config_from_qemu_text(text)
+        state.guests[vmid] = GuestState(status="running", hostpci=hostpci_values(cfg), config=cfg)
     try:
         text = (base / "mapping" / "pci.cfg").read_text()
     except (OSError, UnicodeDecodeError):

@@ -178,6 +178,22 @@ class Link(Model):
     max_width: int | None = None
 
 
+BarKind = Literal["mem32", "mem64", "io", "rom"]
+
+
+class Bar(Model):
+    """One non-empty region of a PCI function, from sysfs ``resource`` (one line per region:
+    start, end and the kernel's resource flags, in hex). ``index`` 0-5 are the BARs, 6 the
+    expansion ROM; ``size`` = end - start + 1."""
+
+    index: int
+    kind: BarKind = Field(description="mem32, mem64 (a 64-bit memory BAR), io or rom")
+    prefetchable: bool = False
+    start: int
+    size: int
+    flags: int = Field(description="The kernel's IORESOURCE_* flags as sysfs prints them")
+
+
 class Gpu(PciFunction):
     """A GPU (display-class function) with everything gputopo needs to place it."""
 
@@ -199,6 +215,8 @@ class Gpu(PciFunction):
     uuid: str | None = Field(None, description="GPU UUID from proc/driver/nvidia, when bound")
     local_cpulist: str | None = Field(
         None, description="CPUs local to the GPU (sysfs local_cpulist, canonical form); null when unreadable")
+    bars: list[Bar] = Field(
+        default_factory=list, description="Its non-empty memory and I/O regions (sysfs resource); [] when unreadable")
 
     @property
     def companions(self) -> list[str]:

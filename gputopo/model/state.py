@@ -36,6 +36,8 @@ class MappingState(_M):
 class GuestState(_M):
     status: Literal["running", "stopped"] = "stopped"
     hostpci: list[str] = Field(default_factory=list)
+    config: dict[str, Any] = Field(
+        default_factory=dict, description="As GET .../qemu/{vmid}/config returns it (pending merged in, digest)")
 
 
 class CurrentState(_M):
@@ -45,5 +47,8 @@ class CurrentState(_M):
     mappings: dict[str, MappingState] = Field(default_factory=dict)
     guests: dict[int, GuestState] = Field(default_factory=dict)
     files: dict[str, str | None] = Field(default_factory=dict, description="host path -> text (None: absent)")
+    guest_status_known: bool = Field(
+        True, description="False when read from Proxmox's files, which cannot tell whether a guest runs "
+                          "(every guest then counts as running)")
 
 

@@ -23,7 +23,8 @@ from gputopo.plan.planner import plan as make_plan
 from gputopo.plan.render import render, render_devices_conf, render_pci_cfg
 from gputopo.plan.spec import Container, Spec
 
-AREAS = ("driver bindings", "container devices", "mappings", "service", "persistence files", "guests and services")
+AREAS = ("driver bindings", "container devices", "mappings", "vm config", "service", "persistence files",
+         "guests and services")
 
 
 class DiffArea(BaseModel):

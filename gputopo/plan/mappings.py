@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gputopo.actions import DeleteMapping, SetMapping
-from gputopo.formats.mapline import map_fields, normalize_map_entry
+from gputopo.formats.mapline import map_fields, map_paths, normalize_map_entry
 from gputopo.formats.pcicfg import MapEntry, format_map_entry
 from gputopo.model.facts import Gpu
 from gputopo.model.state import CurrentState
@@ -75,3 +75,24 @@ def mapping_changes(
             if not same_map:
                 changed.add(mid)
     return mappings, actions, changed
+
+
+def shrink_other_mappings(
+    node_name: str, managed: set[str], current: CurrentState, container_gpus: set[str]
+) -> tuple[dict[str, MappingTarget], list[SetMapping | DeleteMapping], set[str]]:
+    """(targets, actions, changed ids) for ``vms.other_mappings: shrink``: every mapping the spec
+    does not manage loses its map lines for this node's GPUs that a container gets; one left
+    with no line is deleted (Proxmox requires at least one)."""
+    targets: dict[str, MappingTarget] = {}
+    actions: list[SetMapping | DeleteMapping] = []
+    for mid, cur in sorted(current.mappings.items()):
+        if mid in managed:
+            continue
+        keep = [e for e in cur.map if not (map_fields(e).get("node") == node_name
+                                           and any(p in container_gpus for p in map_paths(e)))]
+        if len(keep) == len(cur.map):
+            continue
+        targets[mid] = MappingTarget(map=keep, description=cur.description if keep else None)
+        actions.append(SetMapping(id=mid, map=keep, description=cur.description, create=False, digest=cur.digest)
+                       if keep else DeleteMapping(id=mid, digest=cur.digest))
+    return targets, actions, set(targets)

@@ -60,10 +60,23 @@ class MappingTarget(_M):
     description: str | None = None
 
 
+class VmTarget(_M):
+    """A VM of ``vms.consumers``: the GPUs it takes and the config keys gputopo owns."""
+
+    vmid: int
+    mapping: str = Field(description="The mapping its hostpciN lines name (after a repoint)")
+    gpus: int = Field(description="hostpciN lines: one GPU each")
+    numa_nodes: list[int] = Field(default_factory=list, description="NUMA nodes of the mapping's GPUs")
+    mmio64_need: int = Field(0, description="Bytes of 64-bit BARs its GPUs bring")
+    config: dict[str, str] = Field(default_factory=dict, description="Every key gputopo owns, as it will read")
+    notes: list[str] = Field(default_factory=list, description="Why each setting is what it is")
+
+
 class Plan(_M):
     node: str
     target: list[GpuTarget]
     containers: list[ContainerTarget] = Field(default_factory=list)
+    vms: list[VmTarget] = Field(default_factory=list)
     mappings: dict[str, MappingTarget] = Field(default_factory=dict, description="Mappings the spec manages")
     kept_mappings: dict[str, MappingTarget] = Field(default_factory=dict, description="Other mappings, untouched")
     p2p_disable: bool = False
@@ -105,6 +118,10 @@ class Plan(_M):
             lines.append(f"Container {ct.vmid}: {len(ct.gpus)} GPU(s), tp {len(ct.gpus)}, {ct.device_mode}{svc}")
         for mid, m in sorted(self.mappings.items()):
             lines.append(f"Mapping {mid}: {len(m.map)} device(s)")
+        for vm in self.vms:
+            nodes = ",".join(map(str, vm.numa_nodes)) or ("unknown" if vm.gpus else "-")
+            lines.append(f"VM {vm.vmid}: {vm.gpus} GPU(s) from {vm.mapping}, NUMA node {nodes}")
+            lines += [f"  - {n}" for n in vm.notes]
         if self.warnings:
             lines.append("Warnings:")
             lines += [f"  - {w}" for w in self.warnings]

@@ -18,17 +18,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from gputopo.actions import NVIDIA, PHASES, VFIO, Rebind, RemoveHostFile, UpdateContainer, World, WriteHostFile, WriteServiceDropin
+from gputopo.actions import (
+    NVIDIA, PHASES, VFIO, Rebind, RemoveHostFile, StartGuest, StopGuest, UpdateContainer, World, WriteHostFile,
+    WriteServiceDropin,
+)
 from gputopo.errors import PlanRefused, Refusal
 from gputopo.model.facts import Facts, Gpu, MemberRole
 from gputopo.model.state import ContainerState, CurrentState
 from gputopo.plan.devices import device_update
-from gputopo.plan.mappings import mapping_changes
+from gputopo.plan.mappings import mapping_changes, shrink_other_mappings
 from gputopo.plan.model import ContainerTarget, GpuTarget, MappingTarget, Plan
 from gputopo.plan.render import PERSISTENCE_PATHS, p2p_must_be_disabled, persistence_files
 from gputopo.plan.restarts import check_service_unit, container_restarts, guest_restarts, maps_a_moving_gpu, service_target
 from gputopo.plan.select import assign, check_container, check_vm_gpus, pick_node
 from gputopo.plan.spec import Spec
+from gputopo.plan.vms import VmPlan, plan_consumers
+from gputopo.plan.vmsafety import MapView, check_guests, check_restarts
 
 
 def _targets(facts: Facts, owner_of: dict[str, str]) -> list[GpuTarget]:
@@ -107,6 +112,28 @@ def _needs_rebind(g: Gpu, to: str, keep_override: bool) -> bool:
     return any(m.driver == VFIO and m.role == MemberRole.FUNCTION for m in others)
 
 
+def _vm_restarts(
+    spec_node: Any, current: CurrentState, mappings: dict[str, MappingTarget], changed: set[str],
+    rebinding: set[str], vm_plan: VmPlan, view: MapView, refusals: list[Refusal], warnings: list[str],
+) -> tuple[list[StopGuest], list[StartGuest]]:
+    """(stops, starts) of VMs: those using a changed mapping or a moving device, consumers whose
+    config changes, consumers the spec says run. A VM whose mapping would list a container's GPU
+    (or be gone) is never started: the plan is refused instead."""
+    stops, starts = guest_restarts(spec_node, current, mappings, changed, rebinding)
+    stopped = [s.vmid for s in stops]
+    for vmid in vm_plan.restart:
+        if vmid not in stopped:
+            stops.append(StopGuest(guest="qemu", vmid=vmid))
+            starts.append(StartGuest(guest="qemu", vmid=vmid))
+            stopped.append(vmid)
+    starts += [StartGuest(guest="qemu", vmid=v) for v in vm_plan.start]
+    handled = {c.vmid for c in spec_node.vms.consumers}
+    refused = check_guests(current, view, handled, set(stopped), refusals, warnings)
+    configs = {vmid: g.config for vmid, g in current.guests.items()} | vm_plan.configs
+    check_restarts([s.vmid for s in starts if s.vmid not in refused], configs, view, refusals)
+    return stops, starts
+
+
 def plan(
     facts: Facts,
     spec: Spec,
@@ -147,6 +174,22 @@ def plan(
     vfio_all = sorted({a for t in target if t.driver == VFIO for a in [t.address, *t.companions]})
     rebinds = _rebinds(facts, target, keep_override, spec.policy.pin_native_driver)
     mappings, mapping_actions, changed_mappings = mapping_changes(node_name, cts, vms, selected, current)
+    ct_gpus = {a for a, o in owner_of.items() if o.startswith("container:")}
+    if spec_node.vms.other_mappings == "shrink":
+        shrunk, shrink_actions, shrunk_ids = shrink_other_mappings(node_name, set(mappings), current, ct_gpus)
+        mappings.update(shrunk)
+        mapping_actions += shrink_actions
+        changed_mappings |= shrunk_ids
+    view = MapView(
+        node=node_name,
+        before={mid: list(m.map) for mid, m in current.mappings.items()},
+        after={**{mid: list(m.map) for mid, m in current.mappings.items() if mid not in mappings},
+               **{mid: list(m.map) for mid, m in mappings.items() if m.map}},
+        owner_of=owner_of,
+        to_container={r.address for r in rebinds if r.to_driver == NVIDIA},
+        managed={m.name for m in spec_node.vms.mappings},
+    )
+    vm_plan = plan_consumers(spec_node.vms.consumers, facts, current, view, refusals, warnings)
 
     containers: list[ContainerTarget] = []
     updates: list[UpdateContainer] = []
@@ -176,10 +219,13 @@ def plan(
 
     ct_stops, ct_starts = container_restarts(spec_node, current, touched, {d.vmid for d in dropins})
     rebinding = {m for r in rebinds for m in r.members}
-    vm_stops, vm_starts = guest_restarts(spec_node, current, mappings, changed_mappings, rebinding)
+    vm_stops, vm_starts = _vm_restarts(spec_node, current, mappings, changed_mappings, rebinding, vm_plan, view,
+                                       refusals, warnings)
+    if refusals:
+        raise PlanRefused(refusals)
     actions: list[Any] = [
         *_persistence_actions(vfio_all, current, templates), *mapping_actions, *dropins,
-        *ct_stops, *vm_stops, *rebinds, *updates, *ct_starts, *vm_starts,
+        *ct_stops, *vm_stops, *rebinds, *updates, *vm_plan.updates, *ct_starts, *vm_starts,
     ]
     order = {p: i for i, p in enumerate(PHASES)}
     actions.sort(key=lambda a: order[a.phase])  # stable: keeps the order within a phase
@@ -187,6 +233,7 @@ def plan(
         node=node_name,
         target=target,
         containers=containers,
+        vms=vm_plan.targets,
         mappings=mappings,
         kept_mappings={
             mid: MappingTarget(map=list(m.map), description=m.description)

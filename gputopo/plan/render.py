@@ -8,6 +8,8 @@ WriteHostFile / WriteServiceDropin / SetMapping contents with these same functio
 Rendered paths (relative to the output directory):
 
 * ``pve/lxc/<vmid>.devices.conf``  -- only the container's GPU lines (devN or legacy lxc.*)
+* ``pve/qemu-server/<vmid>.gpus.conf`` -- only the VM config keys gputopo owns (``hostpciN``,
+  ``affinity``, ``numa``, ``numa0``, ``hugepages``, ``args``), in Proxmox's key order
 * ``pve/mapping/pci.cfg``          -- the mapping sections, exactly as Proxmox writes them
 * ``etc/udev/rules.d/90-gputopo-vfio.rules``, ``etc/modules-load.d/gputopo-vfio.conf``
 * ``ct/<vmid>/etc/systemd/system/<unit>.d/<dropin>`` -- the service drop-in
@@ -27,6 +29,7 @@ import jinja2
 from gputopo.errors import ConfigError
 from gputopo.formats.lxcconf import validate_lxc_conf
 from gputopo.formats.pcicfg import validate_pci_cfg
+from gputopo.formats.qemuconf import validate_qemu_conf
 from gputopo.resources import templates_dir
 
 UDEV_RULES_PATH = "etc/udev/rules.d/90-gputopo-vfio.rules"
@@ -39,6 +42,7 @@ VFIO_MODULES = ("vfio", "vfio_iommu_type1", "vfio_pci")
 NATIVE_DRIVER = "nvidia"
 TEMPLATE_NAMES = (
     "lxc-devices.conf.j2",
+    "qemu-gpus.conf.j2",
     "pci.cfg.j2",
     "udev-vfio.rules.j2",
     "modules-vfio.conf.j2",
@@ -117,6 +121,11 @@ def set_tp(command: str, flag: str, tp: int) -> str:
 def render_devices_conf(devices: list[tuple[str, str]], lxc: list[tuple[str, str]], templates: str | None = None) -> str:
     """The container's GPU lines: ``devN: value`` and/or raw ``lxc.*: value`` (never ``#`` lines)."""
     return _render("lxc-devices.conf.j2", templates, devices=devices, lxc=lxc)
+
+
+def render_vm_keys(keys: dict[str, str], templates: str | None = None) -> str:
+    """A VM's keys as config lines, sorted as qemu-server's writer sorts them (by name)."""
+    return _render("qemu-gpus.conf.j2", templates, keys=sorted(keys.items()))
 
 
 def render_pci_cfg(sections: list[dict[str, Any]], templates: str | None = None) -> str:
@@ -232,6 +241,11 @@ def render(plan: Any, spec: Any = None, facts: Any = None, templates: str | None
             out[f"ct/{ct.vmid}{path}"] = render_dropin(
                 ct.service.command, ct.service.tp_flag, ct.service.tp, plan.p2p_disable, templates
             )
+    for vm in getattr(plan, "vms", []):
+        path = f"pve/qemu-server/{vm.vmid}.gpus.conf"
+        out[path] = render_vm_keys(vm.config, templates)
+        # the keys alone: what only the whole config can break is checked by the planner
+        _check_proxmox(path, "qemu-gpus.conf.j2", validate_qemu_conf(out[path], allow_description=False, at_start=False))
     sections = [
         {"id": mid, "map": m.map, "description": m.description}
         for mid, m in {**plan.kept_mappings, **plan.mappings}.items()

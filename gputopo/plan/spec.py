@@ -18,11 +18,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from gputopo.errors import AddressError, SpecError
 from gputopo.model.facts import normalize_address
+from gputopo.plan.vmspec import MAPPING_ID_PATTERN, VmConsumer, check_consumers
 
 API_VERSION = "gputopo/v1"
 KIND = "GpuTopology"
 DEFAULT_DROPIN = "gputopo.conf"
-MAPPING_ID_PATTERN = r"^[a-zA-Z][a-zA-Z0-9_-]+$"
 
 
 class _Strict(BaseModel):
@@ -162,6 +162,13 @@ class VmMapping(_Strict):
 class Vms(_Strict):
     mappings: list[VmMapping] = Field(default_factory=list)
     guests: list[int] = Field(default_factory=list, description="VM vmids that use the mappings")
+    consumers: list[VmConsumer] = Field(
+        default_factory=list, description="VMs whose hostpciN lines, placement and firmware gputopo writes")
+    other_mappings: Literal["keep", "shrink"] = Field(
+        "keep", description=(
+            "Mappings the spec does not manage that list GPUs a container gets: keep them as they are "
+            "(verify warns, and fails when a VM uses one), or shrink them to their other GPUs (deleted "
+            "when none is left)"))
 
 
 class Node(_Strict):
@@ -189,6 +196,7 @@ class Node(_Strict):
                 )
         if sum(1 for m in self.vms.mappings if m.gpus == "rest") > 1:
             raise ValueError("vms.mappings: only one mapping may take 'rest'")
+        check_consumers(self.vms.consumers, seen)
         return self
 
 
@@ -220,6 +228,7 @@ class Verify(_Strict):
     prompt: str = "What is 7 x 13? Answer with the number only."
     expect: str = "91"
     timeout: float = Field(120, gt=0)
+    guest_timeout: float = Field(300, gt=0, description="Seconds a guest check waits for the VM's guest agent")
 
 
 class Spec(_Strict):

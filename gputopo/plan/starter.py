@@ -49,10 +49,13 @@ def spec_from_split(
     node: str | None = None,
     service_unit: str | None = None,
     tp_flag: str = "--tp",
+    vm: int | None = None,
 ) -> Spec:
     """A Spec for the quick mode (``gputopo plan --split numa --container N --vm-mapping NAME``).
 
-    Raises SpecError when the host cannot be split that way or a name is invalid.
+    ``vm`` adds that VM as the consumer of every GPU of the VM mapping (started, checked from
+    its guest, its lines removed when the GPUs go back). Raises SpecError when the host cannot
+    be split that way or a name is invalid.
     """
     ct_sel, vm_sel = split_selectors(facts, split)
     data: dict[str, Any] = {
@@ -69,7 +72,9 @@ def spec_from_split(
                         **({"service": {"unit": service_unit, "tp_flag": tp_flag}} if service_unit else {}),
                     }
                 ],
-                "vms": {"mappings": [{"name": vm_mapping, "gpus": vm_sel.model_dump(exclude_none=True)}]},
+                "vms": {"mappings": [{"name": vm_mapping, "gpus": vm_sel.model_dump(exclude_none=True)}],
+                        **({"consumers": [{"vmid": vm, "mapping": vm_mapping, "when_gpus_leave": "remove",
+                                           "start": True, "verify_guest": True}]} if vm else {})},
             }
         ],
     }
@@ -77,6 +82,27 @@ def spec_from_split(
         return Spec.model_validate(data)
     except ValidationError as e:
         raise format_validation_error("--split", e) from None
+
+
+def _consumer_lines(vm: int | None, mapping: str, gpus: int) -> list[str]:
+    """The ``consumers`` part of the starter spec: VM ``vm`` taking every GPU of ``mapping``, or a
+    commented example."""
+    head = [
+        "      # consumers: VMs gputopo configures: one hostpciN line per GPU, CPUs pinned to the GPUs'",
+        "      # NUMA node, OVMF's 64-bit MMIO window sized for their BARs",
+    ]
+    if vm is None:
+        return head + ["      # consumers:", f"      #   - {{vmid: 201, mapping: {mapping}, gpus: {gpus}, when_gpus_leave: remove}}"]
+    return head + [
+        "      consumers:",
+        f"        - vmid: {vm}",
+        f"          mapping: {mapping}",
+        "          # when_gpus_leave: refuse, remove (its lines for GPUs going to a container) or repoint",
+        "          when_gpus_leave: remove",
+        "          # start: the VM should run; verify_guest: verify runs nvidia-smi in it (guest agent)",
+        "          start: true",
+        "          verify_guest: true",
+    ]
 
 
 def _yaml_list(values: list[Any]) -> str:
@@ -92,6 +118,7 @@ def init_spec(
     node: str | None = None,
     service_unit: str = "sglang.service",
     tp_flag: str = "--tp",
+    vm: int | None = None,
 ) -> str:
     """A commented starter spec (YAML text) for the discovered host; it parses with parse_spec
     into what :func:`spec_from_split` returns for the same options.
@@ -100,7 +127,7 @@ def init_spec(
     spec refuses (the field names the option's place in the spec).
     """
     # the same spec quick mode plans: validates every option before any text is written
-    spec = spec_from_split(facts, split, container, vm_mapping, container_mapping, node, service_unit, tp_flag)
+    spec = spec_from_split(facts, split, container, vm_mapping, container_mapping, node, service_unit, tp_flag, vm)
     ct_sel = spec.nodes[0].containers[0].gpus
     vm_sel = spec.nodes[0].vms.mappings[0].gpus
     assert isinstance(vm_sel, GpuSelector)
@@ -168,6 +195,7 @@ def init_spec(
         "          description: GPUs for VM passthrough",
         "      # guests: VM vmids using these mappings (stopped/started when their GPUs change)",
         "      guests: []",
+        *_consumer_lines(vm, vm_mapping, len(gpus) - n_ct),
         "policy:",
         "  # keep driver_override=vfio-pci after binding, so a reprobe cannot take a VM GPU back",
         "  keep_driver_override: true",

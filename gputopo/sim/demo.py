@@ -1,4 +1,6 @@
-"""The operator's whole story in one call: discover, plan the NUMA split, apply it, verify.
+"""The operator's whole story in one call: discover, plan the NUMA split, apply it, verify; it
+ends with VM 201 running on the four GPUs of NUMA node 1, pinned there, and its guest's own
+nvidia-smi (through the QEMU guest agent) listing them.
 
 :func:`run_demo` works on whatever ports it is given; ``gputopo demo`` hands it a simulated
 seed host (``gputopo.sim``), so the same apply and verify code a real host runs is what the
@@ -7,6 +9,7 @@ demo shows. Output goes through the ``show`` callbacks so the CLI decides how it
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -37,6 +40,9 @@ class DemoShow:
     progress: Progress
 
 
+GUEST_NVSMI = ["nvidia-smi", "--query-gpu=index,pci.bus_id,name,memory.total", "--format=csv,noheader"]
+
+
 @dataclass
 class DemoResult:
     spec_path: Path
@@ -45,6 +51,7 @@ class DemoResult:
     report: VerifyReport | None
     second_plan_empty: bool
     container_view: str = ""
+    guest_view: str = ""
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -53,9 +60,10 @@ class DemoResult:
 
 
 def run_demo(ports: Ports, root: str, workdir: Path, show: DemoShow, *, container: int = 101,
-             vm_mapping: str = "pro6000-vm", container_mapping: str = "pro6000",
+             vm_mapping: str = "pro6000-vm", container_mapping: str = "pro6000", vm: int = 201,
              timeouts: Timeouts | None = None) -> DemoResult:
-    """Discover the host, write a starter spec for the NUMA split, plan, apply and verify it.
+    """Discover the host, write a starter spec for the NUMA split (VM ``vm`` taking the VM
+    mapping's GPUs), plan, apply and verify it, and show both sides' nvidia-smi.
 
     Returns a :class:`DemoResult`; ``.ok`` is True when the split applied, verification passed
     and a second plan is empty. Raises what apply and verify raise for a broken host.
@@ -66,12 +74,12 @@ def run_demo(ports: Ports, root: str, workdir: Path, show: DemoShow, *, containe
 
     show.heading(f"2. Spec: NUMA split, container {container} keeps one node, VMs get the other")
     text = init_spec(before, split="numa", container=container, vm_mapping=vm_mapping,
-                     container_mapping=container_mapping)
+                     container_mapping=container_mapping, vm=vm)
     spec_path = workdir / "gputopo.yaml"
     spec_path.write_text(text)
     spec = parse_spec(text, file=str(spec_path))
     show.text(f"wrote {spec_path} (gputopo init --split numa --container {container} "
-              f"--vm-mapping {vm_mapping} --container-mapping {container_mapping})")
+              f"--vm-mapping {vm_mapping} --container-mapping {container_mapping} --vm {vm})")
 
     show.heading("3. Plan and apply (journaled, locked, rolled back on any failure)")
     applied = apply(spec, ports, root=root, confirm=lambda p: (show.text(p.to_text()), True)[1],
@@ -84,9 +92,23 @@ def run_demo(ports: Ports, root: str, workdir: Path, show: DemoShow, *, containe
 
     view = ports.exec.run(container, NVIDIA_SMI_QUERY, timeout=30.0)
     show.text(f"inside CT {container}: {' '.join(NVIDIA_SMI_QUERY)}\n{view.stdout.rstrip()}")
+    guest = _guest_nvidia_smi(ports, vm)
+    show.text(f"inside VM {vm} (QEMU guest agent): {' '.join(GUEST_NVSMI)}\n{guest.rstrip()}")
 
     again = apply(spec, ports, root=root, dry_run=True, timeouts=timeouts or Timeouts())
     second_empty = again.plan is not None and again.plan.is_empty
     show.text("a second plan: " + ("No changes" if second_empty else again.plan.to_text()))
     return DemoResult(spec_path=spec_path, before=before, applied=applied, report=report,
-                      second_plan_empty=second_empty, container_view=view.stdout)
+                      second_plan_empty=second_empty, container_view=view.stdout, guest_view=guest)
+
+
+def _guest_nvidia_smi(ports: Ports, vm: int, timeout: float = 60.0) -> str:
+    """What ``nvidia-smi`` prints in VM ``vm``'s guest, run through its QEMU guest agent."""
+    px = ports.proxmox
+    pid = px.agent_exec(vm, GUEST_NVSMI)
+    deadline = time.monotonic() + timeout
+    while True:
+        st = px.agent_exec_status(vm, pid)
+        if st.get("exited") or time.monotonic() >= deadline:
+            return str(st.get("out-data") or st.get("err-data") or "")
+        time.sleep(0.1)

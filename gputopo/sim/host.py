@@ -3,7 +3,7 @@
 ``SimHost.create(dir)`` builds the seed story (docs/DESIGN.md) on a host root made from a
 fixture or a ``gputopo snapshot``: container 101 running with ``devN`` entries for every GPU
 (real minors) and the nvidia control nodes, the PCI mapping ``pro6000`` with every GPU, a
-stopped VM 201 with ``hostpci0: mapping=pro6000-vm,pcie=1``, and in the container an SGLang
+stopped VM 201 (q35, OVMF, guest agent) with ``hostpci0: mapping=pro6000-vm,pcie=1``, and in the container an SGLang
 (or vLLM) unit serving with ``--tp <all GPUs>``. ``host.start()`` serves the Proxmox API
 (:class:`gputopo.sim.pveapi.PveApiServer`, TLS on loopback) and the container's inference
 endpoint; ``host.ports()`` hands out the :class:`gputopo.ports.Ports` apply and verify use.
@@ -331,7 +331,9 @@ def _write_pve(paths: SimPaths, node: str, ctid: int, facts) -> None:
 
     atomic_write(
         nodedir / "qemu-server" / f"{DEFAULT_VM}.conf",
-        "bios: ovmf\nboot: order=scsi0\ncores: 32\nhostpci0: mapping=pro6000-vm,pcie=1\nmachine: q35\n"
+        "agent: 1\nbios: ovmf\nboot: order=scsi0\ncores: 32\ncpu: host\n"
+        f"efidisk0: local-lvm:vm-{DEFAULT_VM}-disk-1,efitype=4m,pre-enrolled-keys=1,size=4M\n"
+        "hostpci0: mapping=pro6000-vm,pcie=1\nmachine: q35\n"
         "memory: 131072\nname: gpu-vm\nnet0: virtio=BC:24:11:00:02:01,bridge=vmbr0\nnuma: 1\nostype: l26\n"
         f"scsi0: local-lvm:vm-{DEFAULT_VM}-disk-0,iothread=1,size=100G\nscsihw: virtio-scsi-single\n"
         "sockets: 1\nvmgenid: 6f1c2c4e-0000-4000-8000-000000000201\n", PMXCFS_MODE)

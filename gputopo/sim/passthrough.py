@@ -98,6 +98,7 @@ class Passthrough:
         self.node = node
         self.write = write
         self.assert_valid = assert_valid
+        self.by_key: list[tuple[str, list[str]]] = []  # what the last start gave each hostpciN
 
     def start(self, vmid: int, options: dict[str, str], mappings: list[PciMapping]) -> list[str]:
         """Prepare VM ``vmid``'s passthrough devices; return the addresses it now uses (sorted).
@@ -117,7 +118,9 @@ class Passthrough:
                 wanted.append((key, self._alternatives(props["mapping"], by_id.get(props["mapping"])), True))
             else:
                 wanted.append((key, [self._expand(parse_host_ids(props["host"]))], False))
-        chosen = self._reserve(vmid, wanted)
+        picks = self._reserve(vmid, wanted)
+        self.by_key = picks
+        chosen = [a for _, pick in picks for a in pick]
         try:
             if not self._iommu_present():
                 raise PassthroughError("cannot prepare PCI pass-through, IOMMU not present")
@@ -166,12 +169,14 @@ class Passthrough:
                 out.append(addr)
         return out
 
-    def _reserve(self, vmid: int, wanted: list[tuple[str, list[list[str]], bool]]) -> list[str]:
+    def _reserve(self, vmid: int, wanted: list[tuple[str, list[list[str]], bool]]) -> list[tuple[str, list[str]]]:
+        """(hostpciN, the devices it got) for each entry, in order. Raises PassthroughError."""
         with state.locked(self.run_dir, RESERVED):
             res = state.read_state(self.run_dir, RESERVED, {}) or {}
             used = {a: v for a, v in res.items()
                     if v != vmid and state.guest_status(self.run_dir, "qemu", v) == "running"}
             mine: list[str] = []
+            picks: list[tuple[str, list[str]]] = []
             for key, alternatives, is_mapping in wanted:
                 pick = None
                 for alt in alternatives:
@@ -185,10 +190,11 @@ class Passthrough:
                         raise PassthroughError(f"PCI device '{taken}' already in use by VMID '{owner}'")
                     raise PassthroughError(f"could not find a free device for '{key}'")
                 mine += pick
+                picks.append((key, pick))
             res = {a: v for a, v in res.items() if v != vmid}
             res.update({a: vmid for a in mine})
             state.write_state(self.run_dir, RESERVED, res)
-        return mine
+        return picks
 
     def _iommu_present(self) -> bool:
         groups = self.root / "sys/kernel/iommu_groups"

@@ -12,7 +12,9 @@ checks, each PASS / WARN / FAIL with the numbers behind it, one module each:
 5. :mod:`~gputopo.verify.service`   -- the unit active with the planned tensor-parallel size;
 6. :mod:`~gputopo.verify.inference` -- the endpoint answers the smoke-test prompt in time and
    reports its KV-cache size;
-7. :mod:`~gputopo.verify.platform`  -- peer-to-peer DMA disabled where SEV-SNP needs it.
+7. :mod:`~gputopo.verify.platform`  -- peer-to-peer DMA disabled where SEV-SNP needs it;
+8. :mod:`~gputopo.verify.guest`     -- only when asked (``start_vms``, or ``verify_guest`` on a VM):
+   the VM's guest lists its GPUs (nvidia-smi through the QEMU guest agent); left out otherwise.
 
 They share one :class:`~gputopo.verify.context.Context` (facts, current state, plan, and each
 container's nvidia-smi and ``systemctl show`` read once); their evidence is parsed by the pure
@@ -32,6 +34,7 @@ from gputopo.ports import Ports
 from gputopo.verify import (
     container,
     converged,
+    guest,
     inference,
     memory,
     platform,
@@ -44,11 +47,12 @@ from gputopo.verify.report import FAIL, PASS, WARN, Check, Status, VerifyReport
 __all__ = ["CHECKS", "REGISTRY", "FAIL", "PASS", "WARN", "Check", "Status", "VerifyReport", "verify"]
 
 #: check name -> its function, in the order verify runs them; each takes the Context and returns its
-#: Check, and a GputopoError it raises becomes a FAIL of that check
-REGISTRY: dict[str, Callable[[Context], Check]] = {
-    m.NAME: m.check for m in (converged, vm, container, memory, service, inference, platform)
+#: Check (None: not asked for, left out of the report), and a GputopoError it raises becomes a FAIL
+REGISTRY: dict[str, Callable[[Context], Check | None]] = {
+    m.NAME: m.check for m in (converged, vm, container, memory, service, inference, platform, guest)
 }
-CHECKS = tuple(REGISTRY)
+#: the checks every verification runs (the guest check runs only when asked)
+CHECKS = tuple(n for n in REGISTRY if n != guest.NAME)
 
 
 def verify(
@@ -60,25 +64,31 @@ def verify(
     strict: bool = False,
     node: str | None = None,
     only: list[str] | None = None,
+    start_vms: bool = False,
 ) -> VerifyReport:
     """Check the host under ``root`` (through ``ports``) against ``spec`` from fresh facts.
 
     ``http_timeout`` bounds the whole inference probe (default: ``spec.verify.timeout``);
-    ``only`` limits the checks to those names (default all of :data:`CHECKS`, in that order).
+    ``only`` limits the checks to those names (default all of :data:`REGISTRY`, in that order);
+    ``start_vms`` runs the guest check on every VM of ``vms.consumers``, starting a stopped one
+    (and stopping it again).
     Returns the :class:`VerifyReport`; a check that cannot be made is a FAIL in it, not an
     exception. Raises RootError when ``root`` holds no sysfs tree, SpecError when the spec names
     no node for this host, ValueError for an unknown name in ``only``.
     """
-    names = list(only) if only else list(CHECKS)
+    names = list(only) if only else list(REGISTRY)
     unknown = [n for n in names if n not in REGISTRY]
     if unknown:
         raise ValueError(f"unknown check(s) {', '.join(unknown)} (known: {', '.join(CHECKS)})")
     timeout = float(http_timeout if http_timeout is not None else spec.verify.timeout)
     ctx = Context(spec, ports, str(root), node, timeout)
+    ctx.start_vms = start_vms
     report = VerifyReport(node=ctx.node, strict=strict)
     for name in names:
         try:
-            report.checks.append(REGISTRY[name](ctx))
+            got = REGISTRY[name](ctx)
+            if got is not None:
+                report.checks.append(got)
         except GputopoError as e:
             report.checks.append(Check(name=name, status=FAIL, summary=str(e), details={"error": str(e)}))
     return report

@@ -83,6 +83,7 @@ class Context:
         self.exec: ExecPort = _ShowOnce(ports.exec)
         self.root = root
         self.http_timeout = http_timeout
+        self.start_vms = False  # the guest check runs on every VM of vms.consumers
         self.facts: Facts = discover(root)
         self.spec_node: Node = pick_node(spec, self.facts, node)
         self.node = self.spec_node.name

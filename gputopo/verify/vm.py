@@ -1,7 +1,13 @@
 """Check ``vm``: every VM GPU and its IOMMU group companions on vfio-pci (sysfs ``driver``
 links), ``/dev/vfio/<group>`` present, and Proxmox's own mapping check
 (``GET /cluster/mapping/pci?check-node=<node>``) clean: an ``error`` on a mapping the spec
-manages fails, one on another mapping or a ``warning`` warns."""
+manages or a VM uses fails (at VM start Proxmox checks every entry of the mapping and the first
+bad one fails every VM using it), one on another mapping or a ``warning`` warns.
+
+Mapping safety: Proxmox picks among a mapping's entries at VM start knowing only its own
+reservations, not the containers'. A mapping that lists a container's GPU fails when any VM
+uses it, and warns when none does (a mapping the spec names as a container's own lists its
+GPUs by design)."""
 
 from __future__ import annotations
 
@@ -9,6 +15,9 @@ from typing import Any
 
 from gputopo.errors import GputopoError
 from gputopo.actions import VFIO
+from gputopo.formats.devn import DEV_KEY, dev_path
+from gputopo.formats.mapline import map_fields, map_paths
+from gputopo.plan.vmsafety import mapping_lines
 from gputopo.verify.context import Context
 from gputopo.verify.parse import mapping_checks
 from gputopo.verify.report import FAIL, Check, verdict
@@ -52,10 +61,16 @@ def check(ctx: Context) -> Check:
     for mid in sorted(managed):
         if mid not in checks and ctx.plan.mappings[mid].map:
             problems.append(f"mapping {mid} does not exist")
+    used = _used_by(ctx)
+    details["used_by"] = {mid: sorted(v) for mid, v in used.items()}
+    _safety(ctx, used, problems, warnings)
     for mid, items in sorted(checks.items()):
         for c in items:
             line = f"mapping {mid}: {c['severity']}: {c['message']}"
-            if c["severity"] == "error" and mid in managed:
+            if c["severity"] == "error" and mid.lower() in used:
+                problems.append(line + f" (used by VM {', '.join(map(str, sorted(used[mid.lower()])))}: "
+                                       "its start fails)")
+            elif c["severity"] == "error" and mid in managed:
                 problems.append(line)
             elif c["severity"] in ("error", "warning"):
                 # a broken mapping the spec does not manage is not gputopo's to fix
@@ -67,3 +82,45 @@ def check(ctx: Context) -> Check:
               f"mapping check clean ({', '.join(sorted(managed)) or 'none'})" if n
               else "no VM GPUs in the spec; mappings check clean")
     return verdict(NAME, details, passed, problems, warnings)
+
+
+def _used_by(ctx: Context) -> dict[str, set[int]]:
+    """Lower-case mapping id -> the VMs of the node with a ``hostpciN`` line naming it."""
+    out: dict[str, set[int]] = {}
+    for vmid, g in (ctx.current.guests.items() if ctx.current else []):
+        for _, name in mapping_lines(g.config):
+            out.setdefault(name.lower(), set()).add(vmid)
+    return out
+
+
+def _container_gpus(ctx: Context) -> dict[str, int]:
+    """address -> container of every GPU a container has: planned for it, or in its devN now."""
+    out: dict[str, int] = {}
+    for t in ctx.plan.target if ctx.plan else []:
+        if t.owner.startswith("container:"):
+            out[t.address] = int(t.owner.split(":", 1)[1])
+    by_minor = {f"/dev/nvidia{g.minor}": g.address for g in ctx.facts.gpus if g.minor is not None}
+    for vmid, ct in (ctx.current.containers.items() if ctx.current else []):
+        for k, v in ct.config.items():
+            if DEV_KEY.match(k) and dev_path(str(v)) in by_minor:
+                out.setdefault(by_minor[dev_path(str(v))], vmid)
+    return out
+
+
+def _safety(ctx: Context, used: dict[str, set[int]], problems: list[str], warnings: list[str]) -> None:
+    if ctx.current is None:
+        return
+    ct_gpus = _container_gpus(ctx)
+    own = {c.mapping.lower() for c in ctx.containers if c.mapping}
+    for mid, m in sorted(ctx.current.mappings.items()):
+        listed = sorted(p for e in m.map if map_fields(e).get("node") == ctx.node for p in map_paths(e)
+                        if p in ct_gpus)
+        if not listed:
+            continue
+        gpus = ", ".join(f"{a} (CT {ct_gpus[a]})" for a in listed)
+        if mid.lower() in used:
+            vms = ", ".join(map(str, sorted(used[mid.lower()])))
+            problems.append(f"mapping {mid} lists container GPU(s) {gpus} and VM {vms} uses it: Proxmox can give "
+                            "one of them to the VM at its start")
+        elif mid.lower() not in own:
+            warnings.append(f"mapping {mid} lists container GPU(s) {gpus} (no VM uses it now)")

@@ -31,8 +31,22 @@ def nvidia_smi(ct: Container, args: list[str]) -> ExecResult:
     gpus = ct.gpus()
     if not gpus:
         return result(6, NVSMI_NO_DEVICES)
+    used = ct.gpu_memory_used()
+    driver = parse_nvidia_version(read_text(ct.paths.root / "proc/driver/nvidia/version")) or "[N/A]"
+    rows = [{
+        "index": idx, "pci.bus_id": g.nvml_bus_id, "name": g.name,
+        "memory.used": used[g.address], "memory.total": g.memory_total,
+        "memory.free": g.memory_total - used[g.address], "utilization.gpu": 0,
+        "uuid": g.uuid, "minor_number": g.minor, "driver_version": driver, "count": len(gpus),
+    } for idx, g in enumerate(gpus)]
+    return answer(args, rows)
+
+
+def answer(args: list[str], rows: list[dict]) -> ExecResult:
+    """What ``nvidia-smi ARGS`` prints for GPUs whose values are ``rows`` (``-L``, or
+    ``--query-gpu=... --format=csv[,noheader][,nounits]``); rc 2 for arguments it refuses."""
     if args in (["-L"], ["--list-gpus"]):
-        return result(0, "".join(f"GPU {i}: {g.name} (UUID: {g.uuid})\n" for i, g in enumerate(gpus)))
+        return result(0, "".join(f"GPU {i}: {r['name']} (UUID: {r['uuid']})\n" for i, r in enumerate(rows)))
     query = fmt = None
     i = 0
     while i < len(args):
@@ -59,17 +73,9 @@ def nvidia_smi(ct: Container, args: list[str]) -> ExecResult:
     for f in fields:
         if canonical_field(f) not in QUERY_FIELDS:
             return result(2, f'Field "{f}" is not a valid field to query.\n\n')
-    used = ct.gpu_memory_used()
-    driver = parse_nvidia_version(read_text(ct.paths.root / "proc/driver/nvidia/version")) or "[N/A]"
     units = "nounits" not in opts
     lines = [] if "noheader" in opts else [", ".join(header_cell(f) for f in fields)]
-    for idx, g in enumerate(gpus):
-        values = {
-            "index": idx, "pci.bus_id": g.nvml_bus_id, "name": g.name,
-            "memory.used": used[g.address], "memory.total": g.memory_total,
-            "memory.free": g.memory_total - used[g.address], "utilization.gpu": 0,
-            "uuid": g.uuid, "minor_number": g.minor, "driver_version": driver, "count": len(gpus),
-        }
+    for values in rows:
         cells = []
         for f in fields:
             name = canonical_field(f)

@@ -86,10 +86,6 @@ class GuestConfigHandlers:
         text = self._load("lxc", p["vmid"])
         return self._guest_view("lxc", p["vmid"], text, bool(p.get("current")), p.get("snapshot"))
 
-    def h_qemu_get(self, caller: Caller, p: dict) -> Any:
-        text = self._load("qemu", p["vmid"])
-        return self._guest_view("qemu", p["vmid"], text, bool(p.get("current")), p.get("snapshot"))
-
     def h_lxc_interfaces(self, caller: Caller, p: dict) -> Any:
         """The running container's interfaces as ``ip --json a`` inside it shows them
         (pve-container ``PVE::LXC::get_interfaces``: lo and eth0 with ``inet`` as address/prefix,

@@ -67,6 +67,11 @@ def fmt_string(max_len: int | None = None) -> Callable[[Any], str]:
     return f
 
 
+def fmt_string_array(v: Any) -> list[str]:
+    """An array of strings (repeated form fields); a single value is an array of one."""
+    return [str(x) for x in (v if isinstance(v, list) else [v])]
+
+
 def fmt_enum(*values: str) -> Callable[[Any], str]:
     def f(v: Any) -> str:
         if str(v) not in values:

@@ -14,6 +14,7 @@ from gputopo.formats.lxcconf import check_lxc_option
 from gputopo.sim import state
 from gputopo.sim.pveapi.answers import ApiError, Result, die, param_error, perm_error
 from gputopo.sim.pveapi.auth import Caller
+from gputopo.sim.pveapi.qemu_config import qemu_param_problem
 from gputopo.sim.pveapi.params import BOOL_KEYS, ItemErrors, fmt_bool, perl_str
 from gputopo.sim.pveapi.routes import Route, find_route
 
@@ -87,6 +88,12 @@ class Pipeline:
                     errors[name] = "property is not defined in schema and the schema does not allow additional properties"
                 elif why:
                     errors[name] = why if why.startswith(("type check", "value ")) else f"invalid format - {why}\n"
+                else:
+                    values[name] = str(value)
+            elif route.extra == "qemu":
+                why = qemu_param_problem(name, value)
+                if why:
+                    errors[name] = why
                 else:
                     values[name] = str(value)
             else:

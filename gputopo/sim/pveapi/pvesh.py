@@ -13,6 +13,8 @@ from gputopo.sim.pveapi.auth import Caller
 from gputopo.sim.pveapi.params import BOOL_KEYS, fmt_bool
 from gputopo.sim.pveapi.routes import Route
 
+from gputopo.sim.pveapi.qemu_config import qemu_param_problem
+
 if TYPE_CHECKING:
     from gputopo.sim.pveapi.server import PveApiServer
 
@@ -25,6 +27,9 @@ def _cli_option(route: Route, name: str) -> bool:
     if route.extra == "lxc" and re.match(r"^[a-z][a-z_]*\d*$", name):
         why = check_lxc_option(name, "")
         return not (why and why.startswith("unknown setting"))
+    if route.extra == "qemu":
+        why = qemu_param_problem(name, "")
+        return not (why and "not defined in schema" in why)
     return False
 
 

@@ -20,6 +20,7 @@ from gputopo.sim.pveapi.params import (
     fmt_map_array,
     fmt_node,
     fmt_string,
+    fmt_string_array,
 )
 
 API_PREFIX = "/api2/json"
@@ -47,6 +48,10 @@ ROUTES = [
     Route("PUT", "/nodes/{node}/lxc/{vmid}/config", "lxc_put", {"node": NODE, "vmid": VMID, "digest": DIGEST, "delete": P(fmt_configid_list), "revert": P(fmt_configid_list), "description": P(fmt_string(8192))}, ("/vms/{vmid}", _VM_CONFIG_ANY), extra="lxc"),
     Route("GET", "/nodes/{node}/lxc/{vmid}/interfaces", "lxc_interfaces", {"node": NODE, "vmid": VMID}, ("/vms/{vmid}", ("VM.Audit",))),
     Route("GET", "/nodes/{node}/qemu/{vmid}/config", "qemu_get", {"node": NODE, "vmid": VMID, "current": P(fmt_bool), "snapshot": P(fmt_string(40))}, ("/vms/{vmid}", ("VM.Audit",))),
+    Route("PUT", "/nodes/{node}/qemu/{vmid}/config", "qemu_put", {"node": NODE, "vmid": VMID, "digest": DIGEST, "delete": P(fmt_configid_list), "revert": P(fmt_configid_list), "skiplock": P(fmt_bool)}, ("/vms/{vmid}", _VM_CONFIG_ANY), extra="qemu"),
+    Route("POST", "/nodes/{node}/qemu/{vmid}/agent/ping", "agent_ping", {"node": NODE, "vmid": VMID}, ("/vms/{vmid}", ("VM.GuestAgent.Audit", "VM.GuestAgent.Unrestricted"))),
+    Route("POST", "/nodes/{node}/qemu/{vmid}/agent/exec", "agent_exec", {"node": NODE, "vmid": VMID, "command": P(fmt_string_array), "input-data": P(fmt_string(64 * 1024))}, ("/vms/{vmid}", ("VM.GuestAgent.Unrestricted",))),
+    Route("GET", "/nodes/{node}/qemu/{vmid}/agent/exec-status", "agent_exec_status", {"node": NODE, "vmid": VMID, "pid": P(fmt_int, False)}, ("/vms/{vmid}", ("VM.GuestAgent.Unrestricted",))),
     Route("GET", "/nodes/{node}/{kind}/{vmid}/status/current", "guest_current", _GUEST_STATUS_PARAMS, ("/vms/{vmid}", ("VM.Audit",))),
     Route("POST", "/nodes/{node}/{kind}/{vmid}/status/start", "guest_start", {**_GUEST_STATUS_PARAMS, "skiplock": P(fmt_bool), "timeout": P(fmt_int), "debug": P(fmt_bool)}, ("/vms/{vmid}", ("VM.PowerMgmt",))),
     Route("POST", "/nodes/{node}/{kind}/{vmid}/status/stop", "guest_stop", {**_GUEST_STATUS_PARAMS, "skiplock": P(fmt_bool), "overrule-shutdown": P(fmt_bool), "timeout": P(fmt_int)}, ("/vms/{vmid}", ("VM.PowerMgmt",))),

@@ -12,7 +12,7 @@ State lives where Proxmox keeps it, in Proxmox's formats (written with :mod:`gpu
 
 The pieces: :mod:`.routes` (paths and parameters), :mod:`.params` (formats), :mod:`.auth`,
 :mod:`.pipeline` (the order of checks), the handlers (:mod:`.node`, :mod:`.guest_config`,
-:mod:`.guest_status`, :mod:`.tasks`, :mod:`.mappings`), :mod:`.http_handler` (the wire) and
+:mod:`.guest_status`, :mod:`.tasks`, :mod:`.mappings`, :mod:`.qemu_config`, :mod:`.qemu_vm`), :mod:`.http_handler` (the wire) and
 :mod:`.pvesh` (the command line).
 """
 
@@ -34,12 +34,14 @@ from gputopo.sim.pveapi.http_handler import ApiRequestHandler
 from gputopo.sim.pveapi.mappings import MappingHandlers
 from gputopo.sim.pveapi.node import NodeHandlers
 from gputopo.sim.pveapi.pipeline import Pipeline
+from gputopo.sim.pveapi.qemu_config import QemuConfigHandlers
+from gputopo.sim.pveapi.qemu_vm import QemuVmHandlers
 from gputopo.sim.pveapi.routes import API_PREFIX
 from gputopo.sim.pveapi.tasks import TaskHandlers
 
 
 class PveApiServer(Auth, Pipeline, NodeHandlers, GuestConfigHandlers, GuestStatusHandlers, TaskHandlers,
-                   MappingHandlers):
+                   MappingHandlers, QemuConfigHandlers, QemuVmHandlers):
     """The simulated API server of one PVE node.
 
     Credentials are attributes: ``root_password`` (ticket login as root@pam),

@@ -3,8 +3,8 @@
 A task finishes on a timer after its latency (``latencies`` in the run dir; settable per task
 type), or when its status is read after it was due. Its effect runs once: a container start
 applies pending changes and boots the container (hooks), a VM start does Proxmox's PCI
-passthrough (:mod:`gputopo.sim.passthrough`); an injected fault or a hook's exception fails
-the task with its message.
+passthrough and the rest of qemu-server's start (:mod:`gputopo.sim.pveapi.qemu_vm`); an injected
+fault or a hook's exception fails the task with its message.
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ class TaskHandlers:
                     self.hooks.on_guest_stop(kind, vmid)
                 state.set_guest_status(self.run_dir, kind, vmid, "stopped")
                 if kind == "qemu":
-                    self._passthrough().release(vmid)
+                    self._qemu_stop(vmid)
             exitstatus = "OK"
             log.append("TASK OK")
         except ApiError as e:
@@ -143,17 +143,6 @@ class TaskHandlers:
 
         return Passthrough(self.sysfs_root or Path("/nonexistent"), self.run_dir, self.node, write,
                            self._assert_valid)
-
-    def _qemu_pci_start(self, vmid: int, text: str) -> None:
-        """Proxmox's PCI passthrough at VM start (qemu-server PCI.pm); see gputopo.sim.passthrough.
-
-        Raises PassthroughError with Proxmox's message, which fails the task.
-        """
-        opts = {k: v for k, v in parse_lxc_conf(text).options.items() if k.startswith("hostpci")}
-        if not opts:
-            return
-        _, maps = self._read_mappings()
-        self._passthrough().start(vmid, opts, maps)
 
     def _task(self, p: dict) -> dict:
         upid = p["upid"]

@@ -1,0 +1,109 @@
+"""A VM's config keys gputopo owns (``hostpciN`` of its mappings, ``affinity``, ``numa``,
+``numa0``, ``hugepages``, ``args``) through the API, like the container's.
+
+Set and delete only what differs, guarded by the digest read right before the PUT; undo puts
+back the journaled value of every key the step touched (and deletes the ones it added). The
+planner stops a running VM before this step: qemu-server keeps these keys pending on a running
+VM until its next start.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gputopo.actions.base import ActionModel, DiffContext, Phase, PreflightContext, StepContext, World
+from gputopo.formats.hostpci import HOSTPCI_KEY, hostpci_index, parse_hostpci
+from gputopo.model.state import GuestState
+
+
+class VmConfigBefore(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    config: dict[str, Any]  # the VM's config without its digest
+
+
+def _summary(key: str, value: str) -> str:
+    if HOSTPCI_KEY.match(key):
+        try:
+            props = parse_hostpci(value)
+        except Exception:
+            return f"{key}={value}"
+        return f"{key}={props.get('mapping') or props.get('host')}"
+    return f"{key}={value}"
+
+
+def config_lines(config: dict[str, Any], keys: list[str]) -> str:
+    """``key: value`` lines of ``keys`` present in ``config``, sorted as Proxmox writes them."""
+    return "".join(f"{k}: {config[k]}\n" for k in sorted(keys) if k in config)
+
+
+class UpdateVmConfig(ActionModel):
+    kind: Literal["update_vm_config"] = "update_vm_config"
+    phase: Phase = "config"
+    vmid: int
+    set: dict[str, str] = Field(default_factory=dict)
+    delete: list[str] = Field(default_factory=list)
+    digest: str | None = Field(None, description="The digest at plan time (the PUT uses the one read right before it)")
+
+    Before = VmConfigBefore
+
+    def describe(self) -> str:
+        parts = []
+        if self.set:
+            parts.append("set " + " ".join(_summary(k, v) for k, v in sorted(self.set.items(), key=_key_order)))
+        if self.delete:
+            parts.append("delete " + ",".join(sorted(self.delete, key=lambda k: _key_order((k, "")))))
+        return f"VM {self.vmid}: " + "; ".join(parts)
+
+    def preflight(self, ctx: PreflightContext) -> list[str]:
+        g = ctx.current.guests.get(self.vmid)
+        if g is not None and "lock" in g.config:
+            return [f"VM {self.vmid} is locked ({g.config['lock']}); its config cannot change"]
+        return []
+
+    def before(self, ctx: StepContext) -> VmConfigBefore:
+        cfg = ctx.ports.proxmox.qemu_config(self.vmid)
+        return VmConfigBefore(config={k: v for k, v in cfg.items() if k != "digest"})
+
+    def do(self, ctx: StepContext) -> None:
+        px = ctx.ports.proxmox
+        cfg = px.qemu_config(self.vmid)  # the digest right before the PUT
+        sets = {k: v for k, v in self.set.items() if str(cfg.get(k)) != v}
+        deletes = [k for k in self.delete if k in cfg]
+        if sets or deletes:
+            px.qemu_update(self.vmid, sets, deletes, cfg["digest"])
+
+    def undo(self, before: VmConfigBefore, ctx: StepContext) -> str:
+        old = before.config
+        cfg = ctx.ports.proxmox.qemu_config(self.vmid)
+        keys = set(self.set) | set(self.delete)
+        sets = {k: str(old[k]) for k in keys if k in old and str(cfg.get(k)) != str(old[k])}
+        deletes = sorted(k for k in keys if k not in old and k in cfg)
+        if not sets and not deletes:
+            return ""
+        ctx.ports.proxmox.qemu_update(self.vmid, sets, deletes, cfg["digest"])
+        return f"VM {self.vmid}: restored its configuration"
+
+    def expect(self, world: World) -> None:
+        g = world.current.guests.setdefault(self.vmid, GuestState())
+        for k in self.delete:
+            g.config.pop(k, None)
+        g.config.update(self.set)
+        g.config["digest"] = "new"
+        keys = sorted((k for k in g.config if hostpci_index(k) is not None), key=lambda k: int(k[7:]))
+        g.hostpci = [str(g.config[k]) for k in keys]
+
+    def diff(self, ctx: DiffContext) -> None:
+        path = f"pve/qemu-server/{self.vmid}.conf"
+        now = ctx.current.guests[self.vmid].config if self.vmid in ctx.current.guests else {}
+        keys = sorted(set(self.set) | set(self.delete))
+        area = ctx.area("vm config")
+        area.lines.append(self.describe())
+        area.files[path] = ctx.unified(path, config_lines(now, keys), config_lines(self.set, keys))
+
+
+def _key_order(kv: tuple[str, Any]) -> tuple[str, int]:
+    m = HOSTPCI_KEY.match(kv[0])
+    return ("hostpci", int(m.group(1))) if m else (kv[0], -1)

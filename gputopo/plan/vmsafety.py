@@ -1,0 +1,132 @@
+"""Mapping safety: which VMs a plan must not start again, and the view of the mappings it checks
+that with. Pure.
+
+Proxmox chooses among a mapping's ``map`` entries at VM start knowing only its own
+reservations (qemu-server ``PCI.pm`` ``choose_hostpci_devices``), not which GPUs a container
+uses: a VM whose mapping lists a container's GPU may take it, and a VM whose mapping is gone
+does not start ("PCI device mapping not found"). So a VM is never started again when one of its
+``hostpciN: mapping=`` lines names such a mapping; a running VM whose mapping's GPUs go to a
+container is refused (naming VM and mapping) unless the spec says what to do with its lines
+(``vms.consumers[].when_gpus_leave``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gputopo.errors import PveFormatError, Refusal
+from gputopo.formats.hostpci import hostpci_index, parse_hostpci
+from gputopo.formats.mapline import map_fields, map_paths
+from gputopo.model.state import CurrentState
+
+
+@dataclass
+class MapView:
+    """The mappings before and after a plan, on one node, and who owns each GPU after it."""
+
+    node: str
+    before: dict[str, list[str]]  # mapping id -> map entries now
+    after: dict[str, list[str]]  # mapping id -> map entries once the plan is applied
+    owner_of: dict[str, str]  # address -> container:<vmid> | vm:<mapping>
+    to_container: set[str]  # GPUs this plan moves to a container's driver
+    managed: set[str] = field(default_factory=set)  # the mappings the spec manages (even without GPUs)
+
+    def find(self, name: str, after: bool = True) -> str | None:
+        """The id of mapping ``name`` (ids are case-insensitive), or None when there is none."""
+        for mid in (self.after if after else self.before):
+            if mid.lower() == name.lower():
+                return mid
+        return None
+
+    def paths(self, mid: str, after: bool = True) -> list[str]:
+        """The devices of ``mid``'s entries for this node."""
+        entries = (self.after if after else self.before).get(mid, [])
+        return [p for e in entries if map_fields(e).get("node") == self.node for p in map_paths(e)]
+
+    def container_gpus(self, mid: str) -> dict[str, str]:
+        """address -> container owner of every GPU ``mid`` lists after the plan."""
+        return {a: self.owner_of[a] for a in self.paths(mid) if self.owner_of.get(a, "").startswith("container:")}
+
+    def leaving(self, mid: str, moving: bool = False) -> dict[str, str]:
+        """address -> container owner of every GPU ``mid`` lists now that a container gets
+        (``moving``: only those this plan moves to the container's driver)."""
+        found = self.find(mid, after=False)
+        return {a: self.owner_of[a] for a in (self.paths(found, after=False) if found else [])
+                if a in self.to_container or (not moving and self.owner_of.get(a, "").startswith("container:"))}
+
+
+def mapping_lines(config: dict[str, Any]) -> list[tuple[str, str]]:
+    """(``hostpciN``, mapping id) of every line of a VM config that names a mapping."""
+    out = []
+    for key, value in config.items():
+        if hostpci_index(key) is None:
+            continue
+        try:
+            props = parse_hostpci(str(value))
+        except PveFormatError:
+            continue
+        if "mapping" in props:
+            out.append((key, props["mapping"]))
+    return sorted(out, key=lambda kv: int(kv[0][7:]))
+
+
+def owners_text(gpus: dict[str, str]) -> str:
+    """``A, B to container 101`` for address -> owner."""
+    by: dict[str, list[str]] = {}
+    for a, o in sorted(gpus.items()):
+        by.setdefault(o.replace("container:", "container "), []).append(a)
+    return "; ".join(f"{', '.join(a)} to {o}" for o, a in by.items())
+
+
+def unsafe_start(config: dict[str, Any], view: MapView) -> str | None:
+    """Why a VM with ``config`` must not start once the plan is applied (``hostpciN names ...``),
+    or None."""
+    for key, name in mapping_lines(config):
+        mid = view.find(name)
+        if mid is None:
+            return f"{key} names mapping {name}, which does not exist after the plan"
+        taken = view.container_gpus(mid)
+        if taken:
+            return (f"{key} names mapping {mid}, which lists container GPU(s) ({owners_text(taken)}): "
+                    "Proxmox could give it one of them")
+    return None
+
+
+def check_guests(current: CurrentState, view: MapView, handled: set[int], restarts: set[int],
+                 refusals: list[Refusal], warnings: list[str]) -> set[int]:
+    """Refuse running VMs (outside ``handled``, the consumers) whose mappings' GPUs this plan
+    moves to a container, and warn about stopped ones whose next start is unsafe. Returns the
+    VMs refused."""
+    refused: set[int] = set()
+    for vmid, g in sorted(current.guests.items()):
+        if vmid in handled:
+            continue
+        for key, name in mapping_lines(g.config):
+            mid = view.find(name, after=False)
+            leaving = view.leaving(mid, moving=True) if mid else {}
+            if g.status == "running" and leaving:
+                refused.add(vmid)
+                verb = "would be stopped and could not start again" if vmid in restarts else "holds them"
+                runs = ("is running" if current.guest_status_known else
+                        "may be running (Proxmox's files cannot tell: plan with --local or --api-url to know)")
+                refusals.append(Refusal(None, (
+                    f"VM {vmid} {runs} with mapping {mid} ({key}), whose GPU(s) go to a container "
+                    f"({owners_text(leaving)}): it {verb}; list it in vms.consumers with when_gpus_leave: "
+                    "remove or repoint, or shut it down and change its hostpci lines"), "vm-mapping"))
+                break
+            if g.status != "running":
+                why = unsafe_start({key: f"mapping={name}"}, view)
+                if why:
+                    warnings.append(f"VM {vmid} (stopped) cannot start safely after the plan: its {why}")
+    return refused
+
+
+def check_restarts(starts: list[int], configs: dict[int, dict[str, Any]], view: MapView,
+                   refusals: list[Refusal]) -> None:
+    """Refuse the plan when a VM it starts (again) has a mapping line that is unsafe after it."""
+    for vmid in starts:
+        why = unsafe_start(configs.get(vmid, {}), view)
+        if why:
+            refusals.append(Refusal(None, f"VM {vmid} would be started, but its {why}; the plan never "
+                                          "starts such a VM", "vm-restart"))

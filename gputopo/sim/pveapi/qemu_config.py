@@ -1,0 +1,151 @@
+"""VM configs through the simulated API: ``GET`` and ``PUT .../qemu/{vmid}/config``.
+
+As qemu-server's ``update_vm_api`` (``PVE/API2/Qemu.pm``) does it: every change is written to
+``[PENDING]`` first; a stopped VM then takes it at once (``vmconfig_apply_pending``), a running
+one only takes the fast-plug keys (``$fast_plug_option``) and keeps the rest (``hostpciN``,
+``affinity``, ``numa``, ``hugepages``, ``args``...) pending until its next start. A stale digest
+is ``checksum mismatch (file change by other user?)``; deleting a key that is not set warns and
+is skipped; only root@pam may set a ``hostpciN`` with ``host=``, others need ``Mapping.Use``
+for a mapping (``check_hostpci_perm``).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from gputopo.errors import PveFormatError
+from gputopo.formats.hostpci import parse_hostpci
+from gputopo.formats.propstring import sha1_digest
+from gputopo.formats.qemuconf import QemuConf, check_qemu_option, parse_qemu_conf, write_qemu_conf
+from gputopo.sim import state
+from gputopo.sim.files import atomic_write
+from gputopo.sim.pveapi.answers import die, param_error, perm_error
+from gputopo.sim.pveapi.auth import Caller
+
+FAST_PLUG = {"description", "hookscript", "lock", "migrate_downtime", "migrate_speed", "name", "onboot",
+             "protection", "shares", "startup", "tags", "vmstatestorage"}
+# the part of qemu-server's config schema the simulator knows; anything else is not in the schema
+_KEYS = {"acpi", "affinity", "agent", "args", "balloon", "bios", "boot", "cores", "cpu", "cpulimit", "cpuunits",
+         "description", "hotplug", "hugepages", "keephugepages", "kvm", "lock", "machine", "memory", "name",
+         "numa", "onboot", "ostype", "protection", "scsihw", "shares", "sockets", "startup", "tablet", "tags",
+         "vcpus", "vga", "vmgenid", "meta"}
+_INDEXED = re.compile(r"^(hostpci|numa|net|scsi|virtio|sata|ide|efidisk|tpmstate|unused|usb|serial|ipconfig)\d+$")
+_INT_KEYS = {"cores", "sockets", "memory", "vcpus", "balloon", "cpuunits"}
+_BOOL_KEYS = {"numa", "onboot", "protection", "acpi", "kvm", "tablet"}
+
+
+def qemu_param_problem(name: str, value: Any) -> str | None:
+    """Why the API refuses parameter ``name`` of a VM config update, or None."""
+    if name not in _KEYS and not _INDEXED.match(name):
+        return "property is not defined in schema and the schema does not allow additional properties"
+    if isinstance(value, list):
+        return "type check ('string') failed - got ARRAY"
+    why = check_qemu_option(name, str(value))
+    if why:
+        return why if why.startswith(("type check", "value ")) else f"invalid format - {why}\n"
+    return None
+
+
+def apply_pending(conf: QemuConf) -> None:
+    """What qemu-server's ``vmconfig_apply_pending`` does: pending values and deletions become
+    the config."""
+    for k in conf.pending_delete:
+        conf.options.pop(k, None)
+    conf.options.update({k: v for k, v in conf.pending.items() if k != "delete"})
+    conf.pending = {}
+
+
+def vm_view(text: str, current: bool) -> dict[str, Any]:
+    """The VM config as GET answers it: pending values merged in unless ``current``."""
+    conf = parse_qemu_conf(text)
+    opts = dict(conf.options)
+    if not current:
+        opts.update({k: v for k, v in conf.pending.items() if k != "delete"})
+        for k in conf.pending_delete:
+            opts.pop(k, None)
+    out: dict[str, Any] = {}
+    for k, v in opts.items():
+        if k in _INT_KEYS and v.isdigit():
+            out[k] = int(v)
+        elif k in _BOOL_KEYS:
+            out[k] = 1 if v.lower() in ("1", "yes", "on", "true") else 0
+        else:
+            out[k] = v
+    if conf.description:
+        out["description"] = conf.description
+    out["digest"] = sha1_digest(text)
+    return out
+
+
+class QemuConfigHandlers:
+    """VM config handlers of :class:`gputopo.sim.pveapi.PveApiServer` (a mixin)."""
+
+    def h_qemu_get(self, caller: Caller, p: dict) -> Any:
+        text = self._load("qemu", p["vmid"])
+        if p.get("snapshot"):
+            snap = parse_qemu_conf(text).snapshots.get(p["snapshot"])
+            if snap is None:
+                raise die(f"snapshot '{p['snapshot']}' does not exist")
+            return {**snap, "digest": sha1_digest(text)}
+        return vm_view(text, bool(p.get("current")))
+
+    def _check_hostpci_perm(self, caller: Caller | None, key: str, value: str) -> None:
+        if caller is None or caller.is_root_pam:
+            return
+        try:
+            props = parse_hostpci(value)
+        except PveFormatError:
+            return  # the parameter check reports it
+        if "host" in props:
+            raise die(f"only root can set '{key}' config for non-mapped devices")
+        if not self._has_any(caller, ("Mapping.Use",)):
+            raise perm_error(f"/mapping/pci/{props['mapping']}, Mapping.Use")
+
+    def h_qemu_put(self, caller: Caller, p: dict) -> Any:
+        vmid = p.pop("vmid")
+        p.pop("node")
+        digest = p.pop("digest", None)
+        skiplock = p.pop("skiplock", False)
+        deletes = [d.lstrip("!") for d in p.pop("delete", [])]
+        p.pop("revert", None)
+        sets = {k: str(v) for k, v in p.items()}
+        for k in deletes:
+            if k in sets:
+                raise param_error({"delete": f"you can't use '-{k}' and -delete {k}' at the same time"})
+            if k not in _KEYS and not _INDEXED.match(k):
+                raise param_error({"delete": f"unknown option '{k}'"})
+        if not sets and not deletes:
+            raise die("no options specified")
+        for k, v in sets.items():
+            if k.startswith("hostpci"):
+                self._check_hostpci_perm(caller, k, v)
+        with self._lock:
+            text = self._load("qemu", vmid)
+            if digest and sha1_digest(text) != digest:
+                raise die("checksum mismatch (file change by other user?)")
+            conf = parse_qemu_conf(text)
+            if conf.options.get("lock") and not skiplock:
+                raise die(f"VM is locked ({conf.options['lock']})")
+            pdel = [d for d in conf.pending_delete if d not in sets]
+            for k in deletes:
+                if k not in conf.options and k not in conf.pending:
+                    continue  # "cannot delete '$opt' - not set in current configuration!" (a warning)
+                conf.pending.pop(k, None)
+                if k in conf.options and k not in pdel:
+                    pdel.append(k)
+            conf.pending.update(sets)
+            # cleanup_pending: a pending value equal to the current one is no change
+            for k in [k for k, v in conf.pending.items() if k != "delete" and conf.options.get(k) == v]:
+                del conf.pending[k]
+            if pdel:
+                conf.pending["delete"] = ",".join(pdel)
+            else:
+                conf.pending.pop("delete", None)
+            if state.guest_status(self.run_dir, "qemu", vmid) != "running":
+                apply_pending(conf)
+            else:
+                for k in [k for k in conf.pending if k in FAST_PLUG]:
+                    conf.options[k] = conf.pending.pop(k)
+            atomic_write(self.conf_path("qemu", vmid), write_qemu_conf(conf))
+        return None
