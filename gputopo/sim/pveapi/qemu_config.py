@@ -19,7 +19,7 @@ from gputopo.formats.hostpci import parse_hostpci
 from gputopo.formats.propstring import sha1_digest
 from gputopo.formats.qemuconf import QemuConf, check_qemu_option, parse_qemu_conf, write_qemu_conf
 from gputopo.sim import state
-from gputopo.sim.files import atomic_write
+from gputopo.sim.files import PMXCFS_MODE, atomic_write
 from gputopo.sim.pveapi.answers import die, param_error, perm_error
 from gputopo.sim.pveapi.auth import Caller
 
@@ -147,5 +147,5 @@ class QemuConfigHandlers:
             else:
                 for k in [k for k in conf.pending if k in FAST_PLUG]:
                     conf.options[k] = conf.pending.pop(k)
-            atomic_write(self.conf_path("qemu", vmid), write_qemu_conf(conf))
+            atomic_write(self.conf_path("qemu", vmid), write_qemu_conf(conf), PMXCFS_MODE)
         return None

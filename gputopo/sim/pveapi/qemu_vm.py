@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from gputopo.formats.qemuconf import parse_qemu_conf, write_qemu_conf
-from gputopo.sim.files import atomic_write
+from gputopo.sim.files import PMXCFS_MODE, atomic_write
 from gputopo.sim.pveapi.answers import die
 from gputopo.sim.pveapi.auth import Caller
 from gputopo.sim.pveapi.qemu_config import apply_pending
@@ -27,7 +27,7 @@ class QemuVmHandlers:
             conf = parse_qemu_conf(self._load("qemu", vmid))
             if conf.pending:
                 apply_pending(conf)
-                atomic_write(self.conf_path("qemu", vmid), write_qemu_conf(conf))
+                atomic_write(self.conf_path("qemu", vmid), write_qemu_conf(conf), PMXCFS_MODE)
         _, maps = self._read_mappings()
         runtime.start(vmid, conf, self.sysfs_root, self.run_dir, self._passthrough(), maps)
 
