@@ -76,8 +76,9 @@ class ProxmoxPort(Protocol):
         """The authenticated user id, e.g. ``root@pam`` or ``root@pam!gputopo`` for a token."""
         ...
 
-    def lxc_config(self, vmid: int) -> dict[str, Any]:
-        """GET .../lxc/{vmid}/config (pending merged in); includes ``digest``."""
+    def lxc_config(self, vmid: int, current: bool = False) -> dict[str, Any]:
+        """GET .../lxc/{vmid}/config: pending changes merged in, or with ``current`` the values in
+        effect (a running container's pending removals still there); includes ``digest``."""
         ...
 
     def lxc_update(self, vmid: int, set: dict[str, str], delete: list[str], digest: str) -> None: ...

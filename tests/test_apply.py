@@ -27,6 +27,7 @@ from gputopo.sim.container import SimExec
 
 NUMA0 = {"0000:01:00.0": 0, "0000:11:00.0": 1, "0000:61:00.0": 3, "0000:71:00.0": 2}
 NUMA1 = ["0000:81:00.0", "0000:91:00.0", "0000:e1:00.0", "0000:f1:00.0"]
+NUMA1_MINORS = [4, 5, 6, 7]  # the seed fixture's minors of the NUMA-1 GPUs
 
 
 @pytest.fixture
@@ -58,13 +59,17 @@ def test_seed_split_applies_and_converges(host):
     for a in NUMA0:
         assert os.path.basename(os.readlink(host.paths.root / "sys/bus/pci/devices" / a / "driver")) == "nvidia"
 
-    # container 101: exactly the NUMA-0 minors plus the control nodes
+    # container 101 kept running (container_restart: auto): its config has exactly the NUMA-0
+    # minors plus the control nodes once the removals waiting for its next start are applied
+    assert "stop_guest" not in [a.kind for a in res.plan.actions]
     conf = parse_lxc_conf(host.paths.lxc_conf(101).read_text())
-    devs = sorted(parse_dev_value(v)["path"] for k, v in conf.options.items() if re.fullmatch(r"dev\d+", k))
+    devs = sorted(parse_dev_value(v)["path"] for k, v in conf.options.items()
+                  if re.fullmatch(r"dev\d+", k) and k not in conf.pending_delete)
     nv = sorted(d for d in devs if re.fullmatch(r"/dev/nvidia\d+", d))
     assert nv == sorted(f"/dev/nvidia{m}" for m in NUMA0.values())
     assert {"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset"} <= set(devs)
-    assert conf.pending.is_empty()
+    removed = sorted(parse_dev_value(conf.options[k])["path"] for k in conf.pending_delete)
+    assert removed == sorted(f"/dev/nvidia{m}" for m in NUMA1_MINORS)
 
     # mappings per spec: pro6000 untouched, pro6000-vm with the NUMA-1 GPUs
     maps = {m.id: m for m in parse_pci_cfg((host.paths.pve / "mapping/pci.cfg").read_text())}
@@ -329,7 +334,7 @@ def test_secrets_never_reach_output_journal_or_errors(host):
     ports = build_ports(conn, env={"GPUTOPO_PVE_PASSWORD": password})
     ports.sysfs, ports.exec, ports.files = sim_ports.sysfs, sim_ports.exec, sim_ports.files
     assert password not in repr(ports.proxmox) and password not in str(vars(ports.proxmox))
-    break_container(host.dir, 101, "service_fails", message="RuntimeError: CUDA error", count=2)
+    break_container(host.dir, 101, "service_fails", message="RuntimeError: CUDA error", tp=4)
     out = io.StringIO()
     with pytest.raises(ApplyFailed) as e:
         apply(applysim.seed_spec(host), ports, root=str(host.paths.root), progress=PlainProgress(out),
@@ -370,7 +375,8 @@ def test_apply_over_the_local_backend_with_pvesh(host):
     assert sorted(e.path for e in maps["pro6000-vm"].entries()) == NUMA1
     conf = parse_lxc_conf(host.paths.lxc_conf(101).read_text())
     nv = sorted(parse_dev_value(v)["path"] for k, v in conf.options.items()
-                if re.fullmatch(r"dev\d+", k) and re.fullmatch(r"/dev/nvidia\d+", parse_dev_value(v)["path"]))
+                if re.fullmatch(r"dev\d+", k) and k not in conf.pending_delete
+                and re.fullmatch(r"/dev/nvidia\d+", parse_dev_value(v)["path"]))
     assert nv == sorted(f"/dev/nvidia{m}" for m in NUMA0.values())
     # the mapping went through pvesh with one --map option per entry (a list, not its str())
     writes = [c for c in pvesh.calls if c[1] in ("create", "set") and "/cluster/mapping/pci" in c[2]]
@@ -483,8 +489,12 @@ def test_reverse_split_failing_at_the_start_rolls_back_the_resolved_entries(host
     ports = host.ports()
     root = str(host.paths.root)
     assert apply(applysim.seed_spec(host), ports, root=root).status == "applied"
+    # the split left CT 101 running with its removals pending; they apply at its next start, which
+    # a rollback of the reverse split (a restart on PVE 8) does too: start from that state
+    ports.proxmox.guest_action("lxc", 101, "shutdown", 30)
+    ports.proxmox.guest_action("lxc", 101, "start", 30)
     before = applysim.fingerprint(host)
-    break_container(host.dir, 101, "service_fails", message="RuntimeError: CUDA error", count=2)
+    break_container(host.dir, 101, "service_fails", message="RuntimeError: CUDA error", tp=8)
     with pytest.raises(ApplyFailed) as e:
         apply(parse_spec(_reverse_spec_text(host)), ports, root=root,
               timeouts=Timeouts(sysfs=5, guest=30, exec=10, service=20, poll=0.02))
@@ -547,7 +557,8 @@ def test_cli_apply_ends_with_verify_and_rolls_back_on_its_failure(host):
     heal_container(host.dir, 101)
     res = CliRunner().invoke(cli, ["verify", "--spec", str(spec_file), "--sim", str(host.dir)])
     # the seed's old mapping pro6000 still lists the container's GPUs (the spec does not manage it)
-    assert res.exit_code == 0 and "all clear: 6 PASS, 1 WARN (vm)" in res.output, res.output
+    # the container kept running: the GPUs it gave up stay in it until its next restart (a WARN)
+    assert res.exit_code == 0 and "all clear: 5 PASS, 2 WARN (vm, container)" in res.output, res.output
 
 
 def test_gpus_going_back_to_nvidia_need_the_nvidia_driver_loaded(host):

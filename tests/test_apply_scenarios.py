@@ -266,7 +266,7 @@ def test_pve9_split_reverse_and_rollback(new_host):
     # a failing start on PVE 9 rolls back to the byte, the container's devN included
     from gputopo.sim.container import break_container, heal_container
 
-    break_container(host.dir, 101, "service_fails", message="CUDA error", count=2)
+    break_container(host.dir, 101, "service_fails", message="CUDA error", tp=4)
     with pytest.raises(ApplyFailed):
         apply(spec, host.ports(), root=str(host.paths.root), timeouts=T)
     assert applysim.diff(before, applysim.fingerprint(host)) == []

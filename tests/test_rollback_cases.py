@@ -49,17 +49,26 @@ def _started(h) -> int:
     return int(out.strip().split("=", 1)[1])
 
 
+def _restarting_spec(host):
+    """The seed split with ``container_restart: always``: the container stops and starts."""
+    from gputopo.plan.spec import parse_spec
+
+    return parse_spec(applysim.seed_spec_text(host).replace("policy:\n", "policy:\n  container_restart: always\n"))
+
+
 def test_a_service_that_came_back_activating_with_the_new_dropin_is_restarted(host):
     """The last step fails; the rollback starts the container again before it puts the old
     drop-in back, so the unit starts with the new one (tp 4 on 4 of 8 GPUs) and is still
     activating. The rollback must notice what runs and restart it with the old configuration."""
+    spec = _restarting_spec(host)
     before = applysim.fingerprint(host)
     # a model that loads for seconds: the unit is still activating when the rollback looks at it
     # (the outcome is checked, not the timing: on a slower machine it may be active by then)
     state.write_state(host.paths.run, "latencies", {"service.start": 3.0})
+    # the new configuration fails only at its explicit start: the container's boot came first
     break_container(host.dir, 101, "service_fails", message="RuntimeError: CUDA error: out of memory", count=2)
     with pytest.raises(ApplyFailed) as e:
-        apply(applysim.seed_spec(host), host.ports(), root=str(host.paths.root), timeouts=T)
+        apply(spec, host.ports(), root=str(host.paths.root), timeouts=T)
     assert e.value.rolled_back and "start sglang.service" in str(e.value)
     after = applysim.fingerprint(host)
     assert applysim.diff(before, after) == []
@@ -119,7 +128,7 @@ def test_a_hang_during_the_rollback_then_recover_gives_the_container_all_its_gpu
     sees every GPU again, and restarts the service: the host is as before."""
     stuck = "0000:91:00.0"
     before = applysim.fingerprint(host)
-    break_container(host.dir, 101, "service_fails", message="RuntimeError: CUDA error: out of memory", count=2)
+    break_container(host.dir, 101, "service_fails", message="RuntimeError: CUDA error: out of memory", tp=4)
     with pytest.raises(ApplyFailed) as e:
         apply(applysim.seed_spec(host), host.ports(), root=str(host.paths.root),
               timeouts=Timeouts(sysfs=0.5, guest=30.0, exec=10.0, service=20.0, poll=0.02),

@@ -239,7 +239,12 @@ def applied(tmp_path_factory):
     d = tmp_path_factory.mktemp("verify") / "applied"
     host = SimHost.create(d)
     try:
-        _converge(host.ports(), parse_spec(SPEC), str(host.paths.root))
+        ports = host.ports()
+        _converge(ports, parse_spec(SPEC), str(host.paths.root))
+        # the split kept the container running, its removals pending until its next start
+        # (test_pending_removals_warn_naming_them); the checks below start from after that restart
+        ports.proxmox.guest_action("lxc", CT, "shutdown", 30)
+        ports.proxmox.guest_action("lxc", CT, "start", 30)
     finally:
         host.stop()
     return d
@@ -304,6 +309,29 @@ def test_each_service_is_shown_once(healthy):
     assert {"ActiveState", "SubState", "ExecStart", "Environment"} <= set(shows[0][2:-1])
     assert ["cat", "/etc/systemd/system/sglang.service.d/gputopo.conf"] in seen  # the rest still runs
     assert report.check("service").details[str(CT)]["tp"] == 4
+
+
+def test_pending_removals_warn_naming_them(tmp_path):
+    """A container that gave GPUs away without a restart keeps their device nodes until its next
+    start (Proxmox keeps a running container's devN removal pending): verify WARNs naming them,
+    and a restart clears it."""
+    from gputopo.sim.host import SimHost
+
+    host = SimHost.create(tmp_path / "sim")
+    try:
+        ports = host.ports()
+        _converge(ports, parse_spec(SPEC), str(host.paths.root))
+        c = _verify(host, ports, only=["container"]).check("container")
+        assert c.status == WARN, c.summary
+        assert c.details[str(CT)]["pending_removals"] == {f"dev{i}": f"/dev/nvidia{i}" for i in (4, 5, 6, 7)}
+        assert "dev4 (/dev/nvidia4)" in c.summary and "until its next restart" in c.summary
+        assert c.details[str(CT)]["seen"] == CT_GPUS  # the GPUs it gave away do not work there
+        ports.proxmox.guest_action("lxc", CT, "shutdown", 30)
+        ports.proxmox.guest_action("lxc", CT, "start", 30)
+        c = _verify(host, ports, only=["container"]).check("container")
+        assert c.status == PASS and "pending_removals" not in c.details[str(CT)], c.summary
+    finally:
+        host.stop()
 
 
 def test_demo_host_passes_every_check(healthy):

@@ -108,6 +108,10 @@ class ActionModel(BaseModel):
         """(``lxc``|``qemu``, vmid) of the guest this step stops, if it stops one."""
         return None
 
+    def stopped_service(self) -> tuple[int, str] | None:
+        """(container vmid, unit) of the service this step stops, if it stops one."""
+        return None
+
     def load_before(self, data: dict[str, Any]) -> BaseModel:
         return self.Before.model_validate(data)
 
@@ -263,6 +267,10 @@ class PreflightContext:
     def stopped_guests(self, kind: str) -> set[int]:
         """The guests of ``kind`` the plan stops before it switches drivers."""
         return {g[1] for g in (a.stopped_guest() for a in self.actions) if g is not None and g[0] == kind}
+
+    def stopped_services(self) -> set[tuple[int, str]]:
+        """(container vmid, unit) of the services the plan stops before it switches drivers."""
+        return {s for s in (a.stopped_service() for a in self.actions) if s is not None}
 
     def cached(self, key: str, make: Callable[[], Any]) -> Any:
         """``make()`` once per preflight (e.g. the list of running VMs and their configs)."""

@@ -40,6 +40,8 @@ class UpdateContainer(ActionModel):
     )
     dev_gid: int | None = Field(None, description="gid option of the resolved entries")
     dev_mode: str | None = Field(None, description="mode option of the resolved entries")
+    live: bool = Field(False, description="The container keeps running: a removal stays pending until its "
+                                          "next restart, an addition is hot-plugged (PVE 9)")
 
     Before = ConfigBefore
 
@@ -55,6 +57,8 @@ class UpdateContainer(ActionModel):
             parts.append(f"add {len(self.lxc_add)} lxc line(s)")
         if self.lxc_remove:
             parts.append(f"remove {len(self.lxc_remove)} lxc line(s)")
+        if self.live:
+            parts.append("live" + (", removals apply at its next restart" if self.delete else ""))
         return f"CT {self.vmid}: " + "; ".join(parts)
 
     def changes_devices(self) -> bool:

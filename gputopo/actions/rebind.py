@@ -95,18 +95,22 @@ class Rebind(ActionModel):
         paths = sorted(nodes) + ["/dev/nvidiactl", "/dev/nvidia-uvm"]
         held = ctx.holders(paths)
         stopped = ctx.stopped_guests("lxc")
+        services = ctx.stopped_services()
         problems = []
         for path in paths:
             for h in held.get(path, []):
                 if h.container is not None and h.container in stopped:
                     continue  # it ends when the plan stops its container
+                if h.container is not None and (h.container, h.unit) in services:
+                    continue  # it ends when the plan stops its service (the container keeps running)
                 gpu = f" (GPU {nodes[path]})" if path in nodes else ""
                 if h.comm == "nvidia-persistenced":
                     problems.append(f"{path}{gpu} is held open by nvidia-persistenced (PID {h.pid}); it keeps every GPU "
                                     "on nvidia: run 'systemctl stop nvidia-persistenced' before apply (and "
                                     "'systemctl start nvidia-persistenced' after)")
                 else:
-                    where = f" in CT {h.container}, which the plan does not stop" if h.container is not None else ""
+                    where = (f" in CT {h.container}, which the plan keeps running"
+                             if h.container is not None else "")
                     problems.append(f"{path}{gpu} is held open by PID {h.pid} ({h.cmdline or h.comm}){where}; "
                                     "stop it before apply")
         return problems

@@ -43,6 +43,9 @@ class StopService(_ServiceStep):
     def describe(self) -> str:
         return f"CT {self.vmid}: stop {self.unit}"
 
+    def stopped_service(self) -> tuple[int, str]:
+        return self.vmid, self.unit
+
     def do(self, ctx: StepContext) -> None:
         if ctx.running("lxc", self.vmid):
             ctx.exec(self.vmid, ["systemctl", "stop", self.unit])

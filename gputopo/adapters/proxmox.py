@@ -74,9 +74,11 @@ class ProxmoxClient(ABC):
         """GET /version: ``{version, release, repoid}``."""
         return self._call("GET", "/version")
 
-    def lxc_config(self, vmid: int) -> dict[str, Any]:
-        """GET the container config with pending changes merged in; includes ``digest``."""
-        return self._call("GET", f"{self._n()}/lxc/{vmid}/config")
+    def lxc_config(self, vmid: int, current: bool = False) -> dict[str, Any]:
+        """GET the container config with pending changes merged in (``current``: the values in
+        effect); includes ``digest``."""
+        params = {"current": 1} if current else {}
+        return self._call("GET", f"{self._n()}/lxc/{vmid}/config", **params)
 
     def lxc_update(self, vmid: int, set: dict[str, str], delete: list[str], digest: str) -> None:
         """PUT the container config: ``set`` keys, ``delete`` keys, guarded by ``digest``.

@@ -127,6 +127,9 @@ def read_current(
     named = [*spec_node.vms.guests, *(c.vmid for c in spec_node.vms.consumers)]
 
     if proxmox is not None:
+        # what a running container can take without a restart depends on the release (PVE 9
+        # hot-plugs devN); a version the API does not tell counts as the older one
+        state.pve_version = str(proxmox.version().get("version") or "") or None
         for c in spec_node.containers:
             try:
                 cfg = proxmox.lxc_config(c.vmid)

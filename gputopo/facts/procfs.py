@@ -33,6 +33,20 @@ def parse_cgroup_container(text: str) -> int | None:
     return None
 
 
+_UNIT_RE = re.compile(r"/([^/]+\.service)(?:/|$)")
+
+
+def parse_cgroup_unit(text: str) -> str | None:
+    """The systemd service a process belongs to, from ``/proc/<pid>/cgroup`` text (the last
+    ``<name>.service`` of its path: ``0::/lxc/101/ns/system.slice/sglang.service`` -> ``sglang.service``);
+    None when it belongs to none."""
+    found = None
+    for line in text.splitlines():
+        for m in _UNIT_RE.finditer(line.split(":", 2)[-1]):
+            found = m.group(1)
+    return found
+
+
 def parse_cmdline(raw: bytes) -> str | None:
     """``/proc/<pid>/cmdline`` (arguments ended by NUL bytes) as one line, arguments joined by
     spaces; None when it is empty."""
@@ -115,8 +129,9 @@ def read_container(root: str | Path, pid: int) -> int | None:
 
 def read_holder(root: str | Path, pid: int) -> Holder:
     """What ``<root>/proc/<pid>`` says about process ``pid``; missing parts are None (``comm``: ``?``)."""
+    cgroup = read_text(_proc(root, pid, "cgroup")) or ""
     return Holder(pid=pid, comm=read_comm(root, pid) or "?", cmdline=read_cmdline(root, pid),
-                  container=read_container(root, pid))
+                  container=parse_cgroup_container(cgroup), unit=parse_cgroup_unit(cgroup))
 
 
 def read_holders(root: str | Path, device_paths: list[str]) -> dict[str, list[Holder]]:

@@ -291,13 +291,16 @@ class Holder:
 
     ``comm`` is the kernel's short name (``?`` when unreadable); ``cmdline`` the command line
     with its arguments joined by spaces (None for a process without one, such as a kernel
-    thread or a zombie); ``container`` the LXC container it runs in (None on the host).
+    thread or a zombie); ``container`` the LXC container it runs in (None on the host);
+    ``unit`` the systemd unit it belongs to, inside that container or on the host (its cgroup's
+    ``<name>.service``), None when it has none.
     """
 
     pid: int
     comm: str
     cmdline: str | None
     container: int | None
+    unit: str | None = None
 
 
 def nvidia_gpus(facts: Facts) -> list[Gpu]:

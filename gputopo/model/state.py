@@ -47,6 +47,7 @@ class CurrentState(_M):
     mappings: dict[str, MappingState] = Field(default_factory=dict)
     guests: dict[int, GuestState] = Field(default_factory=dict)
     files: dict[str, str | None] = Field(default_factory=dict, description="host path -> text (None: absent)")
+    pve_version: str | None = Field(None, description="The node's Proxmox VE version (GET /version); null when read from files")
     guest_status_known: bool = Field(
         True, description="False when read from Proxmox's files, which cannot tell whether a guest runs "
                           "(every guest then counts as running)")

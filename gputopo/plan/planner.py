@@ -23,13 +23,21 @@ from gputopo.actions import (
     WriteServiceDropin,
 )
 from gputopo.errors import PlanRefused, Refusal
+from gputopo.formats.devn import dev_path
 from gputopo.model.facts import Facts, Gpu, MemberRole
 from gputopo.model.state import ContainerState, CurrentState
 from gputopo.plan.devices import device_update
 from gputopo.plan.mappings import mapping_changes, shrink_other_mappings
 from gputopo.plan.model import ContainerTarget, GpuTarget, MappingTarget, Plan
 from gputopo.plan.render import PERSISTENCE_PATHS, p2p_must_be_disabled, persistence_files
-from gputopo.plan.restarts import check_service_unit, container_restarts, guest_restarts, maps_a_moving_gpu, service_target
+from gputopo.plan.restarts import (
+    check_service_unit,
+    container_restarts,
+    guest_restarts,
+    maps_a_moving_gpu,
+    service_target,
+    stays_running,
+)
 from gputopo.plan.select import assign, check_container, check_vm_gpus, pick_node
 from gputopo.plan.spec import Spec
 from gputopo.plan.vms import VmPlan, plan_consumers
@@ -195,6 +203,7 @@ def plan(
     updates: list[UpdateContainer] = []
     dropins: list[WriteServiceDropin] = []
     touched: set[int] = set()
+    live: set[int] = set()  # containers whose devices change while they keep running
     p2p = p2p_must_be_disabled(facts)
     for owner, c in cts.items():
         gpus = sorted(selected.get(owner, []), key=lambda g: g.address)
@@ -207,6 +216,11 @@ def plan(
             updates.append(update)
         if update is not None or maps_a_moving_gpu(state.config, facts, rebinds):
             touched.add(c.vmid)
+            if stays_running(c, update, len(gpus), current, spec.policy.container_restart,
+                             _removed_stay_on_nvidia(update, state.config, facts, target)):
+                live.add(c.vmid)
+                if update is not None:
+                    update.live = True
         svc_target, dropin = service_target(c, len(gpus), state, p2p, templates, warnings)
         if dropin is not None:
             dropins.append(dropin)
@@ -217,7 +231,7 @@ def plan(
             )
         )
 
-    ct_stops, ct_starts = container_restarts(spec_node, current, touched, {d.vmid for d in dropins})
+    ct_stops, ct_starts = container_restarts(spec_node, current, touched, {d.vmid for d in dropins}, live)
     rebinding = {m for r in rebinds for m in r.members}
     vm_stops, vm_starts = _vm_restarts(spec_node, current, mappings, changed_mappings, rebinding, vm_plan, view,
                                        refusals, warnings)
@@ -245,6 +259,22 @@ def plan(
         warnings=warnings,
         actions=actions,
     )
+
+
+def _removed_stay_on_nvidia(update: UpdateContainer | None, config: dict[str, Any], facts: Facts,
+                            target: list[GpuTarget]) -> bool:
+    """True when a GPU whose device entry ``update`` deletes stays on nvidia (another container's)."""
+    if update is None or not update.delete:
+        return False
+    by_minor = {g.minor: g.address for g in facts.gpus if g.minor is not None}
+    drivers = {t.address: t.driver for t in target}
+    for key in update.delete:
+        path = dev_path(str(config.get(key, "")))
+        if path.startswith("/dev/nvidia") and path[len("/dev/nvidia"):].isdigit():
+            address = by_minor.get(int(path[len("/dev/nvidia"):]))
+            if address is not None and drivers.get(address) == NVIDIA:
+                return True
+    return False
 
 
 def expected_after(p: Plan, facts: Facts, current: CurrentState) -> tuple[Facts, CurrentState]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gputopo.actions import Rebind, StartGuest, StartService, StopGuest, StopService, WriteServiceDropin
+from gputopo.actions import Rebind, StartGuest, StartService, StopGuest, StopService, UpdateContainer, WriteServiceDropin
 from gputopo.errors import AddressError, Refusal
 from gputopo.formats.devn import DEV_KEY, dev_path
 from gputopo.formats.mapline import map_fields
@@ -93,11 +93,34 @@ def maps_a_moving_gpu(config: dict[str, Any], facts: Facts, rebinds: list[Rebind
     return False
 
 
+def pve_major(version: str | None) -> int:
+    """The major release of a Proxmox VE version (``9.1.2`` -> 9); 0 when unknown."""
+    head = (version or "").split(".", 1)[0]
+    return int(head) if head.isdigit() else 0
+
+
+def stays_running(c: Container, update: UpdateContainer | None, gpus_after: int, current: CurrentState,
+                  policy: str, removed_stay_on_nvidia: bool) -> bool:
+    """Whether container ``c`` can keep running while its GPUs change (``container_restart:
+    auto``): Proxmox keeps the removal of a ``devN`` from a running container pending until its
+    next start (pve-container LXC/Config.pm vmconfig_hotplug_pending: "skip" for devN deletes),
+    and from PVE 9 on hot-plugs a new one (device_passthrough_hotplug, added in pve-container 6.x;
+    earlier a new devN on a running container waits in [pve:pending] too). Legacy lxc.* lines
+    and a container left without GPUs restart, and so does one whose removed GPUs stay on nvidia
+    (for another container): until its restart it keeps their device nodes, which would still
+    reach them."""
+    if policy != "auto" or c.device_mode != "devN" or gpus_after == 0 or removed_stay_on_nvidia:
+        return False
+    adds = update is not None and (bool(update.set) or bool(update.resolve))
+    return not adds or pve_major(current.pve_version) >= 9
+
+
 def container_restarts(
-    spec_node: Node, current: CurrentState, touched: set[int], restart_services: set[int]
+    spec_node: Node, current: CurrentState, touched: set[int], restart_services: set[int], live: set[int]
 ) -> tuple[list[StopService | StopGuest], list[StartGuest | StartService]]:
     """(stops, starts) of the containers and services: only what must stop, and what the spec
-    says serves but is not running."""
+    says serves but is not running. A container in ``live`` whose devices change keeps running;
+    only its service stops and starts again."""
     stops: list[StopService | StopGuest] = []
     starts: list[StartGuest | StartService] = []
     for c in spec_node.containers:
@@ -105,14 +128,14 @@ def container_restarts(
         running = state.status == "running"
         svc = c.service
         svc_active = bool(state.service and state.service.active)
-        if c.vmid in touched and running:
+        if c.vmid in touched and running and c.vmid not in live:
             if svc is not None and svc_active:
                 stops.append(StopService(vmid=c.vmid, unit=svc.unit))
             stops.append(StopGuest(guest="lxc", vmid=c.vmid))
             starts.append(StartGuest(guest="lxc", vmid=c.vmid))
             if svc is not None:
                 starts.append(StartService(vmid=c.vmid, unit=svc.unit))
-        elif c.vmid in restart_services and running and svc is not None:
+        elif (c.vmid in restart_services or c.vmid in touched) and running and svc is not None:
             if svc_active:
                 stops.append(StopService(vmid=c.vmid, unit=svc.unit))
             starts.append(StartService(vmid=c.vmid, unit=svc.unit))

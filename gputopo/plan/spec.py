@@ -220,6 +220,14 @@ class Policy(_Strict):
         "error", description="What a TP size the service cannot use is: a refusal or a warning"
     )
     allow_cross_numa: bool = Field(False, description="Silence the warning for a container spanning NUMA nodes")
+    container_restart: Literal["auto", "always"] = Field(
+        "auto",
+        description=(
+            "auto: a running container whose GPUs change keeps running where Proxmox allows it (only "
+            "its service restarts): one that loses GPUs always (their devN removal stays pending until "
+            "its next restart), one that gains GPUs on PVE 9 (devN hot-plug); always: stop and start it"
+        ),
+    )
 
 
 class Verify(_Strict):

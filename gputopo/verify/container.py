@@ -1,10 +1,13 @@
 """Check ``container``: inside each container ``nvidia-smi --query-gpu`` lists exactly its
-planned GPUs, matched by bus id (missing and extra ones named)."""
+planned GPUs, matched by bus id (missing and extra ones named); GPU device entries whose removal
+waits for the container's next restart are a WARN naming them."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from gputopo.errors import GputopoError
+from gputopo.formats.devn import dev_entries, dev_path, dev_sort, is_nvidia_dev
 from gputopo.verify.context import Context
 from gputopo.verify.report import Check, verdict
 
@@ -14,6 +17,7 @@ NAME = "container"
 def check(ctx: Context) -> Check:
     """Inside each container nvidia-smi lists exactly its planned GPUs; missing or extra ones FAIL."""
     problems: list[str] = []
+    warnings: list[str] = []
     parts: list[str] = []
     details: dict[str, Any] = {}
     for c in ctx.containers:
@@ -41,4 +45,22 @@ def check(ctx: Context) -> Check:
             problems.append(f"CT {c.vmid}: extra {', '.join(extra)} (not planned)")
         if not missing and not extra:
             parts.append(f"CT {c.vmid}: nvidia-smi lists exactly the {len(planned)} planned GPU(s)")
-    return verdict(NAME, details, "; ".join(parts) or "no containers in the spec", problems)
+        left = _pending_removals(ctx, c.vmid)
+        if left:
+            details[str(c.vmid)]["pending_removals"] = left
+            warnings.append(f"CT {c.vmid}: {', '.join(f'{k} ({v})' for k, v in left.items())} stay in the "
+                            "container until its next restart (Proxmox applies a devN removal at start)")
+    return verdict(NAME, details, "; ".join(parts) or "no containers in the spec", problems,
+                   warnings + parts if warnings else ())
+
+
+def _pending_removals(ctx: Context, vmid: int) -> dict[str, str]:
+    """The GPU device entries a running container still has although its config removed them
+    (a removal that waits for the next start): devN -> path."""
+    try:
+        now = dev_entries(ctx.ports.proxmox.lxc_config(vmid, current=True))
+        merged = dev_entries(ctx.ports.proxmox.lxc_config(vmid))
+    except GputopoError:
+        return {}
+    return {k: dev_path(v) for k, v in sorted(now.items(), key=lambda kv: dev_sort(kv[0]))
+            if is_nvidia_dev(v) and k not in merged}

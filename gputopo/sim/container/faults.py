@@ -4,7 +4,8 @@ They live in ``<run>/faults.json`` (set with :func:`break_container` /
 :meth:`gputopo.sim.container.SimExec.break_`): ``gpu_missing`` (``address=`` or ``index=``;
 default the last GPU), ``unbalanced_memory`` (``index=``, ``used_mib=``), ``wrong_answer``
 (``answer=``), ``hung_endpoint`` (``seconds=``), ``nvidia_smi_fails`` (``rc=``, ``message=``),
-``service_fails`` (``message=``; ``count=`` fails only the next starts).
+``service_fails`` (``message=``; ``count=`` fails only the next starts; ``tp=`` only a start with
+that tensor-parallel size, as a new configuration that does not fit).
 """
 
 from __future__ import annotations

@@ -204,6 +204,8 @@ class Container:
     def _start_problem(self, unit: Unit) -> str | None:
         argv = unit.argv
         fault = faults_of(self.sim_dir, self.vmid).get("service_fails")
+        if fault is not None and fault.get("tp") is not None and _tp_of(argv) != int(fault["tp"]):
+            fault = None  # it fails only a start with that tensor-parallel size (a new configuration)
         if fault is not None:
             if fault.get("count") is not None:  # fails only the next ``count`` starts
                 if int(fault["count"]) <= 1:
@@ -258,4 +260,11 @@ class Container:
         for name, svc in self._state().get("services", {}).items():
             if svc.get("state") == "active" and service_flavor(svc.get("argv", [])):
                 return name, svc
+        return None
+
+
+def _tp_of(argv: list[str]) -> int | None:
+    try:
+        return parse_tp(argv)
+    except ValueError:
         return None

@@ -172,6 +172,7 @@ class GuestConfigHandlers:
                 pend.options["delete"] = ",".join(pdel)
             else:
                 pend.options.pop("delete", None)
+            cleanup_pending(conf)
             atomic_write(self.conf_path("lxc", vmid), write_lxc_conf(conf), PMXCFS_MODE)
         for k, v in plugged:
             if self.hooks is not None and hasattr(self.hooks, "on_lxc_hotplug"):
@@ -193,6 +194,20 @@ def _typed(key: str, value: str) -> Any:
     if key in BOOL_KEYS:
         return 1 if value.lower() in ("1", "yes", "on", "true") else 0
     return value
+
+
+def cleanup_pending(conf: LxcConf) -> None:
+    """Drop pending changes that change nothing (pve-guest-common AbstractConfig.pm
+    cleanup_pending, run by update_pct_config after every change): a pending value equal to the
+    current one, a pending delete of a key that is not set."""
+    pend = conf.pending
+    for k in [k for k, v in pend.options.items() if k != "delete" and conf.options.get(k) == v]:
+        del pend.options[k]
+    keep = [d for d in conf.pending_delete if d in conf.options]
+    if keep:
+        pend.options["delete"] = ",".join(keep)
+    else:
+        pend.options.pop("delete", None)
 
 
 def apply_pending(conf: LxcConf) -> None:
