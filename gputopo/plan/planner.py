@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gputopo.actions import NVIDIA, PHASES, VFIO, Rebind, RemoveHostFile, UpdateContainer, World, WriteHostFile, WriteServiceDropin
+from gputopo.actions import (NVIDIA, PHASES, VFIO, Rebind, RemoveHostFile, StopGuest, UpdateContainer, World, WriteHostFile,
+                             WriteServiceDropin)
 from gputopo.errors import PlanRefused, Refusal
 from gputopo.model.facts import Facts, Gpu, MemberRole
 from gputopo.model.state import ContainerState, CurrentState
@@ -105,6 +106,13 @@ def _needs_rebind(g: Gpu, to: str, keep_override: bool) -> bool:
     return any(m.driver == VFIO and m.role == MemberRole.FUNCTION for m in others)
 
 
+def _shutdown_policy(stops: list[Any], spec: Spec) -> list[Any]:
+    """``stops`` with the spec's shutdown timeout and force-stop permission on each guest stop."""
+    pol = spec.policy
+    return [a.model_copy(update={"shutdown_timeout": pol.shutdown_timeout, "force_stop": pol.force_stop})
+            if isinstance(a, StopGuest) else a for a in stops]
+
+
 def plan(
     facts: Facts,
     spec: Spec,
@@ -174,6 +182,7 @@ def plan(
     ct_stops, ct_starts = container_restarts(spec_node, current, touched, {d.vmid for d in dropins})
     rebinding = {m for r in rebinds for m in r.members}
     vm_stops, vm_starts = guest_restarts(spec_node, current, mappings, changed_mappings, rebinding)
+    ct_stops, vm_stops = _shutdown_policy(ct_stops, spec), _shutdown_policy(vm_stops, spec)
     actions: list[Any] = [
         *_persistence_actions(vfio_all, current, templates), *mapping_actions, *dropins,
         *ct_stops, *vm_stops, *rebinds, *updates, *ct_starts, *vm_starts,
