@@ -217,13 +217,38 @@ class ProxmoxError(GputopoError):
         super().__init__(text)
 
 
-class TaskFailed(ProxmoxError):
-    """A Proxmox task (UPID) ended with an exit status other than OK, or timed out."""
+class LoginFailed(ProxmoxError):
+    """The Proxmox API refused the login (a 401: wrong password or token secret) or presented a
+    certificate other than the one pinned: nothing was done, like bad input."""
 
-    def __init__(self, upid: str, exitstatus: str | None):
+    exit_code = 2
+
+
+class TaskFailed(ProxmoxError):
+    """A Proxmox task (UPID) ended with an exit status other than ``OK`` or ``WARNINGS: N``.
+    ``what`` names the guest and the action (``CT 101 shutdown``) when known."""
+
+    def __init__(self, upid: str, exitstatus: str | None, what: str | None = None):
         self.upid = upid
         self.exitstatus = exitstatus
-        super().__init__(f"task {upid}", None, f"ended with {exitstatus!r}")
+        self.what = what
+        if what:
+            super().__init__(what, None, f"failed: {exitstatus} (task {upid})")
+        else:
+            super().__init__(f"task {upid}", None, f"ended with {exitstatus!r}")
+
+
+class TaskTimeout(TaskFailed):
+    """A Proxmox task did not finish within the step's limit (``limit`` seconds); it may still be
+    running on the node. ``upid`` is None when even the call that starts it did not return."""
+
+    def __init__(self, upid: str | None, what: str, limit: float):
+        self.limit = limit
+        self.upid = upid
+        self.exitstatus = None
+        self.what = what
+        task = f"task {upid}" if upid else "its task"
+        ProxmoxError.__init__(self, what, None, f"{task} did not finish within {limit:g} s (the step's limit)")
 
 
 class ExecError(GputopoError):

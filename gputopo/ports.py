@@ -64,6 +64,20 @@ class Task:
     exitstatus: str | None = None
 
 
+@dataclass
+class TaskResult:
+    """How a guest's power task ended when it succeeded: ``exitstatus`` is ``OK`` or
+    ``WARNINGS: N``; ``warnings`` the messages of its ``WARN:`` log lines; ``forced`` whether a
+    shutdown had to stop the guest by force (only ever with ``force``); ``seconds`` how long it
+    took."""
+
+    upid: str
+    exitstatus: str = "OK"
+    warnings: list[str] = field(default_factory=list)
+    forced: bool = False
+    seconds: float = 0.0
+
+
 @runtime_checkable
 class ProxmoxPort(Protocol):
     """The calls gputopo makes to the Proxmox VE API. Errors raise ProxmoxError/TaskFailed."""
@@ -87,8 +101,19 @@ class ProxmoxPort(Protocol):
         """'running' or 'stopped'. kind is 'lxc' or 'qemu'."""
         ...
 
-    def guest_action(self, kind: str, vmid: int, action: str, timeout: float) -> None:
-        """POST status/{start|stop|shutdown}; waits for the task, raises TaskFailed if not OK."""
+    def guest_action(self, kind: str, vmid: int, action: str, timeout: float, *,
+                     shutdown_timeout: int | None = None, force: bool = False) -> TaskResult:
+        """POST status/{start|stop|shutdown} and wait up to ``timeout`` s for its task.
+
+        A shutdown sends ``shutdown_timeout`` (Proxmox's ``timeout``, 60 s when None) and
+        ``forceStop=1`` only with ``force``. A task ending ``WARNINGS: N`` succeeded: its warnings
+        come back in the result. Raises TaskFailed when the task fails, TaskTimeout when it does
+        not finish within ``timeout``.
+        """
+        ...
+
+    def nodes(self) -> list[str]:
+        """The names of the nodes this API serves (GET /nodes: the cluster's, or this node)."""
         ...
 
     def list_guests(self, kind: str) -> list[dict[str, Any]]: ...

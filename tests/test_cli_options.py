@@ -13,8 +13,8 @@ from gputopo.cli import COMMANDS, LazyGroup
 from test_cli_errors import one_line, run
 from applysim import copy_host, fingerprint, seed_spec_text, template  # noqa: F401 - fixture
 
-API = ["--api-url", "--local", "--user", "--token-name", "--secret-file", "--ca-bundle", "--insecure",
-       "--api-timeout"]
+API = ["--api-url", "--local", "--user", "--token-name", "--secret-file", "--ca-bundle", "--fingerprint",
+       "--insecure", "--api-timeout"]
 # command -> the connection options it offers (gputopo.cli.connect's table)
 OFFERED = {
     "plan": ["--root", "--pve-root", "--sim", *API, "--node"],
@@ -121,6 +121,7 @@ def test_an_option_a_command_does_not_take_is_a_usage_error_naming_it(capsys, ar
     ("apply", ["--api-timeout", "5"], "--api-timeout applies to --api-url and --local only"),
     ("verify", ["--token-name", "gputopo"], "--token-name applies to --api-url only"),
     ("recover", ["--ca-bundle", "ca.pem"], "--ca-bundle applies to --api-url only"),
+    ("verify", ["--fingerprint", "AB:" * 31 + "AB"], "--fingerprint applies to --api-url only"),
     ("plan", ["--secret-file", "pw"], "--secret-file applies to --api-url only"),
     ("diff", ["--api-timeout", "5"], "--api-timeout applies to --api-url and --local only"),
 ])

@@ -28,7 +28,7 @@ def seed_root(tmp_path_factory):
 
 @pytest.fixture
 def srv(tmp_path, seed_root):
-    s = PveApiServer(tmp_path / "pve", tmp_path / "run", seed_root, tls=False)
+    s = PveApiServer(tmp_path / "pve", tmp_path / "run", seed_root, tls=False, auth_fail_delay=0.0)
     s.write_conf("lxc", 101, CT)
     s.start()
     yield s

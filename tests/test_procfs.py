@@ -93,9 +93,10 @@ def test_read_holders(tmp_path):
     assert read_container(tmp_path, 999) is None
 
     got = read_holders(tmp_path, ["/dev/nvidia3", "/dev/nvidiactl", "/dev/nvidia5", "/dev/nvidia0"])
-    sglang = Holder(100, "python3", "/opt/sglang/bin/python -m sglang.launch_server --tp 4", 101)
+    sglang = Holder(100, "python3", "/opt/sglang/bin/python -m sglang.launch_server --tp 4", 101, "sglang.service")
     assert got == {
-        "/dev/nvidia3": [sglang, Holder(200, "nvidia-persiste", "/usr/bin/nvidia-persistenced", None)],
+        "/dev/nvidia3": [sglang, Holder(200, "nvidia-persiste", "/usr/bin/nvidia-persistenced", None,
+                                        "nvidia-persistenced.service")],
         "/dev/nvidiactl": [sglang],
         "/dev/nvidia5": [Holder(400, "python3", None, None), Holder(500, "?", None, None)],
     }

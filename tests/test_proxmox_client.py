@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from gputopo.errors import ConfigError, ProxmoxError, TaskFailed
+from gputopo.errors import ConfigError, LoginFailed, ProxmoxError, TaskFailed
 from gputopo.sim.fixtures import materialize
 from gputopo.ports import ProxmoxPort
 from gputopo.adapters.credentials import ApiConfig, read_secret_file
@@ -25,7 +25,7 @@ def seed_root(tmp_path_factory):
 
 @pytest.fixture
 def srv(tmp_path, seed_root):
-    s = PveApiServer(tmp_path / "pve", tmp_path / "run", seed_root)
+    s = PveApiServer(tmp_path / "pve", tmp_path / "run", seed_root, auth_fail_delay=0.0)
     s.write_conf("lxc", 101, CT)
     s.write_conf("qemu", 200, "name: gpuvm\nmemory: 8192\n")
     s.start()
@@ -77,10 +77,11 @@ def test_secret_never_shown(srv):
     with pytest.raises(ProxmoxError) as ei:
         ProxmoxClient.from_config(_cfg(srv), env={"GPUTOPO_PVE_PASSWORD": "wrong-secret-123"})
     assert ei.value.status == 401 and "wrong-secret-123" not in str(ei.value)
-    bad = ProxmoxClient.from_config(_cfg(srv), env={"GPUTOPO_PVE_TOKEN": "root@pam!gputopo=not-the-secret-xyz"})
-    with pytest.raises(ProxmoxError) as ei:
-        bad.version()
-    assert ei.value.status == 401 and "not-the-secret-xyz" not in str(ei.value)
+    # a token is tried at once: a wrong secret fails the login, as a wrong password does
+    with pytest.raises(LoginFailed) as ei:
+        ProxmoxClient.from_config(_cfg(srv), env={"GPUTOPO_PVE_TOKEN": "root@pam!gputopo=not-the-secret-xyz"})
+    assert ei.value.status == 401 and ei.value.exit_code == 2 and "not-the-secret-xyz" not in str(ei.value)
+    assert str(ei.value) == "GET /version: 401 Authentication failed! (API token root@pam!gputopo)"
 
 
 def test_tls_verification_is_on_by_default(srv):

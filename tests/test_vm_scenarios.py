@@ -112,7 +112,11 @@ def test_vm_201_runs_on_its_four_gpus_pinned_to_node_1_and_its_guest_sees_them(h
     assert st["exited"] == 1 and st["exitcode"] == 0
     assert len(st["out-data"].splitlines()) == 4 and "RTX PRO 6000 Blackwell" in st["out-data"]
     report = verify(spec, ports, root=str(host.paths.root))
-    assert report.ok and {c.status for c in report.checks} == {"PASS"}, report.to_text()
+    # the container kept running (its GPUs only left for vfio-pci): its devN removals wait for its
+    # next restart, the one WARN
+    assert report.ok and {c.name: c.status for c in report.checks if c.status != "PASS"} == {"container": "WARN"}, \
+        report.to_text()
+    assert "until its next restart" in report.check("container").summary
     assert report.check("guest").summary.startswith("VM 201: the guest's nvidia-smi lists its 4 GPU(s)")
     assert apply(spec, ports, root=str(host.paths.root), timeouts=T).status == "no-changes"
 

@@ -1,4 +1,11 @@
-"""Containers and VMs: shut down before their devices change, started again after."""
+"""Containers and VMs: shut down before their devices change, started again after.
+
+A shutdown sends Proxmox its ``timeout`` (the spec's ``policy.shutdown_timeout``) and
+``forceStop=1`` only where the spec allows it (``policy.force_stop``): a guest that does not go
+down in time is then stopped by force and the step warns so; otherwise the task fails
+(``container did not stop``, ``VM quit/powerdown failed - got timeout``) and apply rolls back.
+A task that ends ``WARNINGS: N`` succeeded: its warnings become the step's (``ctx.warn``).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +15,9 @@ from pydantic import BaseModel, ConfigDict
 
 from gputopo.actions.base import ActionModel, DiffContext, Phase, RunningBefore, StepContext, World
 from gputopo.model.state import CurrentState
+from gputopo.ports import TaskResult
+
+SHUTDOWN_TIMEOUT = 60  # Proxmox's own default (API2/LXC/Status.pm vm_shutdown, QemuServer.pm _do_vm_stop)
 
 
 class GuestBefore(BaseModel):
@@ -27,6 +37,23 @@ def _record(current: CurrentState, guest: str, vmid: int, out: RunningBefore) ->
     else:
         g = current.guests.get(vmid)
         out.guests[f"qemu/{vmid}"] = g.status if g else "stopped"
+
+
+def power(ctx: StepContext, guest: str, vmid: int, action: str, shutdown_timeout: int = SHUTDOWN_TIMEOUT,
+          force: bool = False) -> TaskResult:
+    """Start, stop or shut down the guest and pass its task's warnings on (``ctx.warn``), and
+    a forced shutdown as one more. Raises what ``ProxmoxPort.guest_action`` raises."""
+    # an LXC shutdown that fails runs twice its timeout and 5 s more (pve-container LXC.pm
+    # vm_stop): wait at least that long before calling the task hung
+    limit = max(ctx.timeouts.guest, 2 * shutdown_timeout + 35) if action == "shutdown" else ctx.timeouts.guest
+    res = ctx.ports.proxmox.guest_action(guest, vmid, action, limit, shutdown_timeout=shutdown_timeout, force=force)
+    name = guest_name(guest, vmid)
+    for w in res.warnings:
+        ctx.warn(f"{name} {action}: {w}")
+    if res.forced:
+        ctx.warn(f"{name} did not shut down within {shutdown_timeout} s; Proxmox stopped it by force "
+                 "(policy.force_stop)")
+    return res
 
 
 def _set_status(world: World, guest: str, vmid: int, status: str) -> None:
@@ -52,22 +79,28 @@ class _GuestStep(ActionModel):
 
 
 class StopGuest(_GuestStep):
+    """Shut the guest down: Proxmox waits ``shutdown_timeout`` s for it, then stops it by
+    force only with ``force_stop`` (the spec's policy)."""
+
     kind: Literal["stop_guest"] = "stop_guest"
     phase: Phase = "stop"
+    shutdown_timeout: int = SHUTDOWN_TIMEOUT
+    force_stop: bool = False
 
     def describe(self) -> str:
-        return f"stop {guest_name(self.guest, self.vmid)}"
+        forced = f" (force-stop after {self.shutdown_timeout} s)" if self.force_stop else ""
+        return f"stop {guest_name(self.guest, self.vmid)}{forced}"
 
     def stopped_guest(self) -> tuple[str, int]:
         return self.guest, self.vmid
 
     def do(self, ctx: StepContext) -> None:
         if ctx.running(self.guest, self.vmid):
-            ctx.ports.proxmox.guest_action(self.guest, self.vmid, "shutdown", ctx.timeouts.guest)
+            power(ctx, self.guest, self.vmid, "shutdown", self.shutdown_timeout, self.force_stop)
 
     def undo(self, before: GuestBefore, ctx: StepContext) -> str:
         if before.status == "running" and not ctx.running(self.guest, self.vmid):
-            ctx.ports.proxmox.guest_action(self.guest, self.vmid, "start", ctx.timeouts.guest)
+            power(ctx, self.guest, self.vmid, "start")
             return f"started {self.guest} {self.vmid}"
         return ""
 
@@ -84,11 +117,11 @@ class StartGuest(_GuestStep):
 
     def do(self, ctx: StepContext) -> None:
         if not ctx.running(self.guest, self.vmid):
-            ctx.ports.proxmox.guest_action(self.guest, self.vmid, "start", ctx.timeouts.guest)
+            power(ctx, self.guest, self.vmid, "start")
 
     def undo(self, before: GuestBefore, ctx: StepContext) -> str:
         if before.status != "running" and ctx.running(self.guest, self.vmid):
-            ctx.ports.proxmox.guest_action(self.guest, self.vmid, "shutdown", ctx.timeouts.guest)
+            power(ctx, self.guest, self.vmid, "shutdown")
             return f"stopped {self.guest} {self.vmid}"
         return ""
 

@@ -40,6 +40,7 @@ class ApiConfig(BaseModel):
     token_name: str | None = None
     verify_ssl: bool = True
     ca_bundle: str | None = None
+    fingerprint: str | None = None  # SHA-256 of the node's certificate, AA:BB:... (pins it)
     timeout: float = 60.0
     task_timeout: float = 300.0
     poll_interval: float = 0.5
@@ -88,13 +89,35 @@ def read_secret_file(path: str) -> str:
     return secret
 
 
+_TOKEN_ID_RE = re.compile(r"^(?:(?P<user>[^!\s]+@[^!\s]+)!)?(?P<tid>[A-Za-z][A-Za-z0-9._-]*)$")
+
+
+def split_token_id(token_name: str, user: str) -> tuple[str, str]:
+    """(user, token id) of ``--token-name``: ``gputopo`` (the token of ``user``) or the full
+    id as the web UI's API token list shows it, ``root@pam!gputopo`` (pve-access-control's
+    ``user@realm!tokenid``). Raises ConfigError for another form, or a full id whose user is
+    not ``user`` when that is not the default root@pam."""
+    m = _TOKEN_ID_RE.match(token_name.strip())
+    if not m:
+        raise ConfigError(f"--token-name {token_name}: expected TOKENID or user@realm!TOKENID")
+    if m["user"] is None:
+        return user, m["tid"]
+    if user not in ("root@pam", m["user"]):
+        raise ConfigError(f"--token-name {token_name} is a token of {m['user']}, not of --user {user}")
+    return m["user"], m["tid"]
+
+
 def resolve_credentials(cfg: ApiConfig, env: dict[str, str]) -> Credentials:
     """The credentials ``cfg`` asks for, from ``env`` or the secret file.
 
     ``GPUTOPO_PVE_TOKEN`` wins; then a token secret when ``cfg.token_name`` is set; else a
-    password. Raises ConfigError when none is given or the token is malformed.
+    password. ``cfg.token_name`` may be the full id the web UI shows (``root@pam!gputopo``):
+    its user part then names the user. Raises ConfigError when none is given, the token is
+    malformed or names another user than ``cfg.user``.
     """
     user, token_name = cfg.user, cfg.token_name
+    if token_name:
+        user, token_name = split_token_id(token_name, user)
     full = env.get(ENV_TOKEN)
     if full:
         m = re.match(r"^(?P<user>[^!\s]+@[^!\s]+)!(?P<tid>[A-Za-z][A-Za-z0-9._-]*)=(?P<secret>\S+)$", full)

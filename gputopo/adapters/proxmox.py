@@ -17,14 +17,17 @@ from typing import Any
 
 from gputopo.adapters.credentials import ENV_PASSWORD, ApiConfig, Credentials, resolve_credentials
 from gputopo.adapters.pvesh import Pvesh, Runner, wire_value
-from gputopo.errors import ConfigError, ProxmoxError, TaskFailed
+from gputopo.errors import ConfigError, LoginFailed, ProxmoxError, TaskFailed, TaskTimeout
+from gputopo.formats.tasklog import exitstatus_ok, parse_task_warnings, qemu_forced_stop
+from gputopo.ports import TaskResult
 
 
 class ProxmoxClient(ABC):
     """The ``ProxmoxPort`` calls, written once over :meth:`_call`, which each backend provides.
 
     Every call raises :class:`ProxmoxError` (call, HTTP status, PVE's first-line message, its
-    ``errors`` dict) when Proxmox refuses it; ``guest_action`` raises :class:`TaskFailed`.
+    ``errors`` dict) when Proxmox refuses it; ``guest_action`` raises :class:`TaskFailed` or
+    :class:`TaskTimeout`.
     """
 
     def __init__(self, cfg: ApiConfig):
@@ -44,9 +47,10 @@ class ProxmoxClient(ABC):
         return HttpsClient.connect(cfg, dict(os.environ if env is None else env))
 
     @abstractmethod
-    def _call(self, method: str, path: str, **params: Any) -> Any:
+    def _call(self, method: str, path: str, _timeout: float | None = None, **params: Any) -> Any:
         """``method`` (GET, POST, PUT, DELETE) on the API ``path``: the result's ``data``.
-        Raises ProxmoxError when Proxmox refuses the call or cannot be reached."""
+        ``_timeout`` replaces the per-call timeout (pvesh: a task runs to its end within the
+        call). Raises ProxmoxError when Proxmox refuses the call or cannot be reached."""
 
     @abstractmethod
     def identity(self) -> str:
@@ -96,32 +100,73 @@ class ProxmoxClient(ABC):
         """'running' or 'stopped' (GET .../status/current)."""
         return self._call("GET", f"{self._n()}/{_kind(kind)}/{vmid}/status/current")["status"]
 
-    def guest_action(self, kind: str, vmid: int, action: str, timeout: float) -> None:
+    def guest_action(self, kind: str, vmid: int, action: str, timeout: float, *,
+                     shutdown_timeout: int | None = None, force: bool = False) -> TaskResult:
         """POST status/{start|stop|shutdown} and wait up to ``timeout`` s for the task.
 
-        Raises ProxmoxError when refused, TaskFailed when the task ends other than OK or
-        does not end in time (exitstatus None).
+        A shutdown sends ``timeout=shutdown_timeout`` and ``forceStop=1`` only with ``force``.
+        Returns the task's :class:`TaskResult`: ``WARNINGS: N`` is success, its ``WARN:`` lines
+        are the warnings; ``forced`` says a forced shutdown had to kill the guest (QEMU logs it;
+        an LXC task that ran the whole shutdown timeout was killed by lxc-stop, which logs
+        nothing). Raises ProxmoxError when refused, TaskFailed when the task fails, TaskTimeout
+        when it does not finish within ``timeout``.
         """
         if action not in ("start", "stop", "shutdown"):
             raise ConfigError(f"unknown guest action {action!r} (start, stop, shutdown)")
-        upid = self._call("POST", f"{self._n()}/{_kind(kind)}/{vmid}/status/{action}")
+        what = f"{'CT' if _kind(kind) == 'lxc' else 'VM'} {vmid} {action}"
+        params: dict[str, Any] = {}
+        if action == "shutdown":
+            if shutdown_timeout is not None:
+                params["timeout"] = int(shutdown_timeout)
+            if force:
+                params["forceStop"] = 1
+        call = f"POST {self._n()}/{kind}/{vmid}/status/{action}"
+        t0 = time.monotonic()
+        upid = self._start_task(f"{self._n()}/{kind}/{vmid}/status/{action}", params, what, timeout)
         if isinstance(upid, dict) or not isinstance(upid, str) or not upid.startswith("UPID:"):
-            raise ProxmoxError(f"POST {self._n()}/{_kind(kind)}/{vmid}/status/{action}", None, f"expected a task id, got {str(upid)[:80]!r}")
-        self.wait_task(upid, timeout)
+            raise ProxmoxError(call, None, f"expected a task id, got {str(upid)[:80]!r}")
+        exitstatus = self.wait_task(upid, max(0.0, timeout - (time.monotonic() - t0)), what, timeout)
+        seconds = time.monotonic() - t0
+        result = TaskResult(upid=upid, exitstatus=exitstatus, seconds=seconds)
+        if exitstatus != "OK" or (action == "shutdown" and force):
+            log = self.task_log(upid)
+            result.warnings = parse_task_warnings(log)
+            if action == "shutdown" and force:
+                limit = 60 if shutdown_timeout is None else shutdown_timeout
+                result.forced = qemu_forced_stop(log) if kind == "qemu" else seconds >= limit
+        return result
 
-    def wait_task(self, upid: str, timeout: float) -> None:
-        """Poll the task until it stops. Raises TaskFailed unless its exitstatus is OK."""
+    def _start_task(self, path: str, params: dict[str, Any], what: str, timeout: float) -> Any:
+        """POST ``path``: what Proxmox answers (a UPID). Raises ProxmoxError, TaskTimeout."""
+        return self._call("POST", path, **params)
+
+    def wait_task(self, upid: str, timeout: float, what: str | None = None, limit: float | None = None) -> str:
+        """Poll the task until it stops; its exitstatus (``OK`` or ``WARNINGS: N``).
+
+        Raises TaskFailed for any other exitstatus, TaskTimeout (naming ``what`` and ``limit``,
+        default ``timeout``) when it is still running after ``timeout`` seconds.
+        """
         deadline = time.monotonic() + timeout
         interval = min(self._cfg.poll_interval, 0.05) if timeout < 5 else self._cfg.poll_interval
         while True:
             st = self._call("GET", f"{self._n()}/tasks/{upid}/status")
             if st.get("status") == "stopped":
-                if st.get("exitstatus") != "OK":
-                    raise TaskFailed(upid, st.get("exitstatus"))
-                return
+                exitstatus = st.get("exitstatus")
+                if not exitstatus_ok(exitstatus):
+                    raise TaskFailed(upid, exitstatus, what)
+                return exitstatus
             if time.monotonic() >= deadline:
-                raise TaskFailed(upid, None)
+                raise TaskTimeout(upid, what or f"task {upid}", timeout if limit is None else limit)
             time.sleep(min(interval, max(0.0, deadline - time.monotonic())) or 0.01)
+
+    def task_log(self, upid: str) -> list[str]:
+        """The lines of a task's log (GET .../tasks/{upid}/log, up to 1000 lines)."""
+        out = self._call("GET", f"{self._n()}/tasks/{upid}/log", start=0, limit=1000) or []
+        return [str(item.get("t", "")) for item in out if isinstance(item, dict)]
+
+    def nodes(self) -> list[str]:
+        """GET /nodes: the names of the nodes this API serves."""
+        return [str(n["node"]) for n in self._call("GET", "/nodes") or [] if isinstance(n, dict) and n.get("node")]
 
     def list_guests(self, kind: str) -> list[dict[str, Any]]:
         return self._call("GET", f"{self._n()}/{_kind(kind)}")
@@ -204,8 +249,18 @@ class LocalClient(ProxmoxClient):
 
     __str__ = __repr__
 
-    def _call(self, method: str, path: str, **params: Any) -> Any:
-        return self._pvesh.call(method, path, params)
+    def _call(self, method: str, path: str, _timeout: float | None = None, **params: Any) -> Any:
+        return self._pvesh.call(method, path, params, timeout=_timeout)
+
+    def _start_task(self, path: str, params: dict[str, Any], what: str, timeout: float) -> Any:
+        # pvesh runs the task in the foreground: the command may take as long as the step
+        # allows, and outliving that is the task's timeout
+        try:
+            return self._call("POST", path, _timeout=timeout, **params)
+        except ProxmoxError as e:
+            if e.status is None and e.pve_message.startswith("timed out after"):
+                raise TaskTimeout(None, what, timeout) from None
+            raise
 
     def identity(self) -> str:
         """root@pam: pvesh runs as root@pam on the node."""
@@ -233,31 +288,56 @@ class HttpsClient(ProxmoxClient):
     def connect(cls, cfg: ApiConfig, env: dict[str, str]) -> "HttpsClient":
         """Log in as ``cfg`` says with the credentials in ``env`` (or ``cfg.secret_file``).
 
-        Raises ConfigError for missing/unsafe credentials or a missing CA bundle,
-        ProxmoxError when the login is refused or the host cannot be reached.
+        With ``cfg.fingerprint`` every connection must present that certificate
+        (:mod:`gputopo.adapters.pinning`), else ``cfg.ca_bundle`` or the system CAs check it
+        (``cfg.verify_ssl`` False: nothing does). A token is tried with one ``GET /version``, so
+        a wrong secret fails here, before anything else.
+
+        Raises ConfigError for missing/unsafe credentials or a missing CA bundle, LoginFailed
+        when the login is refused or the certificate is not the pinned one, ProxmoxError when
+        the host cannot be reached.
         """
         from proxmoxer import ProxmoxAPI
         from proxmoxer.core import AuthenticationError
+
+        from gputopo.adapters.pinning import pinned_api, presented_fingerprint
 
         creds = resolve_credentials(cfg, env)
         if cfg.ca_bundle and not os.path.isfile(cfg.ca_bundle):
             raise ConfigError(f"{cfg.ca_bundle}: CA bundle not found")
         verify: bool | str = cfg.ca_bundle if (cfg.verify_ssl and cfg.ca_bundle) else cfg.verify_ssl
-        kw: dict[str, Any] = dict(host=cfg.host, port=cfg.port, user=creds.user, verify_ssl=verify,
-                                  timeout=cfg.timeout, service="PVE")
+        where = f"connect https://{cfg.host}:{cfg.port}"
         try:
-            if creds.token_name:
-                api = ProxmoxAPI(backend="https", token_name=creds.token_name, token_value=creds.token_secret, **kw)
+            if cfg.fingerprint:
+                api = pinned_api(cfg.host, cfg.port, cfg.fingerprint, creds.user, cfg.timeout, password=creds.password,
+                                 token_name=creds.token_name, token_value=creds.token_secret)
             else:
-                api = ProxmoxAPI(backend="https", password=creds.password, **kw)
+                kw: dict[str, Any] = dict(host=cfg.host, port=cfg.port, user=creds.user, verify_ssl=verify,
+                                          timeout=cfg.timeout, service="PVE")
+                if creds.token_name:
+                    api = ProxmoxAPI(backend="https", token_name=creds.token_name, token_value=creds.token_secret, **kw)
+                else:
+                    api = ProxmoxAPI(backend="https", password=creds.password, **kw)
         except AuthenticationError:
-            raise ProxmoxError("POST /access/ticket", 401, f"authentication failure for {creds.user}") from None
+            raise LoginFailed("POST /access/ticket", 401, f"authentication failure for {creds.user}") from None
         except Exception as e:  # requests' connection/TLS errors; never echo the secret
+            got = presented_fingerprint(e)
+            if got:
+                raise LoginFailed(where, None, f"the certificate's SHA-256 fingerprint is {got}, "
+                                               f"not the pinned {cfg.fingerprint}") from None
             first = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise ProxmoxError(f"connect https://{cfg.host}:{cfg.port}", None, creds.scrub(first)) from None
-        return cls(api, cfg, creds)
+            raise ProxmoxError(where, None, creds.scrub(first)) from None
+        client = cls(api, cfg, creds)
+        if creds.token_name:
+            try:
+                client.version()
+            except ProxmoxError as e:
+                if e.status == 401:
+                    raise LoginFailed("GET /version", 401, f"{e.pve_message} (API token {client.identity()})") from None
+                raise
+        return client
 
-    def _call(self, method: str, path: str, **params: Any) -> Any:
+    def _call(self, method: str, path: str, _timeout: float | None = None, **params: Any) -> Any:
         from proxmoxer.core import ResourceException
 
         call = f"{method} {path}"
@@ -277,6 +357,12 @@ class HttpsClient(ProxmoxClient):
         except ProxmoxError:
             raise
         except Exception as e:
+            from gputopo.adapters.pinning import presented_fingerprint
+
+            got = presented_fingerprint(e)
+            if got:
+                raise LoginFailed(call, None, f"the certificate's SHA-256 fingerprint is {got}, "
+                                              f"not the pinned {self._cfg.fingerprint}") from None
             raise ProxmoxError(call, None, str(e).splitlines()[0] if str(e) else type(e).__name__) from None
 
     def identity(self) -> str:

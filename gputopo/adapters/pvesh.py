@@ -8,6 +8,11 @@ parameter for a ``PVE::Exception``, the bare message for a plain ``die``; a task
 synchronously, its log goes to stdout before the UPID line, and a failed task prints its
 message on stderr while pvesh still exits 0 with the UPID.
 
+Only the exit code says whether a call failed: a call that succeeds may print on stderr too
+(``WARN: ...`` from ``RESTEnvironment::warn``, a Perl ``warn`` such as ``cannot delete 'dev7' -
+not set in current configuration!``, ``trying to acquire cfs lock 'file-...' ...`` from
+pve-cluster's ``cfs_lock`` while it waits, ``Task finished with 1 warning(s)!``).
+
 :func:`pvesh_argv` and :func:`parse_pvesh_output` are pure; :class:`Pvesh` runs them through an
 injectable runner.
 """
@@ -26,9 +31,6 @@ Runner = Callable[[list[str], float], tuple[str, str, int]]
 
 VERBS = {"GET": "get", "PUT": "set", "POST": "create", "DELETE": "delete"}
 
-# A task id anywhere in the output means the call started a task: what the task printed on
-# stderr is the task's outcome, read later from its status, not the call's.
-_UPID_RE = re.compile(r"UPID:[\w-]+:[0-9a-fA-F]{8}:[0-9a-fA-F]{8}:[0-9a-fA-F]{8}:\w+:[\w._-]+:[\w.@_-]+:\w*")
 _STATUS_RE = re.compile(r"^(\d{3}) (.*)$")
 _PARAM_ERROR_RE = re.compile(r"^([\w\-\[\]\.]+): (.*)$")
 
@@ -92,12 +94,12 @@ def parse_json_output(stdout: str) -> Any:
 def parse_pvesh_output(call: str, stdout: str, stderr: str, rc: int) -> Any:
     """The result of one pvesh run: its JSON (None for a null result).
 
-    A call counts as failed when pvesh exits non-zero, or prints on stderr without a task id
-    in its output. Raises :class:`ProxmoxError` (``call``, status, message, per-parameter
-    errors) for a failed call or output that is not JSON.
+    The exit code alone decides: what a successful call printed on stderr (warnings, lock
+    waits, a task's outcome, which its status tells) is not a failure. Raises
+    :class:`ProxmoxError` (``call``, status, message, per-parameter errors) when pvesh exits
+    non-zero or prints output that is not JSON.
     """
-    started_task = bool(_UPID_RE.search(stdout) or _UPID_RE.search(stderr))
-    if rc != 0 or (stderr.strip() and not started_task):
+    if rc != 0:
         raise ProxmoxError(call, *parse_pvesh_error(stderr, rc))
     try:
         return parse_json_output(stdout)
@@ -124,12 +126,13 @@ class Pvesh:
         self.runner: Runner = runner or run_command
         self.timeout = timeout
 
-    def call(self, method: str, path: str, params: dict[str, Any] | None = None) -> Any:
+    def call(self, method: str, path: str, params: dict[str, Any] | None = None, timeout: float | None = None) -> Any:
         """``method`` (GET, PUT, POST, DELETE) on the API ``path``; returns the parsed result.
 
+        ``timeout`` replaces :attr:`timeout` for this call (a task runs to its end under pvesh).
         Raises ProxmoxError when pvesh refuses the call or times out, ConfigError when pvesh
         is not installed.
         """
         argv = pvesh_argv(method, path, params or {})
-        stdout, stderr, rc = self.runner(argv, self.timeout)
+        stdout, stderr, rc = self.runner(argv, self.timeout if timeout is None else timeout)
         return parse_pvesh_output(f"{method.upper()} {path}", stdout, stderr, rc)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gputopo.actions import UNDO_RANK, ActionModel, RunningBefore, StepContext, Timeouts
+from gputopo.actions.guest import power
 from gputopo.adapters.sysfs import Binder
 from gputopo.apply import signals
 from gputopo.apply.journal import (
@@ -257,7 +258,7 @@ class Runner:
             kind, vmid = key.split("/")
             try:
                 if status == "running" and not ctx.running(kind, int(vmid)):
-                    ctx.ports.proxmox.guest_action(kind, int(vmid), "start", ctx.timeouts.guest)
+                    power(ctx, kind, int(vmid), "start")  # its task's warnings are shown
                     self.progress.note(f"started {kind} {vmid}")
             except GputopoError as e:
                 ok = False

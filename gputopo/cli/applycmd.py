@@ -2,9 +2,15 @@
 
 ``apply`` shows the plan, asks for confirmation (``--yes`` skips it), then runs
 :func:`gputopo.apply.apply`; progress is styled lines (rich) with the open stop window on a
-terminal, and plain lines otherwise (logs, pipes).
+terminal, and plain lines otherwise (logs, pipes). A step that succeeded with warnings (a
+Proxmox task ending ``WARNINGS: N``, a guest stopped by force) shows them after its line; with
+``--json`` the result, every step's warnings included, is one JSON object on stdout and the
+progress goes to stderr.
 It ends with ``gputopo verify`` when that is installed. ``recover`` settles the journal of an
 apply that was interrupted (rollback by default, ``--finish`` to complete it).
+
+Both write sysfs and run ``pct`` on this machine: with ``--api-url`` they refuse (exit 2, nothing
+changed) an API whose node is not this host.
 """
 
 from __future__ import annotations
@@ -14,14 +20,14 @@ import time
 
 import click
 
-from gputopo.cli.connect import Connection, build_ports, connection_options, host_root
+from gputopo.cli.connect import Connection, build_ports, connection_options, host_root, node_for, this_host
 from gputopo.cli.params import Finite
 
 
 def _progress(stream=None):
     from gputopo.apply import PlainProgress
 
-    if not sys.stdout.isatty():
+    if stream is not None or not sys.stdout.isatty():
         return PlainProgress(stream)
     return _RichProgress()
 
@@ -66,15 +72,43 @@ def _verifier(spec, ports, root, node):
     return lambda: run_verify(spec, ports, root=root, node=node)
 
 
-def _preflight_ports(conn: Connection, default_node: str | None):
-    """build_ports for apply: an API that cannot be reached or refuses the login is a failed
-    preflight (exit 2, nothing changed), as it is when apply's own preflight finds it."""
+def _preflight_ports(conn: Connection, default_node: str | None, root: str):
+    """build_ports for apply and recover: an API that cannot be reached or refuses the login is
+    a failed preflight (exit 2, nothing changed), as it is when apply's own preflight finds it,
+    and so is an API whose node is not this host (:func:`_refuse_other_node`)."""
     from gputopo.errors import PreflightError, ProxmoxError
 
     try:
-        return build_ports(conn, default_node=default_node)
+        ports = build_ports(conn, default_node=default_node)
     except ProxmoxError as e:
         raise PreflightError(f"cannot use the Proxmox API ({e}); nothing was changed") from None
+    try:
+        _refuse_other_node(conn, ports, root)
+    except BaseException:
+        ports.close()
+        raise
+    return ports
+
+
+def _refuse_other_node(conn: Connection, ports, root: str) -> None:
+    """With ``--api-url``: raises PreflightError unless the node the API calls name is this
+    host and the API serves it. sysfs writes, host files and ``pct`` always act on this machine;
+    a node elsewhere would get its guests stopped and configured for GPUs this host moves."""
+    from gputopo.errors import PreflightError, ProxmoxError
+
+    if conn.api_url is None:
+        return
+    host = this_host(root)
+    node = ports.proxmox.node
+    try:
+        served = ports.proxmox.nodes()
+    except ProxmoxError as e:
+        raise PreflightError(f"cannot use the Proxmox API ({e}); nothing was changed") from None
+    if node != host or host not in served:
+        raise PreflightError(
+            f"--api-url {conn.api_url} serves node(s) {', '.join(served) or 'none'}, and gputopo would act on node "
+            f"{node}, but this host is {host}: sysfs and pct act on this machine only; run it on the node "
+            "itself (nothing was changed)")
 
 
 @click.command()
@@ -86,8 +120,10 @@ def _preflight_ports(conn: Connection, default_node: str | None):
               help="Seconds one sysfs write may take; a write that takes longer leaves its device to a human.")
 @click.option("--rollback-on-verify-failure", is_flag=True, help="Roll back when verification finds a FAIL.")
 @click.option("--no-verify", is_flag=True, help="Do not run verify after applying.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the result (status, steps and their warnings, verify) as JSON; progress goes to stderr.")
 def apply(spec_file: str, conn: Connection, dry_run: bool, yes: bool, sysfs_timeout: float,
-          rollback_on_verify_failure: bool, no_verify: bool) -> None:
+          rollback_on_verify_failure: bool, no_verify: bool, as_json: bool) -> None:
     """Apply the spec: preflight, lock, journaled steps, rollback on any failure, then verify.
 
     Exit codes: 0 applied (or no changes), 1 failed and rolled back, 2 refused before anything
@@ -98,19 +134,18 @@ def apply(spec_file: str, conn: Connection, dry_run: bool, yes: bool, sysfs_time
 
     spec = load_spec(spec_file)
     root = host_root(conn)
-    default_node = spec.nodes[0].name if len(spec.nodes) == 1 else None
-    ports = _preflight_ports(conn, default_node)
-    progress = _progress()
+    ports = _preflight_ports(conn, node_for(conn, spec, this_host(root)), root)
+    progress = _progress(sys.stderr if as_json else None)
 
     def confirm(p) -> bool:
-        click.echo(p.to_text(), nl=False)
+        click.echo(p.to_text(), nl=False, err=as_json)
         if yes:
             return True
         if not sys.stdin.isatty():
             from gputopo.errors import ConfigError
 
             raise ConfigError("refusing to change the host without confirmation: pass --yes (stdin is not a terminal)")
-        return click.confirm("Apply these changes?", default=False)
+        return click.confirm("Apply these changes?", default=False, err=as_json)
 
     try:
         verifier = None if (no_verify or dry_run) else _verifier(spec, ports, root, conn.node)
@@ -120,10 +155,16 @@ def apply(spec_file: str, conn: Connection, dry_run: bool, yes: bool, sysfs_time
                            node=conn.node)
     finally:
         ports.close()
-    if result.status in ("no-changes", "dry-run"):
+    if as_json:
+        from gputopo.cli.output import print_json
+
+        print_json(result_json(result))
+    elif result.status in ("no-changes", "dry-run"):
         click.echo(result.plan.to_text() if result.plan else "No changes", nl=False)
         return
-    if result.verify is not None:
+    if result.status in ("no-changes", "dry-run"):
+        return
+    if result.verify is not None and not as_json:
         from gputopo.cli.verifycmd import print_report
 
         print_report(result.verify)
@@ -135,6 +176,26 @@ def apply(spec_file: str, conn: Connection, dry_run: bool, yes: bool, sysfs_time
         from gputopo.errors import VerifyFailed
 
         raise VerifyFailed("applied, but verification failed (see above); 'gputopo recover' cannot undo a finished apply")
+
+
+def result_json(result) -> dict:
+    """An apply's result as the JSON ``apply --json`` prints: status, journal, times, each step
+    with its warnings, every warning once more as ``step N: text``, and the verify report."""
+    import json
+
+    steps = [{"step": r.index + 1, "phase": r.phase, "description": r.text, "status": r.status,
+              "seconds": round(r.seconds, 3), "warnings": list(r.warnings)}
+             for r in sorted(result.steps, key=lambda r: r.index)]
+    return {
+        "status": result.status,
+        "journal": result.journal,
+        "wall_s": round(result.wall_s, 3),
+        "stop_window_s": None if result.stop_window_s is None else round(result.stop_window_s, 3),
+        "steps": steps,
+        "warnings": [f"step {s['step']}: {w}" for s in steps for w in s["warnings"]],
+        "plan": [a.describe() for a in result.plan.actions] if result.plan is not None else [],
+        "verify": json.loads(result.verify.to_json()) if result.verify is not None else None,
+    }
 
 
 @click.command()
@@ -162,7 +223,8 @@ def recover(conn: Connection, finish: bool, sysfs_timeout: float) -> None:
 
     root = host_root(conn)
     unfinished = find_unfinished(root)
-    ports = build_ports(conn, default_node=unfinished.header.node if unfinished else None)
+    ports = _preflight_ports(conn, unfinished.header.node if unfinished else node_for(conn, None, this_host(root)),
+                             root)
     try:
         result = run_recover(ports, root=root, finish=finish, progress=_progress(), timeouts=Timeouts(sysfs=sysfs_timeout))
     finally:

@@ -18,15 +18,20 @@ snapshot                a directory                 -           -      -       -
 ======================  ==========================  ==========  =====  ======  ======
 
 (*) ``--api-url`` (or ``GPUTOPO_PVE_URL``), ``--local``, ``--user``, ``--token-name``,
-``--secret-file``, ``--ca-bundle``, ``--insecure``, ``--api-timeout``.
+``--secret-file``, ``--ca-bundle``, ``--fingerprint``, ``--insecure``, ``--api-timeout``.
 
 Where the options lead:
 
 * ``--sim DIR``: a simulated host (``gputopo sim create DIR``); its Proxmox API and inference
   endpoint are served from this process on loopback, its root is ``DIR/root``;
 * ``--api-url https://HOST[:PORT]``: the Proxmox API over HTTPS (API token with ``--token-name``,
-  else a password); secrets only from ``GPUTOPO_PVE_PASSWORD`` / ``GPUTOPO_PVE_TOKEN`` /
-  ``GPUTOPO_PVE_TOKEN_SECRET`` or ``--secret-file``;
+  ``gputopo`` or the full ``root@pam!gputopo`` the web UI shows, else a password); secrets only
+  from ``GPUTOPO_PVE_PASSWORD`` / ``GPUTOPO_PVE_TOKEN`` / ``GPUTOPO_PVE_TOKEN_SECRET`` or
+  ``--secret-file``. The node's certificate is checked against the system CAs, ``--ca-bundle``,
+  or pinned by its SHA-256 fingerprint with ``--fingerprint`` (as Proxmox's own clients pin a
+  node: :mod:`gputopo.adapters.pinning`); ``--insecure`` checks nothing and says so on stderr.
+  The three exclude each other. The node the API calls name is ``--node``, else the spec's
+  only node, else this host's name (:func:`node_for`);
 * ``--local``: ``pvesh`` and ``pct`` on the node itself; the default of apply, recover and
   verify without ``--api-url``;
 * neither (plan, render, diff): Proxmox's files under ``--pve-root`` (default ``/etc/pve``).
@@ -46,6 +51,7 @@ import dataclasses
 import functools
 import socket
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import click
@@ -77,6 +83,7 @@ class Connection:
     ca_bundle: str | None = None
     insecure: bool = False
     api_timeout: float | None = None
+    fingerprint: str | None = None
 
     @property
     def live(self) -> bool:
@@ -86,7 +93,7 @@ class Connection:
 
 # options that only the HTTPS API uses: field -> option
 _HTTPS_ONLY = {"user": "--user", "token_name": "--token-name", "secret_file": "--secret-file",
-               "ca_bundle": "--ca-bundle", "insecure": "--insecure"}
+               "ca_bundle": "--ca-bundle", "fingerprint": "--fingerprint", "insecure": "--insecure"}
 _API = ("api_url", "local", *_HTTPS_ONLY, "api_timeout")
 
 
@@ -115,13 +122,19 @@ def _option(field: str, snapshot: bool, sim: bool) -> Callable[[Callable[..., An
                              help=f"Proxmox user of --api-url, password from GPUTOPO_PVE_PASSWORD or "
                                   f"--secret-file (default: {DEFAULT_USER})."),
         "token_name": click.option("--token-name", default=None,
-                                   help="API token id of --user, secret from GPUTOPO_PVE_TOKEN_SECRET or "
-                                        "--secret-file (GPUTOPO_PVE_TOKEN=user@realm!id=secret replaces both)."),
+                                   help="API token id of --user, or the full id root@pam!gputopo as the web UI "
+                                        "shows it; secret from GPUTOPO_PVE_TOKEN_SECRET or --secret-file "
+                                        "(GPUTOPO_PVE_TOKEN=user@realm!id=secret replaces both)."),
         "secret_file": click.option("--secret-file", default=None, type=click.Path(dir_okay=False),
                                     help="Owner-only file holding the password or token secret."),
         "ca_bundle": click.option("--ca-bundle", default=None, type=click.Path(dir_okay=False),
                                   help="CA certificate(s) to check the API's TLS certificate with."),
-        "insecure": click.option("--insecure", is_flag=True, help="Do not check the API's TLS certificate."),
+        "fingerprint": click.option("--fingerprint", default=None, metavar="SHA256",
+                                    help="Trust only the API certificate with this SHA-256 fingerprint "
+                                         "(AA:BB:..., as the node's certificate view and GET /nodes show it)."),
+        "insecure": click.option("--insecure", is_flag=True,
+                                 help="Do not check the API's TLS certificate (prints a warning; "
+                                      "--fingerprint pins it instead)."),
         "api_timeout": click.option("--api-timeout", default=None, type=Finite(),
                                     help=f"Seconds per Proxmox API call, --api-url or --local "
                                          f"(default: {DEFAULT_API_TIMEOUT:g})."),
@@ -222,12 +235,45 @@ def _refuse_ignored(conn: Connection, timeout_used: bool) -> None:
         raise ConfigError("--api-timeout applies to --api-url and --local only")
 
 
+def _tls(conn: Connection) -> None:
+    """Raises ConfigError when more than one way to check the certificate is given; warns on
+    stderr that ``--insecure`` checks nothing."""
+    given = [opt for name, opt in (("ca_bundle", "--ca-bundle"), ("fingerprint", "--fingerprint"),
+                                   ("insecure", "--insecure")) if getattr(conn, name)]
+    if len(given) > 1:
+        raise ConfigError(f"{' and '.join(given)} exclude each other (each decides how the API's "
+                          "certificate is checked)")
+    if conn.insecure:
+        click.echo("gputopo: warning: --insecure: the API's TLS certificate is not checked, anyone on the way "
+                   "can read the credentials; pin it with --fingerprint instead", err=True)
+
+
+def this_host(root: str) -> str:
+    """This host's name as Proxmox names its node: the short hostname under ``root``, else
+    this machine's."""
+    try:
+        name = (Path(root) / "proc/sys/kernel/hostname").read_text().strip()
+    except OSError:
+        name = ""
+    return (name or socket.gethostname()).split(".")[0]
+
+
+def node_for(conn: Connection, spec: Any = None, hostname: str | None = None) -> str | None:
+    """The node the API calls name when ``--node`` is not given: the spec's only node, else
+    ``hostname`` (this host's name, as the host root says). None leaves it to build_ports."""
+    if conn.node:
+        return conn.node
+    if spec is not None and len(spec.nodes) == 1:
+        return spec.nodes[0].name
+    return hostname.split(".")[0] if hostname else None
+
+
 def build_ports(conn: Connection, default_node: str | None = None, env: dict[str, str] | None = None) -> Ports:
     """The ports for ``conn``: a simulated host's, or real sysfs/pct/host files plus the Proxmox API
     (``pvesh`` on this node without ``--api-url``).
 
-    ``default_node`` is the node name used when ``--node`` is not given (the spec's node); the
-    host's short name otherwise. Raises ConfigError for contradictory or ignored options and
+    ``default_node`` is the node name used when ``--node`` is not given (:func:`node_for`); the
+    host root's short hostname otherwise. Raises ConfigError for contradictory or ignored options and
     bad credentials, ProxmoxError when the API refuses the login, SimHostError for a ``--sim``
     directory that holds no simulated host.
     """
@@ -250,13 +296,17 @@ def build_ports(conn: Connection, default_node: str | None = None, env: dict[str
     from gputopo.adapters.proxmox import ProxmoxClient
 
     root = host_root(conn)
-    node = conn.node or default_node or socket.gethostname().split(".")[0]
+    node = conn.node or default_node or this_host(root)
     timeout = DEFAULT_API_TIMEOUT if conn.api_timeout is None else conn.api_timeout
     if conn.api_url is not None:
+        from gputopo.adapters.pinning import normalize_fingerprint
+
         host, port = parse_api_url(conn.api_url)
+        _tls(conn)
         cfg = ApiConfig(backend="https", host=host, port=port, node=node, user=conn.user or DEFAULT_USER,
-                        token_name=conn.token_name, verify_ssl=not conn.insecure,
-                        ca_bundle=conn.ca_bundle, secret_file=conn.secret_file, timeout=timeout)
+                        token_name=conn.token_name, verify_ssl=not conn.insecure, ca_bundle=conn.ca_bundle,
+                        fingerprint=normalize_fingerprint(conn.fingerprint) if conn.fingerprint else None,
+                        secret_file=conn.secret_file, timeout=timeout)
     else:
         cfg = ApiConfig(backend="local", node=node, timeout=timeout)
     client = ProxmoxClient.from_config(cfg, env=env)

@@ -21,7 +21,7 @@ from pathlib import Path
 import click
 
 from gputopo.cli.output import write_output
-from gputopo.cli.connect import Connection, connection_options, host_root, pve_root, source_ports
+from gputopo.cli.connect import Connection, connection_options, host_root, node_for, pve_root, source_ports
 from gputopo.errors import GputopoError, PlanRefused
 
 SPLITS = click.Choice(["numa", "half"])
@@ -104,11 +104,12 @@ def _inputs(conn: Connection, quick: dict):
 
     Raises SpecError/ConfigError for bad input, ProxmoxError when the API fails.
     """
-    ports = source_ports(conn, default_node=conn.node)
+    root = host_root(conn)
+    facts = _facts(root)
+    spec = _spec(facts, node=conn.node, **quick)
+    # the API names the spec's node (or this host's), not the machine gputopo runs on
+    ports = source_ports(conn, default_node=node_for(conn, spec, facts.host.hostname))
     try:
-        root = host_root(conn)
-        facts = _facts(root)
-        spec = _spec(facts, node=conn.node, **quick)
         return facts, spec, _current(spec, facts, root, conn, ports)
     finally:
         if ports is not None:

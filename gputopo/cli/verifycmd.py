@@ -10,7 +10,7 @@ import sys
 
 import click
 
-from gputopo.cli.connect import Connection, build_ports, connection_options, host_root
+from gputopo.cli.connect import Connection, build_ports, connection_options, host_root, node_for, this_host
 from gputopo.cli.params import Finite
 
 STYLE = {"PASS": "bold green", "WARN": "bold yellow", "FAIL": "bold red"}
@@ -39,8 +39,7 @@ def verify(spec_file: str, conn: Connection, http_timeout: float | None, strict:
 
     spec = load_spec(spec_file)
     root = host_root(conn)
-    default_node = spec.nodes[0].name if len(spec.nodes) == 1 else None
-    ports = build_ports(conn, default_node=default_node)
+    ports = build_ports(conn, default_node=node_for(conn, spec, this_host(root)))
     try:
         report = run_verify(spec, ports, root=root, http_timeout=http_timeout, strict=strict, node=conn.node,
                             start_vms=start_vms)

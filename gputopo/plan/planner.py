@@ -142,6 +142,13 @@ def _vm_restarts(
     return stops, starts
 
 
+def _shutdown_policy(stops: list[Any], spec: Spec) -> list[Any]:
+    """``stops`` with the spec's shutdown timeout and force-stop permission on each guest stop."""
+    pol = spec.policy
+    return [a.model_copy(update={"shutdown_timeout": pol.shutdown_timeout, "force_stop": pol.force_stop})
+            if isinstance(a, StopGuest) else a for a in stops]
+
+
 def plan(
     facts: Facts,
     spec: Spec,
@@ -237,6 +244,7 @@ def plan(
                                        refusals, warnings)
     if refusals:
         raise PlanRefused(refusals)
+    ct_stops, vm_stops = _shutdown_policy(ct_stops, spec), _shutdown_policy(vm_stops, spec)
     actions: list[Any] = [
         *_persistence_actions(vfio_all, current, templates), *mapping_actions, *dropins,
         *ct_stops, *vm_stops, *rebinds, *updates, *vm_plan.updates, *ct_starts, *vm_starts,

@@ -223,9 +223,20 @@ class Policy(_Strict):
     container_restart: Literal["auto", "always"] = Field(
         "auto",
         description=(
-            "auto: a running container whose GPUs change keeps running where Proxmox allows it (only "
-            "its service restarts): one that loses GPUs always (their devN removal stays pending until "
+            "auto: a running container whose GPUs change keeps running where Proxmox allows it, only "
+            "its service restarts: one that gives GPUs to VMs (their devN removal stays pending until "
             "its next restart), one that gains GPUs on PVE 9 (devN hot-plug); always: stop and start it"
+        ),
+    )
+    shutdown_timeout: int = Field(
+        60, ge=1, le=3600,
+        description="Seconds Proxmox waits for a guest to shut down cleanly (the shutdown's timeout; its default is 60)",
+    )
+    force_stop: bool = Field(
+        False,
+        description=(
+            "Let Proxmox stop a guest by force (forceStop) when it does not shut down within "
+            "shutdown_timeout: the step then warns. Off: the step fails and apply rolls back"
         ),
     )
 
@@ -355,6 +366,7 @@ class _SpecLoader(yaml.SafeLoader):
 
 
 _NUMBER_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+MAX_DEPTH = 32  # a spec is a few levels deep
 
 
 def load_yaml(text: str, file: str) -> Any:
@@ -363,6 +375,19 @@ def load_yaml(text: str, file: str) -> Any:
     Raises SpecError (file, no field) naming the line and column of a syntax error.
     """
     try:
+        # PyYAML composes and constructs nested nodes recursively: hundreds of levels exhaust
+        # Python's stack (and what runs on top of it) before any error could name the file.
+        # Its parser is not recursive: count the depth on its events first.
+        depth = 0
+        for event in yaml.parse(text, Loader=_SpecLoader):
+            if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    mark = event.start_mark
+                    raise SpecError(file, "", f"nested too deeply to be a spec (more than {MAX_DEPTH} levels at "
+                                              f"line {mark.line + 1}, column {mark.column + 1})")
+            elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                depth -= 1
         return yaml.load(text, Loader=_SpecLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
@@ -372,7 +397,15 @@ def load_yaml(text: str, file: str) -> Any:
 
 
 def parse_spec(text: str, file: str = "<spec>") -> Spec:
-    """Parse spec YAML text. Returns the Spec; raises SpecError (one line) for any problem."""
+    """Parse spec YAML text. Returns the Spec; raises SpecError (one line) for any problem,
+    a document nested deeper than :data:`MAX_DEPTH` included."""
+    try:
+        return _parse_spec(text, file)
+    except RecursionError:  # a last resort: load_yaml refuses deep documents before this
+        raise SpecError(file, "", f"nested too deeply to be a spec (more than {MAX_DEPTH} levels)") from None
+
+
+def _parse_spec(text: str, file: str) -> Spec:
     data = load_yaml(text, file)
     if not isinstance(data, dict):
         raise SpecError(file, "", f"a mapping with apiVersion: {API_VERSION} and kind: {KIND} expected")

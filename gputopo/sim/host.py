@@ -20,12 +20,13 @@ from typing import Any
 
 from gputopo.errors import ContainerStartError, SimHostError
 from gputopo.sim.fixtures import materialize
-from gputopo.formats.lxcconf import LxcConf, format_dev_value, parse_dev_value, write_lxc_conf
+from gputopo.formats.lxcconf import LxcConf, format_dev_value, parse_dev_value, parse_lxc_conf, write_lxc_conf
 from gputopo.formats.pcicfg import MapEntry, PciMapping, format_map_entry, write_pci_cfg
 from gputopo.sim import state
 from gputopo.sim.files import PMXCFS_MODE, atomic_write
 from gputopo.sim.container import Container, EndpointServer, SimExec, SimPaths, write_unit
 from gputopo.sim.container.devices import missing_devices
+from gputopo.sim.container.distro import lsb_release, start_warnings
 
 DEFAULT_CT = 101
 DEFAULT_VM = 201
@@ -37,6 +38,8 @@ SERVICE_COMMANDS = {
              "--host 0.0.0.0 --port 8000 --tensor-parallel-size {tp}"),
 }
 
+
+UBUNTU_RELEASE = "24.04"  # the container's distribution release (a known one: its start does not warn)
 
 # A real server's pace (seconds), used by set_latencies(): what an operator waits for.
 SERVICE_STOP, SERVICE_START = 3.0, 20.0
@@ -70,17 +73,24 @@ class Hooks:
     def __init__(self, sim_dir: Path):
         self.sim_dir = sim_dir
 
-    def on_guest_start(self, kind: str, vmid: int) -> None:
-        """Boot container ``vmid``: refuse like Proxmox when a granted ``devN`` node is missing.
+    def on_guest_start(self, kind: str, vmid: int) -> list[str]:
+        """Boot container ``vmid`` as pve-container's prestart hook and start do: refuse when a
+        granted ``devN`` node is missing, check the distribution (:mod:`gputopo.sim.container.distro`).
+        Returns the warnings the start logs (a release newer than pve-container knows).
 
         Raises :class:`ContainerStartError` (``Device /dev/nvidia4 does not exist``).
         """
         if kind != "lxc":
-            return
+            return []
         missing = missing_devices(self.sim_dir, vmid)
         if missing:
             raise ContainerStartError(f"Device {missing[0]} does not exist")
+        paths = SimPaths(self.sim_dir)
+        conf = paths.lxc_conf(vmid)
+        ostype = parse_lxc_conf(conf.read_text()).options.get("ostype") if conf.is_file() else None
+        warnings = start_warnings(paths.rootfs(vmid), ostype)
         Container(self.sim_dir, vmid).boot()
+        return warnings
 
     def on_guest_stop(self, kind: str, vmid: int) -> None:
         if kind == "lxc":
@@ -173,6 +183,9 @@ class SimHost:
                    f"[Unit]\nDescription={service} inference server\nAfter=network-online.target\n\n"
                    f"[Service]\nType=simple\nExecStart={SERVICE_COMMANDS[service].format(tp=len(gpus))}\n"
                    f"Restart=on-failure\n\n[Install]\nWantedBy=multi-user.target\n")
+        release = paths.rootfs(container) / "etc/lsb-release"
+        release.parent.mkdir(parents=True, exist_ok=True)
+        release.write_text(lsb_release(UBUNTU_RELEASE))
         state.set_guest_status(paths.run, "lxc", container, "running")
         state.set_guest_status(paths.run, "qemu", DEFAULT_VM, "stopped")
         Container(dir, container).boot()
@@ -195,6 +208,9 @@ class SimHost:
         kw: dict[str, Any] = {"tls": tls, "hooks": self.hooks}
         if port:
             kw["port"] = port
+        lat = state.read_state(self.paths.run, "latencies", {}) or {}
+        if "auth.fail" in lat:  # how late a 401 comes (a real node: 3 s)
+            kw["auth_fail_delay"] = float(lat["auth.fail"])
         self.api = PveApiServer(self.paths.pve, self.paths.run, self.paths.root, self.node, self.version, **kw)
         try:
             self.api.start()

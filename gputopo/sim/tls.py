@@ -1,4 +1,10 @@
-"""A throwaway certificate authority and server certificate for the simulated API server."""
+"""A throwaway certificate authority and server certificate for the simulated API server.
+
+The server certificate carries the names pve-cluster's ``gen_pve_ssl_cert`` gives a node's
+``pve-ssl.pem``: ``IP:127.0.0.1, IP:::1, DNS:localhost`` and ``DNS:<node>``, CN the node name,
+``OU=PVE Cluster Node``, ``O=Proxmox Virtual Environment``; it is signed by a CA named like the
+cluster's (``CN=Proxmox Virtual Environment, O=PVE Cluster Manager CA``).
+"""
 
 from __future__ import annotations
 
@@ -7,13 +13,28 @@ import ipaddress
 from pathlib import Path
 
 
-def make_ca_and_server_cert(directory: Path, hosts: tuple[str, ...] = ("127.0.0.1", "localhost")) -> tuple[Path, Path, Path]:
+NODE_NAMES = ("127.0.0.1", "::1", "localhost")  # pve-cluster gen_pve_ssl_cert, before the node's own
+
+
+def cert_fingerprint(cert_path: Path) -> str:
+    """The SHA-256 fingerprint of the PEM certificate at ``cert_path`` the way Proxmox prints
+    it (pve-common Certificate.pm get_certificate_fingerprint, Net::SSLeay X509_get_fingerprint):
+    upper-case hex pairs of the DER digest joined by ``:``."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+
+    digest = x509.load_pem_x509_certificate(Path(cert_path).read_bytes()).fingerprint(hashes.SHA256())
+    return ":".join(f"{b:02X}" for b in digest)
+
+
+def make_ca_and_server_cert(directory: Path, node: str = "pve1") -> tuple[Path, Path, Path]:
     """Write ``ca.pem``, ``server.pem`` and ``server.key`` (0600) into ``directory``.
 
-    The server certificate is signed by the CA and valid for ``hosts`` (IP addresses and DNS
-    names). Returns (ca_cert, server_cert, server_key) paths. Raises OSError when the files
+    The server certificate is signed by the CA and names 127.0.0.1, ::1, localhost and
+    ``node``. Returns (ca_cert, server_cert, server_key) paths. Raises OSError when the files
     cannot be written.
     """
+    hosts = (*NODE_NAMES, node)
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -21,12 +42,14 @@ def make_ca_and_server_cert(directory: Path, hosts: tuple[str, ...] = ("127.0.0.
 
     directory.mkdir(parents=True, exist_ok=True)
     now = datetime.datetime.now(datetime.timezone.utc)
-    existing = _reusable(directory, now)
+    existing = _reusable(directory, now, hosts)
     if existing is not None:
         # Another server of the same simulated host may be running: its clients trust this CA.
         return existing
     ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gputopo simulated PVE CA")])
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "Proxmox Virtual Environment"),
+                         x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, "gputopo simulated host"),
+                         x509.NameAttribute(NameOID.ORGANIZATION_NAME, "PVE Cluster Manager CA")])
     ca_cert = (
         x509.CertificateBuilder()
         .subject_name(ca_name)
@@ -51,7 +74,9 @@ def make_ca_and_server_cert(directory: Path, hosts: tuple[str, ...] = ("127.0.0.
             names.append(x509.DNSName(h))
     cert = (
         x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, "PVE Cluster Node"),
+                                 x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Proxmox Virtual Environment"),
+                                 x509.NameAttribute(NameOID.COMMON_NAME, node)]))
         .issuer_name(ca_name)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
@@ -81,8 +106,9 @@ def make_ca_and_server_cert(directory: Path, hosts: tuple[str, ...] = ("127.0.0.
     return ca_path, cert_path, key_path
 
 
-def _reusable(directory: Path, now: datetime.datetime) -> tuple[Path, Path, Path] | None:
-    """The paths of an existing CA + server certificate that stay valid for a day, else None."""
+def _reusable(directory: Path, now: datetime.datetime, hosts: tuple[str, ...]) -> tuple[Path, Path, Path] | None:
+    """The paths of an existing CA + server certificate that stay valid for a day and name
+    every one of ``hosts``, else None."""
     from cryptography import x509
 
     paths = (directory / "ca.pem", directory / "server.pem", directory / "server.key")
@@ -94,4 +120,19 @@ def _reusable(directory: Path, now: datetime.datetime) -> tuple[Path, Path, Path
         return None
     if cert.not_valid_after_utc < now + datetime.timedelta(days=1):
         return None
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return None
+    named = set(san.get_values_for_type(x509.DNSName)) | {str(a) for a in san.get_values_for_type(x509.IPAddress)}
+    if not {str(ipaddress.ip_address(h)) if _is_ip(h) else h for h in hosts} <= named:
+        return None
     return paths
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True

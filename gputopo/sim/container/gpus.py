@@ -59,7 +59,10 @@ def host_nvidia_gpus(root: Path) -> list[HostGpu]:
     """
     out = []
     for info in sorted((root / "proc/driver/nvidia/gpus").glob("*/information")):
-        fields = parse_nvidia_information(info.read_text())
+        text = read_text(info)
+        if text is None:
+            continue  # the GPU left nvidia between the listing and the read (an unbind finishing)
+        fields = parse_nvidia_information(text)
         try:
             address = normalize_address(fields.get("Bus Location") or info.parent.name)
         except Exception:

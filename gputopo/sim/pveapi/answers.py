@@ -33,8 +33,14 @@ class AuthFailed(Exception):
 
 
 class Result:
-    """A handler's data and the extra top-level keys of the answer (``total`` of a task log)."""
+    """A handler's data and the extra top-level keys of the answer (``total`` of a task log).
+
+    ``stderr`` holds the texts the handler printed on its standard error on the way (a Perl ``warn``
+    such as ``cannot delete 'dev7' - not set in current configuration!``): the daemon's journal
+    over HTTP, the terminal under pvesh.
+    """
 
     def __init__(self, data: Any, **extra: Any):
         self.data = data
         self.extra = extra
+        self.stderr: list[str] = []

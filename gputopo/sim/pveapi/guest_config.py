@@ -123,11 +123,12 @@ class GuestConfigHandlers:
             if caller is not None and not caller.is_root_pam and any(_is_dev(k) for k in deletes):
                 raise perm_error(dev_rule)
             for k in deletes:
+                # pve-container API2/LXC/Config.pm update_vm: unknown option, then set and delete
                 why = check_lxc_option(k, "0")
-                if k in sets:
-                    raise param_error({"delete": f"cannot set and delete '{k}' at the same time"})
                 if why and why.startswith("unknown setting") and k != "description":
                     raise param_error({"delete": f"unknown option '{k}'"})
+                if k in sets:
+                    raise param_error({"delete": f"you can't use '-{k}' and -delete {k}' at the same time"})
             if caller is not None and not caller.is_root_pam and any(_is_dev(k) for k in sets):
                 raise perm_error(dev_rule)
             if not sets and not deletes:
@@ -161,6 +162,11 @@ class GuestConfigHandlers:
                 else:
                     pend.options[k] = v
             for k in deletes:
+                # LXC/Config.pm update_pct_config: a key set neither now nor pending is skipped
+                # with a Perl warn, on a running container too (no pending delete is queued)
+                if k not in conf.options and k not in pend.options and not (k == "description" and conf.description):
+                    self.print_stderr(f"cannot delete '{k}' - not set in current configuration!")
+                    continue
                 pend.options.pop(k, None)
                 if not running or k in FASTPLUG:
                     conf.options.pop(k, None)

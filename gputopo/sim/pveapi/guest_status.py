@@ -1,7 +1,10 @@
 """Guest status and power through the simulated API: status/current, start, stop, shutdown.
 
 A start, stop or shutdown answers at once with the UPID of a task (:mod:`.tasks`) that does
-the work.
+the work. A container's API refuses a start of a running one and a stop of a stopped one with
+a 500 (pve-container API2/LXC/Status.pm); QEMU's checks nothing before it forks the worker
+(qemu-server API2/Qemu.pm vm_start/vm_stop/vm_shutdown): the start task of a running VM fails
+(``VM 201 already running``), the stop task of a stopped VM succeeds.
 """
 
 from __future__ import annotations
@@ -43,15 +46,21 @@ class GuestStatusHandlers:
 
     def _guest_action(self, caller: Caller, p: dict, action: str) -> str:
         kind, vmid = p["kind"], p["vmid"]
-        who = "CT" if kind == "lxc" else "VM"
-        if action != "start" or kind == "qemu":
-            self._load(kind, vmid)
         running = state.guest_status(self.run_dir, kind, vmid) == "running"
-        if action == "start" and running:
-            raise die(f"{who} {vmid} already running")
-        if action != "start" and not running:
-            raise die(f"{who} {vmid} not running")
-        return self._new_task(TASK_TYPES[(kind, action)], kind, vmid, action, caller.user if caller else "root@pam")
+        if kind == "lxc":
+            if action != "start":
+                self._load(kind, vmid)
+            if action == "start" and running:
+                raise die(f"CT {vmid} already running")
+            if action != "start" and not running:
+                raise die(f"CT {vmid} not running")
+        elif action == "shutdown" and not running:
+            # vm_shutdown asks QEMU whether the VM is paused first (vm_is_paused), and warns
+            # what that query died of: "VM 201 not running" (QemuServer/Monitor.pm qmp_cmd)
+            self.print_stderr(f"VM {vmid} not running\n\n")  # Perl: warn "$@\n", $@ ending in \n
+        params = {k: p[k] for k in ("timeout", "forceStop") if p.get(k) is not None}
+        return self._new_task(TASK_TYPES[(kind, action)], kind, vmid, action,
+                              caller.user if caller else "root@pam", params)
 
     def h_guest_start(self, caller: Caller, p: dict) -> Any:
         return self._guest_action(caller, p, "start")

@@ -7,10 +7,11 @@ has no body, an error carries ``message`` (and ``errors`` for a parameter check)
 from __future__ import annotations
 
 import json
+import re
 import time
 from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import unquote_plus, urlsplit
 
 from gputopo.sim.pveapi.answers import ApiError, AuthFailed
 from gputopo.sim.pveapi.routes import API_PREFIX
@@ -21,6 +22,23 @@ if TYPE_CHECKING:
 
 class BadBody(Exception):
     """A request body that cannot become parameters."""
+
+
+def decode_urlencoded(text: str) -> list[tuple[str, str | None]]:
+    """Form pairs the way pve-http-server's AnyEvent.pm decode_urlencoded reads a body or a
+    query string: split on ``&`` and on ``;`` (an unencoded ``;`` starts a new parameter), each
+    pair with Perl's ``split(/=/)`` (the value is the text up to a second ``=``; none, as in
+    ``key`` or ``key=``, is undef: None), ``+`` and ``%XX`` decoded."""
+    pairs: list[tuple[str, str | None]] = []
+    for kv in re.split(r"[&;]", text):
+        if not kv:
+            continue
+        parts = kv.split("=")
+        while len(parts) > 1 and parts[-1] == "":
+            parts.pop()  # Perl's split drops trailing empty fields
+        value = unquote_plus(parts[1]) if len(parts) > 1 else None
+        pairs.append((unquote_plus(parts[0]), value))
+    return pairs
 
 
 def merge_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -59,9 +77,9 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
                     raise BadBody("unable to parse JSON body - not an object")
                 pairs += list(obj.items())
             else:
-                pairs += parse_qsl(body.decode(), keep_blank_values=True)
+                pairs += decode_urlencoded(body.decode())
         params = merge_pairs(pairs)
-        params.update(merge_pairs(parse_qsl(url.query, keep_blank_values=True)))  # the query string wins
+        params.update(merge_pairs(decode_urlencoded(url.query)))  # the query string wins
         params.pop("_dc", None)
         return params
 

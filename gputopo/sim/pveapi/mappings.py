@@ -15,6 +15,13 @@ from gputopo.sim.files import PMXCFS_MODE, atomic_write
 from gputopo.sim.pveapi.answers import die
 from gputopo.sim.pveapi.auth import Caller
 
+# The mapping's options and whether each may be deleted (pve-guest-common Mapping/PCI.pm
+# options(): map is required, the others optional)
+DELETABLE = {"map": False, "description": True, "mdev": True, "live-migration-capable": True}
+# pve-guest-common Mapping/PCI.pm lock_pci_config: cfs_lock_file('mapping/pci.cfg'), whose lock
+# id pve-cluster Cluster.pm cfs_lock_file builds as "file-" . the name with . and / as _
+CFS_LOCK = "file-mapping_pci_cfg"
+
 
 class MappingHandlers:
     """PCI mapping handlers of :class:`gputopo.sim.pveapi.PveApiServer` (a mixin)."""
@@ -117,6 +124,7 @@ class MappingHandlers:
             mp.live_migration_capable = p["live-migration-capable"]
 
     def h_mapping_create(self, caller: Caller, p: dict) -> Any:
+        self.cfs_lock(CFS_LOCK, "create hardware mapping failed: ")
         with self._lock:
             _, maps = self._read_mappings()
             if any(m.id == p["id"] for m in maps):
@@ -127,7 +135,11 @@ class MappingHandlers:
         return None
 
     def h_mapping_update(self, caller: Caller, p: dict) -> Any:
+        # pve-manager API2/Cluster/Mapping/PCI.pm update, in its order: digest, the id, then
+        # check_config (map is required), then SectionConfig.pm delete_from_config; every die
+        # inside lock_pci_config gets the "update hardware mapping failed: " prefix
         prefix = "update hardware mapping failed: "
+        self.cfs_lock(CFS_LOCK, prefix)
         with self._lock:
             text, maps = self._read_mappings()
             if p.get("digest") and sha1_digest(text) != p["digest"]:
@@ -135,25 +147,22 @@ class MappingHandlers:
             mp = next((m for m in maps if m.id == p["id"]), None)
             if mp is None:
                 raise die(prefix + f"pci ID '{p['id']}' does not exist")
-            deletes = p.get("delete", [])
-            if "map" in deletes:
-                raise die(prefix + "unable to delete required option 'map'")
             if "map" not in p:
                 raise die(prefix + "missing value for required option 'map'")
-            for k in deletes:
-                if k == "description":
-                    mp.description = None
-                elif k == "mdev":
-                    mp.mdev = None
-                elif k == "live-migration-capable":
-                    mp.live_migration_capable = None
-                else:
-                    raise die(prefix + f"invalid key '{k}' in 'delete'")  # not a mapping property
+            for k in p.get("delete", []):
+                if k not in DELETABLE:
+                    raise die(prefix + f"no such option '{k}'")
+                if not DELETABLE[k]:
+                    raise die(prefix + f"unable to delete required option '{k}'")
+                if k in p:
+                    raise die(prefix + f"cannot set and delete property '{k}' at the same time!")
+                setattr(mp, k.replace("-", "_"), None)
             self._apply_mapping_props(mp, p)
             atomic_write(self.mapping_path(), write_pci_cfg(maps), PMXCFS_MODE)
         return None
 
     def h_mapping_delete(self, caller: Caller, p: dict) -> Any:
+        self.cfs_lock(CFS_LOCK, "delete pci mapping failed: ")
         with self._lock:
             _, maps = self._read_mappings()
             keep = [m for m in maps if m.id != p["id"]]

@@ -8,17 +8,20 @@ lookup, and an injected API fault (a pmxcfs lock timeout) answers before the han
 from __future__ import annotations
 
 import re
+import threading
+import time
 from typing import Any
 
 from gputopo.formats.lxcconf import check_lxc_option
 from gputopo.sim import state
 from gputopo.sim.pveapi.answers import ApiError, Result, die, param_error, perm_error
 from gputopo.sim.pveapi.auth import Caller
-from gputopo.sim.pveapi.qemu_config import qemu_param_problem
+from gputopo.sim.pveapi.qemu_config import qemu_key_known, qemu_param_problem
 from gputopo.sim.pveapi.params import BOOL_KEYS, ItemErrors, fmt_bool, perl_str
 from gputopo.sim.pveapi.routes import Route, find_route
 
 API_FAULTS = "api-faults"
+_printed = threading.local()  # what the running handler printed on stderr (one request per thread)
 
 
 class Pipeline:
@@ -45,6 +48,33 @@ class Pipeline:
                     return ApiError(int(f["status"]), f["message"].rstrip("\n") + "\n")
         return None
 
+    def hold_cfs_lock(self, lockid: str, seconds: float) -> None:
+        """Let someone else hold the pmxcfs lock ``lockid`` (``file-mapping_pci_cfg`` for
+        ``mapping/pci.cfg``) for ``seconds`` from now: a write that needs it waits."""
+        with state.locked(self.run_dir, "cfs-locks"):
+            held = state.read_state(self.run_dir, "cfs-locks", {}) or {}
+            held[lockid] = time.time() + seconds
+            state.write_state(self.run_dir, "cfs-locks", held)
+
+    def cfs_lock(self, lockid: str, prefix: str = "") -> None:
+        """Wait for the pmxcfs lock ``lockid`` the way pve-cluster Cluster.pm $cfs_lock does:
+        while another holds it, print ``trying to acquire cfs lock '<id>' ...`` and retry each
+        second (here: at most until it is free); past its 10 s it fails ``error during
+        cfs-locked '<id>' operation: got lock request timeout`` after ``prefix`` (the caller's
+        "create hardware mapping failed: ")."""
+        until = float((state.read_state(self.run_dir, "cfs-locks", {}) or {}).get(lockid, 0.0))
+        deadline = time.time() + 10
+        while time.time() < until:
+            if time.time() >= deadline:
+                raise ApiError(500, f"{prefix}error during cfs-locked '{lockid}' operation: got lock request timeout\n")
+            self.print_stderr(f"trying to acquire cfs lock '{lockid}' ...")
+            time.sleep(min(1.0, max(0.0, until - time.time())))
+
+    def print_stderr(self, text: str) -> None:
+        """What a handler prints on stderr (a Perl ``warn``; a newline is added when ``text``
+        has none): the answer's ``Result.stderr``."""
+        getattr(_printed, "lines", []).append(text if text.endswith("\n") else text + "\n")
+
     @staticmethod
     def route(method: str, path: str) -> tuple[Route, dict[str, str]]:
         """The route of ``method path`` and its URI parameters. Raises ApiError 501."""
@@ -64,7 +94,7 @@ class Pipeline:
                 raise perm_error(None if route.handler == "mapping_get" else f"{acl.format(**uri)}, {'|'.join(privs)}")
         values, errors = {}, {}
         for name, spec in route.params.items():
-            if name not in params:
+            if params.get(name) is None:  # JSONSchema check_prop: an undef value is a missing one
                 if not spec.optional:
                     errors[name] = "property is missing and it is not optional"
                 continue
@@ -78,6 +108,9 @@ class Pipeline:
             if name in route.params or name == "_dc":
                 continue
             if route.extra == "lxc":
+                if value is None and re.match(r"^[a-z][a-z_]*\d*$", name) and not (
+                        (check_lxc_option(name, "") or "").startswith("unknown setting")):
+                    continue  # an undef value of an optional option: check_prop skips it
                 why = check_lxc_option(name, str(value)) if re.match(r"^[a-z][a-z_]*\d*$", name) else "unknown setting"
                 if why is None and name in BOOL_KEYS:
                     try:  # the wire takes only 0/1 (JSONSchema check_type), the file parser more
@@ -91,6 +124,11 @@ class Pipeline:
                 else:
                     values[name] = str(value)
             elif route.extra == "qemu":
+                if value is None and qemu_key_known(name):
+                    # an undef value (``affinity=`` on the wire) passes check_prop; update_vm_api
+                    # keeps the key and write_vm_config prints undef as an empty value
+                    values[name] = ""
+                    continue
                 why = qemu_param_problem(name, value)
                 if why:
                     errors[name] = why
@@ -105,5 +143,11 @@ class Pipeline:
         fault = self._take_api_fault(method, path)
         if fault is not None:
             raise fault
-        out = getattr(self, "h_" + route.handler)(caller, values)
-        return out if isinstance(out, Result) else Result(out)
+        _printed.lines = []
+        try:
+            out = getattr(self, "h_" + route.handler)(caller, values)
+            res = out if isinstance(out, Result) else Result(out)
+            res.stderr = _printed.lines
+        finally:
+            _printed.lines = []
+        return res

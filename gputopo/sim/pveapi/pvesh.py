@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from typing import TYPE_CHECKING, Any
 
+from gputopo.errors import ProxmoxError
 from gputopo.formats.lxcconf import check_lxc_option
 from gputopo.sim import state
 from gputopo.sim.pveapi.answers import ApiError
@@ -91,11 +93,36 @@ class PveshSim:
                 lines += f"{k}: {v}\n"
             return "", lines, 255
         data = result.data
+        # what the handler printed on stderr reaches the terminal; pvesh still exits 0
+        noise = "".join(result.stderr)
         if isinstance(data, str) and data.startswith("UPID:"):
-            self.server._finish_task(data)
-            task = state.read_state(self.server.run_dir, "tasks", {})[data]
-            err = "" if task["exitstatus"] == "OK" else task["exitstatus"] + "\n"
-            return json.dumps(data) + "\n", err, 0
+            return self._run_task(argv, timeout, data, noise)
         if data is None:
-            return "", "", 0
-        return json.dumps(data, sort_keys=True, separators=(",", ":")) + "\n", "", 0
+            return "", noise, 0
+        return json.dumps(data, sort_keys=True, separators=(",", ":")) + "\n", noise, 0
+
+    def _run_task(self, argv: list[str], timeout: float, upid: str, noise: str) -> tuple[str, str, int]:
+        """A task under pvesh runs in the foreground (pve-common RESTEnvironment.pm fork_worker,
+        ``$sync`` for the cli environment): the worker's output, its ``WARN:`` lines included
+        (its stderr goes to the same pipe), streams to stdout, then the UPID; the ending goes
+        to stderr: the error message, or ``Task finished with N warning(s)!``. pvesh exits 0."""
+        due = state.read_state(self.server.run_dir, "tasks", {})[upid]["due"]
+        if due - time.time() > timeout:
+            # what gputopo.adapters.pvesh.run_command does when pvesh outlives its timeout
+            time.sleep(max(0.0, timeout))
+            raise ProxmoxError(" ".join(argv[:3]), None, f"timed out after {timeout:g} s")
+        time.sleep(max(0.0, due - time.time()))  # it runs as long as it takes
+        self.server._finish_task(upid)
+        while True:  # the task's timer may be finishing it in another thread
+            task = state.read_state(self.server.run_dir, "tasks", {})[upid]
+            if task["status"] == "stopped":
+                break
+            time.sleep(0.01)
+        lines = [ln for ln in task.get("log") or [] if not ln.startswith("TASK ")]
+        out = "".join(ln + "\n" for ln in lines) + json.dumps(upid) + "\n"
+        status = task["exitstatus"]
+        if status == "OK":
+            return out, noise, 0
+        m = re.match(r"^WARNINGS: (\d+)$", status)
+        ending = f"Task finished with {m.group(1)} warning(s)!" if m else status
+        return out, noise + ending + "\n", 0

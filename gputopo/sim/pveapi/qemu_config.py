@@ -35,9 +35,14 @@ _INT_KEYS = {"cores", "sockets", "memory", "vcpus", "balloon", "cpuunits"}
 _BOOL_KEYS = {"numa", "onboot", "protection", "acpi", "kvm", "tablet"}
 
 
+def qemu_key_known(name: str) -> bool:
+    """True for a key the VM config schema defines."""
+    return name in _KEYS or bool(_INDEXED.match(name))
+
+
 def qemu_param_problem(name: str, value: Any) -> str | None:
     """Why the API refuses parameter ``name`` of a VM config update, or None."""
-    if name not in _KEYS and not _INDEXED.match(name):
+    if not qemu_key_known(name):
         return "property is not defined in schema and the schema does not allow additional properties"
     if isinstance(value, list):
         return "type check ('string') failed - got ARRAY"

@@ -39,6 +39,10 @@ from gputopo.sim.pveapi.qemu_vm import QemuVmHandlers
 from gputopo.sim.pveapi.routes import API_PREFIX
 from gputopo.sim.pveapi.tasks import TaskHandlers
 
+# pve-http-server AnyEvent.pm authenticate_and_handle_request: "always delay unauthorized calls
+# by 3 seconds" (a bad login at /access/ticket too, handle_api2_request)
+AUTH_FAIL_DELAY = 3.0
+
 
 class PveApiServer(Auth, Pipeline, NodeHandlers, GuestConfigHandlers, GuestStatusHandlers, TaskHandlers,
                    MappingHandlers, QemuConfigHandlers, QemuVmHandlers):
@@ -64,7 +68,7 @@ class PveApiServer(Auth, Pipeline, NodeHandlers, GuestConfigHandlers, GuestStatu
         version: str = "8.4.1",
         tls: bool = True,
         hooks: Any = None,
-        auth_fail_delay: float = 0.0,
+        auth_fail_delay: float = AUTH_FAIL_DELAY,
         port: int = 0,
     ):
         self.listen_port = port
@@ -75,7 +79,7 @@ class PveApiServer(Auth, Pipeline, NodeHandlers, GuestConfigHandlers, GuestStatu
         self.version = version
         self.tls = tls
         self.hooks = hooks
-        # a real node answers auth failures after 3 s; tests keep it at 0
+        # a real node answers every 401 after 3 s; tests that provoke many pass less
         self.auth_fail_delay = auth_fail_delay
         self.root_user = "root@pam"
         self.root_password = secrets.token_urlsafe(12)
@@ -86,6 +90,7 @@ class PveApiServer(Auth, Pipeline, NodeHandlers, GuestConfigHandlers, GuestStatu
         self.operator_token_id = "ops@pve!gputopo"
         self.operator_token_secret = str(uuid.uuid4())
         self.ca_cert_path: Path | None = None
+        self.cert_fingerprint: str | None = None  # SHA-256 of the served certificate, AA:BB:...
         self._lock = threading.RLock()
         self._tickets: dict[str, tuple[str, str]] = {}  # ticket -> (user, csrf)
         self._httpd: ThreadingHTTPServer | None = None
@@ -112,13 +117,14 @@ class PveApiServer(Auth, Pipeline, NodeHandlers, GuestConfigHandlers, GuestStatu
         httpd = ThreadingHTTPServer(("127.0.0.1", self.listen_port), handler)
         httpd.daemon_threads = True
         if self.tls:
-            from gputopo.sim.tls import make_ca_and_server_cert
+            from gputopo.sim.tls import cert_fingerprint, make_ca_and_server_cert
 
-            ca, cert, key = make_ca_and_server_cert(self.run_dir / "tls")
+            ca, cert, key = make_ca_and_server_cert(self.run_dir / "tls", node=self.node)
             ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             ctx.load_cert_chain(cert, key)
             httpd.socket = ctx.wrap_socket(httpd.socket, server_side=True)
             self.ca_cert_path = ca
+            self.cert_fingerprint = cert_fingerprint(cert)
         self._httpd = httpd
         self._thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="pveapi", daemon=True)
         self._thread.start()

@@ -1,10 +1,17 @@
 """Tasks of the simulated API: UPIDs that take time, can fail, and do a guest's start or stop.
 
 A task finishes on a timer after its latency (``latencies`` in the run dir; settable per task
-type), or when its status is read after it was due. Its effect runs once: a container start
-applies pending changes and boots the container (hooks), a VM start does Proxmox's PCI
-passthrough and the rest of qemu-server's start (:mod:`gputopo.sim.pveapi.qemu_vm`); an injected
-fault or a hook's exception fails the task with its message.
+type and per guest), or when its status is read after it was due. Its effect runs once: a
+container start applies pending changes and boots the container (hooks), a VM start does
+Proxmox's PCI passthrough and the rest of qemu-server's start (:mod:`gputopo.sim.pveapi.qemu_vm`);
+an injected fault or a hook's exception fails the task with its message. A shutdown's latency is how long the guest takes to
+go down: Proxmox's ``timeout`` and ``forceStop`` decide how the task ends
+(:mod:`.shutdown`).
+
+The log is what pve-common RESTEnvironment.pm fork_worker writes: the worker's lines (a
+``RESTEnvironment::warn`` as ``WARN: <message>``), then ``TASK OK``, ``TASK WARNINGS: N`` or
+``TASK ERROR: <message>``; the exitstatus is ``OK``, ``WARNINGS: N`` or the message (UPID.pm
+read_status).
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from gputopo.sim.files import PMXCFS_MODE, atomic_write
 from gputopo.sim.pveapi.answers import ApiError, Result, param_error
 from gputopo.sim.pveapi.auth import Caller
 from gputopo.sim.pveapi.guest_config import apply_pending
+from gputopo.sim.pveapi.shutdown import lxc_shutdown, qemu_shutdown
 
 DEFAULT_LATENCY = 0.05
 # run-state name; "faults" belongs to the container simulator (gputopo.sim.container)
@@ -30,12 +38,19 @@ TASK_FAULTS = "task-faults"
 class TaskHandlers:
     """Tasks of :class:`gputopo.sim.pveapi.PveApiServer` (a mixin)."""
 
-    def set_latency(self, task_type: str, seconds: float) -> None:
-        """How long tasks of ``task_type`` (``vzstart``, ``qmstop``...) take from now on."""
+    def set_latency(self, task_type: str, seconds: float, vmid: int | None = None) -> None:
+        """How long tasks of ``task_type`` (``vzstart``, ``qmstop``...) take from now on, for
+        guest ``vmid`` only when given. For ``vzshutdown``/``qmshutdown`` it is how long the
+        guest takes to shut down. ``second`` sets how long one second of Proxmox's own timers
+        (a shutdown's ``timeout``) lasts."""
         with state.locked(self.run_dir, "latencies"):
             lat = state.read_state(self.run_dir, "latencies", {}) or {}
-            lat[task_type] = seconds
+            lat[task_type if vmid is None else f"{task_type}:{vmid}"] = seconds
             state.write_state(self.run_dir, "latencies", lat)
+
+    def _latency(self, task_type: str, vmid: int) -> float:
+        lat = state.read_state(self.run_dir, "latencies", {}) or {}
+        return float(lat.get(f"{task_type}:{vmid}", lat.get(task_type, DEFAULT_LATENCY)))
 
     def inject_fault(self, task_type: str, vmid: int, message: str, count: int = 1) -> None:
         """Make the next ``count`` tasks of ``task_type`` for ``vmid`` fail with ``message``."""
@@ -44,7 +59,17 @@ class TaskHandlers:
             faults.append({"type": task_type, "vmid": str(vmid), "message": message, "count": count})
             state.write_state(self.run_dir, TASK_FAULTS, faults)
 
-    def _new_task(self, ttype: str, kind: str, vmid: int, action: str, user: str) -> str:
+    def _new_task(self, ttype: str, kind: str, vmid: int, action: str, user: str,
+                  params: dict[str, Any] | None = None) -> str:
+        params = params or {}
+        lat = self._latency(ttype, vmid)
+        outcome = None
+        if action == "shutdown" and state.guest_status(self.run_dir, kind, vmid) == "running":
+            second = float((state.read_state(self.run_dir, "latencies", {}) or {}).get("second", 1.0))
+            shutdown = lxc_shutdown if kind == "lxc" else qemu_shutdown
+            timeout = int(params["timeout"]) if params.get("timeout") is not None else None
+            outcome = shutdown(vmid, lat, timeout, bool(params.get("forceStop")), second)
+            lat = outcome.seconds
         with state.locked(self.run_dir, "tasks"):
             tasks = state.read_state(self.run_dir, "tasks", {}) or {}
             pid = 100000 + len(tasks)
@@ -53,12 +78,13 @@ class TaskHandlers:
             # the UPID names the caller as it authenticated, a token as "user@realm!tokenid";
             # the status answer splits that (pve-manager API2/Tasks.pm $convert_token_task)
             upid = f"UPID:{self.node}:{pid:08X}:{pstart:08X}:{start:08X}:{ttype}:{vmid}:{user}:"
-            lat = (state.read_state(self.run_dir, "latencies", {}) or {}).get(ttype, DEFAULT_LATENCY)
             tasks[upid] = {
                 "upid": upid, "node": self.node, "pid": pid, "pstart": pstart, "starttime": start,
                 "type": ttype, "id": str(vmid), "user": user.split("!")[0], "status": "running",
                 "kind": kind, "vmid": vmid, "action": action, "due": time.time() + lat, "log": [],
             }
+            if outcome is not None:
+                tasks[upid]["outcome"] = {"stopped": outcome.stopped, "log": outcome.log, "error": outcome.error}
             if "!" in user:
                 tasks[upid]["tokenid"] = user.split("!", 1)[1]
             state.write_state(self.run_dir, "tasks", tasks)
@@ -92,44 +118,92 @@ class TaskHandlers:
                 task["claimed"] = True
                 state.write_state(self.run_dir, "tasks", tasks)
         kind, vmid, action = task["kind"], task["vmid"], task["action"]
-        log: list[str] = []
+        log: list[str] = []  # the worker's output
+        warnings = 0
         try:
             fault = self._take_fault(task["type"], vmid)
             if fault:
                 raise RuntimeError(fault)
             if action == "start":
-                with self._lock:
-                    text = self._load(kind, vmid)
-                    if kind == "lxc":
-                        conf = parse_lxc_conf(text)
-                        if conf.options.get("template") in ("1",):
-                            raise RuntimeError("you can't start a CT if it's a template")
-                        if not conf.pending.is_empty():
-                            apply_pending(conf)
-                            atomic_write(self.conf_path(kind, vmid), write_lxc_conf(conf), PMXCFS_MODE)
-                if kind == "qemu":
-                    self._qemu_pci_start(vmid, text)
-                if self.hooks is not None and hasattr(self.hooks, "on_guest_start"):
-                    self.hooks.on_guest_start(kind, vmid)
-                state.set_guest_status(self.run_dir, kind, vmid, "running")
+                warnings = self._start_guest(kind, vmid, log)
             else:
-                if self.hooks is not None and hasattr(self.hooks, "on_guest_stop"):
-                    self.hooks.on_guest_stop(kind, vmid)
-                state.set_guest_status(self.run_dir, kind, vmid, "stopped")
-                if kind == "qemu":
-                    self._qemu_stop(vmid)
-            exitstatus = "OK"
-            log.append("TASK OK")
+                self._stop_guest(kind, vmid, task.get("outcome"), log)
+            exitstatus = f"WARNINGS: {warnings}" if warnings else "OK"
+            log.append(f"TASK {exitstatus}")
         except ApiError as e:
             exitstatus = e.message.rstrip("\n").replace("\n", " ")
-            log += [exitstatus, f"TASK ERROR: {exitstatus}"]
+            log.append(f"TASK ERROR: {exitstatus}")
         except Exception as e:  # a hook or a fault: the task fails with its message
             exitstatus = (str(e).rstrip("\n") or type(e).__name__).replace("\n", " ")
-            log += [exitstatus, f"TASK ERROR: {exitstatus}"]
+            log.append(f"TASK ERROR: {exitstatus}")
         with state.locked(self.run_dir, "tasks"):
             tasks = state.read_state(self.run_dir, "tasks", {}) or {}
             tasks[upid].update(status="stopped", exitstatus=exitstatus, log=log)
             state.write_state(self.run_dir, "tasks", tasks)
+
+    def _start_guest(self, kind: str, vmid: int, log: list[str]) -> int:
+        """Start the guest (pve-container vm_start, qemu-server vm_start), logging into
+        ``log``; returns how many warnings it logged. Raises what fails the task."""
+        with self._lock:
+            text = self._load(kind, vmid)
+            if kind == "qemu" and state.guest_status(self.run_dir, kind, vmid) == "running":
+                # QemuServer.pm vm_start, inside the task: the API answered with a UPID
+                raise RuntimeError(f"VM {vmid} already running")
+            if kind == "lxc":
+                conf = parse_lxc_conf(text)
+                if conf.options.get("template") in ("1",):
+                    raise RuntimeError("you can't start a CT if it's a template")
+                if not conf.pending.is_empty():
+                    apply_pending(conf)
+                    atomic_write(self.conf_path(kind, vmid), write_lxc_conf(conf), PMXCFS_MODE)
+        warnings = 0
+        if kind == "qemu":
+            warnings += self._efi_warnings(vmid, text, log)
+            self._qemu_pci_start(vmid, text)
+        if self.hooks is not None and hasattr(self.hooks, "on_guest_start"):
+            # what the container's start logged as warnings (pve-container LXC.pm
+            # print_ct_warn_log: each line of /run/pve/ct-ID.warnings goes to log_warn)
+            for message in self.hooks.on_guest_start(kind, vmid) or []:
+                warnings += _warn(log, message)
+        state.set_guest_status(self.run_dir, kind, vmid, "running")
+        return warnings
+
+    def _stop_guest(self, kind: str, vmid: int, outcome: dict | None, log: list[str]) -> None:
+        """Stop or shut down the guest as ``outcome`` (a shutdown's, :mod:`.shutdown`) says.
+        Raises what fails the task."""
+        if kind == "qemu":
+            self._load(kind, vmid)  # QemuServer.pm check_running asserts the config exists
+            if state.guest_status(self.run_dir, kind, vmid) != "running":
+                return  # _do_vm_stop: nothing runs, nothing to do
+        if outcome is not None:
+            log += outcome["log"]
+            if not outcome["stopped"]:
+                raise RuntimeError(outcome["error"])
+        if self.hooks is not None and hasattr(self.hooks, "on_guest_stop"):
+            self.hooks.on_guest_stop(kind, vmid)
+        state.set_guest_status(self.run_dir, kind, vmid, "stopped")
+        if kind == "qemu":
+            self._qemu_stop(vmid)
+
+    def _efi_warnings(self, vmid: int, text: str, log: list[str]) -> int:
+        """qemu-server 9 QemuServer.pm check_efi_vars (OVMF.pm should_enroll_ms_2023_cert): an
+        OVMF VM whose efidisk0 has pre-enrolled keys but not ``ms-cert=2023k`` warns at start,
+        then prints how to enroll the 2023 certificates."""
+        if int(self.version.split(".")[0]) < 9:
+            return 0
+        opts = parse_lxc_conf(text).options
+        efi = dict(kv.split("=", 1) for kv in str(opts.get("efidisk0", "")).split(",")[1:] if "=" in kv)
+        if opts.get("bios") != "ovmf" or "efidisk0" not in opts or opts.get("template") == "1":
+            return 0
+        if efi.get("pre-enrolled-keys") != "1" or efi.get("ms-cert") == "2023k":
+            return 0
+        _warn(log, "EFI disk without 'ms-cert=2023k' option, suggesting that not all UEFI 2023\n"
+                   "certificates from Microsoft are enrolled yet.")
+        log += ["The UEFI 2011 certificates expire in June 2026! The new certificates are required",
+                "for secure boot update for Windows and common Linux distributions.",
+                "Use 'Disk Action > Enroll Updated Certificates' in the UI or, while the VM is",
+                f"shut down, run 'qm enroll-efi-keys {vmid}' to enroll the new certificates.", ""]
+        return 1
 
     def _passthrough(self) -> Any:
         """The VM-start PCI handling over this node's sysfs root (gputopo.sim.passthrough)."""
@@ -170,3 +244,9 @@ class TaskHandlers:
         if not lines:
             return Result([{"n": 1, "t": "no content"}], total=1)
         return Result([{"n": i + 1, "t": t} for i, t in enumerate(lines)][start : start + limit], total=len(lines))
+
+
+def _warn(log: list[str], message: str) -> int:
+    """RESTEnvironment.pm warn: ``WARN: <message>`` (chomped) into the task log; counts one."""
+    log.extend(f"WARN: {message.rstrip(chr(10))}".split("\n"))
+    return 1
