@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
-from typing import Literal
 
 from gputopo.errors import InputError
 from gputopo.facts.files import addresses_in, read_text, sorted_addresses, stripped
@@ -36,6 +34,11 @@ from gputopo.model.facts import (
     parse_cpulist,
     slot_of,
 )
+
+TYPE_CHECKING = False  # typing and pathlib cost discovery's start-up; annotations need them only
+if TYPE_CHECKING:
+    from pathlib import Path
+    from typing import Literal
 
 NVIDIA_GPUS = "proc/driver/nvidia/gpus"
 

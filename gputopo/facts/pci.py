@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
 
 from gputopo.errors import RootError
 from gputopo.facts.files import link_name, list_dir, read_text, sorted_addresses, stripped
 from gputopo.model.facts import PciFunction, normalize_address
+
+TYPE_CHECKING = False  # pathlib costs discovery's start-up; the annotations need it only
+if TYPE_CHECKING:
+    from pathlib import Path
 
 PCI_DEVICES = "sys/bus/pci/devices"
 
