@@ -7,7 +7,7 @@ Pure ``parse_*`` functions first, then the readers; every reader takes the host 
 from __future__ import annotations
 
 import os
-import re
+from itertools import groupby
 
 from gputopo.facts.files import addresses_in, list_dir, read_text, stripped
 from gputopo.model.facts import HostFacts, Modules, NumaNode, format_cpulist, parse_cpulist
@@ -56,15 +56,18 @@ def parse_bool_param(text: str | None) -> bool | None:
     return None
 
 
-_NV_VERSION_RE = re.compile(r"Kernel Module.*?\s(\d+\.\d+(?:\.\d+)*)\s")
-
-
 def parse_nvidia_version(text: str | None) -> str | None:
-    """The driver version from ``/proc/driver/nvidia/version`` (``'570.133.20'``), or None."""
-    if not text:
-        return None
-    m = _NV_VERSION_RE.search(text + " ")
-    return m.group(1) if m else None
+    """The driver version from ``/proc/driver/nvidia/version`` (``'570.133.20'``): the first
+    word after "Kernel Module" on its line that is a dotted number; None without one."""
+    for line in (text or "").splitlines():
+        _, found, rest = line.partition("Kernel Module")
+        if not found:
+            continue
+        for word in rest.split():
+            parts = word.split(".")
+            if len(parts) >= 2 and all(p.isascii() and p.isdigit() for p in parts):
+                return word
+    return None
 
 
 def numa_from_cpulist(local: set[int], nodes: dict[int, set[int]]) -> int | None:
@@ -80,7 +83,8 @@ def numa_from_cpulist(local: set[int], nodes: dict[int, set[int]]) -> int | None
 
 
 def _natural(s: str) -> list:
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)]
+    """Sort key: 'nvidia10' after 'nvidia9'."""
+    return [int("".join(g)) if digits else "".join(g) for digits, g in groupby(s, str.isdigit)]
 
 
 # --- reading -----------------------------------------------------------------------------
@@ -106,15 +110,15 @@ def read_numa(root: str, warnings: list[str]) -> dict[int, set[int]]:
     out: dict[int, set[int]] = {}
     ndir = os.path.join(root, NODE_DIR)
     for n in list_dir(ndir):
-        m = re.fullmatch(r"node(\d+)", n)
-        if not m:
+        number = n[4:]
+        if not (n.startswith("node") and number.isascii() and number.isdigit()):
             continue
         text = read_text(os.path.join(ndir, n, "cpulist"))
         try:
-            out[int(m.group(1))] = parse_cpulist(text)
+            out[int(number)] = parse_cpulist(text)
         except ValueError:
             warnings.append(f"{NODE_DIR}/{n}/cpulist: not a cpulist: {(text or '').strip()!r}")
-            out[int(m.group(1))] = set()
+            out[int(number)] = set()
     return dict(sorted(out.items()))
 
 

@@ -6,36 +6,41 @@ A model name is a nicety: nothing here is required, and nothing here raises.
 from __future__ import annotations
 
 import os
+import re
 
 from gputopo.facts.files import read_whole
 
 # Where distributions keep the PCI id database, relative to the root.
 PCI_IDS_PATHS = ("usr/share/misc/pci.ids", "usr/share/hwdata/pci.ids", "usr/share/pci.ids")
+_NEXT_BLOCK = re.compile(r"\n[^\t#\n]")  # a line that is neither a device, a comment nor empty
 
 
 def parse_pci_ids(text: str, wanted: set[tuple[str, str]]) -> dict[tuple[str, str], str]:
     """Device names from a ``pci.ids`` database for the wanted ``('10de', '2bb5')`` pairs.
 
-    Returns {(vendor, device): name}; ids are 4 lowercase hex digits without ``0x``.
-    Stops reading at the class section (``C xx``), where names are no longer device names.
+    Returns {(vendor, device): name}; ids are 4 lowercase hex digits without ``0x``, as the
+    database writes them. Only the wanted vendors' blocks are read (the whole database is some
+    40,000 lines), and only before the class section (``C xx``), where names are no longer
+    device names.
     """
-    want_vendors = {v for v, _ in wanted}
+    classes = text.find("\nC ")
+    end = len(text) if classes < 0 else classes + 1
     names: dict[tuple[str, str], str] = {}
-    vendor: str | None = None
-    for line in text.splitlines():
-        if not line or line[0] == "#":
-            continue
-        if line[0] != "\t":
-            if line.startswith("C "):
-                break
-            vid = line[:4].lower()
-            vendor = vid if vid in want_vendors else None
-            continue
-        if vendor is None or line.startswith("\t\t"):
-            continue
-        did = line[1:5].lower()
-        if (vendor, did) in wanted:
-            names[(vendor, did)] = line[5:].strip()
+    for vendor in sorted({v for v, _ in wanted}):
+        if text.startswith(vendor):
+            start = 0
+        else:
+            start = text.find("\n" + vendor, 0, end) + 1
+            if start == 0:
+                continue
+        # the vendor's block: its line, then device lines (one tab) and subsystem lines (two),
+        # up to the next line that starts with neither a tab nor a comment
+        nxt = _NEXT_BLOCK.search(text, start, end)
+        for line in text[start:nxt.start() if nxt else end].split("\n")[1:]:
+            if line[:1] == "\t" and line[1:2] != "\t":
+                did = line[1:5].lower()
+                if (vendor, did) in wanted:
+                    names[(vendor, did)] = line[5:].strip()
     return names
 
 

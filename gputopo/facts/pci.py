@@ -7,10 +7,9 @@ Every function takes the host ``root``; the functions are read from
 from __future__ import annotations
 
 import os
-import re
 
 from gputopo.errors import RootError
-from gputopo.facts.files import link_name, list_dir, read_text, sorted_addresses, stripped
+from gputopo.facts.files import link_name, list_dir, read_attr, sorted_addresses, stripped
 from gputopo.model.facts import PciFunction, normalize_address
 
 TYPE_CHECKING = False  # pathlib costs discovery's start-up; the annotations need it only
@@ -33,9 +32,12 @@ def parse_hex_id(text: str | None, width: int = 4, zero_ok: bool = False) -> str
     if text is None:
         return None
     t = text.strip().lower()
-    if not re.fullmatch(r"0x[0-9a-f]+", t):
+    digits = t[2:]
+    if t[:2] != "0x" or not digits or digits.strip("0123456789abcdef"):
         return None
-    value = int(t, 16)
+    if len(digits) == width:  # as sysfs writes it: already in the canonical form
+        return None if digits == "f" * width or (digits == "0" * width and not zero_ok) else t
+    value = int(digits, 16)
     if (value == 0 and not zero_ok) or value >= (1 << (4 * width)) - 1:
         return None
     return f"0x{value:0{width}x}"
@@ -87,7 +89,7 @@ class AttrReader:
         """The text of ``<devdir>/<name>/<attr>``; None when it cannot be read."""
         key = (name, attr)
         if key not in self.cache:
-            self.cache[key] = read_text(f"{self.devdir}/{name}/{attr}")
+            self.cache[key] = read_attr(f"{self.devdir}/{name}/{attr}")
         return self.cache[key]
 
     def link(self, name: str, attr: str) -> str | None:
