@@ -7,6 +7,7 @@ snapshot) has nothing to give; the callers decide what a missing value means.
 from __future__ import annotations
 
 import os
+import re
 
 from gputopo.errors import AddressError
 from gputopo.model.facts import normalize_address
@@ -52,10 +53,10 @@ def read_attr(path: str) -> str | None:
         os.close(fd)
 
 
-def read_whole(path: str) -> str | None:
-    """The whole text of a file of any size (``pci.ids``), or None when it cannot be read."""
+def read_whole(path: str) -> bytes | None:
+    """The whole content of a file of any size (``pci.ids``), or None when it cannot be read."""
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
+        with open(path, "rb") as f:
             return f.read()
     except OSError:
         return None
@@ -84,6 +85,7 @@ def list_dir(path: str) -> list[str]:
 
 # entry name -> its normalised address, or None: discovery meets each name in several listings
 _ADDRESS_OF: dict[str, str | None] = {}
+_CANONICAL = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[01][0-9a-f]\.[0-7]")
 
 
 def address_of(name: str) -> str | None:
@@ -93,10 +95,13 @@ def address_of(name: str) -> str | None:
         return _ADDRESS_OF[name]
     except KeyError:
         pass
-    try:
-        addr: str | None = normalize_address(name)
-    except AddressError:
-        addr = None
+    if _CANONICAL.fullmatch(name):  # how the kernel names them: already normalised
+        addr: str | None = name
+    else:
+        try:
+            addr = normalize_address(name)
+        except AddressError:
+            addr = None
     _ADDRESS_OF[name] = addr
     return addr
 

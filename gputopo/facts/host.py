@@ -97,9 +97,43 @@ def read_groups(root: str) -> dict[str, int]:
     for g in list_dir(gdir):
         if not g.isdigit():
             continue
-        for addr in addresses_in(os.path.join(gdir, g, "devices")):
+        for addr in addresses_in(f"{gdir}/{g}/devices"):  # f-string: a large host has thousands
             out[addr] = int(g)
     return out
+
+
+class IommuGroups:
+    """The IOMMU groups of a root, ``sys/kernel/iommu_groups/<n>/devices/<address>``: the
+    groups' own listings are the truth, but each is read only when asked for, since discovery
+    needs the groups of its GPUs and a large host has thousands. A device's ``iommu_group``
+    link says where to look first; without one, or when that group does not list the device,
+    every group is read."""
+
+    def __init__(self, root: str):
+        self.root = root
+        self.dir = os.path.join(root, IOMMU_GROUPS)
+        self.numbers = sorted(int(g) for g in list_dir(self.dir) if g.isdigit())
+        self._members: dict[int, list[str]] = {}
+        self._all: dict[str, int] | None = None
+
+    @property
+    def count(self) -> int:
+        """How many groups there are (the kernel removes a group with its last device)."""
+        return len(self.numbers)
+
+    def members(self, group: int) -> list[str]:
+        """The addresses ``group`` lists; [] for a group that is not there."""
+        if group not in self._members:
+            self._members[group] = list(addresses_in(f"{self.dir}/{group}/devices"))
+        return self._members[group]
+
+    def group_of(self, address: str, hint: int | None = None) -> int | None:
+        """The group that lists ``address`` (``hint`` looked at first); None when none does."""
+        if hint is not None and address in self.members(hint):
+            return hint
+        if self._all is None:
+            self._all = read_groups(self.root)
+        return self._all.get(address)
 
 
 def read_numa(root: str, warnings: list[str]) -> dict[int, set[int]]:
@@ -138,12 +172,12 @@ def _read_device_nodes(root: str) -> tuple[list[int], list[str]]:
     return vfio_groups, sorted(nv_nodes, key=_natural)
 
 
-def read_host_facts(root: str, groups: dict[str, int], nodes: dict[int, set[int]], warnings: list[str]) -> HostFacts:
-    """The :class:`HostFacts` of ``root``, given its IOMMU ``groups`` (:func:`read_groups`) and
-    NUMA ``nodes`` (:func:`read_numa`). Unreadable facts are None; an unreadable
-    ``proc/modules`` adds a line to ``warnings``. Raises nothing."""
+def read_host_facts(root: str, groups: IommuGroups, nodes: dict[int, set[int]], warnings: list[str]) -> HostFacts:
+    """The :class:`HostFacts` of ``root``, given its IOMMU ``groups`` and NUMA ``nodes``
+    (:func:`read_numa`). Unreadable facts are None; an unreadable ``proc/modules`` adds a line
+    to ``warnings``. Raises nothing."""
     cmdline = (read_text(os.path.join(root, "proc/cmdline")) or "").strip()
-    group_count = len(set(groups.values()))
+    group_count = groups.count
     mode = parse_iommu_mode(cmdline)
     if mode is None and group_count:
         mode = "translated"

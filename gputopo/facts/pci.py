@@ -32,15 +32,16 @@ def parse_hex_id(text: str | None, width: int = 4, zero_ok: bool = False) -> str
     if text is None:
         return None
     t = text.strip().lower()
-    digits = t[2:]
-    if t[:2] != "0x" or not digits or digits.strip("0123456789abcdef"):
+    # isascii and isalnum leave int() only hex digits to accept: no sign, space or underscore
+    if t[:2] != "0x" or not (t.isascii() and t[2:].isalnum()):
         return None
-    if len(digits) == width:  # as sysfs writes it: already in the canonical form
-        return None if digits == "f" * width or (digits == "0" * width and not zero_ok) else t
-    value = int(digits, 16)
+    try:
+        value = int(t, 16)
+    except ValueError:
+        return None
     if (value == 0 and not zero_ok) or value >= (1 << (4 * width)) - 1:
         return None
-    return f"0x{value:0{width}x}"
+    return t if len(t) == width + 2 else f"0x{value:0{width}x}"
 
 
 def parse_subsystem_id(text: str | None) -> str | None:
@@ -98,8 +99,13 @@ class AttrReader:
 
     def ids(self, name: str) -> tuple[str | None, str | None, str | None]:
         """(vendor, device, class) of the device directory ``name``, each None when unreadable."""
-        return (parse_hex_id(self.attr(name, "vendor")), parse_hex_id(self.attr(name, "device")),
-                parse_hex_id(self.attr(name, "class"), 6))
+        cache = self.cache
+        if (name, "vendor") not in cache:  # discovery asks this of every function: no attr() calls
+            base = f"{self.devdir}/{name}/"
+            for attr in ("vendor", "device", "class"):
+                cache[(name, attr)] = read_attr(base + attr)
+        return (parse_hex_id(cache[(name, "vendor")]), parse_hex_id(cache[(name, "device")]),
+                parse_hex_id(cache[(name, "class")], 6))
 
     def subsystem(self, name: str) -> tuple[str | None, str | None]:
         """(subsystem vendor, subsystem device) of the device directory ``name``."""

@@ -68,6 +68,11 @@ class Record:
     model_config: dict = {}
     _aliases: dict[str, str] = {}
     _frozen = False
+    # what __init__ needs, worked out once per class: plain defaults, default factories
+    # (mutable plain defaults are copied), the required fields
+    _defaults: dict = {}
+    _factories: tuple = ()
+    _required: frozenset = frozenset()
 
     def __init_subclass__(cls, frozen: bool = False, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
@@ -83,6 +88,11 @@ class Record:
             fields[name] = info
         cls.model_fields = fields
         cls._aliases = {f.alias: n for n, f in fields.items() if f.alias}
+        cls._required = frozenset(n for n, f in fields.items() if f.is_required)
+        optional = [(n, f) for n, f in fields.items() if not f.is_required]
+        cls._factories = tuple((n, f.make_default) for n, f in optional
+                               if f.default_factory is not None or type(f.default) in (list, dict, set))
+        cls._defaults = {n: f.default for n, f in optional if (n, f.make_default) not in cls._factories}
         if frozen:
             cls._frozen = True
             cls.__hash__ = Record._hash
@@ -92,24 +102,28 @@ class Record:
         default. Raises TypeError for an unknown field, a field given twice or a missing one."""
         cls = type(self)
         fields = cls.model_fields
-        values = self.__dict__
         if args:
             if len(args) > len(fields):
                 raise TypeError(f"{cls.__name__} takes at most {len(fields)} positional arguments")
-            values.update(zip(fields, args))
-        for key, value in data.items():
-            name = cls._aliases.get(key, key)
-            if name not in fields:
-                raise TypeError(f"{cls.__name__}: unexpected field {key!r}")
-            if name in values:
-                raise TypeError(f"{cls.__name__}: field {name!r} given twice")
-            values[name] = value
-        if len(values) < len(fields):
-            for name, f in fields.items():
-                if name not in values:
-                    if f.is_required:
-                        raise TypeError(f"{cls.__name__}: missing field {name!r}")
-                    values[name] = f.make_default()
+            given = dict(zip(fields, args))
+            if given.keys() & data.keys():
+                raise TypeError(f"{cls.__name__}: field {sorted(given.keys() & data.keys())[0]!r} given twice")
+            data = {**given, **data}
+        for alias, name in cls._aliases.items():
+            if alias in data:
+                if name in data:
+                    raise TypeError(f"{cls.__name__}: field {name!r} given twice")
+                data[name] = data.pop(alias)
+        if not data.keys() <= fields.keys():
+            raise TypeError(f"{cls.__name__}: unexpected field {sorted(data.keys() - fields.keys())[0]!r}")
+        if not cls._required <= data.keys():
+            raise TypeError(f"{cls.__name__}: missing field {sorted(cls._required - data.keys())[0]!r}")
+        values = self.__dict__
+        values.update(cls._defaults)
+        for name, make in cls._factories:
+            if name not in data:
+                values[name] = make()
+        values.update(data)
 
     def __setattr__(self, name: str, value) -> None:
         if self._frozen:
