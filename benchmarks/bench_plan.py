@@ -20,6 +20,7 @@ per GPU at most 1.5x the 8-GPU node's. Exits 1 when one is missed.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 import sys
@@ -89,7 +90,7 @@ def plan_and_render(spec: Spec, nodes: list[tuple[Facts, CurrentState, str]]) ->
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=7, help="timed runs of each scenario (default 7)")
+    ap.add_argument("--runs", type=int, default=15, help="timed runs of each scenario (default 15)")
     args = ap.parse_args(argv)
     base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
     with tempfile.TemporaryDirectory(prefix="gputopo-bench-plan-", dir=base) as tmp:
@@ -106,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     times: dict[str, list[float]] = {name: [] for name, *_ in scenarios}
     for _ in range(args.runs):
         for name, spec, nodes in scenarios:
+            gc.collect()  # the garbage of the run before is not this one's to collect
             t = time.perf_counter()
             plan_and_render(spec, nodes)
             times[name].append(time.perf_counter() - t)
