@@ -156,7 +156,8 @@ class Record:
         no spaces without ``indent``)."""
         import json
 
-        return json.dumps(_dump(self, True, by_alias), indent=indent, ensure_ascii=False,
+        # check_circular=False: a record is a tree, and the check costs every list and dict
+        return json.dumps(_dump(self, True, by_alias), indent=indent, ensure_ascii=False, check_circular=False,
                           separators=(",", ": ") if indent is not None else (",", ":"))
 
     def model_copy(self, *, update: dict | None = None, deep: bool = False):
