@@ -82,6 +82,16 @@ def test_anything_else_is_left_to_click(argv):
     assert answer(argv) is False
 
 
+def test_shell_completion_is_left_to_click(capsys, monkeypatch):
+    monkeypatch.setenv("_GPUTOPO_COMPLETE", "bash_source")
+    code, out, _ = outcome(capsys, main, [])
+    assert code == 0 and "_gputopo_completion" in out and "Usage:" not in out
+    monkeypatch.setenv("_GPUTOPO_COMPLETE", "bash_complete")
+    monkeypatch.setenv("COMP_WORDS", "gputopo disc")
+    monkeypatch.setenv("COMP_CWORD", "1")
+    assert "discover" in outcome(capsys, main, [])[1]
+
+
 def test_start_up_imports_no_click(tmp_path):
     probe = ("import sys\nfrom gputopo.cli import main\n"
              "try:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n    assert not e.code, e.code\n"

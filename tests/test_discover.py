@@ -528,7 +528,7 @@ def test_python_dash_m_runs_the_cli():
     from gputopo import __version__
 
     p = subprocess.run([sys.executable, "-m", "gputopo", "--version"], capture_output=True, text=True)
-    assert p.returncode == 0 and p.stdout.strip() == f"gputopo, version {__version__}"
+    assert p.returncode == 0 and p.stdout.splitlines()[0] == f"gputopo, version {__version__}"
     p = subprocess.run([sys.executable, "-m", "gputopo", "--help"], capture_output=True, text=True)
     assert p.returncode == 0 and "discover" in p.stdout and "snapshot" in p.stdout
 

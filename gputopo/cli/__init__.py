@@ -11,7 +11,10 @@ itself takes to start, and every other command line goes to the click group in
 
 from __future__ import annotations
 
+import os
 import sys
+
+import gputopo
 
 # command name -> "module:attribute" (module relative to gputopo.cli)
 COMMANDS: dict[str, str] = {
@@ -57,8 +60,14 @@ discover -> plan -> render -> apply -> verify; diff at any time."""
 
 
 def _version_message() -> str:
-    """What ``gputopo --version`` prints, with click's ``%(prog)s`` and ``%(version)s``."""
-    return "%(prog)s, version %(version)s"
+    """What ``gputopo --version`` prints: the version, then the Python that runs it and the
+    directory gputopo is imported from, so a bug report says which install it came from (the
+    node's .deb under /usr/lib/gputopo, a pipx venv, a checkout)."""
+    python = ".".join(str(n) for n in sys.version_info[:3])
+    where = os.path.dirname(os.path.abspath(gputopo.__file__))
+    # click formats the message with %: a '%' in a path must not be read as a placeholder
+    install = f"Python {python} ({sys.executable})\nrunning from {where}"
+    return "%(prog)s, version %(version)s\n" + install.replace("%", "%%")
 
 
 def report_error(e: BaseException) -> None:

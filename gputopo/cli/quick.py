@@ -5,8 +5,9 @@ Importing click takes several times as long as starting Python, and discovery of
 takes less than either; so these command lines, the ones scripts and operators run most, are
 recognised here by their exact shape and answered directly. Anything else (an option that is
 not one of these, a value that looks like an option, ``--debug``, a terminal narrower than 80
-columns for ``--help``) returns False and goes to click, which answers it, errors included, as
-before. tests/test_cli_quick.py runs every form both ways and compares the output.
+columns for ``--help``, click's shell completion asking) returns False and goes to click, which
+answers it, errors included, as before. tests/test_cli_quick.py runs every form both ways and
+compares the output.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ import sys
 
 from gputopo import __version__
 from gputopo.cli import COMMANDS, DESCRIPTION, SUMMARIES, _version_message, report_error
+
+# What click's shell completion sets (``_{PROG}_COMPLETE``) when it runs gputopo to ask.
+COMPLETION_VAR = "_GPUTOPO_COMPLETE"
 
 # The group's options as click lists them (gputopo.cli.group.cli, help option last).
 _OPTIONS = [
@@ -30,6 +34,8 @@ def answer(args: list[str]) -> bool:
 
     Raises SystemExit with the error's code for an expected error of discovery.
     """
+    if COMPLETION_VAR in os.environ:
+        return False  # click's shell completion asks with the command line it is completing
     if args == ["--version"]:
         sys.stdout.write(_version_message() % {"prog": "gputopo", "version": __version__} + "\n")
         return True
