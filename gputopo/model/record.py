@@ -1,9 +1,9 @@
 """Plain data records, declared the way pydantic models are, for data that gputopo builds itself
 and never needs to validate: the host facts of discovery.
 
-Importing this module imports nothing heavy (no ``typing``, ``dataclasses`` or pydantic): on a small
-host those imports alone take longer than ``lspci`` needs for the whole listing, and discovery
-must start at lspci's pace. A record is a class whose annotated attributes are its fields (the
+Importing this module imports nothing heavy (no ``typing``, ``dataclasses`` or pydantic): on a
+small host those imports alone take longer than ``lspci`` needs for the whole listing, and
+discovery must start at lspci's pace. A record is a class whose annotated attributes are its fields (the
 module declaring it uses ``from __future__ import annotations``, so annotations stay text and
 cost nothing); a field's default is a plain value or :func:`Field`::
 
