@@ -2,8 +2,8 @@
 
 This module imports nothing of gputopo's except ``errors`` and ``record``: the facts are plain
 records (:mod:`gputopo.model.record`), declared like pydantic models, whose schema and validation
-pydantic provides on first use, so discovery never waits for pydantic to load. The JSON form of :class:`Facts`
-(``gputopo discover --json``) is a stable, documented schema (``gputopo schema facts``):
+pydantic provides on first use, so discovery never waits for pydantic to load. The JSON form of
+:class:`Facts` (``gputopo discover --json``) is a stable, documented schema (``gputopo schema facts``):
 
 * ids are strings as sysfs spells them: ``vendor`` ``"0x10de"``, ``device`` ``"0x2bb5"``,
   ``class`` ``"0x030200"``;
@@ -18,10 +18,11 @@ import re
 from enum import Enum
 
 from gputopo.errors import AddressError
-from gputopo.model.record import Field, Record
+from gputopo.model.record import Field, Literal, Record
 
-# Importing typing would cost discovery's start-up a third of Python's own: the annotations are
-# text (pydantic resolves Literal when it builds the schema), so only type checkers import it.
+# Importing typing would cost discovery's start-up a third of Python's own: annotations are text,
+# and at run time Literal[...] is too (pydantic reads it when it builds the schema); type
+# checkers read typing's.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Literal
@@ -105,6 +106,9 @@ class MemberRole(str, Enum):
     FOREIGN = "foreign"  # anything else: an NVMe, a NIC, another GPU
 
 
+BridgeKind = Literal["root_port", "switch_upstream", "switch_downstream", "pcie_to_pci", "pci_to_pcie", "bridge"]
+
+
 class Bridge(Model):
     """A PCI bridge on the way from a host bridge down to a device.
 
@@ -116,7 +120,7 @@ class Bridge(Model):
     """
 
     address: str
-    kind: Literal["root_port", "switch_upstream", "switch_downstream", "pcie_to_pci", "pci_to_pcie", "bridge"]
+    kind: BridgeKind
     vendor: str | None = None
     device: str | None = None
     model: str | None = None

@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, create_model
 from pydantic import Field as PydanticField
 
-from gputopo.model.record import Record
+from gputopo.model.record import LiteralText, Record
 
 _MIRRORS: dict[type, type[BaseModel]] = {}
 _RECORDS: dict[type[BaseModel], type] = {}
@@ -33,6 +33,8 @@ class _Names(dict):
         value = self.module_globals.get(key, _MISSING)
         if isinstance(value, type) and issubclass(value, Record):
             return mirror(value)
+        if isinstance(value, LiteralText):
+            return typing.Literal
         if value is not _MISSING:
             return value
         if hasattr(typing, key):

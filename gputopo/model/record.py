@@ -53,6 +53,19 @@ class FieldInfo:
         return type(d)(d) if type(d) in (list, dict, set) else d
 
 
+class LiteralText:
+    """``Literal[...]`` for a module that must not import typing: ``Literal["a", "b"]`` gives the
+    type's text, which pydantic reads when it builds the schema (:mod:`gputopo.model.mirror`),
+    so an alias such as ``Kind = Literal["a", "b"]`` works in annotations as typing's does."""
+
+    def __getitem__(self, values) -> str:
+        values = values if isinstance(values, tuple) else (values,)
+        return f"Literal[{', '.join(map(repr, values))}]"
+
+
+Literal = LiteralText()
+
+
 def Field(default=_MISSING, *, default_factory=None, alias=None, description=None):  # noqa: N802 - pydantic's name
     """A field's declaration: ``x: int | None = Field(None, description="...")``; the subset of
     :func:`pydantic.Field` that records use."""
