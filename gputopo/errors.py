@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import errno as _errno
 import os
-import signal
 
 
 class GputopoError(Exception):
@@ -342,6 +341,8 @@ class Interrupted(GputopoError):
     """A signal (Ctrl-C, SIGTERM, SIGHUP) stopped the apply; ``exit_code`` is 128 + its number."""
 
     def __init__(self, signum: int):
+        import signal  # here: importing it costs every command's start-up, and only apply is signalled
+
         self.signum = signum
         self.exit_code = 128 + signum
         super().__init__(f"interrupted ({signal.Signals(signum).name})")

@@ -308,7 +308,15 @@ def test_unreadable_attributes_are_null(fresh_host, monkeypatch, err):
             raise OSError(err, os.strerror(err), str(path))
         return real_open(path, *a, **k)
 
+    real_os_open = os.open
+
+    def failing_os_open(path, *a, **k):  # what discovery reads sysfs attributes with
+        if isinstance(path, (str, os.PathLike)) and os.path.realpath(path) in denied:
+            raise OSError(err, os.strerror(err), str(path))
+        return real_os_open(path, *a, **k)
+
     monkeypatch.setattr(builtins, "open", failing_open)
+    monkeypatch.setattr(os, "open", failing_os_open)
     f = discover(r)
     g = f.gpu("0000:61:00.0")
     assert (g.numa_node, g.numa_source) == (None, None)  # unknown, never 0

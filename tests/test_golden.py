@@ -10,6 +10,7 @@ is refused and nothing runs: CI only compares.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -19,6 +20,7 @@ import pytest
 
 from gputopo.facts.discover import discover
 from gputopo.errors import PlanRefused
+from gputopo.model.facts import Facts
 from gputopo.model.state import ContainerState, CurrentState, GuestState, MappingState, ServiceState
 from gputopo.plan.planner import expected_after, plan
 from gputopo.formats.devn import format_dev
@@ -258,6 +260,16 @@ def seed_vm_refused(hosts):
     with pytest.raises(PlanRefused) as e:
         plan(facts, spec, cur)
     return {"plan.txt": "".join(f"refused: {r}\n" for r in e.value.refusals)}
+
+
+@scenario("facts")
+def facts_json(hosts):
+    # discover --json and gputopo schema facts: the facts are records whose JSON is written
+    # without pydantic, their schema pydantic's (tests/test_records.py checks the two agree)
+    facts = hosts("seed").model_copy(deep=True)
+    facts.root = "/"
+    return {"seed.json": facts.to_json() + "\n",
+            "schema.json": json.dumps(Facts.model_json_schema(by_alias=True), indent=2) + "\n"}
 
 
 # --- the tests ------------------------------------------------------------------------------------

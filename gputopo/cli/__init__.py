@@ -1,20 +1,20 @@
 """The ``gputopo`` command line.
 
-Each command lives in its own module under ``gputopo.cli`` and is imported only when it runs,
-so ``gputopo --version`` stays lean. Expected errors (:class:`gputopo.errors.GputopoError`)
-print as one line on stderr and exit with their code; ``--debug`` keeps the traceback.
+Each command lives in its own module under ``gputopo.cli`` and is imported only when it runs.
+This module imports neither click nor a command: ``gputopo --version``, ``gputopo --help`` and
+``gputopo discover --json`` are answered by :mod:`gputopo.cli.quick` in about the time Python
+itself takes to start, and every other command line goes to the click group in
+:mod:`gputopo.cli.group` (``cli``, ``LazyGroup``). Expected errors
+(:class:`gputopo.errors.GputopoError`) print as one line on stderr and exit with their code;
+``--debug`` keeps the traceback.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 
-import click
-
 import gputopo
-from gputopo import __version__
 
 # command name -> "module:attribute" (module relative to gputopo.cli)
 COMMANDS: dict[str, str] = {
@@ -34,37 +34,29 @@ COMMANDS: dict[str, str] = {
     "fixtures": "fixturescmd:fixtures",
 }
 
+# command name -> its line in 'gputopo --help': what click makes of the command's docstring at
+# 80 columns, kept here so that listing the commands imports none (tests/test_cli_help.py
+# checks each against its command).
+SUMMARIES: dict[str, str] = {
+    "discover": "Show the GPUs of a host: NUMA node, IOMMU group, driver,...",
+    "topo": "Show the PCIe tree: NUMA node, host bridge, root port,...",
+    "snapshot": "Capture what discovery reads from a host into OUT.tar.gz...",
+    "schema": "Print the JSON Schema of the facts (discover --json), the...",
+    "init": "Write a commented starter spec for this host (exit 2 for an...",
+    "plan": 'Show the target state and the ordered actions; "No changes"...',
+    "render": "Write the files the plan stands for under --out (exit 2 for...",
+    "diff": "Show how the host differs from the spec, by area, files as...",
+    "apply": "Apply the spec: preflight, lock, journaled steps, rollback on...",
+    "recover": "Settle an apply that was interrupted (crash, kill, power...",
+    "verify": "Check the host against the spec from fresh facts: converged,...",
+    "demo": "Split the simulated seed host's GPUs by NUMA node: discover,...",
+    "sim": "A simulated Proxmox VE host: kernel sysfs, Proxmox API,...",
+    "fixtures": "Host fixtures: compact descriptions built into real-layout...",
+}
 
-class LazyGroup(click.Group):
-    """A group whose commands are imported only when named; ``list_commands`` lists only the
-    commands whose module imports, so ``gputopo --help`` never offers one that cannot run."""
+DESCRIPTION = """Move GPUs between an LXC container and VM passthrough on a Proxmox VE host.
 
-    def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(name for name in COMMANDS if self._load(name) is not None)
-
-    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-        """The command ``name``, or None when there is none. Raises UnavailableCommand when
-        its module is shipped but cannot be imported (a missing dependency)."""
-        try:
-            return self._load(name, strict=True)
-        except ImportError as e:
-            from gputopo.errors import UnavailableCommand
-
-            raise UnavailableCommand(name, e) from e
-
-    @staticmethod
-    def _load(name: str, strict: bool = False) -> click.Command | None:
-        target = COMMANDS.get(name)
-        if target is None:
-            return None
-        module, attr = target.split(":")
-        try:
-            mod = importlib.import_module(f"gputopo.cli.{module}")
-        except ImportError as e:
-            if strict and not (isinstance(e, ModuleNotFoundError) and e.name == f"gputopo.cli.{module}"):
-                raise
-            return None
-        return getattr(mod, attr, None)
+discover -> plan -> render -> apply -> verify; diff at any time."""
 
 
 def _version_message() -> str:
@@ -78,24 +70,12 @@ def _version_message() -> str:
     return "%(prog)s, version %(version)s\n" + install.replace("%", "%%")
 
 
-@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="gputopo", message=_version_message())
-@click.option("--debug", is_flag=True, help="Show tracebacks for expected errors too.")
-@click.pass_context
-def cli(ctx: click.Context, debug: bool) -> None:
-    """Move GPUs between an LXC container and VM passthrough on a Proxmox VE host.
-
-    discover -> plan -> render -> apply -> verify; diff at any time.
-    """
-    ctx.ensure_object(dict)
-    ctx.obj["debug"] = debug
-
-
-def _usage_line(e: click.UsageError) -> str:
-    """A click usage error as one line naming the command: 'gputopo plan: Missing option ...'."""
-    cmd = e.ctx.command_path if e.ctx is not None else "gputopo"
-    message = " ".join(e.format_message().split())  # click lays out choices over lines and tabs
-    return f"{cmd}: error: {message} (see '{cmd} --help')"
+def report_error(e: BaseException) -> None:
+    """Print an expected error as ``gputopo: error: <line>`` on stderr and exit with its code."""
+    for line in str(e).splitlines() or [type(e).__name__]:
+        sys.stderr.write(f"gputopo: error: {line}\n")
+    sys.stderr.flush()
+    sys.exit(getattr(e, "exit_code", 1))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -104,44 +84,18 @@ def main(argv: list[str] | None = None) -> None:
     Exits 0 on success, the error's ``exit_code`` for a GputopoError, 2 for a usage error,
     130 when interrupted (Ctrl-C), 1 when a confirmation was declined.
     """
-    from gputopo.errors import GputopoError
+    from gputopo.cli.quick import answer
 
-    debug = "--debug" in (argv if argv is not None else sys.argv[1:])
-    try:
-        # Outside standalone mode click hands back ctx.exit(N)'s code instead of exiting.
-        code = cli.main(args=argv, prog_name="gputopo", standalone_mode=False)
-        if isinstance(code, int) and not isinstance(code, bool) and code:
-            sys.exit(code)
-    except GputopoError as e:
-        if debug:
-            raise
-        for line in str(e).splitlines() or [type(e).__name__]:
-            click.echo(f"gputopo: error: {line}", err=True)
-        sys.exit(e.exit_code)
-    except click.exceptions.Exit as e:
-        sys.exit(e.exit_code)
-    except click.UsageError as e:
-        if isinstance(e, click.exceptions.NoArgsIsHelpError):
-            # 'gputopo' alone: the command list is what was asked for
-            click.echo(e.ctx.get_help() if e.ctx is not None else e.format_message())
-            sys.exit(0)
-        click.echo(_usage_line(e), err=True)
-        args = argv if argv is not None else sys.argv[1:]
-        # 'diff --exit-code' promises 2 for "differences": any error there, a usage error too, is 1
-        sys.exit(1 if e.ctx is not None and e.ctx.info_name == "diff" and "--exit-code" in args else 2)
-    except click.ClickException as e:
-        e.show()
-        sys.exit(e.exit_code)
-    except click.exceptions.Abort as e:
-        # click turns a KeyboardInterrupt or EOFError raised anywhere in a command into Abort
-        cause = e.__cause__
-        if isinstance(cause, KeyboardInterrupt):
-            click.echo("gputopo: interrupted", err=True)
-            sys.exit(130)
-        if isinstance(cause, EOFError):
-            raise cause  # not a declined prompt: an unexpected error, traceback kept
-        click.echo("gputopo: aborted", err=True)
-        sys.exit(1)
-    except KeyboardInterrupt:
-        click.echo("gputopo: interrupted", err=True)
-        sys.exit(130)
+    if not answer(sys.argv[1:] if argv is None else list(argv)):
+        from gputopo.cli.group import run
+
+        run(argv)
+
+
+def __getattr__(name: str):
+    # The click group and its class import click: only for the code that asks for them.
+    if name in ("cli", "LazyGroup"):
+        from gputopo.cli import group
+
+        return getattr(group, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
-from typing import Literal
 
 from gputopo.errors import InputError
 from gputopo.facts.bars import read_bars
 from gputopo.facts.files import addresses_in, read_text, sorted_addresses, stripped
-from gputopo.facts.host import IOMMU_GROUPS, NODE_DIR, numa_from_cpulist, read_groups, read_host_facts, read_numa
+from gputopo.facts.host import IOMMU_GROUPS, NODE_DIR, IommuGroups, numa_from_cpulist, read_host_facts, read_numa
 from gputopo.facts.names import load_pci_names
 from gputopo.facts.pci import AttrReader, parse_int, parse_reset_method, pci_devices_dir, read_function
 from gputopo.model.facts import (
@@ -37,6 +35,11 @@ from gputopo.model.facts import (
     parse_cpulist,
     slot_of,
 )
+
+TYPE_CHECKING = False  # typing and pathlib cost discovery's start-up; annotations need them only
+if TYPE_CHECKING:
+    from pathlib import Path
+    from typing import Literal
 
 NVIDIA_GPUS = "proc/driver/nvidia/gpus"
 
@@ -221,13 +224,10 @@ def discover(
         elif _matches(vendor, klass, rules):
             gpu_addrs.append(addr)
 
-    groups = read_groups(root_s)
-    members_of: dict[int, list[str]] = {}
-    for a, g in groups.items():
-        members_of.setdefault(g, []).append(a)
+    groups = IommuGroups(root_s)
     nodes = read_numa(root_s, warnings)
     host = read_host_facts(root_s, groups, nodes, warnings)
-    if not groups:
+    if not groups.count:
         warnings.append(f"no IOMMU groups under {IOMMU_GROUPS}: the IOMMU is off; passthrough is impossible")
     nv_dirs = addresses_in(os.path.join(root_s, NVIDIA_GPUS))
     names = load_pci_names(root_s, {(ids[a][0][2:], ids[a][1][2:]) for a in gpu_addrs + nvswitch_addrs})
@@ -237,7 +237,8 @@ def discover(
         v, d = f.vendor, f.device
         if v and d:
             f.model = names.get((v[2:], d[2:]))
-        f.iommu_group = groups.get(addr, f.iommu_group)
+        listed = groups.group_of(addr, hint=f.iommu_group)
+        f.iommu_group = listed if listed is not None else f.iommu_group
         return f
 
     gpus: list[Gpu] = []
@@ -246,7 +247,7 @@ def discover(
         g = Gpu(**full(addr).model_dump(by_alias=True))
         g.numa_node, g.numa_source = _gpu_numa(rd, name, addr, nodes, warnings)
         if g.iommu_group is not None:
-            g.iommu_members = _group_members(rd, addr, members_of.get(g.iommu_group, []), ids, name_of)
+            g.iommu_members = _group_members(rd, addr, groups.members(g.iommu_group), ids, name_of)
         g.functions = [a for a in by_slot[slot_of(addr)] if a != addr]
         _fill_gpu(g, rd, name)
         g.bars = read_bars(rd, name)

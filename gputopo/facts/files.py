@@ -7,24 +7,56 @@ snapshot) has nothing to give; the callers decide what a missing value means.
 from __future__ import annotations
 
 import os
+import re
 
 from gputopo.errors import AddressError
-from gputopo.model.facts import address_key, normalize_address
+from gputopo.model.facts import normalize_address
 
 
 def read_text(path: str) -> str | None:
     """The text of a small attribute file (at most 64 KiB), or None when it cannot be read."""
+    # os.open/os.read: a file object per attribute costs more than the read itself, and
+    # discovery reads a few attributes of every PCI function
     try:
-        with open(path, "rb") as f:
-            return f.read(65536).decode("utf-8", "replace")
+        fd = os.open(path, os.O_RDONLY)
     except OSError:
         return None
-
-
-def read_whole(path: str) -> str | None:
-    """The whole text of a file of any size (``pci.ids``), or None when it cannot be read."""
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
+        data = os.read(fd, 65536)
+        while data and len(data) < 65536:  # procfs may answer a read in parts
+            more = os.read(fd, 65536 - len(data))
+            if not more:
+                break
+            data += more
+        return data.decode("utf-8", "replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def read_attr(path: str) -> str | None:
+    """The text of a sysfs attribute, or None when it cannot be read.
+
+    One read: the kernel formats an attribute whole, at most a page, and hands it over on the
+    first read (fs/sysfs/file.c, sysfs_kf_seq_show); a second read would only say "end".
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, 65536).decode("utf-8", "replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def read_whole(path: str) -> bytes | None:
+    """The whole content of a file of any size (``pci.ids``), or None when it cannot be read."""
+    try:
+        with open(path, "rb") as f:
             return f.read()
     except OSError:
         return None
@@ -51,18 +83,42 @@ def list_dir(path: str) -> list[str]:
         return []
 
 
+# entry name -> its normalised address, or None: discovery meets each name in several listings
+_ADDRESS_OF: dict[str, str | None] = {}
+_CANONICAL = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[01][0-9a-f]\.[0-7]")
+
+
+def address_of(name: str) -> str | None:
+    """The normalised PCI address an entry ``name`` spells (``00000000:E1:00.0`` ->
+    ``0000:e1:00.0``), or None when it is not one."""
+    try:
+        return _ADDRESS_OF[name]
+    except KeyError:
+        pass
+    if _CANONICAL.fullmatch(name):  # how the kernel names them: already normalised
+        addr: str | None = name
+    else:
+        try:
+            addr = normalize_address(name)
+        except AddressError:
+            addr = None
+    _ADDRESS_OF[name] = addr
+    return addr
+
+
 def addresses_in(path: str) -> dict[str, str]:
     """{normalised address: entry name} for the entries of ``path`` named like PCI addresses
     (any spelling, e.g. ``00000000:E1:00.0``); {} when ``path`` cannot be listed."""
     out: dict[str, str] = {}
     for name in list_dir(path):
-        try:
-            out[normalize_address(name)] = name
-        except AddressError:
-            continue
+        addr = address_of(name)
+        if addr is not None:
+            out[addr] = name
     return out
 
 
 def sorted_addresses(path: str) -> list[tuple[str, str]]:
     """(normalised address, entry name) pairs of :func:`addresses_in`, sorted by address."""
-    return sorted(addresses_in(path).items(), key=lambda p: address_key(p[0]))
+    # Normalised addresses differ only in the domain's width, the rest is fixed-width lowercase
+    # hex: (length, text) orders them as address_key does, at a fraction of the cost.
+    return sorted(addresses_in(path).items(), key=lambda p: (len(p[0]), p[0]))

@@ -7,7 +7,7 @@ Pure ``parse_*`` functions first, then the readers; every reader takes the host 
 from __future__ import annotations
 
 import os
-import re
+from itertools import groupby
 
 from gputopo.facts.files import addresses_in, list_dir, read_text, stripped
 from gputopo.model.facts import HostFacts, Modules, NumaNode, format_cpulist, parse_cpulist
@@ -56,15 +56,18 @@ def parse_bool_param(text: str | None) -> bool | None:
     return None
 
 
-_NV_VERSION_RE = re.compile(r"Kernel Module.*?\s(\d+\.\d+(?:\.\d+)*)\s")
-
-
 def parse_nvidia_version(text: str | None) -> str | None:
-    """The driver version from ``/proc/driver/nvidia/version`` (``'570.133.20'``), or None."""
-    if not text:
-        return None
-    m = _NV_VERSION_RE.search(text + " ")
-    return m.group(1) if m else None
+    """The driver version from ``/proc/driver/nvidia/version`` (``'570.133.20'``): the first
+    word after "Kernel Module" on its line that is a dotted number; None without one."""
+    for line in (text or "").splitlines():
+        _, found, rest = line.partition("Kernel Module")
+        if not found:
+            continue
+        for word in rest.split():
+            parts = word.split(".")
+            if len(parts) >= 2 and all(p.isascii() and p.isdigit() for p in parts):
+                return word
+    return None
 
 
 def numa_from_cpulist(local: set[int], nodes: dict[int, set[int]]) -> int | None:
@@ -80,7 +83,8 @@ def numa_from_cpulist(local: set[int], nodes: dict[int, set[int]]) -> int | None
 
 
 def _natural(s: str) -> list:
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)]
+    """Sort key: 'nvidia10' after 'nvidia9'."""
+    return [int("".join(g)) if digits else "".join(g) for digits, g in groupby(s, str.isdigit)]
 
 
 # --- reading -----------------------------------------------------------------------------
@@ -93,9 +97,43 @@ def read_groups(root: str) -> dict[str, int]:
     for g in list_dir(gdir):
         if not g.isdigit():
             continue
-        for addr in addresses_in(os.path.join(gdir, g, "devices")):
+        for addr in addresses_in(f"{gdir}/{g}/devices"):  # f-string: a large host has thousands
             out[addr] = int(g)
     return out
+
+
+class IommuGroups:
+    """The IOMMU groups of a root, ``sys/kernel/iommu_groups/<n>/devices/<address>``: the
+    groups' own listings are the truth, but each is read only when asked for, since discovery
+    needs the groups of its GPUs and a large host has thousands. A device's ``iommu_group``
+    link says where to look first; without one, or when that group does not list the device,
+    every group is read."""
+
+    def __init__(self, root: str):
+        self.root = root
+        self.dir = os.path.join(root, IOMMU_GROUPS)
+        self.numbers = sorted(int(g) for g in list_dir(self.dir) if g.isdigit())
+        self._members: dict[int, list[str]] = {}
+        self._all: dict[str, int] | None = None
+
+    @property
+    def count(self) -> int:
+        """How many groups there are (the kernel removes a group with its last device)."""
+        return len(self.numbers)
+
+    def members(self, group: int) -> list[str]:
+        """The addresses ``group`` lists; [] for a group that is not there."""
+        if group not in self._members:
+            self._members[group] = list(addresses_in(f"{self.dir}/{group}/devices"))
+        return self._members[group]
+
+    def group_of(self, address: str, hint: int | None = None) -> int | None:
+        """The group that lists ``address`` (``hint`` looked at first); None when none does."""
+        if hint is not None and address in self.members(hint):
+            return hint
+        if self._all is None:
+            self._all = read_groups(self.root)
+        return self._all.get(address)
 
 
 def read_numa(root: str, warnings: list[str]) -> dict[int, set[int]]:
@@ -106,15 +144,15 @@ def read_numa(root: str, warnings: list[str]) -> dict[int, set[int]]:
     out: dict[int, set[int]] = {}
     ndir = os.path.join(root, NODE_DIR)
     for n in list_dir(ndir):
-        m = re.fullmatch(r"node(\d+)", n)
-        if not m:
+        number = n[4:]
+        if not (n.startswith("node") and number.isascii() and number.isdigit()):
             continue
         text = read_text(os.path.join(ndir, n, "cpulist"))
         try:
-            out[int(m.group(1))] = parse_cpulist(text)
+            out[int(number)] = parse_cpulist(text)
         except ValueError:
             warnings.append(f"{NODE_DIR}/{n}/cpulist: not a cpulist: {(text or '').strip()!r}")
-            out[int(m.group(1))] = set()
+            out[int(number)] = set()
     return dict(sorted(out.items()))
 
 
@@ -134,12 +172,12 @@ def _read_device_nodes(root: str) -> tuple[list[int], list[str]]:
     return vfio_groups, sorted(nv_nodes, key=_natural)
 
 
-def read_host_facts(root: str, groups: dict[str, int], nodes: dict[int, set[int]], warnings: list[str]) -> HostFacts:
-    """The :class:`HostFacts` of ``root``, given its IOMMU ``groups`` (:func:`read_groups`) and
-    NUMA ``nodes`` (:func:`read_numa`). Unreadable facts are None; an unreadable
-    ``proc/modules`` adds a line to ``warnings``. Raises nothing."""
+def read_host_facts(root: str, groups: IommuGroups, nodes: dict[int, set[int]], warnings: list[str]) -> HostFacts:
+    """The :class:`HostFacts` of ``root``, given its IOMMU ``groups`` and NUMA ``nodes``
+    (:func:`read_numa`). Unreadable facts are None; an unreadable ``proc/modules`` adds a line
+    to ``warnings``. Raises nothing."""
     cmdline = (read_text(os.path.join(root, "proc/cmdline")) or "").strip()
-    group_count = len(set(groups.values()))
+    group_count = groups.count
     mode = parse_iommu_mode(cmdline)
     if mode is None and group_count:
         mode = "translated"

@@ -6,37 +6,67 @@ A model name is a nicety: nothing here is required, and nothing here raises.
 from __future__ import annotations
 
 import os
+import re
 
 from gputopo.facts.files import read_whole
 
 # Where distributions keep the PCI id database, relative to the root.
 PCI_IDS_PATHS = ("usr/share/misc/pci.ids", "usr/share/hwdata/pci.ids", "usr/share/pci.ids")
+_NEXT_BLOCK = re.compile(rb"\n[^\t#\n]")  # a line that is neither a device, a comment nor empty
 
 
-def parse_pci_ids(text: str, wanted: set[tuple[str, str]]) -> dict[tuple[str, str], str]:
-    """Device names from a ``pci.ids`` database for the wanted ``('10de', '2bb5')`` pairs.
+def parse_pci_ids(text: str | bytes, wanted: set[tuple[str, str]]) -> dict[tuple[str, str], str]:
+    """Device names from a ``pci.ids`` database (its text, or its bytes as read) for the wanted
+    ``('10de', '2bb5')`` pairs.
 
-    Returns {(vendor, device): name}; ids are 4 lowercase hex digits without ``0x``.
-    Stops reading at the class section (``C xx``), where names are no longer device names.
+    Returns {(vendor, device): name}; ids are 4 lowercase hex digits without ``0x``, as the
+    database writes them. Only the wanted vendors' blocks are read (the whole database is some
+    40,000 lines, 1.3 MB). The class section at the end (``C xx``, then tab-indented lines)
+    has no line that starts with a vendor id, and its first line ends the last vendor's block.
     """
-    want_vendors = {v for v, _ in wanted}
+    data = text.encode() if isinstance(text, str) else text
+    end = len(data)
     names: dict[tuple[str, str], str] = {}
-    vendor: str | None = None
-    for line in text.splitlines():
-        if not line or line[0] == "#":
-            continue
-        if line[0] != "\t":
-            if line.startswith("C "):
-                break
-            vid = line[:4].lower()
-            vendor = vid if vid in want_vendors else None
-            continue
-        if vendor is None or line.startswith("\t\t"):
-            continue
-        did = line[1:5].lower()
-        if (vendor, did) in wanted:
-            names[(vendor, did)] = line[5:].strip()
+    for vendor in sorted({v for v, _ in wanted}):
+        key = vendor.encode()
+        if data.startswith(key):
+            start = 0
+        else:
+            start = data.find(b"\n" + key, 0, end) + 1
+            if start == 0:
+                continue
+        # the vendor's block: its line, then device lines (one tab) and subsystem lines (two),
+        # up to the next line that starts with neither a tab nor a comment
+        nxt = _NEXT_BLOCK.search(data, start, end)
+        block = data[start:nxt.start() if nxt else end].decode("utf-8", "replace")
+        for line in block.split("\n")[1:]:
+            if line[:1] == "\t" and line[1:2] != "\t":
+                did = line[1:5].lower()
+                if (vendor, did) in wanted:
+                    names[(vendor, did)] = line[5:].strip()
     return names
+
+
+# path -> ((mtime, size), bytes): the last pci.ids read. Discovery looks names up twice (its
+# GPUs, then the bridges above them) in a database of 1.3 MB.
+_DATABASE: dict[str, tuple[tuple[int, int], bytes]] = {}
+
+
+def _read_database(path: str) -> bytes | None:
+    """The bytes of the ``pci.ids`` at ``path``, read again only when the file changed."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    key = (st.st_mtime_ns, st.st_size)
+    hit = _DATABASE.get(path)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    data = read_whole(path)
+    _DATABASE.clear()
+    if data is not None:
+        _DATABASE[path] = (key, data)
+    return data
 
 
 def load_pci_names(root: str, wanted: set[tuple[str, str]]) -> dict[tuple[str, str], str]:
@@ -48,9 +78,9 @@ def load_pci_names(root: str, wanted: set[tuple[str, str]]) -> dict[tuple[str, s
     """
     names: dict[tuple[str, str], str] = {}
     for rel in PCI_IDS_PATHS:
-        text = read_whole(os.path.join(root, rel)) if wanted else None
-        if text is not None:
-            names = parse_pci_ids(text, wanted)
+        data = _read_database(os.path.join(root, rel)) if wanted else None
+        if data is not None:
+            names = parse_pci_ids(data, wanted)
             break
     missing = wanted - set(names)
     if missing and os.path.realpath(root) == "/":

@@ -7,12 +7,14 @@ Every function takes the host ``root``; the functions are read from
 from __future__ import annotations
 
 import os
-import re
-from pathlib import Path
 
 from gputopo.errors import RootError
-from gputopo.facts.files import link_name, list_dir, read_text, sorted_addresses, stripped
+from gputopo.facts.files import link_name, list_dir, read_attr, sorted_addresses, stripped
 from gputopo.model.facts import PciFunction, normalize_address
+
+TYPE_CHECKING = False  # pathlib costs discovery's start-up; the annotations need it only
+if TYPE_CHECKING:
+    from pathlib import Path
 
 PCI_DEVICES = "sys/bus/pci/devices"
 
@@ -30,12 +32,16 @@ def parse_hex_id(text: str | None, width: int = 4, zero_ok: bool = False) -> str
     if text is None:
         return None
     t = text.strip().lower()
-    if not re.fullmatch(r"0x[0-9a-f]+", t):
+    # isascii and isalnum leave int() only hex digits to accept: no sign, space or underscore
+    if t[:2] != "0x" or not (t.isascii() and t[2:].isalnum()):
         return None
-    value = int(t, 16)
+    try:
+        value = int(t, 16)
+    except ValueError:
+        return None
     if (value == 0 and not zero_ok) or value >= (1 << (4 * width)) - 1:
         return None
-    return f"0x{value:0{width}x}"
+    return t if len(t) == width + 2 else f"0x{value:0{width}x}"
 
 
 def parse_subsystem_id(text: str | None) -> str | None:
@@ -84,7 +90,7 @@ class AttrReader:
         """The text of ``<devdir>/<name>/<attr>``; None when it cannot be read."""
         key = (name, attr)
         if key not in self.cache:
-            self.cache[key] = read_text(f"{self.devdir}/{name}/{attr}")
+            self.cache[key] = read_attr(f"{self.devdir}/{name}/{attr}")
         return self.cache[key]
 
     def link(self, name: str, attr: str) -> str | None:
@@ -93,8 +99,13 @@ class AttrReader:
 
     def ids(self, name: str) -> tuple[str | None, str | None, str | None]:
         """(vendor, device, class) of the device directory ``name``, each None when unreadable."""
-        return (parse_hex_id(self.attr(name, "vendor")), parse_hex_id(self.attr(name, "device")),
-                parse_hex_id(self.attr(name, "class"), 6))
+        cache = self.cache
+        if (name, "vendor") not in cache:  # discovery asks this of every function: no attr() calls
+            base = f"{self.devdir}/{name}/"
+            for attr in ("vendor", "device", "class"):
+                cache[(name, attr)] = read_attr(base + attr)
+        return (parse_hex_id(cache[(name, "vendor")]), parse_hex_id(cache[(name, "device")]),
+                parse_hex_id(cache[(name, "class")], 6))
 
     def subsystem(self, name: str) -> tuple[str | None, str | None]:
         """(subsystem vendor, subsystem device) of the device directory ``name``."""

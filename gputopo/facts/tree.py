@@ -18,13 +18,13 @@ from __future__ import annotations
 import os
 import re
 
+from gputopo.facts.files import address_of, addresses_in, read_text
 from gputopo.facts.names import load_pci_names
-from gputopo.errors import AddressError
-from gputopo.model.facts import Bridge, Facts, PciFunction, format_cpulist, normalize_address, parse_cpulist
+from gputopo.facts.pci import parse_hex_id
+from gputopo.model.facts import Bridge, Facts, PciFunction, format_cpulist, parse_cpulist
 
 PCI_DEVICES = "sys/bus/pci/devices"
 SYS_DEVICES = "sys/devices"
-PCI_IDS_PATHS = ("usr/share/misc/pci.ids", "usr/share/hwdata/pci.ids", "usr/share/pci.ids")
 
 # PCI Express capability, Device/Port Type (PCIe base spec 7.5.3.2; linux/pci_regs.h PCI_EXP_TYPE_*)
 PORT_KINDS = {4: "root_port", 5: "switch_upstream", 6: "switch_downstream", 7: "pcie_to_pci", 8: "pci_to_pcie"}
@@ -54,10 +54,9 @@ def parse_device_path(rel: str) -> tuple[str | None, list[str]]:
             continue
         if host is None:
             continue
-        try:
-            addresses.append(normalize_address(part))
-        except AddressError:
-            continue  # not a PCI function (e.g. a 'usb1' directory): not part of the chain
+        addr = address_of(part)
+        if addr is not None:  # else not a PCI function (e.g. a 'usb1' directory): not in the chain
+            addresses.append(addr)
     return (host, addresses) if host is not None else (None, [])
 
 
@@ -119,53 +118,29 @@ def _read_bytes(path: str, size: int = 256) -> bytes | None:
         return None
 
 
-def _read_text(path: str) -> str | None:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read(65536)
-    except OSError:
-        return None
-
-
 def read_device_path(root: str, name: str) -> str | None:
-    """Where ``sys/bus/pci/devices/<name>`` resolves, relative to the root's ``sys/devices``;
+    """Where ``sys/bus/pci/devices/<name>`` leads, relative to the root's ``sys/devices``;
     None when it is not a link or leads elsewhere (a damaged root)."""
     link = os.path.join(root, PCI_DEVICES, name)
-    if not os.path.islink(link):
+    try:
+        target = os.readlink(link)
+    except OSError:
         return None
-    real = os.path.realpath(link)
-    base = os.path.realpath(os.path.join(root, SYS_DEVICES))
+    # The kernel's link is relative ('../../../devices/pci0000:00/...') and every directory
+    # under sys/devices is a real one: joining the link's text is what resolving it would
+    # give, for one system call instead of one per path component.
+    real = os.path.normpath(os.path.join(os.path.dirname(link), target))
+    base = os.path.normpath(os.path.join(root, SYS_DEVICES))
     if not real.startswith(base + os.sep) or not os.path.isdir(real):
         return None
-    return os.path.relpath(real, base)
-
-
-def _hex_id(text: str | None) -> str | None:
-    t = (text or "").strip().lower()
-    if not re.fullmatch(r"0x[0-9a-f]{1,4}", t) or int(t, 16) in (0, 0xFFFF):
-        return None
-    return f"0x{int(t, 16):04x}"
-
-
-def _entry_names(root: str) -> dict[str, str]:
-    out: dict[str, str] = {}
-    try:
-        names = os.listdir(os.path.join(root, PCI_DEVICES))
-    except OSError:
-        return out
-    for n in names:
-        try:
-            out[normalize_address(n)] = n
-        except AddressError:
-            continue
-    return out
+    return real[len(base) + 1:]
 
 
 def add_topology(root: str, facts: Facts) -> None:
     """Fill ``host_bridge`` and ``upstream`` of every GPU and NVSwitch of ``facts``, and each
     GPU's ``local_cpulist``, from the host under ``root``. A device whose link does not resolve
     under ``sys/devices`` keeps ``host_bridge`` null and gets a warning. Never raises."""
-    entries = _entry_names(root)
+    entries = addresses_in(os.path.join(root, PCI_DEVICES))
     devices: list[PciFunction] = [*facts.gpus, *facts.nvswitches]
     chains: dict[str, tuple[str | None, list[str]]] = {}
     for dev in devices:
@@ -186,8 +161,8 @@ def add_topology(root: str, facts: Facts) -> None:
                 continue
             d = os.path.join(root, PCI_DEVICES, entries.get(a, a))
             bridges[a] = (parse_pcie_port_type(_read_bytes(os.path.join(d, "config"))),
-                          _hex_id(_read_text(os.path.join(d, "vendor"))),
-                          _hex_id(_read_text(os.path.join(d, "device"))))
+                          parse_hex_id(read_text(os.path.join(d, "vendor"))),
+                          parse_hex_id(read_text(os.path.join(d, "device"))))
     names = load_pci_names(root, {(v[2:], d[2:]) for _, v, d in bridges.values() if v and d})
 
     for dev in devices:
@@ -201,7 +176,7 @@ def add_topology(root: str, facts: Facts) -> None:
         ]
     for g in facts.gpus:
         name = entries.get(g.address)
-        text = _read_text(os.path.join(root, PCI_DEVICES, name, "local_cpulist")) if name else None
+        text = read_text(os.path.join(root, PCI_DEVICES, name, "local_cpulist")) if name else None
         try:
             g.local_cpulist = format_cpulist(parse_cpulist(text)) if text is not None else None
         except ValueError:

@@ -1,7 +1,9 @@
 """Data models shared by every layer: the host facts that discovery produces.
 
-This module imports nothing of gputopo's except ``errors``. The JSON form of :class:`Facts`
-(``gputopo discover --json``) is a stable, documented schema (``gputopo schema facts``):
+This module imports nothing of gputopo's except ``errors`` and ``record``: the facts are plain
+records (:mod:`gputopo.model.record`), declared like pydantic models, whose schema and validation
+pydantic provides on first use, so discovery never waits for pydantic to load. The JSON form of
+:class:`Facts` (``gputopo discover --json``) is a stable, documented schema (``gputopo schema facts``):
 
 * ids are strings as sysfs spells them: ``vendor`` ``"0x10de"``, ``device`` ``"0x2bb5"``,
   ``class`` ``"0x030200"``;
@@ -13,13 +15,17 @@ This module imports nothing of gputopo's except ``errors``. The JSON form of :cl
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from enum import Enum
-from typing import Literal
-
-from pydantic import BaseModel, ConfigDict, Field
 
 from gputopo.errors import AddressError
+from gputopo.model.record import Field, Literal, Record
+
+# Importing typing would cost discovery's start-up a third of Python's own: annotations are text,
+# and at run time Literal[...] is too (pydantic reads it when it builds the schema); type
+# checkers read typing's.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Literal
 
 SCHEMA_VERSION = 1
 
@@ -87,8 +93,8 @@ def format_cpulist(cpus: set[int]) -> str:
     return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
-class Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+class Model(Record):
+    model_config = {"extra": "forbid", "populate_by_name": True}
 
 
 class MemberRole(str, Enum):
@@ -285,8 +291,7 @@ class Facts(Model):
         return self.model_dump_json(by_alias=True, indent=2)
 
 
-@dataclass(frozen=True)
-class Holder:
+class Holder(Record, frozen=True):
     """A process that holds a device node open.
 
     ``comm`` is the kernel's short name (``?`` when unreadable); ``cmdline`` the command line

@@ -69,6 +69,7 @@ def environment(templates: str | None = None) -> jinja2.Environment:
         undefined=jinja2.StrictUndefined,
         autoescape=False,
         keep_trailing_newline=True,
+        auto_reload=False,  # templates do not change under a run: no stat per file rendered
     )
 
 
