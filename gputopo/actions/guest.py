@@ -54,6 +54,8 @@ class _GuestStep(ActionModel):
 class StopGuest(_GuestStep):
     kind: Literal["stop_guest"] = "stop_guest"
     phase: Phase = "stop"
+    waits = "guest"
+    counts_as = "guest restart"
 
     def describe(self) -> str:
         return f"stop {guest_name(self.guest, self.vmid)}"
@@ -78,6 +80,7 @@ class StopGuest(_GuestStep):
 class StartGuest(_GuestStep):
     kind: Literal["start_guest"] = "start_guest"
     phase: Phase = "start"
+    waits = "guest"
 
     def describe(self) -> str:
         return f"start {guest_name(self.guest, self.vmid)}"

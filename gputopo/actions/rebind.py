@@ -45,6 +45,8 @@ class Rebind(ActionModel):
 
     Before = RebindBefore
     parallel = True
+    waits = "sysfs"
+    counts_as = "rebind"
 
     def describe(self) -> str:
         before = sorted({d or "none" for d in self.from_drivers.values()})

@@ -60,11 +60,23 @@ class Credentials:
         return f"Credentials({self.user}{'!' + self.token_name if self.token_name else ''})"
 
     def scrub(self, text: str) -> str:
-        """``text`` with every secret replaced by ``***``."""
+        """``text`` with every secret replaced by ``***``.
+
+        Only whole occurrences are masked: a secret that begins or ends with a letter or digit
+        must not continue a word there (a password ``on`` leaves ``connection`` alone), since
+        a message names hosts and reasons in ordinary words.
+        """
         for s in (self.token_secret, self.password):
             if s:
-                text = text.replace(s, "***")
+                text = scrub_secret(text, s)
         return text
+
+
+def scrub_secret(text: str, secret: str) -> str:
+    """``text`` with each whole occurrence of ``secret`` replaced by ``***`` (see :meth:`Credentials.scrub`)."""
+    head = r"(?<![A-Za-z0-9])" if secret[0].isalnum() else ""
+    tail = r"(?![A-Za-z0-9])" if secret[-1].isalnum() else ""
+    return re.sub(head + re.escape(secret) + tail, "***", text)
 
 
 def read_secret_file(path: str) -> str:

@@ -165,7 +165,7 @@ class Binder:
             raise BindError(address, wanted, None, "device is gone from the bus")
         if native and wanted is None:
             if got is None or got in OVERRIDE_DRIVERS:
-                raise BindError(address, "its native driver", got, "no native driver claimed it")
+                raise BindError(address, None, got, "no native driver claimed it", native=True)
             return
         if got != wanted:
             raise BindError(address, wanted, got)

@@ -6,12 +6,11 @@ and exits 0 when all is clear, 1 on any FAIL (or any WARN with ``--strict``).
 
 from __future__ import annotations
 
-import sys
-
 import click
 
 from gputopo.cli.connect import Connection, build_ports, connection_options, host_root
 from gputopo.cli.params import Finite
+from gputopo.exitcodes import with_exit_codes
 
 STYLE = {"PASS": "bold green", "WARN": "bold yellow", "FAIL": "bold red"}
 
@@ -22,19 +21,20 @@ STYLE = {"PASS": "bold green", "WARN": "bold yellow", "FAIL": "bold red"}
 @click.option("--timeout", "http_timeout", type=Finite(), default=None,
               help="Seconds for the inference probe (default: the spec's verify.timeout).")
 @click.option("--strict", is_flag=True, help="A WARN fails too (exit 1).")
-@click.option("--json", "as_json", is_flag=True, help="The report as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="The report as JSON (gputopo schema verify).")
+@with_exit_codes("verify")
 def verify(spec_file: str, conn: Connection, http_timeout: float | None, strict: bool, as_json: bool) -> None:
     """Check the host against the spec from fresh facts: converged, VM side, container side,
     memory balance, service, inference and platform.
-
-    Exit codes: 0 all clear, 1 any FAIL (or WARN with --strict), 2 bad input.
     """
+    from gputopo.cli.output import warn_unfinished
     from gputopo.errors import VerifyFailed
     from gputopo.plan.spec import load_spec
     from gputopo.verify import verify as run_verify
 
     spec = load_spec(spec_file)
     root = host_root(conn)
+    warn_unfinished(root)
     default_node = spec.nodes[0].name if len(spec.nodes) == 1 else None
     ports = build_ports(conn, default_node=default_node)
     try:
@@ -42,11 +42,18 @@ def verify(spec_file: str, conn: Connection, http_timeout: float | None, strict:
     finally:
         ports.close()
     if as_json:
-        sys.stdout.write(report.to_json() + "\n")
-    else:
-        print_report(report)
+        import json
+
+        from gputopo.cli.output import print_json
+
+        print_json(json.loads(report.to_json()))
+        if not report.ok:
+            raise VerifyFailed(report.summary_line())  # stdout holds the document: one line on stderr
+        return
+    print_report(report)
     if not report.ok:
-        raise VerifyFailed(report.summary_line())
+        # the table ended with the summary line: exit 1 without saying it again
+        click.get_current_context().exit(VerifyFailed.exit_code)
 
 
 def print_report(report) -> None:

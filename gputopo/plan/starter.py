@@ -11,6 +11,8 @@ from gputopo.errors import SpecError
 from gputopo.model.facts import Facts, nvidia_gpus
 from gputopo.plan.spec import API_VERSION, KIND, GpuSelector, Spec, format_validation_error
 
+VM_DESCRIPTION = "GPUs for VM passthrough"  # quick mode and init write the same mapping
+
 
 def split_selectors(facts: Facts, split: str) -> tuple[GpuSelector, GpuSelector]:
     """(container selector, VM selector) for a ``--split`` mode.
@@ -69,7 +71,8 @@ def spec_from_split(
                         **({"service": {"unit": service_unit, "tp_flag": tp_flag}} if service_unit else {}),
                     }
                 ],
-                "vms": {"mappings": [{"name": vm_mapping, "gpus": vm_sel.model_dump(exclude_none=True)}]},
+                "vms": {"mappings": [{"name": vm_mapping, "gpus": vm_sel.model_dump(exclude_none=True),
+                                      "description": VM_DESCRIPTION}]},
             }
         ],
     }
@@ -90,11 +93,12 @@ def init_spec(
     vm_mapping: str = "pro6000-vm",
     container_mapping: str | None = None,
     node: str | None = None,
-    service_unit: str = "sglang.service",
+    service_unit: str | None = "sglang.service",
     tp_flag: str = "--tp",
 ) -> str:
     """A commented starter spec (YAML text) for the discovered host; it parses with parse_spec
-    into what :func:`spec_from_split` returns for the same options.
+    into what :func:`spec_from_split` returns for the same options. Without ``service_unit``
+    the service block is written commented out (nothing inside the container is managed).
 
     Raises SpecError when the host cannot be split that way or an option's value is one the
     spec refuses (the field names the option's place in the spec).
@@ -149,8 +153,10 @@ def init_spec(
         '        # mode: the device nodes\' mode in the container; gid: their group (unset: root)',
         '        mode: "0666"',
         "        # service: the inference server whose tensor-parallel size follows the GPU count",
+    ]
+    service = [
         "        service:",
-        f"          unit: {service_unit}",
+        f"          unit: {service_unit or 'sglang.service'}",
         "          # tp_flag: --tp (SGLang) or --tensor-parallel-size (vLLM)",
         f"          tp_flag: \"{tp_flag}\"",
         f"          # TP will be {n_ct}. command: the full base ExecStart; unset = the unit's current one",
@@ -158,6 +164,14 @@ def init_spec(
         "          # health_url: http://127.0.0.1:30000/health",
         "          # attention_heads: 64   # the TP size must divide it",
         "          dropin: gputopo.conf",
+    ]
+    if service_unit:
+        lines += service
+    else:
+        lines += ["        # not managed: no unit was named or found inside the container (init with --sim,",
+                  "        # --api-url or --local looks for the unit that runs sglang or vllm). To manage it:"]
+        lines += ["        # " + ln[8:] for ln in service]
+    lines += [
         "    vms:",
         "      mappings:",
         "        # a PCI mapping for VM passthrough; its GPUs are bound to vfio-pci per address",
@@ -165,7 +179,7 @@ def init_spec(
         "          # gpus: a selector like the container's, or 'rest' (every GPU no container claims)",
         "          gpus:",
         *sel_lines(vm_sel, "            "),
-        "          description: GPUs for VM passthrough",
+        f"          description: {VM_DESCRIPTION}",
         "      # guests: VM vmids using these mappings (stopped/started when their GPUs change)",
         "      guests: []",
         "policy:",
