@@ -221,10 +221,14 @@ class ProxmoxError(GputopoError):
 class TaskFailed(ProxmoxError):
     """A Proxmox task (UPID) ended with an exit status other than OK, or timed out."""
 
-    def __init__(self, upid: str, exitstatus: str | None):
+    def __init__(self, upid: str, exitstatus: str | None, timeout: float | None = None):
         self.upid = upid
         self.exitstatus = exitstatus
-        super().__init__(f"task {upid}", None, f"ended with {exitstatus!r}")
+        self.timeout = timeout
+        if exitstatus is None and timeout is not None:
+            super().__init__(f"task {upid}", None, f"did not end within its timeout of {timeout:g} s")
+        else:
+            super().__init__(f"task {upid}", None, f"ended with {exitstatus!r}")
 
 
 class ExecError(GputopoError):

@@ -52,9 +52,10 @@ COMMANDS: dict[str, dict[int, str]] = {
               NOTHING_CHANGED: "refused before anything changed (a stale saved plan, a declined prompt too)",
               NEEDS_HUMAN: "a device needs a human", LOCKED: "another apply holds the lock",
               SIGHUP: "SIGHUP (rolled back)", SIGINT: "Ctrl-C (rolled back)", SIGTERM: "SIGTERM (rolled back)"},
-    "recover": {OK: "settled, or nothing to recover", FAILED: "a step failed (rolled back where it could)",
+    "recover": {OK: "settled, or nothing to recover",
+                FAILED: "a step failed (rolled back where it could), or --finish after a rollback began",
                 NOTHING_CHANGED: "bad input", NEEDS_HUMAN: "a device still needs a human",
-                LOCKED: "an apply holds the lock", SIGHUP: "SIGHUP", SIGINT: "Ctrl-C", SIGTERM: "SIGTERM"},
+                LOCKED: "an apply holds the lock", SIGINT: "interrupted"},
     "verify": {OK: "all clear", FAILED: "a FAIL (or a WARN with --strict)", **_COMMON},
     "history": {OK: "the applies", **_COMMON, NOTHING_CHANGED: "bad input or no apply with that id"},
     "completion": {OK: "the script", **_COMMON},
@@ -88,6 +89,7 @@ def markdown_table() -> str:
     """The README's table: each code, its meaning and the commands that end with it."""
     lines = ["| code | meaning | commands |", "|---|---|---|"]
     for code in sorted(MEANING):
-        cmds = ", ".join(f"`{c}`" for c in sorted(COMMANDS) if code in COMMANDS[c])
+        having = [c for c in sorted(COMMANDS) if code in COMMANDS[c]]
+        cmds = "every command" if len(having) == len(COMMANDS) else ", ".join(f"`{c}`" for c in having)
         lines.append(f"| {code} | {MEANING[code]} | {cmds} |")
     return "\n".join(lines)

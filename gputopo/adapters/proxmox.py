@@ -118,7 +118,7 @@ class ProxmoxClient(ABC):
                     raise TaskFailed(upid, st.get("exitstatus"))
                 return
             if time.monotonic() >= deadline:
-                raise TaskFailed(upid, None)
+                raise TaskFailed(upid, None, timeout)
             time.sleep(min(interval, max(0.0, deadline - time.monotonic())) or 0.01)
 
     def list_guests(self, kind: str) -> list[dict[str, Any]]:

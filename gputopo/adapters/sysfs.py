@@ -162,7 +162,7 @@ class Binder:
     def _check(self, address: str, wanted: str | None, native: bool) -> None:
         got = self.driver_of(address)
         if not (self.root / _devpath(address)).exists():
-            raise BindError(address, wanted, None, "device is gone from the bus")
+            raise BindError(address, wanted, None, "device is gone from the bus", native=native and wanted is None)
         if native and wanted is None:
             if got is None or got in OVERRIDE_DRIVERS:
                 raise BindError(address, None, got, "no native driver claimed it", native=True)

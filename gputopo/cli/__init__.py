@@ -92,7 +92,8 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point: runs the CLI, turning expected errors into one line and an exit code.
 
     Exits 0 on success, the error's ``exit_code`` for a GputopoError, 2 for a usage error,
-    130 when interrupted (Ctrl-C), 1 when a confirmation was declined.
+    130 when interrupted (Ctrl-C), 2 when a confirmation was declined (nothing was changed); the
+    table is :mod:`gputopo.exitcodes`.
     """
     from gputopo.errors import GputopoError
 
@@ -131,7 +132,7 @@ def main(argv: list[str] | None = None) -> None:
         if isinstance(cause, EOFError):
             raise cause  # not a declined prompt: an unexpected error, traceback kept
         click.echo("gputopo: aborted", err=True)
-        sys.exit(1)
+        sys.exit(2)
     except KeyboardInterrupt:
         click.echo("gputopo: interrupted", err=True)
         sys.exit(130)

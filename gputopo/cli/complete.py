@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-from click.shell_completion import CompletionItem
 
 from gputopo.exitcodes import with_exit_codes
 
@@ -56,11 +55,14 @@ def _read(path: Path) -> str:
         return ""
 
 
-def _items(values: dict[str, str], incomplete: str) -> list[CompletionItem]:
+def _items(values: dict[str, str], incomplete: str) -> list[Any]:
+    """CompletionItems (click.shell_completion is imported only when completing: --help stays light)."""
+    from click.shell_completion import CompletionItem
+
     return [CompletionItem(v, help=h or None) for v, h in sorted(values.items()) if v.startswith(incomplete)]
 
 
-def complete_addresses(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
+def complete_addresses(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Any]:
     """NVIDIA GPUs (display class 0x03) under the root, with their driver."""
     out: dict[str, str] = {}
     devices = _root(ctx) / "sys/bus/pci/devices"
@@ -77,7 +79,7 @@ def complete_addresses(ctx: click.Context, param: click.Parameter, incomplete: s
     return _items(out, incomplete)
 
 
-def complete_vmids(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
+def complete_vmids(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Any]:
     """Containers of every node, with their hostname."""
     out: dict[str, str] = {}
     for conf in sorted(_pve(ctx).glob("nodes/*/lxc/*.conf")):
@@ -88,7 +90,7 @@ def complete_vmids(ctx: click.Context, param: click.Parameter, incomplete: str) 
     return _items(out, incomplete)
 
 
-def complete_mappings(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
+def complete_mappings(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Any]:
     """PCI mapping ids from ``mapping/pci.cfg`` (a section starts at a line without indentation)."""
     out: dict[str, str] = {}
     for line in _read(_pve(ctx) / "mapping/pci.cfg").splitlines():
@@ -97,7 +99,7 @@ def complete_mappings(ctx: click.Context, param: click.Parameter, incomplete: st
     return _items(out, incomplete)
 
 
-def complete_nodes(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
+def complete_nodes(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Any]:
     """Node names: the directories under ``nodes/``."""
     try:
         names = [p.name for p in (_pve(ctx) / "nodes").iterdir() if p.is_dir() and not p.is_symlink()]
@@ -106,7 +108,7 @@ def complete_nodes(ctx: click.Context, param: click.Parameter, incomplete: str) 
     return _items({n: "node" for n in names}, incomplete)
 
 
-def complete_journal_ids(ctx: click.Context, incomplete: str) -> list[CompletionItem]:
+def complete_journal_ids(ctx: click.Context, incomplete: str) -> list[Any]:
     """Apply ids under the root (newest last), plus ``last``."""
     d = _root(ctx) / "var/lib/gputopo/journal"
     try:

@@ -88,7 +88,7 @@ class Plain(PlainProgress):
         super().step_end(index, total, action, status, seconds)
 
     def _tick(self, index: int, total: int, action: Any, elapsed: float, limit: float) -> None:
-        self._w(f"[{index + 1:>2}/{total}] {action.phase:<7} {action.describe()}: {elapsed:.0f} s of {limit:g} s")
+        self._w(f"[{index + 1:>2}/{total}] {action.phase:<7} {action.describe()}: {elapsed:.1f} s of {limit:g} s")
 
 
 class _RichProgress:
@@ -113,7 +113,7 @@ class _RichProgress:
 
     def _tick(self, index, total, action, elapsed, limit) -> None:
         self.out.print(f"[dim][{index + 1:>2}/{total}][/] {action.phase:<7} {action.describe()}: "
-                       f"[yellow]{elapsed:.0f} s[/] of {limit:g} s", markup=True, highlight=False)
+                       f"[yellow]{elapsed:.1f} s[/] of {limit:g} s", markup=True, highlight=False)
 
     def step_end(self, index, total, action, status, seconds) -> None:
         self.waits.end(index)

@@ -10,7 +10,6 @@ never removed. Everything is checked before anything is written.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -24,9 +23,15 @@ from gputopo.exitcodes import with_exit_codes
 MANIFEST = ".gputopo-render.json"
 
 
+def _digest(data: bytes) -> str:
+    import hashlib  # here, not at the top: --help imports this module
+
+    return hashlib.sha256(data).hexdigest()
+
+
 def _sha(path: Path) -> str | None:
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
+        return _digest(path.read_bytes())
     except OSError:
         return None
 
@@ -59,7 +64,7 @@ def plan_writes(out: Path, files: dict[str, str], old: dict[str, dict],
         mine = old.get(rel)
         if mine is None:
             refused.append((str(dest), "not written by render; pass --force to replace it"))
-        elif _sha(dest) != mine["sha256"] and _sha(dest) != hashlib.sha256(files[rel].encode()).hexdigest():
+        elif _sha(dest) != mine["sha256"] and _sha(dest) != _digest(files[rel].encode()):
             refused.append((str(dest), "edited since render wrote it; pass --force to replace it"))
     stale = [rel for rel in sorted(old) if rel not in files]
     return stale, refused
@@ -93,7 +98,7 @@ def render(conn: Connection, out, templates, force, **quick):
     for rel, text in sorted(files.items()):
         dest = outdir / rel
         write_output(dest, text)
-        written[rel] = ManifestFile(sha256=hashlib.sha256(text.encode()).hexdigest(),
+        written[rel] = ManifestFile(sha256=_digest(text.encode()),
                                     mode=f"{os.stat(dest).st_mode & 0o7777:04o}")
         click.echo(str(dest))
     for rel in stale:

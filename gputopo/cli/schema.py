@@ -7,10 +7,11 @@ import json
 
 import click
 
-from gputopo.cli.documents import DOCUMENTS
 from gputopo.exitcodes import with_exit_codes
 
-NAMES = ["spec", *DOCUMENTS]
+# gputopo.cli.documents.DOCUMENTS, named here so that --help does not import pydantic's models
+NAMES = ["spec", "facts", "topo", "plan", "saved-plan", "diff", "verify", "apply", "snapshot", "sim-serve",
+         "history", "history-entry", "render-manifest"]
 
 
 @click.command()

@@ -11,8 +11,6 @@ from gputopo.errors import SpecError
 from gputopo.model.facts import Facts, nvidia_gpus
 from gputopo.plan.spec import API_VERSION, KIND, GpuSelector, Spec, format_validation_error
 
-VM_DESCRIPTION = "GPUs for VM passthrough"  # quick mode and init write the same mapping
-
 
 def split_selectors(facts: Facts, split: str) -> tuple[GpuSelector, GpuSelector]:
     """(container selector, VM selector) for a ``--split`` mode.
@@ -71,8 +69,7 @@ def spec_from_split(
                         **({"service": {"unit": service_unit, "tp_flag": tp_flag}} if service_unit else {}),
                     }
                 ],
-                "vms": {"mappings": [{"name": vm_mapping, "gpus": vm_sel.model_dump(exclude_none=True),
-                                      "description": VM_DESCRIPTION}]},
+                "vms": {"mappings": [{"name": vm_mapping, "gpus": vm_sel.model_dump(exclude_none=True)}]},
             }
         ],
     }
@@ -179,7 +176,7 @@ def init_spec(
         "          # gpus: a selector like the container's, or 'rest' (every GPU no container claims)",
         "          gpus:",
         *sel_lines(vm_sel, "            "),
-        f"          description: {VM_DESCRIPTION}",
+        "          # description: shown in Proxmox's mapping list (default: N GPU(s) for VM passthrough)",
         "      # guests: VM vmids using these mappings (stopped/started when their GPUs change)",
         "      guests: []",
         "policy:",
