@@ -18,7 +18,9 @@ NAMES = ["spec", "facts", "topo", "plan", "saved-plan", "diff", "verify", "apply
 @click.argument("what", metavar="NAME", type=click.Choice(NAMES))
 @with_exit_codes("schema")
 def schema(what: str) -> None:
-    """Print the JSON Schema of the spec file or of a JSON document:
+    """Print the JSON Schema of the spec file, or of the JSON document a command prints.
+
+    NAME is one of:
 
     \b
     spec             the spec file (YAML), for editors
