@@ -216,6 +216,8 @@ def _finish(result, boot, as_json: bool) -> None:
     if as_json:
         from gputopo.cli.output import print_json
 
+        if result.status in ("no-changes", "dry-run"):  # the plan for the human reading stderr
+            click.echo(result.plan.to_text() if result.plan else "No changes", nl=False, err=True)
         doc = _result_doc(result, boot)
         doc["exit_code"] = failed.exit_code if failed else 0
         print_json(doc)
