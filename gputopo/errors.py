@@ -192,13 +192,14 @@ class SysfsTimeout(GputopoError):
 class BindError(GputopoError):
     """A device did not end up on the driver it was meant to (read back after the write)."""
 
-    def __init__(self, address: str, wanted: str | None, got: str | None, detail: str = ""):
+    def __init__(self, address: str, wanted: str | None, got: str | None, detail: str = "", native: bool = False):
         self.address = address
         self.wanted = wanted  # None: its native driver, whichever that is
         self.got = got
         extra = f": {detail}" if detail else ""
-        expected = f"driver {wanted}" if wanted else "its native driver"
-        super().__init__(f"{address}: expected {expected}, found {got or 'no driver'}{extra}")
+        # native: whichever driver matches the device (snd_hda_intel, xhci_hcd...), not a name
+        want = "its native driver" if native or wanted is None else f"driver {wanted}"
+        super().__init__(f"{address}: expected {want}, found {got or 'none'}{extra}")
 
 
 class ProxmoxError(GputopoError):
@@ -214,13 +215,6 @@ class ProxmoxError(GputopoError):
         if detail:
             text += f" ({detail})"
         super().__init__(text)
-
-
-class LoginFailed(ProxmoxError):
-    """The Proxmox API refused the login (a 401: wrong password or token secret) or presented a
-    certificate other than the one pinned: nothing was done, like bad input."""
-
-    exit_code = 2
 
 
 class TaskFailed(ProxmoxError):
@@ -351,6 +345,8 @@ class Interrupted(GputopoError):
 class ApplyCancelled(GputopoError):
     """The operator declined the plan; nothing was changed."""
 
+    exit_code = 2  # nothing was changed, as for every other refusal
+
     def __init__(self) -> None:
         super().__init__("apply cancelled; nothing was changed")
 
@@ -390,3 +386,53 @@ class UnfinishedApply(JournalError):
             f"an earlier apply did not finish: {description}; run 'gputopo recover' to roll it back "
             "(or 'gputopo recover --finish' to complete it)"
         )
+
+
+class OutputExists(InputError):
+    """A file the operator named exists and ``--force`` was not given; nothing was written."""
+
+    def __init__(self, path: str, hint: str = "pass --force to replace it"):
+        self.path = path
+        super().__init__(f"{path}: exists; {hint}")
+
+
+class ConnectFailed(ProxmoxError):
+    """The Proxmox API could not be reached or refused the login (exit 2: nothing was changed).
+    ``hint`` is the known fix, when there is one (a CA bundle for an untrusted certificate)."""
+
+    exit_code = 2
+
+    def __init__(self, call: str, status: int | None, message: str, hint: str = ""):
+        self.hint = hint
+        super().__init__(call, status, message)
+        if hint:
+            self.message += f"; {hint}"
+
+
+class LoginFailed(ConnectFailed):
+    """The Proxmox API refused the login (a 401: wrong password or token secret) or presented a
+    certificate other than the one pinned: nothing was done, like bad input."""
+
+
+class SavedPlanStale(PreflightError):
+    """A saved plan no longer matches the host: ``changes`` names what moved since it was made."""
+
+    def __init__(self, path: str, changes: list[str]):
+        self.path = path
+        self.changes = changes
+        more = f" (+{len(changes) - 3} more)" if len(changes) > 3 else ""
+        super().__init__(f"{path}: the host changed since this plan was made: {'; '.join(changes[:3])}{more}; "
+                         "nothing was changed, make a new plan")
+
+
+class HistoryError(InputError):
+    """A ``gputopo history`` id that names no journal (or names several)."""
+
+
+class HostCommandError(GputopoError):
+    """A command on the host itself could not be started, failed or timed out."""
+
+    def __init__(self, argv: list[str], reason: str):
+        self.argv = argv
+        self.reason = reason
+        super().__init__(f"{' '.join(argv)}: {reason}")

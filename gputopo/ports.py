@@ -219,6 +219,18 @@ class HttpPort(Protocol):
         ...
 
 
+class HostCommandPort(Protocol):
+    """Commands on the Proxmox host itself, as root: ``update-initramfs``, ``proxmox-boot-tool``."""
+
+    def run(self, argv: list[str], timeout: float) -> ExecResult:
+        """Run ``argv``; return its exit status and output (a non-zero exit is returned).
+
+        Raises :class:`gputopo.errors.HostCommandError` when it cannot be started or does not
+        finish within ``timeout`` seconds.
+        """
+        ...
+
+
 def _nothing() -> None:
     return None
 
@@ -234,3 +246,4 @@ class Ports:
     files: HostFilesPort
     http: HttpPort
     close: Callable[[], None] = field(default=_nothing)
+    host: HostCommandPort | None = None  # commands on the host; None where none can run

@@ -137,6 +137,39 @@ def test_preflight_refuses_foreign_holder(host):
     assert applysim.diff(before, applysim.fingerprint(host)) == []
 
 
+def test_preflight_refuses_a_foreign_process_in_a_container_the_plan_keeps_running(host):
+    """container_restart: auto keeps CT 101 running and stops only its service; a notebook in the
+    same container that holds a leaving GPU would keep it busy, so apply refuses before anything
+    stops. Its workers are named on one line. With ``always`` the container stops and it ends."""
+    for pid in (6161, 6162):
+        applysim.fake_process(host.paths.root, pid, "/dev/nvidia4", argv=("python3", "notebook.py"),
+                              cgroup="0::/lxc/101/ns/user.slice/user-0.slice/session-3.scope")
+    spec = applysim.seed_spec(host)
+    assert spec.policy.container_restart == "auto"
+    before = applysim.fingerprint(host)
+    with pytest.raises(PreflightFailed) as e:
+        apply(spec, host.ports(), root=str(host.paths.root))
+    assert e.value.problems == [
+        "/dev/nvidia4 (GPU 0000:81:00.0) is held open by PIDs 6161, 6162 (python3 notebook.py) in CT 101, "
+        "which the plan keeps running; stop it, name its unit as the container's service, or set "
+        "policy.container_restart: always"]
+    assert applysim.diff(before, applysim.fingerprint(host)) == []
+    spec.policy.container_restart = "always"
+    res = apply(spec, host.ports(), root=str(host.paths.root), dry_run=True)
+    assert res.status == "dry-run" and "stop_guest" in [a.kind for a in res.plan.actions]
+
+
+def test_a_container_whose_service_the_spec_does_not_name_restarts(host):
+    """auto keeps a container running only when gputopo stops what uses its GPUs (its service)."""
+    spec = applysim.seed_spec(host)
+    res = apply(spec, host.ports(), root=str(host.paths.root), dry_run=True)
+    assert "stop_guest" not in [a.kind for a in res.plan.actions]
+    spec.nodes[0].containers[0].service = None
+    res = apply(spec, host.ports(), root=str(host.paths.root), dry_run=True)
+    kinds = [a.kind for a in res.plan.actions]
+    assert kinds.count("stop_guest") == 1 and kinds.count("start_guest") == 1 and "stop_service" not in kinds
+
+
 def test_preflight_refuses_a_display_server_on_a_moving_gpus_dri_node(host):
     """Failure mode 2: nvidia_drm's /dev/dri nodes held by a display server keep the GPU busy."""
     dev = host.paths.root / "sys/bus/pci/devices/0000:91:00.0"

@@ -20,7 +20,10 @@ OFFERED = {
     "plan": ["--root", "--pve-root", "--sim", *API, "--node"],
     "render": ["--root", "--pve-root", "--sim", *API, "--node"],
     "diff": ["--root", "--pve-root", "--sim", *API, "--node"],
-    "init": ["--root", "--sim", "--node"],
+    "init": ["--root", "--sim", *API, "--node"],
+    "export": ["--root", "--pve-root", "--sim", *API, "--node"],
+    "history": ["--root", "--sim"],
+    "history show": ["--root", "--sim"],
     "apply": ["--root", "--sim", *API, "--node"],
     "recover": ["--root", "--sim", *API, "--node"],
     "verify": ["--root", "--sim", *API, "--node"],
@@ -78,7 +81,7 @@ def test_the_options_are_one_definition():
     for name in OFFERED:
         opt = _options(commands[name])["--root"]
         assert opt.default is None and opt.help.startswith("Host root holding sys/, proc/, dev/, etc/")
-        assert opt.type.file_okay == (name in ("plan", "render", "diff", "init", "discover", "topo")), name
+        assert opt.type.file_okay == (name in ("plan", "render", "diff", "init", "export", "discover", "topo")), name
 
 
 def test_help_shows_the_environment_variable(capsys):
@@ -101,7 +104,7 @@ def spec(sim) -> Path:
 
 
 @pytest.mark.parametrize("argv, option", [
-    (["init", "--api-url", "https://pve1"], "--api-url"),
+    (["history", "--api-url", "https://pve1"], "--api-url"),
     (["init", "--pve-root", "/etc/pve"], "--pve-root"),
     (["discover", "--sim", "x"], "--sim"),
     (["snapshot", "out.tar.gz", "--node", "pve1"], "--node"),

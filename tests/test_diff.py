@@ -177,11 +177,12 @@ def test_cli_diff_json_shape(tmp_path, seed_root, capsys):
     data = json.loads(out)
     assert data["node"] == "pve1" and data["is_empty"] is False
     # nothing configured yet (no pve root); the service's command is unknown, so it is not managed
-    assert set(data["areas"]) == {"driver bindings", "container devices", "mappings", "persistence files"}
+    assert set(data["areas"]) == {"driver_bindings", "container_devices", "mappings", "persistence_files"}
+    assert data["schema_version"] == 1 and data["areas"]["driver_bindings"]["title"] == "driver bindings"
     for area in data["areas"].values():
-        assert set(area) == {"lines", "files"} and area["lines"]
-    assert "0000:f1:00.0: nvidia -> vfio-pci" in data["areas"]["driver bindings"]["lines"]
-    udev = data["areas"]["persistence files"]["files"]["etc/udev/rules.d/90-gputopo-vfio.rules"]
+        assert set(area) == {"title", "lines", "files"} and area["lines"]
+    assert "0000:f1:00.0: nvidia -> vfio-pci" in data["areas"]["driver_bindings"]["lines"]
+    udev = data["areas"]["persistence_files"]["files"]["etc/udev/rules.d/90-gputopo-vfio.rules"]
     assert udev.startswith("--- /dev/null\n+++ b/etc/udev/rules.d/90-gputopo-vfio.rules\n")
 
 

@@ -19,6 +19,7 @@ RANK: dict[str, int] = {
     "__init__": 0,  # gputopo/__init__.py: the version only
     "errors": 0,
     "resources": 0,
+    "exitcodes": 0,  # the exit codes of every command, one table
     "model": 1,  # facts and current-state data models
     "ports": 2,  # the Protocols the edge implements
     "formats": 3,  # Proxmox and nvidia-smi text formats, pure

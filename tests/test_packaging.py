@@ -119,7 +119,8 @@ def test_a_man_page_for_every_command_with_its_options(tmp_path):
     assert gen_docs().main(["--man", str(out), "--bash", str(tmp_path / "gputopo")]) == 0
     pages = {p.name: p.read_text() for p in out.glob("*.1")}
     want = {"gputopo.1"} | {f"gputopo-{name}.1" for name in COMMANDS}
-    want |= {"gputopo-sim-create.1", "gputopo-sim-serve.1", "gputopo-fixtures-build.1", "gputopo-fixtures-list.1"}
+    want |= {"gputopo-sim-create.1", "gputopo-sim-serve.1", "gputopo-fixtures-build.1", "gputopo-fixtures-list.1",
+             "gputopo-history-show.1"}
     assert set(pages) == want
     root = pages["gputopo.1"]
     for name in COMMANDS:

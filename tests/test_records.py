@@ -133,9 +133,12 @@ HEAVY = ("click", "pydantic", "pydantic_core", "typing", "dataclasses", "rich", 
 
 def test_discover_json_imports_none_of_the_heavy_modules(materialized):
     # what keeps gputopo discover --json at lspci's pace (benchmarks/bench_discover.py times it)
-    probe = ("import sys\nfrom gputopo.cli import main\n"
+    # modules the interpreter itself loaded before gputopo (a site .pth may import typing or
+    # pathlib on some installs) are not gputopo's doing, so only what appeared after counts
+    probe = ("import sys\nbefore = set(sys.modules)\nfrom gputopo.cli import main\n"
              "try:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
-             f"print(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r}), file=sys.stderr)\n")
+             f"print(sorted(m for m in set(sys.modules) - before if m.split('.')[0] in {HEAVY!r}),"
+             " file=sys.stderr)\n")
     p = subprocess.run([sys.executable, "-c", probe, "discover", "--json", "--root", str(materialized("seed"))],
                        capture_output=True, text=True)
     assert p.returncode == 0, p.stderr

@@ -253,7 +253,9 @@ def test_cli_render_templates_overrides_one(materialized, tmp_path, capsys):
     # the others still come from the built-in templates
     assert (out / "etc/udev/rules.d/90-gputopo-vfio.rules").read_text().startswith("# Managed by gputopo")
     assert validate_pci_cfg((out / "pve/mapping/pci.cfg").read_text()) == []
-    assert sorted(stdout.split()) == sorted(str(q) for q in out.rglob("*") if q.is_file())
+    # every file render wrote, and its manifest of them
+    assert sorted(stdout.split()) == sorted(str(q) for q in out.rglob("*") if q.is_file() and q.name != ".gputopo-render.json")
+    assert (out / ".gputopo-render.json").is_file()
 
 
 def test_modprobe_hook_pins_only_the_vm_gpus_before_nvidia_loads():

@@ -155,7 +155,8 @@ def test_cli_init_writes_a_commented_spec_that_loads(materialized, tmp_path):
 
     out = tmp_path / "spec.yaml"
     r = _cli(["init", "--root", str(materialized("seed")), "--split", "numa", "--container", "101",
-              "--vm-mapping", "pro6000-vm", "--container-mapping", "pro6000", "-o", str(out)])
+              "--vm-mapping", "pro6000-vm", "--container-mapping", "pro6000", "--service-unit", "sglang.service",
+              "-o", str(out)])
     assert r.exit_code == 0, r.output
     text = out.read_text()
     assert isinstance(yaml.safe_load(text), dict)

@@ -529,7 +529,7 @@ def test_cli_verify_warn_passes_unless_strict_and_the_json_shape(applied, tmp_pa
     res = CliRunner().invoke(cli, args)
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
-    assert set(data) == {"node", "strict", "checks", "ok", "exit_code", "summary"}
+    assert set(data) == {"schema_version", "node", "strict", "checks", "ok", "exit_code", "summary"}
     assert data["node"] == "pve1" and data["strict"] is False and data["ok"] is True and data["exit_code"] == 0
     for c in data["checks"]:
         assert set(c) == {"name", "status", "summary", "details"} and "\n" not in c["summary"]

@@ -22,6 +22,7 @@ action types.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Literal, Protocol
@@ -61,6 +62,12 @@ class ActionModel(BaseModel):
     Before: ClassVar[type[BaseModel]] = NoBefore
     # consecutive steps of a parallel kind run at once, one worker each (IOMMU groups)
     parallel: ClassVar[bool] = False
+    # the Timeouts field that bounds this kind's wait (None: it does not wait), shown with its progress
+    waits: ClassVar[str | None] = None
+    # what one step of this kind counts as in a plan's summary line ("rebind", "mapping change")
+    counts_as: ClassVar[str | None] = None
+    # it changes what the host reads at boot: the initramfs must be rebuilt after it
+    changes_boot: ClassVar[bool] = False
 
     @classmethod
     def __pydantic_init_subclass__(cls, **kw: Any) -> None:
@@ -115,6 +122,10 @@ class ActionModel(BaseModel):
     def load_before(self, data: dict[str, Any]) -> BaseModel:
         return self.Before.model_validate(data)
 
+    def timeout(self, timeouts: "Timeouts") -> float | None:
+        """Seconds this step may wait (:attr:`waits` of ``timeouts``); None when it does not wait."""
+        return getattr(timeouts, self.waits) if self.waits else None
+
 
 def action_class(kind: str) -> type[ActionModel]:
     """The class of action ``kind``. Raises KeyError for a kind no module registered."""
@@ -138,6 +149,16 @@ class Timeouts:
     exec: float = 60.0  # one command in a container (systemctl stop/start)
     service: float = 900.0  # until the service reports active (model loading)
     poll: float = 0.1
+
+    # the kinds an operator may set (CLI ``--timeout KIND=SECONDS``, the spec's policy.timeouts)
+    KINDS: ClassVar[tuple[str, ...]] = ("sysfs", "guest", "exec", "service")
+
+    def with_(self, seconds: dict[str, float]) -> "Timeouts":
+        """A copy with the kinds in ``seconds`` replaced. Raises KeyError naming an unknown kind."""
+        unknown = sorted(set(seconds) - set(self.KINDS))
+        if unknown:
+            raise KeyError(unknown[0])
+        return dataclasses.replace(self, **seconds)
 
 
 class GroupBinder(Protocol):

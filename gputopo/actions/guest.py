@@ -86,6 +86,8 @@ class StopGuest(_GuestStep):
     phase: Phase = "stop"
     shutdown_timeout: int = SHUTDOWN_TIMEOUT
     force_stop: bool = False
+    waits = "guest"
+    counts_as = "guest restart"
 
     def describe(self) -> str:
         forced = f" (force-stop after {self.shutdown_timeout} s)" if self.force_stop else ""
@@ -111,6 +113,7 @@ class StopGuest(_GuestStep):
 class StartGuest(_GuestStep):
     kind: Literal["start_guest"] = "start_guest"
     phase: Phase = "start"
+    waits = "guest"
 
     def describe(self) -> str:
         return f"start {guest_name(self.guest, self.vmid)}"

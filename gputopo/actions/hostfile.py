@@ -9,13 +9,14 @@ from pydantic import BaseModel, ConfigDict
 
 from gputopo.actions.base import ActionModel, DiffContext, Phase, StepContext, World
 from gputopo.errors import HostFileError
+from gputopo.model.filemode import FileMode
 
 
 class FileBefore(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     content: str | None  # None: the file did not exist
-    mode: int | None = None  # its permission bits and owner, restored with the content
+    mode: FileMode | None = None  # its permission bits and owner, restored with the content
     uid: int | None = None
     gid: int | None = None
     absent_dirs: list[str] = []  # its parent directories that did not exist, deepest first
@@ -63,6 +64,8 @@ class _FileStep(ActionModel):
     path: str
 
     Before = FileBefore
+    counts_as = "boot file"
+    changes_boot = True  # modprobe.d and modules-load.d are copied into the initramfs
 
     def after(self) -> str | None:
         """The file's text once the step is done (None: absent)."""
@@ -86,7 +89,7 @@ class _FileStep(ActionModel):
 class WriteHostFile(_FileStep):
     kind: Literal["write_host_file"] = "write_host_file"
     content: str
-    mode: int = 0o644
+    mode: FileMode = 0o644
 
     def describe(self) -> str:
         return f"write host file /{self.path} ({len(self.content.splitlines())} lines)"

@@ -59,6 +59,7 @@ class _MappingStep(ActionModel):
     digest: str | None = None
 
     Before = MappingBefore
+    counts_as = "mapping change"
 
     def preflight(self, ctx: PreflightContext) -> list[str]:
         if MAPPING_ID.match(self.id):

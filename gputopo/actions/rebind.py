@@ -45,6 +45,8 @@ class Rebind(ActionModel):
 
     Before = RebindBefore
     parallel = True
+    waits = "sysfs"
+    counts_as = "rebind"
 
     def describe(self) -> str:
         before = sorted({d or "none" for d in self.from_drivers.values()})
@@ -96,23 +98,36 @@ class Rebind(ActionModel):
         held = ctx.holders(paths)
         stopped = ctx.stopped_guests("lxc")
         services = ctx.stopped_services()
-        problems = []
+        # one line per program: the workers of one server (same command, same container) hold the
+        # same nodes, and are named together rather than once per node and PID
+        by_program: dict[tuple, tuple[list[str], list[int]]] = {}
         for path in paths:
             for h in held.get(path, []):
                 if h.container is not None and h.container in stopped:
                     continue  # it ends when the plan stops its container
                 if h.container is not None and (h.container, h.unit) in services:
                     continue  # it ends when the plan stops its service (the container keeps running)
-                gpu = f" (GPU {nodes[path]})" if path in nodes else ""
-                if h.comm == "nvidia-persistenced":
-                    problems.append(f"{path}{gpu} is held open by nvidia-persistenced (PID {h.pid}); it keeps every GPU "
-                                    "on nvidia: run 'systemctl stop nvidia-persistenced' before apply (and "
-                                    "'systemctl start nvidia-persistenced' after)")
-                else:
-                    where = (f" in CT {h.container}, which the plan keeps running"
-                             if h.container is not None else "")
-                    problems.append(f"{path}{gpu} is held open by PID {h.pid} ({h.cmdline or h.comm}){where}; "
-                                    "stop it before apply")
+                key = (h.comm == "nvidia-persistenced", h.container, h.cmdline or h.comm)
+                held_paths, pids = by_program.setdefault(key, ([], []))
+                if path not in held_paths:
+                    held_paths.append(path)
+                if h.pid not in pids:
+                    pids.append(h.pid)
+        problems = []
+        for (persistenced, container, cmd), (held_paths, pids) in by_program.items():
+            what = ", ".join(f"{p} (GPU {nodes[p]})" if p in nodes else p for p in held_paths)
+            verb = "is" if len(held_paths) == 1 else "are"
+            who = f"PID {pids[0]}" if len(pids) == 1 else f"PIDs {', '.join(map(str, sorted(pids)))}"
+            if persistenced:
+                problems.append(f"{what} {verb} held open by nvidia-persistenced ({who}); it keeps every GPU "
+                                "on nvidia: run 'systemctl stop nvidia-persistenced' before apply (and "
+                                "'systemctl start nvidia-persistenced' after)")
+            elif container is not None:
+                problems.append(f"{what} {verb} held open by {who} ({cmd}) in CT {container}, which the plan keeps "
+                                "running; stop it, name its unit as the container's service, or set "
+                                "policy.container_restart: always")
+            else:
+                problems.append(f"{what} {verb} held open by {who} ({cmd}); stop it before apply")
         return problems
 
     def _running_vms(self, ctx: PreflightContext) -> list[str]:

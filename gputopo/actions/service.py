@@ -39,6 +39,8 @@ class _ServiceStep(ActionModel):
 class StopService(_ServiceStep):
     kind: Literal["stop_service"] = "stop_service"
     phase: Phase = "stop"
+    waits = "exec"
+    counts_as = "service restart"
 
     def describe(self) -> str:
         return f"CT {self.vmid}: stop {self.unit}"
@@ -62,6 +64,7 @@ class StopService(_ServiceStep):
 class StartService(_ServiceStep):
     kind: Literal["start_service"] = "start_service"
     phase: Phase = "start"
+    waits = "service"
 
     def describe(self) -> str:
         return f"CT {self.vmid}: start {self.unit} (after systemctl daemon-reload)"

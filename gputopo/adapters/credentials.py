@@ -21,6 +21,7 @@ from gputopo.errors import ConfigError
 ENV_PASSWORD = "GPUTOPO_PVE_PASSWORD"
 ENV_TOKEN = "GPUTOPO_PVE_TOKEN"
 ENV_TOKEN_SECRET = "GPUTOPO_PVE_TOKEN_SECRET"
+WHOLE_WORDS_BELOW = 8  # a secret shorter than this is masked only where it stands as a whole word
 
 
 class ApiConfig(BaseModel):
@@ -61,11 +62,27 @@ class Credentials:
         return f"Credentials({self.user}{'!' + self.token_name if self.token_name else ''})"
 
     def scrub(self, text: str) -> str:
-        """``text`` with every secret replaced by ``***``."""
+        """``text`` with every secret replaced by ``***``.
+
+        A short secret is masked only where it stands whole: one that begins or ends with a
+        letter or digit must not continue a word there (a password ``on`` leaves
+        ``connection`` alone), since a message names hosts and reasons in ordinary words. A
+        secret of 8 characters or more is no part of an ordinary word: it is masked wherever
+        it appears.
+        """
         for s in (self.token_secret, self.password):
             if s:
-                text = text.replace(s, "***")
+                text = scrub_secret(text, s)
         return text
+
+
+def scrub_secret(text: str, secret: str) -> str:
+    """``text`` with ``secret`` replaced by ``***`` (see :meth:`Credentials.scrub`)."""
+    if len(secret) >= WHOLE_WORDS_BELOW:
+        return text.replace(secret, "***")
+    head = r"(?<![A-Za-z0-9])" if secret[0].isalnum() else ""
+    tail = r"(?![A-Za-z0-9])" if secret[-1].isalnum() else ""
+    return re.sub(head + re.escape(secret) + tail, "***", text)
 
 
 def read_secret_file(path: str) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 
 from gputopo.adapters.credentials import ENV_PASSWORD, ApiConfig, Credentials, resolve_credentials
 from gputopo.adapters.pvesh import Pvesh, Runner, wire_value
-from gputopo.errors import ConfigError, LoginFailed, ProxmoxError, TaskFailed, TaskTimeout
+from gputopo.errors import ConfigError, ConnectFailed, LoginFailed, ProxmoxError, TaskFailed, TaskTimeout
 from gputopo.formats.tasklog import exitstatus_ok, parse_task_warnings, qemu_forced_stop
 from gputopo.ports import TaskResult
 
@@ -326,7 +326,7 @@ class HttpsClient(ProxmoxClient):
                 raise LoginFailed(where, None, f"the certificate's SHA-256 fingerprint is {got}, "
                                                f"not the pinned {cfg.fingerprint}") from None
             first = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise ProxmoxError(where, None, creds.scrub(first)) from None
+            raise ConnectFailed(where, None, creds.scrub(first), tls_hint(e, cfg.ca_bundle)) from None
         client = cls(api, cfg, creds)
         if creds.token_name:
             try:
@@ -352,6 +352,8 @@ class HttpsClient(ProxmoxClient):
             return res.delete(**params)
         except ResourceException as e:
             message = str(e.content or e.status_message or "").strip().splitlines()
+            if e.status_code == 401:  # the token (or ticket) is refused: nothing can be done with it
+                raise LoginFailed(call, 401, message[0] if message else "authentication failure") from None
             errors = e.errors if isinstance(e.errors, dict) and "errors" not in e.errors else None
             raise ProxmoxError(call, e.status_code, message[0] if message else "", errors) from None
         except ProxmoxError:
@@ -377,6 +379,20 @@ class HttpsClient(ProxmoxClient):
             return False, (f"user {self._user} may not configure device passthrough (devN): only root@pam may; "
                            f"log in as root@pam ({ENV_PASSWORD}) or use the local backend on the node")
         return True, "ticket login as root@pam"
+
+
+PVE_CA = "/etc/pve/pve-root-ca.pem"
+
+
+def tls_hint(exc: BaseException, ca_bundle: str | None) -> str:
+    """The known fix for a connection error, or '': a certificate that is not trusted is
+    usually a node's self-signed one, whose CA every node keeps in ``/etc/pve/pve-root-ca.pem``."""
+    text = f"{type(exc).__name__} {exc}"
+    if "CERTIFICATE_VERIFY_FAILED" not in text and "SSLError" not in text:
+        return ""
+    if ca_bundle:
+        return f"the certificate does not chain to {ca_bundle}; pass the node's {PVE_CA} as --ca-bundle"
+    return f"pass --ca-bundle {PVE_CA} (copied from the node) or --insecure"
 
 
 def _kind(kind: str) -> str:

@@ -162,14 +162,14 @@ class Binder:
     def _check(self, address: str, wanted: str | None, native: bool) -> None:
         got = self.driver_of(address)
         if not (self.root / _devpath(address)).exists():
-            raise BindError(address, wanted, None, "device is gone from the bus")
+            raise BindError(address, wanted, None, "device is gone from the bus", native=native and wanted is None)
         if native and wanted is None:
             if got in OVERRIDE_DRIVERS:
                 raise BindError(address, None, got, f"{got} claimed it through a dynamic id (left by a VM "
                                 "start): echo the device's 'vendor device' to sys/bus/pci/drivers/"
-                                f"{got}/remove_id")
+                                f"{got}/remove_id", native=True)
             if got is None:
-                raise BindError(address, None, None, "no native driver claimed it")
+                raise BindError(address, None, None, "no native driver claimed it", native=True)
             return
         if got != wanted:
             raise BindError(address, wanted, got)

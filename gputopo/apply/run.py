@@ -62,6 +62,7 @@ from gputopo.model.facts import Facts
 from gputopo.model.state import CurrentState
 from gputopo.plan.model import Plan
 from gputopo.plan.planner import plan as make_plan
+from gputopo.plan.saved import SavedPlan
 from gputopo.plan.spec import Spec
 from gputopo.ports import Ports
 
@@ -181,8 +182,13 @@ def apply(
     rollback_on_verify_failure: bool = False,
     spec_path: str | None = None,
     node: str | None = None,
+    expected: SavedPlan | None = None,
 ) -> ApplyResult:
     """Bring the host to what ``spec`` asks (see the module docstring for the order).
+
+    ``expected`` (a saved plan, ``gputopo apply PLANFILE``): its actions run, and only while
+    the facts and state read before and again under the lock are the ones it was made from;
+    otherwise SavedPlanStale (exit 2, naming what changed) and nothing changes.
 
     ``confirm(plan)`` is asked before anything changes (False cancels); ``verify()`` runs after
     a successful apply and returns a report with ``.ok``. Returns an :class:`ApplyResult`.
@@ -199,6 +205,8 @@ def apply(
     if j0 is not None:
         raise j0.unfinished_error()
     facts, current, p = read_and_plan(spec, ports, root, node)
+    if expected is not None:
+        p = expected.checked(facts, current, spec_path or "saved plan")
     progress.plan(p)
     if p.is_empty:
         return ApplyResult("no-changes", plan=p, wall_s=time.monotonic() - t_start)
@@ -215,6 +223,8 @@ def apply(
         if j0 is not None:
             raise j0.unfinished_error()
         facts, current, p2 = read_and_plan(spec, ports, root, node)
+        if expected is not None:
+            p2 = expected.checked(facts, current, spec_path or "saved plan")
         if _signature(p2) != _signature(p):
             raise HostChanged(_diff_text(p, p2))
         p = p2
@@ -226,7 +236,7 @@ def apply(
         running_before = running_before_of(list(p.actions), current)
         j = Journal.create(root, Header(
             pid=os.getpid(), started=time.time(), argv=list(sys.argv),
-            spec=os.path.abspath(spec_path) if spec_path else None, spec_sha256=_spec_hash(spec, spec_path),
+            spec=os.path.abspath(spec_path) if spec_path else None, spec_sha256=expected.spec_sha256 if expected else _spec_hash(spec, spec_path),
             node=p.node, actions=list(p.actions), facts=_facts_summary(facts),
             running_before=RunningBeforeRec(guests=running_before.guests, services=running_before.services),
         ))

@@ -22,13 +22,16 @@ COMMANDS: dict[str, str] = {
     "topo": "topocmd:topo",
     "snapshot": "discover:snapshot",
     "schema": "schema:schema",
-    "init": "plancmd:init",
+    "init": "initcmd:init",
+    "export": "initcmd:export",
     "plan": "plancmd:plan",
-    "render": "plancmd:render",
+    "render": "rendercmd:render",
     "diff": "plancmd:diff",
     "apply": "applycmd:apply",
     "recover": "applycmd:recover",
     "verify": "verifycmd:verify",
+    "history": "historycmd:history",
+    "completion": "complete:completion",
     "demo": "democmd:demo",
     "sim": "simcmd:sim",
     "fixtures": "fixturescmd:fixtures",
@@ -40,16 +43,19 @@ COMMANDS: dict[str, str] = {
 SUMMARIES: dict[str, str] = {
     "discover": "Show the GPUs of a host: NUMA node, IOMMU group, driver,...",
     "topo": "Show the PCIe tree: NUMA node, host bridge, root port,...",
-    "snapshot": "Capture what discovery reads from a host into OUT.tar.gz...",
-    "schema": "Print the JSON Schema of the facts (discover --json), the...",
-    "init": "Write a commented starter spec for this host (exit 2 for an...",
-    "plan": 'Show the target state and the ordered actions; "No changes"...',
-    "render": "Write the files the plan stands for under --out (exit 2 for...",
+    "snapshot": "Capture what discovery reads from a host into NAME.tar.gz...",
+    "schema": "Print the JSON Schema of the spec file, or of the JSON...",
+    "init": "Write a commented starter spec for this host: the split...",
+    "export": "Write the host as it is now as a spec: 'gputopo plan --spec...",
+    "plan": 'Show the target state and the ordered actions ("No changes"...',
+    "render": "Write the files the plan stands for under --out, with a...",
     "diff": "Show how the host differs from the spec, by area, files as...",
-    "apply": "Apply the spec: preflight, lock, journaled steps, rollback on...",
+    "apply": "Apply the spec, or a plan saved with 'gputopo plan -o...",
     "recover": "Settle an apply that was interrupted (crash, kill, power...",
-    "verify": "Check the host against the spec from fresh facts: converged,...",
-    "demo": "Split the simulated seed host's GPUs by NUMA node: discover,...",
+    "verify": "Check the host against the spec from fresh facts:...",
+    "history": "List past applies from their journals, oldest first: when,...",
+    "completion": "Print the completion script for SHELL; addresses, vmids,...",
+    "demo": "Split the simulated seed host's GPUs by NUMA node:...",
     "sim": "A simulated Proxmox VE host: kernel sysfs, Proxmox API,...",
     "fixtures": "Host fixtures: compact descriptions built into real-layout...",
 }
@@ -82,7 +88,8 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point: runs the CLI, turning expected errors into one line and an exit code.
 
     Exits 0 on success, the error's ``exit_code`` for a GputopoError, 2 for a usage error,
-    130 when interrupted (Ctrl-C), 1 when a confirmation was declined.
+    130 when interrupted (Ctrl-C), 2 when a confirmation was declined (nothing was changed); the
+    table is :mod:`gputopo.exitcodes`.
     """
     from gputopo.cli.quick import answer
 

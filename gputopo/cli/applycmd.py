@@ -1,13 +1,14 @@
 """``gputopo apply`` and ``gputopo recover``: build the ports, make one library call, print.
 
-``apply`` shows the plan, asks for confirmation (``--yes`` skips it), then runs
-:func:`gputopo.apply.apply`; progress is styled lines (rich) with the open stop window on a
-terminal, and plain lines otherwise (logs, pipes). A step that succeeded with warnings (a
-Proxmox task ending ``WARNINGS: N``, a guest stopped by force) shows them after its line; with
-``--json`` the result, every step's warnings included, is one JSON object on stdout and the
-progress goes to stderr.
-It ends with ``gputopo verify`` when that is installed. ``recover`` settles the journal of an
-apply that was interrupted (rollback by default, ``--finish`` to complete it).
+``apply`` takes a spec (``--spec FILE``) or a saved plan (``gputopo apply plan.json``, written by
+``plan -o``: exactly those steps, refused when the host moved since). It shows the plan, asks for
+confirmation (``--yes`` skips it), then runs :func:`gputopo.apply.apply`; progress is plain lines
+off a terminal and styled ones on it (:mod:`gputopo.cli.progress`). It ends with ``gputopo
+verify``, and, when boot persistence changed, says what must run before a reboot (or runs it
+with ``--refresh-boot``). ``recover`` settles the journal of an apply that was interrupted.
+A step that succeeded with warnings (a Proxmox task ending ``WARNINGS: N``, a guest stopped by
+force) shows them after its line. With ``--json`` the steps go to stderr and one document
+(``gputopo schema apply``, every step's warnings included) to stdout.
 
 Both write sysfs and run ``pct`` on this machine: with ``--api-url`` they refuse (exit 2, nothing
 changed) an API whose node is not this host.
@@ -15,53 +16,22 @@ changed) an API whose node is not this host.
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import sys
-import time
+from typing import Any
 
 import click
 
 from gputopo.cli.connect import Connection, build_ports, connection_options, host_root, node_for, this_host
-from gputopo.cli.params import Finite
+from gputopo.cli.params import timeout_option
+from gputopo.exitcodes import with_exit_codes
 
 
-def _progress(stream=None):
-    from gputopo.apply import PlainProgress
+def _progress(stream=None, timeouts=None):
+    from gputopo.cli.progress import display
 
-    if stream is not None or not sys.stdout.isatty():
-        return PlainProgress(stream)
-    return _RichProgress()
-
-
-class _RichProgress:
-    """Each step as a line with its time; the stop window while it is open."""
-
-    def __init__(self):
-        from gputopo.cli.output import console
-
-        self.out = console()
-        self.t_stop: float | None = None
-
-    def plan(self, p) -> None: ...
-
-    def step_begin(self, index, total, action) -> None:
-        if action.phase == "stop" and self.t_stop is None:
-            self.t_stop = time.monotonic()
-        self.out.print(f"[dim][{index + 1:>2}/{total}][/] {action.phase:<7} {action.describe()} ...", markup=True)
-
-    def step_end(self, index, total, action, status, seconds) -> None:
-        style = "green" if status == "done" else "bold red"
-        window = ""
-        if self.t_stop is not None:
-            window = f"  [dim](stop window {time.monotonic() - self.t_stop:.1f} s)[/]"
-        self.out.print(f"[dim][{index + 1:>2}/{total}][/] {action.phase:<7} {action.describe()}: "
-                       f"[{style}]{status}[/] {seconds:.2f} s{window}", markup=True, highlight=False)
-
-    def note(self, text) -> None:
-        self.out.print(text, markup=False)
-
-    def summary(self, result) -> None:
-        window = f", stop window {result.stop_window_s:.1f} s" if result.stop_window_s is not None else ""
-        self.out.print(f"[bold]{result.status}[/] in {result.wall_s:.1f} s{window}", markup=True)
+    return display(timeouts, stream)
 
 
 def _verifier(spec, ports, root, node):
@@ -73,9 +43,8 @@ def _verifier(spec, ports, root, node):
 
 
 def _preflight_ports(conn: Connection, default_node: str | None, root: str):
-    """build_ports for apply and recover: an API that cannot be reached or refuses the login is
-    a failed preflight (exit 2, nothing changed), as it is when apply's own preflight finds it,
-    and so is an API whose node is not this host (:func:`_refuse_other_node`)."""
+    """build_ports for apply and recover: an API that cannot be reached or refuses the login is a
+    failed preflight (exit 2, nothing changed), as it is when apply's own preflight finds it."""
     from gputopo.errors import PreflightError, ProxmoxError
 
     try:
@@ -111,31 +80,131 @@ def _refuse_other_node(conn: Connection, ports, root: str) -> None:
             "itself (nothing was changed)")
 
 
+def step_timeouts(spec, given: tuple[tuple[str, float], ...]):
+    """The steps' timeouts: the defaults, the spec's ``policy.timeouts``, then the command line's."""
+    from gputopo.actions import Timeouts
+
+    seconds = dict(spec.policy.timeouts.given()) if spec is not None else {}
+    seconds.update(dict(given))
+    return Timeouts().with_(seconds)
+
+
+def _load(plan_file: str | None, spec_file: str | None):
+    """(spec, saved plan or None, the file named) from ``apply PLANFILE`` or ``--spec FILE``."""
+    from gputopo.errors import ConfigError, SpecError
+    from gputopo.plan.spec import load_spec
+
+    if plan_file and spec_file:
+        raise ConfigError("give a saved plan or --spec FILE, not both")
+    if spec_file:
+        return load_spec(spec_file), None, spec_file
+    if not plan_file:
+        raise ConfigError("give --spec FILE, or a plan saved with 'gputopo plan -o FILE'")
+    from gputopo.plan.saved import parse_saved_plan
+
+    try:
+        text = open(plan_file, encoding="utf-8").read()
+    except OSError as e:
+        raise SpecError(plan_file, "", f"cannot read: {e.strerror or e}") from None
+    saved = parse_saved_plan(text, plan_file)
+    return saved.spec, saved, plan_file
+
+
+def _steps_doc(steps) -> list[dict[str, Any]]:
+    return [{"step": s.index + 1, "phase": s.phase, "kind": "", "description": s.text,
+             "status": s.status, "seconds": round(s.seconds, 3), "warnings": list(s.warnings)} for s in steps]
+
+
+def _journal_steps(root: str) -> tuple[str | None, list[dict[str, Any]]]:
+    """(journal, steps) of the journal this process wrote, for the JSON of a failed apply."""
+    from gputopo.apply.history import record_of
+    from gputopo.apply.journal import Journal, list_journals
+
+    for p in reversed(list_journals(root)):
+        try:
+            j = Journal.load(p)
+        except Exception:
+            continue
+        if j.header.pid != os.getpid():
+            continue
+        rec = record_of(j, with_steps=True)
+        return str(p), [{"step": s.step, "phase": s.phase, "kind": s.kind, "description": s.description,
+                         "status": s.status, "seconds": s.seconds or 0.0, "warnings": s.warnings}
+                        for s in rec.steps or []]
+    return None, []
+
+
+def _result_doc(result, boot=None) -> dict[str, Any]:
+    actions = list(result.plan.actions) if result.plan is not None else []
+    if not actions and result.journal:
+        from gputopo.apply.journal import Journal
+
+        actions = list(Journal.load(result.journal).header.actions)
+    kinds = {i: a.kind for i, a in enumerate(actions)}
+    steps = _steps_doc(sorted(result.steps, key=lambda s: s.index))
+    for s in steps:
+        s["kind"] = kinds.get(s["step"] - 1, s["kind"])
+    verify = None
+    if result.verify is not None and hasattr(result.verify, "to_json"):
+        import json
+
+        verify = json.loads(result.verify.to_json())
+    return {"status": result.status, "exit_code": 0, "node": result.plan.node if result.plan is not None else None,
+            "journal": result.journal, "wall_s": round(result.wall_s, 3),
+            "stop_window_s": None if result.stop_window_s is None else round(result.stop_window_s, 3),
+            "steps": steps, "warnings": [f"step {s['step']}: {w}" for s in steps for w in s["warnings"]],
+            "plan": [a.describe() for a in actions], "verify": verify,
+            "boot": None if boot is None else {"commands": boot.commands, "ran": boot.ran}}
+
+
+def _boot(result, ports, refresh: bool, progress) -> Any:
+    """After an apply that changed boot persistence: run the boot commands (``refresh``) or say them."""
+    from gputopo.apply.boot import BootRefresh, boot_commands, changes_boot, refresh_boot
+
+    if result.status != "applied" or result.plan is None or not changes_boot(result.plan.actions):
+        return None
+    if refresh:
+        return refresh_boot(ports, progress.note)
+    boot = BootRefresh(boot_commands(ports.files))
+    click.echo(f"boot persistence changed: before the next reboot run: {boot.text()} "
+               "(or apply with --refresh-boot)", err=True)
+    return boot
+
+
 @click.command()
-@click.option("--spec", "spec_file", required=True, type=click.Path(dir_okay=False), help="Spec file.")
+@click.argument("plan_file", metavar="[PLANFILE]", required=False, type=click.Path(dir_okay=False))
+@click.option("--spec", "spec_file", type=click.Path(dir_okay=False), help="Spec file (instead of a saved plan).")
 @connection_options()
 @click.option("--dry-run", is_flag=True, help="Show the plan; change nothing.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask before changing the host.")
-@click.option("--timeout", "sysfs_timeout", type=Finite(), default=30.0, show_default=True,
-              help="Seconds one sysfs write may take; a write that takes longer leaves its device to a human.")
+@timeout_option("apply")
 @click.option("--rollback-on-verify-failure", is_flag=True, help="Roll back when verification finds a FAIL.")
 @click.option("--no-verify", is_flag=True, help="Do not run verify after applying.")
+@click.option("--refresh-boot", is_flag=True,
+              help="When boot persistence changed, run update-initramfs -u -k all (and proxmox-boot-tool "
+                   "refresh where the host uses it) instead of only saying so.")
 @click.option("--json", "as_json", is_flag=True,
-              help="Print the result (status, steps and their warnings, verify) as JSON; progress goes to stderr.")
-def apply(spec_file: str, conn: Connection, dry_run: bool, yes: bool, sysfs_timeout: float,
-          rollback_on_verify_failure: bool, no_verify: bool, as_json: bool) -> None:
-    """Apply the spec: preflight, lock, journaled steps, rollback on any failure, then verify.
+              help="One JSON document on stdout (gputopo schema apply): each step's result and time; "
+                   "the plan and progress go to stderr.")
+@with_exit_codes("apply")
+def apply(plan_file: str | None, spec_file: str | None, conn: Connection, dry_run: bool, yes: bool, timeouts,
+          rollback_on_verify_failure: bool, no_verify: bool, refresh_boot: bool, as_json: bool) -> None:
+    """Apply the spec, or a plan saved with 'gputopo plan -o PLANFILE': preflight, lock,
+    journaled steps, rollback on any failure, then verify.
 
-    Exit codes: 0 applied (or no changes), 1 failed and rolled back, 2 refused before anything
-    changed, 3 a device needs a human, 4 another apply holds the lock.
+    A saved plan is applied exactly, and only while the host is what it was made from; when
+    anything moved since, apply names it and changes nothing (exit 2).
     """
-    from gputopo.apply import Timeouts, apply as run_apply
-    from gputopo.plan.spec import load_spec
+    from gputopo.apply import apply as run_apply
+    from gputopo.errors import GputopoError
 
-    spec = load_spec(spec_file)
+    spec, saved, source_file = _load(plan_file, spec_file)
+    t = step_timeouts(spec, timeouts)
     root = host_root(conn)
+    if saved is not None and conn.node is None and saved.node is not None:
+        conn = dataclasses.replace(conn, node=saved.node)
     ports = _preflight_ports(conn, node_for(conn, spec, this_host(root)), root)
-    progress = _progress(sys.stderr if as_json else None)
+    progress = _progress(sys.stderr if as_json else None, t)
 
     def confirm(p) -> bool:
         click.echo(p.to_text(), nl=False, err=as_json)
@@ -148,62 +217,60 @@ def apply(spec_file: str, conn: Connection, dry_run: bool, yes: bool, sysfs_time
         return click.confirm("Apply these changes?", default=False, err=as_json)
 
     try:
-        verifier = None if (no_verify or dry_run) else _verifier(spec, ports, root, conn.node)
-        result = run_apply(spec, ports, root=root, dry_run=dry_run, confirm=confirm, progress=progress,
-                           timeouts=Timeouts(sysfs=sysfs_timeout), verify=verifier,
-                           rollback_on_verify_failure=rollback_on_verify_failure, spec_path=spec_file,
-                           node=conn.node)
-    finally:
-        ports.close()
+        try:
+            verifier = None if (no_verify or dry_run) else _verifier(spec, ports, root, conn.node)
+            result = run_apply(spec, ports, root=root, dry_run=dry_run, confirm=confirm, progress=progress,
+                               timeouts=t, verify=verifier, rollback_on_verify_failure=rollback_on_verify_failure,
+                               spec_path=source_file, node=conn.node, expected=saved)
+            boot = _boot(result, ports, refresh_boot, progress)
+        finally:
+            ports.close()
+    except GputopoError as e:
+        if as_json:
+            from gputopo.cli.output import print_json
+
+            journal, steps = _journal_steps(root)
+            print_json({"status": "error", "exit_code": e.exit_code, "error": str(e), "journal": journal,
+                        "steps": steps})
+        raise
+    _finish(result, boot, as_json)
+
+
+def _finish(result, boot, as_json: bool) -> None:
+    from gputopo.errors import VerifyFailed
+
+    failed = None
+    if result.status == "rolled-back":
+        failed = VerifyFailed("verification failed after apply; the host was rolled back")
+    elif result.verify is not None and not getattr(result.verify, "ok", True):
+        failed = VerifyFailed("applied, but verification failed (see above); 'gputopo recover' cannot undo a "
+                              "finished apply")
     if as_json:
         from gputopo.cli.output import print_json
 
-        print_json(result_json(result))
+        if result.status in ("no-changes", "dry-run"):  # the plan for the human reading stderr
+            click.echo(result.plan.to_text() if result.plan else "No changes", nl=False, err=True)
+        doc = _result_doc(result, boot)
+        doc["exit_code"] = failed.exit_code if failed else 0
+        print_json(doc)
     elif result.status in ("no-changes", "dry-run"):
         click.echo(result.plan.to_text() if result.plan else "No changes", nl=False)
-        return
-    if result.status in ("no-changes", "dry-run"):
-        return
-    if result.verify is not None and not as_json:
+    elif result.verify is not None:
         from gputopo.cli.verifycmd import print_report
 
         print_report(result.verify)
-    if result.status == "rolled-back":
-        from gputopo.errors import VerifyFailed
-
-        raise VerifyFailed("verification failed after apply; the host was rolled back")
-    if result.verify is not None and not getattr(result.verify, "ok", True):
-        from gputopo.errors import VerifyFailed
-
-        raise VerifyFailed("applied, but verification failed (see above); 'gputopo recover' cannot undo a finished apply")
-
-
-def result_json(result) -> dict:
-    """An apply's result as the JSON ``apply --json`` prints: status, journal, times, each step
-    with its warnings, every warning once more as ``step N: text``, and the verify report."""
-    import json
-
-    steps = [{"step": r.index + 1, "phase": r.phase, "description": r.text, "status": r.status,
-              "seconds": round(r.seconds, 3), "warnings": list(r.warnings)}
-             for r in sorted(result.steps, key=lambda r: r.index)]
-    return {
-        "status": result.status,
-        "journal": result.journal,
-        "wall_s": round(result.wall_s, 3),
-        "stop_window_s": None if result.stop_window_s is None else round(result.stop_window_s, 3),
-        "steps": steps,
-        "warnings": [f"step {s['step']}: {w}" for s in steps for w in s["warnings"]],
-        "plan": [a.describe() for a in result.plan.actions] if result.plan is not None else [],
-        "verify": json.loads(result.verify.to_json()) if result.verify is not None else None,
-    }
+    if failed is not None:
+        raise failed
 
 
 @click.command()
 @connection_options()
 @click.option("--finish", is_flag=True, help="Complete the interrupted apply instead of rolling it back.")
-@click.option("--timeout", "sysfs_timeout", type=Finite(), default=30.0, show_default=True,
-              help="Seconds one sysfs write may take.")
-def recover(conn: Connection, finish: bool, sysfs_timeout: float) -> None:
+@timeout_option("recover")
+@click.option("--json", "as_json", is_flag=True,
+              help="One JSON document on stdout (gputopo schema apply); progress goes to stderr.")
+@with_exit_codes("recover")
+def recover(conn: Connection, finish: bool, timeouts, as_json: bool) -> None:
     """Settle an apply that was interrupted (crash, kill, power loss) from its journal.
 
     By default every step it began is undone from the journal and what ran before is started
@@ -213,23 +280,34 @@ def recover(conn: Connection, finish: bool, sysfs_timeout: float) -> None:
     An apply whose rollback needed a human (a write hung, a GPU fell off the bus) leaves its
     journal open; once the device is fixed, recover retries the undo steps that did not
     complete and closes it, or keeps it open and names what is still stuck (exit 3).
-
-    Exit codes: 0 settled (or nothing to recover), 1 a step failed (rolled back where it could),
-    2 bad input, 3 a device needs a human, 4 an apply holds the lock.
     """
-    from gputopo.apply import Timeouts, recover as run_recover
-
+    from gputopo.apply import recover as run_recover
     from gputopo.apply.journal import find_unfinished
+    from gputopo.errors import GputopoError
 
     root = host_root(conn)
     unfinished = find_unfinished(root)
+    t = step_timeouts(None, timeouts)
     ports = _preflight_ports(conn, unfinished.header.node if unfinished else node_for(conn, None, this_host(root)),
                              root)
     try:
-        result = run_recover(ports, root=root, finish=finish, progress=_progress(), timeouts=Timeouts(sysfs=sysfs_timeout))
-    finally:
-        ports.close()
-    if result.status == "nothing-to-recover":
+        try:
+            result = run_recover(ports, root=root, finish=finish, progress=_progress(sys.stderr if as_json else None, t),
+                                 timeouts=t)
+        finally:
+            ports.close()
+    except GputopoError as e:
+        if as_json:
+            from gputopo.cli.output import print_json
+
+            print_json({"status": "error", "exit_code": e.exit_code, "error": str(e),
+                        "journal": str(unfinished.path) if unfinished else None, "steps": []})
+        raise
+    if as_json:
+        from gputopo.cli.output import print_json
+
+        print_json(_result_doc(result))
+    elif result.status == "nothing-to-recover":
         click.echo("No unfinished apply: nothing to recover")
     else:
         click.echo(f"{result.status}: {result.journal}")

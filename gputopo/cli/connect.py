@@ -10,9 +10,11 @@ offer it and click refuses it in one line (``No such option: --pve-root``).
 command                 ``--root``                  --pve-root  --sim  API(*)  --node
 ======================  ==========================  ==========  =====  ======  ======
 plan, render, diff      a directory or a snapshot   yes         yes    yes     yes
-init                    a directory or a snapshot   -           yes    -       yes
+init                    a directory or a snapshot   -           yes    yes     yes
+export                  a directory or a snapshot   yes         yes    yes     yes
 apply, recover, verify  a directory                 -           yes    yes     yes
 topo                    a directory or a snapshot   yes         yes    -       yes
+history                 a directory                 -           yes    -       -
 discover                a directory or a snapshot   -           -      -       -
 snapshot                a directory                 -           -      -       -
 ======================  ==========================  ==========  =====  ======  ======
@@ -56,6 +58,7 @@ from typing import Any, Callable
 
 import click
 
+from gputopo.cli.complete import complete_nodes
 from gputopo.cli.params import Finite
 from gputopo.errors import ConfigError
 from gputopo.ports import Ports
@@ -116,7 +119,7 @@ def _option(field: str, snapshot: bool, sim: bool) -> Callable[[Callable[..., An
         "local": click.option("--local", is_flag=True,
                               help="Reach Proxmox through pvesh and pct on this node (what apply, recover and "
                                    "verify do anyway without --api-url)."),
-        "node": click.option("--node", default=None,
+        "node": click.option("--node", default=None, shell_complete=complete_nodes,
                              help="Proxmox node name (default: the spec's only node, else the host's name)."),
         "user": click.option("--user", default=None,
                              help=f"Proxmox user of --api-url, password from GPUTOPO_PVE_PASSWORD or "
@@ -310,8 +313,12 @@ def build_ports(conn: Connection, default_node: str | None = None, env: dict[str
     else:
         cfg = ApiConfig(backend="local", node=node, timeout=timeout)
     client = ProxmoxClient.from_config(cfg, env=env)
+    from gputopo.adapters.hostcmd import RealHostCommands
+
+    # commands run here change this machine: only when it is the host (--root /)
+    host = RealHostCommands() if root == "/" else None
     return Ports(sysfs=RealSysfs(root), proxmox=client, exec=PctExec(), files=RealHostFiles(root),
-                 http=RequestsHttp())
+                 http=RequestsHttp(), host=host)
 
 
 def source_ports(conn: Connection, default_node: str | None = None) -> Ports | None:

@@ -16,6 +16,7 @@ from pathlib import Path
 import click
 
 from gputopo.cli.params import Finite
+from gputopo.exitcodes import with_exit_codes
 
 
 @click.command()
@@ -25,6 +26,7 @@ from gputopo.cli.params import Finite
               help="Fixture name, host yaml or snapshot .tar.gz the simulated host starts from.")
 @click.option("--pace", type=Finite(allow_zero=True), default=0.05, show_default=True,
               help="Latency scale: 1 = a real server's pace (unbind 1-3 s per GPU, service start 20 s ...).")
+@with_exit_codes("demo")
 def demo(workdir: str | None, source: str, pace: float) -> None:
     """Split the simulated seed host's GPUs by NUMA node: discover, plan, apply, verify."""
     from gputopo.cli.simcmd import require_sim_extra

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import click
 
+from gputopo.exitcodes import with_exit_codes
+
 
 @click.group()
+@with_exit_codes("fixtures")
 def fixtures() -> None:
     """Host fixtures: compact descriptions built into real-layout sysfs/procfs roots."""
 

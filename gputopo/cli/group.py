@@ -120,7 +120,7 @@ def run(argv: list[str] | None = None) -> None:
         if isinstance(cause, EOFError):
             raise cause  # not a declined prompt: an unexpected error, traceback kept
         click.echo("gputopo: aborted", err=True)
-        sys.exit(1)
+        sys.exit(2)
     except KeyboardInterrupt:
         click.echo("gputopo: interrupted", err=True)
         sys.exit(130)

@@ -1,4 +1,4 @@
-"""Output helpers shared by the commands: one place for the console and JSON printing."""
+"""Output helpers shared by the commands: one place for the console, JSON documents and files."""
 
 from __future__ import annotations
 
@@ -16,20 +16,52 @@ def console(stderr: bool = False):
 
 
 def print_json(data: Any) -> None:
-    """Print ``data`` (a pydantic model or plain data) as indented JSON on stdout."""
-    if hasattr(data, "model_dump_json"):
-        text = data.model_dump_json(by_alias=True, indent=2)
-    else:
-        text = json.dumps(data, indent=2, sort_keys=False, default=str)
-    sys.stdout.write(text + "\n")
+    """Print ``data`` (a pydantic model or plain data) as an indented JSON document on stdout,
+    ``schema_version`` first (see :mod:`gputopo.cli.documents`)."""
+    from gputopo.cli.documents import versioned
+
+    if hasattr(data, "model_dump"):
+        data = data.model_dump(mode="json", by_alias=True)
+    sys.stdout.write(json.dumps(versioned(data), indent=2, default=str) + "\n")
 
 
-def write_output(path: Path, text: str) -> None:
-    """Write a file the operator named. Raises OutputError (one line, exit 2)."""
+def refuse_existing(path: Path, force: bool) -> None:
+    """Raises OutputExists (exit 2) when ``path`` exists and ``force`` is not given."""
+    from gputopo.errors import OutputExists
+
+    if not force and (path.exists() or path.is_symlink()):
+        raise OutputExists(str(path))
+
+
+def write_output(path: Path, text: str, force: bool = True) -> None:
+    """Write a file the operator named. Raises OutputExists when it exists and not ``force``,
+    OutputError (one line, exit 2) when it cannot be written."""
     from gputopo.errors import OutputError
 
+    refuse_existing(path, force)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     except OSError as e:
         raise OutputError(str(path), e) from None
+
+
+def warn(text: str) -> None:
+    """One ``gputopo: warning:`` line on stderr."""
+    import click
+
+    click.echo(f"gputopo: warning: {text}", err=True)
+
+
+def warn_unfinished(root: str) -> None:
+    """Warn when an apply's journal under ``root`` is still open: the host may be half-changed,
+    and what a plan or a check shows is a middle state."""
+    try:
+        from gputopo.apply.journal import find_unfinished
+
+        j = find_unfinished(root)
+    except Exception as e:  # an unreadable journal is worth a warning too, never a failure here
+        warn(f"cannot read the apply journals under {root} ({e})")
+        return
+    if j is not None:
+        warn(f"an apply did not finish: {j.describe()}; the host may be half-changed: run 'gputopo recover'")

@@ -1,4 +1,5 @@
-"""``gputopo init | plan | render | diff``: the desired state, its files and the difference.
+"""``gputopo plan | diff``: the desired state and the difference (``render`` is in
+:mod:`gputopo.cli.rendercmd`, ``init`` and ``export`` in :mod:`gputopo.cli.initcmd`).
 
 Where the current state comes from:
 
@@ -8,26 +9,30 @@ Where the current state comes from:
   shows as to be written);
 * with ``--sim DIR``, ``--api-url URL`` or ``--local``: the Proxmox API (guest status, configs,
   mappings) and ``pct exec`` into the container for the service, exactly as apply reads it.
+  Quick mode (``--split``) then also finds the container's inference unit inside it, as
+  ``init`` does.
 
-Those options, ``--root`` and ``--node`` are :mod:`gputopo.cli.connect`'s, shared with apply,
-recover and verify; ``init`` takes only ``--root``, ``--sim`` and ``--node`` of them.
+``plan -o FILE`` saves the plan with the state it was made from for ``gputopo apply FILE``; it
+reads the state as apply will (``--local`` when no source is named).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
 import click
 
-from gputopo.cli.output import write_output
 from gputopo.cli.connect import Connection, connection_options, host_root, node_for, pve_root, source_ports
+from gputopo.cli.output import warn, warn_unfinished, write_output
 from gputopo.errors import GputopoError, PlanRefused
+from gputopo.exitcodes import with_exit_codes
 
 SPLITS = click.Choice(["numa", "half"])
 
 
-def _facts(root: str):
+def read_facts(root: str):
     """Discover ``root``: a host root directory or a ``gputopo snapshot`` archive."""
     from gputopo.facts.discover import discover
     from gputopo.facts.snapshot import opened_root
@@ -50,7 +55,7 @@ _QUICK_OPTIONS = {
 }
 
 
-def _quick_spec(facts, **options):
+def quick_spec(facts, **options):
     """The spec of quick mode (``--split`` and its options). Raises ConfigError naming the
     option whose value the spec refuses, SpecError when the host cannot be split that way."""
     from gputopo.errors import ConfigError, SpecError
@@ -68,8 +73,35 @@ def _quick_spec(facts, **options):
         raise ConfigError(f"{option}: {e.expected}") from None
 
 
-def _spec(facts, spec_file, split, container, vm_mapping, container_mapping, node, service_unit=None,
-          tp_flag="--tp"):
+def find_service(exec, vmid: int, options: dict) -> None:
+    """Quick mode and ``init`` with a connection: when ``--service-unit`` is not given, the
+    unit inside container ``vmid`` whose command runs SGLang or vLLM, with the flag it spells
+    (unless ``--tp-flag`` was given), goes into ``options``. A container that cannot be looked
+    into is a warning: the service is then not managed."""
+    from click.core import ParameterSource
+
+    from gputopo.errors import ExecError
+    from gputopo.facts.units import read_inference_units
+
+    if options.get("service_unit"):
+        return
+    try:
+        units = read_inference_units(exec, vmid)
+    except ExecError as e:
+        warn(f"container {vmid}: cannot look for its inference unit ({e}); the service is not managed")
+        return
+    if not units:
+        warn(f"container {vmid}: no unit runs sglang or vllm; the service is not managed")
+        return
+    options["service_unit"] = units[0].unit
+    ctx = click.get_current_context(silent=True)
+    if ctx is None or ctx.get_parameter_source("tp_flag") in (ParameterSource.DEFAULT, None):
+        options["tp_flag"] = units[0].tp_flag
+    click.echo(f"container {vmid}: {units[0].unit} runs {units[0].server} with {units[0].tp_flag} {units[0].tp}",
+               err=True)
+
+
+def _spec(facts, spec_file, split, node, ports=None, **quick):
     from gputopo.errors import ConfigError
     from gputopo.plan.spec import load_spec
 
@@ -79,10 +111,9 @@ def _spec(facts, spec_file, split, container, vm_mapping, container_mapping, nod
         return load_spec(spec_file)
     if not split:
         raise ConfigError("give --spec FILE, or --split numa --container N --vm-mapping NAME")
-    return _quick_spec(
-        facts, split=split, container=container, vm_mapping=vm_mapping,
-        container_mapping=container_mapping, node=node, service_unit=service_unit, tp_flag=tp_flag,
-    )
+    if ports is not None:
+        find_service(ports.exec, quick["container"], quick)
+    return quick_spec(facts, split=split, node=node, **quick)
 
 
 def _current(spec, facts, root: str, conn: Connection, ports):
@@ -105,18 +136,22 @@ def _inputs(conn: Connection, quick: dict):
     Raises SpecError/ConfigError for bad input, ProxmoxError when the API fails.
     """
     root = host_root(conn)
-    facts = _facts(root)
-    spec = _spec(facts, node=conn.node, **quick)
-    # the API names the spec's node (or this host's), not the machine gputopo runs on
+    warn_unfinished(root)
+    facts = read_facts(root)
+    # a spec file is read first: the API names its node (or this host's), not the machine gputopo
+    # runs on; quick mode looks into the container for its service, so it needs the ports
+    spec = _spec(facts, node=conn.node, **quick) if quick.get("spec_file") else None
     ports = source_ports(conn, default_node=node_for(conn, spec, facts.host.hostname))
     try:
+        if spec is None:
+            spec = _spec(facts, node=conn.node, ports=ports, **quick)
         return facts, spec, _current(spec, facts, root, conn, ports)
     finally:
         if ports is not None:
             ports.close()
 
 
-def _planned(conn: Connection, quick: dict, templates):
+def planned(conn: Connection, quick: dict, templates):
     """(facts, spec, plan, current state) for plan/render; a refused plan prints its refusals and exits 2."""
     from gputopo.plan.planner import plan as make_plan
 
@@ -135,13 +170,21 @@ def _print_refused(e: PlanRefused) -> None:
 
 def spec_options(f):
     """The spec file, or quick mode's options; the command gets them as keyword arguments."""
-    f = click.option("--container-mapping", default=None, help="Quick mode: PCI mapping for the container's GPUs.")(f)
-    f = click.option("--vm-mapping", default="pro6000-vm", show_default=True, help="Quick mode: the VM mapping.")(f)
-    f = click.option("--container", type=int, default=101, show_default=True, help="Quick mode: container vmid.")(f)
+    from gputopo.cli.complete import complete_mappings, complete_vmids
+
+    f = click.option("--container-mapping", default=None, shell_complete=complete_mappings,
+                     help="Quick mode: PCI mapping for the container's GPUs.")(f)
+    f = click.option("--vm-mapping", default="pro6000-vm", show_default=True, shell_complete=complete_mappings,
+                     help="Quick mode: the VM mapping.")(f)
+    f = click.option("--container", type=int, default=101, show_default=True, shell_complete=complete_vmids,
+                     help="Quick mode: container vmid.")(f)
     f = click.option("--tp-flag", default="--tp", show_default=True,
-                     help="Quick mode: the service's tensor-parallel flag (vLLM: --tensor-parallel-size).")(f)
+                     help="Quick mode: the service's tensor-parallel flag (vLLM: --tensor-parallel-size; "
+                          "with --sim/--api-url/--local: the one the found unit spells).")(f)
     f = click.option("--service-unit", default=None,
-                     help="Quick mode: the inference service's systemd unit in the container (default: not managed).")(f)
+                     help="Quick mode: the inference service's systemd unit in the container (default: with "
+                          "--sim/--api-url/--local the unit found inside it that runs sglang or vllm, else "
+                          "not managed).")(f)
     f = click.option("--split", type=SPLITS, default=None, help="Quick mode without a spec file.")(f)
     f = click.option("--spec", "spec_file", type=click.Path(dir_okay=False), default=None, help="Spec file.")(f)
     return f
@@ -152,82 +195,86 @@ state_options = connection_options(snapshot=True, pve_root=True)
 TEMPLATES_HELP = "Directory whose templates override the built-ins by name."
 
 
-@click.command()
-@connection_options(snapshot=True, api=False)
-@click.option("--split", type=SPLITS, default="numa", show_default=True,
-              help="numa: the lowest NUMA node's GPUs stay with the container; half: the lower half by address.")
-@click.option("--container", type=int, default=101, show_default=True, help="The container's vmid.")
-@click.option("--vm-mapping", default="pro6000-vm", show_default=True, help="PCI mapping for the VM GPUs.")
-@click.option("--container-mapping", default=None, help="PCI mapping listing the container's GPUs (optional).")
-@click.option("--service-unit", default="sglang.service", show_default=True,
-              help="The inference service's systemd unit in the container.")
-@click.option("--tp-flag", default="--tp", show_default=True,
-              help="The service's tensor-parallel flag (vLLM: --tensor-parallel-size).")
-@click.option("--vm", type=int, default=None,
-              help="A VM that takes the VM mapping's GPUs (its hostpciN lines, NUMA pinning, MMIO window).")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write here (default stdout).")
-def init(conn: Connection, split, container, vm_mapping, container_mapping, service_unit, tp_flag, vm, output):
-    """Write a commented starter spec for this host (exit 2 for an option the spec would refuse,
-    or a host that cannot be split that way)."""
-    from gputopo.plan.starter import init_spec
+def _saving_conn(conn: Connection) -> Connection:
+    """The connection ``plan -o`` reads through: the one apply will use (``--local`` by default).
+    Raises ConfigError for a source apply cannot use (Proxmox's files, a snapshot)."""
+    from gputopo.errors import ConfigError
+    from gputopo.facts.snapshot import is_snapshot
 
-    facts = _facts(host_root(conn))
-    options = dict(split=split, container=container, vm_mapping=vm_mapping, container_mapping=container_mapping,
-                   node=conn.node, service_unit=service_unit, tp_flag=tp_flag, vm=vm)
-    _quick_spec(facts, **options)  # the starter must be a spec plan accepts: check the options first
-    text = init_spec(facts, **options)
-    if output:
-        write_output(Path(output), text)
-        click.echo(f"wrote {output}", err=True)
-    else:
-        sys.stdout.write(text)
+    if conn.pve_root is not None:
+        raise ConfigError("-o: a saved plan is made from what apply reads (--sim, --api-url or --local), "
+                          "not from --pve-root")
+    if conn.root is not None and is_snapshot(conn.root):
+        raise ConfigError(f"-o: {conn.root} is a snapshot; a saved plan is made on the host it will be applied to")
+    return conn if conn.live else dataclasses.replace(conn, local=True)
+
+
+def _summary(spec, p, root: str):
+    from gputopo.apply.history import last_measured
+    from gputopo.cli.applycmd import step_timeouts
+    from gputopo.plan.summary import Measured, summarize
+
+    return summarize(p, step_timeouts(spec, ()), Measured.of(last_measured(root)))
+
+
+def _save(path: str, force: bool, conn: Connection, quick: dict, spec, facts, p, current) -> None:
+    import hashlib
+
+    from gputopo import __version__
+    from gputopo.plan.saved import save_plan
+
+    spec_file = quick.get("spec_file")
+    sha = (hashlib.sha256(Path(spec_file).read_bytes()).hexdigest() if spec_file
+           else hashlib.sha256(spec.model_dump_json().encode()).hexdigest())
+    source = f"sim {conn.sim}" if conn.sim else f"api {conn.api_url}" if conn.api_url else "local"
+    saved = save_plan(p, spec, facts, current, version=__version__, spec_file=spec_file, spec_sha256=sha,
+                      node=conn.node, source=source)
+    write_output(Path(path), saved.model_dump_json(indent=2) + "\n", force=force)
+    click.echo(f"wrote {path}: apply it with 'gputopo apply {path}'", err=True)
 
 
 @click.command()
 @spec_options
 @state_options
 @click.option("--templates", type=click.Path(file_okay=False, exists=True), default=None, help=TEMPLATES_HELP)
-@click.option("--json", "as_json", is_flag=True, help="The plan as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="The plan as JSON (gputopo schema plan).")
 @click.option("--svg", "svg", type=click.Path(dir_okay=False), default=None,
               help="Also draw the host now and after the plan side by side into this SVG file.")
-def plan(conn: Connection, templates, as_json, svg, **quick):
-    """Show the target state and the ordered actions; "No changes" when converged.
-
-    Exit codes: 0 a plan (or no changes), 2 bad input or a refused plan (one line per reason).
+@click.option("-o", "--out", "save_to", type=click.Path(dir_okay=False), default=None,
+              help="Save the plan and the state it was made from for 'gputopo apply FILE' (gputopo schema "
+                   "saved-plan); the state is read as apply reads it (--local unless --sim or --api-url).")
+@click.option("--force", is_flag=True, help="With -o: replace an existing file.")
+@with_exit_codes("plan")
+def plan(conn: Connection, templates, as_json, svg, save_to, force, **quick):
+    """Show the target state and the ordered actions ("No changes" when converged), then one
+    line: how many rebinds, mapping changes and guest restarts, and the expected stop window.
     """
-    from gputopo.cli.output import print_json
+    from gputopo.cli.output import print_json, refuse_existing
 
-    facts, _, p, current = _planned(conn, quick, templates)
+    if save_to:
+        refuse_existing(Path(save_to), force)  # before anything is read: an answer in seconds
+        conn = _saving_conn(conn)
+    facts, spec, p, current = planned(conn, quick, templates)
+    summary = None if p.is_empty else _summary(spec, p, host_root(conn))
     if svg:
         from gputopo.cli.topoview import plan_svg
 
         write_output(Path(svg), plan_svg(facts, current, p))
+    if save_to:
+        _save(save_to, force, conn, quick, spec, facts, p, current)
     if as_json:
         data = p.model_dump(mode="json")
         # the JSON carries each action's one-line description too, as the text does
         for entry, action in zip(data["actions"], p.actions):
             entry["description"] = action.describe()
         data["no_changes"] = p.is_empty
+        if summary is not None:
+            data["summary"] = summary.to_data()
         print_json(data)
     else:
         sys.stdout.write(p.to_text())
-
-
-@click.command()
-@spec_options
-@state_options
-@click.option("--out", required=True, type=click.Path(file_okay=False), help="Directory to write the files to.")
-@click.option("--templates", type=click.Path(file_okay=False, exists=True), default=None, help=TEMPLATES_HELP)
-def render(conn: Connection, out, templates, **quick):
-    """Write the files the plan stands for under --out (exit 2 for bad input or a refused plan)."""
-    from gputopo.plan.render import render as render_files
-
-    facts, spec, p, _ = _planned(conn, quick, templates)
-    files = render_files(p, spec, facts, templates)
-    for rel, text in sorted(files.items()):
-        dest = Path(out) / rel
-        write_output(dest, text)
-        click.echo(str(dest))
+        if summary is not None:
+            sys.stdout.write(f"Summary: {summary.to_text()}\n")
 
 
 @click.command()
@@ -235,13 +282,10 @@ def render(conn: Connection, out, templates, **quick):
 @state_options
 @click.option("--templates", type=click.Path(file_okay=False, exists=True), default=None, help=TEMPLATES_HELP)
 @click.option("--exit-code", "exit_code", is_flag=True, help="Exit 0: no difference, 2: differences, 1: error.")
-@click.option("--json", "as_json", is_flag=True, help="The difference as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="The difference as JSON (gputopo schema diff).")
+@with_exit_codes("diff")
 def diff(conn: Connection, templates, exit_code, as_json, **quick):
-    """Show how the host differs from the spec, by area, files as unified diffs.
-
-    Exit codes: 0, or 2 for bad input or a refused plan; with --exit-code 0 no difference,
-    2 differences, 1 any error (bad input included).
-    """
+    """Show how the host differs from the spec, by area, files as unified diffs."""
     from gputopo.cli.output import print_json
     from gputopo.plan.diff import diff as make_diff
 
@@ -260,7 +304,8 @@ def diff(conn: Connection, templates, exit_code, as_json, **quick):
         sys.exit(1)
     if as_json:
         print_json({"node": report.node, "is_empty": report.is_empty,
-                    "areas": {k: v.model_dump() for k, v in report.areas.items()}})
+                    "areas": {name.replace(" ", "_"): {"title": name, **area.model_dump()}
+                              for name, area in report.areas.items()}})
     else:
         sys.stdout.write(report.to_text())
     if exit_code:

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import click
 
+from gputopo.exitcodes import with_exit_codes
+
 
 def require_sim_extra(command: str) -> None:
     """Check that the simulated host can run here: its Proxmox API serves HTTPS with a
@@ -31,6 +33,7 @@ def require_sim_extra(command: str) -> None:
 
 
 @click.group()
+@with_exit_codes("sim")
 def sim() -> None:
     """A simulated Proxmox VE host: kernel sysfs, Proxmox API, containers and their service."""
     # Checked for every subcommand, 'create' too: a host made here is only of use served
@@ -66,9 +69,14 @@ def create(dir: Path, source: str, node: str | None, service: str, pve_version: 
               help="Fixture name, fixture .yaml or snapshot .tar.gz for a new host.")
 @click.option("--port", type=click.IntRange(0, 65535), default=0, help="API port (default: any free port).")
 @click.option("--http", "plain_http", is_flag=True, help="Serve plain HTTP instead of HTTPS.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Say how to reach it as one JSON line (gputopo schema sim-serve): URL, CA file, the files "
+                   "holding the password and the token secret.")
 def serve(dir_: Path | None, root: Path | None, pve_root: Path | None, source: str, port: int,
-          plain_http: bool) -> None:
-    """Run a simulated host in the foreground until Ctrl-C; print how to reach it."""
+          plain_http: bool, as_json: bool) -> None:
+    """Run a simulated host in the foreground until Ctrl-C or SIGTERM; print how to reach it.
+    The password and the token secret are also written to owner-only files in DIR/run, for
+    --secret-file."""
     from gputopo.errors import ConfigError
     from gputopo.sim.host import SimHost
 
@@ -89,7 +97,11 @@ def serve(dir_: Path | None, root: Path | None, pve_root: Path | None, source: s
                 shutil.rmtree(host.paths.pve)
                 shutil.copytree(pve_root, host.paths.pve, symlinks=True)
         host.start(port=port, tls=not plain_http)
-        _announce(host, plain_http)
+        files = _secret_files(host)
+        if as_json:
+            _announce_json(host, plain_http, files)
+        else:
+            _announce(host, plain_http)
         stop = threading.Event()
         # Set both explicitly: a server started from a background job inherits SIGINT ignored.
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -101,6 +113,38 @@ def serve(dir_: Path | None, root: Path | None, pve_root: Path | None, source: s
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _secret_files(host) -> dict[str, str]:
+    """Write the password and the token secret to owner-only files (``--secret-file`` refuses
+    any other mode); returns their paths."""
+    import os
+
+    creds = host.credentials()
+    out = {}
+    for name, value in (("password_file", creds["password"]), ("token_secret_file", creds["token_value"])):
+        path = host.paths.run / ("root-password" if name == "password_file" else "token-secret")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(value + "\n")
+        os.chmod(path, 0o600)
+        out[name] = str(path)
+    return out
+
+
+def _announce_json(host, plain_http: bool, files: dict[str, str]) -> None:
+    import json
+
+    from gputopo.cli.documents import SimServeDoc
+
+    creds = host.credentials()
+    doc = SimServeDoc(node=host.node, pve_version=host.version, dir=str(host.dir), api_url=host.api.url,
+                      ca_file=None if plain_http else str(host.api.ca_cert_path), user=creds["user"],
+                      token_name=creds["token_name"], endpoint=host.endpoint.url if host.endpoint else None,
+                      container=host.container, **files)
+    # one line: a script reads it and goes on while the host serves
+    click.echo(json.dumps(doc.model_dump(mode="json")))
+    sys.stdout.flush()
 
 
 def _announce(host, plain_http: bool) -> None:

@@ -10,6 +10,7 @@ import click
 
 from gputopo.cli.connect import Connection, connection_options, host_root, pve_root
 from gputopo.cli.output import write_output
+from gputopo.exitcodes import with_exit_codes
 
 
 @click.command()
@@ -19,12 +20,11 @@ from gputopo.cli.output import write_output
               help="text: the tree (or --matrix); svg: a picture; dot: Graphviz text.")
 @click.option("--json", "as_json", is_flag=True, help="The tree and the matrix as JSON (gputopo schema topo).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write here (default stdout).")
+@with_exit_codes("topo")
 def topo(conn: Connection, matrix, fmt, as_json, output):
     """Show the PCIe tree: NUMA node, host bridge, root port, switches, and each GPU with its
     companions and owner (container, VM mapping or free); identical GPUs are never merged.
     Owners come from Proxmox's files (--pve-root, or the simulated host's with --sim).
-
-    Exit codes: 0, or 2 for a root that is empty, damaged or not a sysfs tree, or a bad option.
     """
     from gputopo.errors import ConfigError, RootError
     from gputopo.facts.discover import discover
@@ -47,7 +47,11 @@ def topo(conn: Connection, matrix, fmt, as_json, output):
     report = build_report(facts, owners_now(facts, read_node_guests(pve_root(conn), node), node))
 
     if as_json:
-        text = report.model_dump_json(by_alias=True, indent=2) + "\n"
+        import json
+
+        from gputopo.cli.documents import versioned
+
+        text = json.dumps(versioned(report.model_dump(mode="json", by_alias=True)), indent=2) + "\n"
     elif fmt == "svg":
         from gputopo.topo.svg import render_svg
 

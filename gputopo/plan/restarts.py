@@ -108,8 +108,13 @@ def stays_running(c: Container, update: UpdateContainer | None, gpus_after: int,
     earlier a new devN on a running container waits in [pve:pending] too). Legacy lxc.* lines
     and a container left without GPUs restart, and so does one whose removed GPUs stay on nvidia
     (for another container): until its restart it keeps their device nodes, which would still
-    reach them."""
+    reach them. So does a container whose service the spec does not name: gputopo could not stop
+    what uses its GPUs inside it, and stopping the container is the only way it knows they are
+    released (with a named service, preflight still refuses any other process in it that holds a
+    moving GPU)."""
     if policy != "auto" or c.device_mode != "devN" or gpus_after == 0 or removed_stay_on_nvidia:
+        return False
+    if c.service is None:
         return False
     adds = update is not None and (bool(update.set) or bool(update.resolve))
     return not adds or pve_major(current.pve_version) >= 9

@@ -200,6 +200,23 @@ class Node(_Strict):
         return self
 
 
+class StepTimeouts(_Strict):
+    """Seconds a step of each kind may wait; unset: gputopo's default. ``--timeout KIND=SECONDS``
+    on the command line wins over these."""
+
+    sysfs: float | None = Field(None, gt=0, allow_inf_nan=False, description="One sysfs write (default 30)")
+    guest: float | None = Field(None, gt=0, allow_inf_nan=False,
+                                description="A container or VM start or shutdown task (default 300)")
+    exec: float | None = Field(None, gt=0, allow_inf_nan=False,
+                               description="One command in a container, e.g. systemctl stop (default 60)")
+    service: float | None = Field(None, gt=0, allow_inf_nan=False,
+                                  description="Until a started service reports active (default 900)")
+
+    def given(self) -> dict[str, float]:
+        """The kinds that are set: kind -> seconds."""
+        return {k: v for k, v in self.model_dump().items() if v is not None}
+
+
 class Policy(_Strict):
     keep_driver_override: bool = Field(
         True,
@@ -239,6 +256,7 @@ class Policy(_Strict):
             "shutdown_timeout: the step then warns. Off: the step fails and apply rolls back"
         ),
     )
+    timeouts: StepTimeouts = Field(default_factory=StepTimeouts)
 
 
 class Verify(_Strict):

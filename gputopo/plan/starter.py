@@ -116,12 +116,13 @@ def init_spec(
     vm_mapping: str = "pro6000-vm",
     container_mapping: str | None = None,
     node: str | None = None,
-    service_unit: str = "sglang.service",
+    service_unit: str | None = "sglang.service",
     tp_flag: str = "--tp",
     vm: int | None = None,
 ) -> str:
     """A commented starter spec (YAML text) for the discovered host; it parses with parse_spec
-    into what :func:`spec_from_split` returns for the same options.
+    into what :func:`spec_from_split` returns for the same options. Without ``service_unit``
+    the service block is written commented out (nothing inside the container is managed).
 
     Raises SpecError when the host cannot be split that way or an option's value is one the
     spec refuses (the field names the option's place in the spec).
@@ -176,8 +177,10 @@ def init_spec(
         '        # mode: the device nodes\' mode in the container; gid: their group (unset: root)',
         '        mode: "0666"',
         "        # service: the inference server whose tensor-parallel size follows the GPU count",
+    ]
+    service = [
         "        service:",
-        f"          unit: {service_unit}",
+        f"          unit: {service_unit or 'sglang.service'}",
         "          # tp_flag: --tp (SGLang) or --tensor-parallel-size (vLLM)",
         f"          tp_flag: \"{tp_flag}\"",
         f"          # TP will be {n_ct}. command: the full base ExecStart; unset = the unit's current one",
@@ -185,6 +188,14 @@ def init_spec(
         "          # health_url: http://127.0.0.1:30000/health",
         "          # attention_heads: 64   # the TP size must divide it",
         "          dropin: gputopo.conf",
+    ]
+    if service_unit:
+        lines += service
+    else:
+        lines += ["        # not managed: no unit was named or found inside the container (init with --sim,",
+                  "        # --api-url or --local looks for the unit that runs sglang or vllm). To manage it:"]
+        lines += ["        # " + ln[8:] for ln in service]
+    lines += [
         "    vms:",
         "      mappings:",
         "        # a PCI mapping for VM passthrough; its GPUs are bound to vfio-pci per address",
@@ -192,7 +203,7 @@ def init_spec(
         "          # gpus: a selector like the container's, or 'rest' (every GPU no container claims)",
         "          gpus:",
         *sel_lines(vm_sel, "            "),
-        "          description: GPUs for VM passthrough",
+        "          # description: shown in Proxmox's mapping list (default: N GPU(s) for VM passthrough)",
         "      # guests: VM vmids using these mappings (stopped/started when their GPUs change)",
         "      guests: []",
         *_consumer_lines(vm, vm_mapping, len(gpus) - n_ct),

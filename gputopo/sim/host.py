@@ -254,6 +254,7 @@ class SimHost:
         from gputopo.ports import Ports
         from gputopo.adapters.credentials import ApiConfig
         from gputopo.adapters.proxmox import ProxmoxClient
+        from gputopo.sim.hostcmd import SimHostCommands
         from gputopo.sim.kernel import SimKernel
 
         if auth not in ("password", "token"):
@@ -279,7 +280,8 @@ class SimHost:
             self.stop()
 
         return Ports(sysfs=SimKernel(str(self.paths.root)), proxmox=client, exec=SimExec(self.dir),
-                     files=RealHostFiles(str(self.paths.root)), http=http, close=close)
+                     files=RealHostFiles(str(self.paths.root)), http=http, close=close,
+                     host=SimHostCommands(self.dir))
 
     def set_latencies(self, scale: float = 1.0, moving: list[str] | None = None) -> dict[str, float]:
         """Give the host a real server's pace, every latency multiplied by ``scale``.

@@ -134,7 +134,8 @@ class Context:
         try:
             res = self.exec.run(vmid, argv, EXEC_TIMEOUT)
         except GputopoError as e:
-            return None, str(e)
+            # the checks put "CT <vmid>: " in front themselves; an ExecError already starts so
+            return None, str(e).removeprefix(f"CT {vmid}: ")
         if res.rc != 0:
             text = (res.stderr.strip() or res.stdout.strip()).splitlines()
             return None, f"{what} exited {res.rc}" + (f": {text[-1]}" if text else "")

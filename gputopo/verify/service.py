@@ -23,7 +23,7 @@ def check(ctx: Context) -> Check:
         try:
             res = ctx.exec.run(c.vmid, ["systemctl", "is-active", unit], EXEC_TIMEOUT)
         except GputopoError as e:
-            problems.append(f"CT {c.vmid}: {e}")
+            problems.append(f"CT {c.vmid}: {str(e).removeprefix(f'CT {c.vmid}: ')}")
             continue
         if not res.stdout.strip():
             # pct itself failed (container stopped or gone): its message says why

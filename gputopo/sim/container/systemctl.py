@@ -1,7 +1,12 @@
-"""``systemctl`` in a simulated container: show, is-active, start, stop, restart, daemon-reload.
+"""``systemctl`` in a simulated container: show, is-active, start, stop, restart, daemon-reload,
+list-units and list-unit-files.
 
 A start returns once the server is ready, like a Type=notify unit; meanwhile ``is-active``
 says ``activating``. ``show`` prints service properties before unit ones, as systemd does.
+The lists print systemd's columns (systemctl(1), list-units: UNIT LOAD ACTIVE SUB DESCRIPTION;
+list-unit-files: UNIT FILE, STATE, PRESET), each padded to its widest cell and separated by
+one blank, as systemd's table formatter does (src/shared/format-table.c); ``--no-legend``
+drops the header and the footer.
 """
 
 from __future__ import annotations
@@ -57,10 +62,11 @@ def systemctl(ct: Container, args: list[str]) -> ExecResult:
             unit, _ = ct.effective_unit(name)
             svc = ct.service(name)
             # systemd prints service properties (MainPID, ExecStart) before unit ones (ActiveState)
-            order = ["MainPID", "ExecStart", "LoadState", "ActiveState", "SubState", "Result"]
+            order = ["MainPID", "ExecStart", "Id", "LoadState", "ActiveState", "SubState", "Result"]
             sub = {"active": "running", "failed": "failed"}.get(svc["state"], "dead")
             values = {
                 "MainPID": str(svc.get("pid", 0)),
+                "Id": name,
                 "ExecStart": _exec_start_prop(svc, unit) if unit and unit.exec_start else "",
                 "LoadState": "loaded" if unit else "not-found",
                 "ActiveState": svc["state"],
@@ -78,6 +84,8 @@ def systemctl(ct: Container, args: list[str]) -> ExecResult:
             if len(units) > 1:
                 out.append("")
         return result(0, "".join(line + "\n" for line in out))
+    if verb in ("list-units", "list-unit-files"):
+        return _list(ct, verb, rest)
     if verb == "is-active":
         states = [_ready_state(ct.service(u)) for u in rest]
         rc = 0 if states and all(s == "active" for s in states) else 3
@@ -100,6 +108,43 @@ def systemctl(ct: Container, args: list[str]) -> ExecResult:
                 time.sleep(max(0.0, float(ct.service(name).get("ready_at", 0.0)) - time.time()))
         return result(0, err=err)
     return result(1, err=f"Unknown command verb {verb}.\n")
+
+
+_SUB = {"active": "running", "activating": "start", "failed": "failed"}
+
+
+def _table(rows: list[list[str]], header: list[str] | None) -> str:
+    """Columns padded to their widest cell, one blank apart; the last column is not padded."""
+    table = ([header] if header else []) + rows
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))] if table else []
+    return "".join(" ".join(c.ljust(w) for c, w in zip(r[:-1], widths)) + " " + r[-1] + "\n" for r in table)
+
+
+def _list(ct: Container, verb: str, opts: list[str]) -> ExecResult:
+    legend = "--no-legend" not in opts
+    types = [o.split("=", 1)[1] for o in opts if o.startswith("--type=")]
+    if types and types != ["service"]:
+        return result(0, "" if not legend else "0 loaded units listed.\n")
+    base = ct.rootfs / "etc/systemd/system"
+    files = sorted(p.name for p in base.glob("*.service")) if base.is_dir() else []
+    enabled = set(ct.enabled_units())
+    if verb == "list-unit-files":
+        rows = [[n, "enabled" if n in enabled else "disabled" if (ct.unit(n) and ct.unit(n).wanted_by) else "static",
+                 "enabled"] for n in files]
+        out = _table(rows, ["UNIT FILE", "STATE", "PRESET"] if legend else None)
+        return result(0, out + (f"\n{len(rows)} unit files listed.\n" if legend else ""))
+    # loaded units: the enabled ones and every one that was started since boot
+    names = sorted(enabled | set(ct._state().get("services", {})))
+    rows = []
+    for n in names:
+        unit = ct.unit(n)
+        state = _ready_state(ct.service(n))
+        if state == "inactive" and "--all" not in opts:
+            continue
+        rows.append([n, "loaded" if unit else "not-found", state, _SUB.get(state, "dead"),
+                     (unit.description if unit and unit.description else n)])
+    out = _table(rows, ["UNIT", "LOAD", "ACTIVE", "SUB", "DESCRIPTION"] if legend else None)
+    return result(0, out + (f"\n{len(rows)} loaded units listed.\n" if legend else ""))
 
 
 def _ready_state(svc: dict) -> str:

@@ -25,6 +25,7 @@ class Unit:
     service_type: str = "simple"
     wanted_by: list[str] = field(default_factory=list)
     environment: list[str] = field(default_factory=list)
+    description: str = ""
     files: list[str] = field(default_factory=list)
     fingerprint: str = ""
 
@@ -92,6 +93,8 @@ def load_unit(rootfs: Path, name: str) -> Unit | None:
                     target.append(value)
             elif section == "Service" and key == "Type":
                 unit.service_type = value
+            elif section == "Unit" and key == "Description":
+                unit.description = value
             elif section == "Install" and key == "WantedBy":
                 unit.wanted_by.extend(value.split())
     unit.fingerprint = json.dumps(sources)

@@ -1,0 +1,185 @@
+"""Past applies, read from their journals (``gputopo history``): when, which spec, how it ended,
+how long the stop window was, and each step with its timing.
+
+Only the journal is read: a record here is what the apply wrote while it ran, never what a
+later process remembers. An unreadable journal is listed as such rather than hiding the others.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gputopo.apply.journal import (
+    Begin,
+    Done,
+    End,
+    Failed,
+    Journal,
+    UndoDone,
+    UndoFailed,
+    UndoIncomplete,
+    list_journals,
+)
+from gputopo.errors import HistoryError, JournalError
+
+SCHEMA_VERSION = 1
+Outcome = Literal["applied", "rolled-back", "unfinished", "needs-human", "unreadable"]
+
+
+class _M(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StepRecord(_M):
+    step: int = Field(description="1-based, as the plan numbers it")
+    phase: str
+    kind: str
+    description: str
+    status: str = Field(description="The journal's last word on it: done, failed, begun, undo-done, ...")
+    seconds: float | None = Field(None, description="How long it ran (done steps)")
+    started: float | None = Field(None, description="Unix time it began")
+    warnings: list[str] = Field(default_factory=list)
+    error: str | None = None
+    undo: str | None = Field(None, description="What its undo did, when it was undone")
+
+
+class ApplyRecord(_M):
+    id: str = Field(description="The journal's name without .jsonl; 'gputopo history show ID'")
+    journal: str
+    started: float | None = None
+    started_utc: str | None = None
+    node: str | None = None
+    spec: str | None = None
+    spec_sha256: str | None = None
+    pid: int | None = None
+    outcome: Outcome
+    rolled_back: bool = False
+    reason: str | None = Field(None, description="Why it was rolled back (verify) or what is wrong")
+    verify: str | None = None
+    steps_total: int = 0
+    steps_done: int = 0
+    stop_window_s: float | None = None
+    wall_s: float | None = None
+    steps: list[StepRecord] | None = Field(None, description="Each step (history show only)")
+
+
+class HistoryList(_M):
+    """``gputopo history --json`` (``gputopo schema history``)."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    applies: list[ApplyRecord]
+
+
+class HistoryEntry(ApplyRecord):
+    """``gputopo history show ID --json`` (``gputopo schema history-entry``)."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+
+
+def _utc(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
+
+
+def _steps(j: Journal) -> list[StepRecord]:
+    out: dict[int, StepRecord] = {}
+    for r in j.records:
+        if isinstance(r, Begin):
+            a = r.action
+            rec = out.get(r.step) or StepRecord(step=r.step + 1, phase=a.phase, kind=a.kind,
+                                                description=a.describe(), status="begun", started=r.t)
+            rec.status = "begun"
+            out[r.step] = rec
+        elif isinstance(r, (Done, Failed, UndoDone, UndoFailed, UndoIncomplete)) and r.step in out:
+            rec = out[r.step]
+            rec.status = r.type
+            if isinstance(r, Done):
+                rec.seconds, rec.warnings = r.seconds, list(r.warnings)
+            elif isinstance(r, (Failed, UndoFailed)):
+                rec.error = r.error
+            else:
+                rec.undo = r.what or None
+    return [out[k] for k in sorted(out)]
+
+
+def _stop_window(j: Journal, steps: list[StepRecord]) -> float | None:
+    """First stop step's begin to the last start step's end (to the journal's end when the
+    apply was rolled back: what stopped ran again only then)."""
+    begins = [s.started for s in steps if s.phase == "stop" and s.started is not None]
+    if not begins:
+        return None
+    if j.result == "applied":
+        ends = [r.t for r in j.of(Done) if j.header.actions[r.step].phase == "start"]
+        return max(ends) - min(begins) if ends else None
+    return j.records[-1].t - min(begins)
+
+
+def record_of(j: Journal, with_steps: bool = False) -> ApplyRecord:
+    """The :class:`ApplyRecord` of one journal."""
+    h = j.header
+    steps = _steps(j)
+    end = next((r for r in reversed(j.records) if isinstance(r, End)), None)
+    nh = j.needs_human
+    outcome: Outcome = end.result if end is not None else "needs-human" if nh is not None else "unfinished"
+    reason = end.reason if end is not None else (
+        f"needs a human: {', '.join(nh.needs_human) or 'see the journal'}" if nh is not None else None)
+    name = os.path.basename(str(j.path))
+    return ApplyRecord(
+        id=name.removesuffix(".jsonl"), journal=str(j.path), started=h.started, started_utc=_utc(h.started),
+        node=h.node, spec=h.spec, spec_sha256=h.spec_sha256, pid=h.pid, outcome=outcome,
+        rolled_back=outcome == "rolled-back" or any(isinstance(r, (UndoDone, UndoIncomplete)) for r in j.records),
+        reason=reason, verify=end.verify if end is not None else None, steps_total=len(h.actions),
+        steps_done=sum(1 for r in j.of(Done)), stop_window_s=_stop_window(j, steps),
+        wall_s=j.records[-1].t - h.started, steps=steps if with_steps else None,
+    )
+
+
+def history(root: str | os.PathLike) -> list[ApplyRecord]:
+    """Every apply under ``root``, oldest first; a journal that cannot be read is listed as
+    ``unreadable`` with the reason."""
+    out = []
+    for p in list_journals(root):
+        try:
+            out.append(record_of(Journal.load(p)))
+        except JournalError as e:
+            out.append(ApplyRecord(id=p.name.removesuffix(".jsonl"), journal=str(p), outcome="unreadable",
+                                   reason=str(e)))
+    return out
+
+
+def find(root: str | os.PathLike, ident: str) -> Journal:
+    """The journal ``ident`` names: its id, a unique prefix of it, or ``last``.
+
+    Raises HistoryError when none or several match, JournalError when it cannot be read.
+    """
+    paths = list_journals(root)
+    if ident == "last":
+        if not paths:
+            raise HistoryError(f"no apply recorded under {root}")
+        return Journal.load(paths[-1])
+    hits = [p for p in paths if p.name.removesuffix(".jsonl") == ident] or \
+           [p for p in paths if p.name.startswith(ident)]
+    if not hits:
+        raise HistoryError(f"{ident}: no apply with this id (see 'gputopo history')")
+    if len(hits) > 1:
+        raise HistoryError(f"{ident}: names {len(hits)} applies ({hits[0].name}, {hits[1].name}, ...); give more of the id")
+    return Journal.load(hits[0])
+
+
+def last_measured(root: str | os.PathLike) -> list[tuple[str, str, float]]:
+    """(kind, description, seconds) of every step of the newest apply that finished applied;
+    [] when there is none (unreadable journals are skipped)."""
+    for p in reversed(list_journals(root)):
+        try:
+            j = Journal.load(p)
+        except JournalError:
+            continue
+        if j.result != "applied":
+            continue
+        acts = j.header.actions
+        return [(acts[r.step].kind, acts[r.step].describe(), r.seconds) for r in j.of(Done) if r.step < len(acts)]
+    return []
+

@@ -1,0 +1,111 @@
+"""``gputopo init`` (a starter spec for a change) and ``gputopo export`` (the host as it is).
+
+Both look inside the container when a connection is given (``--sim``, ``--api-url``,
+``--local``): the unit whose command runs SGLang or vLLM, and the tensor-parallel flag it
+spells. ``init`` and quick mode (``plan --split``) write the same spec for the same options.
+Neither overwrites a file without ``--force``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from gputopo.cli.connect import Connection, connection_options, host_root, pve_root, source_ports
+from gputopo.cli.output import refuse_existing, warn, write_output
+from gputopo.cli.plancmd import SPLITS, read_facts, find_service, quick_spec
+from gputopo.exitcodes import with_exit_codes
+
+
+def _emit(text: str, output: str | None, force: bool) -> None:
+    if output:
+        write_output(Path(output), text, force=force)
+        click.echo(f"wrote {output}", err=True)
+    else:
+        sys.stdout.write(text)
+
+
+@click.command()
+@connection_options(snapshot=True)
+@click.option("--split", type=SPLITS, default="numa", show_default=True,
+              help="numa: the lowest NUMA node's GPUs stay with the container; half: the lower half by address.")
+@click.option("--container", type=int, default=101, show_default=True, help="The container's vmid.")
+@click.option("--vm-mapping", default="pro6000-vm", show_default=True, help="PCI mapping for the VM GPUs.")
+@click.option("--container-mapping", default=None, help="PCI mapping listing the container's GPUs (optional).")
+@click.option("--service-unit", default=None,
+              help="The inference service's systemd unit in the container (default: with --sim, --api-url or "
+                   "--local the unit found inside it that runs sglang or vllm; else the service block is "
+                   "written commented out).")
+@click.option("--tp-flag", default="--tp", show_default=True,
+              help="The service's tensor-parallel flag (vLLM: --tensor-parallel-size; default with a "
+                   "connection: the one the found unit spells).")
+@click.option("--vm", type=int, default=None,
+              help="A VM that takes the VM mapping's GPUs (its hostpciN lines, NUMA pinning, MMIO window).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write here (default stdout).")
+@click.option("--force", is_flag=True, help="Replace an existing --output file.")
+@with_exit_codes("init")
+def init(conn: Connection, split, container, vm_mapping, container_mapping, service_unit, tp_flag, vm, output,
+         force):
+    """Write a commented starter spec for this host: the split asked for, the service found
+    inside the container (exit 2 for an option the spec would refuse, or a host that cannot be
+    split that way)."""
+    from gputopo.plan.starter import init_spec
+
+    if output:
+        refuse_existing(Path(output), force)
+    ports = source_ports(conn, default_node=conn.node)
+    try:
+        facts = read_facts(host_root(conn))
+        options = dict(container=container, vm_mapping=vm_mapping, container_mapping=container_mapping,
+                       service_unit=service_unit, tp_flag=tp_flag, vm=vm)
+        if ports is not None:
+            find_service(ports.exec, container, options)
+    finally:
+        if ports is not None:
+            ports.close()
+    options.update(split=split, node=conn.node)
+    quick_spec(facts, **options)  # the starter must be a spec plan accepts: check the options first
+    _emit(init_spec(facts, **options), output, force)
+
+
+@click.command()
+@connection_options(snapshot=True, pve_root=True)
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write here (default stdout).")
+@click.option("--force", is_flag=True, help="Replace an existing --output file.")
+@with_exit_codes("export")
+def export(conn: Connection, output, force):
+    """Write the host as it is now as a spec: 'gputopo plan --spec FILE' of it says "No changes".
+
+    Containers keep the GPUs their devN entries grant, VM mappings the vfio-pci GPUs they list;
+    with --sim, --api-url or --local the unit inside each container that runs sglang or vllm is
+    named with its tensor-parallel flag and size. What a plan of the spec would still change
+    (boot persistence files not written yet, say) is listed on stderr and in the file.
+    """
+    from gputopo.facts.export import export_host
+    from gputopo.facts.snapshot import is_snapshot
+    from gputopo.plan.export import export_yaml
+
+    if output:
+        refuse_existing(Path(output), force)
+    ports = source_ports(conn, default_node=conn.node)
+    try:
+        root = host_root(conn)
+        facts = read_facts(root)
+        node = conn.node or (facts.host.hostname or "").split(".")[0] or "pve1"
+        files = None
+        if ports is None and not is_snapshot(root):
+            from gputopo.adapters.hostfiles import RealHostFiles
+
+            files = RealHostFiles(root)
+        ex, remaining = export_host(facts, node, pve_root=None if ports else pve_root(conn), ports=ports, files=files)
+    finally:
+        if ports is not None:
+            ports.close()
+    for note in ex.notes:
+        warn(note)
+    if remaining:
+        ex.notes.append(f"a plan of this spec would still: {'; '.join(remaining)}")
+        warn(f"a plan of this spec is not empty: {'; '.join(remaining)}")
+    _emit(export_yaml(ex, facts), output, force)

@@ -1,0 +1,95 @@
+"""The exit codes of every command, in one table: what each code means, and which codes each
+command can end with. The commands' ``--help`` and the README's table are written from it, and
+``tests/test_exit_codes.py`` walks it. Imports nothing.
+
+Every command also exits 2 for a usage error (an unknown option, a bad value) and 130 when
+Ctrl-C stops it; those two are listed for every command.
+"""
+
+from __future__ import annotations
+
+OK = 0
+FAILED = 1  # a failure while acting or verifying (an apply was rolled back)
+NOTHING_CHANGED = 2  # bad input, refused, declined, or the host could not be reached
+NEEDS_HUMAN = 3
+LOCKED = 4
+SIGHUP = 129
+SIGINT = 130
+SIGTERM = 143
+
+MEANING: dict[int, str] = {
+    OK: "done, no changes, or all clear",
+    FAILED: "a failure while acting or verifying (an apply is rolled back); a verify FAIL",
+    NOTHING_CHANGED: (
+        "nothing was changed: bad input, a refused plan or preflight, an API that cannot be "
+        "reached or refuses the login, no pvesh on --local, a declined prompt, an existing file "
+        "without --force"
+    ),
+    NEEDS_HUMAN: "a device needs a human (a sysfs write hung, or the device fell off the bus)",
+    LOCKED: "another apply holds the lock",
+    SIGHUP: "interrupted by SIGHUP (an apply in progress is rolled back first)",
+    SIGINT: "interrupted by Ctrl-C (an apply in progress is rolled back first)",
+    SIGTERM: "interrupted by SIGTERM (an apply in progress is rolled back first)",
+}
+
+# command -> {code: what it means for that command}; codes must be keys of MEANING
+_COMMON = {NOTHING_CHANGED: "bad input", SIGINT: "interrupted"}
+COMMANDS: dict[str, dict[int, str]] = {
+    "discover": {OK: "the facts", **_COMMON},
+    "topo": {OK: "the picture", **_COMMON},
+    "snapshot": {OK: "written", **_COMMON, NOTHING_CHANGED: "bad input or an existing file without --force"},
+    "schema": {OK: "the schema", **_COMMON},
+    "init": {OK: "the starter spec", **_COMMON, NOTHING_CHANGED: "bad input or an existing file without --force"},
+    "export": {OK: "the spec", **_COMMON, NOTHING_CHANGED: "bad input, an unreachable API or an existing file"},
+    "plan": {OK: "a plan, or no changes", **_COMMON,
+             NOTHING_CHANGED: "bad input, a refused plan or an existing -o file without --force"},
+    "render": {OK: "written", **_COMMON,
+               NOTHING_CHANGED: "bad input, a refused plan, or a file that is not gputopo's without --force"},
+    "diff": {OK: "no difference (or a difference without --exit-code)",
+             FAILED: "with --exit-code: any error, bad input included",
+             NOTHING_CHANGED: "differences with --exit-code, else bad input", SIGINT: "interrupted"},
+    "apply": {OK: "applied, or no changes", FAILED: "a step or the verification failed (rolled back)",
+              NOTHING_CHANGED: "refused before anything changed (a stale saved plan, a declined prompt too)",
+              NEEDS_HUMAN: "a device needs a human", LOCKED: "another apply holds the lock",
+              SIGHUP: "SIGHUP (rolled back)", SIGINT: "Ctrl-C (rolled back)", SIGTERM: "SIGTERM (rolled back)"},
+    "recover": {OK: "settled, or nothing to recover",
+                FAILED: "a step failed (rolled back where it could), or --finish after a rollback began",
+                NOTHING_CHANGED: "bad input", NEEDS_HUMAN: "a device still needs a human",
+                LOCKED: "an apply holds the lock", SIGINT: "interrupted"},
+    "verify": {OK: "all clear", FAILED: "a FAIL (or a WARN with --strict)", **_COMMON},
+    "history": {OK: "the applies", **_COMMON, NOTHING_CHANGED: "bad input or no apply with that id"},
+    "completion": {OK: "the script", **_COMMON},
+    "demo": {OK: "the demo ran", FAILED: "a step of the demo failed", **_COMMON},
+    "sim": {OK: "done (serve: stopped by Ctrl-C or SIGTERM)", **_COMMON},
+    "fixtures": {OK: "done", **_COMMON},
+}
+
+
+def help_text(command: str) -> str:
+    """The ``Exit codes:`` paragraph of ``command``'s help, one code a line (click keeps the
+    lines of a paragraph that starts with ``\\b``). Raises KeyError for a command not in the table."""
+    codes = COMMANDS[command]
+    return "\b\nExit codes:\n" + "\n".join(f"  {code:>3}  {codes[code]}" for code in sorted(codes))
+
+
+def with_exit_codes(command: str):
+    """Decorator for a click command function: appends ``help_text(command)`` to its docstring,
+    which click shows as its help."""
+
+    def decorate(f):
+        import inspect
+
+        f.__doc__ = inspect.cleandoc(f.__doc__ or "") + "\n\n" + help_text(command) + "\n"
+        return f
+
+    return decorate
+
+
+def markdown_table() -> str:
+    """The README's table: each code, its meaning and the commands that end with it."""
+    lines = ["| code | meaning | commands |", "|---|---|---|"]
+    for code in sorted(MEANING):
+        having = [c for c in sorted(COMMANDS) if code in COMMANDS[c]]
+        cmds = "every command" if len(having) == len(COMMANDS) else ", ".join(f"`{c}`" for c in having)
+        lines.append(f"| {code} | {MEANING[code]} | {cmds} |")
+    return "\n".join(lines)

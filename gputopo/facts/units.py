@@ -1,0 +1,41 @@
+"""The inference server a container runs, found by looking inside it (edge layer: this is I/O).
+
+Three commands through the :class:`gputopo.ports.ExecPort` (``pct exec``): the service units
+systemd has loaded, the unit files installed, and one ``systemctl show`` of all of them; the
+pure functions of :mod:`gputopo.formats.systemctl` pick the units whose command runs SGLang or
+vLLM and read their tensor-parallel flag and size.
+"""
+
+from __future__ import annotations
+
+from gputopo.errors import ExecError
+from gputopo.formats.systemctl import (
+    LIST_UNIT_FILES,
+    LIST_UNITS,
+    SHOW_PROPS,
+    InferenceUnit,
+    candidate_units,
+    inference_units,
+    parse_show_blocks,
+)
+from gputopo.ports import ExecPort
+
+TIMEOUT = 20.0
+
+
+def read_inference_units(exec: ExecPort, vmid: int, timeout: float = TIMEOUT) -> list[InferenceUnit]:
+    """The units of container ``vmid`` that run an inference server, the active ones first.
+
+    Raises ExecError when systemctl cannot be run there (the container is stopped, or pct fails).
+    """
+    listed = exec.run(vmid, LIST_UNITS, timeout)
+    if listed.rc != 0:
+        raise ExecError(vmid, LIST_UNITS, listed.rc, listed.stderr)
+    files = exec.run(vmid, LIST_UNIT_FILES, timeout)
+    names = candidate_units(listed.stdout, files.stdout if files.rc == 0 else "")
+    if not names:
+        return []
+    show = exec.run(vmid, ["systemctl", "show", *SHOW_PROPS, *names], timeout)
+    if show.rc != 0:
+        raise ExecError(vmid, ["systemctl", "show", *SHOW_PROPS, "..."], show.rc, show.stderr)
+    return inference_units(parse_show_blocks(show.stdout))
