@@ -11,6 +11,8 @@ Each external system sits behind one small Protocol; a real adapter and the simu
 * :class:`HostFilesPort` -- files on the host under the root (persistence files)
 * :class:`HttpPort`   -- HTTP to the services the containers run (the inference endpoint that
   verify probes; real: ``gputopo.adapters.http.RequestsHttp``)
+* :class:`NodeShellPort` -- commands on another node of a cluster (real: the OpenSSH client,
+  ``gputopo.adapters.ssh.SshRunner``, as ``root@<node>``)
 
 :class:`Ports` bundles them, typed, with a ``close`` hook for whatever building them started:
 nothing else travels with them, so no code path can tell a simulated host from a real one.
@@ -172,6 +174,19 @@ class HttpPort(Protocol):
 
         Raises :class:`gputopo.errors.HttpError` (its ``reason``: ``timed out``, ``Connection
         refused``, ``connection closed without a reply``, ...) when no reply came.
+        """
+        ...
+
+
+@runtime_checkable
+class NodeShellPort(Protocol):
+    """Runs a command on a cluster node, the way ``ssh root@<node> -- argv`` does."""
+
+    def run(self, node: str, argv: list[str], timeout: float, input: str | None = None) -> ExecResult:
+        """Run ``argv`` on ``node``; return its exit status and output whatever the status.
+
+        Raises :class:`gputopo.errors.NodeUnreachable` (one line naming the node) when the node
+        cannot be reached, refuses the login or host key, or gives no answer within ``timeout``.
         """
         ...
 

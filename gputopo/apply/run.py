@@ -78,7 +78,7 @@ def read_and_plan(spec: Spec, ports: Ports, root: str, node: str | None = None) 
 
 def _signature(p: Plan) -> list[dict]:
     # digests are re-read right before each write; a changed digest alone is not a changed plan
-    return [a.model_dump(exclude={"digest"}) for a in p.actions]
+    return [a.signature() for a in p.actions]
 
 
 def _diff_text(a: Plan, b: Plan) -> str:

@@ -14,6 +14,9 @@ from gputopo.formats.propstring import sha1_digest
 from gputopo.sim.files import PMXCFS_MODE, atomic_write
 from gputopo.sim.pveapi.answers import die
 from gputopo.sim.pveapi.auth import Caller
+from gputopo.sim.pveapi.cfslock import cfs_lock, file_lock_id
+
+PCI_CFG = "mapping/pci.cfg"
 
 
 class MappingHandlers:
@@ -116,8 +119,13 @@ class MappingHandlers:
         if "live-migration-capable" in p:
             mp.live_migration_capable = p["live-migration-capable"]
 
+    def _mapping_lock(self, what: str):
+        # pve-guest-common's Mapping::PCI::lock_pci_config: cfs_lock_file('mapping/pci.cfg'),
+        # cluster-wide, so every node's API (any process) writes the file in turn
+        return cfs_lock(self.pve_root, file_lock_id(PCI_CFG), what)
+
     def h_mapping_create(self, caller: Caller, p: dict) -> Any:
-        with self._lock:
+        with self._lock, self._mapping_lock("create hardware mapping failed"):
             _, maps = self._read_mappings()
             if any(m.id == p["id"] for m in maps):
                 raise die(f"create hardware mapping failed: pci ID '{p['id']}' already defined")
@@ -128,7 +136,7 @@ class MappingHandlers:
 
     def h_mapping_update(self, caller: Caller, p: dict) -> Any:
         prefix = "update hardware mapping failed: "
-        with self._lock:
+        with self._lock, self._mapping_lock(prefix.rstrip(": ")):
             text, maps = self._read_mappings()
             if p.get("digest") and sha1_digest(text) != p["digest"]:
                 raise die(prefix + "detected modified configuration - file changed by other user? Try again.")
@@ -154,7 +162,7 @@ class MappingHandlers:
         return None
 
     def h_mapping_delete(self, caller: Caller, p: dict) -> Any:
-        with self._lock:
+        with self._lock, self._mapping_lock("delete hardware mapping failed"):
             _, maps = self._read_mappings()
             keep = [m for m in maps if m.id != p["id"]]
             if len(keep) != len(maps):

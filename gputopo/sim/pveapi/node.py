@@ -1,4 +1,4 @@
-"""The node's own endpoints: ``/version``, ``/nodes`` and ``/nodes/{node}/hardware/pci``."""
+"""The node's own endpoints: ``/version`` and ``/nodes/{node}/hardware/pci`` (``/nodes``: :mod:`.cluster`)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,6 @@ class NodeHandlers:
 
     def h_version(self, caller: Caller | None, p: dict) -> Any:
         return {"version": self.version, "release": ".".join(self.version.split(".")[:2]), "repoid": "5a6b8c9d0e1f2a3b"}
-
-    def h_nodes(self, caller: Caller | None, p: dict) -> Any:
-        return [{"id": f"node/{self.node}", "node": self.node, "type": "node", "status": "online", "uptime": 86400,
-                 "cpu": 0.01, "mem": 8 << 30, "maxmem": 512 << 30, "disk": 10 << 30, "maxdisk": 100 << 30,
-                 "maxcpu": 128, "level": "", "ssl_fingerprint": "00:11"}]
 
     def h_hardware_pci(self, caller: Caller, p: dict) -> Any:
         from gputopo.facts.pci import list_pci_functions

@@ -1,8 +1,9 @@
 """The request pipeline of the simulated API, in Proxmox's order.
 
 401 (authentication, before this) before 501 (no route) before 403 (permission) before 400
-(parameters) before the handler; a node name that is not this node fails like a hostname
-lookup, and an injected API fault (a pmxcfs lock timeout) answers before the handler runs.
+(parameters) before the handler; a path of another cluster member goes to that member after the
+permission check, a node name that is no member fails like a hostname lookup, and an injected
+API fault (a pmxcfs lock timeout) answers before the handler runs.
 """
 
 from __future__ import annotations
@@ -61,6 +62,11 @@ class Pipeline:
             if not self._has_any(caller, privs):
                 # an any-of check on a single object reports no detail (RPCEnvironment check_any)
                 raise perm_error(None if route.handler == "mapping_get" else f"{acl.format(**uri)}, {'|'.join(privs)}")
+        peer = self.forward_to(uri.get("node"))
+        if peer is not None:
+            # pveproxy proxies a node's method to that node after its own permission check
+            # (pve-manager PVE/HTTPServer.pm rest_handler); the node checks everything again
+            return peer.dispatch(method, path, {k: v for k, v in params.items() if k not in uri}, caller)
         values, errors = {}, {}
         for name, spec in route.params.items():
             if name not in params:
