@@ -181,11 +181,14 @@ def apply(
     rollback_on_verify_failure: bool = False,
     spec_path: str | None = None,
     node: str | None = None,
+    expect_plan: str | None = None,
 ) -> ApplyResult:
     """Bring the host to what ``spec`` asks (see the module docstring for the order).
 
     ``confirm(plan)`` is asked before anything changes (False cancels); ``verify()`` runs after
-    a successful apply and returns a report with ``.ok``. Returns an :class:`ApplyResult`.
+    a successful apply and returns a report with ``.ok``. ``expect_plan`` is the signature
+    (``Plan.signature``) of the plan the operator was shown elsewhere (a cluster's rolling
+    apply): any other plan is refused as HostChanged. Returns an :class:`ApplyResult`.
     Raises UnfinishedApply (an earlier apply's journal is open), PlanRefused, PreflightFailed,
     ApplyCancelled, LockHeld, HostChanged (all: nothing changed), ApplyFailed (rolled back, or
     exit 3 naming the device that needs a human).
@@ -199,6 +202,8 @@ def apply(
     if j0 is not None:
         raise j0.unfinished_error()
     facts, current, p = read_and_plan(spec, ports, root, node)
+    if expect_plan is not None and p.signature() != expect_plan:
+        raise HostChanged(f"its plan is now {p.signature()}, not the plan {expect_plan} that was shown")
     progress.plan(p)
     if p.is_empty:
         return ApplyResult("no-changes", plan=p, wall_s=time.monotonic() - t_start)

@@ -29,6 +29,7 @@ COMMANDS: dict[str, str] = {
     "apply": "applycmd:apply",
     "recover": "applycmd:recover",
     "verify": "verifycmd:verify",
+    "cluster": "clustercmd:cluster",
     "demo": "democmd:demo",
     "sim": "simcmd:sim",
     "fixtures": "fixturescmd:fixtures",

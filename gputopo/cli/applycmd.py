@@ -86,8 +86,13 @@ def _preflight_ports(conn: Connection, default_node: str | None):
               help="Seconds one sysfs write may take; a write that takes longer leaves its device to a human.")
 @click.option("--rollback-on-verify-failure", is_flag=True, help="Roll back when verification finds a FAIL.")
 @click.option("--no-verify", is_flag=True, help="Do not run verify after applying.")
+@click.option("--expect-plan", default=None, metavar="SIGNATURE",
+              help="Refuse (exit 2, nothing changed) unless the plan has this signature (gputopo cluster plan "
+                   "shows it per node).")
+@click.option("--json", "as_json", is_flag=True,
+              help="The result as JSON on stdout; the plan and progress go to stderr (needs --yes or --dry-run).")
 def apply(spec_file: str, conn: Connection, dry_run: bool, yes: bool, sysfs_timeout: float,
-          rollback_on_verify_failure: bool, no_verify: bool) -> None:
+          rollback_on_verify_failure: bool, no_verify: bool, expect_plan: str | None, as_json: bool) -> None:
     """Apply the spec: preflight, lock, journaled steps, rollback on any failure, then verify.
 
     Exit codes: 0 applied (or no changes), 1 failed and rolled back, 2 refused before anything
@@ -100,10 +105,15 @@ def apply(spec_file: str, conn: Connection, dry_run: bool, yes: bool, sysfs_time
     root = host_root(conn)
     default_node = spec.nodes[0].name if len(spec.nodes) == 1 else None
     ports = _preflight_ports(conn, default_node)
-    progress = _progress()
+    if as_json:
+        from gputopo.apply import PlainProgress
+
+        progress = PlainProgress(sys.stderr)
+    else:
+        progress = _progress()
 
     def confirm(p) -> bool:
-        click.echo(p.to_text(), nl=False)
+        click.echo(p.to_text(), nl=False, err=as_json)
         if yes:
             return True
         if not sys.stdin.isatty():
@@ -117,9 +127,14 @@ def apply(spec_file: str, conn: Connection, dry_run: bool, yes: bool, sysfs_time
         result = run_apply(spec, ports, root=root, dry_run=dry_run, confirm=confirm, progress=progress,
                            timeouts=Timeouts(sysfs=sysfs_timeout), verify=verifier,
                            rollback_on_verify_failure=rollback_on_verify_failure, spec_path=spec_file,
-                           node=conn.node)
+                           node=conn.node, expect_plan=expect_plan)
     finally:
         ports.close()
+    if as_json:
+        _print_result_json(result, conn.node)
+        if result.status == "rolled-back" or (result.verify is not None and not getattr(result.verify, "ok", True)):
+            sys.exit(1)
+        return
     if result.status in ("no-changes", "dry-run"):
         click.echo(result.plan.to_text() if result.plan else "No changes", nl=False)
         return
@@ -135,6 +150,28 @@ def apply(spec_file: str, conn: Connection, dry_run: bool, yes: bool, sysfs_time
         from gputopo.errors import VerifyFailed
 
         raise VerifyFailed("applied, but verification failed (see above); 'gputopo recover' cannot undo a finished apply")
+
+
+def _print_result_json(result, node) -> None:
+    """What ``apply --json`` prints: the status, the plan's actions and signature, each step."""
+    from gputopo.cli.output import print_json
+
+    p = result.plan
+    verify = result.verify
+    print_json({
+        "node": p.node if p is not None else node,
+        "status": result.status,
+        "changed": result.status in ("applied", "rolled-back"),
+        "signature": p.signature() if p is not None else None,
+        "actions": [a.describe() for a in p.actions] if p is not None else [],
+        "steps": [{"index": s.index, "phase": s.phase, "text": s.text, "status": s.status,
+                   "seconds": round(s.seconds, 3), "warnings": s.warnings} for s in result.steps],
+        "wall_s": round(result.wall_s, 3),
+        "stop_window_s": result.stop_window_s,
+        "journal": result.journal,
+        "verify": None if verify is None else {"ok": bool(getattr(verify, "ok", True)),
+                                               "summary": verify.summary_line() if hasattr(verify, "summary_line") else ""},
+    })
 
 
 @click.command()

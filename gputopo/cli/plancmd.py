@@ -256,7 +256,8 @@ def diff(conn: Connection, templates, exit_code, as_json, **quick):
         sys.exit(1)
     if as_json:
         print_json({"node": report.node, "is_empty": report.is_empty,
-                    "areas": {k: v.model_dump() for k, v in report.areas.items()}})
+                    "areas": {k: v.model_dump() for k, v in report.areas.items()},
+                    "changes": {k: v.model_dump() for k, v in report.changes.items()}})
     else:
         sys.stdout.write(report.to_text())
     if exit_code:

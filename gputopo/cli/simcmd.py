@@ -47,8 +47,22 @@ def sim() -> None:
               help="The inference server running in the container.")
 @click.option("--pve-version", type=click.Choice(["8.4.1", "9.1.2"]), default="8.4.1", show_default=True,
               help="Proxmox VE release to behave as (9: new devN are hot-plugged into a running container).")
-def create(dir: Path, source: str, node: str | None, service: str, pve_version: str) -> None:
-    """Create a simulated host in DIR (the seed story: container 101 serving on every GPU)."""
+@click.option("--nodes", "count", type=click.IntRange(2, 64), default=None,
+              help="A cluster of this many nodes (pve1..pveN) sharing one /etc/pve instead of one host.")
+def create(dir: Path, source: str, node: str | None, service: str, pve_version: str, count: int | None) -> None:
+    """Create a simulated host in DIR (the seed story: container 101 serving on every GPU), or
+    with --nodes N a cluster of N such hosts (containers 101.., VMs 201.., one /etc/pve)."""
+    if count is not None:
+        from gputopo.errors import ConfigError
+        from gputopo.sim.cluster import SimCluster, create_cluster
+
+        if node is not None:
+            raise ConfigError("--node names one host; a cluster's nodes are pve1..pveN")
+        create_cluster(dir, count, source=source, service=service, pve_version=pve_version)
+        c = SimCluster(dir)
+        members = ", ".join(f"{n} ({c.addresses[n]}, CT {c.container(n)}, VM {c.vm(n)})" for n in c.nodes)
+        click.echo(f"created simulated cluster of {len(c.nodes)} nodes in {dir}: {members}")
+        return
     from gputopo.sim.host import SimHost
 
     host = SimHost.create(dir, source=source, node=node, service=service, pve_version=pve_version)
