@@ -76,8 +76,6 @@ def _open(conn: Connection, spec_file: str, nodes: str | None, ssh_config: str |
     spec = load_spec(spec_file)
     text = Path(spec_file).read_text(encoding="utf-8")
     wanted = _nodes_option(nodes)
-    if conn.root is not None:
-        raise ConfigError("--root names one host: a cluster's nodes are read over SSH (or --facts DIR)")
     c = _Cluster(spec=spec, spec_text=text, nodes=[])
     ssh = SshRunner(user=ssh_user, config_file=ssh_config, options=ssh_options, connect_timeout=ssh_timeout)
     if conn.sim is not None:
@@ -152,7 +150,7 @@ def cluster() -> None:
 
 @cluster.command("plan")
 @cluster_options
-@connection_options(pve_root=True, node=False)
+@connection_options(pve_root=True, node=False, root=False)
 @click.option("--facts", "facts_dir", type=click.Path(file_okay=False, exists=True), default=None,
               help="Plan offline: <node>.json (gputopo discover --json) or <node>.tar.gz (gputopo snapshot) per node.")
 @click.option("--json", "as_json", is_flag=True, help="The cluster plan as JSON.")
@@ -179,7 +177,7 @@ def plan_cmd(conn: Connection, spec_file, nodes, ssh_config, ssh_user, ssh_optio
 
 @cluster.command("diff")
 @cluster_options
-@connection_options(pve_root=True, node=False)
+@connection_options(pve_root=True, node=False, root=False)
 @click.option("--facts", "facts_dir", type=click.Path(file_okay=False, exists=True), default=None,
               help="Offline: <node>.json or <node>.tar.gz per node.")
 @click.option("--exit-code", "exit_code", is_flag=True, help="Exit 0: no difference, 2: differences, 1: error.")
@@ -219,7 +217,7 @@ def diff_cmd(conn: Connection, spec_file, nodes, ssh_config, ssh_user, ssh_optio
 
 @cluster.command("apply")
 @cluster_options
-@connection_options(node=False)
+@connection_options(node=False, root=False)
 @click.option("--serial", type=click.IntRange(1, None), default=1, show_default=True,
               help="How many nodes apply at the same time.")
 @click.option("--canary", default=None, metavar="NODE", help="Apply this node first, alone.")
@@ -274,7 +272,7 @@ def apply_cmd(conn: Connection, spec_file, nodes, ssh_config, ssh_user, ssh_opti
 
 @cluster.command("verify")
 @cluster_options
-@connection_options(node=False)
+@connection_options(node=False, root=False)
 @click.option("--json", "as_json", is_flag=True, help="The report as JSON.")
 def verify_cmd(conn: Connection, spec_file, nodes, ssh_config, ssh_user, ssh_options, ssh_timeout, timeout,
                as_json):
