@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gputopo.actions.base import ActionModel, DiffContext, Phase, PreflightContext, StepContext, World
 from gputopo.errors import MappingConflict, ProxmoxError
-from gputopo.formats.mapline import map_fields, normalize_map_entry
+from gputopo.formats.mapline import map_fields, map_node, normalize_map_entry
 from gputopo.model.state import MappingState
 
 # pve-configid (pve-common JSONSchema.pm): a letter, then letters, digits, - or _
@@ -41,7 +41,7 @@ class MappingBefore(BaseModel):
 
 def node_of(entry: str) -> str | None:
     """The ``node`` of one map line."""
-    return map_fields(entry).get("node")
+    return map_node(entry)
 
 
 def lines_of(entries: list[str], node: str) -> list[str]:

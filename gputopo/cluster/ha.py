@@ -24,7 +24,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from gputopo.formats.hacfg import Section, format_node_list, node_list, resource_list, write_section_config
-from gputopo.formats.mapline import map_fields
+from gputopo.formats.mapline import map_node
 from gputopo.plan.model import MappingTarget
 from gputopo.ports import ClusterApiPort
 
@@ -122,7 +122,7 @@ def placements(vms: dict[int, tuple[str, list[str]]], mappings: dict[str, Mappin
     mapped device are left out."""
     per_node: dict[str, Counter] = {}
     for mid, target in mappings.items():
-        per_node[mid] = Counter(map_fields(e).get("node") for e in target.map)
+        per_node[mid] = Counter(map_node(e) for e in target.map)
     out = []
     for vmid, (node, hostpci) in sorted(vms.items()):
         needs = Counter(m for m in (_mapping_of(h) for h in hostpci) if m)

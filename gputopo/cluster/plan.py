@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from gputopo.cluster.gather import NodeInput
 from gputopo.cluster.ha import HaChange, HaState, ha_changes, placements
 from gputopo.errors import PlanRefused, Refusal
-from gputopo.formats.mapline import map_fields
+from gputopo.formats.mapline import map_node
 from gputopo.plan.model import MappingTarget, Plan
 from gputopo.plan.planner import plan as plan_node
 from gputopo.plan.spec import Spec
@@ -76,7 +76,7 @@ class ClusterPlan(_M):
 
 
 def _node_of(entry: str) -> str | None:
-    return map_fields(entry).get("node")
+    return map_node(entry)
 
 
 def merge_mappings(plans: dict[str, Plan], order: list[str]) -> dict[str, MappingTarget]:
@@ -93,8 +93,7 @@ def merge_mappings(plans: dict[str, Plan], order: list[str]) -> dict[str, Mappin
             target = p.mappings.get(mid)
             if target is None:
                 continue
-            tag = f"node={node},"
-            own = [e for e in target.map if tag in e + "," and _node_of(e) == node]
+            own = [e for e in target.map if _node_of(e) == node]
             lines += [(rank.get(node, len(rank)), e) for e in own]
             if kept is None:
                 kept = [e for e in target.map if _node_of(e) not in plans]

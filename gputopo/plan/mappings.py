@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gputopo.actions import DeleteMapping, SetMapping
-from gputopo.formats.mapline import map_fields, normalize_map_entry
+from gputopo.formats.mapline import map_node, normalize_map_entry
 from gputopo.formats.pcicfg import MapEntry, format_map_entry
 from gputopo.model.facts import Gpu
 from gputopo.model.state import CurrentState
@@ -56,8 +56,8 @@ def mapping_changes(
     changed: set[str] = set()
     for mid, gpus, description, purpose in managed:
         cur = current.mappings.get(mid)
-        other_nodes = [e for e in (cur.map if cur else []) if map_fields(e).get("node") != node_name]
-        base = [e for e in (cur.map if cur else []) if map_fields(e).get("node") == node_name]
+        other_nodes = [e for e in (cur.map if cur else []) if map_node(e) != node_name]
+        base = [e for e in (cur.map if cur else []) if map_node(e) == node_name]
         ours = [map_entry(g, node_name) for g in sorted(gpus, key=lambda g: g.address)]
         want = other_nodes + ours
         desc = description or (cur.description if cur and cur.description else None)
