@@ -76,6 +76,8 @@ def _open(conn: Connection, spec_file: str, nodes: str | None, ssh_config: str |
     spec = load_spec(spec_file)
     text = Path(spec_file).read_text(encoding="utf-8")
     wanted = _nodes_option(nodes)
+    if conn.live and conn.pve_root is not None:
+        raise ConfigError("--pve-root reads Proxmox's files; --sim, --api-url and --local read the API instead")
     c = _Cluster(spec=spec, spec_text=text, nodes=[])
     ssh = SshRunner(user=ssh_user, config_file=ssh_config, options=ssh_options, connect_timeout=ssh_timeout)
     if conn.sim is not None:
@@ -112,7 +114,10 @@ def _read(c: _Cluster, conn: Connection, timeout: float, facts_dir: str | None, 
     from gputopo.cluster.ha import read_ha
 
     if facts_dir is not None:
-        c.inputs = read_offline(c.spec, c.nodes, Path(facts_dir), pve_root(conn) if c.ports is None else None)
+        c.inputs = read_offline(c.spec, c.nodes, Path(facts_dir), pve_root(conn) if c.ports is None else None,
+                                c.ports.proxmox if c.ports is not None else None)
+        if with_ha and c.api is not None:
+            c.ha = read_ha(c.api)
         return
     c.inputs = read_cluster(c.spec, c.nodes, c.shell, c.ports.proxmox, timeout)
     if with_ha and c.api is not None:

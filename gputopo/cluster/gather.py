@@ -161,11 +161,15 @@ def facts_file(facts_dir: Path, node: str) -> Path:
                       sorted(p.name.split(".")[0] for p in facts_dir.glob("*") if p.is_file()))
 
 
-def read_offline(spec: Spec, nodes: list[str], facts_dir: Path, pve_root: str | None) -> dict[str, NodeInput]:
-    """Every node's facts from ``facts_dir`` and its state from Proxmox's files under
-    ``pve_root`` (guests count as running, services and host files are not read)."""
+def read_offline(spec: Spec, nodes: list[str], facts_dir: Path, pve_root: str | None,
+                 proxmox: ProxmoxPort | None = None) -> dict[str, NodeInput]:
+    """Every node's facts from ``facts_dir`` and its state from the API (``proxmox``) or else
+    Proxmox's files under ``pve_root`` (guests count as running); services and host files are
+    not read."""
     def read(node: str) -> NodeInput:
         facts = load_facts(facts_file(facts_dir, node))
+        if proxmox is not None:
+            return NodeInput(node, facts, read_current(spec, facts, proxmox=node_view(proxmox, node), node=node))
         return NodeInput(node, facts, read_current(spec, facts, pve_root=pve_root, node=node))
 
     return {n: read(n) for n in nodes}
