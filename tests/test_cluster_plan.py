@@ -129,6 +129,16 @@ def test_ha_rules_for_vms_on_several_nodes():
                      "\tnodes pve1,pve2,pve3\n\tresources vm:203\n\tstrict 1\n")
 
 
+def test_a_run_over_some_nodes_leaves_the_placement_of_other_vms():
+    state = HaState(release=9, resources={"vm:203": {}, "vm:999": {}},
+                    rules=[{"rule": "gputopo-vm999", "type": "node-affinity", "resources": "vm:999", "nodes": "pve1"}])
+    wanted = placements(VMS, MAPS, ["pve1", "pve2", "pve3"])
+    changes, _ = ha_changes(wanted, state, scope={201, 203, 204})
+    assert [c.op for c in changes] == ["create-rule"]
+    changes, _ = ha_changes(wanted, state, scope={201, 203, 204, 999})
+    assert [c.op for c in changes] == ["create-rule", "delete-rule"]
+
+
 def test_ha_leaves_unmanaged_vms_and_foreign_rules_alone():
     wanted = placements(VMS, MAPS, ["pve1", "pve2", "pve3"])
     changes, warnings = ha_changes(wanted, HaState(release=9))

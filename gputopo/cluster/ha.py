@@ -139,8 +139,12 @@ def _rule_params(p: Placement) -> dict[str, Any]:
             "strict": True, "comment": f"gputopo: nodes with the GPUs of mapping {maps}"}
 
 
-def ha_changes(wanted: list[Placement], state: HaState) -> tuple[list[HaChange], list[str]]:
-    """The changes that make the HA configuration place ``wanted`` VMs, and warnings."""
+def ha_changes(wanted: list[Placement], state: HaState, scope: set[int] | None = None) -> tuple[list[HaChange], list[str]]:
+    """The changes that make the HA configuration place ``wanted`` VMs, and warnings.
+
+    Only placements of VMs in ``scope`` (None: every VM) are removed when no longer wanted: a
+    run over some nodes leaves the other nodes' VMs as they are.
+    """
     changes: list[HaChange] = []
     warnings: list[str] = []
     ours_wanted: dict[str, Placement] = {}
@@ -165,7 +169,8 @@ def ha_changes(wanted: list[Placement], state: HaState) -> tuple[list[HaChange],
                 changes.append(HaChange(op="create-rule", id=rid, params=params))
             elif not _rule_same(have[rid], params):
                 changes.append(HaChange(op="update-rule", id=rid, params={k: v for k, v in params.items() if k != "type"}))
-        changes += [HaChange(op="delete-rule", id=rid) for rid in sorted(set(have) - set(ours_wanted))]
+        changes += [HaChange(op="delete-rule", id=rid) for rid in sorted(set(have) - set(ours_wanted))
+                    if _in_scope(rid, scope)]
         return changes, warnings
     have_g = {g["group"]: g for g in state.groups if str(g.get("group", "")).startswith(PREFIX)}
     for gid, p in ours_wanted.items():
@@ -177,12 +182,17 @@ def ha_changes(wanted: list[Placement], state: HaState) -> tuple[list[HaChange],
             changes.append(HaChange(op="update-group", id=gid, params=params))
         if state.resources[f"vm:{p.vmid}"].get("group") != gid:
             changes.append(HaChange(op="set-group", id=f"vm:{p.vmid}", params={"group": gid}))
-    for gid in sorted(set(have_g) - set(ours_wanted)):
+    for gid in sorted(g for g in set(have_g) - set(ours_wanted) if _in_scope(g, scope)):
         for sid, r in sorted(state.resources.items()):
             if r.get("group") == gid:
                 changes.append(HaChange(op="unset-group", id=sid))
         changes.append(HaChange(op="delete-group", id=gid))
     return changes, warnings
+
+
+def _in_scope(rid: str, scope: set[int] | None) -> bool:
+    vmid = rid[len(PREFIX):]
+    return scope is None or (vmid.isdigit() and int(vmid) in scope)
 
 
 def _placed_elsewhere(sid: str, state: HaState) -> str | None:

@@ -126,6 +126,6 @@ def plan_cluster(spec: Spec, inputs: dict[str, NodeInput], order: list[str], *, 
                         mappings=mappings)
     if ha is not None:
         vms = {vmid: (node, g.hostpci) for node in order for vmid, g in inputs[node].current.guests.items()}
-        cplan.ha, cplan.warnings = ha_changes(placements(vms, mappings, members or order), ha)
+        cplan.ha, cplan.warnings = ha_changes(placements(vms, mappings, members or order), ha, scope=set(vms))
         cplan.ha_release = ha.release
     return cplan
