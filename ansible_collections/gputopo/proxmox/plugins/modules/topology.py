@@ -12,12 +12,12 @@ description:
   - In check mode it plans (C(gputopo plan --json)) and reports C(changed) when the plan has
     actions; with C(--diff) it shows every file and config before and after
     (C(gputopo diff --json)).
-  - Otherwise it applies (C(gputopo apply --yes --json)): preflight, the host lock, journaled
+  - Otherwise it applies (C(gputopo apply --yes --json)) with preflight, the host lock, journaled
     steps, rollback of that node on any failure, then C(gputopo verify). C(changed) is true only
     when steps ran; a second run on a converged node changes nothing.
   - A failure reports the one-line reason gputopo gives (C(msg)) and its exit status (C(rc)).
-  - For a cluster, run it with C(serial: 1) and C(max_fail_percentage: 0) so that the first
-    failing node stops the rollout (see the collection's C(playbooks/rolling_apply.yml)).
+  - "For a cluster, run it with C(serial: 1) and C(max_fail_percentage: 0) so that the first
+    failing node stops the rollout (see the collection's C(playbooks/rolling_apply.yml))."
 version_added: "0.1.0"
 options:
   spec:
@@ -27,7 +27,7 @@ options:
     description: The spec itself (YAML text), written to a private temporary file on the node.
     type: str
   node:
-    description: Proxmox node name in the spec (default: the spec's only node, else the host name).
+    description: Proxmox node name in the spec (by default the spec's only node, else the host name).
     type: str
   verify:
     description: Run C(gputopo verify) after applying; a FAIL fails the task.
