@@ -6,6 +6,8 @@ Without sshd (or not as root) these tests skip, unless GPUTOPO_REQUIRE_SSH=1.
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import shutil
 import socket
@@ -181,3 +183,30 @@ def test_a_node_running_another_version_is_refused_with_both(cluster, keys, tmp_
                                   f"install gputopo {gputopo.__version__} on every node first; nothing was changed")
     after = fingerprints(cluster)
     assert {n: fp_diff(before[n], after[n]) for n in cluster.nodes} == {n: [] for n in cluster.nodes}
+
+
+def test_plan_through_the_https_api_of_any_node(cluster, ssh, tmp_path):
+    """The production path: proxmoxer over HTTPS to one node (here pve2's), ssh to every node."""
+    ssh.start()
+    host = cluster.start("pve2")
+    try:
+        spec = tmp_path / "spec.yaml"
+        spec.write_text(spec_text(cluster, split=["pve1", "pve3"], whole=["pve2"]))
+        env = dict(os.environ, GPUTOPO_PVE_PASSWORD=host.credentials()["password"])
+        res = subprocess.run([sys.executable, "-m", "gputopo", "cluster", "plan", "--api-url",
+                              f"https://127.0.0.1:{host.api.port}", "--ca-bundle", str(host.api.ca_cert_path),
+                              "--ssh-config", str(ssh.config), "--spec", str(spec), "--json"],
+                             capture_output=True, text=True, timeout=600, env=env)
+    finally:
+        cluster.stop()
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert [n["node"] for n in data["nodes"]] == ["pve1", "pve2", "pve3"]
+    vm_lines = data["mappings"]["pro6000-vm"]["map"]
+    assert [e.split("node=")[1].split(",")[0] for e in vm_lines] == ["pve1"] * 4 + ["pve3"] * 4
+    # each node's plan is the one its own apply makes (the same signature)
+    for n in ("pve1", "pve2"):
+        own = cli("apply", "--dry-run", "--json", "--sim", str(cluster.node_dir(n)), "--node", n, "--spec", str(spec))
+        assert own.returncode == 0, own.stderr
+        assert json.loads(own.stdout)["signature"] == next(x["signature"] for x in data["nodes"] if x["node"] == n)
+    assert data["ha_release"] == 8 and {c["id"] for c in data["ha"]} >= {"gputopo-vm201", "gputopo-vm203"}

@@ -82,7 +82,8 @@ def create(dir: Path, source: str, node: str | None, service: str, pve_version: 
 @click.option("--http", "plain_http", is_flag=True, help="Serve plain HTTP instead of HTTPS.")
 def serve(dir_: Path | None, root: Path | None, pve_root: Path | None, source: str, port: int,
           plain_http: bool) -> None:
-    """Run a simulated host in the foreground until Ctrl-C; print how to reach it."""
+    """Run a simulated host (or the API of a simulated cluster's first node, which answers for
+    every node) in the foreground until Ctrl-C; print how to reach it."""
     from gputopo.errors import ConfigError
     from gputopo.sim.host import SimHost
 
@@ -95,7 +96,14 @@ def serve(dir_: Path | None, root: Path | None, pve_root: Path | None, source: s
         scratch = Path(tempfile.mkdtemp(prefix="gputopo-sim-"))
         dir_ = scratch / "host"
     try:
-        if (dir_ / "run" / "host.json").is_file():
+        from gputopo.sim.cluster.peers import cluster_info
+
+        if cluster_info(dir_).get("nodes"):
+            # a simulated cluster: its first node's API answers for every node
+            from gputopo.sim.cluster import SimCluster
+
+            host = SimCluster(dir_).member(next(iter(cluster_info(dir_)["nodes"])))
+        elif (dir_ / "run" / "host.json").is_file():
             host = SimHost.open(dir_)
         else:
             host = SimHost.create(dir_, source=source, root=root)
