@@ -294,7 +294,9 @@ def verify_cmd(conn: Connection, spec_file, nodes, ssh_config, ssh_user, ssh_opt
         _read(c, conn, timeout, None)
         cplan = _plan(c)
         vms = [(n, vmid) for n in c.nodes for vmid in c.inputs[n].current.guests]
-        report = verify_cluster(cplan, c.spec_text, c.shell, c.api, c.ha, vms, timeout)
+        # a node's verify waits for its inference probe (verify.timeout) on top of its checks
+        report = verify_cluster(cplan, c.spec_text, c.shell, c.api, c.ha, vms,
+                                max(timeout, c.spec.verify.timeout + DEFAULT_TIMEOUT))
     finally:
         c.close()
     if as_json:
