@@ -436,3 +436,75 @@ class HostCommandError(GputopoError):
         self.argv = argv
         self.reason = reason
         super().__init__(f"{' '.join(argv)}: {reason}")
+# --- cluster -----------------------------------------------------------------------------
+
+
+class NodeUnreachable(GputopoError):
+    """A cluster node could not be reached over SSH (refused, timed out, host key or login
+    refused); nothing was run there."""
+
+    exit_code = 2
+
+    def __init__(self, node: str, reason: str):
+        self.node = node
+        self.reason = reason
+        super().__init__(f"node {node}: unreachable over SSH: {reason}")
+
+
+class UnknownNode(InputError):
+    """A node named on the command line is not in the spec or not a member of the cluster."""
+
+    def __init__(self, node: str, where: str, known: list[str]):
+        self.node = node
+        self.known = known
+        super().__init__(f"unknown node {node!r}: not {where} (have {', '.join(known) or 'none'})")
+
+
+class VersionMismatch(InputError):
+    """A node runs another gputopo version than the caller: plans made here would not be the
+    plans it makes."""
+
+    def __init__(self, node: str, ours: str, theirs: str):
+        self.node = node
+        self.ours = ours
+        self.theirs = theirs
+        super().__init__(f"node {node} runs gputopo {theirs}, this is gputopo {ours}: install gputopo {ours} "
+                         "on every node first; nothing was changed")
+
+
+class RemoteCommandFailed(GputopoError):
+    """A gputopo command on a cluster node failed; ``reason`` is its one-line error."""
+
+    def __init__(self, node: str, command: str, rc: int, reason: str):
+        self.node = node
+        self.command = command
+        self.rc = rc
+        self.reason = reason
+        self.exit_code = rc if rc in (1, 2, 3, 4) else 1
+        super().__init__(f"node {node}: {command} exited {rc}: {reason}")
+
+
+class MappingConflict(GputopoError):
+    """A node's own lines of a PCI mapping changed between its plan and its write (an edit by
+    hand): the write is refused rather than overwriting it."""
+
+    def __init__(self, mapping: str, node: str, detail: str = ""):
+        self.mapping = mapping
+        self.node = node
+        more = f" ({detail})" if detail else ""
+        super().__init__(f"mapping {mapping}: node {node}'s entries changed since the plan{more}; "
+                         "not overwritten: plan again")
+
+
+class ClusterApplyFailed(GputopoError):
+    """A rolling apply stopped at a node; the nodes before it stay applied."""
+
+    def __init__(self, node: str, cause: GputopoError, done: list[str], not_started: list[str]):
+        self.node = node
+        self.cause = cause
+        self.done = done
+        self.not_started = not_started
+        self.exit_code = cause.exit_code
+        done_text = ", ".join(done) if done else "none"
+        rest = ", ".join(not_started) if not_started else "none"
+        super().__init__(f"stopped at node {node}: {cause}; applied and kept: {done_text}; not started: {rest}")

@@ -59,6 +59,12 @@ COMMANDS: dict[str, dict[int, str]] = {
     "verify": {OK: "all clear", FAILED: "a FAIL (or a WARN with --strict)", **_COMMON},
     "history": {OK: "the applies", **_COMMON, NOTHING_CHANGED: "bad input or no apply with that id"},
     "completion": {OK: "the script", **_COMMON},
+    "cluster": {OK: "a plan, all clear, applied or no changes (diff: no difference)",
+                FAILED: "a node failed (rolled back there) or a verify FAIL; diff --exit-code: any error",
+                NOTHING_CHANGED: "bad input, an unreachable node or another gputopo version anywhere; "
+                                 "diff --exit-code: differences",
+                NEEDS_HUMAN: "apply: a node's device needs a human",
+                LOCKED: "apply: another apply holds a node's lock", SIGINT: "interrupted"},
     "demo": {OK: "the demo ran", FAILED: "a step of the demo failed", **_COMMON},
     "sim": {OK: "done (serve: stopped by Ctrl-C or SIGTERM)", **_COMMON},
     "fixtures": {OK: "done", **_COMMON},

@@ -11,6 +11,10 @@ Each external system sits behind one small Protocol; a real adapter and the simu
 * :class:`HostFilesPort` -- files on the host under the root (persistence files)
 * :class:`HttpPort`   -- HTTP to the services the containers run (the inference endpoint that
   verify probes; real: ``gputopo.adapters.http.RequestsHttp``)
+* :class:`NodeShellPort` -- commands on another node of a cluster (real: the OpenSSH client,
+  ``gputopo.adapters.ssh.SshRunner``, as ``root@<node>``)
+* :class:`ClusterApiPort` -- what the cluster-wide steps ask of the API of any node: members,
+  HA placement, migration preconditions (real: ``gputopo.adapters.clusterapi.ClusterApi``)
 
 :class:`Ports` bundles them, typed, with a ``close`` hook for whatever building them started:
 nothing else travels with them, so no code path can tell a simulated host from a real one.
@@ -228,6 +232,57 @@ class HostCommandPort(Protocol):
         Raises :class:`gputopo.errors.HostCommandError` when it cannot be started or does not
         finish within ``timeout`` seconds.
         """
+        ...
+
+
+@runtime_checkable
+class NodeShellPort(Protocol):
+    """Runs a command on a cluster node, the way ``ssh root@<node> -- argv`` does."""
+
+    def run(self, node: str, argv: list[str], timeout: float, input: str | None = None) -> ExecResult:
+        """Run ``argv`` on ``node``; return its exit status and output whatever the status.
+
+        Raises :class:`gputopo.errors.NodeUnreachable` (one line naming the node) when the node
+        cannot be reached, refuses the login or host key, or gives no answer within ``timeout``.
+        """
+        ...
+
+
+@runtime_checkable
+class ClusterApiPort(Protocol):
+    """The cluster-wide calls of the Proxmox API (any node answers them). Errors raise
+    :class:`gputopo.errors.ProxmoxError`."""
+
+    def members(self) -> list[str]:
+        """The cluster's node names (GET /cluster/status)."""
+        ...
+
+    def release(self) -> int:
+        """The Proxmox VE major release (8: HA groups, 9: HA rules)."""
+        ...
+
+    def ha_resources(self) -> list[dict[str, Any]]: ...
+
+    def ha_rules(self) -> list[dict[str, Any]]: ...
+
+    def ha_groups(self) -> list[dict[str, Any]]: ...
+
+    def ha_rule_create(self, rule: str, params: dict[str, Any]) -> None: ...
+
+    def ha_rule_update(self, rule: str, params: dict[str, Any]) -> None: ...
+
+    def ha_rule_delete(self, rule: str) -> None: ...
+
+    def ha_group_create(self, group: str, params: dict[str, Any]) -> None: ...
+
+    def ha_group_update(self, group: str, params: dict[str, Any]) -> None: ...
+
+    def ha_group_delete(self, group: str) -> None: ...
+
+    def ha_resource_update(self, sid: str, params: dict[str, Any]) -> None: ...
+
+    def migrate_check(self, node: str, vmid: int) -> dict[str, Any]:
+        """GET /nodes/{node}/qemu/{vmid}/migrate: ``allowed_nodes``, ``not_allowed_nodes``..."""
         ...
 
 

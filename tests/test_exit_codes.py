@@ -33,6 +33,11 @@ WITNESSES = {
     ("verify", 0): "test_verify.py::test_cli_verify_on_a_simulated_host",
     ("verify", 1): "test_verify.py::test_cli_verify_on_a_simulated_host",
     ("demo", 0): "test_demo.py::test_demo_ends_split_verified_and_converged",
+    ("cluster", 0): "test_cluster_apply.py::test_canary_first_then_the_rest_in_batches_and_a_second_run_changes_nothing",
+    ("cluster", 1): "test_cluster_apply.py::test_the_first_failure_stops_the_run_and_names_what_is_done",
+    ("cluster", 2): "test_cluster_apply.py::test_a_spec_node_outside_the_cluster_is_refused",
+    ("cluster", 3): "test_cluster_apply.py::test_a_node_whose_gpu_falls_off_the_bus_stops_the_run_with_exit_3",
+    ("cluster", 4): "test_cluster_apply.py::test_a_node_whose_lock_is_held_stops_the_run_with_exit_4",
 }
 # every command: Ctrl-C anywhere is 130 (main turns KeyboardInterrupt into it)
 GENERIC = {130: "test_cli_errors.py::test_ctrl_c_exits_130_with_one_line"}

@@ -30,6 +30,7 @@ RANK: dict[str, int] = {
     "adapters": 6,  # the real sysfs, Proxmox API, pvesh, pct, host files, HTTP
     "apply": 7,
     "verify": 7,
+    "cluster": 7,  # a cluster: nodes read and applied over SSH, HA placement, cluster verify
     "sim": 8,  # a simulated host behind the ports; may use everything but the CLI
     "cli": 9,
     "__main__": 10,

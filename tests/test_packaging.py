@@ -121,6 +121,7 @@ def test_a_man_page_for_every_command_with_its_options(tmp_path):
     want = {"gputopo.1"} | {f"gputopo-{name}.1" for name in COMMANDS}
     want |= {"gputopo-sim-create.1", "gputopo-sim-serve.1", "gputopo-fixtures-build.1", "gputopo-fixtures-list.1",
              "gputopo-history-show.1"}
+    want |= {f"gputopo-cluster-{sub}.1" for sub in ("plan", "diff", "apply", "verify")}
     assert set(pages) == want
     root = pages["gputopo.1"]
     for name in COMMANDS:

@@ -12,7 +12,9 @@ model whose class holds the kind's whole meaning, in one place:
   not have happened is safe;
 * ``expect(world)`` -- what the host looks like after it (rehearsing a plan, ``expected_after``);
 * ``diff(ctx)`` -- its lines (and file diffs) in ``gputopo diff``;
-* ``was_running(current, out)`` -- what ran before it that a rollback must start again.
+* ``was_running(current, out)`` -- what ran before it that a rollback must start again;
+* ``signature()`` -- what must not change between the plan an operator confirmed and the one made
+  under the lock (digests, read again before each write, are left out).
 
 Every kind registers itself by subclassing :class:`ActionModel` with a ``kind`` literal; apply,
 recover, dry-run, ``expected_after`` and diff only ever call these methods, and
@@ -125,6 +127,10 @@ class ActionModel(BaseModel):
     def timeout(self, timeouts: "Timeouts") -> float | None:
         """Seconds this step may wait (:attr:`waits` of ``timeouts``); None when it does not wait."""
         return getattr(timeouts, self.waits) if self.waits else None
+
+    def signature(self) -> dict[str, Any]:
+        """This step as data, without what is read again right before it runs (``digest``)."""
+        return self.model_dump(mode="json", exclude={"digest"})
 
 
 def action_class(kind: str) -> type[ActionModel]:

@@ -1,22 +1,34 @@
 """Proxmox PCI resource mappings (``/etc/pve/mapping/pci.cfg``, cluster-wide) through the API.
 
-An update always resends ``map`` (Proxmox requires it) with the digest read right before the PUT,
-never the one from plan time; undo restores the journaled ``map`` and description.
+A mapping holds one ``map`` line per device and node, and every node of a cluster writes the
+same file. A step planned for a node (``node`` set) therefore owns only that node's lines: right
+before its write it reads the mapping again, keeps every other node's lines as they are now, puts
+its own in, and sends the digest it just read; when Proxmox answers that the file changed in
+between (another node wrote), it reads and merges again. Its own lines are compared with the
+ones the plan saw (``base``): a change there (an edit by hand between plan and apply) is a
+:class:`gputopo.errors.MappingConflict`, never overwritten. Undo puts back the node's journaled
+lines the same way. A step without ``node`` (a journal of an older version) writes the whole
+``map`` as planned, with the digest read right before.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Literal
+import time
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from gputopo.actions.base import ActionModel, DiffContext, Phase, PreflightContext, StepContext, World
-from gputopo.formats.mapline import map_fields
+from gputopo.errors import MappingConflict, ProxmoxError
+from gputopo.formats.mapline import map_fields, map_node, normalize_map_entry
 from gputopo.model.state import MappingState
 
 # pve-configid (pve-common JSONSchema.pm): a letter, then letters, digits, - or _
 MAPPING_ID = re.compile(r"^[a-z][a-z0-9_-]+$", re.IGNORECASE)
+# PVE::Tools::assert_if_modified: the digest sent is not the file's any more
+MODIFIED = "detected modified configuration"
+ATTEMPTS = 20
 
 
 class MappingBefore(BaseModel):
@@ -25,6 +37,20 @@ class MappingBefore(BaseModel):
     exists: bool
     map: list[str] = Field(default_factory=list)
     description: str | None = None
+
+
+def node_of(entry: str) -> str | None:
+    """The ``node`` of one map line."""
+    return map_node(entry)
+
+
+def lines_of(entries: list[str], node: str) -> list[str]:
+    """The lines of ``entries`` that belong to ``node``."""
+    return [e for e in entries if node_of(e) == node]
+
+
+def _same(a: list[str], b: list[str]) -> bool:
+    return sorted(map(normalize_map_entry, a)) == sorted(map(normalize_map_entry, b))
 
 
 def _before(ctx: StepContext, id: str) -> MappingBefore:
@@ -51,12 +77,55 @@ def _restore(ctx: StepContext, id: str, before: MappingBefore) -> str:
     return ""
 
 
+def write_own_lines(ctx: StepContext, id: str, node: str, own: list[str], description: str | None,
+                    base: list[str] | None = None) -> bool:
+    """Make ``node``'s lines of mapping ``id`` exactly ``own``, keeping every other node's lines
+    as they are at the moment of the write; returns whether anything was written.
+
+    ``base`` (the node's lines when planned; None: not checked) guards against an edit by hand:
+    lines that are neither ``base`` nor ``own`` raise MappingConflict. A write that loses the
+    race to another node's (Proxmox: "detected modified configuration") is merged and sent
+    again. Raises ProxmoxError for any other refusal.
+    """
+    px = ctx.ports.proxmox
+    for attempt in range(ATTEMPTS):
+        cur = ctx.mapping(id)
+        now = list(cur.get("map") or []) if cur else []
+        mine = lines_of(now, node)
+        if base is not None and not _same(mine, base) and not _same(mine, own):
+            raise MappingConflict(id, node, f"now {len(mine)} line(s), planned from {len(base)}")
+        others = [e for e in now if node_of(e) != node]
+        want = others + own
+        desc = description if description is not None else (cur.get("description") if cur else None)
+        try:
+            if cur is None:
+                if not want:
+                    return False
+                px.mapping_create(id, want, desc)
+            elif not want:
+                px.mapping_delete(id)
+            elif _same(now, want) and (cur.get("description") or None) == (desc or None):
+                return False
+            else:
+                px.mapping_update(id, want, desc, cur.get("digest") or "")
+            return True
+        except ProxmoxError as e:
+            # another node wrote between our read and our write: read, merge, send again
+            if MODIFIED not in str(e) and "already defined" not in str(e):
+                raise
+            time.sleep(0.05 * (attempt + 1))
+    raise ProxmoxError(f"PUT /cluster/mapping/pci/{id}", None, f"still changing after {ATTEMPTS} merges")
+
+
 class _MappingStep(ActionModel):
-    """What creating, updating and deleting a mapping share: its id, its state before, its undo."""
+    """What creating, updating and deleting a mapping share: its id, its state before, its undo,
+    and (``node`` set) the lines of that node only."""
 
     phase: Phase = "prepare"
     id: str
     digest: str | None = None
+    node: str | None = Field(None, description="The node whose map lines this step owns (None: the whole map)")
+    base: list[str] | None = Field(None, description="That node's lines when the plan was made")
 
     Before = MappingBefore
     counts_as = "mapping change"
@@ -70,7 +139,22 @@ class _MappingStep(ActionModel):
         return _before(ctx, self.id)
 
     def undo(self, before: MappingBefore, ctx: StepContext) -> str:
-        return _restore(ctx, self.id, before)
+        if self.node is None:
+            return _restore(ctx, self.id, before)
+        wrote = write_own_lines(ctx, self.id, self.node, lines_of(before.map, self.node),
+                                before.description if before.exists else None)
+        return f"restored node {self.node}'s lines of mapping {self.id}" if wrote else ""
+
+    def own(self) -> list[str]:
+        return []
+
+    def signature(self) -> dict[str, Any]:
+        if self.node is None:
+            return super().signature()
+        # other nodes' lines and create-or-update are settled at write time, not by the plan
+        return {"kind": self.kind, "id": self.id, "node": self.node,
+                "own": sorted(map(normalize_map_entry, self.own())),
+                "base": sorted(map(normalize_map_entry, self.base or []))}
 
     def diff(self, ctx: DiffContext) -> None:
         ctx.area("mappings").lines.append(self.describe())
@@ -88,11 +172,17 @@ class SetMapping(_MappingStep):
     create: bool
 
     def describe(self) -> str:
-        paths = [map_fields(e).get("path", "?") for e in self.map]
+        paths = [map_fields(e).get("path", "?") for e in (self.own() if self.node else self.map)]
         verb = "create" if self.create else "update"
-        return f"{verb} PCI mapping {self.id}: {len(self.map)} device(s) {', '.join(paths)}"
+        return f"{verb} PCI mapping {self.id}: {len(paths)} device(s) {', '.join(paths)}".rstrip()
+
+    def own(self) -> list[str]:
+        return lines_of(self.map, self.node) if self.node else list(self.map)
 
     def do(self, ctx: StepContext) -> None:
+        if self.node is not None:
+            write_own_lines(ctx, self.id, self.node, self.own(), self.description, self.base)
+            return
         cur = ctx.mapping(self.id)
         if cur is None:
             ctx.ports.proxmox.mapping_create(self.id, self.map, self.description)
@@ -110,6 +200,10 @@ class DeleteMapping(_MappingStep):
         return f"delete PCI mapping {self.id}"
 
     def do(self, ctx: StepContext) -> None:
+        if self.node is not None:
+            # another node may have added lines since the plan: only this node's go
+            write_own_lines(ctx, self.id, self.node, [], None, self.base)
+            return
         if ctx.mapping(self.id) is not None:
             ctx.ports.proxmox.mapping_delete(self.id)
 

@@ -79,7 +79,7 @@ def read_and_plan(spec: Spec, ports: Ports, root: str, node: str | None = None) 
 
 def _signature(p: Plan) -> list[dict]:
     # digests are re-read right before each write; a changed digest alone is not a changed plan
-    return [a.model_dump(exclude={"digest"}) for a in p.actions]
+    return [a.signature() for a in p.actions]
 
 
 def _diff_text(a: Plan, b: Plan) -> str:
@@ -183,6 +183,7 @@ def apply(
     spec_path: str | None = None,
     node: str | None = None,
     expected: SavedPlan | None = None,
+    expect_plan: str | None = None,
 ) -> ApplyResult:
     """Bring the host to what ``spec`` asks (see the module docstring for the order).
 
@@ -191,7 +192,9 @@ def apply(
     otherwise SavedPlanStale (exit 2, naming what changed) and nothing changes.
 
     ``confirm(plan)`` is asked before anything changes (False cancels); ``verify()`` runs after
-    a successful apply and returns a report with ``.ok``. Returns an :class:`ApplyResult`.
+    a successful apply and returns a report with ``.ok``. ``expect_plan`` is the signature
+    (``Plan.signature``) of the plan the operator was shown elsewhere (a cluster's rolling
+    apply): any other plan is refused as HostChanged. Returns an :class:`ApplyResult`.
     Raises UnfinishedApply (an earlier apply's journal is open), PlanRefused, PreflightFailed,
     ApplyCancelled, LockHeld, HostChanged (all: nothing changed), ApplyFailed (rolled back, or
     exit 3 naming the device that needs a human).
@@ -207,6 +210,8 @@ def apply(
     facts, current, p = read_and_plan(spec, ports, root, node)
     if expected is not None:
         p = expected.checked(facts, current, spec_path or "saved plan")
+    if expect_plan is not None and p.signature() != expect_plan:
+        raise HostChanged(f"its plan is now {p.signature()}, not the plan {expect_plan} that was shown")
     progress.plan(p)
     if p.is_empty:
         return ApplyResult("no-changes", plan=p, wall_s=time.monotonic() - t_start)

@@ -149,7 +149,10 @@ def _result_doc(result, boot=None) -> dict[str, Any]:
         import json
 
         verify = json.loads(result.verify.to_json())
-    return {"status": result.status, "exit_code": 0, "node": result.plan.node if result.plan is not None else None,
+    p = result.plan
+    return {"status": result.status, "exit_code": 0, "node": p.node if p is not None else None,
+            "changed": result.status in ("applied", "rolled-back", "recovered", "finished"),
+            "signature": p.signature() if p is not None else None,
             "journal": result.journal, "wall_s": round(result.wall_s, 3),
             "stop_window_s": None if result.stop_window_s is None else round(result.stop_window_s, 3),
             "steps": steps, "warnings": [f"step {s['step']}: {w}" for s in steps for w in s["warnings"]],
@@ -183,12 +186,16 @@ def _boot(result, ports, refresh: bool, progress) -> Any:
 @click.option("--refresh-boot", is_flag=True,
               help="When boot persistence changed, run update-initramfs -u -k all (and proxmox-boot-tool "
                    "refresh where the host uses it) instead of only saying so.")
+@click.option("--expect-plan", default=None, metavar="SIGNATURE",
+              help="Refuse (exit 2, nothing changed) unless the plan has this signature (gputopo plan --json "
+                   "and gputopo cluster plan show it).")
 @click.option("--json", "as_json", is_flag=True,
               help="One JSON document on stdout (gputopo schema apply): each step's result and time; "
                    "the plan and progress go to stderr.")
 @with_exit_codes("apply")
 def apply(plan_file: str | None, spec_file: str | None, conn: Connection, dry_run: bool, yes: bool, timeouts,
-          rollback_on_verify_failure: bool, no_verify: bool, refresh_boot: bool, as_json: bool) -> None:
+          rollback_on_verify_failure: bool, no_verify: bool, refresh_boot: bool, expect_plan: str | None,
+          as_json: bool) -> None:
     """Apply the spec, or a plan saved with 'gputopo plan -o PLANFILE': preflight, lock,
     journaled steps, rollback on any failure, then verify.
 
@@ -221,7 +228,8 @@ def apply(plan_file: str | None, spec_file: str | None, conn: Connection, dry_ru
             verifier = None if (no_verify or dry_run) else _verifier(spec, ports, root, conn.node)
             result = run_apply(spec, ports, root=root, dry_run=dry_run, confirm=confirm, progress=progress,
                                timeouts=t, verify=verifier, rollback_on_verify_failure=rollback_on_verify_failure,
-                               spec_path=source_file, node=conn.node, expected=saved)
+                               spec_path=source_file, node=conn.node, expected=saved,
+                               expect_plan=expect_plan)
             boot = _boot(result, ports, refresh_boot, progress)
         finally:
             ports.close()

@@ -17,6 +17,8 @@ topo                    a directory or a snapshot   yes         yes    -       y
 history                 a directory                 -           yes    -       -
 discover                a directory or a snapshot   -           -      -       -
 snapshot                a directory                 -           -      -       -
+cluster plan, diff      -                           yes         yes    yes     -
+cluster apply, verify   -                           -           yes    yes     -
 ======================  ==========================  ==========  =====  ======  ======
 
 (*) ``--api-url`` (or ``GPUTOPO_PVE_URL``), ``--local``, ``--user``, ``--token-name``,
@@ -145,14 +147,15 @@ def _option(field: str, snapshot: bool, sim: bool) -> Callable[[Callable[..., An
 
 
 def connection_options(*, snapshot: bool = False, pve_root: bool = False, sim: bool = True, api: bool = True,
-                       node: bool = True) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+                       node: bool = True, root: bool = True) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Click decorator: add ``--root`` and the option groups asked for, and pass them to the
     command as one ``conn: Connection``.
 
     ``snapshot``: ``--root`` may be a snapshot archive; ``pve_root``: ``--pve-root``; ``sim``:
-    ``--sim``; ``api``: ``--api-url`` and its companions; ``node``: ``--node``.
+    ``--sim``; ``api``: ``--api-url`` and its companions; ``node``: ``--node``; ``root``: False
+    leaves ``--root`` off (a cluster's nodes are read over SSH, not from a root here).
     """
-    names = ["root"] + ["pve_root"] * pve_root + ["sim"] * sim + list(_API) * api + ["node"] * node
+    names = ["root"] * root + ["pve_root"] * pve_root + ["sim"] * sim + list(_API) * api + ["node"] * node
 
     def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(f)

@@ -13,6 +13,8 @@ from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gputopo.plan.diff import FileChange
+
 VERSION = 1
 
 
@@ -39,6 +41,8 @@ class DiffDoc(_Doc):
     node: str
     is_empty: bool
     areas: dict[str, DiffAreaDoc] = Field(description="driver_bindings, container_devices, mappings, ...")
+    changes: dict[str, FileChange] = Field(default_factory=dict,
+                                              description="path -> the whole file before and after")
 
 
 class StepDoc(BaseModel):
@@ -68,6 +72,8 @@ class ApplyDoc(_Doc):
     exit_code: int
     error: str | None = None
     node: str | None = None
+    changed: bool = Field(False, description="Whether the host was changed (a rolled-back apply changed it twice)")
+    signature: str | None = Field(None, description="The plan's signature (apply --expect-plan)")
     journal: str | None = None
     wall_s: float | None = None
     stop_window_s: float | None = None
@@ -134,6 +140,7 @@ def _plan_doc() -> dict[str, Any]:
         if "kind" in d.get("properties", {}):  # an action kind: the JSON adds its one-line description
             d["properties"]["description"] = {"type": "string"}
     schema["properties"]["no_changes"] = {"type": "boolean"}
+    schema["properties"]["signature"] = {"type": "string", "description": "What apply --expect-plan takes"}
     schema["properties"]["summary"] = {
         "type": "object", "description": "The plan's one-line summary and its numbers",
         "properties": {"counts": {"type": "object", "additionalProperties": {"type": "integer"}},
@@ -141,7 +148,7 @@ def _plan_doc() -> dict[str, Any]:
                        "expected_stop_window_s": {"type": ["number", "null"]},
                        "max_stop_window_s": {"type": ["number", "null"]}, "text": {"type": "string"}},
         "required": ["counts", "text"], "additionalProperties": False}
-    schema["required"] = sorted(set(schema.get("required", [])) | {"no_changes"})
+    schema["required"] = sorted(set(schema.get("required", [])) | {"no_changes", "signature"})
     return schema
 
 

@@ -268,6 +268,7 @@ def plan(conn: Connection, templates, as_json, svg, save_to, force, **quick):
         for entry, action in zip(data["actions"], p.actions):
             entry["description"] = action.describe()
         data["no_changes"] = p.is_empty
+        data["signature"] = p.signature()  # what apply --expect-plan takes
         if summary is not None:
             data["summary"] = summary.to_data()
         print_json(data)
@@ -305,7 +306,8 @@ def diff(conn: Connection, templates, exit_code, as_json, **quick):
     if as_json:
         print_json({"node": report.node, "is_empty": report.is_empty,
                     "areas": {name.replace(" ", "_"): {"title": name, **area.model_dump()}
-                              for name, area in report.areas.items()}})
+                              for name, area in report.areas.items()},
+                    "changes": {k: v.model_dump() for k, v in report.changes.items()}})
     else:
         sys.stdout.write(report.to_text())
     if exit_code:

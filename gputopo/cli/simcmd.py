@@ -50,8 +50,22 @@ def sim() -> None:
               help="The inference server running in the container.")
 @click.option("--pve-version", type=click.Choice(["8.4.1", "9.1.2"]), default="8.4.1", show_default=True,
               help="Proxmox VE release to behave as (9: new devN are hot-plugged into a running container).")
-def create(dir: Path, source: str, node: str | None, service: str, pve_version: str) -> None:
-    """Create a simulated host in DIR (the seed story: container 101 serving on every GPU)."""
+@click.option("--nodes", "count", type=click.IntRange(2, 64), default=None,
+              help="A cluster of this many nodes (pve1..pveN) sharing one /etc/pve instead of one host.")
+def create(dir: Path, source: str, node: str | None, service: str, pve_version: str, count: int | None) -> None:
+    """Create a simulated host in DIR (the seed story: container 101 serving on every GPU), or
+    with --nodes N a cluster of N such hosts (containers 101.., VMs 201.., one /etc/pve)."""
+    if count is not None:
+        from gputopo.errors import ConfigError
+        from gputopo.sim.cluster import SimCluster, create_cluster
+
+        if node is not None:
+            raise ConfigError("--node names one host; a cluster's nodes are pve1..pveN")
+        create_cluster(dir, count, source=source, service=service, pve_version=pve_version)
+        c = SimCluster(dir)
+        members = ", ".join(f"{n} ({c.addresses[n]}, CT {c.container(n)}, VM {c.vm(n)})" for n in c.nodes)
+        click.echo(f"created simulated cluster of {len(c.nodes)} nodes in {dir}: {members}")
+        return
     from gputopo.sim.host import SimHost
 
     host = SimHost.create(dir, source=source, node=node, service=service, pve_version=pve_version)
@@ -74,9 +88,9 @@ def create(dir: Path, source: str, node: str | None, service: str, pve_version: 
                    "holding the password and the token secret.")
 def serve(dir_: Path | None, root: Path | None, pve_root: Path | None, source: str, port: int,
           plain_http: bool, as_json: bool) -> None:
-    """Run a simulated host in the foreground until Ctrl-C or SIGTERM; print how to reach it.
-    The password and the token secret are also written to owner-only files in DIR/run, for
-    --secret-file."""
+    """Run a simulated host (or the API of a simulated cluster's first node, which answers for
+    every node) in the foreground until Ctrl-C or SIGTERM; print how to reach it. The password
+    and the token secret are also written to owner-only files in DIR/run, for --secret-file."""
     from gputopo.errors import ConfigError
     from gputopo.sim.host import SimHost
 
@@ -89,7 +103,14 @@ def serve(dir_: Path | None, root: Path | None, pve_root: Path | None, source: s
         scratch = Path(tempfile.mkdtemp(prefix="gputopo-sim-"))
         dir_ = scratch / "host"
     try:
-        if (dir_ / "run" / "host.json").is_file():
+        from gputopo.sim.cluster.peers import cluster_info
+
+        if cluster_info(dir_).get("nodes"):
+            # a simulated cluster: its first node's API answers for every node
+            from gputopo.sim.cluster import SimCluster
+
+            host = SimCluster(dir_).member(next(iter(cluster_info(dir_)["nodes"])))
+        elif (dir_ / "run" / "host.json").is_file():
             host = SimHost.open(dir_)
         else:
             host = SimHost.create(dir_, source=source, root=root)

@@ -6,15 +6,32 @@ A line reads ``id=10de:2bb5,iommugroup=40,node=pve1,path=0000:81:00.0,subsystem-
 
 from __future__ import annotations
 
+from functools import lru_cache
 
-def map_fields(entry: str) -> dict[str, str]:
-    """``{key: value}`` of one map line; parts without ``=`` are ignored."""
+# A cluster's mapping holds one line per GPU and node, and every node's plan reads all of them:
+# the same few thousand lines are split again and again, so the pure results are kept.
+_CACHE = 1 << 16
+
+
+@lru_cache(maxsize=_CACHE)
+def _fields(entry: str) -> tuple[tuple[str, str], ...]:
     out: dict[str, str] = {}
     for part in entry.split(","):
         if "=" in part:
             k, v = part.split("=", 1)
             out[k.strip()] = v.strip()
-    return out
+    return tuple(out.items())
+
+
+def map_fields(entry: str) -> dict[str, str]:
+    """``{key: value}`` of one map line (a new dict each call); parts without ``=`` are ignored."""
+    return dict(_fields(entry))
+
+
+@lru_cache(maxsize=_CACHE)
+def map_node(entry: str) -> str | None:
+    """The ``node`` of one map line (None when it names none)."""
+    return dict(_fields(entry)).get("node")
 
 
 def map_paths(entry: str) -> list[str]:
@@ -22,6 +39,7 @@ def map_paths(entry: str) -> list[str]:
     return [p for p in map_fields(entry).get("path", "").split(";") if p]
 
 
+@lru_cache(maxsize=_CACHE)
 def normalize_map_entry(entry: str) -> str:
     """A map entry in Proxmox's canonical form: keys sorted, hex lowercase."""
     fields = map_fields(entry)

@@ -34,11 +34,20 @@ class DiffArea(BaseModel):
     files: dict[str, str] = Field(default_factory=dict, description="path -> unified diff")
 
 
+class FileChange(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    before: str | None = Field(description="The text now; null: the file does not exist")
+    after: str | None = Field(description="The text the plan leads to; null: removed")
+
+
 class DiffReport(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     node: str
     areas: dict[str, DiffArea] = Field(default_factory=dict)
+    changes: dict[str, FileChange] = Field(default_factory=dict, description="path -> before and after, every "
+                                           "file and config the unified diffs show")
 
     @property
     def is_empty(self) -> bool:
@@ -98,8 +107,16 @@ def diff(
     p: Plan = make_plan(facts, spec, current, node=node, templates=templates)
     rendered = rendered if rendered is not None else render(p, spec, facts, templates)
     containers = {c.vmid: c for c in spec.node(p.node).containers}
+    changes: dict[str, FileChange] = {}
+
+    def recorded(path: str, before: str | None, after: str | None) -> str:
+        text = unified(path, before, after)
+        if text:
+            changes[path] = FileChange(before=before, after=after)
+        return text
+
     ctx = DiffContext(
-        plan=p, spec=spec, current=current, rendered=rendered, areas={}, unified=unified,
+        plan=p, spec=spec, current=current, rendered=rendered, areas={}, unified=recorded,
         render_pci_cfg=render_pci_cfg,
         render_devices=lambda config, vmid: _current_devices_text(config, containers[vmid]),
     )
@@ -107,4 +124,4 @@ def diff(
         a.diff(ctx)
     areas = {name: DiffArea(lines=ctx.areas[name].lines, files=ctx.areas[name].files)
              for name in AREAS if name in ctx.areas and (ctx.areas[name].lines or ctx.areas[name].files)}
-    return DiffReport(node=p.node, areas=areas)
+    return DiffReport(node=p.node, areas=areas, changes=changes)

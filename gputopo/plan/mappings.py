@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gputopo.actions import DeleteMapping, SetMapping
-from gputopo.formats.mapline import map_fields, map_paths, normalize_map_entry
+from gputopo.formats.mapline import map_fields, map_node, map_paths, normalize_map_entry
 from gputopo.formats.pcicfg import MapEntry, format_map_entry
 from gputopo.model.facts import Gpu
 from gputopo.model.state import CurrentState
@@ -44,7 +44,9 @@ def mapping_changes(
 ) -> tuple[dict[str, MappingTarget], list[SetMapping | DeleteMapping], set[str]]:
     """(every managed mapping's target, the actions, the ids whose ``map`` changes).
 
-    Entries of other nodes are kept; a description set outside the spec is kept too.
+    Entries of other nodes are kept; a description set outside the spec is kept too. Each
+    action owns ``node_name``'s lines only and carries the ones it saw (``base``), so that a
+    write never loses another node's lines and never overwrites an edit by hand.
     """
     managed: list[tuple[str, list[Gpu], str | None, str]] = [
         (m.name, selected.get(o, []), m.description, "VM passthrough") for o, m in vms.items()
@@ -54,7 +56,8 @@ def mapping_changes(
     changed: set[str] = set()
     for mid, gpus, description, purpose in managed:
         cur = current.mappings.get(mid)
-        other_nodes = [e for e in (cur.map if cur else []) if map_fields(e).get("node") != node_name]
+        other_nodes = [e for e in (cur.map if cur else []) if map_node(e) != node_name]
+        base = [e for e in (cur.map if cur else []) if map_node(e) == node_name]
         ours = [map_entry(g, node_name) for g in sorted(gpus, key=lambda g: g.address)]
         want = other_nodes + ours
         desc = description or (cur.description if cur and cur.description else None)
@@ -63,15 +66,16 @@ def mapping_changes(
         mappings[mid] = MappingTarget(map=want, description=desc if want else None)
         if not want:
             if cur is not None:
-                actions.append(DeleteMapping(id=mid, digest=cur.digest))
+                actions.append(DeleteMapping(id=mid, digest=cur.digest, node=node_name, base=base))
                 changed.add(mid)
         elif cur is None:
-            actions.append(SetMapping(id=mid, map=want, description=desc, create=True))
+            actions.append(SetMapping(id=mid, map=want, description=desc, create=True, node=node_name, base=base))
             changed.add(mid)
         else:
             same_map = sorted(map(normalize_map_entry, cur.map)) == sorted(map(normalize_map_entry, want))
             if not same_map or (cur.description or None) != desc:
-                actions.append(SetMapping(id=mid, map=want, description=desc, create=False, digest=cur.digest))
+                actions.append(SetMapping(id=mid, map=want, description=desc, create=False, digest=cur.digest,
+                                          node=node_name, base=base))
             if not same_map:
                 changed.add(mid)
     return mappings, actions, changed

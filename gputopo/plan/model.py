@@ -14,6 +14,8 @@ converged ("No changes"). Phases, in execution order:
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -87,6 +89,13 @@ class Plan(_M):
     @property
     def is_empty(self) -> bool:
         return not self.actions
+
+    def signature(self) -> str:
+        """A hash of what the actions will do (``ActionModel.signature``: without the digests
+        read again before each write). Two plans with the same signature make the same changes;
+        ``gputopo apply --expect-plan`` refuses a plan whose signature is not the one shown."""
+        data = json.dumps([a.signature() for a in self.actions], sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(data.encode()).hexdigest()[:16]
 
     def vfio_addresses(self) -> list[str]:
         """Every address that the target puts on vfio-pci (VM GPUs and their companions)."""

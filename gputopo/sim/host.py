@@ -123,14 +123,14 @@ class SimHost:
     @classmethod
     def create(cls, dir: str | os.PathLike, source: str | os.PathLike = "seed", node: str | None = None,
                container: int = DEFAULT_CT, service: str = "sglang", pve_version: str = "8.4.1",
-               root: str | os.PathLike | None = None) -> SimHost:
+               root: str | os.PathLike | None = None, vm: int = DEFAULT_VM) -> SimHost:
         """Create a simulated host in ``dir`` (must not exist or be empty) and return it.
 
         ``source``: a fixture name (``seed``), a fixture yaml, or a ``gputopo snapshot``
         ``.tar.gz``; ``root`` instead copies an existing host root directory. ``node`` defaults
-        to the root's hostname. Raises :class:`SimHostError` for a non-empty ``dir``, an unknown
-        ``service`` or a root without GPUs on nvidia; :class:`gputopo.errors.FixtureError`
-        for a bad fixture. A failed create leaves ``dir`` as it was.
+        to the root's hostname; ``vm`` is the stopped VM's vmid. Raises :class:`SimHostError`
+        for a non-empty ``dir``, an unknown ``service`` or a root without GPUs on nvidia;
+        :class:`gputopo.errors.FixtureError` for a bad fixture. A failed create leaves ``dir`` as it was.
         """
         dir = Path(dir)
         if dir.exists() and any(dir.iterdir()):
@@ -141,7 +141,7 @@ class SimHost:
         src = str(source)
         existed = dir.exists()
         try:
-            return cls._build(dir, paths, src, node, container, service, pve_version, root)
+            return cls._build(dir, paths, src, node, container, service, pve_version, root, vm)
         except BaseException:
             # a failed create leaves nothing behind: the directory is as it was (absent or empty)
             if existed:
@@ -156,7 +156,7 @@ class SimHost:
 
     @classmethod
     def _build(cls, dir: Path, paths: SimPaths, src: str, node: str | None, container: int, service: str,
-               pve_version: str, root: str | os.PathLike | None) -> SimHost:
+               pve_version: str, root: str | os.PathLike | None, vm: int = DEFAULT_VM) -> SimHost:
         from gputopo.facts.discover import discover
 
         if root is not None:
@@ -174,9 +174,9 @@ class SimHost:
         gpus = [g for g in facts.gpus if g.driver == "nvidia" and g.minor is not None]
         if not gpus:
             raise SimHostError(src, "the host has no GPU on the nvidia driver to give the container")
-        _write_pve(paths, hostname, container, facts)
+        _write_pve(paths, hostname, container, facts, vm)
         state.write_state(paths.run, "host", {"node": hostname, "pve_version": pve_version,
-                                             "container": container, "vm": DEFAULT_VM, "service": service,
+                                             "container": container, "vm": vm, "service": service,
                                              "source": src})
         unit = f"{service}.service"
         write_unit(dir, container, unit,
@@ -187,7 +187,7 @@ class SimHost:
         release.parent.mkdir(parents=True, exist_ok=True)
         release.write_text(lsb_release(UBUNTU_RELEASE))
         state.set_guest_status(paths.run, "lxc", container, "running")
-        state.set_guest_status(paths.run, "qemu", DEFAULT_VM, "stopped")
+        state.set_guest_status(paths.run, "qemu", vm, "stopped")
         Container(dir, container).boot()
         return cls(dir)
 
@@ -218,6 +218,10 @@ class SimHost:
             self.api = None
             raise SimHostError(str(self.dir), f"cannot serve the API on 127.0.0.1:{port or 'any port'}: "
                                               f"{e.strerror or e}") from None
+        if self.info.get("cluster"):
+            from gputopo.sim.cluster.peers import attach_peers
+
+            attach_peers(self.api, self)
         self.endpoint = EndpointServer(self.dir, self.container, port=endpoint_port).start()
         state.write_state(self.paths.run, "api", {"url": self.api.url})
         return self
@@ -321,7 +325,7 @@ class SimHost:
                 "token_id": token_id}
 
 
-def _write_pve(paths: SimPaths, node: str, ctid: int, facts) -> None:
+def _write_pve(paths: SimPaths, node: str, ctid: int, facts, vmid: int = DEFAULT_VM) -> None:
     """Write /etc/pve for the seed story from the host's facts."""
     nodedir = paths.pve / "nodes" / node
     (nodedir / "lxc").mkdir(parents=True, exist_ok=True)
@@ -348,13 +352,13 @@ def _write_pve(paths: SimPaths, node: str, ctid: int, facts) -> None:
     atomic_write(nodedir / "lxc" / f"{ctid}.conf", write_lxc_conf(LxcConf(options=options)), PMXCFS_MODE)
 
     atomic_write(
-        nodedir / "qemu-server" / f"{DEFAULT_VM}.conf",
+        nodedir / "qemu-server" / f"{vmid}.conf",
         "agent: 1\nbios: ovmf\nboot: order=scsi0\ncores: 32\ncpu: host\n"
-        f"efidisk0: local-lvm:vm-{DEFAULT_VM}-disk-1,efitype=4m,pre-enrolled-keys=1,size=4M\n"
+        f"efidisk0: local-lvm:vm-{vmid}-disk-1,efitype=4m,pre-enrolled-keys=1,size=4M\n"
         "hostpci0: mapping=pro6000-vm,pcie=1\nmachine: q35\n"
         "memory: 131072\nname: gpu-vm\nnet0: virtio=BC:24:11:00:02:01,bridge=vmbr0\nnuma: 1\nostype: l26\n"
-        f"scsi0: local-lvm:vm-{DEFAULT_VM}-disk-0,iothread=1,size=100G\nscsihw: virtio-scsi-single\n"
-        "sockets: 1\nvmgenid: 6f1c2c4e-0000-4000-8000-000000000201\n", PMXCFS_MODE)
+        f"scsi0: local-lvm:vm-{vmid}-disk-0,iothread=1,size=100G\nscsihw: virtio-scsi-single\n"
+        f"sockets: 1\nvmgenid: 6f1c2c4e-0000-4000-8000-{vmid:012d}\n", PMXCFS_MODE)
 
     maps = []
     for g in sorted(gpus, key=lambda g: g.address):

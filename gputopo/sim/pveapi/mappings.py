@@ -14,13 +14,15 @@ from gputopo.formats.propstring import sha1_digest
 from gputopo.sim.files import PMXCFS_MODE, atomic_write
 from gputopo.sim.pveapi.answers import die
 from gputopo.sim.pveapi.auth import Caller
+from gputopo.sim.pveapi.cfslock import cfs_lock, file_lock_id
+
+PCI_CFG = "mapping/pci.cfg"
 
 # The mapping's options and whether each may be deleted (pve-guest-common Mapping/PCI.pm
 # options(): map is required, the others optional)
 DELETABLE = {"map": False, "description": True, "mdev": True, "live-migration-capable": True}
 # pve-guest-common Mapping/PCI.pm lock_pci_config: cfs_lock_file('mapping/pci.cfg'), whose lock
 # id pve-cluster Cluster.pm cfs_lock_file builds as "file-" . the name with . and / as _
-CFS_LOCK = "file-mapping_pci_cfg"
 
 
 class MappingHandlers:
@@ -123,9 +125,13 @@ class MappingHandlers:
         if "live-migration-capable" in p:
             mp.live_migration_capable = p["live-migration-capable"]
 
+    def _mapping_lock(self, what: str):
+        # pve-guest-common's Mapping::PCI::lock_pci_config: cfs_lock_file('mapping/pci.cfg'),
+        # cluster-wide, so every node's API (any process) writes the file in turn
+        return cfs_lock(self.pve_root, file_lock_id(PCI_CFG), what, on_wait=self.print_stderr)
+
     def h_mapping_create(self, caller: Caller, p: dict) -> Any:
-        self.cfs_lock(CFS_LOCK, "create hardware mapping failed: ")
-        with self._lock:
+        with self._lock, self._mapping_lock("create hardware mapping failed"):
             _, maps = self._read_mappings()
             if any(m.id == p["id"] for m in maps):
                 raise die(f"create hardware mapping failed: pci ID '{p['id']}' already defined")
@@ -139,8 +145,7 @@ class MappingHandlers:
         # check_config (map is required), then SectionConfig.pm delete_from_config; every die
         # inside lock_pci_config gets the "update hardware mapping failed: " prefix
         prefix = "update hardware mapping failed: "
-        self.cfs_lock(CFS_LOCK, prefix)
-        with self._lock:
+        with self._lock, self._mapping_lock(prefix.rstrip(": ")):
             text, maps = self._read_mappings()
             if p.get("digest") and sha1_digest(text) != p["digest"]:
                 raise die(prefix + "detected modified configuration - file changed by other user? Try again.")
@@ -162,8 +167,7 @@ class MappingHandlers:
         return None
 
     def h_mapping_delete(self, caller: Caller, p: dict) -> Any:
-        self.cfs_lock(CFS_LOCK, "delete pci mapping failed: ")
-        with self._lock:
+        with self._lock, self._mapping_lock("delete pci mapping failed"):
             _, maps = self._read_mappings()
             keep = [m for m in maps if m.id != p["id"]]
             if len(keep) != len(maps):

@@ -1,4 +1,4 @@
-"""The node's own endpoints: ``/version``, ``/nodes`` and ``/nodes/{node}/hardware/pci``."""
+"""The node's own endpoints: ``/version`` and ``/nodes/{node}/hardware/pci`` (``/nodes``: :mod:`.cluster`)."""
 
 from __future__ import annotations
 
@@ -14,17 +14,6 @@ class NodeHandlers:
 
     def h_version(self, caller: Caller | None, p: dict) -> Any:
         return {"version": self.version, "release": ".".join(self.version.split(".")[:2]), "repoid": "5a6b8c9d0e1f2a3b"}
-
-    def h_nodes(self, caller: Caller | None, p: dict) -> Any:
-        # ssl_fingerprint: pve-manager API2/Nodes.pm index -> PVE::Cluster::get_node_fingerprint,
-        # the SHA-256 of the node's certificate as Net::SSLeay prints it (AA:BB:..., upper case);
-        # absent when it cannot be read (eval), as over plain HTTP here
-        item = {"id": f"node/{self.node}", "node": self.node, "type": "node", "status": "online", "uptime": 86400,
-                "cpu": 0.01, "mem": 8 << 30, "maxmem": 512 << 30, "disk": 10 << 30, "maxdisk": 100 << 30,
-                "maxcpu": 128, "level": ""}
-        if self.cert_fingerprint:
-            item["ssl_fingerprint"] = self.cert_fingerprint
-        return [item]
 
     def h_hardware_pci(self, caller: Caller, p: dict) -> Any:
         from gputopo.facts.pci import list_pci_functions

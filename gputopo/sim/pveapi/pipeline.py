@@ -1,21 +1,22 @@
 """The request pipeline of the simulated API, in Proxmox's order.
 
 401 (authentication, before this) before 501 (no route) before 403 (permission) before 400
-(parameters) before the handler; a node name that is not this node fails like a hostname
-lookup, and an injected API fault (a pmxcfs lock timeout) answers before the handler runs.
+(parameters) before the handler; a path of another cluster member goes to that member after the
+permission check, a node name that is no member fails like a hostname lookup, and an injected
+API fault (a pmxcfs lock timeout) answers before the handler runs.
 """
 
 from __future__ import annotations
 
 import re
 import threading
-import time
 from typing import Any
 
 from gputopo.formats.lxcconf import check_lxc_option
 from gputopo.sim import state
 from gputopo.sim.pveapi.answers import ApiError, Result, die, param_error, perm_error
 from gputopo.sim.pveapi.auth import Caller
+from gputopo.sim.pveapi.cfslock import release
 from gputopo.sim.pveapi.qemu_config import qemu_key_known, qemu_param_problem
 from gputopo.sim.pveapi.params import BOOL_KEYS, ItemErrors, fmt_bool, perl_str
 from gputopo.sim.pveapi.routes import Route, find_route
@@ -50,25 +51,14 @@ class Pipeline:
 
     def hold_cfs_lock(self, lockid: str, seconds: float) -> None:
         """Let someone else hold the pmxcfs lock ``lockid`` (``file-mapping_pci_cfg`` for
-        ``mapping/pci.cfg``) for ``seconds`` from now: a write that needs it waits."""
-        with state.locked(self.run_dir, "cfs-locks"):
-            held = state.read_state(self.run_dir, "cfs-locks", {}) or {}
-            held[lockid] = time.time() + seconds
-            state.write_state(self.run_dir, "cfs-locks", held)
-
-    def cfs_lock(self, lockid: str, prefix: str = "") -> None:
-        """Wait for the pmxcfs lock ``lockid`` the way pve-cluster Cluster.pm $cfs_lock does:
-        while another holds it, print ``trying to acquire cfs lock '<id>' ...`` and retry each
-        second (here: at most until it is free); past its 10 s it fails ``error during
-        cfs-locked '<id>' operation: got lock request timeout`` after ``prefix`` (the caller's
-        "create hardware mapping failed: ")."""
-        until = float((state.read_state(self.run_dir, "cfs-locks", {}) or {}).get(lockid, 0.0))
-        deadline = time.time() + 10
-        while time.time() < until:
-            if time.time() >= deadline:
-                raise ApiError(500, f"{prefix}error during cfs-locked '{lockid}' operation: got lock request timeout\n")
-            self.print_stderr(f"trying to acquire cfs lock '{lockid}' ...")
-            time.sleep(min(1.0, max(0.0, until - time.time())))
+        ``mapping/pci.cfg``) for ``seconds`` from now, as another node's writer would: the lock
+        directory exists until then (:mod:`gputopo.sim.pveapi.cfslock`), so a write that needs
+        it waits."""
+        path = self.pve_root / "priv" / "lock" / lockid
+        path.mkdir(parents=True)
+        timer = threading.Timer(seconds, release, (path,))
+        timer.daemon = True
+        timer.start()
 
     def print_stderr(self, text: str) -> None:
         """What a handler prints on stderr (a Perl ``warn``; a newline is added when ``text``
@@ -92,6 +82,11 @@ class Pipeline:
             if not self._has_any(caller, privs):
                 # an any-of check on a single object reports no detail (RPCEnvironment check_any)
                 raise perm_error(None if route.handler == "mapping_get" else f"{acl.format(**uri)}, {'|'.join(privs)}")
+        peer = self.forward_to(uri.get("node"))
+        if peer is not None:
+            # pveproxy proxies a node's method to that node after its own permission check
+            # (pve-manager PVE/HTTPServer.pm rest_handler); the node checks everything again
+            return peer.dispatch(method, path, {k: v for k, v in params.items() if k not in uri}, caller)
         values, errors = {}, {}
         for name, spec in route.params.items():
             if params.get(name) is None:  # JSONSchema check_prop: an undef value is a missing one

@@ -38,6 +38,31 @@ class Route:
     regex: re.Pattern | None = None
 
 
+_RULE = {"resources": P(fmt_string(4096)), "nodes": P(fmt_string(4096)), "strict": P(fmt_bool),
+         "comment": P(fmt_string(4096)), "disable": P(fmt_bool)}
+_GROUP = {"nodes": P(fmt_string(4096)), "restricted": P(fmt_bool), "nofailback": P(fmt_bool),
+          "comment": P(fmt_string(4096)), "type": P(fmt_enum("group"))}
+_RESOURCE = {"state": P(fmt_enum("started", "stopped", "enabled", "disabled", "ignored")), "group": P(fmt_configid),
+             "comment": P(fmt_string(4096)), "max_restart": P(fmt_int), "max_relocate": P(fmt_int), "failback": P(fmt_bool)}
+_UPDATE = {"delete": P(fmt_configid_list), "digest": DIGEST}
+_AUDIT = ("/", ("Sys.Audit",))
+_CONSOLE = ("/", ("Sys.Console",))
+# pve-ha-manager src/PVE/API2/HA/{Rules,Groups,Resources}.pm
+HA_ROUTES = [
+    Route("GET", "/cluster/ha/rules", "ha_rules", {"type": P(fmt_enum("node-affinity", "resource-affinity")), "resource": P(fmt_string())}, _AUDIT),
+    Route("POST", "/cluster/ha/rules", "ha_rule_create", {"rule": P(fmt_configid, False), "type": P(fmt_enum("node-affinity", "resource-affinity"), False), **_RULE}, _CONSOLE),
+    Route("GET", "/cluster/ha/rules/{rule}", "ha_rule_get", {"rule": P(fmt_configid, False)}, _AUDIT),
+    Route("PUT", "/cluster/ha/rules/{rule}", "ha_rule_update", {"rule": P(fmt_configid, False), "type": P(fmt_enum("node-affinity", "resource-affinity")), **_RULE, **_UPDATE}, _CONSOLE),
+    Route("DELETE", "/cluster/ha/rules/{rule}", "ha_rule_delete", {"rule": P(fmt_configid, False)}, _CONSOLE),
+    Route("GET", "/cluster/ha/groups", "ha_groups", {}, _AUDIT),
+    Route("POST", "/cluster/ha/groups", "ha_group_create", {"group": P(fmt_configid, False), **_GROUP}, _CONSOLE),
+    Route("PUT", "/cluster/ha/groups/{group}", "ha_group_update", {"group": P(fmt_configid, False), **_GROUP, **_UPDATE}, _CONSOLE),
+    Route("DELETE", "/cluster/ha/groups/{group}", "ha_group_delete", {"group": P(fmt_configid, False)}, _CONSOLE),
+    Route("GET", "/cluster/ha/resources", "ha_resources", {"type": P(fmt_enum("vm", "ct"))}, _AUDIT),
+    Route("POST", "/cluster/ha/resources", "ha_resource_create", {"sid": P(fmt_string(), False), **_RESOURCE}, _CONSOLE),
+    Route("PUT", "/cluster/ha/resources/{sid}", "ha_resource_update", {"sid": P(fmt_string(), False), **_RESOURCE, **_UPDATE}, _CONSOLE),
+]
+
 _GUEST_STATUS_PARAMS = {"node": NODE, "vmid": VMID, "kind": P(fmt_enum("lxc", "qemu"), False)}
 
 ROUTES = [
@@ -64,6 +89,9 @@ ROUTES = [
     Route("GET", "/cluster/mapping/pci/{id}", "mapping_get", {"id": P(fmt_configid, False)}, ("/mapping/pci/{id}", ("Mapping.Audit", "Mapping.Use", "Mapping.Modify"))),
     Route("PUT", "/cluster/mapping/pci/{id}", "mapping_update", {"id": P(fmt_configid, False), "map": P(fmt_map_array), "description": P(fmt_string(4096)), "mdev": P(fmt_bool), "live-migration-capable": P(fmt_bool), "delete": P(fmt_configid_list), "digest": DIGEST}, ("/mapping/pci", ("Mapping.Modify",))),
     Route("DELETE", "/cluster/mapping/pci/{id}", "mapping_delete", {"id": P(fmt_configid, False)}, ("/mapping/pci", ("Mapping.Modify",))),
+    Route("GET", "/cluster/status", "cluster_status", {}),
+    Route("GET", "/nodes/{node}/qemu/{vmid}/migrate", "qemu_migrate_check", {"node": NODE, "vmid": VMID, "target": P(fmt_node)}, ("/vms/{vmid}", ("VM.Migrate",))),
+    *HA_ROUTES,
     Route("POST", "/access/ticket", "ticket", {"username": P(fmt_string(64), False), "password": P(fmt_string(), False), "realm": P(fmt_string()), "otp": P(fmt_string()), "tfa-challenge": P(fmt_string()), "path": P(fmt_string()), "privs": P(fmt_string())}),
 ]
 for _r in ROUTES:

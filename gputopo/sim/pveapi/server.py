@@ -28,8 +28,10 @@ from typing import Any
 
 from gputopo.sim.files import PMXCFS_MODE, atomic_write
 from gputopo.sim.pveapi.auth import Auth
+from gputopo.sim.pveapi.cluster import ClusterHandlers
 from gputopo.sim.pveapi.guest_config import GuestConfigHandlers
 from gputopo.sim.pveapi.guest_status import GuestStatusHandlers
+from gputopo.sim.pveapi.ha import HaHandlers
 from gputopo.sim.pveapi.http_handler import ApiRequestHandler
 from gputopo.sim.pveapi.mappings import MappingHandlers
 from gputopo.sim.pveapi.node import NodeHandlers
@@ -45,7 +47,7 @@ AUTH_FAIL_DELAY = 3.0
 
 
 class PveApiServer(Auth, Pipeline, NodeHandlers, GuestConfigHandlers, GuestStatusHandlers, TaskHandlers,
-                   MappingHandlers, QemuConfigHandlers, QemuVmHandlers):
+                   MappingHandlers, QemuConfigHandlers, QemuVmHandlers, ClusterHandlers, HaHandlers):
     """The simulated API server of one PVE node.
 
     Credentials are attributes: ``root_password`` (ticket login as root@pam),
@@ -56,7 +58,9 @@ class PveApiServer(Auth, Pipeline, NodeHandlers, GuestConfigHandlers, GuestStatu
     with its message. ``on_lxc_hotplug(vmid, key, value)`` runs after a running container's
     new ``devN`` was hot-plugged (PVE 9). A VM start does Proxmox's PCI passthrough on the
     sysfs root (mapping check, device choice, vfio-pci binding through new_id; see
-    :mod:`gputopo.sim.passthrough`) and fails its task with Proxmox's message.
+    :mod:`gputopo.sim.passthrough`) and fails its task with Proxmox's message. In a simulated
+    cluster ``peers`` maps the other nodes' names to their (unstarted) servers: node paths of
+    theirs are answered by them (:mod:`.cluster`); the HA manager's API is :mod:`.ha`.
     """
 
     def __init__(
@@ -96,6 +100,7 @@ class PveApiServer(Auth, Pipeline, NodeHandlers, GuestConfigHandlers, GuestStatu
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._timers: list[threading.Timer] = []
+        self.peers: dict[str, PveApiServer] = {}
         self._layout()
 
     # --- lifecycle ------------------------------------------------------------------------

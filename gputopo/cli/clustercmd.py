@@ -1,0 +1,330 @@
+"""``gputopo cluster plan | diff | apply | verify``: one spec for every node of a Proxmox cluster.
+
+Each node is reached as the cluster's nodes reach each other: ``ssh root@<node>`` (BatchMode,
+host keys checked; ``--ssh-config`` for an ssh_config of your own), where gputopo reads the
+node's facts (``gputopo discover --json``) and applies (``gputopo apply``, the node's own lock
+and journal). The shared state (guests, PCI mappings, HA) comes from the API of any node:
+``--api-url``, ``--local`` on a node, or ``--sim DIR`` for a simulated cluster (``gputopo sim
+create --nodes 3 DIR``; without ``--ssh-config`` its nodes' shells run here). ``plan`` and
+``diff`` can also work offline from ``--facts DIR`` (``<node>.json`` from ``gputopo discover
+--json`` or ``<node>.tar.gz`` from ``gputopo snapshot``) and Proxmox's files (``--pve-root``).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+
+from gputopo.exitcodes import with_exit_codes
+
+from gputopo.cli.connect import Connection, build_ports, connection_options, pve_root
+from gputopo.cli.params import Finite
+
+DEFAULT_TIMEOUT = 120.0
+
+
+@dataclass
+class _Cluster:
+    """What one cluster command works with; ``close()`` stops what was started."""
+
+    spec: Any
+    spec_text: str
+    nodes: list[str]
+    shell: Any = None
+    ports: Any = None
+    api: Any = None
+    members: list[str] | None = None
+    inputs: dict = field(default_factory=dict)
+    ha: Any = None
+
+    def close(self) -> None:
+        if self.ports is not None:
+            self.ports.close()
+
+
+def _nodes_option(value: str | None) -> list[str] | None:
+    return [n.strip() for n in value.split(",") if n.strip()] if value else None
+
+
+def cluster_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """The spec, the node selection and how nodes are reached (SSH, timeouts)."""
+    f = click.option("--timeout", "timeout", type=Finite(), default=DEFAULT_TIMEOUT, show_default=True,
+                     help="Seconds one command on a node may take (reading it, its verify).")(f)
+    f = click.option("--ssh-timeout", type=Finite(), default=10.0, show_default=True,
+                     help="Seconds to connect to a node over SSH.")(f)
+    f = click.option("--ssh-option", "-o", "ssh_options", multiple=True, metavar="OPTION",
+                     help="An ssh -o option for every node (repeatable), e.g. Port=2222.")(f)
+    f = click.option("--ssh-user", default="root", show_default=True, help="The user ssh logs in as.")(f)
+    f = click.option("--ssh-config", type=click.Path(dir_okay=False, exists=True), default=None,
+                     help="An ssh_config (ssh -F) naming the nodes' addresses, keys and known hosts.")(f)
+    f = click.option("--nodes", "nodes", default=None, metavar="A,B", help="Only these nodes (default: the spec's).")(f)
+    f = click.option("--spec", "spec_file", required=True, type=click.Path(dir_okay=False), help="Spec file.")(f)
+    return f
+
+
+def _open(conn: Connection, spec_file: str, nodes: str | None, ssh_config: str | None, ssh_user: str,
+          ssh_options: tuple[str, ...], ssh_timeout: float, facts_dir: str | None = None) -> _Cluster:
+    """Load the spec and reach the cluster as the options say. Raises ConfigError, SpecError,
+    UnknownNode, ProxmoxError, SimHostError."""
+    from gputopo.adapters.ssh import SshRunner
+    from gputopo.cluster.gather import select_nodes
+    from gputopo.errors import ConfigError
+    from gputopo.plan.spec import load_spec
+
+    spec = load_spec(spec_file)
+    text = Path(spec_file).read_text(encoding="utf-8")
+    wanted = _nodes_option(nodes)
+    if conn.live and conn.pve_root is not None:
+        raise ConfigError("--pve-root reads Proxmox's files; --sim, --api-url and --local read the API instead")
+    c = _Cluster(spec=spec, spec_text=text, nodes=[])
+    ssh = SshRunner(user=ssh_user, config_file=ssh_config, options=ssh_options, connect_timeout=ssh_timeout)
+    if conn.sim is not None:
+        if conn.api_url is not None or conn.local:
+            raise ConfigError("--sim excludes --api-url and --local (the simulated cluster serves its own API)")
+        from gputopo.cli.simcmd import require_sim_extra
+        from gputopo.sim.cluster import SimCluster
+
+        require_sim_extra("cluster")
+        sim = SimCluster(conn.sim)
+        c.ports = sim.ports()
+        c.shell = ssh if ssh_config else sim.shell()
+    elif conn.live:
+        c.ports = build_ports(conn, default_node=spec.nodes[0].name)
+        c.shell = ssh
+    elif facts_dir is None:
+        raise ConfigError("reach the cluster with --api-url URL (or --local on a node, --sim DIR), "
+                          "or plan offline with --facts DIR")
+    try:
+        if c.ports is not None:
+            from gputopo.adapters.clusterapi import ClusterApi
+
+            c.api = ClusterApi(c.ports.proxmox)
+            c.members = c.api.members()
+        c.nodes = select_nodes(spec, wanted, c.members)
+    except BaseException:
+        c.close()
+        raise
+    return c
+
+
+def _read(c: _Cluster, conn: Connection, timeout: float, facts_dir: str | None, with_ha: bool = True) -> None:
+    from gputopo.cluster.gather import read_cluster, read_offline
+    from gputopo.cluster.ha import read_ha
+
+    if facts_dir is not None:
+        c.inputs = read_offline(c.spec, c.nodes, Path(facts_dir), pve_root(conn) if c.ports is None else None,
+                                c.ports.proxmox if c.ports is not None else None)
+        if with_ha and c.api is not None:
+            c.ha = read_ha(c.api)
+        return
+    c.inputs = read_cluster(c.spec, c.nodes, c.shell, c.ports.proxmox, timeout)
+    if with_ha and c.api is not None:
+        c.ha = read_ha(c.api)
+
+
+def _plan(c: _Cluster, templates: str | None = None):
+    from gputopo.cluster.plan import plan_cluster
+    from gputopo.errors import PlanRefused
+
+    try:
+        return plan_cluster(c.spec, c.inputs, c.nodes, ha=c.ha, members=c.members, templates=templates)
+    except PlanRefused as e:
+        for r in e.refusals:
+            click.echo(f"refused: {r}", err=True)
+        sys.exit(e.exit_code)
+
+
+def _plan_json(cplan) -> dict:
+    data = cplan.model_dump(mode="json")
+    for entry, n in zip(data["nodes"], cplan.nodes):
+        for a, action in zip(entry["plan"]["actions"], n.plan.actions):
+            a["description"] = action.describe()
+        entry["no_changes"] = n.plan.is_empty
+    for entry, change in zip(data["ha"], cplan.ha):
+        entry["description"] = change.describe()
+    data["no_changes"] = cplan.is_empty
+    return data
+
+
+@click.group()
+@with_exit_codes("cluster")
+def cluster() -> None:
+    """Plan, apply and verify one spec on every node of a Proxmox cluster (nodes over SSH)."""
+
+
+@cluster.command("plan")
+@cluster_options
+@connection_options(pve_root=True, node=False, root=False)
+@click.option("--facts", "facts_dir", type=click.Path(file_okay=False, exists=True), default=None,
+              help="Plan offline: <node>.json (gputopo discover --json) or <node>.tar.gz (gputopo snapshot) per node.")
+@click.option("--json", "as_json", is_flag=True, help="The cluster plan as JSON.")
+def plan_cmd(conn: Connection, spec_file, nodes, ssh_config, ssh_user, ssh_options, ssh_timeout, timeout,
+             facts_dir, as_json):
+    """One section per node, the cluster-wide mappings once, the HA placement.
+
+    Exit codes: 0 a plan (or no changes), 2 bad input, a refused plan, an unreachable node or a
+    node running another gputopo version (nothing was changed anywhere).
+    """
+    c = _open(conn, spec_file, nodes, ssh_config, ssh_user, ssh_options, ssh_timeout, facts_dir)
+    try:
+        _read(c, conn, timeout, facts_dir)
+        cplan = _plan(c)
+    finally:
+        c.close()
+    if as_json:
+        from gputopo.cli.output import print_json
+
+        print_json(_plan_json(cplan))
+    else:
+        sys.stdout.write(cplan.to_text())
+
+
+@cluster.command("diff")
+@cluster_options
+@connection_options(pve_root=True, node=False, root=False)
+@click.option("--facts", "facts_dir", type=click.Path(file_okay=False, exists=True), default=None,
+              help="Offline: <node>.json or <node>.tar.gz per node.")
+@click.option("--exit-code", "exit_code", is_flag=True, help="Exit 0: no difference, 2: differences, 1: error.")
+@click.option("--json", "as_json", is_flag=True, help="The differences as JSON.")
+def diff_cmd(conn: Connection, spec_file, nodes, ssh_config, ssh_user, ssh_options, ssh_timeout, timeout,
+             facts_dir, exit_code, as_json):
+    """How every node (and the HA placement) differs from the spec.
+
+    Exit codes: 0, or 2 for bad input; with --exit-code 0 no difference anywhere, 2 differences,
+    1 any error.
+    """
+    from gputopo.cluster.diff import diff_cluster
+    from gputopo.errors import GputopoError
+
+    try:
+        c = _open(conn, spec_file, nodes, ssh_config, ssh_user, ssh_options, ssh_timeout, facts_dir)
+        try:
+            _read(c, conn, timeout, facts_dir)
+            cplan = _plan(c)
+            report = diff_cluster(c.spec, c.inputs, c.nodes, cplan.ha, c.ha)
+        finally:
+            c.close()
+    except GputopoError as e:
+        if not exit_code:
+            raise
+        click.echo(f"gputopo: error: {e}", err=True)
+        sys.exit(1)
+    if as_json:
+        from gputopo.cli.output import print_json
+
+        print_json({**report.model_dump(mode="json"), "is_empty": report.is_empty})
+    else:
+        sys.stdout.write(report.to_text())
+    if exit_code:
+        sys.exit(0 if report.is_empty else 2)
+
+
+@cluster.command("apply")
+@cluster_options
+@connection_options(node=False, root=False)
+@click.option("--serial", type=click.IntRange(1, None), default=1, show_default=True,
+              help="How many nodes apply at the same time.")
+@click.option("--canary", default=None, metavar="NODE", help="Apply this node first, alone.")
+@click.option("--node-timeout", type=Finite(), default=1800.0, show_default=True,
+              help="Seconds one node's apply may take.")
+@click.option("--dry-run", is_flag=True, help="Show the cluster plan; change nothing.")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask before changing the cluster.")
+@click.option("--no-verify", is_flag=True, help="The nodes do not run verify after applying.")
+@click.option("--no-ha", is_flag=True, help="Leave the HA placement alone.")
+def apply_cmd(conn: Connection, spec_file, nodes, ssh_config, ssh_user, ssh_options, ssh_timeout, timeout,
+              serial, canary, node_timeout, dry_run, yes, no_verify, no_ha):
+    """Apply node by node over SSH, each node its own apply (lock, journal, rollback); stop at
+    the first failure (that node rolled back, the nodes before it stay applied); then HA.
+
+    Exit codes: 0 applied (or no changes), 1 a node failed (rolled back there), 2 refused before
+    anything changed (bad input, unreachable node, version mismatch, a node's plan changed),
+    3 a node's device needs a human, 4 a node's lock is held.
+    """
+    from gputopo.cluster.rolling import batches, rolling_apply
+    from gputopo.errors import ConfigError
+
+    c = _open(conn, spec_file, nodes, ssh_config, ssh_user, ssh_options, ssh_timeout)
+    try:
+        _read(c, conn, timeout, None, with_ha=not no_ha)
+        cplan = _plan(c)
+        batches(c.nodes, serial, canary)  # a bad --canary or --serial is refused before anything runs
+        click.echo(cplan.to_text(), nl=False)
+        if cplan.is_empty or dry_run:
+            return
+        if not yes:
+            if not sys.stdin.isatty():
+                raise ConfigError("refusing to change the cluster without confirmation: pass --yes "
+                                  "(stdin is not a terminal)")
+            if not click.confirm(f"Apply on {len(c.nodes)} node(s), {serial} at a time?", default=False):
+                from gputopo.errors import ApplyCancelled
+
+                raise ApplyCancelled()
+
+        def report(o) -> None:
+            extra = f" ({o.steps} steps)" if o.steps else ""
+            why = f": {o.reason}" if o.reason else ""
+            click.echo(f"{o.node}: {o.status} in {o.seconds:.1f} s{extra}{why}")
+
+        result = rolling_apply(cplan, c.spec_text, c.shell, None if no_ha else c.api, serial=serial, canary=canary,
+                               timeout=node_timeout, verify=not no_verify, report=report)
+    finally:
+        c.close()
+    for line in result.ha:
+        click.echo(f"HA: {line}")
+    click.echo(f"cluster applied in {result.wall_s:.1f} s: {', '.join(result.done())}")
+
+
+@cluster.command("verify")
+@cluster_options
+@connection_options(node=False, root=False)
+@click.option("--json", "as_json", is_flag=True, help="The report as JSON.")
+def verify_cmd(conn: Connection, spec_file, nodes, ssh_config, ssh_user, ssh_options, ssh_timeout, timeout,
+               as_json):
+    """Every node's own verify (Proxmox's mapping check for that node included) and the
+    cluster's checks: converged, offline migration to nodes without the mapping.
+
+    Exit codes: 0 all clear, 1 any FAIL, 2 bad input or an unreachable node.
+    """
+    from gputopo.cluster.verify import verify_cluster
+    from gputopo.errors import VerifyFailed
+
+    c = _open(conn, spec_file, nodes, ssh_config, ssh_user, ssh_options, ssh_timeout)
+    try:
+        _read(c, conn, timeout, None)
+        cplan = _plan(c)
+        vms = [(n, vmid) for n in c.nodes for vmid in c.inputs[n].current.guests]
+        # a node's verify waits for its inference probe (verify.timeout) on top of its checks
+        report = verify_cluster(cplan, c.spec_text, c.shell, c.api, c.ha, vms,
+                                max(timeout, c.spec.verify.timeout + DEFAULT_TIMEOUT))
+    finally:
+        c.close()
+    if as_json:
+        sys.stdout.write(report.model_dump_json(indent=2) + "\n")
+    else:
+        _print_report(report)
+    if not report.ok:
+        raise VerifyFailed(report.summary_line())
+
+
+def _print_report(report) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    from gputopo.cli.output import console
+    from gputopo.cli.verifycmd import STYLE
+
+    table = Table(title="gputopo cluster verify", title_justify="left")
+    for col in ("NODE", "CHECK", "STATUS", "RESULT"):
+        table.add_column(col, no_wrap=col != "RESULT", overflow="fold")
+    for n in report.nodes:
+        for ch in n.checks:
+            table.add_row(n.node, ch.name, Text(ch.status, style=STYLE[ch.status]), ch.summary)
+    for ch in report.checks:
+        table.add_row("cluster", ch.name, Text(ch.status, style=STYLE[ch.status]), ch.summary)
+    out = console()
+    out.print(table)
+    out.print(Text(report.summary_line(), style="bold green" if report.ok else "bold red"))

@@ -1,0 +1,49 @@
+"""How a cluster differs from its spec: each node's diff, the HA files, in one report.
+
+A node's part is :func:`gputopo.plan.diff.diff` on that node's facts and state (so it is empty
+exactly when the node's plan is); the HA part shows ``rules.cfg`` (PVE 9) or ``groups.cfg`` and
+``resources.cfg`` (PVE 8) before and after the placement changes.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gputopo.cluster.gather import NodeInput
+from gputopo.cluster.ha import HaChange, HaState, ha_files
+from gputopo.plan.diff import DiffReport, FileChange, diff, unified
+from gputopo.plan.spec import Spec
+
+
+class ClusterDiff(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    nodes: list[DiffReport] = Field(default_factory=list)
+    ha: list[str] = Field(default_factory=list, description="One line per HA change")
+    ha_files: dict[str, FileChange] = Field(default_factory=dict)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.ha and all(n.is_empty for n in self.nodes)
+
+    def to_text(self) -> str:
+        out = [n.to_text().rstrip("\n") for n in self.nodes]
+        if self.ha:
+            out.append("HA placement")
+            out += [f"  {line}" for line in self.ha]
+            out += [unified(path, c.before, c.after).rstrip("\n") for path, c in self.ha_files.items()]
+        out.append("Cluster: no differences" if self.is_empty else "Cluster: differences")
+        return "\n".join(out) + "\n"
+
+
+def diff_cluster(spec: Spec, inputs: dict[str, NodeInput], order: list[str], ha_changes: list[HaChange],
+                 ha: HaState | None, templates: str | None = None) -> ClusterDiff:
+    """The cluster's differences. Raises PlanRefused (a node's spec cannot be carried out)."""
+    report = ClusterDiff()
+    for node in order:
+        i = inputs[node]
+        report.nodes.append(diff(i.facts, spec, i.current, node=node, templates=templates))
+    if ha is not None and ha_changes:
+        report.ha = [c.describe() for c in ha_changes]
+        report.ha_files = {p: FileChange(before=b, after=a) for p, (b, a) in ha_files(ha, ha_changes).items()}
+    return report

@@ -1,0 +1,134 @@
+"""Rolling apply: node by node over SSH, each node running its own ``gputopo apply``.
+
+Driver binding happens only on the node itself, so each node applies its own plan with its own
+lock, journal and rollback: ``gputopo apply --spec /dev/stdin --yes --json --node N
+--expect-plan SIGNATURE``, the spec on stdin, the signature the one the cluster plan showed for
+that node (a node whose plan changed since refuses, nothing changed there). The order:
+
+* ``canary`` first, alone; then the other nodes in spec order, ``serial`` at a time (the nodes of
+  a batch apply concurrently: their mapping writes merge, see :mod:`gputopo.actions.mapping`);
+* the first failure stops the run once its batch has ended: that node rolled itself back, the
+  nodes done before stay done and are named, the rest are not started;
+* when every node is done, the HA placement changes are made through the API.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable
+
+from gputopo.cluster.gather import error_line
+from gputopo.cluster.plan import ClusterPlan
+from gputopo.errors import ClusterApplyFailed, ConfigError, GputopoError, UnknownNode
+from gputopo.ports import ClusterApiPort, NodeShellPort
+
+DEFAULT_NODE_TIMEOUT = 1800.0
+
+
+@dataclass
+class NodeOutcome:
+    """What one node's apply did: ``status`` applied, no-changes, failed or not-started."""
+
+    node: str
+    status: str
+    seconds: float = 0.0
+    reason: str = ""
+    rc: int = 0
+    steps: int = 0
+    verify: str | None = None
+
+
+@dataclass
+class RollingResult:
+    outcomes: list[NodeOutcome] = field(default_factory=list)
+    ha: list[str] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    def done(self) -> list[str]:
+        return [o.node for o in self.outcomes if o.status in ("applied", "no-changes")]
+
+
+def batches(order: list[str], serial: int, canary: str | None) -> list[list[str]]:
+    """The nodes in the order they apply: ``canary`` alone first, then ``serial`` at a time.
+    Raises UnknownNode for a canary outside ``order``, ConfigError for ``serial`` < 1."""
+    if serial < 1:
+        raise ConfigError(f"--serial {serial}: at least 1 node at a time")
+    rest = list(order)
+    out: list[list[str]] = []
+    if canary is not None:
+        if canary not in rest:
+            raise UnknownNode(canary, "one of the nodes of this run", order)
+        rest.remove(canary)
+        out.append([canary])
+    out += [rest[i:i + serial] for i in range(0, len(rest), serial)]
+    return out
+
+
+def apply_node(shell: NodeShellPort, node: str, signature: str, spec_text: str, timeout: float,
+               verify: bool = True) -> NodeOutcome:
+    """Run the node's own apply. Returns its outcome (``failed`` with the node's one-line
+    reason); raises NodeUnreachable."""
+    argv = ["gputopo", "apply", "--spec", "/dev/stdin", "--yes", "--json", "--node", node, "--expect-plan", signature]
+    if not verify:
+        argv.append("--no-verify")
+    t0 = time.monotonic()
+    res = shell.run(node, argv, timeout, input=spec_text)
+    seconds = time.monotonic() - t0
+    data = None
+    try:
+        data = json.loads(res.stdout) if res.stdout.strip() else None
+    except ValueError:
+        data = None
+    if res.rc != 0:
+        reason = error_line(res)
+        if data and data.get("verify") and not data["verify"].get("ok", True):
+            reason = f"applied, but its verification failed: {data['verify'].get('summary', '')}"
+        return NodeOutcome(node, "failed", seconds, reason=reason, rc=res.rc)
+    if not isinstance(data, dict):
+        return NodeOutcome(node, "failed", seconds, reason="gputopo apply --json printed no result")
+    verdict = data.get("verify") or {}
+    return NodeOutcome(node, "applied" if data.get("status") == "applied" else "no-changes", seconds,
+                       steps=len(data.get("steps") or []), verify=verdict.get("summary"))
+
+
+def rolling_apply(cplan: ClusterPlan, spec_text: str, shell: NodeShellPort, api: ClusterApiPort | None, *,
+                  serial: int = 1, canary: str | None = None, timeout: float = DEFAULT_NODE_TIMEOUT,
+                  verify: bool = True, report: Callable[[NodeOutcome], None] = lambda o: None) -> RollingResult:
+    """Apply ``cplan`` node by node (see the module docstring); ``report`` sees each outcome.
+
+    Returns the result when every node is done. Raises ClusterApplyFailed naming the node that
+    failed, the nodes done and those not started; NodeUnreachable for a node that could not be
+    reached (the same way: the run stops).
+    """
+    t0 = time.monotonic()
+    order = [n.node for n in cplan.nodes]
+    result = RollingResult()
+    plan_of = {n.node: n for n in cplan.nodes}
+    for batch in batches(order, serial, canary):
+        def one(node: str) -> NodeOutcome:
+            try:
+                return apply_node(shell, node, plan_of[node].signature, spec_text, timeout, verify)
+            except GputopoError as e:
+                return NodeOutcome(node, "failed", reason=str(e), rc=e.exit_code)
+
+        with ThreadPoolExecutor(max_workers=len(batch)) as ex:
+            outcomes = list(ex.map(one, batch))
+        for o in outcomes:
+            report(o)
+        result.outcomes += outcomes
+        failed = [o for o in outcomes if o.status == "failed"]
+        if failed:
+            started = {o.node for o in result.outcomes}
+            f = failed[0]
+            cause = GputopoError(f.reason)
+            cause.exit_code = f.rc if f.rc in (1, 2, 3, 4) else 1
+            raise ClusterApplyFailed(f.node, cause, result.done(), [n for n in order if n not in started])
+    if api is not None:
+        for change in cplan.ha:
+            change.run(api)
+            result.ha.append(change.describe())
+    result.wall_s = time.monotonic() - t0
+    return result

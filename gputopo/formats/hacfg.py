@@ -1,0 +1,128 @@
+"""The HA manager's section configs under ``/etc/pve/ha/``. Pure, no I/O.
+
+``rules.cfg`` (PVE 9: ``node-affinity`` and ``resource-affinity`` rules), ``groups.cfg`` (PVE 8:
+``group`` sections) and ``resources.cfg`` (``vm``/``ct`` sections) are pve-common
+``SectionConfig`` files (pve-ha-manager src/PVE/HA/Rules.pm, Groups.pm, Resources.pm):
+
+* a section starts with ``<type>: <id>`` and ends at a blank line; a property line is a tab,
+  the key, and the value (a boolean may stand alone: ``\\tdisable``);
+* the writer (``SectionConfig::write_config``) puts ``comment`` first (``%XX``-escaped), then a
+  bare ``disable``, then the type's required options sorted by name, then the optional ones
+  sorted by name; booleans are ``0``/``1``;
+* a node-affinity rule's ``nodes`` is ``node[:priority]`` joined by ``,`` and sorted
+  (``NodeAffinity.pm encode_plugin_value``), ``resources`` the sorted ``vm:<id>`` list.
+
+:func:`parse_section_config` and :func:`write_section_config` read and write them;
+:func:`node_list` / :func:`format_node_list` the node lists.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from gputopo.formats.propstring import decode_text, encode_text
+
+# type -> (required options, optional options), from each plugin's options()
+OPTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "node-affinity": (("nodes", "resources"), ("comment", "disable", "strict")),
+    "resource-affinity": (("affinity", "resources"), ("comment", "disable")),
+    "group": (("nodes",), ("comment", "nofailback", "restricted")),
+    "vm": ((), ("comment", "failback", "group", "max_relocate", "max_restart", "state")),
+    "ct": ((), ("comment", "failback", "group", "max_relocate", "max_restart", "state")),
+}
+BOOLEANS = {"disable", "strict", "restricted", "nofailback", "failback"}
+_HEADER = re.compile(r"^(\S+):\s*(\S+)\s*$")
+_PROP = re.compile(r"^\s+(\S+)(\s+(.*\S))?\s*$")
+
+
+@dataclass
+class Section:
+    """One section: its ``type`` (``node-affinity``, ``group``, ``vm``...), ``id`` (the rule or
+    group id, or the vmid of a resource) and its properties as written (comment decoded)."""
+
+    type: str
+    id: str
+    props: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def sid(self) -> str:
+        """The HA resource id of a resource section (``vm:201``), else the id."""
+        return f"{self.type}:{self.id}" if self.type in ("vm", "ct") else self.id
+
+
+def parse_section_config(text: str) -> list[Section]:
+    """The sections of an HA section config, in file order. ``#`` lines are skipped; a
+    duplicated key keeps the first value (Proxmox warns and keeps it). Raises nothing."""
+    out: list[Section] = []
+    current: Section | None = None
+    for line in text.split("\n"):
+        if re.match(r"^\s*#", line):
+            continue
+        if not line.strip():
+            current = None
+            continue
+        if current is None:
+            m = _HEADER.match(line)
+            if m:
+                current = Section(type=m.group(1).lower(), id=m.group(2))
+                out.append(current)
+            continue
+        pm = _PROP.match(line)
+        if not pm:
+            continue
+        key, value = pm.group(1), pm.group(3)
+        if value is None:
+            value = "1" if key in BOOLEANS else ""
+        if key in current.props:
+            continue
+        current.props[key] = decode_text(value) if key == "comment" else value
+    return out
+
+
+def write_section_config(sections: list[Section]) -> str:
+    """The file Proxmox writes for ``sections`` (see the module docstring). Raises ValueError
+    for an unknown type or a value holding a line break."""
+    out = []
+    for s in sections:
+        if s.type not in OPTIONS:
+            raise ValueError(f"unknown section type {s.type!r}")
+        required, optional = OPTIONS[s.type]
+        lines = [f"{s.type}: {s.id}"]
+        props = dict(s.props)
+        if props.get("comment"):
+            lines.append(f"\tcomment {encode_text(props['comment'])}")
+        if props.get("disable") in ("1", "true"):
+            lines.append("\tdisable")
+        for key in sorted(required) + sorted(k for k in optional if k not in ("comment", "disable")):
+            value = props.get(key)
+            if value is None or value == "":
+                if key in required:
+                    raise ValueError(f"section '{s.id}' - missing value for required option '{key}'")
+                continue
+            if "\n" in value or "\r" in value:
+                raise ValueError(f"property '{key}' contains a line feed")
+            lines.append(f"\t{key} {value}")
+        out.append("\n".join(lines) + "\n")
+    return "\n".join(out)
+
+
+def node_list(value: str) -> dict[str, int]:
+    """``pve1:2,pve2`` -> ``{"pve1": 2, "pve2": 0}`` (the priority defaults to 0)."""
+    out: dict[str, int] = {}
+    for part in re.split(r"[,;\s]+", value or ""):
+        if not part:
+            continue
+        name, _, prio = part.partition(":")
+        out[name] = int(prio) if prio.isdigit() else 0
+    return out
+
+
+def format_node_list(nodes: dict[str, int]) -> str:
+    """The sorted ``node[:priority]`` list Proxmox writes (a priority of 0 is left out)."""
+    return ",".join(f"{n}:{p}" if p else n for n, p in sorted(nodes.items()))
+
+
+def resource_list(value: str) -> list[str]:
+    """``vm:201,vm:202`` -> the sorted resource ids."""
+    return sorted(p for p in re.split(r"[,;\s]+", value or "") if p)

@@ -1,0 +1,261 @@
+"""The HA manager's API of the simulated cluster: rules (PVE 9), groups (PVE 8) and resources.
+
+Modelled on pve-ha-manager's src/PVE/API2/HA/{Rules,Groups,Resources}.pm: the files
+``ha/rules.cfg``, ``ha/groups.cfg`` and ``ha/resources.cfg`` of the shared pve root (written
+with :mod:`gputopo.formats.hacfg`), changed under the cluster lock ``domain-ha``
+(``PVE::HA::Config::lock_ha_domain``). What a release answers:
+
+* PVE 9 serves ``/cluster/ha/rules``; its groups calls die with ``ha groups have been migrated
+  to rules`` once ``groups.cfg`` holds no group (``have_groups_been_migrated``);
+* PVE 8 has no rules API (501, as for any unknown path) and serves the groups.
+
+A rule may only name HA-managed resources (``cannot use unmanaged resource(s) vm:201.``) and
+existing nodes; a resource in two node-affinity rules is an infeasible rule (400 ``Rule 'x' is
+invalid.`` with ``resources: resource 'vm:201' is already used in another node affinity rule``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gputopo.formats.hacfg import Section, format_node_list, node_list, parse_section_config, resource_list, write_section_config
+from gputopo.formats.propstring import sha1_digest
+from gputopo.sim.files import PMXCFS_MODE, atomic_write
+from gputopo.sim.pveapi.answers import ApiError, die
+from gputopo.sim.pveapi.auth import Caller
+from gputopo.sim.pveapi.cfslock import cfs_lock
+
+RULE_KEYS = ("resources", "nodes", "strict", "comment", "disable")
+GROUP_KEYS = ("nodes", "restricted", "nofailback", "comment")
+RESOURCE_KEYS = ("state", "group", "comment", "failback", "max_restart", "max_relocate")
+
+
+class HaHandlers:
+    """HA handlers of :class:`gputopo.sim.pveapi.PveApiServer` (a mixin)."""
+
+    # -- files --
+
+    def _ha_read(self, name: str) -> tuple[str, list[Section]]:
+        try:
+            text = (self.pve_root / "ha" / name).read_text()
+        except FileNotFoundError:
+            text = ""
+        return text, parse_section_config(text)
+
+    def _ha_write(self, name: str, sections: list[Section]) -> None:
+        (self.pve_root / "ha").mkdir(exist_ok=True)
+        atomic_write(self.pve_root / "ha" / name, write_section_config(sections), PMXCFS_MODE)
+
+    def _ha_lock(self, what: str):
+        return cfs_lock(self.pve_root, "domain-ha", what, on_wait=self.print_stderr)
+
+    def _pve_major(self) -> int:
+        return int(self.version.split(".")[0])
+
+    def _groups_migrated(self) -> bool:
+        return not any(s.type == "group" for s in self._ha_read("groups.cfg")[1])
+
+    def _need_rules(self, method: str, path: str) -> None:
+        if self._pve_major() < 9:
+            raise ApiError(501, f"Method '{method} {path}' not implemented")
+
+    # -- rules (PVE 9) --
+
+    def _rule_item(self, s: Section, digest: str, order: int) -> dict[str, Any]:
+        item: dict[str, Any] = {"rule": s.id, "type": s.type, "digest": digest, "order": order}
+        for k, v in s.props.items():
+            item[k] = int(v) if k in ("strict", "disable") else v
+        return item
+
+    def h_ha_rules(self, caller: Caller, p: dict) -> Any:
+        self._need_rules("GET", "/cluster/ha/rules")
+        text, rules = self._ha_read("rules.cfg")
+        return [self._rule_item(s, sha1_digest(text), i) for i, s in enumerate(rules, 1)
+                if p.get("type") in (None, s.type)]
+
+    def h_ha_rule_get(self, caller: Caller, p: dict) -> Any:
+        self._need_rules("GET", f"/cluster/ha/rules/{p['rule']}")
+        text, rules = self._ha_read("rules.cfg")
+        for i, s in enumerate(rules, 1):
+            if s.id == p["rule"]:
+                return self._rule_item(s, sha1_digest(text), i)
+        raise die(f"no such ha rule '{p['rule']}'")
+
+    def _check_rule(self, s: Section, rules: list[Section]) -> None:
+        managed = {r.sid for r in self._ha_read("resources.cfg")[1]}
+        sids = resource_list(s.props.get("resources", ""))
+        if not sids:
+            raise die("no resources were specified")
+        unmanaged = [sid for sid in sids if sid not in managed]
+        if unmanaged:
+            raise die(f"cannot use unmanaged resource(s) {', '.join(unmanaged)}.")
+        if s.type == "node-affinity":
+            nodes = node_list(s.props.get("nodes", ""))
+            if not nodes:
+                raise die("no nodes were specified")
+            missing = [n for n in sorted(nodes) if n not in self.members()]
+            if missing:
+                raise die(f"cannot use non-existent node(s) {', '.join(missing)}.")
+            for other in rules:
+                if other.id == s.id or other.type != "node-affinity" or other.props.get("disable") == "1":
+                    continue
+                both = sorted(set(sids) & set(resource_list(other.props.get("resources", ""))))
+                if both:
+                    raise ApiError(400, f"Rule '{s.id}' is invalid.\n", {
+                        "resources": f"resource '{both[0]}' is already used in another node affinity rule"})
+
+    def _rule_props(self, p: dict, s: Section) -> None:
+        for key in RULE_KEYS:
+            if key not in p:
+                continue
+            value = p[key]
+            if key == "nodes":
+                value = format_node_list(node_list(value))
+            elif key == "resources":
+                value = ",".join(resource_list(value))
+            elif key in ("strict", "disable"):
+                value = "1" if value else "0"
+            s.props[key] = str(value)
+        if s.props.get("disable") == "0":
+            del s.props["disable"]  # API2/HA/Rules.pm: delete $param->{disable} if !$param->{disable}
+
+    def h_ha_rule_create(self, caller: Caller, p: dict) -> Any:
+        self._need_rules("POST", "/cluster/ha/rules")
+        with self._lock, self._ha_lock("create ha rule failed"):
+            _, rules = self._ha_read("rules.cfg")
+            if any(s.id == p["rule"] for s in rules):
+                raise die(f"create ha rule failed: HA rule '{p['rule']}' already defined")
+            s = Section(type=p["type"], id=p["rule"])
+            self._rule_props(p, s)
+            self._check_rule(s, rules)
+            self._ha_write("rules.cfg", rules + [s])
+        return None
+
+    def h_ha_rule_update(self, caller: Caller, p: dict) -> Any:
+        self._need_rules("PUT", f"/cluster/ha/rules/{p['rule']}")
+        with self._lock, self._ha_lock("update HA rules failed"):
+            text, rules = self._ha_read("rules.cfg")
+            if p.get("digest") and p["digest"] != sha1_digest(text):
+                raise die("update HA rules failed: detected modified configuration - file changed by other user? "
+                          "Try again.")
+            s = next((r for r in rules if r.id == p["rule"]), None)
+            if s is None:
+                raise die(f"update HA rules failed: HA rule '{p['rule']}' does not exist")
+            for key in p.get("delete", []):
+                s.props.pop(key, None)
+            self._rule_props(p, s)
+            self._check_rule(s, rules)
+            self._ha_write("rules.cfg", rules)
+        return None
+
+    def h_ha_rule_delete(self, caller: Caller, p: dict) -> Any:
+        self._need_rules("DELETE", f"/cluster/ha/rules/{p['rule']}")
+        with self._lock, self._ha_lock("delete ha rule failed"):
+            _, rules = self._ha_read("rules.cfg")
+            self._ha_write("rules.cfg", [s for s in rules if s.id != p["rule"]])
+        return None
+
+    # -- groups (PVE 8) --
+
+    def h_ha_groups(self, caller: Caller, p: dict) -> Any:
+        if self._pve_major() >= 9 and self._groups_migrated():
+            raise die("cannot index groups: ha groups have been migrated to rules")
+        text, groups = self._ha_read("groups.cfg")
+        digest = sha1_digest(text)
+        return [{"group": g.id, "type": "group", "digest": digest,
+                 **{k: int(v) if k in ("restricted", "nofailback") else v for k, v in g.props.items()}}
+                for g in groups if g.type == "group"]
+
+    def _group_props(self, p: dict, g: Section) -> None:
+        for key in GROUP_KEYS:
+            if key in p:
+                value = p[key]
+                if key == "nodes":
+                    value = format_node_list(node_list(value))
+                elif key in ("restricted", "nofailback"):
+                    value = "1" if value else "0"
+                g.props[key] = str(value)
+
+    def h_ha_group_create(self, caller: Caller, p: dict) -> Any:
+        if self._pve_major() >= 9 and self._groups_migrated():
+            raise die("cannot create group: ha groups have been migrated to rules")
+        with self._lock, self._ha_lock("create ha group failed"):
+            _, groups = self._ha_read("groups.cfg")
+            if any(g.id == p["group"] for g in groups):
+                raise die(f"create ha group failed: ha group ID '{p['group']}' already defined")
+            g = Section(type="group", id=p["group"])
+            self._group_props(p, g)
+            self._ha_write("groups.cfg", groups + [g])
+        return None
+
+    def h_ha_group_update(self, caller: Caller, p: dict) -> Any:
+        if self._pve_major() >= 9 and self._groups_migrated():
+            raise die("cannot update group: ha groups have been migrated to rules")
+        with self._lock, self._ha_lock("update ha group failed"):
+            text, groups = self._ha_read("groups.cfg")
+            if p.get("digest") and p["digest"] != sha1_digest(text):
+                raise die("update ha group failed: detected modified configuration - file changed by other user? "
+                          "Try again.")
+            g = next((x for x in groups if x.id == p["group"]), None)
+            if g is None:
+                raise die(f"update ha group failed: no such ha group '{p['group']}'")
+            for key in p.get("delete", []):
+                g.props.pop(key, None)
+            self._group_props(p, g)
+            self._ha_write("groups.cfg", groups)
+        return None
+
+    def h_ha_group_delete(self, caller: Caller, p: dict) -> Any:
+        with self._lock, self._ha_lock("delete ha group failed"):
+            _, groups = self._ha_read("groups.cfg")
+            users = [r.sid for r in self._ha_read("resources.cfg")[1] if r.props.get("group") == p["group"]]
+            if users:
+                raise die(f"delete ha group failed: ha group is used by service '{users[0]}'")
+            self._ha_write("groups.cfg", [g for g in groups if g.id != p["group"]])
+        return None
+
+    # -- resources --
+
+    def _resource_item(self, r: Section, digest: str) -> dict[str, Any]:
+        item: dict[str, Any] = {"sid": r.sid, "type": r.type, "digest": digest, "state": "started"}
+        item.update(r.props)
+        return item
+
+    def h_ha_resources(self, caller: Caller, p: dict) -> Any:
+        text, resources = self._ha_read("resources.cfg")
+        return [self._resource_item(r, sha1_digest(text)) for r in resources]
+
+    def _parse_sid(self, sid: str) -> tuple[str, str]:
+        kind, _, vmid = sid.partition(":") if ":" in sid else ("vm", "", sid)
+        if kind not in ("vm", "ct") or not vmid.isdigit():
+            raise ApiError(400, "Parameter verification failed.\n", {"sid": f"unable to parse HA resource id '{sid}'"})
+        return kind, vmid
+
+    def h_ha_resource_create(self, caller: Caller, p: dict) -> Any:
+        kind, vmid = self._parse_sid(p["sid"])
+        with self._lock, self._ha_lock("create resource failed"):
+            _, resources = self._ha_read("resources.cfg")
+            if any(r.sid == f"{kind}:{vmid}" for r in resources):
+                raise die(f"create resource failed: resource ID '{kind}:{vmid}' already defined")
+            r = Section(type=kind, id=vmid)
+            r.props.update({k: str(p[k]) for k in RESOURCE_KEYS if k in p})
+            self._ha_write("resources.cfg", resources + [r])
+        return None
+
+    def h_ha_resource_update(self, caller: Caller, p: dict) -> Any:
+        kind, vmid = self._parse_sid(p["sid"])
+        with self._lock, self._ha_lock("update resource failed"):
+            text, resources = self._ha_read("resources.cfg")
+            if p.get("digest") and p["digest"] != sha1_digest(text):
+                raise die("update resource failed: detected modified configuration - file changed by other user? "
+                          "Try again.")
+            r = next((x for x in resources if x.sid == f"{kind}:{vmid}"), None)
+            if r is None:
+                raise die(f"update resource failed: service '{kind}:{vmid}' is not managed by ha")
+            if "group" in p and not any(g.id == p["group"] for g in self._ha_read("groups.cfg")[1]):
+                raise die(f"update resource failed: group '{p['group']}' does not exist")
+            for key in p.get("delete", []):
+                r.props.pop(key, None)
+            r.props.update({k: str(p[k]) for k in RESOURCE_KEYS if k in p})
+            self._ha_write("resources.cfg", resources)
+        return None
