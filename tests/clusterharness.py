@@ -93,6 +93,22 @@ def cleanup(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
+@pytest.fixture(scope="module")
+def template():
+    """A three-node PVE 8 cluster, made once per test module (``cluster`` copies it)."""
+    d = make_template()
+    yield d
+    cleanup(d.parent)
+
+
+@pytest.fixture
+def cluster(template, tmp_path):
+    """A private copy of the module's ``template``; its servers stop afterwards."""
+    c = copy_cluster(template, tmp_path / "cluster")
+    yield c
+    c.stop()
+
+
 # --- OpenSSH ---------------------------------------------------------------------------------
 
 

@@ -225,7 +225,7 @@ def test_an_address_unquoted_or_in_another_form_is_the_address(written):
 
 
 def test_numbers_and_dates_still_load_as_yaml_says():
-    from gputopo.plan.spec import _SpecLoader
+    from gputopo.plan.yamlspec import _SpecLoader
     import yaml
 
     assert yaml.load("[12, 1.5, 0x10, 1:30, '7']", Loader=_SpecLoader) == [12, 1.5, 16, "1:30", "7"]

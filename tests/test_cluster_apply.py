@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from applysim import diff as fp_diff, fingerprint
-from clusterharness import cleanup, copy_cluster, make_template, spec_text
+from clusterharness import cleanup, cluster, copy_cluster, make_template, spec_text, template  # noqa: F401 - fixtures
 from gputopo.adapters.clusterapi import ClusterApi
 from gputopo.cluster.gather import read_cluster
 from gputopo.cluster.ha import read_ha
@@ -24,24 +24,10 @@ from gputopo.sim.pveapi import PveApiServer
 
 
 @pytest.fixture(scope="module")
-def template():
-    d = make_template()
-    yield d
-    cleanup(d.parent)
-
-
-@pytest.fixture(scope="module")
 def template9():
     d = make_template("9.1.2")
     yield d
     cleanup(d.parent)
-
-
-@pytest.fixture
-def cluster(template, tmp_path):
-    c = copy_cluster(template, tmp_path / "cluster")
-    yield c
-    c.stop()
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from clusterharness import cleanup, copy_cluster, make_template, spec_text
+from clusterharness import cluster, spec_text, template  # noqa: F401 - fixtures
 from gputopo.actions import DeleteMapping, SetMapping, Timeouts
 from gputopo.actions.base import StepContext
 from gputopo.errors import MappingConflict
@@ -20,20 +20,6 @@ LINE = "id=10de:2bb5,iommugroup={g},node={n},path=0000:{b}:00.0,subsystem-id=10d
 
 def line(node: str, bus: str = "81", group: int = 25) -> str:
     return LINE.format(n=node, b=bus, g=group)
-
-
-@pytest.fixture(scope="module")
-def template():
-    d = make_template()
-    yield d
-    cleanup(d.parent)
-
-
-@pytest.fixture
-def cluster(template, tmp_path):
-    c = copy_cluster(template, tmp_path / "cluster")
-    yield c
-    c.stop()
 
 
 def ctx_of(ports) -> StepContext:

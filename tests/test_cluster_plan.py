@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from clusterharness import cleanup, copy_cluster, make_template, spec_text
+from clusterharness import copy_cluster, spec_text, template  # noqa: F401 - fixtures
 from gputopo.actions import SetMapping
 from gputopo.cluster.gather import parse_version, select_nodes
 from gputopo.cluster.ha import HaState, ha_changes, ha_files, placements
@@ -185,13 +185,6 @@ def test_rolling_order():
 
 
 # --- offline plan ----------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def template():
-    d = make_template()
-    yield d
-    cleanup(d.parent)
 
 
 def test_cluster_plan_offline_from_discover_json(template, tmp_path):

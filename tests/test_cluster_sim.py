@@ -14,7 +14,7 @@ import pytest
 from proxmoxer import ProxmoxAPI
 from proxmoxer.core import ResourceException
 
-from clusterharness import cleanup, copy_cluster, make_template
+from clusterharness import cleanup, cluster, copy_cluster, make_template, template  # noqa: F401 - fixtures
 from gputopo.formats.corosync import parse_corosync_nodes
 from gputopo.formats.pcicfg import parse_pci_cfg
 from gputopo.sim import state
@@ -23,24 +23,10 @@ from gputopo.sim.host import SimHost
 
 
 @pytest.fixture(scope="module")
-def template():
-    d = make_template()
-    yield d
-    cleanup(d.parent)
-
-
-@pytest.fixture(scope="module")
 def template9():
     d = make_template("9.1.2", count=2)
     yield d
     cleanup(d.parent)
-
-
-@pytest.fixture
-def cluster(template, tmp_path):
-    c = copy_cluster(template, tmp_path / "cluster")
-    yield c
-    c.stop()
 
 
 def api_of(c: SimCluster, node: str = "pve1") -> ProxmoxAPI:

@@ -87,6 +87,17 @@ def test_simulator_commands_without_cryptography_say_what_to_install(tmp_path, a
     assert not (tmp_path / "host").exists()
 
 
+def test_sim_option_without_cryptography_says_what_to_install(tmp_path):
+    from gputopo.sim.host import SimHost
+
+    SimHost.create(tmp_path / "host")  # made here, used where cryptography is missing
+    p = run_gputopo(["plan", "--sim", str(tmp_path / "host"), "--split", "numa", "--container", "101"], tmp_path,
+                    block_cryptography=True)
+    assert p.returncode == 1 and p.stdout == "", p.stderr
+    (line,) = p.stderr.splitlines()
+    assert line.startswith("gputopo: error: command '--sim' is unavailable: ") and "pip install 'gputopo[sim]'" in line
+
+
 def test_node_commands_run_without_cryptography(tmp_path, materialized):
     root = materialized("seed")
     p = run_gputopo(["discover", "--root", str(root)], tmp_path, block_cryptography=True)

@@ -288,6 +288,9 @@ def build_ports(conn: Connection, default_node: str | None = None, env: dict[str
             raise ConfigError("--sim excludes --api-url and --local (the simulated host serves its own API)")
         sim = _sim_host(conn)
         _refuse_ignored(conn, timeout_used=False)
+        from gputopo.cli.simcmd import require_sim_extra
+
+        require_sim_extra("--sim")  # its API serves HTTPS: one line, not an ImportError's traceback
         sim.start()
         return sim.ports()
 

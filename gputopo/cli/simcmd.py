@@ -19,7 +19,8 @@ def require_sim_extra(command: str) -> None:
     certificate made by the ``cryptography`` package, an optional extra (``gputopo[sim]``)
     that a node install may leave out.
 
-    Raises UnavailableCommand (one line saying what to install) when it cannot be imported.
+    Raises UnavailableCommand (one line saying what to install) when it cannot be imported;
+    ``command`` names what needs it (``sim``, ``demo``, ``--sim``).
     """
     try:
         from cryptography import x509  # noqa: F401  (what gputopo.sim.tls needs)

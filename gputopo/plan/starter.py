@@ -9,7 +9,8 @@ from pydantic import ValidationError
 
 from gputopo.errors import SpecError
 from gputopo.model.facts import Facts, nvidia_gpus
-from gputopo.plan.spec import API_VERSION, KIND, GpuSelector, Spec, format_validation_error
+from gputopo.plan.spec import API_VERSION, KIND, GpuSelector, Spec
+from gputopo.plan.yamlspec import format_validation_error
 
 
 def split_selectors(facts: Facts, split: str) -> tuple[GpuSelector, GpuSelector]:

@@ -50,8 +50,8 @@ class EndpointServer:
     """The container's OpenAI-compatible HTTP endpoint, served on loopback by the simulator.
 
     Every request reads the container's state from files: with no active inference service
-    (container stopped, service inactive or failed) the connection is closed without a reply,
-    like a server that is not listening. The URL is recorded in ``<run>/endpoint-<vmid>.json``.
+    (container stopped, service inactive, failed, or still loading its model) the connection is
+    closed without a reply, like a server that is not listening. The URL is recorded in ``<run>/endpoint-<vmid>.json``.
     """
 
     def __init__(self, sim_dir: str | os.PathLike, vmid: int, host: str = "127.0.0.1", port: int = 0):
@@ -97,7 +97,9 @@ class EndpointServer:
         length = int(req.headers.get("Content-Length") or 0)
         body = req.rfile.read(length) if length else b""
         active = ct.active_server()
-        if active is None:
+        # a server still loading its model does not listen yet (SGLang's and vLLM's launchers
+        # start their HTTP server once the model is loaded): the unit is "activating" until then
+        if active is None or float(active[1].get("ready_at", 0.0)) > time.time():
             req.close_connection = True
             return
         hang = faults_of(self.sim_dir, self.vmid).get("hung_endpoint")

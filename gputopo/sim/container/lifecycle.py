@@ -50,7 +50,7 @@ class Container:
         self.rootfs = self.paths.rootfs(self.vmid)
         self.state_name = f"ct-{self.vmid}"
 
-    # runtime state: {"devices": [...] (view fixed at start), "loaded": {unit: fingerprint},
+    # runtime state: {"devices": [...] (view fixed at start), "booted": time, "loaded": {unit: fingerprint},
     #                 "services": {unit: {...}}}
     def _state(self) -> dict:
         return state.read_state(self.paths.run, self.state_name, {}) or {}
@@ -75,9 +75,14 @@ class Container:
         """
         with state.locked(self.paths.run, self.state_name):
             self._reap_all()
-            self._save({"devices": self._current_view(), "loaded": {}, "services": {}})
+            self._save({"devices": self._current_view(), "loaded": {}, "services": {}, "booted": time.time()})
         for unit in self.enabled_units():
             self.start_service(unit)
+
+    def booted_at(self) -> float | None:
+        """When the container last started (time.time()); None while it is stopped. A change
+        that kept it running leaves this as it was."""
+        return self._state().get("booted")
 
     def shutdown(self) -> None:
         """Record the container as stopped: every service ends, the /dev view is gone."""
