@@ -208,3 +208,19 @@ def test_cluster_plan_offline_from_discover_json(template, tmp_path):
     bad = subprocess.run(args + ["--nodes", "pve2,pve7"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2
     assert bad.stderr.strip() == "gputopo: error: unknown node 'pve7': not in the spec (have pve1, pve2, pve3)"
+
+
+def test_a_gpu_moving_on_one_node_stops_only_that_nodes_vms_of_a_shared_mapping():
+    """The same PCI path on another node is another GPU: pve2 rebinding its 0000:81:00.0 stops
+    pve2's VM on the shared mapping only when that mapping has a pve2 line for it."""
+    from gputopo.model.state import CurrentState, GuestState, MappingState
+    from gputopo.plan.restarts import guest_restarts
+
+    node = parse_spec("apiVersion: gputopo/v1\nkind: GpuTopology\nnodes:\n  - name: pve2\n").nodes[0]
+    pve1 = "id=10de:2bb5,iommugroup=25,node=pve1,path=0000:81:00.0,subsystem-id=10de:204e"
+    pve2 = pve1.replace("node=pve1", "node=pve2")
+    vm = GuestState(status="running", hostpci=["mapping=shared,pcie=1"])
+    for lines, stops in (([pve1], []), ([pve1, pve2], [301])):
+        current = CurrentState(mappings={"shared": MappingState(map=lines, digest="d" * 40)}, guests={301: vm})
+        got, _ = guest_restarts(node, current, {}, set(), {"0000:81:00.0"})
+        assert [s.vmid for s in got] == stops, lines

@@ -36,7 +36,12 @@ def map_node(entry: str) -> str | None:
 
 def map_paths(entry: str) -> list[str]:
     """The devices of one map line (``path=A;B`` -> [A, B])."""
-    return [p for p in map_fields(entry).get("path", "").split(";") if p]
+    return list(_paths(entry))
+
+
+@lru_cache(maxsize=_CACHE)
+def _paths(entry: str) -> tuple[str, ...]:
+    return tuple(p for p in dict(_fields(entry)).get("path", "").split(";") if p)
 
 
 @lru_cache(maxsize=_CACHE)

@@ -8,7 +8,7 @@ from typing import Any
 from gputopo.actions import Rebind, StartGuest, StartService, StopGuest, StopService, UpdateContainer, WriteServiceDropin
 from gputopo.errors import AddressError, Refusal
 from gputopo.formats.devn import DEV_KEY, dev_path
-from gputopo.formats.mapline import map_fields
+from gputopo.formats.mapline import map_fields, map_node, map_paths
 from gputopo.model.facts import Facts, normalize_address, slot_of
 from gputopo.model.state import ContainerState, CurrentState, ServiceState
 from gputopo.plan.model import MappingTarget, ServiceTarget
@@ -182,11 +182,13 @@ def guest_restarts(
     rebinding: set[str],
 ) -> tuple[list[StopGuest], list[StartGuest]]:
     """(stops, starts) of the running VMs that use a changed mapping, a mapping holding a device
-    being rebound, or such a device directly (``host=``)."""
+    of this node being rebound, or such a device directly (``host=``). A mapping's lines for
+    other nodes name their own devices (the same PCI path on another server is another GPU):
+    they do not make this node's VMs stop."""
     affected = set(changed_mappings)
+    node = spec_node.name
     for mid, m in {**mappings, **current.mappings}.items():
-        paths = [p for e in m.map for p in map_fields(e).get("path", "").split(";")]
-        if any(p in rebinding for p in paths):
+        if any(p in rebinding for e in m.map if map_node(e) in (node, None) for p in map_paths(e)):
             affected.add(mid)
     stops: list[StopGuest] = []
     starts: list[StartGuest] = []
