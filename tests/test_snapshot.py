@@ -126,3 +126,33 @@ def test_snapshot_never_opens_bars_rom_or_for_writing(fresh_host, tmp_path, monk
     assert any(p.endswith("/0000:01:00.0/config") for p, _ in inside)  # the recorder sees reads
     assert not [p for p, _ in inside if re.search(r"/(resource\d+(_wc)?|rom|vpd)$", p)]
     assert all(set(m) <= {"r", "b", "t"} for _, m in inside), [x for x in inside if "r" not in x[1]]
+
+
+def test_a_snapshot_carries_its_discovery_and_a_cluster_plan_reads_only_that(materialized, tmp_path, monkeypatch):
+    """The first member is discovery's result when the snapshot was taken: the same facts as
+    discovering the unpacked tree, read without unpacking it. Another gputopo version's record
+    is not trusted: the tree is discovered again."""
+    import gputopo
+    from gputopo.cluster.gather import load_facts
+    from gputopo.facts import snapshot as snapmod
+
+    out = tmp_path / "pve1.tar.gz"
+    snapshot(materialized("seed"), out)
+    with tarfile.open(out) as t:
+        first = t.next()
+        assert first.name == ".gputopo-facts.json"
+        assert json.loads(t.extractfile(first).read())["gputopo"] == gputopo.__version__
+    def data(facts) -> dict:
+        return {k: v for k, v in json.loads(facts.to_json()).items() if k != "root"}
+
+    with opened_root(out) as root:
+        want = data(discover(root))
+    recorded = snapmod.facts_of_snapshot(out)
+    assert recorded is not None and data(recorded) == want and recorded.root == str(out)
+
+    discovered = []
+    monkeypatch.setattr("gputopo.facts.discover.discover", lambda r: discovered.append(r) or discover(r))
+    assert data(load_facts(out)) == want and discovered == []  # nothing unpacked
+    monkeypatch.setattr(gputopo, "__version__", "0.0.1")
+    assert snapmod.facts_of_snapshot(out) is None
+    assert data(load_facts(out)) == want and len(discovered) == 1  # the tree, again

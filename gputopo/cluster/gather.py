@@ -148,6 +148,11 @@ def load_facts(path: Path) -> Facts:
             return Facts.model_validate_json(path.read_text())
         except ValidationError as e:
             raise SpecError(str(path), "", f"not 'gputopo discover --json' output ({e.error_count()} errors)") from None
+    from gputopo.facts.snapshot import facts_of_snapshot
+
+    recorded = facts_of_snapshot(path)  # what discovery found when the snapshot was taken
+    if recorded is not None:
+        return recorded
     with opened_root(str(path)) as root:
         return discover(root)
 

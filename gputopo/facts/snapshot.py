@@ -15,6 +15,12 @@ nodes, the module parameters discovery reads, ``proc/cmdline``, ``proc/modules``
 
 What is never captured: BAR ``resourceN`` files, ``rom``, ``vpd`` (reads can hang or be huge),
 anything written (config space is only read), ``/etc``, process environments or fd contents.
+
+The archive's first member, ``.gputopo-facts.json``, is discovery's result on the host when the
+snapshot was taken, with the gputopo version that made it: a cluster plan over many snapshots
+(``gputopo cluster plan --facts DIR``) reads that one member instead of unpacking and
+discovering each tree (:func:`facts_of_snapshot`); a snapshot from another version is discovered
+again from its tree.
 """
 
 from __future__ import annotations
@@ -117,9 +123,12 @@ def snapshot(root: str | Path, out_tar_gz: str | Path) -> dict[str, int]:
     counts = {"pci_functions": 0, "files": 0, "links": 0}
     out = str(out_tar_gz)
     tmp = out + ".part"
+    facts = _facts_member(root_s)
     try:
         with tarfile.open(tmp, "w:gz", format=tarfile.PAX_FORMAT, compresslevel=6) as tar:
             w = _TarWriter(tar)
+            if facts is not None:
+                w.file(FACTS_MEMBER, facts)
             _capture(root_s, w, counts)
         os.replace(tmp, out)
     except OSError as e:
@@ -127,6 +136,44 @@ def snapshot(root: str | Path, out_tar_gz: str | Path) -> dict[str, int]:
             os.unlink(tmp)
         raise SnapshotError(out, e.strerror or str(e)) from e
     return counts
+
+
+FACTS_MEMBER = ".gputopo-facts.json"
+
+
+def _facts_member(root: str) -> bytes | None:
+    """``{"gputopo": version, "facts": discovery's result}`` of ``root``; None when discovery
+    refuses it (the tree is still captured, and discovered when it is read)."""
+    from gputopo import __version__
+    from gputopo.errors import GputopoError
+    from gputopo.facts.discover import discover
+
+    try:
+        facts = discover(root)
+    except GputopoError:
+        return None
+    return json.dumps({"gputopo": __version__, "facts": json.loads(facts.to_json())}).encode()
+
+
+def facts_of_snapshot(path: str | Path):
+    """The facts recorded in snapshot ``path`` when it was taken (its first member), or None
+    when it has none or another gputopo version made them. Reads only that member."""
+    from gputopo import __version__
+    from gputopo.model.facts import Facts
+
+    try:
+        with tarfile.open(path, "r:gz") as tar:
+            first = tar.next()
+            if first is None or first.name != FACTS_MEMBER or not first.isfile():
+                return None
+            f = tar.extractfile(first)
+            data = json.loads(f.read()) if f is not None else None
+    except (tarfile.TarError, OSError, EOFError, zlib.error, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("gputopo") != __version__ or not isinstance(data.get("facts"), dict):
+        return None
+    # the root it was read from is the archive now (the host's root path means nothing here)
+    return Facts.model_validate({**data["facts"], "root": str(path)})
 
 
 class _Capture:
