@@ -32,7 +32,7 @@ _kind, _, _n = _at.partition(":")
 _limit = int(_n) if _n.isdigit() else 0
 
 
-_trace: list[tuple[str, int, int]] = []  # (what, records so far, calls so far)
+_trace: list[tuple[str, int, int]] = []  # (record type or calling class, records so far, calls so far)
 
 
 def _tick(kind: str, what: str = "") -> None:
@@ -49,7 +49,8 @@ def _wrap(cls: type, name: str, kind: str, when=lambda *a, **k: True) -> None:
     def wrapper(self, *args, **kwargs):
         out = original(self, *args, **kwargs)
         if when(*args, **kwargs):
-            _tick(kind, getattr(args[0], "type", "") if kind == "record" and args else "")
+            # a record by its type, a call by the class that made it (SimKernel: a sysfs write)
+            _tick(kind, getattr(args[0], "type", "") if kind == "record" and args else cls.__name__)
         return out
 
     setattr(cls, name, wrapper)

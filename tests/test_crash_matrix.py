@@ -3,8 +3,10 @@ ends fully applied or identical to before, with the service running what its uni
 
 Kill points are counted, not polled (``tests/crashdriver.py``): right after every journal record
 reaches the disk and right after every call that changes the host. The simulated host runs at a
-realistic pace where it matters for a rollback: the service stays ``activating`` for a while
-after each start. What is compared is what runs (``applysim.fingerprint``): drivers and overrides,
+realistic pace where it matters for a rollback: the service stays ``activating`` for a second
+after each start and the container takes most of a second to shut down. The apply and its
+rollback run both with the container kept running (``container_restart: auto``) and with it
+stopped and started again (``always``). What is compared is what runs (``applysim.fingerprint``): drivers and overrides,
 the nvidia and vfio nodes, the Proxmox files, host and container files with their modes, the
 service's real command line and the GPUs its processes hold, the container's view of /dev.
 
@@ -38,19 +40,39 @@ DRIVER = Path(__file__).resolve().parent / "crashdriver.py"
 WORKERS = 2
 
 
+RESTARTS = ["auto", "always"]  # the container keeps running / stops and starts again
+
+
 def _pace(host) -> None:
-    """A real server's pace where the rollback logic depends on it: the service stays activating."""
+    """A real server's pace where the rollback logic depends on it: the service stays activating
+    for a second after each start, and the container takes a while to shut down."""
     SimKernel(host.paths.root).configure(time_scale=applysim.SCALE)
-    state.write_state(host.paths.run, "latencies", {"service.start": 0.4, "service.stop": 0.05,
-                                                    "vzstart": 0.1, "vzshutdown": 0.1})
+    state.write_state(host.paths.run, "latencies", {"service.start": 1.0, "service.stop": 0.1,
+                                                    "vzstart": 0.3, "vzshutdown": 0.8})
 
 
-def _host(template, tag: str):
+def _host(template, tag: str, restart: str = "auto"):
     base = Path(tempfile.mkdtemp(prefix=f"gputopo-crash-{tag}-", dir=applysim.fast_tmp()))
     h = applysim.copy_host(template, base / "sim")
     _pace(h)
-    (h.dir / "spec.yaml").write_text(applysim.seed_spec_text(h))
+    text = applysim.seed_spec_text(h)
+    (h.dir / "spec.yaml").write_text(text.replace("policy:\n", f"policy:\n  container_restart: {restart}\n", 1))
     return h, base
+
+
+def _probe_copy(template, restart: str, args: list[str] | None, rc: int, setup=lambda h: None,
+                inspect=lambda h: None) -> tuple[dict, object]:
+    """Count the kill points of ``gputopo ARGS`` (an apply by default) on a copy of the host after
+    ``setup``; returns the counts and what ``inspect(host)`` says once it ended with ``rc``."""
+    host, base = _host(template, "probe", restart)
+    try:
+        setup(host)
+        probe = _probe(host, *(args or _apply_args(host)))
+        assert probe["rc"] == rc, probe["stderr"]
+        return probe, inspect(host)
+    finally:
+        host.stop()
+        applysim.cleanup(base)
 
 
 def _drive(host, *args: str, at: str | None = None, count: Path | None = None) -> subprocess.CompletedProcess:
@@ -88,10 +110,10 @@ def _points(trace: list, start_records: int = 0, start_calls: int = 0) -> list[s
     return [f"record:{n}" for n in records] + [f"call:{n}" for n in calls]
 
 
-def _check(tag, template, prepare, points, expect_applied_fp=None):
+def _check(tag, template, prepare, points, expect_applied_fp=None, restart: str = "auto"):
     """Run ``prepare(host)`` then kill/recover at each point in parallel; collect problems."""
     def one(point: str) -> str | None:
-        host, base = _host(template, tag)
+        host, base = _host(template, tag, restart)
         try:
             before = applysim.fingerprint(host)
             outcome = prepare(host, point)
@@ -121,26 +143,28 @@ def _check(tag, template, prepare, points, expect_applied_fp=None):
 
 @pytest.fixture(scope="module")
 def applied_fp(template):
-    """The fingerprint of the seed host after a clean apply, at the same pace."""
-    host, base = _host(template, "clean")
-    try:
-        res = _drive(host, *_apply_args(host))
-        assert res.returncode == 0, res.stderr
-        host.stop()
-        return applysim.fingerprint(host)
-    finally:
-        host.stop()
-        applysim.cleanup(base)
+    """restart -> the fingerprint of the seed host after a clean apply, at the same pace."""
+    made: dict[str, dict] = {}
+
+    def of(restart: str) -> dict:
+        if restart not in made:
+            host, base = _host(template, "clean", restart)
+            try:
+                res = _drive(host, *_apply_args(host))
+                assert res.returncode == 0, res.stderr
+                host.stop()
+                made[restart] = applysim.fingerprint(host)
+            finally:
+                host.stop()
+                applysim.cleanup(base)
+        return made[restart]
+
+    return of
 
 
-def test_sigkill_at_every_point_of_an_apply(template, applied_fp):
-    host, base = _host(template, "probe")
-    try:
-        probe = _probe(host, *_apply_args(host))
-        assert probe["rc"] == 0, probe["stderr"]
-    finally:
-        host.stop()
-        applysim.cleanup(base)
+@pytest.mark.parametrize("restart", RESTARTS)
+def test_sigkill_at_every_point_of_an_apply(template, applied_fp, restart):
+    probe, _ = _probe_copy(template, restart, None, 0)
     points = _points(probe["trace"])
     assert len(points) > 40, points
 
@@ -149,26 +173,22 @@ def test_sigkill_at_every_point_of_an_apply(template, applied_fp):
         assert res.returncode == -signal.SIGKILL, (point, res.stderr)
         return "killed"
 
-    _check("apply", template, prepare, points, applied_fp)
+    _check("apply", template, prepare, points, applied_fp(restart), restart)
 
 
-def test_sigkill_at_every_point_of_a_rollback(template):
+@pytest.mark.parametrize("restart", RESTARTS)
+def test_sigkill_at_every_point_of_a_rollback(template, restart):
     """The apply fails at its last step (the service cannot start), then is killed at every
     point of its rollback; recover finishes the rollback."""
     def failing(host):
         # the new configuration (tp 4) does not fit; the old one (tp 8) starts again in the rollback
         break_container(host.dir, 101, "service_fails", message="RuntimeError: CUDA error: out of memory", tp=4)
 
-    host, base = _host(template, "probe")
-    try:
-        failing(host)
-        probe = _probe(host, *_apply_args(host))
-        assert probe["rc"] == 1, probe["stderr"]
+    def failed_record(host) -> int:
         recs = parse_journal(list_journals(host.paths.root)[-1].read_text())
-        failed_at = next(i for i, r in enumerate(recs, 1) if r.type == "failed")
-    finally:
-        host.stop()
-        applysim.cleanup(base)
+        return next(i for i, r in enumerate(recs, 1) if r.type == "failed")
+
+    probe, failed_at = _probe_copy(template, restart, None, 1, failing, failed_record)
     calls_then = next(c for what, r, c in probe["trace"] if what == "failed" and r == failed_at)
     points = _points(probe["trace"], failed_at, calls_then)
     assert len(points) > 15, points
@@ -180,31 +200,34 @@ def test_sigkill_at_every_point_of_a_rollback(template):
         heal_container(host.dir, 101, "service_fails")  # whatever was left of the fault
         return "killed in the rollback"
 
-    _check("rollback", template, prepare, points)
+    _check("rollback", template, prepare, points, restart=restart)
 
 
-def _kill_apply_in_switch(host) -> None:
-    res = _drive(host, *_apply_args(host), at="record:12")
+@pytest.fixture(scope="module")
+def switch_point(template) -> str:
+    """The kill point right after the second sysfs write of a clean apply: mid-switch, some GPUs
+    moved and others not (counted from a probe, not assumed from the plan's length)."""
+    probe, _ = _probe_copy(template, "auto", None, 0)
+    writes = [c for what, _, c in probe["trace"] if what == "SimKernel"]
+    assert len(writes) > 2, probe["trace"]
+    return f"call:{writes[1]}"
+
+
+def _kill_apply_in_switch(host, point: str) -> None:
+    res = _drive(host, *_apply_args(host), at=point)
     assert res.returncode == -signal.SIGKILL, res.stderr
     assert find_unfinished(host.paths.root) is not None
 
 
-def test_sigkill_at_every_point_of_a_recover_then_recover_again(template):
-    """Double crashes: the apply is killed mid-way, then its recover is killed at every point,
+def test_sigkill_at_every_point_of_a_recover_then_recover_again(template, switch_point):
+    """Double crashes: the apply is killed mid-switch, then its recover is killed at every point,
     then a second recover settles it."""
-    host, base = _host(template, "probe")
-    try:
-        _kill_apply_in_switch(host)
-        probe = _probe(host, "recover")
-        assert probe["rc"] == 0, probe["stderr"]
-    finally:
-        host.stop()
-        applysim.cleanup(base)
+    probe, _ = _probe_copy(template, "auto", ["recover"], 0, lambda h: _kill_apply_in_switch(h, switch_point))
     points = _points(probe["trace"])
     assert len(points) > 15, points
 
     def prepare(host, point):
-        _kill_apply_in_switch(host)
+        _kill_apply_in_switch(host, switch_point)
         res = _drive(host, "recover", at=point)
         assert res.returncode == -signal.SIGKILL, (point, res.stderr)
         return "recover killed"
@@ -212,15 +235,15 @@ def test_sigkill_at_every_point_of_a_recover_then_recover_again(template):
     _check("recover", template, prepare, points)
 
 
-def test_recover_finish_ends_byte_for_byte_like_a_clean_apply(template, applied_fp):
+def test_recover_finish_ends_byte_for_byte_like_a_clean_apply(template, applied_fp, switch_point):
     host, base = _host(template, "finish")
     try:
-        _kill_apply_in_switch(host)
+        _kill_apply_in_switch(host, switch_point)
         res = _drive(host, "recover", "--finish")
         assert res.returncode == 0, res.stderr
         assert find_unfinished(host.paths.root) is None
         host.stop()
-        assert applysim.diff(applied_fp, applysim.fingerprint(host)) == []
+        assert applysim.diff(applied_fp("auto"), applysim.fingerprint(host)) == []
     finally:
         host.stop()
         applysim.cleanup(base)

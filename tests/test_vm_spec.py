@@ -7,20 +7,7 @@ import pytest
 
 from gputopo.errors import SpecError
 from gputopo.plan.spec import Spec, parse_spec
-
-HEAD = """\
-apiVersion: gputopo/v1
-kind: GpuTopology
-nodes:
-  - name: pve1
-    containers:
-      - vmid: 101
-        gpus: {numa: [0]}
-    vms:
-      mappings:
-        - name: pro6000-vm
-          gpus: {numa: [1]}
-"""
+from test_spec import BASE as HEAD  # the seed split without VM entries
 
 
 def consumers(*entries: str) -> str:

@@ -89,12 +89,7 @@ class ProxmoxClient(ABC):
 
         Booleans go as 0/1 (Proxmox refuses ``True``). Raises ProxmoxError.
         """
-        params: dict[str, Any] = {k: wire_value(v) for k, v in set.items()}
-        if delete:
-            params["delete"] = ",".join(delete)
-        params["digest"] = digest
-        out = self._call("PUT", f"{self._n()}/lxc/{vmid}/config", **params)
-        self._check_null(out, f"PUT {self._n()}/lxc/{vmid}/config")
+        self._put_config("lxc", vmid, set, delete, digest)
 
     def guest_status(self, kind: str, vmid: int) -> str:
         """'running' or 'stopped' (GET .../status/current)."""
@@ -179,12 +174,15 @@ class ProxmoxClient(ABC):
 
         Raises ProxmoxError.
         """
+        self._put_config("qemu", vmid, set, delete, digest)
+
+    def _put_config(self, kind: str, vmid: int, set: dict[str, str], delete: list[str], digest: str) -> None:
         params: dict[str, Any] = {k: wire_value(v) for k, v in set.items()}
         if delete:
             params["delete"] = ",".join(delete)
         params["digest"] = digest
-        out = self._call("PUT", f"{self._n()}/qemu/{vmid}/config", **params)
-        self._check_null(out, f"PUT {self._n()}/qemu/{vmid}/config")
+        path = f"{self._n()}/{kind}/{vmid}/config"
+        self._check_null(self._call("PUT", path, **params), f"PUT {path}")
 
     def agent_ping(self, vmid: int) -> None:
         """POST .../agent/ping. Raises ProxmoxError when the VM has no agent, is not running or its
