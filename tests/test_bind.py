@@ -254,3 +254,14 @@ def test_binder_reads_back_a_plain_tree(root: Path) -> None:
     assert binder.override_of(PRO[0]) is None
     assert binder.group_state(binder.iommu_group_of(ADA)) == {ADA: "nvidia", ADA_AUDIO: "snd_hda_intel"}
     assert binder.group_state(9999) == {}
+
+
+def test_native_driver_is_read_from_the_kernels_modules_alias(materialized) -> None:
+    """What a bind back to "its native driver" pins: the module modules.alias names for the
+    device's modalias, and that module's driver directory (the esc8000a GPU and its HDMI audio)."""
+    from gputopo.facts.modalias import native_driver, read_aliases
+
+    root = str(materialized("esc8000a"))
+    assert read_aliases(root)
+    assert native_driver(root, "0000:01:00.0") == "nvidia"
+    assert native_driver(root, "0000:01:00.1") == "snd_hda_intel"

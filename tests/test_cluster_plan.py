@@ -208,6 +208,11 @@ def test_cluster_plan_offline_from_discover_json(template, tmp_path):
     bad = subprocess.run(args + ["--nodes", "pve2,pve7"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2
     assert bad.stderr.strip() == "gputopo: error: unknown node 'pve7': not in the spec (have pve1, pve2, pve3)"
+    # the spec from a pipe is read once: the same plan as from the file
+    piped = [a if a != str(spec) else "/dev/stdin" for a in args]
+    res2 = subprocess.run(piped, input=spec.read_text(), capture_output=True, text=True, timeout=120)
+    assert res2.returncode == 0, res2.stderr
+    assert res2.stdout == res.stdout.replace(str(spec), "/dev/stdin")
 
 
 def test_a_gpu_moving_on_one_node_stops_only_that_nodes_vms_of_a_shared_mapping():

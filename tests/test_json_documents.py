@@ -120,3 +120,15 @@ def _serve(d: Path) -> dict:
         secret = Path(doc[key]).read_text().strip()
         assert len(secret) > 8 and secret not in line  # the files hold the secrets; the line names them
     return doc
+
+
+def test_the_documents_module_stays_light():
+    """print_json loads gputopo.cli.documents for every --json command: it must not pull in the
+    planner or jinja2 (a diff document's file changes are described there, not imported)."""
+    import subprocess
+    import sys
+
+    probe = ("import sys\nimport gputopo.cli.documents\n"
+             "print(sorted(m for m in ('jinja2', 'gputopo.plan.planner', 'gputopo.plan.diff') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

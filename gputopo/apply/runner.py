@@ -219,8 +219,8 @@ class Runner:
         missing = self._missing_devices(vmid)
         if not missing:
             return
-        ctx.ports.proxmox.guest_action("lxc", vmid, "shutdown", ctx.timeouts.guest)
-        ctx.ports.proxmox.guest_action("lxc", vmid, "start", ctx.timeouts.guest)
+        power(ctx, "lxc", vmid, "shutdown")  # as a stop step does: its warnings, its longer wait
+        power(ctx, "lxc", vmid, "start")
         self.progress.note(f"restarted CT {vmid}: it did not see {', '.join(missing)}")
         still = self._missing_devices(vmid)
         if still:

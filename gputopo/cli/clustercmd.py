@@ -73,10 +73,10 @@ def _open(conn: Connection, spec_file: str, nodes: str | None, ssh_config: str |
     from gputopo.adapters.ssh import SshRunner
     from gputopo.cluster.gather import select_nodes
     from gputopo.errors import ConfigError
-    from gputopo.plan.spec import load_spec
+    from gputopo.plan.spec import parse_spec, read_spec_text
 
-    spec = load_spec(spec_file)
-    text = Path(spec_file).read_text(encoding="utf-8")
+    text = read_spec_text(spec_file)  # once: the nodes are sent this text, and it may be a pipe
+    spec = parse_spec(text, spec_file)
     wanted = _nodes_option(nodes)
     if conn.live and conn.pve_root is not None:
         raise ConfigError("--pve-root reads Proxmox's files; --sim, --api-url and --local read the API instead")

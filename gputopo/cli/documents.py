@@ -13,8 +13,6 @@ from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gputopo.plan.diff import FileChange
-
 VERSION = 1
 
 
@@ -35,13 +33,23 @@ class DiffAreaDoc(BaseModel):
     files: dict[str, str] = Field(description="path -> unified diff")
 
 
+class FileChangeDoc(BaseModel):
+    """One file of ``diff --json``'s ``changes`` (:class:`gputopo.plan.diff.FileChange`, whose
+    module is not imported here: print_json, which every --json command calls, loads this one)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    before: str | None = Field(description="The text now; null: the file does not exist")
+    after: str | None = Field(description="The text the plan leads to; null: removed")
+
+
 class DiffDoc(_Doc):
     """``gputopo diff --json``."""
 
     node: str
     is_empty: bool
     areas: dict[str, DiffAreaDoc] = Field(description="driver_bindings, container_devices, mappings, ...")
-    changes: dict[str, FileChange] = Field(default_factory=dict,
+    changes: dict[str, FileChangeDoc] = Field(default_factory=dict,
                                               description="path -> the whole file before and after")
 
 

@@ -51,8 +51,8 @@ def modules_for(modalias: str, aliases: list[tuple[str, str]]) -> list[str]:
 
 @lru_cache(maxsize=8)
 def _aliases(path: str, mtime: float) -> list[tuple[str, str]]:
-    text = read_whole(path)
-    return parse_modules_alias(text) if text else []
+    data = read_whole(path)  # bytes: modules.alias is a large file, read in one call
+    return parse_modules_alias(data.decode("utf-8", "replace")) if data else []
 
 
 def read_aliases(root: str) -> list[tuple[str, str]]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gputopo.actions import DeleteMapping, SetMapping
-from gputopo.formats.mapline import map_fields, map_node, map_paths, normalize_map_entry
+from gputopo.formats.mapline import map_node, map_paths, normalize_map_entry
 from gputopo.formats.pcicfg import MapEntry, format_map_entry
 from gputopo.model.facts import Gpu
 from gputopo.model.state import CurrentState
@@ -92,11 +92,14 @@ def shrink_other_mappings(
     for mid, cur in sorted(current.mappings.items()):
         if mid in managed:
             continue
-        keep = [e for e in cur.map if not (map_fields(e).get("node") == node_name
-                                           and any(p in container_gpus for p in map_paths(e)))]
+        keep = [e for e in cur.map if not (map_node(e) == node_name and any(p in container_gpus for p in map_paths(e)))]
         if len(keep) == len(cur.map):
             continue
+        # like mapping_changes: the step owns this node's lines only and carries those it saw, so
+        # another node writing the same mapping meanwhile keeps its lines
+        base = [e for e in cur.map if map_node(e) == node_name]
         targets[mid] = MappingTarget(map=keep, description=cur.description if keep else None)
-        actions.append(SetMapping(id=mid, map=keep, description=cur.description, create=False, digest=cur.digest)
-                       if keep else DeleteMapping(id=mid, digest=cur.digest))
+        actions.append(SetMapping(id=mid, map=keep, description=cur.description, create=False, digest=cur.digest,
+                                  node=node_name, base=base)
+                       if keep else DeleteMapping(id=mid, digest=cur.digest, node=node_name, base=base))
     return targets, actions, set(targets)

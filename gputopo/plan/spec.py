@@ -324,12 +324,16 @@ def _parse_spec(text: str, file: str) -> Spec:
         raise format_validation_error(file, e) from None
 
 
-def load_spec(path: str | Path) -> Spec:
-    """Read and parse the spec file at ``path``. Raises SpecError naming the file."""
+def read_spec_text(path: str | Path) -> str:
+    """The text of the spec file at ``path`` (read once: it may be a pipe). Raises SpecError."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        return Path(path).read_text(encoding="utf-8")
     except OSError as e:
         raise SpecError(str(path), "", f"cannot read: {e.strerror or e}") from None
     except UnicodeDecodeError as e:
         raise SpecError(str(path), "", f"not UTF-8 text (byte {e.start})") from None
-    return parse_spec(text, str(path))
+
+
+def load_spec(path: str | Path) -> Spec:
+    """Read and parse the spec file at ``path``. Raises SpecError naming the file."""
+    return parse_spec(read_spec_text(path), str(path))
