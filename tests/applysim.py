@@ -22,6 +22,7 @@ from gputopo.sim.host import SimHost
 from gputopo.sim.kernel import SimKernel
 from gputopo.plan.starter import init_spec
 from gputopo.plan.spec import parse_spec
+from gputopo.actions import Timeouts
 
 SCALE = 0.01  # kernel latencies: nvidia unbind 2 s -> 20 ms
 
@@ -48,6 +49,21 @@ def template():
 def copy_host(template: Path, dest: Path) -> SimHost:
     subprocess.run(["cp", "-a", str(template), str(dest)], check=True)
     return SimHost.open(dest)
+
+
+# the step timeouts of the scenario tests: short, so that a fault fails fast
+FAST_TIMEOUTS = Timeouts(sysfs=5.0, guest=30.0, exec=10.0, service=20.0, poll=0.02)
+
+
+def restarting(text: str) -> str:
+    """Spec ``text`` with ``policy.container_restart: always``: by default a split keeps its
+    container running (only the service restarts), so its stop and start steps would not run."""
+    return text.replace("policy:\n", "policy:\n  container_restart: always\n", 1)
+
+
+def reverse(text: str) -> str:
+    """The seed split's spec turned around: the container takes every GPU again."""
+    return text.replace("numa: [0]", "numa: [0, 1]").replace("numa: [1]", "rest")
 
 
 def seed_spec_text(host: SimHost) -> str:

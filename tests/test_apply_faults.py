@@ -150,7 +150,7 @@ FAIL_BY_KIND = {
     "start_service": _fail_start_service,
 }
 
-TIMEOUTS = Timeouts(sysfs=5.0, guest=30.0, exec=10.0, service=20.0, poll=0.02)
+TIMEOUTS = applysim.FAST_TIMEOUTS
 
 
 def _seed_steps(template) -> list:

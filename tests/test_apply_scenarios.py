@@ -34,7 +34,7 @@ from gputopo.sim.kernel import SimKernel
 from gputopo.plan.spec import parse_spec
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "hosts"
-T = Timeouts(sysfs=5.0, guest=30.0, exec=10.0, service=20.0, poll=0.02)
+T = applysim.FAST_TIMEOUTS
 NUMA1 = ["0000:81:00.0", "0000:91:00.0", "0000:e1:00.0", "0000:f1:00.0"]
 
 

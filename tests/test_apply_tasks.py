@@ -39,7 +39,7 @@ def host(template):  # noqa: F811
 def _restarting(text: str) -> str:
     """The seed spec with ``policy.container_restart: always``: by default the seed split keeps the
     container running (its GPUs only leave for vfio-pci), so its stop and start tasks would not run."""
-    return text.replace("policy:\n", "policy:\n  container_restart: always\n", 1)
+    return applysim.restarting(text)
 
 
 def _latencies(host, **lat) -> None:

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
+import applysim
 from applysim import copy_host, seed_spec, seed_spec_text, template  # noqa: F401 - fixture
 from gputopo.apply import apply
 from gputopo.apply.history import find, history, last_measured
@@ -30,7 +31,7 @@ def applied(template, tmp_path_factory):  # noqa: F811 - the session fixture fro
         spec = seed_spec(host)
         first = apply(spec, ports, root=host.paths.root, spec_path=None)
         assert first.status == "applied"
-        text = seed_spec_text(host).replace("numa: [0]", "numa: [0, 1]").replace("numa: [1]", "rest")
+        text = applysim.reverse(seed_spec_text(host))
         from gputopo.plan.spec import parse_spec
 
         second = apply(parse_spec(text), ports, root=host.paths.root,

@@ -19,7 +19,7 @@ import pytest
 
 import applysim
 from applysim import template  # noqa: F401  (a fixture)
-from gputopo.apply import Timeouts, apply
+from gputopo.apply import apply
 from gputopo.errors import ApplyFailed
 from gputopo.formats.lxcconf import parse_lxc_conf
 from gputopo.plan.spec import parse_spec
@@ -27,7 +27,7 @@ from gputopo.sim.container import Container, SimExec
 from gputopo.sim.host import SimHost
 from gputopo.sim.kernel import SimKernel
 
-T = Timeouts(sysfs=5.0, guest=30.0, exec=10.0, service=20.0, poll=0.02)
+T = applysim.FAST_TIMEOUTS
 NUMA0 = ["0000:01:00.0", "0000:11:00.0", "0000:61:00.0", "0000:71:00.0"]
 NUMA1 = ["0000:81:00.0", "0000:91:00.0", "0000:e1:00.0", "0000:f1:00.0"]
 
@@ -75,7 +75,7 @@ def _apply(host, text: str):
 
 
 def _grow(text: str) -> str:
-    return text.replace("numa: [0]", "numa: [0, 1]").replace("numa: [1]", "rest")
+    return applysim.reverse(text)
 
 
 @pytest.mark.parametrize("version", ["8.4.1", "9.1.2"])
@@ -94,7 +94,7 @@ def test_a_shrink_keeps_the_container_running(new_host, version):
 
 
 def _always(text: str) -> str:
-    return text.replace("policy:\n", "policy:\n  container_restart: always\n", 1)
+    return applysim.restarting(text)
 
 
 def test_a_grow_is_hot_plugged_on_pve9(new_host):
@@ -142,7 +142,7 @@ def test_always_restarts_the_container_even_where_it_could_keep_running(new_host
     host = new_host("9.1.2")
     ct = Container(host.dir, 101)
     booted = ct.booted_at()
-    text = applysim.seed_spec_text(host).replace("policy:\n", "policy:\n  container_restart: always\n", 1)
+    text = _always(applysim.seed_spec_text(host))
     kinds = _apply(host, text)
     assert kinds.count("stop_guest") == 1 and kinds.count("start_guest") == 1
     assert ct.booted_at() != booted

@@ -196,6 +196,23 @@ def test_running_ct_pending_vs_hotplug(tmp_path, seed_root, version, hotplugged)
         s.stop()
 
 
+def test_deleting_a_key_set_only_as_pending_keeps_its_pending_value(tmp_path, seed_root):
+    """pve-container update_pct_config queues every delete of a running container with
+    add_to_pending_delete, which leaves a pending value alone; cleanup_pending then drops the
+    delete of a key that is not set now. The pending devN stays: only 'revert' takes it back."""
+    s = _server(tmp_path, seed_root, "8.4.1")
+    try:
+        state.set_guest_status(s.run_dir, "lxc", 101, "running")
+        api = _ticket_api(s)
+        api.nodes("pve1").lxc(101).config.put(dev9="/dev/nvidia1")  # PVE 8: pending
+        api.nodes("pve1").lxc(101).config.put(delete="dev9")
+        conf = parse_lxc_conf((s.pve_root / "lxc/101.conf").read_text())
+        assert conf.pending.options.get("dev9") == "/dev/nvidia1" and "dev9" not in conf.options
+        assert "dev9" not in conf.pending_delete
+    finally:
+        s.stop()
+
+
 def _wait(api, upid, timeout=5.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

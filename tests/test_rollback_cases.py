@@ -25,7 +25,7 @@ from gputopo.sim import state
 from gputopo.sim.container import break_container
 from gputopo.sim.kernel import SimKernel
 
-T = Timeouts(sysfs=5.0, guest=30.0, exec=10.0, service=20.0, poll=0.02)
+T = applysim.FAST_TIMEOUTS
 
 
 @pytest.fixture
@@ -53,7 +53,7 @@ def _restarting_spec(host):
     """The seed split with ``container_restart: always``: the container stops and starts."""
     from gputopo.plan.spec import parse_spec
 
-    return parse_spec(applysim.seed_spec_text(host).replace("policy:\n", "policy:\n  container_restart: always\n"))
+    return parse_spec(applysim.restarting(applysim.seed_spec_text(host)))
 
 
 def test_a_service_that_came_back_activating_with_the_new_dropin_is_restarted(host):

@@ -9,6 +9,7 @@ import re
 
 import pytest
 
+import applysim
 from applysim import copy_host, fingerprint, seed_spec_text, template  # noqa: F401 - fixture
 from gputopo.errors import SpecError
 from gputopo.facts.discover import discover
@@ -34,7 +35,7 @@ def spec(sim):
 def restarting_spec(sim):
     """The seed split with ``container_restart: always``: the container's stop and start join the plan."""
     p = sim.dir / "always.yaml"
-    p.write_text(seed_spec_text(sim).replace("policy:\n", "policy:\n  container_restart: always\n", 1))
+    p.write_text(applysim.restarting(seed_spec_text(sim)))
     return p
 
 
@@ -173,7 +174,7 @@ def test_plan_prints_the_summary_with_the_last_apply_times(capsys, sim, restarti
     code, _, err = run(capsys, "apply", "--sim", str(sim.dir), "--spec", str(spec), "--yes", "--no-verify")
     assert code == 0, err
     reverse = spec.parent / "r.yaml"
-    reverse.write_text(spec.read_text().replace("numa: [0]", "numa: [0, 1]").replace("numa: [1]", "rest"))
+    reverse.write_text(applysim.reverse(spec.read_text()))
     code, out, err = run(capsys, "plan", "--sim", str(sim.dir), "--spec", str(reverse), "--json")
     assert code == 0, err
     summary = json.loads(out)["summary"]

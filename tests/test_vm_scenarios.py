@@ -14,7 +14,7 @@ import pytest
 
 import applysim
 from applysim import template  # noqa: F401  (a fixture)
-from gputopo.apply import Timeouts, apply
+from gputopo.apply import apply
 from gputopo.cli import main
 from gputopo.errors import PlanRefused, ProxmoxError
 from gputopo.facts.discover import discover
@@ -26,7 +26,7 @@ from gputopo.sim import state
 from gputopo.sim.qemu import hang_agent
 from gputopo.verify import verify
 
-T = Timeouts(sysfs=5.0, guest=30.0, exec=10.0, service=20.0, poll=0.02)
+T = applysim.FAST_TIMEOUTS
 NUMA1 = ["0000:81:00.0", "0000:91:00.0", "0000:e1:00.0", "0000:f1:00.0"]
 NODE1_CPUS = "64-127,192-255"
 

@@ -17,12 +17,12 @@ from gputopo.adapters.proxmox import ProxmoxClient
 from gputopo.errors import ProxmoxError, TaskFailed
 from gputopo.formats.qemuconf import parse_qemu_conf
 from gputopo.plan.spec import parse_spec
-from gputopo.apply import Timeouts, apply
+from gputopo.apply import apply
 from gputopo.sim import state
 from gputopo.sim.pveapi import PveshSim
 from gputopo.sim.qemu import hang_agent
 
-T = Timeouts(sysfs=5.0, guest=30.0, exec=10.0, service=20.0, poll=0.02)
+T = applysim.FAST_TIMEOUTS
 LINES = "".join(f"hostpci{i}: mapping=pro6000-vm,pcie=1\n" for i in range(4))
 
 

@@ -39,14 +39,9 @@ class MappingBefore(BaseModel):
     description: str | None = None
 
 
-def node_of(entry: str) -> str | None:
-    """The ``node`` of one map line."""
-    return map_node(entry)
-
-
 def lines_of(entries: list[str], node: str) -> list[str]:
     """The lines of ``entries`` that belong to ``node``."""
-    return [e for e in entries if node_of(e) == node]
+    return [e for e in entries if map_node(e) == node]
 
 
 def _same(a: list[str], b: list[str]) -> bool:
@@ -94,7 +89,7 @@ def write_own_lines(ctx: StepContext, id: str, node: str, own: list[str], descri
         mine = lines_of(now, node)
         if base is not None and not _same(mine, base) and not _same(mine, own):
             raise MappingConflict(id, node, f"now {len(mine)} line(s), planned from {len(base)}")
-        others = [e for e in now if node_of(e) != node]
+        others = [e for e in now if map_node(e) != node]
         want = others + own
         desc = description if description is not None else (cur.get("description") if cur else None)
         try:

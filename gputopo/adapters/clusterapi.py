@@ -35,7 +35,9 @@ class ClusterApi:
         return [e["name"] for e in self._call("GET", "/cluster/status") if e.get("type") == "node"]
 
     def release(self) -> int:
-        return int(str(self.client.version().get("version", "0")).split(".")[0])
+        from gputopo.plan.restarts import pve_major
+
+        return pve_major(self.client.version().get("version"))
 
     def ha_resources(self) -> list[dict[str, Any]]:
         return self._call("GET", "/cluster/ha/resources") or []

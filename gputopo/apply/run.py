@@ -77,11 +77,6 @@ def read_and_plan(spec: Spec, ports: Ports, root: str, node: str | None = None) 
     return facts, current, make_plan(facts, spec, current, node=node)
 
 
-def _signature(p: Plan) -> list[dict]:
-    # digests are re-read right before each write; a changed digest alone is not a changed plan
-    return [a.signature() for a in p.actions]
-
-
 def _diff_text(a: Plan, b: Plan) -> str:
     old = [x.describe() for x in a.actions]
     new = [x.describe() for x in b.actions]
@@ -230,7 +225,7 @@ def apply(
         facts, current, p2 = read_and_plan(spec, ports, root, node)
         if expected is not None:
             p2 = expected.checked(facts, current, spec_path or "saved plan")
-        if _signature(p2) != _signature(p):
+        if p2.signature() != p.signature():  # without the digests re-read before each write
             raise HostChanged(_diff_text(p, p2))
         p = p2
         # again under the lock: the operator may have read the plan for minutes, long enough

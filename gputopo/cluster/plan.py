@@ -75,10 +75,6 @@ class ClusterPlan(_M):
         return "\n".join(out) + "\n"
 
 
-def _node_of(entry: str) -> str | None:
-    return map_node(entry)
-
-
 def merge_mappings(plans: dict[str, Plan], order: list[str]) -> dict[str, MappingTarget]:
     """Each managed mapping as it will be: every planned node's own lines (in ``order``), then
     the lines of nodes outside the run as they are now."""
@@ -93,12 +89,12 @@ def merge_mappings(plans: dict[str, Plan], order: list[str]) -> dict[str, Mappin
             target = p.mappings.get(mid)
             if target is None:
                 continue
-            own = [e for e in target.map if _node_of(e) == node]
+            own = [e for e in target.map if map_node(e) == node]
             lines += [(rank.get(node, len(rank)), e) for e in own]
             if kept is None:
-                kept = [e for e in target.map if _node_of(e) not in plans]
+                kept = [e for e in target.map if map_node(e) not in plans]
             description = description or target.description
-        lines += [(rank.get(_node_of(e) or "", len(rank)), e) for e in kept or []]
+        lines += [(rank.get(map_node(e) or "", len(rank)), e) for e in kept or []]
         out[mid] = MappingTarget(map=[e for _, e in sorted(lines, key=lambda x: x[0])], description=description)
     return out
 

@@ -24,12 +24,6 @@ def exitstatus_ok(exitstatus: str | None) -> bool:
     return exitstatus == "OK" or bool(exitstatus and _WARNINGS_RE.match(exitstatus))
 
 
-def warning_count(exitstatus: str | None) -> int:
-    """N of ``WARNINGS: N``; 0 for any other exit status."""
-    m = _WARNINGS_RE.match(exitstatus or "")
-    return int(m.group(1)) if m else 0
-
-
 def parse_task_warnings(lines: list[str]) -> list[str]:
     """The messages of the ``WARN: <message>`` lines of a task log, in order (the prefix
     dropped). A message that spans lines keeps only its first: the log does not say where it

@@ -2,8 +2,8 @@
 
 ``PVE::Cluster::cfs_lock`` (src/PVE/Cluster.pm) makes the directory
 ``/etc/pve/priv/lock/<lockid>``: whoever creates it holds the lock, everyone else retries every
-100 ms and gives up after 10 s with ``got lock request timeout``; the directory is removed
-afterwards, and pmxcfs expires a lock after 120 s (a holder that died). A file's lock id is
+second (a tenth of what remains of the timeout, at most 1 s) and gives up after 10 s with ``got
+lock request timeout``; the directory is removed afterwards, and pmxcfs expires a lock after 120 s (a holder that died). A file's lock id is
 ``file-<path with . and / as _>`` (``cfs_lock_file``): ``file-mapping_pci_cfg``,
 ``file-ha_rules_cfg``. The simulator does the same in the shared pve root, so the API servers of
 every simulated node, in any process, serialise their writes as a cluster does. The simulated
@@ -22,7 +22,6 @@ from typing import Callable, Iterator
 from gputopo.sim.pveapi.answers import die
 
 ACQUIRE_TIMEOUT = 10.0
-RETRY = 0.1
 EXPIRE = 120.0
 
 
@@ -69,7 +68,10 @@ def cfs_lock(pve_root: Path, lockid: str, what: str, timeout: float = ACQUIRE_TI
             if on_wait is not None and second > said:
                 on_wait(f"trying to acquire cfs lock '{lockid}' ...")
                 said = second
-            time.sleep(RETRY)
+            # Cluster.pm $cfs_lock sleeps min(remaining, 10) * 100 ms between tries: 1 s while
+            # 10 s or more of its timeout remain, less towards the end
+            waited = time.monotonic() - started
+            time.sleep(min(max(timeout - int(waited), 1), 10) * 0.1)
     try:
         yield
     finally:

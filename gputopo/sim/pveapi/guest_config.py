@@ -167,12 +167,15 @@ class GuestConfigHandlers:
                 if k not in conf.options and k not in pend.options and not (k == "description" and conf.description):
                     self.print_stderr(f"cannot delete '{k}' - not set in current configuration!")
                     continue
-                pend.options.pop(k, None)
                 if not running or k in FASTPLUG:
+                    pend.options.pop(k, None)
                     conf.options.pop(k, None)
                     if k == "description":
                         conf.description = None
                 else:
+                    # add_to_pending_delete (pve-guest-common AbstractConfig.pm) leaves a pending
+                    # value where it is: a key set only in [pve:pending] keeps it (cleanup_pending
+                    # then drops the delete of a key not set now); only 'revert' takes it back
                     pdel.append(k)
             if pdel:
                 pend.options["delete"] = ",".join(pdel)
