@@ -24,10 +24,10 @@ from pathlib import Path
 
 import pytest
 
+from applysim import SCALE, cleanup, fast_tmp  # noqa: F401 - the cluster tests import them from here too
 from gputopo.sim.cluster import SimCluster, create_cluster
 from gputopo.sim.kernel import SimKernel
 
-SCALE = 0.01
 SSHD = "/usr/sbin/sshd"
 REQUIRE_SSH = os.environ.get("GPUTOPO_REQUIRE_SSH") == "1"
 
@@ -58,10 +58,6 @@ WHOLE_NODE = """\
 """
 
 
-def fast_tmp() -> str:
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
-
-
 def make_template(pve_version: str = "8.4.1", count: int = 3) -> Path:
     d = Path(tempfile.mkdtemp(prefix="gputopo-cluster-tpl-", dir=fast_tmp())) / "cluster"
     create_cluster(d, count, pve_version=pve_version)
@@ -87,10 +83,6 @@ def spec_text(cluster: SimCluster, split: list[str], whole: list[str] = (), rest
             parts.append(WHOLE_NODE.format(name=n, ct=cluster.container(n)))
     text = SPEC.format(nodes="".join(parts).rstrip("\n"))
     return text + "policy: {container_restart: always}\n" if restart else text
-
-
-def cleanup(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
