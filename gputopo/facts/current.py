@@ -20,7 +20,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from gputopo.formats.systemd import parse_show_properties, parse_systemctl_show
+from gputopo.formats.systemd import parse_show_properties, show_state
 from gputopo.errors import ExecError, ProxmoxError
 from gputopo.model.facts import Facts
 from gputopo.model.state import ContainerState, CurrentState, GuestState, MappingState, ServiceState
@@ -92,9 +92,10 @@ def _read_text(path: Path) -> str | None:
 def _service_state(exec: ExecPort, vmid: int, svc: Any) -> ServiceState:
     res = exec.run(vmid, ["systemctl", "show", "-p", "ActiveState", "-p", "ExecStart", "-p", "LoadState", svc.unit],
                    EXEC_TIMEOUT)
-    active, command = parse_systemctl_show(res.stdout) if res.rc == 0 else (False, None)
+    props = parse_show_properties(res.stdout) if res.rc == 0 else {}
+    active, command = show_state(props) if props else (False, None)
     # systemd answers for any name: an unknown unit is LoadState=not-found
-    load = parse_show_properties(res.stdout).get("LoadState", "").strip() if res.rc == 0 else ""
+    load = props.get("LoadState", "").strip()
     cat = exec.run(vmid, ["cat", dropin_path(svc.unit, svc.dropin)], EXEC_TIMEOUT)
     dropin = cat.stdout if cat.rc == 0 else None
     return ServiceState(

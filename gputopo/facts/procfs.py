@@ -12,6 +12,7 @@ import os
 import re
 from pathlib import Path
 
+from gputopo.formats.systemd import parse_cmdline
 from gputopo.model.facts import Holder
 from gputopo.facts.files import read_text, stripped
 
@@ -45,13 +46,6 @@ def parse_cgroup_unit(text: str) -> str | None:
         for m in _UNIT_RE.finditer(line.split(":", 2)[-1]):
             found = m.group(1)
     return found
-
-
-def parse_cmdline(raw: bytes) -> str | None:
-    """``/proc/<pid>/cmdline`` (arguments ended by NUL bytes) as one line, arguments joined by
-    spaces; None when it is empty."""
-    text = raw.replace(b"\0", b" ").decode(errors="replace").strip()
-    return text or None
 
 
 def match_fd_links(links: dict[int, list[str]], device_paths: list[str], root: str = "/") -> dict[str, list[int]]:

@@ -34,7 +34,11 @@ def exec_start_command(value: str) -> str | None:
 def parse_systemctl_show(text: str) -> tuple[bool, str | None]:
     """(active, exec_start command) from ``systemctl show -p ActiveState -p ExecStart UNIT``;
     activating and reloading count as active."""
-    props = parse_show_properties(text)
+    return show_state(parse_show_properties(text))
+
+
+def show_state(props: dict[str, str]) -> tuple[bool, str | None]:
+    """(active, exec_start command) of ``systemctl show`` properties already parsed."""
     active = props.get("ActiveState", "").strip() in ("active", "reloading", "activating")
     return active, exec_start_command(props.get("ExecStart", ""))
 
