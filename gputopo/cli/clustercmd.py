@@ -118,23 +118,22 @@ def _read(c: _Cluster, conn: Connection, timeout: float, facts_dir: str | None, 
     if facts_dir is not None:
         c.inputs = read_offline(c.spec, c.nodes, Path(facts_dir), pve_root(conn) if c.ports is None else None,
                                 c.ports.proxmox if c.ports is not None else None)
-        if with_ha and c.api is not None:
-            c.ha = read_ha(c.api)
-        return
-    c.inputs = read_cluster(c.spec, c.nodes, c.shell, c.ports.proxmox, timeout)
+    else:
+        c.inputs = read_cluster(c.spec, c.nodes, c.shell, c.ports.proxmox, timeout)
     if with_ha and c.api is not None:
         c.ha = read_ha(c.api)
 
 
-def _plan(c: _Cluster, templates: str | None = None):
+def _plan(c: _Cluster):
     from gputopo.cluster.plan import plan_cluster
     from gputopo.errors import PlanRefused
 
     try:
-        return plan_cluster(c.spec, c.inputs, c.nodes, ha=c.ha, members=c.members, templates=templates)
+        return plan_cluster(c.spec, c.inputs, c.nodes, ha=c.ha, members=c.members)
     except PlanRefused as e:
-        for r in e.refusals:
-            click.echo(f"refused: {r}", err=True)
+        from gputopo.cli.plancmd import _print_refused
+
+        _print_refused(e)
         sys.exit(e.exit_code)
 
 
