@@ -229,8 +229,11 @@ def test_sigkill_at_every_point_of_a_recover_then_recover_again(template, switch
     def prepare(host, point):
         _kill_apply_in_switch(host, switch_point)
         res = _drive(host, "recover", at=point)
-        assert res.returncode == -signal.SIGKILL, (point, res.stderr)
-        return "recover killed"
+        # the apply was killed while its rebinds ran in parallel: how many had begun varies, and
+        # so does the number of records its recover writes; one that ends before the point has
+        # settled the host, which the check below compares like any other
+        assert res.returncode in (-signal.SIGKILL, 0), (point, res.stderr)
+        return "recover killed" if res.returncode else "recover ended before the point"
 
     _check("recover", template, prepare, points)
 
