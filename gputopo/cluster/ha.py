@@ -70,7 +70,7 @@ class HaChange(_M):
         nodes = self.params.get("nodes")
         what = {"create-rule": "create HA rule", "update-rule": "update HA rule", "delete-rule": "delete HA rule",
                 "create-group": "create HA group", "update-group": "update HA group",
-                "delete-group": "delete HA group", "set-group": "put HA resource", "unset-group": "take HA resource"}
+                "delete-group": "delete HA group"}  # set-group and unset-group say more, below
         if self.op == "set-group":
             return f"put HA resource {self.id} in group {self.params['group']}"
         if self.op == "unset-group":
