@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import re
 
 
@@ -28,14 +29,16 @@ def listening_port(argv: list[str]) -> int | None:
 
 
 def _flag(argv: list[str], names: tuple[str, ...]) -> str | None:
-    value = None
-    for i, tok in enumerate(argv):
-        for n in names:
-            if tok == n and i + 1 < len(argv):
-                value = argv[i + 1]
-            elif tok.startswith(n + "="):
-                value = tok.split("=", 1)[1]
-    return value
+    """The value of one option as the servers read it: both serve their flags with argparse
+    (sglang ``ServerArgs.add_cli_args``, vLLM's ``FlexibleArgumentParser``), so ``--x V`` and
+    ``--x=V`` both work and the last occurrence wins; a flag without its value counts as absent."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
+    parser.add_argument(*names, dest="value")
+    try:
+        known, _ = parser.parse_known_args(argv)
+    except argparse.ArgumentError:
+        return None
+    return known.value
 
 
 def parse_tp(argv: list[str]) -> int:
