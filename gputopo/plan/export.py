@@ -13,6 +13,8 @@
 
 What cannot be said in a spec (a GPU passed to a VM by raw address, a mapping mixing GPUs of
 both sides, a GPU two containers share) is left to the host, and said in the file's header.
+:func:`checked_export` checks the spec by planning it against the state the caller reads for it
+(what export reads is :mod:`gputopo.facts.export`).
 """
 
 from __future__ import annotations
