@@ -6,7 +6,8 @@ Each external system sits behind one small Protocol; a real adapter and the simu
 * :class:`SysfsPort`  -- attribute writes under ``<root>/sys`` (real: ``gputopo.adapters.sysfs.RealSysfs``)
 * :class:`ProxmoxPort` -- the Proxmox VE API (real: ``gputopo.adapters.proxmox.HttpsClient`` over
   proxmoxer, or ``LocalClient`` through ``pvesh`` on the node; the simulator serves real HTTP,
-  so tests use the real client)
+  so tests use the real client); its read half :class:`ProxmoxReadPort` is also answered by
+  Proxmox's files (``gputopo.adapters.pvefiles.PveFiles``)
 * :class:`ExecPort`   -- commands inside a container (real: ``pct exec``/``pct push``)
 * :class:`HostFilesPort` -- files on the host under the root (persistence files)
 * :class:`HttpPort`   -- HTTP to the services the containers run (the inference endpoint that
@@ -83,12 +84,48 @@ class TaskResult:
 
 
 @runtime_checkable
-class ProxmoxPort(Protocol):
-    """The calls gputopo makes to the Proxmox VE API. Errors raise ProxmoxError/TaskFailed."""
+class ProxmoxReadPort(Protocol):
+    """What reading a node's current state asks of Proxmox: its guests, their configs and
+    statuses, the PCI mappings. The API answers it (every :class:`ProxmoxPort`), and so do
+    Proxmox's files (``gputopo.adapters.pvefiles.PveFiles``), with the same shapes and errors,
+    so :func:`gputopo.facts.current.read_current` has one set of rules for both. Errors raise
+    ProxmoxError; a guest that does not exist is one whose message says ``does not exist``.
+    """
 
     node: str
+    # False when this source cannot tell whether a guest runs (Proxmox's files): its
+    # guest_status and list_guests then answer 'running' for every guest
+    status_known: bool
 
-    def version(self) -> dict[str, Any]: ...
+    def version(self) -> dict[str, Any]:
+        """GET /version: ``{version, release, repoid}``; {} when the source cannot tell."""
+        ...
+
+    def lxc_config(self, vmid: int) -> dict[str, Any]:
+        """GET .../lxc/{vmid}/config: pending changes merged in; includes ``digest``."""
+        ...
+
+    def guest_status(self, kind: str, vmid: int) -> str:
+        """'running' or 'stopped'. kind is 'lxc' or 'qemu'."""
+        ...
+
+    def list_guests(self, kind: str) -> list[dict[str, Any]]:
+        """GET /nodes/{node}/{kind}: one dict per guest of the node, with ``vmid`` and ``status``."""
+        ...
+
+    def qemu_config(self, vmid: int) -> dict[str, Any]:
+        """GET .../qemu/{vmid}/config: pending changes merged in; includes ``digest``."""
+        ...
+
+    def mappings(self) -> list[dict[str, Any]]:
+        """GET /cluster/mapping/pci: ``id``, ``map``, ``description``, ``digest`` of each mapping."""
+        ...
+
+
+@runtime_checkable
+class ProxmoxPort(ProxmoxReadPort, Protocol):
+    """The calls gputopo makes to the Proxmox VE API: the reads of :class:`ProxmoxReadPort`
+    and the changes. Errors raise ProxmoxError/TaskFailed."""
 
     def identity(self) -> str:
         """The authenticated user id, e.g. ``root@pam`` or ``root@pam!gputopo`` for a token."""
@@ -100,10 +137,6 @@ class ProxmoxPort(Protocol):
         ...
 
     def lxc_update(self, vmid: int, set: dict[str, str], delete: list[str], digest: str) -> None: ...
-
-    def guest_status(self, kind: str, vmid: int) -> str:
-        """'running' or 'stopped'. kind is 'lxc' or 'qemu'."""
-        ...
 
     def guest_action(self, kind: str, vmid: int, action: str, timeout: float, *,
                      shutdown_timeout: int | None = None, force: bool = False) -> TaskResult:
@@ -119,10 +152,6 @@ class ProxmoxPort(Protocol):
     def nodes(self) -> list[str]:
         """The names of the nodes this API serves (GET /nodes: the cluster's, or this node)."""
         ...
-
-    def list_guests(self, kind: str) -> list[dict[str, Any]]: ...
-
-    def qemu_config(self, vmid: int) -> dict[str, Any]: ...
 
     def qemu_update(self, vmid: int, set: dict[str, str], delete: list[str], digest: str) -> None:
         """PUT .../qemu/{vmid}/config: ``set`` keys, ``delete`` keys, guarded by ``digest``."""
@@ -146,7 +175,9 @@ class ProxmoxPort(Protocol):
         ``inet`` as ``10.0.0.5/24``, ...); [] when it is stopped (Proxmox answers null)."""
         ...
 
-    def mappings(self, check_node: str | None = None) -> list[dict[str, Any]]: ...
+    def mappings(self, check_node: str | None = None) -> list[dict[str, Any]]:
+        """GET /cluster/mapping/pci, with ``checks`` per entry when ``check_node`` is set."""
+        ...
 
     def mapping_create(self, id: str, map: list[str], description: str | None) -> None: ...
 

@@ -7,7 +7,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gputopo.facts.current import config_from_lxc_text, read_current
+from gputopo.adapters.pvefiles import PveFiles
+from gputopo.facts.observe import observe
+from gputopo.formats.pveview import config_from_lxc_text
+from gputopo.plan.reads import spec_reads
 from gputopo.formats.systemd import parse_systemctl_show
 from gputopo.plan.diff import diff
 from gputopo.adapters.hostfiles import RealHostFiles
@@ -23,6 +26,11 @@ SHOW = (
     "ignore_errors=no ; start_time=[n/a] ; stop_time=[n/a] ; pid=0 ; code=(null) ; status=0/0 }\n"
     "ActiveState=active\n"
 )
+
+
+def read_files(spec, facts, pve, **ports):
+    """The current state as ``plan --pve-root`` reads it: Proxmox's files of node pve1."""
+    return observe(facts, spec_reads(spec), proxmox=PveFiles(pve, "pve1"), **ports).current
 
 
 def test_parse_systemctl_show():
@@ -78,7 +86,7 @@ def test_diff_from_files_then_converged(tmp_path):
     pve, root = tmp_path / "pve", tmp_path / "root"
     write_pve(pve, seed_current())
     ex = FakeExec(SEED_CMD)
-    cur = read_current(spec, facts, pve_root=pve, exec=ex, files=RealHostFiles(root))
+    cur = read_files(spec, facts, pve, exec=ex, files=RealHostFiles(root))
     assert cur.containers[101].service.tp == 8 and cur.containers[101].service.dropin is None
     report = diff(facts, spec, cur)
     assert not report.is_empty
@@ -109,14 +117,14 @@ def test_diff_from_files_then_converged(tmp_path):
     ex.files["/etc/systemd/system/sglang.service.d/gputopo.conf"] = files[
         "ct/101/etc/systemd/system/sglang.service.d/gputopo.conf"]
     ex.exec_start = cur2.containers[101].service.exec_start
-    cur3 = read_current(spec, facts2, pve_root=pve, exec=ex, files=RealHostFiles(root))
+    cur3 = read_files(spec, facts2, pve, exec=ex, files=RealHostFiles(root))
     report = diff(facts2, spec, cur3)
     assert report.is_empty, report.to_text()
     assert report.to_text() == "Node pve1: no differences\n"
 
 
 def test_missing_pve_root_is_nothing_configured(tmp_path):
-    cur = read_current(seed_spec(), seed_facts(), pve_root=tmp_path / "absent")
+    cur = read_files(seed_spec(), seed_facts(), tmp_path / "absent")
     assert cur.containers == {} and cur.mappings == {}
 
 

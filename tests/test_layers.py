@@ -26,7 +26,9 @@ RANK: dict[str, int] = {
     "actions": 4,  # one module per action kind: data, describe, preflight, before/do/undo, expect
     "topo": 4,  # the topology tree, PCIe distance matrix, owners, SVG/DOT pictures: pure
     "plan": 5,  # spec, planner, render, diff: pure
-    "facts": 6,  # discovery and the current state: reads the host
+    # discovery and the current state: reads the host through the ports. A sibling of plan, so
+    # neither imports the other: reading needs no spec, planning does no I/O
+    "facts": 5,
     "adapters": 6,  # the real sysfs, Proxmox API, pvesh, pct, host files, HTTP
     "apply": 7,
     "verify": 7,
@@ -152,3 +154,16 @@ def test_the_rule_accepts_downward_imports(tmp_path):
         "errors.py": "",
     })
     assert layer_violations(pkg) == []
+
+
+def test_reading_the_host_does_not_import_planning(tmp_path):
+    pkg = _tree(tmp_path, {
+        "__init__.py": "",
+        "facts/current.py": "from gputopo.plan.select import pick_node\n",
+        "plan/select.py": "from ..facts import discover\n",
+        "facts/discover.py": "from gputopo.model.facts import Facts\nfrom gputopo.formats.nvsmi import parse\n",
+    })
+    bad = layer_violations(pkg)
+    assert "gputopo.facts.current (facts) imports gputopo.plan.select (plan)" in bad
+    assert "gputopo.plan.select (plan) imports gputopo.facts (facts)" in bad
+    assert not [b for b in bad if b.startswith("gputopo.facts.discover")]

@@ -9,12 +9,11 @@ from gputopo.actions import WriteHostFile, WriteServiceDropin
 from gputopo.plan.planner import plan
 from gputopo.formats.lxcconf import validate_lxc_conf
 from gputopo.formats.pcicfg import parse_pci_cfg, validate_pci_cfg
+from gputopo.formats.systemctl import parse_tp, set_tp
 from gputopo.plan.render import (
-    parse_tp,
     render,
     render_dropin,
     render_pci_cfg,
-    set_tp,
 )
 from test_plan import SEED_SPEC, seed_current, seed_facts, seed_spec
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from gputopo.facts.discover import discover
-from gputopo.facts.guests import read_node_guests
+from gputopo.adapters.pvefiles import PveFiles
+from gputopo.facts.current import read_current
+from gputopo.model.reads import EVERY_GUEST
 from gputopo.model.state import ContainerState, CurrentState, GuestState, MappingState
 from gputopo.topo.model import Owner, TopoReport
 from gputopo.topo.owners import (
@@ -150,6 +152,10 @@ def test_unplaced(seed):
     assert unplaced(facts) == []
     facts.gpus[2].host_bridge = None
     assert unplaced(facts) == ["0000:61:00.0"]
+
+
+def read_node_guests(pve_root, node):
+    return read_current(EVERY_GUEST, proxmox=PveFiles(pve_root, node))
 
 
 def test_read_node_guests_from_a_simulated_pve(tmp_path):

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from gputopo.errors import VerifyFailed
-from gputopo.facts.current import read_current
-from gputopo.facts.discover import discover
+from gputopo.facts.observe import observe
+from gputopo.plan.reads import spec_reads
 from gputopo.formats.nvsmi import parse_nvidia_smi_q, parse_query_gpu
 from gputopo.plan.planner import plan as make_plan
 from gputopo.plan.spec import parse_spec
@@ -225,9 +225,8 @@ def _converge(ports, spec, root: str) -> None:
     result = apply(spec, ports, root=root, verify=lambda: verify(spec, ports, root=root))
     assert result.status == "applied", result
     assert result.verify.ok, result.verify.to_text()  # apply's own closing check
-    facts = discover(root)
-    again = make_plan(facts, spec, read_current(spec, facts, proxmox=ports.proxmox, exec=ports.exec,
-                                                files=ports.files))
+    facts, now = observe(root, spec_reads(spec), proxmox=ports.proxmox, exec=ports.exec, files=ports.files)
+    again = make_plan(facts, spec, now)
     assert again.is_empty, again.to_text()
 
 

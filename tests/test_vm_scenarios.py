@@ -207,10 +207,12 @@ def test_reverse_split_removes_the_vms_lines_and_starts_it_without_container_gpu
     spec, ports = applied(host, spec_text(host))
     assert ports.proxmox.guest_status("qemu", 201) == "running"
     back = parse_spec(reverse(spec_text(host)))
-    facts = discover(str(host.paths.root))
-    from gputopo.facts.current import read_current
+    from gputopo.facts.observe import observe
+    from gputopo.plan.reads import spec_reads
 
-    shown = diff(facts, back, read_current(back, facts, proxmox=ports.proxmox, exec=ports.exec, files=ports.files))
+    facts, now = observe(str(host.paths.root), spec_reads(back), proxmox=ports.proxmox, exec=ports.exec,
+                         files=ports.files)
+    shown = diff(facts, back, now)
     text = shown.to_text()
     assert "delete PCI mapping pro6000-vm" in text and "== vm config" in text
     assert "-hostpci0: mapping=pro6000-vm,pcie=1" in text

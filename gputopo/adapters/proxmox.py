@@ -30,6 +30,8 @@ class ProxmoxClient(ABC):
     :class:`TaskTimeout`.
     """
 
+    status_known = True  # the API tells whether a guest runs
+
     def __init__(self, cfg: ApiConfig):
         self._cfg = cfg
         self.node = cfg.node

@@ -56,12 +56,12 @@ from gputopo.errors import (
     PreflightFailed,
     SysfsTimeout,
 )
-from gputopo.facts.current import read_current
-from gputopo.facts.discover import discover
+from gputopo.facts.observe import observe
 from gputopo.model.facts import Facts
 from gputopo.model.state import CurrentState
 from gputopo.plan.model import Plan
 from gputopo.plan.planner import plan as make_plan
+from gputopo.plan.reads import spec_reads
 from gputopo.plan.saved import SavedPlan
 from gputopo.plan.spec import Spec
 from gputopo.ports import Ports
@@ -70,10 +70,9 @@ from gputopo.ports import Ports
 def read_and_plan(spec: Spec, ports: Ports, root: str, node: str | None = None) -> tuple[Facts, CurrentState, Plan]:
     """Discover ``root``, read the current state through ``ports`` and plan.
 
-    Raises what discover, read_current and plan raise (RootError, ProxmoxError, PlanRefused...).
+    Raises what observe and plan raise (RootError, SpecError, ProxmoxError, PlanRefused...).
     """
-    facts = discover(root)
-    current = read_current(spec, facts, proxmox=ports.proxmox, exec=ports.exec, files=ports.files, node=node)
+    facts, current = observe(root, spec_reads(spec, node), proxmox=ports.proxmox, exec=ports.exec, files=ports.files)
     return facts, current, make_plan(facts, spec, current, node=node)
 
 

@@ -83,9 +83,12 @@ def export(conn: Connection, output, force):
     named with its tensor-parallel flag and size. What a plan of the spec would still change
     (boot persistence files not written yet, say) is listed on stderr and in the file.
     """
-    from gputopo.facts.export import export_host
+    from gputopo.adapters.pvefiles import PveFiles
+    from gputopo.facts.export import read_node
+    from gputopo.facts.observe import observe
     from gputopo.facts.snapshot import is_snapshot
-    from gputopo.plan.export import export_yaml
+    from gputopo.plan.export import checked_export, export_yaml
+    from gputopo.plan.reads import spec_reads
 
     if output:
         refuse_existing(Path(output), force)
@@ -94,12 +97,18 @@ def export(conn: Connection, output, force):
         root = host_root(conn)
         facts = read_facts(root)
         node = conn.node or (facts.host.hostname or "").split(".")[0] or "pve1"
-        files = None
-        if ports is None and not is_snapshot(root):
+        if ports is not None:
+            source, exec, files = ports.proxmox, ports.exec, ports.files
+        else:
             from gputopo.adapters.hostfiles import RealHostFiles
 
-            files = RealHostFiles(root)
-        ex, remaining = export_host(facts, node, pve_root=None if ports else pve_root(conn), ports=ports, files=files)
+            source, exec = PveFiles(pve_root(conn), node), None
+            files = None if is_snapshot(root) else RealHostFiles(root)
+        now = read_node(facts, source, exec)
+        ex, remaining = checked_export(
+            facts, now.state, node, now.units,
+            lambda spec: observe(facts, spec_reads(spec, node), proxmox=source, exec=exec, files=files).current)
+        ex.notes = now.notes + ex.notes
     finally:
         if ports is not None:
             ports.close()

@@ -117,16 +117,21 @@ def _spec(facts, spec_file, split, node, ports=None, **quick):
 
 
 def _current(spec, facts, root: str, conn: Connection, ports):
-    from gputopo.facts.current import read_current
+    from gputopo.facts.observe import observe
+    from gputopo.plan.reads import spec_reads
 
     if ports is not None:
-        return read_current(spec, facts, proxmox=ports.proxmox, exec=ports.exec, files=ports.files, node=conn.node)
+        return observe(facts, spec_reads(spec, conn.node), proxmox=ports.proxmox, exec=ports.exec,
+                       files=ports.files).current
     from gputopo.adapters.hostfiles import RealHostFiles
+    from gputopo.adapters.pvefiles import PveFiles
     from gputopo.facts.snapshot import is_snapshot
+    from gputopo.plan.select import pick_node
 
     # a snapshot holds no /etc: its persistence files count as absent
     files = None if is_snapshot(root) else RealHostFiles(root)
-    return read_current(spec, facts, pve_root=pve_root(conn), files=files, node=conn.node)
+    source = PveFiles(pve_root(conn), pick_node(spec, facts, conn.node).name)
+    return observe(facts, spec_reads(spec, conn.node), proxmox=source, files=files).current
 
 
 def _inputs(conn: Connection, quick: dict):

@@ -28,7 +28,9 @@ def topo(conn: Connection, matrix, fmt, as_json, output):
     """
     from gputopo.errors import ConfigError, RootError
     from gputopo.facts.discover import discover
-    from gputopo.facts.guests import read_node_guests
+    from gputopo.adapters.pvefiles import PveFiles
+    from gputopo.facts.observe import observe
+    from gputopo.model.reads import EVERY_GUEST
     from gputopo.facts.snapshot import opened_root
     from gputopo.topo.owners import owners_now
     from gputopo.topo.tree import build_report, unplaced
@@ -44,7 +46,8 @@ def topo(conn: Connection, matrix, fmt, as_json, output):
     if lost:
         raise RootError(root, f"{lost[0]}: sys/bus/pci/devices entry does not lead into sys/devices")
     node = conn.node or (facts.host.hostname or "").split(".")[0]
-    report = build_report(facts, owners_now(facts, read_node_guests(pve_root(conn), node), node))
+    now = observe(facts, lambda _facts: EVERY_GUEST, proxmox=PveFiles(pve_root(conn), node)).current
+    report = build_report(facts, owners_now(facts, now, node))
 
     if as_json:
         import json

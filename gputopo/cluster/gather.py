@@ -7,6 +7,14 @@ versions), then ``gputopo discover --json``, ``pct exec`` and ``cat``. What the 
 (guest configs and states, the PCI mappings) comes from the API of any node, which forwards a
 node's paths to it. Nodes are read in parallel; the first failure, in node order, is raised
 before anything anywhere has changed.
+
+Each node is read by :func:`gputopo.facts.observe.observe`, as a single host is, with the same
+rules. What differs is only where each part comes from, because this process does not run on
+the node: the facts are the node's own ``gputopo discover --json`` (its sysfs is not here to
+discover), the services and host files come over SSH (``SshExec``, ``SshFiles``) instead of
+``pct exec`` and local files, and the guests from one API login pointed at the node
+(:func:`node_view`). Offline (:func:`read_offline`), facts come from files and the guests from
+the API or Proxmox's files, with no services or host files.
 """
 
 from __future__ import annotations
@@ -21,11 +29,13 @@ from typing import Callable, TypeVar
 from pydantic import ValidationError
 
 from gputopo import __version__
+from gputopo.adapters.pvefiles import DEFAULT_ROOT, PveFiles
 from gputopo.adapters.ssh import SshExec, SshFiles
 from gputopo.errors import RemoteCommandFailed, SpecError, UnknownNode, VersionMismatch
-from gputopo.facts.current import read_current
+from gputopo.facts.observe import observe
 from gputopo.model.facts import Facts
 from gputopo.model.state import CurrentState
+from gputopo.plan.reads import spec_reads
 from gputopo.plan.spec import Spec
 from gputopo.ports import ExecResult, NodeShellPort, ProxmoxPort
 
@@ -130,9 +140,9 @@ def read_cluster(spec: Spec, nodes: list[str], shell: NodeShellPort, proxmox: Pr
     parallel(nodes, lambda n: check_version(shell, n, timeout), workers)
 
     def read(node: str) -> NodeInput:
-        facts = remote_facts(shell, node, timeout)
-        current = read_current(spec, facts, proxmox=node_view(proxmox, node), exec=SshExec(shell, node),
-                               files=SshFiles(shell, node, timeout), node=node)
+        facts, current = observe(remote_facts(shell, node, timeout), spec_reads(spec, node),
+                                 proxmox=node_view(proxmox, node), exec=SshExec(shell, node),
+                                 files=SshFiles(shell, node, timeout))
         return NodeInput(node, facts, current)
 
     return parallel(nodes, read, workers)
@@ -169,12 +179,11 @@ def facts_file(facts_dir: Path, node: str) -> Path:
 def read_offline(spec: Spec, nodes: list[str], facts_dir: Path, pve_root: str | None,
                  proxmox: ProxmoxPort | None = None) -> dict[str, NodeInput]:
     """Every node's facts from ``facts_dir`` and its state from the API (``proxmox``) or else
-    Proxmox's files under ``pve_root`` (guests count as running); services and host files are
-    not read."""
+    Proxmox's files under ``pve_root`` (default ``/etc/pve``; guests count as running); services
+    and host files are not read."""
     def read(node: str) -> NodeInput:
-        facts = load_facts(facts_file(facts_dir, node))
-        if proxmox is not None:
-            return NodeInput(node, facts, read_current(spec, facts, proxmox=node_view(proxmox, node), node=node))
-        return NodeInput(node, facts, read_current(spec, facts, pve_root=pve_root, node=node))
+        source = node_view(proxmox, node) if proxmox is not None else PveFiles(pve_root or DEFAULT_ROOT, node)
+        facts, current = observe(load_facts(facts_file(facts_dir, node)), spec_reads(spec, node), proxmox=source)
+        return NodeInput(node, facts, current)
 
     return {n: read(n) for n in nodes}

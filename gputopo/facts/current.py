@@ -1,56 +1,28 @@
 """Read the current state the planner compares against (edge layer: this is I/O).
 
-Two sources, the same result (:class:`gputopo.model.state.CurrentState`):
-
-* Proxmox's files under a pve root (``/etc/pve``): ``nodes/<node>/lxc/<vmid>.conf``,
-  ``nodes/<node>/qemu-server/<vmid>.conf``, ``mapping/pci.cfg``. Files cannot tell whether a
-  guest runs, so guests read this way count as running: the plan then shows every stop it may
-  need rather than too few. A missing pve root means nothing is configured yet.
-* a :class:`gputopo.ports.ProxmoxPort` (the API) plus, for the services inside containers, an
-  :class:`gputopo.ports.ExecPort` (``systemctl show`` and ``cat`` of the drop-in).
-
-Host persistence files come from a :class:`gputopo.ports.HostFilesPort`. Parsing is done by the
-pure ``parse_*`` functions here and in :mod:`gputopo.formats.lxcconf` and
-:mod:`gputopo.formats.pcicfg`.
+One reader, one set of rules, whatever the source: the guests and mappings come through the
+read half of the Proxmox port (:class:`gputopo.ports.ProxmoxReadPort`), answered by the API or
+by Proxmox's files (:class:`gputopo.adapters.pvefiles.PveFiles`, which is where the rule that
+guests read from files count as running lives); the services inside running containers through
+an :class:`gputopo.ports.ExecPort` (``systemctl show`` and ``cat`` of the drop-in); host
+persistence files through a :class:`gputopo.ports.HostFilesPort`. What to read comes as a
+:class:`gputopo.model.reads.Reads`, so reading needs no spec. :func:`gputopo.facts.observe.observe`
+is the one caller that pairs it with the facts.
 """
 
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any
 
-from gputopo.formats.systemd import parse_show_properties, show_state
 from gputopo.errors import ExecError, ProxmoxError
-from gputopo.model.facts import Facts
+from gputopo.formats.systemctl import parse_tp
+from gputopo.formats.systemd import parse_show_properties, show_state
+from gputopo.model.reads import ContainerRead, Reads, ServiceRead
 from gputopo.model.state import ContainerState, CurrentState, GuestState, MappingState, ServiceState
-from gputopo.plan.select import pick_node
-from gputopo.ports import ExecPort, HostFilesPort, ProxmoxPort
-from gputopo.formats.lxcconf import parse_lxc_conf
-from gputopo.formats.pcicfg import parse_pci_cfg
-from gputopo.formats.qemuconf import parse_qemu_conf
-from gputopo.formats.propstring import sha1_digest
-from gputopo.plan.render import PERSISTENCE_PATHS, dropin_path, parse_tp
-from gputopo.plan.spec import Spec
+from gputopo.ports import ExecPort, HostFilesPort, ProxmoxReadPort
 
 EXEC_TIMEOUT = 20.0
-
-
-def config_from_lxc_text(text: str) -> dict[str, Any]:
-    """A container config as the API's GET .../config returns it: keys, ``lxc`` pairs, digest.
-
-    Pending values are merged in and pending deletions removed (the API's default view).
-    """
-    conf = parse_lxc_conf(text)
-    out: dict[str, Any] = dict(conf.options)
-    out.update(conf.pending.options)
-    out.pop("delete", None)
-    for key in conf.pending_delete:
-        out.pop(key, None)
-    if conf.lxc:
-        out["lxc"] = [[k, v] for k, v in conf.lxc]
-    out["digest"] = sha1_digest(text)
-    return out
 
 
 def hostpci_values(config: dict[str, Any]) -> list[str]:
@@ -59,44 +31,14 @@ def hostpci_values(config: dict[str, Any]) -> list[str]:
     return [str(config[k]) for k in keys]
 
 
-def config_from_qemu_text(text: str) -> dict[str, Any]:
-    """A VM config as the API's GET .../qemu/{vmid}/config returns it: keys with pending values
-    merged in and pending deletions removed, the description, the digest."""
-    conf = parse_qemu_conf(text)
-    out: dict[str, Any] = dict(conf.options)
-    out.update({k: v for k, v in conf.pending.items() if k != "delete"})
-    for key in conf.pending_delete:
-        out.pop(key, None)
-    if conf.description is not None:
-        out["description"] = conf.description
-    out["digest"] = sha1_digest(text)
-    return out
-
-
-def mappings_from_pci_cfg(text: str) -> dict[str, MappingState]:
-    """Mapping id -> state from ``mapping/pci.cfg`` text (digest: SHA-1 of the file)."""
-    digest = sha1_digest(text)
-    return {
-        m.id: MappingState(map=list(m.maps), description=m.description, digest=digest)
-        for m in parse_pci_cfg(text)
-    }
-
-
-def _read_text(path: Path) -> str | None:
-    try:
-        return path.read_text()
-    except FileNotFoundError:
-        return None
-
-
-def _service_state(exec: ExecPort, vmid: int, svc: Any) -> ServiceState:
+def _service_state(exec: ExecPort, vmid: int, svc: ServiceRead) -> ServiceState:
     res = exec.run(vmid, ["systemctl", "show", "-p", "ActiveState", "-p", "ExecStart", "-p", "LoadState", svc.unit],
                    EXEC_TIMEOUT)
     props = parse_show_properties(res.stdout) if res.rc == 0 else {}
     active, command = show_state(props) if props else (False, None)
     # systemd answers for any name: an unknown unit is LoadState=not-found
     load = props.get("LoadState", "").strip()
-    cat = exec.run(vmid, ["cat", dropin_path(svc.unit, svc.dropin)], EXEC_TIMEOUT)
+    cat = exec.run(vmid, ["cat", svc.dropin_path], EXEC_TIMEOUT)
     dropin = cat.stdout if cat.rc == 0 else None
     return ServiceState(
         unit=svc.unit, active=active, exec_start=command, tp=parse_tp(command) if command else None, dropin=dropin,
@@ -104,76 +46,54 @@ def _service_state(exec: ExecPort, vmid: int, svc: Any) -> ServiceState:
     )
 
 
+def _status(proxmox: ProxmoxReadPort, kind: str, vmid: int, listed: str | None = None) -> str:
+    return "running" if (listed or proxmox.guest_status(kind, vmid)) == "running" else "stopped"
+
+
 def read_current(
-    spec: Spec,
-    facts: Facts,
+    reads: Reads,
     *,
-    pve_root: str | Path | None = None,
-    proxmox: ProxmoxPort | None = None,
+    proxmox: ProxmoxReadPort,
     exec: ExecPort | None = None,
     files: HostFilesPort | None = None,
-    node: str | None = None,
 ) -> CurrentState:
-    """Read what the spec's node has now: containers, mappings, VM guests, services, host files.
+    """Read what ``proxmox``'s node has now: the containers and VMs ``reads`` names (every VM
+    the node lists besides), the mappings, the services, the host files.
 
-    Uses ``proxmox`` when given, else the files under ``pve_root``. Services are read only when
-    ``exec`` is given and the container runs. Returns the :class:`CurrentState`; raises
-    ProxmoxError for an API failure other than a missing guest, SpecError when the spec has no
-    node for this host.
+    A container that does not exist is left out, as is a VM whose config cannot be read.
+    Services are read only when ``exec`` is given and the container runs. Returns the
+    :class:`CurrentState`; raises ProxmoxError for any other failure of the source.
     """
-    spec_node = pick_node(spec, facts, node)
-    name = spec_node.name
-    state = CurrentState()
-    # every VM of the node: a VM the spec does not name can still use a mapping whose GPUs move
-    named = [*spec_node.vms.guests, *(c.vmid for c in spec_node.vms.consumers)]
-
-    if proxmox is not None:
-        # what a running container can take without a restart depends on the release (PVE 9
-        # hot-plugs devN); a version the API does not tell counts as the older one
-        state.pve_version = str(proxmox.version().get("version") or "") or None
-        for c in spec_node.containers:
-            try:
-                cfg = proxmox.lxc_config(c.vmid)
-            except ProxmoxError as e:
-                if e.status in (404, 500) and "does not exist" in str(e):
-                    continue
-                raise
-            status = proxmox.guest_status("lxc", c.vmid)
-            state.containers[c.vmid] = ContainerState(config=cfg, status="running" if status == "running" else "stopped")
-        for m in proxmox.mappings(check_node=None):
-            state.mappings[m["id"]] = MappingState(
-                map=list(m.get("map") or []), description=m.get("description"), digest=m.get("digest")
-            )
-        listed = {int(g["vmid"]): g.get("status") for g in proxmox.list_guests("qemu")}
-        for vmid in sorted(set(listed) | set(named)):
-            try:
-                cfg = proxmox.qemu_config(vmid)
-            except ProxmoxError:
+    # what a running container can take without a restart depends on the release (PVE 9
+    # hot-plugs devN); a version the source does not tell counts as the older one
+    state = CurrentState(guest_status_known=proxmox.status_known)
+    state.pve_version = str(proxmox.version().get("version") or "") or None
+    wanted = reads.containers
+    if wanted is None:
+        wanted = tuple(ContainerRead(vmid) for vmid in sorted(int(g["vmid"]) for g in proxmox.list_guests("lxc")))
+    for c in wanted:
+        try:
+            cfg = proxmox.lxc_config(c.vmid)
+        except ProxmoxError as e:
+            if e.status in (404, 500) and "does not exist" in str(e):
                 continue
-            status = listed.get(vmid) or proxmox.guest_status("qemu", vmid)
-            state.guests[vmid] = GuestState(
-                status="running" if status == "running" else "stopped", hostpci=hostpci_values(cfg), config=cfg
-            )
-    elif pve_root is not None and Path(pve_root).is_dir():
-        base = Path(pve_root)
-        state.guest_status_known = False
-        for c in spec_node.containers:
-            text = _read_text(base / "nodes" / name / "lxc" / f"{c.vmid}.conf")
-            if text is not None:
-                state.containers[c.vmid] = ContainerState(config=config_from_lxc_text(text), status="running")
-        text = _read_text(base / "mapping" / "pci.cfg")
-        if text is not None:
-            state.mappings = mappings_from_pci_cfg(text)
-        qdir = base / "nodes" / name / "qemu-server"
-        found = sorted(int(p.stem) for p in qdir.glob("*.conf") if p.stem.isdigit()) if qdir.is_dir() else []
-        for vmid in sorted(set(found) | set(named)):
-            text = _read_text(qdir / f"{vmid}.conf")
-            if text is not None:
-                cfg = config_from_qemu_text(text)
-                state.guests[vmid] = GuestState(status="running", hostpci=hostpci_values(cfg), config=cfg)
+            raise
+        state.containers[c.vmid] = ContainerState(config=cfg, status=_status(proxmox, "lxc", c.vmid))
+    for m in proxmox.mappings():
+        state.mappings[m["id"]] = MappingState(
+            map=list(m.get("map") or []), description=m.get("description"), digest=m.get("digest")
+        )
+    listed = {int(g["vmid"]): g.get("status") for g in proxmox.list_guests("qemu")}
+    for vmid in sorted(set(listed) | set(reads.vms)):
+        try:
+            cfg = proxmox.qemu_config(vmid)
+        except ProxmoxError:
+            continue
+        state.guests[vmid] = GuestState(status=_status(proxmox, "qemu", vmid, listed.get(vmid)),
+                                        hostpci=hostpci_values(cfg), config=cfg)
 
     if exec is not None:
-        for c in spec_node.containers:
+        for c in wanted:
             ct = state.containers.get(c.vmid)
             if c.service is None or ct is None or ct.status != "running":
                 continue
@@ -183,6 +103,6 @@ def read_current(
                 ct.service = None
 
     if files is not None:
-        for path in PERSISTENCE_PATHS:
+        for path in reads.files:
             state.files[path] = files.read(path)
     return state

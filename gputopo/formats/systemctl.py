@@ -104,6 +104,39 @@ def tp_of(argv: list[str]) -> tuple[str | None, int | None]:
     return None, None
 
 
+# every spelling is matched and replaced, longest first (--tp-size before --tp)
+_TP_RE = re.compile(
+    r"(?P<lead>(?:^|(?<=\s)))(?P<flag>" + "|".join(re.escape(f) for f in sorted(TP_FLAGS, key=len, reverse=True))
+    + r")(?P<sep>=|\s+)(?P<value>\S+)"
+)
+
+
+def parse_tp(command: str) -> int | None:
+    """The tensor-parallel size in ``command`` (``--tp 8``, ``--tp=8``, ``--tensor-parallel-size 8``).
+
+    Returns None when no flag is there or its value is not an integer.
+    """
+    m = _TP_RE.search(command)
+    if not m:
+        return None
+    try:
+        return int(m.group("value").strip("'\""))
+    except ValueError:
+        return None
+
+
+def set_tp(command: str, flag: str, tp: int) -> str:
+    """``command`` with its tensor-parallel value set to ``tp``.
+
+    An existing flag (any accepted spelling, ``--flag N`` or ``--flag=N``) keeps its spelling and
+    gets the new value; without one, ``flag tp`` is appended.
+    """
+    command = command.strip()
+    if _TP_RE.search(command):
+        return _TP_RE.sub(lambda m: f"{m.group('lead')}{m.group('flag')}{m.group('sep')}{tp}", command)
+    return f"{command} {flag} {tp}"
+
+
 @dataclass
 class InferenceUnit:
     """A container's unit that runs an inference server, as ``systemctl show`` describes it."""

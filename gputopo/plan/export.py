@@ -13,12 +13,14 @@
 
 What cannot be said in a spec (a GPU passed to a VM by raw address, a mapping mixing GPUs of
 both sides, a GPU two containers share) is left to the host, and said in the file's header.
+:func:`checked_export` checks the spec by planning it against the state the caller reads for it
+(what export reads is :mod:`gputopo.facts.export`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from gputopo.errors import PveFormatError
 from gputopo.formats.devn import DEV_KEY
@@ -26,6 +28,7 @@ from gputopo.formats.lxcconf import parse_dev_value
 from gputopo.formats.systemctl import InferenceUnit
 from gputopo.model.facts import Facts, nvidia_gpus
 from gputopo.model.state import CurrentState
+from gputopo.plan.planner import plan as make_plan
 from gputopo.plan.spec import API_VERSION, KIND, Spec
 from gputopo.topo.owners import container_minors, hostpci_targets, mapping_addresses
 
@@ -140,6 +143,31 @@ def export_spec(facts: Facts, state: CurrentState, node: str, units: dict[int, l
                 "policy": {"keep_driver_override": overrides != {None}}}
     out.notes = notes
     return out
+
+
+def _steps(facts: Facts, ex: Exported, node: str, read: Callable[[Spec], CurrentState]) -> list[str]:
+    spec = ex.spec
+    p = make_plan(facts, spec, read(spec), node=node)
+    return [a.describe() for a in p.actions]
+
+
+def checked_export(facts: Facts, state: CurrentState, node: str, units: dict[int, list[InferenceUnit]],
+                   read: Callable[[Spec], CurrentState]) -> tuple[Exported, list[str]]:
+    """(the exported spec, the steps a plan of it would still take: [] when it converges).
+
+    ``read(spec)`` is the node's current state as a plan of ``spec`` sees it (the caller reads
+    it). A container's unit goes into the spec only when planning with it changes nothing more
+    than planning without it (gputopo manages it already). Raises PlanRefused when the host as
+    it is cannot be planned, and what ``read`` raises.
+    """
+    base = export_spec(facts, state, node, units)
+    steps = _steps(facts, base, node, read)
+    manage = set()
+    for vmid in sorted(units):
+        if units[vmid] and len(_steps(facts, export_spec(facts, state, node, units, {vmid}), node, read)) <= len(steps):
+            manage.add(vmid)
+    ex = export_spec(facts, state, node, units, manage) if manage else base
+    return ex, _steps(facts, ex, node, read) if manage else steps
 
 
 def _dumper():

@@ -19,7 +19,6 @@ Pure: reads only template files.
 
 from __future__ import annotations
 
-import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from gputopo.errors import ConfigError
 from gputopo.formats.lxcconf import validate_lxc_conf
 from gputopo.formats.pcicfg import validate_pci_cfg
 from gputopo.formats.qemuconf import validate_qemu_conf
+from gputopo.formats.systemctl import set_tp
 from gputopo.resources import templates_dir
 
 UDEV_RULES_PATH = "etc/udev/rules.d/90-gputopo-vfio.rules"
@@ -48,8 +48,6 @@ TEMPLATE_NAMES = (
     "modules-vfio.conf.j2",
     "service-dropin.conf.j2",
 )
-# Every spelling of the tensor-parallel flag SGLang and vLLM accept; any of them is replaced.
-TP_FLAGS = ("--tp", "--tp-size", "--tensor-parallel-size", "-tp")
 
 
 @lru_cache(maxsize=8)
@@ -80,40 +78,6 @@ def _render(name: str, templates: str | None, **context: Any) -> str:
         raise ConfigError(f"template {name}: {type(e).__name__}: {e}".splitlines()[0]) from None
     text = text.rstrip("\n")
     return text + "\n" if text else ""
-
-
-# --- the tensor-parallel flag ----------------------------------------------------------------
-
-_TP_RE = re.compile(
-    r"(?P<lead>(?:^|(?<=\s)))(?P<flag>" + "|".join(re.escape(f) for f in sorted(TP_FLAGS, key=len, reverse=True))
-    + r")(?P<sep>=|\s+)(?P<value>\S+)"
-)
-
-
-def parse_tp(command: str) -> int | None:
-    """The tensor-parallel size in ``command`` (``--tp 8``, ``--tp=8``, ``--tensor-parallel-size 8``).
-
-    Returns None when no flag is there or its value is not an integer.
-    """
-    m = _TP_RE.search(command)
-    if not m:
-        return None
-    try:
-        return int(m.group("value").strip("'\""))
-    except ValueError:
-        return None
-
-
-def set_tp(command: str, flag: str, tp: int) -> str:
-    """``command`` with its tensor-parallel value set to ``tp``.
-
-    An existing flag (any accepted spelling, ``--flag N`` or ``--flag=N``) keeps its spelling and
-    gets the new value; without one, ``flag tp`` is appended.
-    """
-    command = command.strip()
-    if _TP_RE.search(command):
-        return _TP_RE.sub(lambda m: f"{m.group('lead')}{m.group('flag')}{m.group('sep')}{tp}", command)
-    return f"{command} {flag} {tp}"
 
 
 # --- the single files ------------------------------------------------------------------------

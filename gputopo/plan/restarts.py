@@ -12,7 +12,8 @@ from gputopo.formats.mapline import map_fields, map_node, map_paths
 from gputopo.model.facts import Facts, normalize_address, slot_of
 from gputopo.model.state import ContainerState, CurrentState, ServiceState
 from gputopo.plan.model import MappingTarget, ServiceTarget
-from gputopo.plan.render import dropin_path, parse_tp, render_dropin
+from gputopo.formats.systemctl import parse_tp
+from gputopo.plan.render import dropin_path, render_dropin
 from gputopo.plan.spec import Container, Node
 
 

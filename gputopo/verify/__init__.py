@@ -1,7 +1,7 @@
 """Verify: an independent health check of a host against its spec, the operator's "all clear".
 
 Everything is read fresh (a new :func:`gputopo.facts.discover.discover` and
-:func:`gputopo.facts.current.read_current`), never taken from what an apply remembers. Seven
+:func:`gputopo.facts.observe.observe`), never taken from what an apply remembers. Seven
 checks, each PASS / WARN / FAIL with the numbers behind it, one module each:
 
 1. :mod:`~gputopo.verify.converged` -- a fresh plan is empty;

@@ -6,14 +6,15 @@ from __future__ import annotations
 from typing import Iterator
 
 from gputopo.errors import GputopoError, NvsmiParseError, PlanRefused
-from gputopo.facts.current import read_current
 from gputopo.formats.systemd import parse_show_properties, parse_systemctl_show
 from gputopo.facts.discover import discover
+from gputopo.facts.observe import observe
 from gputopo.model.facts import Facts
 from gputopo.model.state import ContainerState, CurrentState
 from gputopo.plan.model import ContainerTarget, Plan
 from gputopo.plan.select import pick_node
 from gputopo.plan.planner import plan as make_plan
+from gputopo.plan.reads import spec_reads
 from gputopo.plan.spec import Container, Node, Service, Spec
 from gputopo.ports import ExecPort, ExecResult, Ports
 from gputopo.verify.parse import (
@@ -41,7 +42,7 @@ class _ShowOnce:
     The first ``systemctl show ... UNIT`` asks for all of :data:`SHOW_PROPS`; every later one,
     whatever properties it names, gets that same answer (or error). ``systemctl show -p`` prints
     only the properties asked for, one ``Key=value`` a line, and both its readers
-    (:func:`gputopo.facts.current.parse_systemctl_show`, :func:`parse_show_properties`) pick
+    (:func:`gputopo.formats.systemd.parse_systemctl_show`, :func:`parse_show_properties`) pick
     lines by key, so the wider answer serves the current-state read and the checks alike.
     Every other command goes straight to ``exec``.
     """
@@ -84,14 +85,16 @@ class Context:
         self.root = root
         self.http_timeout = http_timeout
         self.start_vms = False  # the guest check runs on every VM of vms.consumers
+        # the facts first: a root with no sysfs tree or a spec without this host is fatal, while
+        # a state that cannot be read is what the checks report
         self.facts: Facts = discover(root)
         self.spec_node: Node = pick_node(spec, self.facts, node)
         self.node = self.spec_node.name
         self.current: CurrentState | None = None
         self.current_error: str | None = None
         try:
-            self.current = read_current(spec, self.facts, proxmox=ports.proxmox, exec=self.exec,
-                                        files=ports.files, node=self.node)
+            self.current = observe(self.facts, spec_reads(spec, self.node), proxmox=ports.proxmox, exec=self.exec,
+                                   files=ports.files).current
         except GputopoError as e:
             self.current_error = str(e)
         self.plan: Plan | None = None

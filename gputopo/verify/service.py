@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from gputopo.errors import GputopoError
-from gputopo.plan.render import parse_tp
+from gputopo.formats.systemctl import parse_tp
 from gputopo.verify.context import EXEC_TIMEOUT, Context
 from gputopo.verify.report import Check, verdict
 
