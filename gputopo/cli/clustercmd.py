@@ -131,9 +131,9 @@ def _plan(c: _Cluster):
     try:
         return plan_cluster(c.spec, c.inputs, c.nodes, ha=c.ha, members=c.members)
     except PlanRefused as e:
-        from gputopo.cli.plancmd import _print_refused
+        from gputopo.cli.output import print_refused
 
-        _print_refused(e)
+        print_refused(e)
         sys.exit(e.exit_code)
 
 
@@ -313,8 +313,7 @@ def _print_report(report) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from gputopo.cli.output import console
-    from gputopo.cli.verifycmd import STYLE
+    from gputopo.cli.output import STYLE, console
 
     table = Table(title="gputopo cluster verify", title_justify="left")
     for col in ("NODE", "CHECK", "STATUS", "RESULT"):

@@ -53,9 +53,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import socket
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 import click
@@ -256,12 +254,10 @@ def _tls(conn: Connection) -> None:
 
 def this_host(root: str) -> str:
     """This host's name as Proxmox names its node: the short hostname under ``root``, else
-    this machine's."""
-    try:
-        name = (Path(root) / "proc/sys/kernel/hostname").read_text().strip()
-    except OSError:
-        name = ""
-    return (name or socket.gethostname()).split(".")[0]
+    this machine's (:func:`gputopo.facts.host.node_name`, which apply checks the API against)."""
+    from gputopo.facts.host import node_name
+
+    return node_name(root)
 
 
 def node_for(conn: Connection, spec: Any = None, hostname: str | None = None) -> str | None:

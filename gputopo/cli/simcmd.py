@@ -157,7 +157,7 @@ def _secret_files(host) -> dict[str, str]:
 def _announce_json(host, plain_http: bool, files: dict[str, str]) -> None:
     import json
 
-    from gputopo.cli.documents import SimServeDoc
+    from gputopo.model.documents import SimServeDoc
 
     creds = host.credentials()
     doc = SimServeDoc(node=host.node, pve_version=host.version, dir=str(host.dir), api_url=host.api.url,
