@@ -85,7 +85,7 @@ def _open(conn: Connection, spec_file: str, nodes: str | None, ssh_config: str |
     if conn.sim is not None:
         if conn.api_url is not None or conn.local:
             raise ConfigError("--sim excludes --api-url and --local (the simulated cluster serves its own API)")
-        from gputopo.cli.simcmd import require_sim_extra
+        from gputopo.cli.connect import require_sim_extra
         from gputopo.sim.cluster import SimCluster
 
         require_sim_extra("cluster")

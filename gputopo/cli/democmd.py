@@ -29,13 +29,13 @@ from gputopo.exitcodes import with_exit_codes
 @with_exit_codes("demo")
 def demo(workdir: str | None, source: str, pace: float) -> None:
     """Split the simulated seed host's GPUs by NUMA node: discover, plan, apply, verify."""
-    from gputopo.cli.simcmd import require_sim_extra
+    from gputopo.cli.connect import require_sim_extra
 
     require_sim_extra("demo")
     from rich.rule import Rule
 
     from gputopo.apply import Timeouts
-    from gputopo.cli.discover import print_facts
+    from gputopo.cli.factsview import print_facts
     from gputopo.cli.output import console, print_report
     from gputopo.cli.progress import display
     from gputopo.sim.demo import DemoShow, run_demo

@@ -155,13 +155,14 @@ def _facts_member(root: str) -> bytes | None:
     return json.dumps({"gputopo": __version__, "facts": json.loads(facts.to_json())}).encode()
 
 
-def discover_opened(root: str):
+def discover_opened(root: str, **options):
     """Discover ``root``: a host root directory, or a ``gputopo snapshot`` archive opened for
-    the read. The facts' ``root`` is ``root`` as given. Raises what discovery raises."""
+    the read; ``options`` go to :func:`gputopo.facts.discover.discover` (``all_vendors``,
+    ``gpu_match``). The facts' ``root`` is ``root`` as given. Raises what discovery raises."""
     from gputopo.facts.discover import discover
 
     with opened_root(root) as r:
-        facts = discover(r)
+        facts = discover(r, **options)
     facts.root = root
     return facts
 
