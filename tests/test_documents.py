@@ -102,3 +102,15 @@ def test_the_ansible_module_reads_only_keys_the_apply_document_has():
     keys = set(re.findall(r'\bdata\.get\("(\w+)"', text)) | set(re.findall(r'\bdata\["(\w+)"\]', text))
     assert {"status", "changed", "plan", "signature", "steps", "verify"} <= keys
     assert keys <= set(ApplyDoc.model_fields), keys - set(ApplyDoc.model_fields)
+
+
+def test_the_ansible_module_reads_only_keys_the_plan_and_diff_documents_have():
+    from gputopo.cli.schema import schema_of
+    from gputopo.model.documents import DiffDoc
+
+    text = MODULE.read_text()
+    plan_keys = set(re.findall(r'\bplan\.get\("(\w+)"', text))
+    diff_keys = set(re.findall(r'\breport\.get\("(\w+)"', text))
+    assert plan_keys == {"actions", "no_changes"} and diff_keys == {"changes"}
+    assert plan_keys <= set(schema_of("plan")["properties"])
+    assert diff_keys <= set(DiffDoc.model_fields)

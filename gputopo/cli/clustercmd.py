@@ -137,18 +137,6 @@ def _plan(c: _Cluster):
         sys.exit(e.exit_code)
 
 
-def _plan_json(cplan) -> dict:
-    data = cplan.model_dump(mode="json")
-    for entry, n in zip(data["nodes"], cplan.nodes):
-        for a, action in zip(entry["plan"]["actions"], n.plan.actions):
-            a["description"] = action.describe()
-        entry["no_changes"] = n.plan.is_empty
-    for entry, change in zip(data["ha"], cplan.ha):
-        entry["description"] = change.describe()
-    data["no_changes"] = cplan.is_empty
-    return data
-
-
 @click.group()
 @with_exit_codes("cluster")
 def cluster() -> None:
@@ -177,7 +165,7 @@ def plan_cmd(conn: Connection, spec_file, nodes, ssh_config, ssh_user, ssh_optio
     if as_json:
         from gputopo.cli.output import print_json
 
-        print_json(_plan_json(cplan))
+        print_json(cplan.to_data())
     else:
         sys.stdout.write(cplan.to_text())
 

@@ -93,15 +93,7 @@ def plan(conn: Connection, templates, as_json, svg, save_to, force, **quick):
     if save_to:
         _save(save_to, force, conn, quick, spec, facts, p, current)
     if as_json:
-        data = p.model_dump(mode="json")
-        # the JSON carries each action's one-line description too, as the text does
-        for entry, action in zip(data["actions"], p.actions):
-            entry["description"] = action.describe()
-        data["no_changes"] = p.is_empty
-        data["signature"] = p.signature()  # what apply --expect-plan takes
-        if summary is not None:
-            data["summary"] = summary.to_data()
-        print_json(data)
+        print_json(p.to_data(None if summary is None else summary.to_data()))
     else:
         sys.stdout.write(p.to_text())
         if summary is not None:
@@ -134,10 +126,7 @@ def diff(conn: Connection, templates, exit_code, as_json, **quick):
             click.echo(f"gputopo: error: {line}", err=True)
         sys.exit(1)
     if as_json:
-        print_json({"node": report.node, "is_empty": report.is_empty,
-                    "areas": {name.replace(" ", "_"): {"title": name, **area.model_dump()}
-                              for name, area in report.areas.items()},
-                    "changes": {k: v.model_dump() for k, v in report.changes.items()}})
+        print_json(report.to_data())
     else:
         sys.stdout.write(report.to_text())
     if exit_code:
