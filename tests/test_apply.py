@@ -4,6 +4,7 @@ preflight refuses foreign holders and an API token, a second concurrent apply is
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import re
@@ -388,6 +389,47 @@ def test_secrets_never_reach_output_journal_or_errors(host):
 
     names = {o for p in apply_cmd.params for o in p.opts}
     assert not names & {"--password", "--token-secret", "--token-value", "--secret"}
+
+
+def test_the_library_refuses_an_api_whose_node_is_not_this_host(host, tmp_path):
+    """apply() and recover() called as a library, not only the CLI: sysfs and the containers are
+    this host's, so an API acting on another node is refused before anything is read or changed."""
+    from gputopo.adapters.credentials import ApiConfig
+    from gputopo.adapters.proxmox import ProxmoxClient
+    from gputopo.apply import recover
+    from gputopo.apply.journal import list_journals
+    from gputopo.errors import PreflightError
+    from gputopo.sim.pveapi import PveApiServer
+
+    own = host.ports()
+    root = str(host.paths.root)
+    before = applysim.fingerprint(host)
+    other = PveApiServer(tmp_path / "o" / "pve", tmp_path / "o" / "run", host.paths.root, node="pve2",
+                         auth_fail_delay=0.0).start()
+    try:
+        def client(port: int, ca: Path, node: str, password: str):
+            cfg = ApiConfig(backend="https", host="127.0.0.1", port=port, node=node, user="root@pam",
+                            verify_ssl=True, ca_bundle=str(ca), timeout=30.0)
+            return ProxmoxClient.from_config(cfg, env={"GPUTOPO_PVE_PASSWORD": password})
+
+        cases = {  # another node's API, and this host's API told to act on another node
+            "pve2's API": client(other.port, other.ca_cert_path, "pve2", other.root_password),
+            "pve1's API, node pve2": client(host.api.port, host.api.ca_cert_path, "pve2",
+                                            host.credentials()["password"]),
+        }
+        for name, px in cases.items():
+            ports = dataclasses.replace(own, proxmox=px)
+            with pytest.raises(PreflightError) as e:
+                apply(applysim.seed_spec(host), ports, root=root)
+            assert "would act on node pve2, but this host is pve1" in str(e.value), name
+            assert str(e.value).endswith("(nothing was changed)")
+            with pytest.raises(PreflightError):
+                recover(ports, root=root)
+    finally:
+        other.stop()
+    assert applysim.fingerprint(host) == before and list_journals(root) == []
+    # the host's own API, acting on this host, passes the same check
+    assert apply(applysim.seed_spec(host), own, root=root, dry_run=True).status == "dry-run"
 
 
 def test_apply_over_the_local_backend_with_pvesh(host):

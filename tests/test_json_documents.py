@@ -16,7 +16,7 @@ import jsonschema
 import pytest
 
 from applysim import copy_host, seed_spec_text, template  # noqa: F401 - fixture
-from gputopo.cli.documents import DOCUMENTS
+from gputopo.cli.schema import DOCUMENTS
 from test_cli_errors import run
 
 BIN = Path(sys.executable).parent
@@ -123,12 +123,12 @@ def _serve(d: Path) -> dict:
 
 
 def test_the_documents_module_stays_light():
-    """print_json loads gputopo.cli.documents for every --json command: it must not pull in the
+    """print_json loads gputopo.model.documents for every --json command: it must not pull in the
     planner or jinja2 (a diff document's file changes are described there, not imported)."""
     import subprocess
     import sys
 
-    probe = ("import sys\nimport gputopo.cli.documents\n"
+    probe = ("import sys\nimport gputopo.model.documents\n"
              "print(sorted(m for m in ('jinja2', 'gputopo.plan.planner', 'gputopo.plan.diff') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

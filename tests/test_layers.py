@@ -20,7 +20,7 @@ RANK: dict[str, int] = {
     "errors": 0,
     "resources": 0,
     "exitcodes": 0,  # the exit codes of every command, one table
-    "model": 1,  # facts and current-state data models
+    "model": 1,  # facts and current-state data models; documents.py: every versioned JSON document
     "ports": 2,  # the Protocols the edge implements
     "formats": 3,  # Proxmox and nvidia-smi text formats, pure
     "actions": 4,  # one module per action kind: data, describe, preflight, before/do/undo, expect

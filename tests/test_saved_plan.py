@@ -186,7 +186,7 @@ def test_plan_prints_the_summary_with_the_last_apply_times(capsys, sim, restarti
 
 def test_step_timeouts_come_from_the_spec_and_the_command_line(capsys, sim, restarting_spec, tmp_path):
     spec = restarting_spec
-    from gputopo.cli.applycmd import step_timeouts
+    from gputopo.apply.estimate import step_timeouts
     from gputopo.cli.params import TIMEOUT_KINDS
     from gputopo.actions import Timeouts
     from gputopo.plan.spec import parse_spec

@@ -64,3 +64,15 @@ def refresh_boot(ports: Ports, note: Callable[[str], None] = lambda text: None,
             raise HostCommandError(argv, f"exited {res.rc}" + (f": {tail[-1]}" if tail else ""))
     refresh.ran = True
     return refresh
+
+
+def after_apply(result: Any, ports: Ports, refresh: bool,
+                note: Callable[[str], None] = lambda text: None) -> BootRefresh | None:
+    """What the next boot needs after an apply that ended ``result`` (an ApplyResult): None when
+    it did not apply or changed nothing the boot reads; else the commands, run when ``refresh``
+    (:func:`refresh_boot`, raises what it raises), only listed (``ran`` False) otherwise."""
+    if result.status != "applied" or result.plan is None or not changes_boot(result.plan.actions):
+        return None
+    if refresh:
+        return refresh_boot(ports, note)
+    return BootRefresh(boot_commands(ports.files))

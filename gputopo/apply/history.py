@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Literal
-
-from pydantic import BaseModel, ConfigDict, Field
 
 from gputopo.apply.journal import (
     Begin,
@@ -25,59 +22,10 @@ from gputopo.apply.journal import (
     list_journals,
 )
 from gputopo.errors import HistoryError, JournalError
+from gputopo.model.documents import ApplyRecord, HistoryEntry, HistoryList, Outcome, StepRecord
 
-SCHEMA_VERSION = 1
-Outcome = Literal["applied", "rolled-back", "unfinished", "needs-human", "unreadable"]
-
-
-class _M(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class StepRecord(_M):
-    step: int = Field(description="1-based, as the plan numbers it")
-    phase: str
-    kind: str
-    description: str
-    status: str = Field(description="The journal's last word on it: done, failed, begun, undo-done, ...")
-    seconds: float | None = Field(None, description="How long it ran (done steps)")
-    started: float | None = Field(None, description="Unix time it began")
-    warnings: list[str] = Field(default_factory=list)
-    error: str | None = None
-    undo: str | None = Field(None, description="What its undo did, when it was undone")
-
-
-class ApplyRecord(_M):
-    id: str = Field(description="The journal's name without .jsonl; 'gputopo history show ID'")
-    journal: str
-    started: float | None = None
-    started_utc: str | None = None
-    node: str | None = None
-    spec: str | None = None
-    spec_sha256: str | None = None
-    pid: int | None = None
-    outcome: Outcome
-    rolled_back: bool = False
-    reason: str | None = Field(None, description="Why it was rolled back (verify) or what is wrong")
-    verify: str | None = None
-    steps_total: int = 0
-    steps_done: int = 0
-    stop_window_s: float | None = None
-    wall_s: float | None = None
-    steps: list[StepRecord] | None = Field(None, description="Each step (history show only)")
-
-
-class HistoryList(_M):
-    """``gputopo history --json`` (``gputopo schema history``)."""
-
-    schema_version: Literal[1] = SCHEMA_VERSION
-    applies: list[ApplyRecord]
-
-
-class HistoryEntry(ApplyRecord):
-    """``gputopo history show ID --json`` (``gputopo schema history-entry``)."""
-
-    schema_version: Literal[1] = SCHEMA_VERSION
+__all__ = ["ApplyRecord", "HistoryEntry", "HistoryList", "StepRecord", "entry", "find", "history", "last_measured",
+           "own_journal", "record_of"]
 
 
 def _utc(t: float) -> str:
@@ -135,6 +83,28 @@ def record_of(j: Journal, with_steps: bool = False) -> ApplyRecord:
         steps_done=sum(1 for r in j.of(Done)), stop_window_s=_stop_window(j, steps),
         wall_s=j.records[-1].t - h.started, steps=steps if with_steps else None,
     )
+
+
+def entry(root: str | os.PathLike, ident: str) -> HistoryEntry:
+    """The apply ``ident`` names (see :func:`find`) with its steps: ``history show ID``'s document.
+    Raises HistoryError, JournalError."""
+    return HistoryEntry(**record_of(find(root, ident), with_steps=True).model_dump())
+
+
+def own_journal(root: str | os.PathLike, pid: int | None = None) -> tuple[str | None, list[StepRecord]]:
+    """(path, steps) of the newest journal under ``root`` that process ``pid`` (default: this
+    one) wrote; (None, []) when it wrote none. What an apply that raised had done, read from the
+    journal alone; journals that cannot be read are skipped."""
+    pid = os.getpid() if pid is None else pid
+    for p in reversed(list_journals(root)):
+        try:
+            j = Journal.load(p)
+        except JournalError:
+            continue
+        if j.header.pid != pid:
+            continue
+        return str(p), list(record_of(j, with_steps=True).steps or [])
+    return None, []
 
 
 def history(root: str | os.PathLike) -> list[ApplyRecord]:

@@ -2,6 +2,8 @@
 
 :func:`apply` runs, in this order:
 
+0. the Proxmox API must act on this host (:func:`gputopo.apply.preflight.refuse_other_node`):
+   sysfs and ``pct`` act on this machine whoever calls, so a library caller is refused too;
 a. discover + read the current state + plan; an empty plan returns ``no-changes``;
 b. preflight (:mod:`gputopo.apply.preflight`): every problem is one line of a
    :class:`PreflightFailed` (exit 2) and nothing is changed;
@@ -43,7 +45,7 @@ from gputopo.apply.journal import (
     find_unfinished,
 )
 from gputopo.apply.lock import HostLock
-from gputopo.apply.preflight import preflight
+from gputopo.apply.preflight import preflight, refuse_other_node
 from gputopo.apply.progress import ApplyResult, Progress, Quiet
 from gputopo.apply.runner import Runner, running_before_of, step_context
 from gputopo.errors import (
@@ -189,11 +191,13 @@ def apply(
     a successful apply and returns a report with ``.ok``. ``expect_plan`` is the signature
     (``Plan.signature``) of the plan the operator was shown elsewhere (a cluster's rolling
     apply): any other plan is refused as HostChanged. Returns an :class:`ApplyResult`.
-    Raises UnfinishedApply (an earlier apply's journal is open), PlanRefused, PreflightFailed,
-    ApplyCancelled, LockHeld, HostChanged (all: nothing changed), ApplyFailed (rolled back, or
-    exit 3 naming the device that needs a human).
+    Raises PreflightError (an API whose node is not this host), UnfinishedApply (an earlier
+    apply's journal is open), PlanRefused, PreflightFailed, ApplyCancelled, LockHeld,
+    HostChanged (all: nothing changed), ApplyFailed (rolled back, or exit 3 naming the device
+    that needs a human).
     """
     root = str(root)
+    refuse_other_node(ports, root)
     t = timeouts or Timeouts()
     progress = progress or Progress()
     t_start = time.monotonic()
@@ -289,10 +293,12 @@ def recover(
     new ``NeedsHuman`` record keeps it open. A journal whose steps were all done and only the
     verification ran is closed as applied: verification is not part of the transaction.
     Returns an ApplyResult (``nothing-to-recover``, ``recovered``, ``finished``, ``applied``).
-    Raises LockHeld, JournalError (``finish`` on a journal whose rollback began), ApplyFailed
-    (exit 3 naming the devices still stuck; the journal stays open).
+    Raises PreflightError (an API whose node is not this host), LockHeld, JournalError
+    (``finish`` on a journal whose rollback began), ApplyFailed (exit 3 naming the devices still
+    stuck; the journal stays open).
     """
     root = str(root)
+    refuse_other_node(ports, root)
     t = timeouts or Timeouts()
     progress = Quiet(progress or Progress())
     t0 = time.monotonic()

@@ -10,16 +10,15 @@ A step that succeeded with warnings (a Proxmox task ending ``WARNINGS: N``, a gu
 force) shows them after its line. With ``--json`` the steps go to stderr and one document
 (``gputopo schema apply``, every step's warnings included) to stdout.
 
-Both write sysfs and run ``pct`` on this machine: with ``--api-url`` they refuse (exit 2, nothing
-changed) an API whose node is not this host.
+Both write sysfs and run ``pct`` on this machine: the library refuses (exit 2, nothing changed)
+an API whose node is not this host (:func:`gputopo.apply.preflight.refuse_other_node`). The
+JSON document is the library's too (:mod:`gputopo.apply.document`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
-from typing import Any
 
 import click
 
@@ -29,6 +28,7 @@ from gputopo.exitcodes import with_exit_codes
 
 
 def _progress(stream=None, timeouts=None):
+    """The progress display: plain lines off a terminal, styled ones on it."""
     from gputopo.cli.progress import display
 
     return display(timeouts, stream)
@@ -42,51 +42,15 @@ def _verifier(spec, ports, root, node):
     return lambda: run_verify(spec, ports, root=root, node=node)
 
 
-def _preflight_ports(conn: Connection, default_node: str | None, root: str):
+def _preflight_ports(conn: Connection, default_node: str | None):
     """build_ports for apply and recover: an API that cannot be reached or refuses the login is a
     failed preflight (exit 2, nothing changed), as it is when apply's own preflight finds it."""
     from gputopo.errors import PreflightError, ProxmoxError
 
     try:
-        ports = build_ports(conn, default_node=default_node)
+        return build_ports(conn, default_node=default_node)
     except ProxmoxError as e:
         raise PreflightError(f"cannot use the Proxmox API ({e}); nothing was changed") from None
-    try:
-        _refuse_other_node(conn, ports, root)
-    except BaseException:
-        ports.close()
-        raise
-    return ports
-
-
-def _refuse_other_node(conn: Connection, ports, root: str) -> None:
-    """With ``--api-url``: raises PreflightError unless the node the API calls name is this
-    host and the API serves it. sysfs writes, host files and ``pct`` always act on this machine;
-    a node elsewhere would get its guests stopped and configured for GPUs this host moves."""
-    from gputopo.errors import PreflightError, ProxmoxError
-
-    if conn.api_url is None:
-        return
-    host = this_host(root)
-    node = ports.proxmox.node
-    try:
-        served = ports.proxmox.nodes()
-    except ProxmoxError as e:
-        raise PreflightError(f"cannot use the Proxmox API ({e}); nothing was changed") from None
-    if node != host or host not in served:
-        raise PreflightError(
-            f"--api-url {conn.api_url} serves node(s) {', '.join(served) or 'none'}, and gputopo would act on node "
-            f"{node}, but this host is {host}: sysfs and pct act on this machine only; run it on the node "
-            "itself (nothing was changed)")
-
-
-def step_timeouts(spec, given: tuple[tuple[str, float], ...]):
-    """The steps' timeouts: the defaults, the spec's ``policy.timeouts``, then the command line's."""
-    from gputopo.actions import Timeouts
-
-    seconds = dict(spec.policy.timeouts.given()) if spec is not None else {}
-    seconds.update(dict(given))
-    return Timeouts().with_(seconds)
 
 
 def _load(plan_file: str | None, spec_file: str | None):
@@ -108,70 +72,6 @@ def _load(plan_file: str | None, spec_file: str | None):
         raise SpecError(plan_file, "", f"cannot read: {e.strerror or e}") from None
     saved = parse_saved_plan(text, plan_file)
     return saved.spec, saved, plan_file
-
-
-def _steps_doc(steps) -> list[dict[str, Any]]:
-    return [{"step": s.index + 1, "phase": s.phase, "kind": "", "description": s.text,
-             "status": s.status, "seconds": round(s.seconds, 3), "warnings": list(s.warnings)} for s in steps]
-
-
-def _journal_steps(root: str) -> tuple[str | None, list[dict[str, Any]]]:
-    """(journal, steps) of the journal this process wrote, for the JSON of a failed apply."""
-    from gputopo.apply.history import record_of
-    from gputopo.apply.journal import Journal, list_journals
-
-    for p in reversed(list_journals(root)):
-        try:
-            j = Journal.load(p)
-        except Exception:
-            continue
-        if j.header.pid != os.getpid():
-            continue
-        rec = record_of(j, with_steps=True)
-        return str(p), [{"step": s.step, "phase": s.phase, "kind": s.kind, "description": s.description,
-                         "status": s.status, "seconds": s.seconds or 0.0, "warnings": s.warnings}
-                        for s in rec.steps or []]
-    return None, []
-
-
-def _result_doc(result, boot=None) -> dict[str, Any]:
-    actions = list(result.plan.actions) if result.plan is not None else []
-    if not actions and result.journal:
-        from gputopo.apply.journal import Journal
-
-        actions = list(Journal.load(result.journal).header.actions)
-    kinds = {i: a.kind for i, a in enumerate(actions)}
-    steps = _steps_doc(sorted(result.steps, key=lambda s: s.index))
-    for s in steps:
-        s["kind"] = kinds.get(s["step"] - 1, s["kind"])
-    verify = None
-    if result.verify is not None and hasattr(result.verify, "to_json"):
-        import json
-
-        verify = json.loads(result.verify.to_json())
-    p = result.plan
-    return {"status": result.status, "exit_code": 0, "node": p.node if p is not None else None,
-            "changed": result.status in ("applied", "rolled-back", "recovered", "finished"),
-            "signature": p.signature() if p is not None else None,
-            "journal": result.journal, "wall_s": round(result.wall_s, 3),
-            "stop_window_s": None if result.stop_window_s is None else round(result.stop_window_s, 3),
-            "steps": steps, "warnings": [f"step {s['step']}: {w}" for s in steps for w in s["warnings"]],
-            "plan": [a.describe() for a in actions], "verify": verify,
-            "boot": None if boot is None else {"commands": boot.commands, "ran": boot.ran}}
-
-
-def _boot(result, ports, refresh: bool, progress) -> Any:
-    """After an apply that changed boot persistence: run the boot commands (``refresh``) or say them."""
-    from gputopo.apply.boot import BootRefresh, boot_commands, changes_boot, refresh_boot
-
-    if result.status != "applied" or result.plan is None or not changes_boot(result.plan.actions):
-        return None
-    if refresh:
-        return refresh_boot(ports, progress.note)
-    boot = BootRefresh(boot_commands(ports.files))
-    click.echo(f"boot persistence changed: before the next reboot run: {boot.text()} "
-               "(or apply with --refresh-boot)", err=True)
-    return boot
 
 
 @click.command()
@@ -203,14 +103,17 @@ def apply(plan_file: str | None, spec_file: str | None, conn: Connection, dry_ru
     anything moved since, apply names it and changes nothing (exit 2).
     """
     from gputopo.apply import apply as run_apply
+    from gputopo.apply.boot import after_apply
     from gputopo.errors import GputopoError
+
+    from gputopo.apply.estimate import step_timeouts
 
     spec, saved, source_file = _load(plan_file, spec_file)
     t = step_timeouts(spec, timeouts)
     root = host_root(conn)
     if saved is not None and conn.node is None and saved.node is not None:
         conn = dataclasses.replace(conn, node=saved.node)
-    ports = _preflight_ports(conn, node_for(conn, spec, this_host(root)), root)
+    ports = _preflight_ports(conn, node_for(conn, spec, this_host(root)))
     progress = _progress(sys.stderr if as_json else None, t)
 
     def confirm(p) -> bool:
@@ -230,43 +133,40 @@ def apply(plan_file: str | None, spec_file: str | None, conn: Connection, dry_ru
                                timeouts=t, verify=verifier, rollback_on_verify_failure=rollback_on_verify_failure,
                                spec_path=source_file, node=conn.node, expected=saved,
                                expect_plan=expect_plan)
-            boot = _boot(result, ports, refresh_boot, progress)
+            boot = after_apply(result, ports, refresh_boot, progress.note)
         finally:
             ports.close()
     except GputopoError as e:
         if as_json:
+            from gputopo.apply.document import error_document
             from gputopo.cli.output import print_json
 
-            journal, steps = _journal_steps(root)
-            print_json({"status": "error", "exit_code": e.exit_code, "error": str(e), "journal": journal,
-                        "steps": steps})
+            print_json(error_document(e, root=root))
         raise
+    if boot is not None and not boot.ran:
+        click.echo(f"boot persistence changed: before the next reboot run: {boot.text()} "
+                   "(or apply with --refresh-boot)", err=True)
     _finish(result, boot, as_json)
 
 
 def _finish(result, boot, as_json: bool) -> None:
-    from gputopo.errors import VerifyFailed
+    """Print how the apply ended (the document with ``--json``); raise VerifyFailed when its
+    verification failed."""
+    from gputopo.apply.document import result_document, verify_failure
 
-    failed = None
-    if result.status == "rolled-back":
-        failed = VerifyFailed("verification failed after apply; the host was rolled back")
-    elif result.verify is not None and not getattr(result.verify, "ok", True):
-        failed = VerifyFailed("applied, but verification failed (see above); 'gputopo recover' cannot undo a "
-                              "finished apply")
     if as_json:
         from gputopo.cli.output import print_json
 
         if result.status in ("no-changes", "dry-run"):  # the plan for the human reading stderr
             click.echo(result.plan.to_text() if result.plan else "No changes", nl=False, err=True)
-        doc = _result_doc(result, boot)
-        doc["exit_code"] = failed.exit_code if failed else 0
-        print_json(doc)
+        print_json(result_document(result, boot))
     elif result.status in ("no-changes", "dry-run"):
         click.echo(result.plan.to_text() if result.plan else "No changes", nl=False)
     elif result.verify is not None:
-        from gputopo.cli.verifycmd import print_report
+        from gputopo.cli.output import print_report
 
         print_report(result.verify)
+    failed = verify_failure(result)
     if failed is not None:
         raise failed
 
@@ -295,9 +195,10 @@ def recover(conn: Connection, finish: bool, timeouts, as_json: bool) -> None:
 
     root = host_root(conn)
     unfinished = find_unfinished(root)
+    from gputopo.apply.estimate import step_timeouts
+
     t = step_timeouts(None, timeouts)
-    ports = _preflight_ports(conn, unfinished.header.node if unfinished else node_for(conn, None, this_host(root)),
-                             root)
+    ports = _preflight_ports(conn, unfinished.header.node if unfinished else node_for(conn, None, this_host(root)))
     try:
         try:
             result = run_recover(ports, root=root, finish=finish, progress=_progress(sys.stderr if as_json else None, t),
@@ -306,15 +207,16 @@ def recover(conn: Connection, finish: bool, timeouts, as_json: bool) -> None:
             ports.close()
     except GputopoError as e:
         if as_json:
+            from gputopo.apply.document import error_document
             from gputopo.cli.output import print_json
 
-            print_json({"status": "error", "exit_code": e.exit_code, "error": str(e),
-                        "journal": str(unfinished.path) if unfinished else None, "steps": []})
+            print_json(error_document(e, journal=str(unfinished.path) if unfinished else None))
         raise
     if as_json:
+        from gputopo.apply.document import result_document
         from gputopo.cli.output import print_json
 
-        print_json(_result_doc(result))
+        print_json(result_document(result))
     elif result.status == "nothing-to-recover":
         click.echo("No unfinished apply: nothing to recover")
     else:

@@ -85,7 +85,7 @@ def _open(conn: Connection, spec_file: str, nodes: str | None, ssh_config: str |
     if conn.sim is not None:
         if conn.api_url is not None or conn.local:
             raise ConfigError("--sim excludes --api-url and --local (the simulated cluster serves its own API)")
-        from gputopo.cli.simcmd import require_sim_extra
+        from gputopo.cli.connect import require_sim_extra
         from gputopo.sim.cluster import SimCluster
 
         require_sim_extra("cluster")
@@ -131,22 +131,10 @@ def _plan(c: _Cluster):
     try:
         return plan_cluster(c.spec, c.inputs, c.nodes, ha=c.ha, members=c.members)
     except PlanRefused as e:
-        from gputopo.cli.plancmd import _print_refused
+        from gputopo.cli.output import print_refused
 
-        _print_refused(e)
+        print_refused(e)
         sys.exit(e.exit_code)
-
-
-def _plan_json(cplan) -> dict:
-    data = cplan.model_dump(mode="json")
-    for entry, n in zip(data["nodes"], cplan.nodes):
-        for a, action in zip(entry["plan"]["actions"], n.plan.actions):
-            a["description"] = action.describe()
-        entry["no_changes"] = n.plan.is_empty
-    for entry, change in zip(data["ha"], cplan.ha):
-        entry["description"] = change.describe()
-    data["no_changes"] = cplan.is_empty
-    return data
 
 
 @click.group()
@@ -177,7 +165,7 @@ def plan_cmd(conn: Connection, spec_file, nodes, ssh_config, ssh_user, ssh_optio
     if as_json:
         from gputopo.cli.output import print_json
 
-        print_json(_plan_json(cplan))
+        print_json(cplan.to_data())
     else:
         sys.stdout.write(cplan.to_text())
 
@@ -313,8 +301,7 @@ def _print_report(report) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from gputopo.cli.output import console
-    from gputopo.cli.verifycmd import STYLE
+    from gputopo.cli.output import STYLE, console
 
     table = Table(title="gputopo cluster verify", title_justify="left")
     for col in ("NODE", "CHECK", "STATUS", "RESULT"):

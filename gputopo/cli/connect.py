@@ -53,9 +53,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import socket
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 import click
@@ -256,12 +254,10 @@ def _tls(conn: Connection) -> None:
 
 def this_host(root: str) -> str:
     """This host's name as Proxmox names its node: the short hostname under ``root``, else
-    this machine's."""
-    try:
-        name = (Path(root) / "proc/sys/kernel/hostname").read_text().strip()
-    except OSError:
-        name = ""
-    return (name or socket.gethostname()).split(".")[0]
+    this machine's (:func:`gputopo.facts.host.node_name`, which apply checks the API against)."""
+    from gputopo.facts.host import node_name
+
+    return node_name(root)
 
 
 def node_for(conn: Connection, spec: Any = None, hostname: str | None = None) -> str | None:
@@ -288,8 +284,6 @@ def build_ports(conn: Connection, default_node: str | None = None, env: dict[str
             raise ConfigError("--sim excludes --api-url and --local (the simulated host serves its own API)")
         sim = _sim_host(conn)
         _refuse_ignored(conn, timeout_used=False)
-        from gputopo.cli.simcmd import require_sim_extra
-
         require_sim_extra("--sim")  # its API serves HTTPS: one line, not an ImportError's traceback
         sim.start()
         return sim.ports()
@@ -350,3 +344,22 @@ def pve_root(conn: Connection) -> str:
             raise ConfigError("--pve-root and --sim exclude each other (a simulated host has its own)")
         return str(_sim_host(conn).paths.pve)
     return DEFAULT_PVE_ROOT if conn.pve_root is None else conn.pve_root
+
+
+def require_sim_extra(command: str) -> None:
+    """Check that the simulated host can run here: its Proxmox API serves HTTPS with a
+    certificate made by the ``cryptography`` package, an optional extra (``gputopo[sim]``)
+    that a node install may leave out.
+
+    Raises UnavailableCommand (one line saying what to install) when it cannot be imported;
+    ``command`` names what needs it (``sim``, ``demo``, ``--sim``).
+    """
+    try:
+        from cryptography import x509  # noqa: F401  (what gputopo.sim.tls needs)
+    except ImportError as e:
+        from gputopo.errors import UnavailableCommand
+
+        raise UnavailableCommand(command, ModuleNotFoundError(
+            "the simulated host needs the 'cryptography' package for its HTTPS certificate: "
+            "pip install 'gputopo[sim]' (pipx: pipx inject gputopo cryptography)",
+            name="cryptography")) from e

@@ -29,16 +29,15 @@ from gputopo.exitcodes import with_exit_codes
 @with_exit_codes("demo")
 def demo(workdir: str | None, source: str, pace: float) -> None:
     """Split the simulated seed host's GPUs by NUMA node: discover, plan, apply, verify."""
-    from gputopo.cli.simcmd import require_sim_extra
+    from gputopo.cli.connect import require_sim_extra
 
     require_sim_extra("demo")
     from rich.rule import Rule
 
     from gputopo.apply import Timeouts
-    from gputopo.cli.applycmd import _progress
-    from gputopo.cli.discover import print_facts
-    from gputopo.cli.output import console
-    from gputopo.cli.verifycmd import print_report
+    from gputopo.cli.factsview import print_facts
+    from gputopo.cli.output import console, print_report
+    from gputopo.cli.progress import display
     from gputopo.sim.demo import DemoShow, run_demo
     from gputopo.facts.discover import discover
     from gputopo.errors import VerifyFailed
@@ -64,7 +63,7 @@ def demo(workdir: str | None, source: str, pace: float) -> None:
             facts=print_facts,
             text=lambda t: out.print(t, markup=False, highlight=False, soft_wrap=True),
             report=print_report,
-            progress=_progress(),
+            progress=display(),
         )
         result = run_demo(ports, str(host.paths.root), base, show, timeouts=Timeouts(poll=0.05))
         out.print(Rule())

@@ -58,14 +58,14 @@ def history(ctx: click.Context, conn: Connection, as_json: bool) -> None:
 def show(ctx: click.Context, ident: str, conn: Connection, as_json: bool) -> None:
     """Print one apply: its header, then every step with its status, time and warnings, and
     what each undo did (ID: from 'gputopo history', a unique prefix, or 'last')."""
-    from gputopo.apply.history import HistoryEntry, find, record_of
+    from gputopo.apply.history import entry
 
     root = host_root(conn) if (conn.root or conn.sim) else ctx.obj["root"]
-    rec = record_of(find(root, ident), with_steps=True)
+    rec = entry(root, ident)
     if as_json:
         from gputopo.cli.output import print_json
 
-        print_json(HistoryEntry(**rec.model_dump()))
+        print_json(rec)
         return
     click.echo(f"apply {rec.id}  node {rec.node or '?'}  started {rec.started_utc}  pid {rec.pid}")
     click.echo(f"spec {rec.spec or '-'}  sha256 {rec.spec_sha256 or '-'}")

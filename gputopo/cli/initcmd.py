@@ -15,7 +15,7 @@ import click
 
 from gputopo.cli.connect import Connection, connection_options, host_root, pve_root, source_ports
 from gputopo.cli.output import refuse_existing, warn, write_output
-from gputopo.cli.plancmd import SPLITS, read_facts, find_service, quick_spec
+from gputopo.cli.inputs import SPLITS, find_service, quick_spec, read_facts
 from gputopo.exitcodes import with_exit_codes
 
 

@@ -7,6 +7,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+# how a verdict is shown: verify's table, a cluster's, apply's ending
+STYLE = {"PASS": "bold green", "WARN": "bold yellow", "FAIL": "bold red"}
+
 
 def console(stderr: bool = False):
     """A rich Console (imported lazily: rich is heavy to import)."""
@@ -17,8 +20,8 @@ def console(stderr: bool = False):
 
 def print_json(data: Any) -> None:
     """Print ``data`` (a pydantic model or plain data) as an indented JSON document on stdout,
-    ``schema_version`` first (see :mod:`gputopo.cli.documents`)."""
-    from gputopo.cli.documents import versioned
+    ``schema_version`` first (see :mod:`gputopo.model.documents`)."""
+    from gputopo.model.documents import versioned
 
     if hasattr(data, "model_dump"):
         data = data.model_dump(mode="json", by_alias=True)
@@ -53,6 +56,14 @@ def warn(text: str) -> None:
     click.echo(f"gputopo: warning: {text}", err=True)
 
 
+def print_refused(e) -> None:
+    """A refused plan's refusals (a PlanRefused), one ``refused:`` line each on stderr."""
+    import click
+
+    for r in e.refusals:
+        click.echo(f"refused: {r}", err=True)
+
+
 def warn_unfinished(root: str) -> None:
     """Warn when an apply's journal under ``root`` is still open: the host may be half-changed,
     and what a plan or a check shows is a middle state."""
@@ -65,3 +76,20 @@ def warn_unfinished(root: str) -> None:
         return
     if j is not None:
         warn(f"an apply did not finish: {j.describe()}; the host may be half-changed: run 'gputopo recover'")
+
+
+def print_report(report) -> None:
+    """The verify report as a PASS/WARN/FAIL table, then its summary line."""
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=f"gputopo verify: node {report.node}", title_justify="left", show_lines=False)
+    table.add_column("CHECK", no_wrap=True)
+    table.add_column("STATUS", no_wrap=True)
+    table.add_column("RESULT", overflow="fold")
+    for c in report.checks:
+        table.add_row(c.name, Text(c.status, style=STYLE[c.status]), c.summary)
+    out = console()
+    out.print(table)
+    line = report.summary_line()
+    out.print(Text(line, style="bold green" if report.ok else "bold red"))

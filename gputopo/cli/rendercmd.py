@@ -17,7 +17,7 @@ from pathlib import Path
 import click
 
 from gputopo.cli.connect import Connection
-from gputopo.cli.plancmd import TEMPLATES_HELP, planned, spec_options, state_options
+from gputopo.cli.inputs import TEMPLATES_HELP, planned, spec_options, state_options
 from gputopo.exitcodes import with_exit_codes
 
 MANIFEST = ".gputopo-render.json"
@@ -39,7 +39,7 @@ def _sha(path: Path) -> str | None:
 def read_manifest(out: Path) -> dict[str, dict]:
     """The files the manifest in ``out`` lists (relative path -> sha256, mode); {} when none.
     Raises OutputError for a manifest that is not gputopo's (a human must look at it)."""
-    from gputopo.cli.documents import RenderManifest
+    from gputopo.model.documents import RenderManifest
     from gputopo.errors import OutputError
 
     path = out / MANIFEST
@@ -81,7 +81,7 @@ def plan_writes(out: Path, files: dict[str, str], old: dict[str, dict],
 def render(conn: Connection, out, templates, force, **quick):
     """Write the files the plan stands for under --out, with a manifest of them; files of an
     earlier render that the plan no longer has are removed, anyone else's are left alone."""
-    from gputopo.cli.documents import ManifestFile, RenderManifest
+    from gputopo.model.documents import ManifestFile, RenderManifest
     from gputopo.cli.output import warn, write_output
     from gputopo.errors import OutputExists
     from gputopo.plan.render import render as render_files

@@ -11,26 +11,8 @@ from pathlib import Path
 
 import click
 
+from gputopo.cli.connect import require_sim_extra
 from gputopo.exitcodes import with_exit_codes
-
-
-def require_sim_extra(command: str) -> None:
-    """Check that the simulated host can run here: its Proxmox API serves HTTPS with a
-    certificate made by the ``cryptography`` package, an optional extra (``gputopo[sim]``)
-    that a node install may leave out.
-
-    Raises UnavailableCommand (one line saying what to install) when it cannot be imported;
-    ``command`` names what needs it (``sim``, ``demo``, ``--sim``).
-    """
-    try:
-        from cryptography import x509  # noqa: F401  (what gputopo.sim.tls needs)
-    except ImportError as e:
-        from gputopo.errors import UnavailableCommand
-
-        raise UnavailableCommand(command, ModuleNotFoundError(
-            "the simulated host needs the 'cryptography' package for its HTTPS certificate: "
-            "pip install 'gputopo[sim]' (pipx: pipx inject gputopo cryptography)",
-            name="cryptography")) from e
 
 
 @click.group()
@@ -157,7 +139,7 @@ def _secret_files(host) -> dict[str, str]:
 def _announce_json(host, plain_http: bool, files: dict[str, str]) -> None:
     import json
 
-    from gputopo.cli.documents import SimServeDoc
+    from gputopo.model.documents import SimServeDoc
 
     creds = host.credentials()
     doc = SimServeDoc(node=host.node, pve_version=host.version, dir=str(host.dir), api_url=host.api.url,

@@ -52,7 +52,7 @@ def topo(conn: Connection, matrix, fmt, as_json, output):
     if as_json:
         import json
 
-        from gputopo.cli.documents import versioned
+        from gputopo.model.documents import versioned
 
         text = json.dumps(versioned(report.model_dump(mode="json", by_alias=True)), indent=2) + "\n"
     elif fmt == "svg":

@@ -12,9 +12,6 @@ from gputopo.cli.connect import Connection, build_ports, connection_options, hos
 from gputopo.cli.params import Finite
 from gputopo.exitcodes import with_exit_codes
 
-STYLE = {"PASS": "bold green", "WARN": "bold yellow", "FAIL": "bold red"}
-
-
 @click.command()
 @click.option("--spec", "spec_file", required=True, type=click.Path(dir_okay=False), help="Spec file.")
 @connection_options()
@@ -46,34 +43,15 @@ def verify(spec_file: str, conn: Connection, http_timeout: float | None, strict:
     finally:
         ports.close()
     if as_json:
-        import json
-
         from gputopo.cli.output import print_json
 
-        print_json(json.loads(report.to_json()))
+        print_json(report.to_data())
         if not report.ok:
             raise VerifyFailed(report.summary_line())  # stdout holds the document: one line on stderr
         return
+    from gputopo.cli.output import print_report
+
     print_report(report)
     if not report.ok:
         # the table ended with the summary line: exit 1 without saying it again
         click.get_current_context().exit(VerifyFailed.exit_code)
-
-
-def print_report(report) -> None:
-    """The verify report as a PASS/WARN/FAIL table, then its summary line."""
-    from rich.table import Table
-    from rich.text import Text
-
-    from gputopo.cli.output import console
-
-    table = Table(title=f"gputopo verify: node {report.node}", title_justify="left", show_lines=False)
-    table.add_column("CHECK", no_wrap=True)
-    table.add_column("STATUS", no_wrap=True)
-    table.add_column("RESULT", overflow="fold")
-    for c in report.checks:
-        table.add_row(c.name, Text(c.status, style=STYLE[c.status]), c.summary)
-    out = console()
-    out.print(table)
-    line = report.summary_line()
-    out.print(Text(line, style="bold green" if report.ok else "bold red"))

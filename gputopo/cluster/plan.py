@@ -9,6 +9,8 @@ every planned node's own lines and, for the nodes outside this run, the lines th
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from gputopo.cluster.gather import NodeInput
@@ -46,6 +48,19 @@ class ClusterPlan(_M):
 
     def changed_nodes(self) -> list[str]:
         return [n.node for n in self.nodes if not n.plan.is_empty]
+
+    def to_data(self) -> dict[str, Any]:
+        """``gputopo cluster plan --json``: the cluster plan, each action and HA change with its
+        one-line description, ``no_changes`` for each node and for the whole."""
+        data = self.model_dump(mode="json")
+        for entry, n in zip(data["nodes"], self.nodes):
+            for a, action in zip(entry["plan"]["actions"], n.plan.actions):
+                a["description"] = action.describe()
+            entry["no_changes"] = n.plan.is_empty
+        for entry, change in zip(data["ha"], self.ha):
+            entry["description"] = change.describe()
+        data["no_changes"] = self.is_empty
+        return data
 
     def to_text(self) -> str:
         """Each node's plan, the mappings once with every map line, the HA changes, a summary."""

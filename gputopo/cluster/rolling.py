@@ -20,9 +20,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
+from pydantic import ValidationError
+
 from gputopo.cluster.gather import error_line
 from gputopo.cluster.plan import ClusterPlan
 from gputopo.errors import ClusterApplyFailed, ConfigError, GputopoError, UnknownNode
+from gputopo.model.documents import ApplyDoc
 from gputopo.ports import ClusterApiPort, NodeShellPort
 
 DEFAULT_NODE_TIMEOUT = 1800.0
@@ -67,6 +70,23 @@ def batches(order: list[str], serial: int, canary: str | None) -> list[list[str]
     return out
 
 
+def read_apply_doc(stdout: str) -> tuple[ApplyDoc | None, str | None]:
+    """(the apply document a node printed, None), or (None, why it cannot be read). Read with
+    the document's own strict model: a field this version does not know is refused, not dropped."""
+    try:
+        data = json.loads(stdout) if stdout.strip() else None
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        return None, "gputopo apply --json printed no result"
+    try:
+        return ApplyDoc.model_validate(data), None
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(x) for x in first["loc"]) or "the document"
+        return None, f"gputopo apply --json printed a document this gputopo cannot read ({where}: {first['msg']})"
+
+
 def apply_node(shell: NodeShellPort, node: str, signature: str, spec_text: str, timeout: float,
                verify: bool = True) -> NodeOutcome:
     """Run the node's own apply. Returns its outcome (``failed`` with the node's one-line
@@ -77,21 +97,17 @@ def apply_node(shell: NodeShellPort, node: str, signature: str, spec_text: str, 
     t0 = time.monotonic()
     res = shell.run(node, argv, timeout, input=spec_text)
     seconds = time.monotonic() - t0
-    data = None
-    try:
-        data = json.loads(res.stdout) if res.stdout.strip() else None
-    except ValueError:
-        data = None
+    doc, unread = read_apply_doc(res.stdout)
+    verdict = (doc.verify or {}) if doc is not None else {}
     if res.rc != 0:
         reason = error_line(res)
-        if data and data.get("verify") and not data["verify"].get("ok", True):
-            reason = f"applied, but its verification failed: {data['verify'].get('summary', '')}"
+        if verdict and not verdict.get("ok", True):
+            reason = f"applied, but its verification failed: {verdict.get('summary', '')}"
         return NodeOutcome(node, "failed", seconds, reason=reason, rc=res.rc)
-    if not isinstance(data, dict):
-        return NodeOutcome(node, "failed", seconds, reason="gputopo apply --json printed no result")
-    verdict = data.get("verify") or {}
-    return NodeOutcome(node, "applied" if data.get("status") == "applied" else "no-changes", seconds,
-                       steps=len(data.get("steps") or []), verify=verdict.get("summary"))
+    if doc is None:
+        return NodeOutcome(node, "failed", seconds, reason=unread or "gputopo apply --json printed no result")
+    return NodeOutcome(node, "applied" if doc.status == "applied" else "no-changes", seconds,
+                       steps=len(doc.steps), verify=verdict.get("summary"))
 
 
 def rolling_apply(cplan: ClusterPlan, spec_text: str, shell: NodeShellPort, api: ClusterApiPort | None, *,

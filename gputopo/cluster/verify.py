@@ -13,28 +13,20 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from gputopo.cluster.gather import error_line, parallel
 from gputopo.cluster.ha import HaState
 from gputopo.cluster.plan import ClusterPlan
 from gputopo.formats.hacfg import node_list, resource_list
+from gputopo.model.documents import Check, VerifyReport
 from gputopo.ports import ClusterApiPort, NodeShellPort
-
-Status = Literal["PASS", "WARN", "FAIL"]
 
 
 class _M(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-
-class Check(_M):
-    name: str
-    status: Status
-    summary: str
-    details: dict[str, Any] = Field(default_factory=dict)
+    model_config = ConfigDict(extra="forbid")
 
 
 class NodeReport(_M):
@@ -67,15 +59,23 @@ class ClusterReport(BaseModel):
 
 
 def node_report(shell: NodeShellPort, node: str, spec_text: str, timeout: float) -> NodeReport:
-    """The node's own verify. Raises NodeUnreachable."""
+    """The node's own verify, read with the verify document's own models
+    (:meth:`VerifyReport.read`): a document this version does not know (a field added or
+    missing) is one FAIL saying so, never read in part. Raises NodeUnreachable."""
     res = shell.run(node, ["gputopo", "verify", "--spec", "/dev/stdin", "--json", "--node", node], timeout,
                     input=spec_text)
     if res.rc in (0, 1) and res.stdout.strip():
         try:
             data = json.loads(res.stdout)
-            return NodeReport(node=node, checks=[Check.model_validate(c) for c in data.get("checks", [])])
-        except (ValueError, ValidationError):
-            pass
+        except ValueError:
+            data = None
+        if data is not None:
+            try:
+                return NodeReport(node=node, checks=VerifyReport.read(data).checks)
+            except ValueError as e:
+                summary = (f"gputopo verify --json printed a document this gputopo cannot read ({e}); "
+                           "run the same gputopo version on every node")
+                return NodeReport(node=node, checks=[Check(name="verify", status="FAIL", summary=summary)])
     return NodeReport(node=node, checks=[Check(name="verify", status="FAIL", summary=error_line(res))])
 
 

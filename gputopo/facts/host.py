@@ -7,6 +7,7 @@ Pure ``parse_*`` functions first, then the readers; every reader takes the host 
 from __future__ import annotations
 
 import os
+import socket
 from itertools import groupby
 
 from gputopo.facts.files import addresses_in, list_dir, read_text, stripped
@@ -204,3 +205,10 @@ def read_host_facts(root: str, groups: IommuGroups, nodes: dict[int, set[int]], 
         vfio_groups=vfio_groups,
         nvidia_device_nodes=nv_nodes,
     )
+
+
+def node_name(root: str) -> str:
+    """This host's name as Proxmox names its node: the short hostname under ``root``
+    (``proc/sys/kernel/hostname``), else this machine's."""
+    name = stripped(read_text(os.path.join(root, "proc/sys/kernel/hostname"))) or ""
+    return (name or socket.gethostname()).split(".")[0]

@@ -155,6 +155,18 @@ def _facts_member(root: str) -> bytes | None:
     return json.dumps({"gputopo": __version__, "facts": json.loads(facts.to_json())}).encode()
 
 
+def discover_opened(root: str, **options):
+    """Discover ``root``: a host root directory, or a ``gputopo snapshot`` archive opened for
+    the read; ``options`` go to :func:`gputopo.facts.discover.discover` (``all_vendors``,
+    ``gpu_match``). The facts' ``root`` is ``root`` as given. Raises what discovery raises."""
+    from gputopo.facts.discover import discover
+
+    with opened_root(root) as r:
+        facts = discover(r, **options)
+    facts.root = root
+    return facts
+
+
 def facts_of_snapshot(path: str | Path):
     """The facts recorded in snapshot ``path`` when it was taken (its first member), or None
     when it has none or another gputopo version made them. Reads only that member."""

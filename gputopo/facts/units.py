@@ -39,3 +39,16 @@ def read_inference_units(exec: ExecPort, vmid: int, timeout: float = TIMEOUT) ->
     if show.rc != 0:
         raise ExecError(vmid, ["systemctl", "show", *SHOW_PROPS, "..."], show.rc, show.stderr)
     return inference_units(parse_show_blocks(show.stdout))
+
+
+def find_inference_unit(exec: ExecPort, vmid: int) -> tuple[InferenceUnit | None, str | None]:
+    """(the unit of container ``vmid`` that runs SGLang or vLLM, None), or (None, why there is
+    none, one line). A container that cannot be looked into is such a line, not an error: the
+    service is then not managed."""
+    try:
+        units = read_inference_units(exec, vmid)
+    except ExecError as e:
+        return None, f"container {vmid}: cannot look for its inference unit ({e}); the service is not managed"
+    if not units:
+        return None, f"container {vmid}: no unit runs sglang or vllm; the service is not managed"
+    return units[0], None

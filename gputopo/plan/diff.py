@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gputopo.actions import DiffContext
 from gputopo.formats.devn import dev_entries, dev_sort, is_nvidia_dev
+from gputopo.model.documents import DiffDoc
 from gputopo.model.facts import Facts
 from gputopo.model.state import CurrentState
 from gputopo.plan.devices import current_nvidia_lxc
@@ -52,6 +53,16 @@ class DiffReport(BaseModel):
     @property
     def is_empty(self) -> bool:
         return not any(a.lines or a.files for a in self.areas.values())
+
+    def to_data(self) -> dict[str, Any]:
+        """The diff document (``gputopo schema diff``) without ``schema_version``; each area keyed
+        by its title with spaces as underscores, the title kept in it."""
+        data = {"node": self.node, "is_empty": self.is_empty,
+                "areas": {name.replace(" ", "_"): {"title": name, **area.model_dump()}
+                          for name, area in self.areas.items()},
+                "changes": {k: v.model_dump() for k, v in self.changes.items()}}
+        DiffDoc.model_validate(data)  # what it declares, and nothing else
+        return data
 
     def to_text(self) -> str:
         """The report for humans: each area with differences, its lines, then its file diffs."""

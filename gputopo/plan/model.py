@@ -97,6 +97,19 @@ class Plan(_M):
         data = json.dumps([a.signature() for a in self.actions], sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(data.encode()).hexdigest()[:16]
 
+    def to_data(self, summary: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The plan document (``gputopo schema plan``) without ``schema_version``: the plan, each
+        action with its one-line description as the text shows it, ``no_changes``, the
+        ``signature`` apply --expect-plan takes and, when given, the summary's numbers."""
+        data = self.model_dump(mode="json")
+        for entry, action in zip(data["actions"], self.actions):
+            entry["description"] = action.describe()
+        data["no_changes"] = self.is_empty
+        data["signature"] = self.signature()
+        if summary is not None:
+            data["summary"] = summary
+        return data
+
     def vfio_addresses(self) -> list[str]:
         """Every address that the target puts on vfio-pci (VM GPUs and their companions)."""
         out: set[str] = set()

@@ -1,0 +1,290 @@
+"""Every versioned JSON document gputopo prints or writes, declared once (``gputopo schema NAME``).
+
+apply and verify produce these documents (:mod:`gputopo.apply.document`,
+:meth:`VerifyReport.to_data`); the CLI prints them, ``cluster/`` reads a node's apply and verify
+output back with them, and the Ansible module reads the same keys. Every model is strict
+(``extra="forbid"``): a field one side adds and the other does not know is an error, never
+silently dropped.
+
+Each document carries ``schema_version`` at its top; a change that a script would notice (a
+key renamed or removed, a meaning changed) raises it. Keys are names without spaces (a
+``snake_case`` word, or a path, an address, a vmid); file modes are octal strings (``"0644"``).
+
+This module stays light: ``print_json``, which every ``--json`` command calls, imports it, so it
+imports pydantic and nothing of the planner.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+VERSION = 1
+
+
+class _M(BaseModel):
+    """Strict: a field this version does not declare is refused, on the way out and back in."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Doc(_M):
+    schema_version: Literal[1] = VERSION
+
+
+def versioned(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with ``schema_version`` first."""
+    return {"schema_version": VERSION, **{k: v for k, v in data.items() if k != "schema_version"}}
+
+
+# --- diff, apply, snapshot, sim serve, render -------------------------------------------------
+
+
+class DiffAreaDoc(_M):
+    title: str = Field(description="The area as the text output names it")
+    lines: list[str]
+    files: dict[str, str] = Field(description="path -> unified diff")
+
+
+class FileChangeDoc(_M):
+    """One file of ``diff --json``'s ``changes`` (:class:`gputopo.plan.diff.FileChange`, whose
+    module is not imported here: print_json, which every --json command calls, loads this one)."""
+
+    before: str | None = Field(description="The text now; null: the file does not exist")
+    after: str | None = Field(description="The text the plan leads to; null: removed")
+
+
+class DiffDoc(_Doc):
+    """``gputopo diff --json``."""
+
+    node: str
+    is_empty: bool
+    areas: dict[str, DiffAreaDoc] = Field(description="driver_bindings, container_devices, mappings, ...")
+    changes: dict[str, FileChangeDoc] = Field(default_factory=dict,
+                                              description="path -> the whole file before and after")
+
+
+class StepDoc(_M):
+    step: int = Field(description="1-based, as the plan numbers it")
+    phase: str
+    kind: str
+    description: str
+    status: str = Field(description="done | failed")
+    seconds: float
+    warnings: list[str] = Field(default_factory=list)
+
+
+class BootDoc(_M):
+    commands: list[list[str]] = Field(description="What the next boot needs run, in order")
+    ran: bool = Field(description="True when apply ran them (--refresh-boot)")
+
+
+class ApplyDoc(_Doc):
+    """``gputopo apply --json`` and ``gputopo recover --json``: how it ended, each step and its time."""
+
+    status: str = Field(description="applied, no-changes, dry-run, rolled-back, recovered, finished, "
+                                    "nothing-to-recover, or error")
+    exit_code: int
+    error: str | None = None
+    node: str | None = None
+    changed: bool = Field(False, description="Whether the host was changed (a rolled-back apply changed it twice)")
+    signature: str | None = Field(None, description="The plan's signature (apply --expect-plan)")
+    journal: str | None = None
+    wall_s: float | None = None
+    stop_window_s: float | None = None
+    steps: list[StepDoc] = Field(default_factory=list)
+    plan: list[str] = Field(default_factory=list, description="Every planned step's description, in order")
+    verify: dict[str, Any] | None = Field(None, description="The verify document (gputopo schema verify)")
+    boot: BootDoc | None = Field(None, description="Boot persistence changed: what must run before a reboot")
+    warnings: list[str] = Field(default_factory=list, description="Every step's warnings as 'step N: text'")
+
+
+class SnapshotDoc(_Doc):
+    """``gputopo snapshot --json``."""
+
+    path: str
+    pci_functions: int
+    files: int
+    links: int
+
+
+class SimServeDoc(_Doc):
+    """``gputopo sim serve --json``: one line, as soon as the host serves (no secret in it)."""
+
+    node: str
+    pve_version: str
+    dir: str
+    api_url: str
+    ca_file: str | None = Field(description="null with --http")
+    user: str
+    password_file: str = Field(description="Owner-only file holding the password (--secret-file)")
+    token_name: str = Field(description="--token-name, for the token in token_secret_file")
+    token_secret_file: str
+    endpoint: str | None
+    container: int
+
+
+class ManifestFile(_M):
+    sha256: str
+    mode: str = Field(pattern=r"^[0-7]{4}$", description="octal permission bits")
+
+
+class RenderManifest(_Doc):
+    """``.gputopo-render.json`` in a ``render --out`` directory: the files gputopo wrote there."""
+
+    kind: Literal["gputopo-render-manifest"] = "gputopo-render-manifest"
+    files: dict[str, ManifestFile] = Field(description="relative path -> what was written")
+
+
+# --- verify ------------------------------------------------------------------------------------
+
+Status = Literal["PASS", "WARN", "FAIL"]
+PASS: Status = "PASS"
+WARN: Status = "WARN"
+FAIL: Status = "FAIL"
+
+
+class Check(_M):
+    """One check's verdict: ``summary`` is one line with the numbers, ``details`` the data."""
+
+    name: str
+    status: Status
+    summary: str
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+class VerifyReport(_M):
+    """Every check of one verification. Its JSON form (``gputopo verify --json``) is stable."""
+
+    node: str | None = None
+    strict: bool = False
+    checks: list[Check] = Field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when no check FAILed (and, when ``strict``, none WARNed)."""
+        worst = WARN if self.strict else FAIL
+        return not any(c.status == FAIL or c.status == worst for c in self.checks)
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.ok else 1
+
+    def check(self, name: str) -> Check | None:
+        for c in self.checks:
+            if c.name == name:
+                return c
+        return None
+
+    def counts(self) -> dict[str, int]:
+        out = {PASS: 0, WARN: 0, FAIL: 0}
+        for c in self.checks:
+            out[c.status] += 1
+        return out
+
+    def summary_line(self) -> str:
+        """``all clear: 7 PASS`` or ``verification failed: 2 FAIL (memory, inference), 1 WARN (platform)``."""
+        n = self.counts()
+        parts = []
+        for status in (FAIL, WARN):
+            if n[status]:
+                names = ", ".join(c.name for c in self.checks if c.status == status)
+                parts.append(f"{n[status]} {status} ({names})")
+        if self.ok:
+            head = "all clear"
+            parts.insert(0, f"{n[PASS]} PASS")
+        else:
+            head = "verification failed" + (" (strict)" if self.strict and not n[FAIL] else "")
+        return f"{head}: " + ", ".join(parts)
+
+    def to_data(self) -> dict[str, Any]:
+        """The verify document (``gputopo schema verify``) without ``schema_version``: the
+        report, then ``ok``, ``exit_code`` and ``summary`` as the report works them out
+        (:meth:`to_json` is its text)."""
+        data = self.model_dump()
+        data["ok"] = self.ok
+        data["exit_code"] = self.exit_code
+        data["summary"] = self.summary_line()
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_data(), indent=2, default=str)
+
+    @classmethod
+    def read(cls, data: Any) -> "VerifyReport":
+        """The report in a verify document (``verify --json``, or apply's ``verify``).
+
+        The keys worked out from the checks (``ok``, ``exit_code``, ``summary``) are dropped;
+        anything else this version does not know is refused. Raises ValueError (one line: where,
+        what) for another ``schema_version`` or an unknown or missing field.
+        """
+        if not isinstance(data, dict):
+            raise ValueError(f"a verify document is a JSON object, not {type(data).__name__}")
+        if data.get("schema_version", VERSION) != VERSION:
+            raise ValueError(f"verify document schema_version {data['schema_version']!r}, this gputopo reads {VERSION}")
+        derived = ("schema_version", "ok", "exit_code", "summary")
+        try:
+            return cls.model_validate({k: v for k, v in data.items() if k not in derived})
+        except ValidationError as e:
+            first = e.errors()[0]
+            where = ".".join(str(x) for x in first["loc"]) or "the document"
+            raise ValueError(f"{where}: {first['msg']}") from None
+
+    def to_text(self) -> str:
+        lines = [f"{c.status:<4}  {c.name:<10} {c.summary}" for c in self.checks]
+        return "\n".join(lines + [self.summary_line()]) + "\n"
+
+
+# --- history -------------------------------------------------------------------------------------
+
+Outcome = Literal["applied", "rolled-back", "unfinished", "needs-human", "unreadable"]
+
+
+class StepRecord(_M):
+    step: int = Field(description="1-based, as the plan numbers it")
+    phase: str
+    kind: str
+    description: str
+    status: str = Field(description="The journal's last word on it: done, failed, begun, undo-done, ...")
+    seconds: float | None = Field(None, description="How long it ran (done steps)")
+    started: float | None = Field(None, description="Unix time it began")
+    warnings: list[str] = Field(default_factory=list)
+    error: str | None = None
+    undo: str | None = Field(None, description="What its undo did, when it was undone")
+
+
+class ApplyRecord(_M):
+    id: str = Field(description="The journal's name without .jsonl; 'gputopo history show ID'")
+    journal: str
+    started: float | None = None
+    started_utc: str | None = None
+    node: str | None = None
+    spec: str | None = None
+    spec_sha256: str | None = None
+    pid: int | None = None
+    outcome: Outcome
+    rolled_back: bool = False
+    reason: str | None = Field(None, description="Why it was rolled back (verify) or what is wrong")
+    verify: str | None = None
+    steps_total: int = 0
+    steps_done: int = 0
+    stop_window_s: float | None = None
+    wall_s: float | None = None
+    steps: list[StepRecord] | None = Field(None, description="Each step (history show only)")
+
+
+class HistoryList(_M):
+    """``gputopo history --json`` (``gputopo schema history``)."""
+
+    schema_version: Literal[1] = VERSION
+    applies: list[ApplyRecord]
+
+
+class HistoryEntry(ApplyRecord):
+    """``gputopo history show ID --json`` (``gputopo schema history-entry``)."""
+
+    schema_version: Literal[1] = VERSION
+
+
