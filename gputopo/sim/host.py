@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gputopo.errors import ContainerStartError, SimHostError
-from gputopo.sim.fixtures import materialize
+from gputopo.sim.hostroot import materialize
 from gputopo.formats.lxcconf import LxcConf, format_dev_value, parse_dev_value, parse_lxc_conf, write_lxc_conf
 from gputopo.formats.pcicfg import MapEntry, PciMapping, format_map_entry, write_pci_cfg
 from gputopo.sim import state
