@@ -35,7 +35,7 @@ from gputopo.model.state import ContainerState, CurrentState, GuestState, Mappin
 from gputopo.plan.mappings import map_entry
 from gputopo.plan.planner import plan
 from gputopo.plan.spec import parse_spec
-from gputopo.sim.fixtures import materialize
+from gputopo.sim.hostroot import materialize
 
 NODE = """\
   - name: {name}

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 import gputopo
-from gputopo.sim.fixtures import materialize
+from gputopo.sim.hostroot import materialize
 
 LAUNCHER = "import sys\nfrom gputopo.cli import main\nsys.exit(main())\n"
 SYSTEM_PCI_IDS = ("/usr/share/misc/pci.ids", "/usr/share/hwdata/pci.ids", "/usr/share/pci.ids")

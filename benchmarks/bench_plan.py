@@ -40,7 +40,7 @@ from gputopo.plan.mappings import map_entry
 from gputopo.plan.planner import plan
 from gputopo.plan.render import render
 from gputopo.plan.spec import Spec
-from gputopo.sim.fixtures import materialize
+from gputopo.sim.hostroot import materialize
 
 CONTROL = ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset"]
 COMMAND = "/usr/bin/python3 -m sglang.launch_server --model-path /models/qwen --tp {tp} --port 30000"

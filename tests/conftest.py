@@ -33,7 +33,7 @@ def fast_tmp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 @pytest.fixture(scope="session")
 def materialized(fast_tmp: Path) -> Callable[[str], Path]:
     """Factory: host name (or yaml path) -> root built once per session (treat as read-only)."""
-    from gputopo.sim.fixtures import materialize
+    from gputopo.sim.hostroot import materialize
 
     cache: dict[str, Path] = {}
 
@@ -49,7 +49,7 @@ def materialized(fast_tmp: Path) -> Callable[[str], Path]:
 @pytest.fixture
 def fresh_host(tmp_path: Path) -> Callable[[str], Path]:
     """Factory: host name (or yaml path) -> a private root the test may change."""
-    from gputopo.sim.fixtures import materialize
+    from gputopo.sim.hostroot import materialize
 
     count = [0]
 

@@ -377,7 +377,7 @@ devices:
 
 
 def test_nonzero_and_five_digit_domains(tmp_path):
-    from gputopo.sim.fixtures import materialize
+    from gputopo.sim.hostroot import materialize
 
     desc = tmp_path / "wide.yaml"
     desc.write_text(WIDE_DOMAINS)

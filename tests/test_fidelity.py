@@ -11,7 +11,7 @@ import pytest
 import requests
 
 from gputopo.errors import ExecError, SysfsWriteError
-from gputopo.sim.fixtures import materialize
+from gputopo.sim.hostroot import materialize
 from gputopo.sim import state
 from gputopo.sim.container import SimExec, write_unit
 from gputopo.sim.kernel import SimKernel

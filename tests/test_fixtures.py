@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gputopo.sim.fixtures import HostSpec, list_hosts, load_host, materialize
+from gputopo.sim.hostroot import HostSpec, list_hosts, load_host, materialize
 from gputopo.errors import FixtureError
 
 SEED_GPUS = ["0000:01:00.0", "0000:11:00.0", "0000:61:00.0", "0000:71:00.0",
@@ -232,7 +232,7 @@ def test_wheel_ships_templates_and_fixtures_and_resources_find_them(tmp_path):
                    check=True, capture_output=True, cwd=tmp_path)
     # Run from tmp_path with the install first on the path, so the checkout cannot answer.
     env = {**os.environ, "PYTHONPATH": str(target)}
-    probe = ("import json, gputopo, gputopo.resources as r, gputopo.sim.fixtures as f, gputopo.plan.render as t\n"
+    probe = ("import json, gputopo, gputopo.resources as r, gputopo.sim.hostroot as f, gputopo.plan.render as t\n"
              "print(json.dumps([gputopo.__file__, str(r.templates_dir()), str(r.fixtures_dir()),\n"
              "                  f.list_hosts(), t.render_udev_rules(['0000:81:00.0'])]))\n")
     p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path, env=env)

@@ -11,7 +11,7 @@ import pytest
 
 from gputopo.facts.discover import discover
 from gputopo.facts.pci import list_pci_functions
-from gputopo.sim.fixtures import list_hosts
+from gputopo.sim.hostroot import list_hosts
 
 LSPCI = shutil.which("lspci")
 pytestmark = pytest.mark.skipif(LSPCI is None, reason="lspci (pciutils) is not installed")

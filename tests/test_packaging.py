@@ -52,11 +52,11 @@ def test_version_names_the_python_and_the_directory_it_runs_from(tmp_path):
 
 def test_version_keeps_a_percent_sign_in_the_path(monkeypatch):
     import gputopo
-    from gputopo.cli import _version_message
+    from gputopo.cli import version_message
 
     monkeypatch.setattr(gputopo, "__file__", "/srv/100%s/gputopo/__init__.py")
     # click fills in the message the way version_option does
-    text = _version_message() % {"prog": "gputopo", "package": "gputopo", "version": "9"}
+    text = version_message() % {"prog": "gputopo", "package": "gputopo", "version": "9"}
     assert text.splitlines()[0] == "gputopo, version 9"
     assert text.splitlines()[2] == "running from /srv/100%s/gputopo"
 

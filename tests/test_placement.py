@@ -38,7 +38,7 @@ def large(materialized):
 
 @pytest.fixture(scope="module")
 def nested(tmp_path_factory):
-    from gputopo.sim.fixtures import materialize
+    from gputopo.sim.hostroot import materialize
 
     d = tmp_path_factory.mktemp("nested")
     (d / "nested.yaml").write_text(NESTED)

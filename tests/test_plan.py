@@ -409,7 +409,7 @@ devices:
 
 @pytest.fixture(scope="module")
 def refusals_root(tmp_path_factory):
-    from gputopo.sim.fixtures import materialize
+    from gputopo.sim.hostroot import materialize
 
     base = tmp_path_factory.mktemp("refusals")
     (base / "host.yaml").write_text(REFUSALS_HOST)

@@ -5,7 +5,7 @@ import os
 import pytest
 
 from gputopo.errors import ConfigError, LoginFailed, ProxmoxError, TaskFailed
-from gputopo.sim.fixtures import materialize
+from gputopo.sim.hostroot import materialize
 from gputopo.ports import ProxmoxPort
 from gputopo.adapters.credentials import ApiConfig, read_secret_file
 from gputopo.adapters.proxmox import ProxmoxClient

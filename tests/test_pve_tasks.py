@@ -12,7 +12,7 @@ from gputopo.adapters.credentials import ApiConfig
 from gputopo.adapters.proxmox import ProxmoxClient
 from gputopo.errors import ProxmoxError, TaskFailed, TaskTimeout
 from gputopo.sim.container.distro import lsb_release, start_warnings
-from gputopo.sim.fixtures import materialize
+from gputopo.sim.hostroot import materialize
 from gputopo.sim.pveapi import PveApiServer, PveshSim
 
 CT = "arch: amd64\nhostname: llm\nmemory: 4096\nostype: ubuntu\n"

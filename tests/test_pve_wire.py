@@ -21,7 +21,7 @@ from gputopo.errors import ProxmoxError
 from gputopo.formats.lxcconf import parse_lxc_conf
 from gputopo.formats.pcicfg import parse_pci_cfg
 from gputopo.sim import state
-from gputopo.sim.fixtures import materialize
+from gputopo.sim.hostroot import materialize
 from gputopo.sim.pveapi import PveApiServer, PveshSim
 
 # as pct writes it (keys sorted): a rewrite that changes nothing keeps the digest

@@ -8,7 +8,7 @@ import requests
 from proxmoxer import ProxmoxAPI
 from proxmoxer.core import AuthenticationError, ResourceException
 
-from gputopo.sim.fixtures import materialize
+from gputopo.sim.hostroot import materialize
 from gputopo.formats.lxcconf import parse_lxc_conf, validate_lxc_conf
 from gputopo.formats.pcicfg import parse_pci_cfg, validate_pci_cfg
 from gputopo.formats.propstring import sha1_digest

@@ -17,7 +17,7 @@ from gputopo.facts.discover import discover
 from gputopo.model.facts import Bridge, Facts, Gpu, GroupMember, Holder, Link, MemberRole
 from gputopo.model.mirror import mirror
 from gputopo.model.record import Field, Record
-from gputopo.sim.fixtures import list_hosts
+from gputopo.sim.hostroot import list_hosts
 
 GPU = dict(address="0000:01:00.0", vendor="0x10de", device="0x2bb5", **{"class": "0x030200"})
 

@@ -207,7 +207,7 @@ def test_sim_serve_from_a_fixture_answers_curl_and_stops_on_sigint(tmp_path):
 
 
 def test_sim_serve_from_a_snapshot_on_a_fixed_port_stops_on_sigterm(tmp_path):
-    from gputopo.sim.fixtures import materialize
+    from gputopo.sim.hostroot import materialize
     from gputopo.facts.snapshot import snapshot
 
     snap = tmp_path / "coyote2.tar.gz"
@@ -233,7 +233,7 @@ def test_sim_serve_from_a_snapshot_on_a_fixed_port_stops_on_sigterm(tmp_path):
 
 
 def test_sim_serve_root_and_pve_root(tmp_path, seed):
-    from gputopo.sim.fixtures import materialize
+    from gputopo.sim.hostroot import materialize
 
     root = materialize("seed", tmp_path / "root")
     pve = tmp_path / "etc-pve"

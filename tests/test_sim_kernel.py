@@ -16,7 +16,7 @@ import pytest
 
 import kernel_scenarios as ks
 from gputopo.errors import SysfsWriteError
-from gputopo.sim.fixtures import DeviceSpec, HostSpec, NumaSpec, load_host, materialize
+from gputopo.sim.hostroot import DeviceSpec, HostSpec, NumaSpec, load_host, materialize
 from gputopo.sim.kernel import KernelEvent, SimKernel
 from gputopo.sim.kernel.nvidia import nvidia_information, parse_minor
 from gputopo.sim.kernel.parse import parse_id_fields, parse_override

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from gputopo.facts.discover import discover
 from gputopo.errors import RootError
-from gputopo.sim.fixtures import list_hosts
+from gputopo.sim.hostroot import list_hosts
 from gputopo.facts.snapshot import extract, opened_root, snapshot
 from gputopo.errors import SnapshotError
 

@@ -26,7 +26,7 @@ NAMES = ["esc8000a", "iommu-off", "large", "numa-unknown", "seed", "shared-group
 
 
 def test_every_fixture_host_is_drawn(pictures):
-    from gputopo.sim.fixtures import list_hosts
+    from gputopo.sim.hostroot import list_hosts
 
     assert set(list_hosts()) <= set(pictures) and set(NAMES) == set(pictures)
 

@@ -12,7 +12,7 @@ from gputopo.model.state import ContainerState, CurrentState, MappingState
 from gputopo.plan.mappings import map_entry
 from gputopo.plan.planner import plan
 from gputopo.plan.starter import spec_from_split
-from gputopo.sim.fixtures import list_hosts
+from gputopo.sim.hostroot import list_hosts
 from gputopo.topo.owners import owners_now
 from gputopo.topo.svg import render_svg
 from gputopo.topo.tree import build_report

@@ -6,84 +6,16 @@ This module imports neither click nor a command: ``gputopo --version``, ``gputop
 itself takes to start, and every other command line goes to the click group in
 :mod:`gputopo.cli.group` (``cli``, ``LazyGroup``). Expected errors
 (:class:`gputopo.errors.GputopoError`) print as one line on stderr and exit with their code;
-``--debug`` keeps the traceback.
+``--debug`` keeps the traceback. The command table both read is :mod:`gputopo.cli.commands`.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 
-import gputopo
+from gputopo.cli.commands import COMMANDS, DESCRIPTION, SUMMARIES, report_error, version_message
 
-# command name -> "module:attribute" (module relative to gputopo.cli)
-COMMANDS: dict[str, str] = {
-    "discover": "discover:discover",
-    "topo": "topocmd:topo",
-    "snapshot": "discover:snapshot",
-    "schema": "schema:schema",
-    "init": "initcmd:init",
-    "export": "initcmd:export",
-    "plan": "plancmd:plan",
-    "render": "rendercmd:render",
-    "diff": "plancmd:diff",
-    "apply": "applycmd:apply",
-    "recover": "applycmd:recover",
-    "verify": "verifycmd:verify",
-    "history": "historycmd:history",
-    "completion": "complete:completion",
-    "cluster": "clustercmd:cluster",
-    "demo": "democmd:demo",
-    "sim": "simcmd:sim",
-    "fixtures": "fixturescmd:fixtures",
-}
-
-# command name -> its line in 'gputopo --help': what click makes of the command's docstring at
-# 80 columns, kept here so that listing the commands imports none (tests/test_cli_help.py
-# checks each against its command).
-SUMMARIES: dict[str, str] = {
-    "discover": "Show the GPUs of a host: NUMA node, IOMMU group, driver,...",
-    "topo": "Show the PCIe tree: NUMA node, host bridge, root port,...",
-    "snapshot": "Capture what discovery reads from a host into NAME.tar.gz...",
-    "schema": "Print the JSON Schema of the spec file, or of the JSON...",
-    "init": "Write a commented starter spec for this host: the split...",
-    "export": "Write the host as it is now as a spec: 'gputopo plan --spec...",
-    "plan": 'Show the target state and the ordered actions ("No changes"...',
-    "render": "Write the files the plan stands for under --out, with a...",
-    "diff": "Show how the host differs from the spec, by area, files as...",
-    "apply": "Apply the spec, or a plan saved with 'gputopo plan -o...",
-    "recover": "Settle an apply that was interrupted (crash, kill, power...",
-    "verify": "Check the host against the spec from fresh facts:...",
-    "history": "List past applies from their journals, oldest first: when,...",
-    "completion": "Print the completion script for SHELL; addresses, vmids,...",
-    "cluster": "Plan, apply and verify one spec on every node of a Proxmox...",
-    "demo": "Split the simulated seed host's GPUs by NUMA node:...",
-    "sim": "A simulated Proxmox VE host: kernel sysfs, Proxmox API,...",
-    "fixtures": "Host fixtures: compact descriptions built into real-layout...",
-}
-
-DESCRIPTION = """Move GPUs between an LXC container and VM passthrough on a Proxmox VE host.
-
-discover -> plan -> render -> apply -> verify; diff at any time."""
-
-
-def _version_message() -> str:
-    """What ``gputopo --version`` prints: the version, then the Python that runs it and the
-    directory gputopo is imported from, so a bug report says which install it came from (the
-    node's .deb under /usr/lib/gputopo, a pipx venv, a checkout)."""
-    python = ".".join(str(n) for n in sys.version_info[:3])
-    where = os.path.dirname(os.path.abspath(gputopo.__file__))
-    # click formats the message with %: a '%' in a path must not be read as a placeholder
-    install = f"Python {python} ({sys.executable})\nrunning from {where}"
-    return "%(prog)s, version %(version)s\n" + install.replace("%", "%%")
-
-
-def report_error(e: BaseException) -> None:
-    """Print an expected error as ``gputopo: error: <line>`` on stderr and exit with its code."""
-    for line in str(e).splitlines() or [type(e).__name__]:
-        sys.stderr.write(f"gputopo: error: {line}\n")
-    sys.stderr.flush()
-    sys.exit(getattr(e, "exit_code", 1))
+__all__ = ["COMMANDS", "DESCRIPTION", "SUMMARIES", "main", "report_error", "version_message"]
 
 
 def main(argv: list[str] | None = None) -> None:

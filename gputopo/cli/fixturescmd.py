@@ -16,7 +16,7 @@ def fixtures() -> None:
 @fixtures.command("list")
 def list_() -> None:
     """List the shipped host descriptions."""
-    from gputopo.sim.fixtures import list_hosts, load_host
+    from gputopo.sim.hostroot import list_hosts, load_host
 
     for name in list_hosts():
         click.echo(f"{name:14} {load_host(name).description}")
@@ -29,7 +29,7 @@ def build(name: str, dest: str) -> None:
     """Build host NAME (or a .yaml path) as a root under DEST (must be empty or absent)."""
     from pathlib import Path
 
-    from gputopo.sim.fixtures import materialize
+    from gputopo.sim.hostroot import materialize
 
     root = materialize(name, Path(dest))
     click.echo(str(root))

@@ -13,7 +13,7 @@ import sys
 import click
 
 from gputopo import __version__
-from gputopo.cli import COMMANDS, DESCRIPTION, SUMMARIES, _version_message, report_error
+from gputopo.cli.commands import COMMANDS, DESCRIPTION, SUMMARIES, report_error, version_message
 
 
 class LazyGroup(click.Group):
@@ -68,7 +68,7 @@ class LazyGroup(click.Group):
 
 
 @click.group(cls=LazyGroup, help=DESCRIPTION, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="gputopo", message=_version_message())
+@click.version_option(__version__, prog_name="gputopo", message=version_message())
 @click.option("--debug", is_flag=True, help="Show tracebacks for expected errors too.")
 @click.pass_context
 def cli(ctx: click.Context, debug: bool) -> None:

@@ -16,7 +16,7 @@ import os
 import sys
 
 from gputopo import __version__
-from gputopo.cli import COMMANDS, DESCRIPTION, SUMMARIES, _version_message, report_error
+from gputopo.cli.commands import COMMANDS, DESCRIPTION, SUMMARIES, report_error, version_message
 
 # What click's shell completion sets (``_{PROG}_COMPLETE``) when it runs gputopo to ask.
 COMPLETION_VAR = "_GPUTOPO_COMPLETE"
@@ -37,7 +37,7 @@ def answer(args: list[str]) -> bool:
     if COMPLETION_VAR in os.environ:
         return False  # click's shell completion asks with the command line it is completing
     if args == ["--version"]:
-        sys.stdout.write(_version_message() % {"prog": "gputopo", "version": __version__} + "\n")
+        sys.stdout.write(version_message() % {"prog": "gputopo", "version": __version__} + "\n")
         return True
     if args in ([], ["--help"], ["-h"]):
         text = help_text(_terminal_columns())

@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, create_model
 from pydantic import Field as PydanticField
 
-from gputopo.model.record import LiteralText, Record
+from gputopo.model.declare import Declared, LiteralText
 
 _MIRRORS: dict[type, type[BaseModel]] = {}
 _RECORDS: dict[type[BaseModel], type] = {}
@@ -31,7 +31,7 @@ class _Names(dict):
 
     def __missing__(self, key: str) -> Any:
         value = self.module_globals.get(key, _MISSING)
-        if isinstance(value, type) and issubclass(value, Record):
+        if isinstance(value, type) and issubclass(value, Declared):
             return mirror(value)
         if isinstance(value, LiteralText):
             return typing.Literal
@@ -52,7 +52,7 @@ def mirror(cls: type) -> type[BaseModel]:
     """The pydantic model of the record class ``cls`` (built once)."""
     if cls in _MIRRORS:
         return _MIRRORS[cls]
-    parent = next((b for b in cls.__bases__ if issubclass(b, Record) and b is not Record), None)
+    parent = cls._record_parent
     base: type[BaseModel] = BaseModel if parent is None else mirror(parent)
     if parent is None or (cls._frozen and not parent._frozen):
         config = ConfigDict(**cls.model_config, frozen=cls._frozen)

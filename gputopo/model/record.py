@@ -24,63 +24,17 @@ from __future__ import annotations
 
 from enum import Enum
 
-_MISSING = object()
+from gputopo.model.declare import MISSING, Declared, Field, FieldInfo, Literal, LiteralText
+
+__all__ = ["Field", "FieldInfo", "Literal", "LiteralText", "Record"]
 
 
-class FieldInfo:
-    """A field's declaration: default (or factory), JSON alias, description; ``annotation`` is
-    the annotation's text."""
-
-    __slots__ = ("name", "annotation", "default", "default_factory", "alias", "description")
-
-    def __init__(self, default=_MISSING, default_factory=None, alias=None, description=None):
-        self.name = ""
-        self.annotation = ""
-        self.default = default
-        self.default_factory = default_factory
-        self.alias = alias
-        self.description = description
-
-    @property
-    def is_required(self) -> bool:
-        return self.default is _MISSING and self.default_factory is None
-
-    def make_default(self):
-        """A fresh default value; a mutable plain default is copied, as pydantic does."""
-        if self.default_factory is not None:
-            return self.default_factory()
-        d = self.default
-        return type(d)(d) if type(d) in (list, dict, set) else d
-
-
-class LiteralText:
-    """``Literal[...]`` for a module that must not import typing: ``Literal["a", "b"]`` gives the
-    type's text, which pydantic reads when it builds the schema (:mod:`gputopo.model.mirror`),
-    so an alias such as ``Kind = Literal["a", "b"]`` works in annotations as typing's does."""
-
-    def __getitem__(self, values) -> str:
-        values = values if isinstance(values, tuple) else (values,)
-        return f"Literal[{', '.join(map(repr, values))}]"
-
-
-Literal = LiteralText()
-
-
-def Field(default=_MISSING, *, default_factory=None, alias=None, description=None):  # noqa: N802 - pydantic's name
-    """A field's declaration: ``x: int | None = Field(None, description="...")``; the subset of
-    :func:`pydantic.Field` that records use."""
-    return FieldInfo(default, default_factory, alias, description)
-
-
-class Record:
+class Record(Declared):
     """Base of the record classes; ``class X(Record, frozen=True)`` makes an immutable,
     hashable one. ``model_config`` (a plain dict, as pydantic's ``ConfigDict``) is handed to
     pydantic for the schema and validation."""
 
-    model_fields: dict[str, FieldInfo] = {}
-    model_config: dict = {}
     _aliases: dict[str, str] = {}
-    _frozen = False
     # what __init__ needs, worked out once per class: plain defaults, default factories
     # (mutable plain defaults are copied), the required fields
     _defaults: dict = {}
@@ -93,13 +47,14 @@ class Record:
         for name, annotation in cls.__dict__.get("__annotations__", {}).items():
             if str(annotation).startswith(("ClassVar", "typing.ClassVar")):
                 continue
-            value = cls.__dict__.get(name, _MISSING)
+            value = cls.__dict__.get(name, MISSING)
             info = value if isinstance(value, FieldInfo) else FieldInfo(value)
             if isinstance(value, FieldInfo):
                 delattr(cls, name)  # the class attribute would shadow nothing and mislead readers
             info.name, info.annotation = name, str(annotation)
             fields[name] = info
         cls.model_fields = fields
+        cls._record_parent = next((b for b in cls.__bases__ if issubclass(b, Record) and b is not Record), None)
         cls._aliases = {f.alias: n for n, f in fields.items() if f.alias}
         cls._required = frozenset(n for n, f in fields.items() if f.is_required)
         optional = [(n, f) for n, f in fields.items() if not f.is_required]

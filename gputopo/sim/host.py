@@ -18,15 +18,15 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from gputopo.errors import ContainerStartError, SimHostError
-from gputopo.sim.fixtures import materialize
-from gputopo.formats.lxcconf import LxcConf, format_dev_value, parse_dev_value, parse_lxc_conf, write_lxc_conf
+from gputopo.errors import SimHostError
+from gputopo.sim.hostroot import materialize
+from gputopo.formats.lxcconf import LxcConf, format_dev_value, write_lxc_conf
 from gputopo.formats.pcicfg import MapEntry, PciMapping, format_map_entry, write_pci_cfg
 from gputopo.sim import state
 from gputopo.sim.files import PMXCFS_MODE, atomic_write
 from gputopo.sim.container import Container, EndpointServer, SimExec, SimPaths, write_unit
-from gputopo.sim.container.devices import missing_devices
-from gputopo.sim.container.distro import lsb_release, start_warnings
+from gputopo.sim.container.distro import lsb_release
+from gputopo.sim.guesthooks import Hooks
 
 DEFAULT_CT = 101
 DEFAULT_VM = 201
@@ -65,40 +65,6 @@ def _extract_snapshot(archive: Path, dest: Path) -> None:
             inner.rmdir()
     if not (dest / "sys").is_dir():
         raise SimHostError(str(archive), "snapshot holds no sys/ tree")
-
-
-class Hooks:
-    """What the Proxmox API simulator calls inside start/stop tasks of a guest."""
-
-    def __init__(self, sim_dir: Path):
-        self.sim_dir = sim_dir
-
-    def on_guest_start(self, kind: str, vmid: int) -> list[str]:
-        """Boot container ``vmid`` as pve-container's prestart hook and start do: refuse when a
-        granted ``devN`` node is missing, check the distribution (:mod:`gputopo.sim.container.distro`).
-        Returns the warnings the start logs (a release newer than pve-container knows).
-
-        Raises :class:`ContainerStartError` (``Device /dev/nvidia4 does not exist``).
-        """
-        if kind != "lxc":
-            return []
-        missing = missing_devices(self.sim_dir, vmid)
-        if missing:
-            raise ContainerStartError(f"Device {missing[0]} does not exist")
-        paths = SimPaths(self.sim_dir)
-        conf = paths.lxc_conf(vmid)
-        ostype = parse_lxc_conf(conf.read_text()).options.get("ostype") if conf.is_file() else None
-        warnings = start_warnings(paths.rootfs(vmid), ostype)
-        Container(self.sim_dir, vmid).boot()
-        return warnings
-
-    def on_guest_stop(self, kind: str, vmid: int) -> None:
-        if kind == "lxc":
-            Container(self.sim_dir, vmid).shutdown()
-
-    def on_lxc_hotplug(self, vmid: int, key: str, value: str) -> None:
-        """A new ``devN`` was hot-plugged into running container ``vmid``: it sees the node now."""
-        Container(self.sim_dir, vmid).hotplug(parse_dev_value(value)["path"])
 
 
 class SimHost:

@@ -28,7 +28,7 @@ def cluster_info(cluster_dir: Path) -> dict:
 
 def attach_peers(api: Any, host: Any) -> None:
     """Give ``api`` (the started server of ``host``) a server for every other member."""
-    from gputopo.sim.host import Hooks
+    from gputopo.sim.guesthooks import Hooks
     from gputopo.sim.pveapi import PveApiServer
 
     cdir = cluster_dir_of(host)

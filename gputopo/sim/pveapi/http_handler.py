@@ -10,14 +10,23 @@ import json
 import re
 import time
 from http.server import BaseHTTPRequestHandler
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from urllib.parse import unquote_plus, urlsplit
 
-from gputopo.sim.pveapi.answers import ApiError, AuthFailed
+from gputopo.sim.pveapi.answers import ApiError, AuthFailed, Result
+from gputopo.sim.pveapi.auth import Caller
 from gputopo.sim.pveapi.routes import API_PREFIX
 
-if TYPE_CHECKING:
-    from gputopo.sim.pveapi.server import PveApiServer
+
+class ApiBackend(Protocol):
+    """What the wire asks of the server behind it (:class:`gputopo.sim.pveapi.PveApiServer` is
+    one): declared here, so the wire does not import the server that imports it."""
+
+    auth_fail_delay: float
+
+    def authenticate(self, method: str, path: str, headers: Any) -> Caller | None: ...
+
+    def dispatch(self, method: str, path: str, params: dict[str, Any], caller: Caller | None) -> Result: ...
 
 
 class BadBody(Exception):
@@ -53,7 +62,7 @@ def merge_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 class ApiRequestHandler(BaseHTTPRequestHandler):
-    server_obj: PveApiServer
+    server_obj: ApiBackend
     protocol_version = "HTTP/1.1"
     server_version = "pve-api-daemon/3.0"
     sys_version = ""
