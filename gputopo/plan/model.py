@@ -21,6 +21,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from gputopo.actions import VFIO, Action
+from gputopo.model.owner import Owner
 
 
 class _M(BaseModel):
@@ -29,7 +30,7 @@ class _M(BaseModel):
 
 class GpuTarget(_M):
     address: str
-    owner: str = Field(description="container:<vmid> | vm:<mapping> | host (left untouched)")
+    owner: Owner = Field(description="container:<vmid> | vm:<mapping> | host (left untouched)")
     driver: Literal["nvidia", "vfio-pci"] | None = Field(description="Target driver; null = untouched")
     current_driver: str | None
     companions: list[str] = Field(default_factory=list)

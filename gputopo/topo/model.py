@@ -28,9 +28,11 @@ class _M(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class Owner(_M):
-    """Who has a GPU: a container (its ``/dev/nvidiaN`` is in the container's ``devN``), a VM
-    mapping (the GPU is in the mapping's ``map`` lines and on vfio-pci), or nobody."""
+class Holder(_M):
+    """Who has a GPU as the picture shows it: containers (its ``/dev/nvidiaN`` is in their
+    ``devN``), a VM mapping (the GPU is in the mapping's ``map`` lines and on vfio-pci) with the
+    VMs using it, or nobody. Unlike a plan's :class:`gputopo.model.owner.Owner` it can name
+    several containers or VMs, because a host can be in that state."""
 
     kind: Literal["container", "vm", "free"]
     containers: list[int] = Field(default_factory=list, description="Containers granted the GPU's node")
@@ -59,7 +61,7 @@ class Owner(_M):
         return "free"
 
 
-FREE = Owner(kind="free")
+FREE = Holder(kind="free")
 
 
 class Companion(_M):
@@ -85,7 +87,7 @@ class GpuView(_M):
     numa_node: int | None = None
     link: str | None = Field(None, description="Current link, e.g. '32GT/s x16'")
     boot_vga: bool | None = None
-    owner: Owner = Field(default_factory=lambda: FREE.model_copy())
+    owner: Holder = Field(default_factory=lambda: FREE.model_copy())
     companions: list[Companion] = Field(default_factory=list)
 
 

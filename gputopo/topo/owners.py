@@ -18,7 +18,8 @@ from gputopo.formats.lxcconf import parse_dev_value
 from gputopo.formats.pcicfg import parse_map_entry
 from gputopo.model.facts import Facts, Gpu, normalize_address, slot_of
 from gputopo.model.state import CurrentState
-from gputopo.topo.model import FREE, Owner
+from gputopo.model.owner import Owner, OwnerKind
+from gputopo.topo.model import FREE, Holder
 
 _MINOR_RE = re.compile(r"^/dev/nvidia(\d+)$")
 _DEV_KEY_RE = re.compile(r"^dev\d+$")
@@ -101,8 +102,8 @@ def mapping_users(state: CurrentState) -> dict[str, list[int]]:
     return out
 
 
-def owners_now(facts: Facts, state: CurrentState, node: str | None = None) -> dict[str, Owner]:
-    """address -> :class:`Owner` for every GPU of ``facts`` under the current ``state``.
+def owners_now(facts: Facts, state: CurrentState, node: str | None = None) -> dict[str, Holder]:
+    """address -> :class:`Holder` for every GPU of ``facts`` under the current ``state``.
 
     ``node`` limits mapping lines to that Proxmox node (default: the host's short name).
     """
@@ -114,34 +115,33 @@ def owners_now(facts: Facts, state: CurrentState, node: str | None = None) -> di
     for vmid, guest in sorted(state.guests.items()):
         for value in guest.hostpci:
             vm_raw.setdefault(vmid, set()).update(hostpci_targets(value)[1])
-    out: dict[str, Owner] = {}
+    out: dict[str, Holder] = {}
     for g in facts.gpus:
         out[g.address] = _owner(g, minors_of, mapped, vm_maps, vm_raw)
     return out
 
 
 def _owner(g: Gpu, minors_of: dict[int, set[int]], mapped: dict[str, set[str]],
-           vm_maps: dict[str, list[int]], vm_raw: dict[int, set[str]]) -> Owner:
+           vm_maps: dict[str, list[int]], vm_raw: dict[int, set[str]]) -> Holder:
     if g.driver == "nvidia" and g.minor is not None:
         cts = sorted(v for v, minors in minors_of.items() if g.minor in minors)
         if cts:
-            return Owner(kind="container", containers=cts)
+            return Holder(kind="container", containers=cts)
     if g.driver == "vfio-pci":
         names = sorted(n for n, addrs in mapped.items() if g.address in addrs)
         if names:
-            return Owner(kind="vm", mapping=names[0], vms=vm_maps.get(names[0], []))
+            return Holder(kind="vm", mapping=names[0], vms=vm_maps.get(names[0], []))
         vms = sorted(v for v, raw in vm_raw.items() if g.address in raw or slot_of(g.address) in raw)
         if vms:
-            return Owner(kind="vm", vms=vms)
+            return Holder(kind="vm", vms=vms)
     return FREE.model_copy()
 
 
-def owner_from_target(target_owner: str, before: Owner, users: dict[str, list[int]] | None = None) -> Owner:
-    """A plan target's owner (``container:<vmid>`` | ``vm:<mapping>`` | ``host``) as an Owner;
-    ``host`` (left untouched) keeps ``before``. ``users``: :func:`mapping_users` of the state."""
-    kind, _, name = target_owner.partition(":")
-    if kind == "container" and name.isdigit():
-        return Owner(kind="container", containers=[int(name)])
-    if kind == "vm" and name:
-        return Owner(kind="vm", mapping=name, vms=(users or {}).get(name, []))
+def owner_from_target(owner: Owner, before: Holder, users: dict[str, list[int]] | None = None) -> Holder:
+    """A plan target's owner as the picture shows it; the host (left untouched) keeps ``before``.
+    ``users``: :func:`mapping_users` of the state."""
+    if owner.kind == OwnerKind.CONTAINER:
+        return Holder(kind="container", containers=[owner.vmid])
+    if owner.kind == OwnerKind.VM:
+        return Holder(kind="vm", mapping=owner.name, vms=(users or {}).get(owner.name, []))
     return before

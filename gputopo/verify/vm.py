@@ -97,8 +97,8 @@ def _container_gpus(ctx: Context) -> dict[str, int]:
     """address -> container of every GPU a container has: planned for it, or in its devN now."""
     out: dict[str, int] = {}
     for t in ctx.plan.target if ctx.plan else []:
-        if t.owner.startswith("container:"):
-            out[t.address] = int(t.owner.split(":", 1)[1])
+        if t.owner.is_container:
+            out[t.address] = t.owner.vmid
     by_minor = {f"/dev/nvidia{g.minor}": g.address for g in ctx.facts.gpus if g.minor is not None}
     for vmid, ct in (ctx.current.containers.items() if ctx.current else []):
         for k, v in ct.config.items():
