@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gputopo.actions.base import ActionModel, DiffContext, Phase, PreflightContext, StepContext, World
 from gputopo.errors import BindError
-from gputopo.formats.devn import DEV_KEY, by_dev_index, dev_sort, resolve_devices
+from gputopo.formats.devn import by_dev_index, dev_sort, is_devn_key, resolve_devices
 from gputopo.model.state import ContainerState
 
 
@@ -62,7 +62,7 @@ class UpdateContainer(ActionModel):
         return f"CT {self.vmid}: " + "; ".join(parts)
 
     def changes_devices(self) -> bool:
-        return any(k.startswith("dev") for k in [*self.set, *self.delete]) or bool(self.resolve)
+        return any(is_devn_key(k) for k in [*self.set, *self.delete]) or bool(self.resolve)
 
     def preflight(self, ctx: PreflightContext) -> list[str]:
         problems = []
@@ -105,7 +105,7 @@ class UpdateContainer(ActionModel):
         old = before.config
         cfg = ctx.ports.proxmox.lxc_config(self.vmid)
         # every devN key: entries resolved at apply time are not in the journaled action
-        keys = set(self.set) | set(self.delete) | {k for k in (*old, *cfg) if DEV_KEY.match(k)}
+        keys = set(self.set) | set(self.delete) | {k for k in (*old, *cfg) if is_devn_key(k)}
         sets = {k: str(old[k]) for k in keys if k in old and str(cfg.get(k)) != str(old[k])}
         deletes = sorted(k for k in keys if k not in old and k in cfg)
         if not sets and not deletes:

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from gputopo.actions.base import ActionModel, DiffContext, Phase, PreflightContext, StepContext, World
-from gputopo.formats.hostpci import HOSTPCI_KEY, hostpci_index, parse_hostpci
+from gputopo.formats.hostpci import hostpci_index, hostpci_keys, hostpci_number, is_hostpci_key, parse_hostpci
 from gputopo.model.state import GuestState
 
 
@@ -25,7 +25,7 @@ class VmConfigBefore(BaseModel):
 
 
 def _summary(key: str, value: str) -> str:
-    if HOSTPCI_KEY.match(key):
+    if is_hostpci_key(key):
         try:
             props = parse_hostpci(value)
         except Exception:
@@ -92,7 +92,7 @@ class UpdateVmConfig(ActionModel):
             g.config.pop(k, None)
         g.config.update(self.set)
         g.config["digest"] = "new"
-        keys = sorted((k for k in g.config if hostpci_index(k) is not None), key=lambda k: int(k[7:]))
+        keys = [k for k in hostpci_keys(g.config) if hostpci_index(k) is not None]
         g.hostpci = [str(g.config[k]) for k in keys]
 
     def diff(self, ctx: DiffContext) -> None:
@@ -105,5 +105,5 @@ class UpdateVmConfig(ActionModel):
 
 
 def _key_order(kv: tuple[str, Any]) -> tuple[str, int]:
-    m = HOSTPCI_KEY.match(kv[0])
-    return ("hostpci", int(m.group(1))) if m else (kv[0], -1)
+    n = hostpci_number(kv[0])
+    return ("hostpci", n) if n is not None else (kv[0], -1)

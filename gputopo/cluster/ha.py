@@ -17,13 +17,13 @@ left alone with a warning. The changes are data (:class:`HaChange`) with a one-l
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from gputopo.formats.hacfg import Section, format_node_list, node_list, resource_list, write_section_config
+from gputopo.formats.hostpci import hostpci_targets
 from gputopo.formats.mapline import map_node
 from gputopo.plan.model import MappingTarget
 from gputopo.ports import ClusterApiPort
@@ -110,11 +110,6 @@ def read_ha(api: ClusterApiPort) -> HaState:
     return state
 
 
-def _mapping_of(hostpci: str) -> str | None:
-    m = re.search(r"(?:^|,)mapping=([^,]+)", hostpci)
-    return m.group(1) if m else None
-
-
 def placements(vms: dict[int, tuple[str, list[str]]], mappings: dict[str, MappingTarget],
                order: list[str]) -> list[Placement]:
     """Where each VM (vmid -> (its node, its ``hostpciN`` values)) can run, from the mappings as
@@ -125,7 +120,7 @@ def placements(vms: dict[int, tuple[str, list[str]]], mappings: dict[str, Mappin
         per_node[mid] = Counter(map_node(e) for e in target.map)
     out = []
     for vmid, (node, hostpci) in sorted(vms.items()):
-        needs = Counter(m for m in (_mapping_of(h) for h in hostpci) if m)
+        needs = Counter(m for m in (hostpci_targets(h)[0] for h in hostpci) if m)
         if not needs:
             continue
         nodes = [n for n in order if all(per_node.get(m, Counter())[n] >= k for m, k in needs.items())]

@@ -16,7 +16,6 @@ pure ``parse_*`` functions here and in :mod:`gputopo.formats.lxcconf` and
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ from gputopo.model.facts import Facts
 from gputopo.model.state import ContainerState, CurrentState, GuestState, MappingState, ServiceState
 from gputopo.plan.select import pick_node
 from gputopo.ports import ExecPort, HostFilesPort, ProxmoxPort
+from gputopo.formats.hostpci import hostpci_keys
 from gputopo.formats.lxcconf import parse_lxc_conf
 from gputopo.formats.pcicfg import parse_pci_cfg
 from gputopo.formats.qemuconf import parse_qemu_conf
@@ -55,8 +55,7 @@ def config_from_lxc_text(text: str) -> dict[str, Any]:
 
 def hostpci_values(config: dict[str, Any]) -> list[str]:
     """The ``hostpciN`` values of a VM config, in index order."""
-    keys = sorted((k for k in config if re.fullmatch(r"hostpci\d+", k)), key=lambda k: int(k[7:]))
-    return [str(config[k]) for k in keys]
+    return [str(config[k]) for k in hostpci_keys(config)]
 
 
 def config_from_qemu_text(text: str) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from typing import Any
 
 from gputopo.actions import Rebind, StartGuest, StartService, StopGuest, StopService, UpdateContainer, WriteServiceDropin
 from gputopo.errors import AddressError
-from gputopo.formats.devn import DEV_KEY, dev_path
+from gputopo.formats.devn import dev_path, is_devn_key
 from gputopo.formats.mapline import map_fields, map_node, map_paths
 from gputopo.model.facts import Facts, normalize_address, slot_of
 from gputopo.model.state import ContainerState, CurrentState, ServiceState
@@ -85,7 +85,7 @@ def _running_tp(svc: ServiceState | None) -> int | None:
 def maps_a_moving_gpu(config: dict[str, Any], facts: Facts, rebinds: list[Rebind]) -> bool:
     """True when a devN entry of ``config`` is the /dev/nvidiaN of a device being rebound: the
     container must stop before that GPU is unbound under it."""
-    used_paths = {dev_path(v) for k, v in config.items() if DEV_KEY.match(k)}
+    used_paths = {dev_path(v) for k, v in config.items() if is_devn_key(k)}
     for r in rebinds:
         for a in r.members:
             g = facts.gpu(a)

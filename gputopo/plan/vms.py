@@ -16,7 +16,9 @@ from typing import Any
 
 from gputopo.actions import UpdateVmConfig
 from gputopo.errors import PveFormatError
-from gputopo.formats.hostpci import MAX_HOSTPCI, NUMA_KEY, format_hostpci, hostpci_index, parse_hostpci, with_mmio64_mb
+from gputopo.formats.hostpci import (
+    MAX_HOSTPCI, NUMA_KEY, format_hostpci, hostpci_index, hostpci_key, hostpci_keys, parse_hostpci, with_mmio64_mb,
+)
 from gputopo.formats.qemuconf import check_qemu_option, is_q35, memory_mib, start_problems
 from gputopo.model.facts import Facts
 from gputopo.model.state import CurrentState
@@ -61,8 +63,8 @@ def _lines(c: VmConsumer, mid: str, cfg: dict[str, str], n: int) -> tuple[dict[s
     slots = (sorted(owned) + free)[:n]
     if len(slots) < n:
         return {}, [], f"needs {n} hostpci line(s), but only {len(slots)} of {MAX_HOSTPCI} indices are free"
-    return ({f"hostpci{i}": value for i in slots},
-            [f"hostpci{i}" for i in sorted(owned) if i not in slots], None)
+    return ({hostpci_key(i): value for i in slots},
+            [hostpci_key(i) for i in sorted(owned) if i not in slots], None)
 
 
 def _consumer(c: VmConsumer, facts: Facts, current: CurrentState, view: MapView,
@@ -118,7 +120,7 @@ def _consumer(c: VmConsumer, facts: Facts, current: CurrentState, view: MapView,
         return
     want: dict[str, str] = dict(hostpci)
     if n:
-        notes.insert(0, f"{', '.join(sorted(hostpci, key=lambda k: int(k[7:])))}: mapping={target}; Proxmox gives "
+        notes.insert(0, f"{', '.join(hostpci_keys(hostpci))}: mapping={target}; Proxmox gives "
                         "each line a free GPU of the mapping when the VM starts")
     gpus = [gg for a in avail if (gg := facts.gpu(a)) is not None]
     bios = cfg.get("bios", "seabios")

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gputopo.errors import PveFormatError
-from gputopo.formats.hostpci import hostpci_index, parse_hostpci
+from gputopo.formats.hostpci import hostpci_index, hostpci_number, parse_hostpci
 from gputopo.formats.mapline import map_fields, map_paths
 from gputopo.model.owner import Owner
 from gputopo.model.state import CurrentState
@@ -74,7 +74,7 @@ def mapping_lines(config: dict[str, Any]) -> list[tuple[str, str]]:
             continue
         if "mapping" in props:
             out.append((key, props["mapping"]))
-    return sorted(out, key=lambda kv: int(kv[0][7:]))
+    return sorted(out, key=lambda kv: hostpci_number(kv[0]))
 
 
 def owners_text(gpus: dict[str, Owner]) -> str:

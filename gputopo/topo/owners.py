@@ -14,16 +14,16 @@ import re
 from typing import Any
 
 from gputopo.errors import PveFormatError
+from gputopo.formats.devn import is_devn_key
+from gputopo.formats.hostpci import hostpci_targets
 from gputopo.formats.lxcconf import parse_dev_value
 from gputopo.formats.pcicfg import parse_map_entry
 from gputopo.model.facts import Facts, Gpu, normalize_address, slot_of
-from gputopo.model.state import CurrentState
 from gputopo.model.owner import Owner, OwnerKind
+from gputopo.model.state import CurrentState
 from gputopo.topo.model import FREE, Holder
 
 _MINOR_RE = re.compile(r"^/dev/nvidia(\d+)$")
-_DEV_KEY_RE = re.compile(r"^dev\d+$")
-_HOSTPCI_RE = re.compile(r"^hostpci\d+$")
 
 
 def container_minors(config: dict[str, Any]) -> set[int]:
@@ -32,7 +32,7 @@ def container_minors(config: dict[str, Any]) -> set[int]:
     Values that do not parse are skipped."""
     minors: set[int] = set()
     for key, value in config.items():
-        if not _DEV_KEY_RE.match(key):
+        if not is_devn_key(key):
             continue
         try:
             path = parse_dev_value(str(value))["path"]
@@ -61,34 +61,6 @@ def mapping_addresses(maps: list[str], node: str | None) -> set[str]:
             continue
         out.update(normalize_address(p) for p in entry.paths)
     return out
-
-
-def hostpci_targets(value: str) -> tuple[str | None, set[str]]:
-    """(mapping, raw addresses) of a ``hostpciN`` value: ``mapping=NAME,pcie=1`` -> (NAME, {});
-    ``0000:81:00.0;0000:81:00.1,pcie=1`` -> (None, {both}); a slot ``81:00`` stands for all its
-    functions and comes back as ``0000:81:00`` (compare with :func:`slot_of`)."""
-    first, *rest = value.split(",")
-    opts = dict(p.split("=", 1) for p in rest if "=" in p)
-    if first.startswith("mapping="):
-        return first.split("=", 1)[1], set()
-    host = first.split("=", 1)[1] if first.startswith("host=") else first
-    if "mapping" in opts:
-        return opts["mapping"], set()
-    out: set[str] = set()
-    for part in host.split(";"):
-        part = part.strip()
-        if not part:
-            continue
-        if part.count(":") == 1 and "." not in part:
-            part = "0000:" + part
-        if "." in part:
-            try:
-                out.add(normalize_address(part))
-            except Exception:
-                continue
-        else:
-            out.add(part.lower())
-    return None, out
 
 
 def mapping_users(state: CurrentState) -> dict[str, list[int]]:
