@@ -8,7 +8,7 @@ from gputopo.facts.discover import discover
 from gputopo.facts.guests import read_node_guests
 from gputopo.model.state import ContainerState, CurrentState, GuestState, MappingState
 from gputopo.model.owner import Owner
-from gputopo.topo.model import Holder, TopoReport
+from gputopo.topo.model import OwnerView, TopoReport
 from gputopo.topo.owners import (
     container_minors,
     hostpci_targets,
@@ -74,11 +74,11 @@ def seed(materialized):
 
 def test_owners_now(seed):
     owners = owners_now(seed, _state(seed))
-    assert owners["0000:01:00.0"] == Holder(kind="container", containers=[101])
+    assert owners["0000:01:00.0"] == OwnerView(kind="container", containers=[101])
     assert owners["0000:71:00.0"].label == "containers 101, 102"  # minor 2 granted to both
-    assert owners["0000:81:00.0"] == Holder(kind="vm", mapping="pro6000-vm", vms=[201])
+    assert owners["0000:81:00.0"] == OwnerView(kind="vm", mapping="pro6000-vm", vms=[201])
     assert owners["0000:81:00.0"].label == "VM mapping pro6000-vm · VM 201"
-    assert owners["0000:e1:00.0"] == Holder(kind="vm", vms=[202])
+    assert owners["0000:e1:00.0"] == OwnerView(kind="vm", vms=[202])
     assert owners["0000:f1:00.0"].kind == "free"  # minor 6 is in no container
 
 
@@ -94,9 +94,9 @@ def test_a_mapped_gpu_still_on_nvidia_is_not_the_vms(seed):
 
 
 def test_owner_from_target(seed):
-    before = Holder(kind="container", containers=[101])
+    before = OwnerView(kind="container", containers=[101])
     users = mapping_users(_state(seed))
-    assert owner_from_target(Owner.vm("pro6000-vm"), before, users) == Holder(kind="vm", mapping="pro6000-vm", vms=[201])
+    assert owner_from_target(Owner.vm("pro6000-vm"), before, users) == OwnerView(kind="vm", mapping="pro6000-vm", vms=[201])
     assert owner_from_target(Owner.container(102), before, users).containers == [102]
     assert owner_from_target(Owner.host(), before, users) is before
 

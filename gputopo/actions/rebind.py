@@ -10,20 +10,19 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, RootModel
+from pydantic import RootModel
 
 from gputopo.actions.base import ActionModel, DiffContext, Phase, PreflightContext, StepContext, World
 from gputopo.errors import BindError, GputopoError, ProxmoxError
 from gputopo.formats.hostpci import is_hostpci_key
 from gputopo.formats.mapline import map_paths
+from gputopo.model.strict import Strict
 
 VFIO = "vfio-pci"
 NVIDIA = "nvidia"
 
 
-class MemberBefore(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class MemberBefore(Strict):
     driver: str | None
     override: str | None
 

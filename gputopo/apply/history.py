@@ -11,7 +11,7 @@ import os
 import time
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from gputopo.apply.journal import (
     Begin,
@@ -25,16 +25,13 @@ from gputopo.apply.journal import (
     list_journals,
 )
 from gputopo.errors import HistoryError, JournalError
+from gputopo.model.strict import Strict
 
 SCHEMA_VERSION = 1
 Outcome = Literal["applied", "rolled-back", "unfinished", "needs-human", "unreadable"]
 
 
-class _M(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class StepRecord(_M):
+class StepRecord(Strict):
     step: int = Field(description="1-based, as the plan numbers it")
     phase: str
     kind: str
@@ -47,7 +44,7 @@ class StepRecord(_M):
     undo: str | None = Field(None, description="What its undo did, when it was undone")
 
 
-class ApplyRecord(_M):
+class ApplyRecord(Strict):
     id: str = Field(description="The journal's name without .jsonl; 'gputopo history show ID'")
     journal: str
     started: float | None = None
@@ -67,7 +64,7 @@ class ApplyRecord(_M):
     steps: list[StepRecord] | None = Field(None, description="Each step (history show only)")
 
 
-class HistoryList(_M):
+class HistoryList(Strict):
     """``gputopo history --json`` (``gputopo schema history``)."""
 
     schema_version: Literal[1] = SCHEMA_VERSION

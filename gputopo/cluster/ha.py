@@ -20,11 +20,12 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from gputopo.formats.hacfg import Section, format_node_list, node_list, resource_list, write_section_config
 from gputopo.formats.hostpci import hostpci_targets
 from gputopo.formats.mapline import map_node
+from gputopo.model.strict import Strict
 from gputopo.plan.model import MappingTarget
 from gputopo.ports import ClusterApiPort
 
@@ -34,11 +35,7 @@ GROUPS = "pve/ha/groups.cfg"
 RESOURCES = "pve/ha/resources.cfg"
 
 
-class _M(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class HaState(_M):
+class HaState(Strict):
     """The HA configuration now: the release decides rules (9) or groups (8)."""
 
     release: int
@@ -51,7 +48,7 @@ class HaState(_M):
         return self.release >= 9
 
 
-class Placement(_M):
+class Placement(Strict):
     """Where a VM can run: the nodes with as many devices of each of its mappings as it uses."""
 
     vmid: int
@@ -60,7 +57,7 @@ class Placement(_M):
     nodes: list[str]
 
 
-class HaChange(_M):
+class HaChange(Strict):
     op: Literal["create-rule", "update-rule", "delete-rule", "create-group", "update-group", "delete-group",
                 "set-group", "unset-group"]
     id: str

@@ -21,7 +21,7 @@ from gputopo.formats.pcicfg import parse_map_entry
 from gputopo.model.facts import Facts, Gpu, normalize_address, slot_of
 from gputopo.model.owner import Owner, OwnerKind
 from gputopo.model.state import CurrentState
-from gputopo.topo.model import FREE, Holder
+from gputopo.topo.model import FREE, OwnerView
 
 _MINOR_RE = re.compile(r"^/dev/nvidia(\d+)$")
 
@@ -74,8 +74,8 @@ def mapping_users(state: CurrentState) -> dict[str, list[int]]:
     return out
 
 
-def owners_now(facts: Facts, state: CurrentState, node: str | None = None) -> dict[str, Holder]:
-    """address -> :class:`Holder` for every GPU of ``facts`` under the current ``state``.
+def owners_now(facts: Facts, state: CurrentState, node: str | None = None) -> dict[str, OwnerView]:
+    """address -> :class:`OwnerView` for every GPU of ``facts`` under the current ``state``.
 
     ``node`` limits mapping lines to that Proxmox node (default: the host's short name).
     """
@@ -87,33 +87,33 @@ def owners_now(facts: Facts, state: CurrentState, node: str | None = None) -> di
     for vmid, guest in sorted(state.guests.items()):
         for value in guest.hostpci:
             vm_raw.setdefault(vmid, set()).update(hostpci_targets(value)[1])
-    out: dict[str, Holder] = {}
+    out: dict[str, OwnerView] = {}
     for g in facts.gpus:
         out[g.address] = _owner(g, minors_of, mapped, vm_maps, vm_raw)
     return out
 
 
 def _owner(g: Gpu, minors_of: dict[int, set[int]], mapped: dict[str, set[str]],
-           vm_maps: dict[str, list[int]], vm_raw: dict[int, set[str]]) -> Holder:
+           vm_maps: dict[str, list[int]], vm_raw: dict[int, set[str]]) -> OwnerView:
     if g.driver == "nvidia" and g.minor is not None:
         cts = sorted(v for v, minors in minors_of.items() if g.minor in minors)
         if cts:
-            return Holder(kind="container", containers=cts)
+            return OwnerView(kind="container", containers=cts)
     if g.driver == "vfio-pci":
         names = sorted(n for n, addrs in mapped.items() if g.address in addrs)
         if names:
-            return Holder(kind="vm", mapping=names[0], vms=vm_maps.get(names[0], []))
+            return OwnerView(kind="vm", mapping=names[0], vms=vm_maps.get(names[0], []))
         vms = sorted(v for v, raw in vm_raw.items() if g.address in raw or slot_of(g.address) in raw)
         if vms:
-            return Holder(kind="vm", vms=vms)
+            return OwnerView(kind="vm", vms=vms)
     return FREE.model_copy()
 
 
-def owner_from_target(owner: Owner, before: Holder, users: dict[str, list[int]] | None = None) -> Holder:
+def owner_from_target(owner: Owner, before: OwnerView, users: dict[str, list[int]] | None = None) -> OwnerView:
     """A plan target's owner as the picture shows it; the host (left untouched) keeps ``before``.
     ``users``: :func:`mapping_users` of the state."""
     if owner.kind == OwnerKind.CONTAINER:
-        return Holder(kind="container", containers=[owner.vmid])
+        return OwnerView(kind="container", containers=[owner.vmid])
     if owner.kind == OwnerKind.VM:
-        return Holder(kind="vm", mapping=owner.name, vms=(users or {}).get(owner.name, []))
+        return OwnerView(kind="vm", mapping=owner.name, vms=(users or {}).get(owner.name, []))
     return before
