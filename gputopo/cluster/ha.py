@@ -22,7 +22,9 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from gputopo.formats.hacfg import Section, format_node_list, node_list, resource_list, write_section_config
+from gputopo.formats.hacfg import (
+    Section, format_node_list, node_list, resource_list, sid_id, vm_sid, write_section_config,
+)
 from gputopo.formats.hostpci import hostpci_targets
 from gputopo.formats.mapline import map_node
 from gputopo.model.strict import Strict
@@ -127,7 +129,7 @@ def placements(vms: dict[int, tuple[str, list[str]]], mappings: dict[str, Mappin
 
 def _rule_params(p: Placement) -> dict[str, Any]:
     maps = ", ".join(sorted(p.needs))
-    return {"type": "node-affinity", "resources": f"vm:{p.vmid}", "nodes": format_node_list({n: 0 for n in p.nodes}),
+    return {"type": "node-affinity", "resources": vm_sid(p.vmid), "nodes": format_node_list({n: 0 for n in p.nodes}),
             "strict": True, "comment": f"gputopo: nodes with the GPUs of mapping {maps}"}
 
 
@@ -141,7 +143,7 @@ def ha_changes(wanted: list[Placement], state: HaState, scope: set[int] | None =
     warnings: list[str] = []
     ours_wanted: dict[str, Placement] = {}
     for p in wanted:
-        sid = f"vm:{p.vmid}"
+        sid = vm_sid(p.vmid)
         if len(p.nodes) < 2:
             continue
         if sid not in state.resources:
@@ -172,8 +174,8 @@ def ha_changes(wanted: list[Placement], state: HaState, scope: set[int] | None =
             changes.append(HaChange(op="create-group", id=gid, params=params))
         elif node_list(str(have_g[gid].get("nodes", ""))) != node_list(params["nodes"]) or not int(have_g[gid].get("restricted", 0)):
             changes.append(HaChange(op="update-group", id=gid, params=params))
-        if state.resources[f"vm:{p.vmid}"].get("group") != gid:
-            changes.append(HaChange(op="set-group", id=f"vm:{p.vmid}", params={"group": gid}))
+        if state.resources[vm_sid(p.vmid)].get("group") != gid:
+            changes.append(HaChange(op="set-group", id=vm_sid(p.vmid), params={"group": gid}))
     for gid in sorted(g for g in set(have_g) - set(ours_wanted) if _in_scope(g, scope)):
         for sid, r in sorted(state.resources.items()):
             if r.get("group") == gid:
@@ -232,7 +234,7 @@ def ha_files(state: HaState, changes: list[HaChange]) -> dict[str, tuple[str | N
         return out
     groups = _sections([dict(g, type="group") for g in state.groups], "type", "group")
     gafter = {s.id: Section(s.type, s.id, dict(s.props)) for s in groups}
-    res = [Section(type=r.get("type", "vm"), id=sid.split(":", 1)[1],
+    res = [Section(type=r.get("type", "vm"), id=sid_id(sid),
                    props={k: str(v) for k, v in r.items() if k not in ("sid", "type", "digest")})
            for sid, r in state.resources.items()]
     rafter = {s.sid: Section(s.type, s.id, dict(s.props)) for s in res}

@@ -177,7 +177,7 @@ def _place(c: VmConsumer, facts: Facts, cfg: dict[str, str], gpus: list[Any], wa
     if len(pl.nodes) > 1:
         where = ", ".join(f"{g.address} on {g.numa_node}" for g in gpus if g.numa_node is not None)
         found.warn(f"{vm}: its GPUs span NUMA nodes {', '.join(map(str, pl.nodes))} ({where}): "
-                        "its memory and half its GPU traffic cross sockets")
+                   "its memory and half its GPU traffic cross sockets")
     if pl.unknown:
         found.warn(f"{vm}: NUMA node unknown for {', '.join(pl.unknown)}; its CPUs are not pinned")
     nodes = ",".join(map(str, pl.nodes))
