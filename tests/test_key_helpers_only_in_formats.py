@@ -76,3 +76,16 @@ def test_scanner_finds_planted_key_handling(planted):
 ])
 def test_scanner_leaves_other_code_alone(clean):
     assert offences(clean + "\n") == []
+
+
+def test_the_helpers():
+    from gputopo.formats.devn import devn_key, is_devn_key
+    from gputopo.formats.hostpci import hostpci_index, hostpci_key, hostpci_keys, hostpci_number, is_hostpci_key
+
+    assert is_hostpci_key("hostpci0") and is_hostpci_key("hostpci17") and not is_hostpci_key("hostpcix")
+    assert not is_hostpci_key("hostpci") and not is_hostpci_key("xhostpci1")
+    assert hostpci_number("hostpci17") == 17 and hostpci_index("hostpci17") is None  # past MAX_HOSTPCI
+    assert hostpci_keys({"hostpci10": "", "numa0": "", "hostpci2": "", "hostpci0": ""}) == [
+        "hostpci0", "hostpci2", "hostpci10"]
+    assert hostpci_key(3) == "hostpci3" and is_hostpci_key(hostpci_key(3))
+    assert is_devn_key("dev0") and is_devn_key(devn_key(255)) and not is_devn_key("device") and not is_devn_key("dev")

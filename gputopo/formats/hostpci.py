@@ -107,7 +107,8 @@ def hostpci_key(n: int) -> str:
 
 def hostpci_keys(keys: Iterable[str]) -> list[str]:
     """The ``hostpciN`` keys among ``keys`` (a config dict works), in index order."""
-    return sorted((k for k in keys if is_hostpci_key(k)), key=lambda k: int(HOSTPCI_KEY.match(k).group(1)))
+    numbered = sorted((n, k) for k in keys if (n := hostpci_number(k)) is not None)
+    return [k for _, k in numbered]
 
 
 def hostpci_targets(value: str) -> tuple[str | None, set[str]]:
