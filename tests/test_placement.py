@@ -112,7 +112,7 @@ def test_spread_warning():
 def test_planner_count_uses_placement(large):
     spec = parse_spec(LARGE_SPEC.replace("COUNT", "4"), "large.yaml")
     p = plan(large, spec, CurrentState())
-    owners = {t.address: t.owner for t in p.target}
+    owners = {t.address: str(t.owner) for t in p.target}
     ct = [a for a, o in owners.items() if o == "container:101"]
     vms = [a for a, o in owners.items() if o == "vm:h100-vm"]
     # the first switch holds the PF with its four VFs (8 GPUs to discovery): the container gets

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from gputopo.errors import PlanRefused
 from gputopo.model.facts import Facts, GroupMember, Gpu, HostFacts, MemberRole, Modules, NumaNode
+from gputopo.model.owner import Owner
 from gputopo.model.state import ContainerState, CurrentState, GuestState, MappingState, ServiceState
 from gputopo.actions import Rebind, SetMapping, StopGuest, UpdateContainer, WriteServiceDropin
 from gputopo.plan.planner import expected_after, plan
@@ -119,7 +120,7 @@ def run_cli(args: list[str], capsys) -> tuple[int, str, str]:
 
 def test_seed_split_owners_drivers_and_tp():
     p = plan(seed_facts(), seed_spec(), seed_current())
-    owners = {t.address: t.owner for t in p.target}
+    owners = {t.address: str(t.owner) for t in p.target}
     assert [a for a, o in owners.items() if o == "container:101"] == [
         "0000:01:00.0", "0000:11:00.0", "0000:61:00.0", "0000:71:00.0"]
     assert [a for a, o in owners.items() if o == "vm:pro6000-vm"] == [
@@ -274,7 +275,7 @@ def test_tp_check_error_or_warning():
     assert r == "container 101: tensor parallel 3 is not a power of two"
     p = plan(seed_facts(), seed_spec(text + "policy: {tp_check: warn}\n"), seed_current())
     assert "container 101: tensor parallel 3 is not a power of two" in p.warnings
-    assert len([t for t in p.target if t.owner == "vm:pro6000-vm"]) == 5
+    assert len([t for t in p.target if str(t.owner) == "vm:pro6000-vm"]) == 5
 
 
 def test_heads_must_divide():
@@ -353,7 +354,7 @@ def test_property_one_owner_and_convergence(case):
     except PlanRefused as e:
         assert all("\n" not in str(r) for r in e.refusals)
         return
-    claimed = [t.address for t in p.target if t.owner != "host"]
+    claimed = [t.address for t in p.target if t.owner != Owner.host()]
     assert len(claimed) == len(set(claimed))
     ct = p.containers[0]
     vm_paths = {e.split("path=")[1].split(",")[0] for e in p.mappings["vmgpus"].map}
@@ -364,7 +365,7 @@ def test_property_one_owner_and_convergence(case):
     assert gpu_nodes == ct_minors
     for a in p.actions:
         if isinstance(a, Rebind):
-            owner = {t.address: t.owner for t in p.target}[a.address]
+            owner = {t.address: str(t.owner) for t in p.target}[a.address]
             assert owner.startswith("vm:" if a.to_driver == "vfio-pci" else "container:")
     assert ct.devices.get("dev0") == "/dev/dri/renderD128"
     f2, c2 = expected_after(p, facts, cur)
@@ -525,7 +526,7 @@ def test_unknown_numa_warns_for_container_and_for_unmatched():
     p = plan(facts, seed_spec(text), seed_current())
     assert "0000:01:00.0: NUMA node unknown (container 101)" in p.warnings
     assert "0000:81:00.0: NUMA node unknown; no numa selector matches it (left with the host)" in p.warnings
-    assert {t.address: t.owner for t in p.target}["0000:81:00.0"] == "host"
+    assert {t.address: str(t.owner) for t in p.target}["0000:81:00.0"] == "host"
     assert not any("span NUMA" in w for w in p.warnings)  # unknown is not another node
 
 

@@ -369,7 +369,7 @@ import applysim  # noqa: E402
 from applysim import template  # noqa: E402,F401  (a fixture)
 
 from gputopo.errors import TaskFailed  # noqa: E402
-from gputopo.sim.passthrough import PassthroughError, parse_host_ids, parse_hostpci  # noqa: E402
+from gputopo.sim.passthrough import PassthroughError, hostpci_props, parse_host_ids  # noqa: E402
 
 CT_GPUS = ["0000:01:00.0", "0000:11:00.0", "0000:61:00.0", "0000:71:00.0"]
 VM_GPUS = ["0000:81:00.0", "0000:91:00.0", "0000:e1:00.0", "0000:f1:00.0"]
@@ -411,13 +411,13 @@ def sim_copy(template):
         applysim.cleanup(base)
 
 
-def test_parse_hostpci():
-    assert parse_hostpci("mapping=pro6000-vm,pcie=1") == {"mapping": "pro6000-vm", "pcie": "1"}
-    assert parse_hostpci("0000:81:00.0,pcie=1") == {"host": "0000:81:00.0", "pcie": "1"}
-    assert parse_hostpci("host=81:00,x-vga=1") == {"host": "81:00", "x-vga": "1"}
+def test_hostpci_props():
+    assert hostpci_props("mapping=pro6000-vm,pcie=1") == {"mapping": "pro6000-vm", "pcie": "1"}
+    assert hostpci_props("0000:81:00.0,pcie=1") == {"host": "0000:81:00.0", "pcie": "1"}
+    assert hostpci_props("host=81:00,x-vga=1") == {"host": "81:00", "x-vga": "1"}
     for bad in ("pcie=1", "mapping=a,host=81:00.0", "mapping=a,81:00.0"):
         with pytest.raises(PassthroughError):
-            parse_hostpci(bad)
+            hostpci_props(bad)
     assert parse_host_ids("81:00.0;0000:A2:00") == [("0000:81:00.0", False), ("0000:a2:00", True)]
     with pytest.raises(PassthroughError, match="invalid PCI ID"):
         parse_host_ids("81:00.9")

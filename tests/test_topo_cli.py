@@ -81,13 +81,13 @@ def test_json_and_its_schema(sim, capsys):
     code, out, _ = run_cli(["schema", "topo"], capsys)
     schema = json.loads(out)
     assert set(schema["properties"]) == set(TopoReport.model_fields)
-    assert {"TreeNode", "GpuView", "Owner", "DistanceMatrix"} <= set(schema["$defs"])
+    assert {"TreeNode", "GpuView", "OwnerView", "DistanceMatrix"} <= set(schema["$defs"])
     data = json.loads(report.model_dump_json(by_alias=True))
     assert set(data["tree"][0]) == set(schema["$defs"]["TreeNode"]["properties"])
     gpu = data["tree"][0]["children"][0]["children"][0]["children"][0]["gpu"]
     assert gpu["address"] == "0000:01:00.0"
     assert set(gpu) == set(schema["$defs"]["GpuView"]["properties"])
-    assert set(gpu["owner"]) == set(schema["$defs"]["Owner"]["properties"])
+    assert set(gpu["owner"]) == set(schema["$defs"]["OwnerView"]["properties"])
 
 
 def test_pictures_to_files(sim, tmp_path, capsys):

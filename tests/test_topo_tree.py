@@ -9,7 +9,8 @@ from gputopo.adapters.pvefiles import PveFiles
 from gputopo.facts.current import read_current
 from gputopo.model.reads import EVERY_GUEST
 from gputopo.model.state import ContainerState, CurrentState, GuestState, MappingState
-from gputopo.topo.model import Owner, TopoReport
+from gputopo.model.owner import Owner
+from gputopo.topo.model import OwnerView, TopoReport
 from gputopo.topo.owners import (
     container_minors,
     hostpci_targets,
@@ -75,11 +76,11 @@ def seed(materialized):
 
 def test_owners_now(seed):
     owners = owners_now(seed, _state(seed))
-    assert owners["0000:01:00.0"] == Owner(kind="container", containers=[101])
+    assert owners["0000:01:00.0"] == OwnerView(kind="container", containers=[101])
     assert owners["0000:71:00.0"].label == "containers 101, 102"  # minor 2 granted to both
-    assert owners["0000:81:00.0"] == Owner(kind="vm", mapping="pro6000-vm", vms=[201])
+    assert owners["0000:81:00.0"] == OwnerView(kind="vm", mapping="pro6000-vm", vms=[201])
     assert owners["0000:81:00.0"].label == "VM mapping pro6000-vm · VM 201"
-    assert owners["0000:e1:00.0"] == Owner(kind="vm", vms=[202])
+    assert owners["0000:e1:00.0"] == OwnerView(kind="vm", vms=[202])
     assert owners["0000:f1:00.0"].kind == "free"  # minor 6 is in no container
 
 
@@ -95,11 +96,11 @@ def test_a_mapped_gpu_still_on_nvidia_is_not_the_vms(seed):
 
 
 def test_owner_from_target(seed):
-    before = Owner(kind="container", containers=[101])
+    before = OwnerView(kind="container", containers=[101])
     users = mapping_users(_state(seed))
-    assert owner_from_target("vm:pro6000-vm", before, users) == Owner(kind="vm", mapping="pro6000-vm", vms=[201])
-    assert owner_from_target("container:102", before, users).containers == [102]
-    assert owner_from_target("host", before, users) is before
+    assert owner_from_target(Owner.vm("pro6000-vm"), before, users) == OwnerView(kind="vm", mapping="pro6000-vm", vms=[201])
+    assert owner_from_target(Owner.container(102), before, users).containers == [102]
+    assert owner_from_target(Owner.host(), before, users) is before
 
 
 def test_tree_keeps_identical_gpus_apart(seed):

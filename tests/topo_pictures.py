@@ -8,6 +8,7 @@ from xml.etree import ElementTree as ET
 
 from gputopo.facts.discover import discover
 from gputopo.model.facts import Facts
+from gputopo.model.owner import Owner
 from gputopo.model.state import ContainerState, CurrentState, MappingState
 from gputopo.plan.mappings import map_entry
 from gputopo.plan.planner import plan
@@ -57,7 +58,7 @@ def plan_picture(root, name: str, vm_mapping: str) -> Picture:
         config={f"dev{i}": f"/dev/nvidia{g.minor}" for i, g in enumerate(nv)})})
     p = plan(facts, spec_from_split(facts, container=101, vm_mapping=vm_mapping), current)
     before = owners_now(facts, current)
-    after = {t.address: t.owner if t.owner != "host" else before[t.address].key for t in p.target}
+    after = {t.address: str(t.owner) if t.owner != Owner.host() else before[t.address].key for t in p.target}
     moved = {a for a in after if after[a] != before[a].key}
     return Picture(name, plan_svg(facts, current, p), facts, after, moved, 2)
 

@@ -29,12 +29,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 
 from gputopo.errors import ExecError
 from gputopo.formats.systemd import exec_start_command, parse_cmdline, parse_show_properties
 from gputopo.model.facts import Facts, Holder
 from gputopo.model.state import CurrentState
+from gputopo.model.strict import Strict
 from gputopo.ports import ExecResult, Ports
 
 Phase = Literal["prepare", "stop", "switch", "config", "start"]
@@ -47,16 +48,12 @@ UNDO_RANK = {"start": 0, "switch": 1, "config": 2, "stop": 3, "prepare": 4}
 _KINDS: dict[str, type["ActionModel"]] = {}
 
 
-class NoBefore(BaseModel):
+class NoBefore(Strict):
     """The before-state of a kind whose undo needs none."""
 
-    model_config = ConfigDict(extra="forbid")
 
-
-class ActionModel(BaseModel):
+class ActionModel(Strict):
     """Base of every action kind. Subclasses set ``kind`` (a Literal) and ``phase``."""
-
-    model_config = ConfigDict(extra="forbid")
 
     kind: str
     phase: Phase

@@ -10,18 +10,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from gputopo.actions.base import ActionModel, DiffContext, Phase, PreflightContext, StepContext, World
+from gputopo.actions.guestconfig import ConfigBefore, GuestConfig
 from gputopo.errors import BindError
-from gputopo.formats.devn import DEV_KEY, by_dev_index, dev_sort, resolve_devices
+from gputopo.formats.devn import by_dev_index, dev_sort, is_devn_key, resolve_devices
 from gputopo.model.state import ContainerState
-
-
-class ConfigBefore(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    config: dict[str, Any]  # the container's config without its digest
 
 
 class UpdateContainer(ActionModel):
@@ -62,7 +57,7 @@ class UpdateContainer(ActionModel):
         return f"CT {self.vmid}: " + "; ".join(parts)
 
     def changes_devices(self) -> bool:
-        return any(k.startswith("dev") for k in [*self.set, *self.delete]) or bool(self.resolve)
+        return any(is_devn_key(k) for k in [*self.set, *self.delete]) or bool(self.resolve)
 
     def preflight(self, ctx: PreflightContext) -> list[str]:
         problems = []
@@ -76,17 +71,10 @@ class UpdateContainer(ActionModel):
         return problems
 
     def before(self, ctx: StepContext) -> ConfigBefore:
-        cfg = ctx.ports.proxmox.lxc_config(self.vmid)
-        return ConfigBefore(config={k: v for k, v in cfg.items() if k != "digest"})
+        return GuestConfig.lxc(ctx.ports.proxmox, self.vmid).before()
 
     def do(self, ctx: StepContext) -> None:
-        px = ctx.ports.proxmox
-        cfg = px.lxc_config(self.vmid)  # the digest right before the PUT
-        sets = {k: v for k, v in self.set.items() if str(cfg.get(k)) != v}
-        sets.update(self._resolved(ctx, cfg))
-        deletes = [k for k in self.delete if k in cfg]
-        if sets or deletes:
-            px.lxc_update(self.vmid, sets, deletes, cfg["digest"])
+        GuestConfig.lxc(ctx.ports.proxmox, self.vmid).change(self.set, self.delete, lambda cfg: self._resolved(ctx, cfg))
 
     def _resolved(self, ctx: StepContext, cfg: dict[str, Any]) -> dict[str, str]:
         """devN entries of the GPUs that came back to nvidia in the switch phase, from their minors
@@ -102,15 +90,10 @@ class UpdateContainer(ActionModel):
                             f"no /dev/nvidia minor for CT {self.vmid} (proc/driver/nvidia/gpus/{address} missing)") from None
 
     def undo(self, before: ConfigBefore, ctx: StepContext) -> str:
-        old = before.config
-        cfg = ctx.ports.proxmox.lxc_config(self.vmid)
         # every devN key: entries resolved at apply time are not in the journaled action
-        keys = set(self.set) | set(self.delete) | {k for k in (*old, *cfg) if DEV_KEY.match(k)}
-        sets = {k: str(old[k]) for k in keys if k in old and str(cfg.get(k)) != str(old[k])}
-        deletes = sorted(k for k in keys if k not in old and k in cfg)
-        if not sets and not deletes:
+        if not GuestConfig.lxc(ctx.ports.proxmox, self.vmid).restore(before.config, set(self.set) | set(self.delete),
+                                                                     also=is_devn_key):
             return ""
-        ctx.ports.proxmox.lxc_update(self.vmid, sets, deletes, cfg["digest"])
         return f"CT {self.vmid}: restored its configuration"
 
     def expect(self, world: World) -> None:

@@ -5,16 +5,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
-
 from gputopo.actions.base import ActionModel, DiffContext, Phase, PreflightContext, RunningBefore, StepContext, World
 from gputopo.errors import ExecError
 from gputopo.model.state import ContainerState, CurrentState, ServiceState
+from gputopo.model.strict import Strict
 
 
-class DropinBefore(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class DropinBefore(Strict):
     content: str | None  # None: there was no drop-in
     dir_existed: bool = True  # whether the unit's .d directory existed (removed again if not)
 

@@ -11,18 +11,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
-
 from gputopo.actions.base import ActionModel, DiffContext, Phase, RunningBefore, StepContext, World
 from gputopo.model.state import CurrentState
+from gputopo.model.strict import Strict
 from gputopo.ports import TaskResult
 
 SHUTDOWN_TIMEOUT = 60  # Proxmox's own default (API2/LXC/Status.pm vm_shutdown, QemuServer.pm _do_vm_stop)
 
 
-class GuestBefore(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class GuestBefore(Strict):
     status: str  # running | stopped
 
 

@@ -5,16 +5,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
-
 from gputopo.actions.base import ActionModel, DiffContext, Phase, StepContext, World
 from gputopo.errors import HostFileError
 from gputopo.model.filemode import FileMode
+from gputopo.model.strict import Strict
 
 
-class FileBefore(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class FileBefore(Strict):
     content: str | None  # None: the file did not exist
     mode: FileMode | None = None  # its permission bits and owner, restored with the content
     uid: int | None = None

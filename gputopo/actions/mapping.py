@@ -17,12 +17,13 @@ import re
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from gputopo.actions.base import ActionModel, DiffContext, Phase, PreflightContext, StepContext, World
 from gputopo.errors import MappingConflict, ProxmoxError
 from gputopo.formats.mapline import map_fields, map_node, normalize_map_entry
 from gputopo.model.state import MappingState
+from gputopo.model.strict import Strict
 
 # pve-configid (pve-common JSONSchema.pm): a letter, then letters, digits, - or _
 MAPPING_ID = re.compile(r"^[a-z][a-z0-9_-]+$", re.IGNORECASE)
@@ -31,9 +32,7 @@ MODIFIED = "detected modified configuration"
 ATTEMPTS = 20
 
 
-class MappingBefore(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class MappingBefore(Strict):
     exists: bool
     map: list[str] = Field(default_factory=list)
     description: str | None = None

@@ -8,22 +8,21 @@ group to a human (the rollback does not race the worker that may still be blocke
 
 from __future__ import annotations
 
-import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, RootModel
+from pydantic import RootModel
 
 from gputopo.actions.base import ActionModel, DiffContext, Phase, PreflightContext, StepContext, World
 from gputopo.errors import BindError, GputopoError, ProxmoxError
+from gputopo.formats.hostpci import is_hostpci_key
 from gputopo.formats.mapline import map_paths
+from gputopo.model.strict import Strict
 
 VFIO = "vfio-pci"
 NVIDIA = "nvidia"
 
 
-class MemberBefore(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class MemberBefore(Strict):
     driver: str | None
     override: str | None
 
@@ -145,7 +144,7 @@ class Rebind(ActionModel):
             if vmid in stopped:
                 continue
             for k, v in cfg.items():
-                if not re.fullmatch(r"hostpci\d+", k):
+                if not is_hostpci_key(k):
                     continue
                 hits = hostpci_addresses(str(v), mapping_paths) & set(self.members)
                 if hits:

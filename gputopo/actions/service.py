@@ -8,16 +8,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
-
 from gputopo.actions.base import ActionModel, DiffContext, Phase, RunningBefore, StepContext, World
 from gputopo.actions.dropin import record_service
 from gputopo.model.state import ContainerState, CurrentState
+from gputopo.model.strict import Strict
 
 
-class ServiceBefore(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class ServiceBefore(Strict):
     active: bool
 
 

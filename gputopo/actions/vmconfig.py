@@ -11,21 +11,16 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from gputopo.actions.base import ActionModel, DiffContext, Phase, PreflightContext, StepContext, World
-from gputopo.formats.hostpci import HOSTPCI_KEY, hostpci_index, parse_hostpci
+from gputopo.actions.guestconfig import ConfigBefore, GuestConfig
+from gputopo.formats.hostpci import hostpci_index, hostpci_keys, hostpci_number, is_hostpci_key, parse_hostpci
 from gputopo.model.state import GuestState
 
 
-class VmConfigBefore(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    config: dict[str, Any]  # the VM's config without its digest
-
-
 def _summary(key: str, value: str) -> str:
-    if HOSTPCI_KEY.match(key):
+    if is_hostpci_key(key):
         try:
             props = parse_hostpci(value)
         except Exception:
@@ -47,7 +42,7 @@ class UpdateVmConfig(ActionModel):
     delete: list[str] = Field(default_factory=list)
     digest: str | None = Field(None, description="The digest at plan time (the PUT uses the one read right before it)")
 
-    Before = VmConfigBefore
+    Before = ConfigBefore
 
     def describe(self) -> str:
         parts = []
@@ -63,27 +58,15 @@ class UpdateVmConfig(ActionModel):
             return [f"VM {self.vmid} is locked ({g.config['lock']}); its config cannot change"]
         return []
 
-    def before(self, ctx: StepContext) -> VmConfigBefore:
-        cfg = ctx.ports.proxmox.qemu_config(self.vmid)
-        return VmConfigBefore(config={k: v for k, v in cfg.items() if k != "digest"})
+    def before(self, ctx: StepContext) -> ConfigBefore:
+        return GuestConfig.qemu(ctx.ports.proxmox, self.vmid).before()
 
     def do(self, ctx: StepContext) -> None:
-        px = ctx.ports.proxmox
-        cfg = px.qemu_config(self.vmid)  # the digest right before the PUT
-        sets = {k: v for k, v in self.set.items() if str(cfg.get(k)) != v}
-        deletes = [k for k in self.delete if k in cfg]
-        if sets or deletes:
-            px.qemu_update(self.vmid, sets, deletes, cfg["digest"])
+        GuestConfig.qemu(ctx.ports.proxmox, self.vmid).change(self.set, self.delete)
 
-    def undo(self, before: VmConfigBefore, ctx: StepContext) -> str:
-        old = before.config
-        cfg = ctx.ports.proxmox.qemu_config(self.vmid)
-        keys = set(self.set) | set(self.delete)
-        sets = {k: str(old[k]) for k in keys if k in old and str(cfg.get(k)) != str(old[k])}
-        deletes = sorted(k for k in keys if k not in old and k in cfg)
-        if not sets and not deletes:
+    def undo(self, before: ConfigBefore, ctx: StepContext) -> str:
+        if not GuestConfig.qemu(ctx.ports.proxmox, self.vmid).restore(before.config, set(self.set) | set(self.delete)):
             return ""
-        ctx.ports.proxmox.qemu_update(self.vmid, sets, deletes, cfg["digest"])
         return f"VM {self.vmid}: restored its configuration"
 
     def expect(self, world: World) -> None:
@@ -92,7 +75,7 @@ class UpdateVmConfig(ActionModel):
             g.config.pop(k, None)
         g.config.update(self.set)
         g.config["digest"] = "new"
-        keys = sorted((k for k in g.config if hostpci_index(k) is not None), key=lambda k: int(k[7:]))
+        keys = [k for k in hostpci_keys(g.config) if hostpci_index(k) is not None]
         g.hostpci = [str(g.config[k]) for k in keys]
 
     def diff(self, ctx: DiffContext) -> None:
@@ -105,5 +88,5 @@ class UpdateVmConfig(ActionModel):
 
 
 def _key_order(kv: tuple[str, Any]) -> tuple[str, int]:
-    m = HOSTPCI_KEY.match(kv[0])
-    return ("hostpci", int(m.group(1))) if m else (kv[0], -1)
+    n = hostpci_number(kv[0])
+    return ("hostpci", n) if n is not None else (kv[0], -1)

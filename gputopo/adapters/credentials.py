@@ -14,9 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
-
 from gputopo.errors import ConfigError
+from gputopo.model.strict import Strict
 
 ENV_PASSWORD = "GPUTOPO_PVE_PASSWORD"
 ENV_TOKEN = "GPUTOPO_PVE_TOKEN"
@@ -24,14 +23,12 @@ ENV_TOKEN_SECRET = "GPUTOPO_PVE_TOKEN_SECRET"
 WHOLE_WORDS_BELOW = 8  # a secret shorter than this is masked only where it stands as a whole word
 
 
-class ApiConfig(BaseModel):
+class ApiConfig(Strict):
     """Where and as whom to reach the Proxmox API. Holds no secret.
 
     ``secret_file`` names an owner-only file holding the password (password login) or the
     token secret (``token_name`` set); the environment variables take precedence.
     """
-
-    model_config = ConfigDict(extra="forbid")
 
     backend: Literal["https", "local"] = "https"
     host: str = "127.0.0.1"

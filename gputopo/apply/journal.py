@@ -35,24 +35,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import Field, TypeAdapter, ValidationError
 
 from gputopo.actions import Action
 from gputopo.errors import JournalError, UnfinishedApply
+from gputopo.model.strict import Strict
 
 JOURNAL_DIR = "var/lib/gputopo/journal"
 VERSION = 2
 
 
-class _Rec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class _Rec(Strict):
     t: float = Field(default_factory=time.time)
 
 
-class RunningBeforeRec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class RunningBeforeRec(Strict):
     guests: dict[str, str] = Field(default_factory=dict)  # "lxc/101" -> running | stopped
     services: dict[str, str] = Field(default_factory=dict)  # "101/sglang.service" -> active | inactive
 

@@ -7,17 +7,16 @@ exactly when the node's plan is); the HA part shows ``rules.cfg`` (PVE 9) or ``g
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from gputopo.cluster.gather import NodeInput
 from gputopo.cluster.ha import HaChange, HaState, ha_files
+from gputopo.model.strict import Strict
 from gputopo.plan.diff import DiffReport, FileChange, diff, unified
 from gputopo.plan.spec import Spec
 
 
-class ClusterDiff(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class ClusterDiff(Strict):
     nodes: list[DiffReport] = Field(default_factory=list)
     ha: list[str] = Field(default_factory=list, description="One line per HA change")
     ha_files: dict[str, FileChange] = Field(default_factory=dict)

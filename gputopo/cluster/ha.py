@@ -17,14 +17,17 @@ left alone with a warning. The changes are data (:class:`HaChange`) with a one-l
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from gputopo.formats.hacfg import Section, format_node_list, node_list, resource_list, write_section_config
+from gputopo.formats.hacfg import (
+    Section, format_node_list, node_list, resource_list, sid_id, vm_sid, write_section_config,
+)
+from gputopo.formats.hostpci import hostpci_targets
 from gputopo.formats.mapline import map_node
+from gputopo.model.strict import Strict
 from gputopo.plan.model import MappingTarget
 from gputopo.ports import ClusterApiPort
 
@@ -34,11 +37,7 @@ GROUPS = "pve/ha/groups.cfg"
 RESOURCES = "pve/ha/resources.cfg"
 
 
-class _M(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class HaState(_M):
+class HaState(Strict):
     """The HA configuration now: the release decides rules (9) or groups (8)."""
 
     release: int
@@ -51,7 +50,7 @@ class HaState(_M):
         return self.release >= 9
 
 
-class Placement(_M):
+class Placement(Strict):
     """Where a VM can run: the nodes with as many devices of each of its mappings as it uses."""
 
     vmid: int
@@ -60,7 +59,7 @@ class Placement(_M):
     nodes: list[str]
 
 
-class HaChange(_M):
+class HaChange(Strict):
     op: Literal["create-rule", "update-rule", "delete-rule", "create-group", "update-group", "delete-group",
                 "set-group", "unset-group"]
     id: str
@@ -110,11 +109,6 @@ def read_ha(api: ClusterApiPort) -> HaState:
     return state
 
 
-def _mapping_of(hostpci: str) -> str | None:
-    m = re.search(r"(?:^|,)mapping=([^,]+)", hostpci)
-    return m.group(1) if m else None
-
-
 def placements(vms: dict[int, tuple[str, list[str]]], mappings: dict[str, MappingTarget],
                order: list[str]) -> list[Placement]:
     """Where each VM (vmid -> (its node, its ``hostpciN`` values)) can run, from the mappings as
@@ -125,7 +119,7 @@ def placements(vms: dict[int, tuple[str, list[str]]], mappings: dict[str, Mappin
         per_node[mid] = Counter(map_node(e) for e in target.map)
     out = []
     for vmid, (node, hostpci) in sorted(vms.items()):
-        needs = Counter(m for m in (_mapping_of(h) for h in hostpci) if m)
+        needs = Counter(m for m in (hostpci_targets(h)[0] for h in hostpci) if m)
         if not needs:
             continue
         nodes = [n for n in order if all(per_node.get(m, Counter())[n] >= k for m, k in needs.items())]
@@ -135,7 +129,7 @@ def placements(vms: dict[int, tuple[str, list[str]]], mappings: dict[str, Mappin
 
 def _rule_params(p: Placement) -> dict[str, Any]:
     maps = ", ".join(sorted(p.needs))
-    return {"type": "node-affinity", "resources": f"vm:{p.vmid}", "nodes": format_node_list({n: 0 for n in p.nodes}),
+    return {"type": "node-affinity", "resources": vm_sid(p.vmid), "nodes": format_node_list({n: 0 for n in p.nodes}),
             "strict": True, "comment": f"gputopo: nodes with the GPUs of mapping {maps}"}
 
 
@@ -149,7 +143,7 @@ def ha_changes(wanted: list[Placement], state: HaState, scope: set[int] | None =
     warnings: list[str] = []
     ours_wanted: dict[str, Placement] = {}
     for p in wanted:
-        sid = f"vm:{p.vmid}"
+        sid = vm_sid(p.vmid)
         if len(p.nodes) < 2:
             continue
         if sid not in state.resources:
@@ -180,8 +174,8 @@ def ha_changes(wanted: list[Placement], state: HaState, scope: set[int] | None =
             changes.append(HaChange(op="create-group", id=gid, params=params))
         elif node_list(str(have_g[gid].get("nodes", ""))) != node_list(params["nodes"]) or not int(have_g[gid].get("restricted", 0)):
             changes.append(HaChange(op="update-group", id=gid, params=params))
-        if state.resources[f"vm:{p.vmid}"].get("group") != gid:
-            changes.append(HaChange(op="set-group", id=f"vm:{p.vmid}", params={"group": gid}))
+        if state.resources[vm_sid(p.vmid)].get("group") != gid:
+            changes.append(HaChange(op="set-group", id=vm_sid(p.vmid), params={"group": gid}))
     for gid in sorted(g for g in set(have_g) - set(ours_wanted) if _in_scope(g, scope)):
         for sid, r in sorted(state.resources.items()):
             if r.get("group") == gid:
@@ -240,7 +234,7 @@ def ha_files(state: HaState, changes: list[HaChange]) -> dict[str, tuple[str | N
         return out
     groups = _sections([dict(g, type="group") for g in state.groups], "type", "group")
     gafter = {s.id: Section(s.type, s.id, dict(s.props)) for s in groups}
-    res = [Section(type=r.get("type", "vm"), id=sid.split(":", 1)[1],
+    res = [Section(type=r.get("type", "vm"), id=sid_id(sid),
                    props={k: str(v) for k, v in r.items() if k not in ("sid", "type", "digest")})
            for sid, r in state.resources.items()]
     rafter = {s.sid: Section(s.type, s.id, dict(s.props)) for s in res}

@@ -11,28 +11,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from gputopo.cluster.gather import NodeInput
 from gputopo.cluster.ha import HaChange, HaState, ha_changes, placements
 from gputopo.errors import PlanRefused, Refusal
 from gputopo.formats.mapline import map_node
+from gputopo.model.strict import Strict
 from gputopo.plan.model import MappingTarget, Plan
 from gputopo.plan.planner import plan as plan_node
 from gputopo.plan.spec import Spec
 
 
-class _M(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class NodePlan(_M):
+class NodePlan(Strict):
     node: str
     signature: str
     plan: Plan
 
 
-class ClusterPlan(_M):
+class ClusterPlan(Strict):
     nodes: list[NodePlan]
     mappings: dict[str, MappingTarget] = Field(default_factory=dict, description="Every node's lines, once")
     ha: list[HaChange] = Field(default_factory=list)

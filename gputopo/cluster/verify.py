@@ -15,21 +15,18 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from gputopo.cluster.gather import error_line, parallel
 from gputopo.cluster.ha import HaState
 from gputopo.cluster.plan import ClusterPlan
-from gputopo.formats.hacfg import node_list, resource_list
+from gputopo.formats.hacfg import node_list, resource_list, vm_sid
 from gputopo.model.documents import Check, VerifyReport
+from gputopo.model.strict import Strict
 from gputopo.ports import ClusterApiPort, NodeShellPort
 
 
-class _M(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class NodeReport(_M):
+class NodeReport(Strict):
     """A node's own verify report (``gputopo verify --json``), or one FAIL saying why none came."""
 
     node: str
@@ -40,9 +37,7 @@ class NodeReport(_M):
         return not any(c.status == "FAIL" for c in self.checks)
 
 
-class ClusterReport(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class ClusterReport(Strict):
     nodes: list[NodeReport] = Field(default_factory=list)
     checks: list[Check] = Field(default_factory=list, description="The cluster's own checks")
 
@@ -81,9 +76,9 @@ def node_report(shell: NodeShellPort, node: str, spec_text: str, timeout: float)
 
 def _allowed_by_ha(vmid: int, ha: HaState | None) -> list[str] | None:
     """The nodes the VM's HA placement allows (None: not HA-managed; [] : anywhere)."""
-    if ha is None or f"vm:{vmid}" not in ha.resources:
+    sid = vm_sid(vmid)
+    if ha is None or sid not in ha.resources:
         return None
-    sid = f"vm:{vmid}"
     if ha.uses_rules:
         for r in ha.rules:
             if (r.get("type") == "node-affinity" and not int(r.get("disable", 0)) and int(r.get("strict", 0))

@@ -12,7 +12,6 @@ is the one caller that pairs it with the facts.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from gputopo.errors import ExecError, ProxmoxError
@@ -21,14 +20,14 @@ from gputopo.formats.systemd import parse_show_properties, show_state
 from gputopo.model.reads import ContainerRead, Reads, ServiceRead
 from gputopo.model.state import ContainerState, CurrentState, GuestState, MappingState, ServiceState
 from gputopo.ports import ExecPort, HostFilesPort, ProxmoxReadPort
+from gputopo.formats.hostpci import hostpci_keys
 
 EXEC_TIMEOUT = 20.0
 
 
 def hostpci_values(config: dict[str, Any]) -> list[str]:
     """The ``hostpciN`` values of a VM config, in index order."""
-    keys = sorted((k for k in config if re.fullmatch(r"hostpci\d+", k)), key=lambda k: int(k[7:]))
-    return [str(config[k]) for k in keys]
+    return [str(config[k]) for k in hostpci_keys(config)]
 
 
 def _service_state(exec: ExecPort, vmid: int, svc: ServiceRead) -> ServiceState:

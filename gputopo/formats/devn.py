@@ -16,6 +16,16 @@ DEV_KEY = re.compile(r"^dev(\d+)$")
 MAX_DEV_INDEX = 255
 
 
+def is_devn_key(key: str) -> bool:
+    """True for a container's ``devN`` key (any N)."""
+    return DEV_KEY.match(key) is not None
+
+
+def devn_key(n: int) -> str:
+    """The config key of device entry ``n``: ``dev<n>``."""
+    return f"dev{n}"
+
+
 def dev_sort(key: str) -> int:
     """Sort key of a config key: N for ``devN``, after every devN for anything else."""
     m = DEV_KEY.match(key)
@@ -56,14 +66,14 @@ def is_nvidia_lxc(key: str, value: str, majors: set[int]) -> bool:
 
 def dev_entries(config: dict[str, Any]) -> dict[str, str]:
     """Every ``devN`` entry of a container config, values as text."""
-    return {k: str(v) for k, v in config.items() if DEV_KEY.match(k)}
+    return {k: str(v) for k, v in config.items() if is_devn_key(k)}
 
 
 def free_dev_key(used: dict[str, Any] | set[str]) -> str:
     """The lowest ``devN`` key not in ``used``. Raises ValueError when all 256 are taken."""
     for i in range(MAX_DEV_INDEX + 1):
-        if f"dev{i}" not in used:
-            return f"dev{i}"
+        if devn_key(i) not in used:
+            return devn_key(i)
     raise ValueError(f"every dev0..dev{MAX_DEV_INDEX} is in use")
 
 

@@ -123,6 +123,16 @@ def format_node_list(nodes: dict[str, int]) -> str:
     return ",".join(f"{n}:{p}" if p else n for n, p in sorted(nodes.items()))
 
 
+def vm_sid(vmid: int) -> str:
+    """The HA resource id of VM ``vmid``: ``vm:201``."""
+    return f"vm:{vmid}"
+
+
+def sid_id(sid: str) -> str:
+    """The vmid part of a resource id: ``vm:201`` -> ``201``."""
+    return sid.split(":", 1)[1]
+
+
 def resource_list(value: str) -> list[str]:
     """``vm:201,vm:202`` -> the sorted resource ids."""
     return sorted(p for p in re.split(r"[,;\s]+", value or "") if p)

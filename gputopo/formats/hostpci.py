@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import re
 import shlex
+from typing import Iterable
 
 from gputopo.errors import PveFormatError
 from gputopo.formats.propstring import CONFIGID_RE, bool_check, split_property_string
+from gputopo.model.facts import normalize_address
 
 MAX_HOSTPCI = 16  # $MAX_HOSTPCI_DEVICES
 MAX_NUMA = 8  # PVE::QemuServer::Memory::$MAX_NUMA
@@ -82,8 +84,61 @@ def format_hostpci(props: dict[str, str]) -> str:
 
 def hostpci_index(key: str) -> int | None:
     """N of a ``hostpciN`` key below :data:`MAX_HOSTPCI`; None for any other key."""
+    n = hostpci_number(key)
+    return n if n is not None and n < MAX_HOSTPCI else None
+
+
+def hostpci_number(key: str) -> int | None:
+    """N of any ``hostpciN`` key (no upper bound: a config may hold one Proxmox would refuse);
+    None for any other key."""
     m = HOSTPCI_KEY.match(key)
-    return int(m.group(1)) if m and int(m.group(1)) < MAX_HOSTPCI else None
+    return int(m.group(1)) if m else None
+
+
+def is_hostpci_key(key: str) -> bool:
+    """True for a ``hostpciN`` key (any N)."""
+    return HOSTPCI_KEY.match(key) is not None
+
+
+def hostpci_key(n: int) -> str:
+    """The config key of passthrough line ``n``: ``hostpci<n>``."""
+    return f"hostpci{n}"
+
+
+def hostpci_keys(keys: Iterable[str]) -> list[str]:
+    """The ``hostpciN`` keys among ``keys`` (a config dict works), in index order."""
+    numbered = sorted((n, k) for k in keys if (n := hostpci_number(k)) is not None)
+    return [k for _, k in numbered]
+
+
+def hostpci_targets(value: str) -> tuple[str | None, set[str]]:
+    """(mapping, raw addresses) of a ``hostpciN`` value: ``mapping=NAME,pcie=1`` -> (NAME, {});
+    ``0000:81:00.0;0000:81:00.1,pcie=1`` -> (None, {both}); a slot ``81:00`` stands for all its
+    functions and comes back as ``0000:81:00`` (compare with :func:`gputopo.model.facts.slot_of`).
+    Lenient where :func:`parse_hostpci` is strict: a value Proxmox would refuse still shows what
+    it names, so a picture of a broken host does not fail."""
+    first, *rest = value.split(",")
+    opts = dict(p.split("=", 1) for p in rest if "=" in p)
+    if first.startswith("mapping="):
+        return first.split("=", 1)[1], set()
+    host = first.split("=", 1)[1] if first.startswith("host=") else first
+    if "mapping" in opts:
+        return opts["mapping"], set()
+    out: set[str] = set()
+    for part in host.split(";"):
+        part = part.strip()
+        if not part:
+            continue
+        if part.count(":") == 1 and "." not in part:
+            part = "0000:" + part
+        if "." in part:
+            try:
+                out.add(normalize_address(part))
+            except Exception:
+                continue
+        else:
+            out.add(part.lower())
+    return None, out
 
 
 def parse_cpuset(text: str) -> set[int]:

@@ -19,18 +19,14 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
+
+from gputopo.model.strict import Strict
 
 VERSION = 1
 
 
-class _M(BaseModel):
-    """Strict: a field this version does not declare is refused, on the way out and back in."""
-
-    model_config = ConfigDict(extra="forbid")
-
-
-class _Doc(_M):
+class _Doc(Strict):
     schema_version: Literal[1] = VERSION
 
 
@@ -42,13 +38,13 @@ def versioned(data: dict[str, Any]) -> dict[str, Any]:
 # --- diff, apply, snapshot, sim serve, render -------------------------------------------------
 
 
-class DiffAreaDoc(_M):
+class DiffAreaDoc(Strict):
     title: str = Field(description="The area as the text output names it")
     lines: list[str]
     files: dict[str, str] = Field(description="path -> unified diff")
 
 
-class FileChangeDoc(_M):
+class FileChangeDoc(Strict):
     """One file of ``diff --json``'s ``changes`` (:class:`gputopo.plan.diff.FileChange`, whose
     module is not imported here: print_json, which every --json command calls, loads this one)."""
 
@@ -66,7 +62,7 @@ class DiffDoc(_Doc):
                                               description="path -> the whole file before and after")
 
 
-class StepDoc(_M):
+class StepDoc(Strict):
     step: int = Field(description="1-based, as the plan numbers it")
     phase: str
     kind: str
@@ -76,7 +72,7 @@ class StepDoc(_M):
     warnings: list[str] = Field(default_factory=list)
 
 
-class BootDoc(_M):
+class BootDoc(Strict):
     commands: list[list[str]] = Field(description="What the next boot needs run, in order")
     ran: bool = Field(description="True when apply ran them (--refresh-boot)")
 
@@ -126,7 +122,7 @@ class SimServeDoc(_Doc):
     container: int
 
 
-class ManifestFile(_M):
+class ManifestFile(Strict):
     sha256: str
     mode: str = Field(pattern=r"^[0-7]{4}$", description="octal permission bits")
 
@@ -146,7 +142,7 @@ WARN: Status = "WARN"
 FAIL: Status = "FAIL"
 
 
-class Check(_M):
+class Check(Strict):
     """One check's verdict: ``summary`` is one line with the numbers, ``details`` the data."""
 
     name: str
@@ -155,7 +151,7 @@ class Check(_M):
     details: dict[str, Any] = Field(default_factory=dict)
 
 
-class VerifyReport(_M):
+class VerifyReport(Strict):
     """Every check of one verification. Its JSON form (``gputopo verify --json``) is stable."""
 
     node: str | None = None
@@ -242,7 +238,7 @@ class VerifyReport(_M):
 Outcome = Literal["applied", "rolled-back", "unfinished", "needs-human", "unreadable"]
 
 
-class StepRecord(_M):
+class StepRecord(Strict):
     step: int = Field(description="1-based, as the plan numbers it")
     phase: str
     kind: str
@@ -255,7 +251,7 @@ class StepRecord(_M):
     undo: str | None = Field(None, description="What its undo did, when it was undone")
 
 
-class ApplyRecord(_M):
+class ApplyRecord(Strict):
     id: str = Field(description="The journal's name without .jsonl; 'gputopo history show ID'")
     journal: str
     started: float | None = None
@@ -275,7 +271,7 @@ class ApplyRecord(_M):
     steps: list[StepRecord] | None = Field(None, description="Each step (history show only)")
 
 
-class HistoryList(_M):
+class HistoryList(Strict):
     """``gputopo history --json`` (``gputopo schema history``)."""
 
     schema_version: Literal[1] = VERSION

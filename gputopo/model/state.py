@@ -5,14 +5,12 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from gputopo.model.strict import Strict
 
 
-class _M(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class ServiceState(_M):
+class ServiceState(Strict):
     unit: str
     active: bool = False
     exec_start: str | None = Field(None, description="The unit's effective ExecStart command")
@@ -21,26 +19,26 @@ class ServiceState(_M):
     found: bool = Field(True, description="False when systemd has no such unit (LoadState=not-found)")
 
 
-class ContainerState(_M):
+class ContainerState(Strict):
     config: dict[str, Any] = Field(default_factory=dict, description="As GET .../lxc/{vmid}/config returns it")
     status: Literal["running", "stopped"] = "stopped"
     service: ServiceState | None = None
 
 
-class MappingState(_M):
+class MappingState(Strict):
     map: list[str] = Field(default_factory=list)
     description: str | None = None
     digest: str | None = None
 
 
-class GuestState(_M):
+class GuestState(Strict):
     status: Literal["running", "stopped"] = "stopped"
     hostpci: list[str] = Field(default_factory=list)
     config: dict[str, Any] = Field(
         default_factory=dict, description="As GET .../qemu/{vmid}/config returns it (pending merged in, digest)")
 
 
-class CurrentState(_M):
+class CurrentState(Strict):
     """What Proxmox, the containers and the host files say now (read by gputopo.current)."""
 
     containers: dict[int, ContainerState] = Field(default_factory=dict)

@@ -6,7 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from gputopo.actions import UpdateContainer
-from gputopo.formats.devn import MAX_DEV_INDEX, dev_entries, dev_sort, format_dev, is_nvidia_dev, is_nvidia_lxc
+from gputopo.formats.devn import (
+    MAX_DEV_INDEX, dev_entries, dev_sort, devn_key, format_dev, is_nvidia_dev, is_nvidia_lxc,
+)
 from gputopo.model.facts import Gpu
 from gputopo.plan.spec import Container
 
@@ -51,7 +53,7 @@ def _device_changes(config: dict[str, Any], wanted: list[str]) -> tuple[dict[str
         else:
             unwanted.append(k)
     used = set(keep)
-    free = [f"dev{i}" for i in range(MAX_DEV_INDEX + 1) if f"dev{i}" not in used]
+    free = [devn_key(i) for i in range(MAX_DEV_INDEX + 1) if devn_key(i) not in used]
     to_set = dict(zip(free, missing))
     final = {**keep, **to_set}
     delete = [k for k in unwanted if k not in to_set]

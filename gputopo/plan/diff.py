@@ -11,13 +11,14 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from gputopo.actions import DiffContext
 from gputopo.formats.devn import dev_entries, dev_sort, is_nvidia_dev
 from gputopo.model.documents import DiffDoc
 from gputopo.model.facts import Facts
 from gputopo.model.state import CurrentState
+from gputopo.model.strict import Strict
 from gputopo.plan.devices import current_nvidia_lxc
 from gputopo.plan.model import Plan
 from gputopo.plan.planner import plan as make_plan
@@ -28,23 +29,17 @@ AREAS = ("driver bindings", "container devices", "mappings", "vm config", "servi
          "guests and services")
 
 
-class DiffArea(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class DiffArea(Strict):
     lines: list[str] = Field(default_factory=list, description="One line per difference")
     files: dict[str, str] = Field(default_factory=dict, description="path -> unified diff")
 
 
-class FileChange(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class FileChange(Strict):
     before: str | None = Field(description="The text now; null: the file does not exist")
     after: str | None = Field(description="The text the plan leads to; null: removed")
 
 
-class DiffReport(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class DiffReport(Strict):
     node: str
     areas: dict[str, DiffArea] = Field(default_factory=dict)
     changes: dict[str, FileChange] = Field(default_factory=dict, description="path -> before and after, every "

@@ -23,14 +23,15 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from gputopo.errors import PveFormatError
-from gputopo.formats.devn import DEV_KEY
+from gputopo.formats.devn import is_devn_key
+from gputopo.formats.hostpci import hostpci_targets
 from gputopo.formats.lxcconf import parse_dev_value
 from gputopo.formats.systemctl import InferenceUnit
 from gputopo.model.facts import Facts, nvidia_gpus
 from gputopo.model.state import CurrentState
 from gputopo.plan.planner import plan as make_plan
 from gputopo.plan.spec import API_VERSION, KIND, Spec
-from gputopo.topo.owners import container_minors, hostpci_targets, mapping_addresses
+from gputopo.topo.owners import container_minors, mapping_addresses
 
 
 @dataclass
@@ -50,7 +51,7 @@ class Exported:
 def _dev_options(config: dict[str, Any], minors: set[int]) -> tuple[str | None, int | None]:
     """(mode, gid) of the container's GPU ``devN`` entries (the first that parses)."""
     for key, value in sorted(config.items()):
-        if not DEV_KEY.match(key):
+        if not is_devn_key(key):
             continue
         try:
             dev = parse_dev_value(str(value))
@@ -63,7 +64,7 @@ def _dev_options(config: dict[str, Any], minors: set[int]) -> tuple[str | None, 
 
 def _legacy(config: dict[str, Any]) -> bool:
     """True when the GPUs come in through raw ``lxc.mount.entry`` lines, not ``devN``."""
-    return not any(DEV_KEY.match(k) and "/dev/nvidia" in str(v) for k, v in config.items())
+    return not any(is_devn_key(k) and "/dev/nvidia" in str(v) for k, v in config.items())
 
 
 def export_spec(facts: Facts, state: CurrentState, node: str, units: dict[int, list[InferenceUnit]],

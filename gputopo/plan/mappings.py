@@ -6,6 +6,7 @@ from gputopo.actions import DeleteMapping, SetMapping
 from gputopo.formats.mapline import map_node, map_paths, normalize_map_entry
 from gputopo.formats.pcicfg import MapEntry, format_map_entry
 from gputopo.model.facts import Gpu
+from gputopo.model.owner import Owner
 from gputopo.model.state import CurrentState
 from gputopo.plan.model import MappingTarget
 from gputopo.plan.spec import Container, VmMapping
@@ -37,9 +38,9 @@ def _hex(value: str | None) -> str:
 
 def mapping_changes(
     node_name: str,
-    cts: dict[str, Container],
-    vms: dict[str, VmMapping],
-    selected: dict[str, list[Gpu]],
+    cts: dict[Owner, Container],
+    vms: dict[Owner, VmMapping],
+    selected: dict[Owner, list[Gpu]],
     current: CurrentState,
 ) -> tuple[dict[str, MappingTarget], list[SetMapping | DeleteMapping], set[str]]:
     """(every managed mapping's target, the actions, the ids whose ``map`` changes).

@@ -18,18 +18,16 @@ import hashlib
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from gputopo.actions import VFIO, Action
+from gputopo.model.owner import Owner
+from gputopo.model.strict import Strict
 
 
-class _M(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class GpuTarget(_M):
+class GpuTarget(Strict):
     address: str
-    owner: str = Field(description="container:<vmid> | vm:<mapping> | host (left untouched)")
+    owner: Owner = Field(description="container:<vmid> | vm:<mapping> | host (left untouched)")
     driver: Literal["nvidia", "vfio-pci"] | None = Field(description="Target driver; null = untouched")
     current_driver: str | None
     companions: list[str] = Field(default_factory=list)
@@ -38,7 +36,7 @@ class GpuTarget(_M):
     iommu_group: int | None = None
 
 
-class ServiceTarget(_M):
+class ServiceTarget(Strict):
     unit: str
     tp_flag: str
     tp: int
@@ -47,7 +45,7 @@ class ServiceTarget(_M):
     current_tp: int | None = None
 
 
-class ContainerTarget(_M):
+class ContainerTarget(Strict):
     vmid: int
     gpus: list[str]
     device_mode: Literal["devN", "legacy"]
@@ -57,12 +55,12 @@ class ContainerTarget(_M):
     service: ServiceTarget | None = None
 
 
-class MappingTarget(_M):
+class MappingTarget(Strict):
     map: list[str]
     description: str | None = None
 
 
-class VmTarget(_M):
+class VmTarget(Strict):
     """A VM of ``vms.consumers``: the GPUs it takes and the config keys gputopo owns."""
 
     vmid: int
@@ -74,7 +72,7 @@ class VmTarget(_M):
     notes: list[str] = Field(default_factory=list, description="Why each setting is what it is")
 
 
-class Plan(_M):
+class Plan(Strict):
     node: str
     target: list[GpuTarget]
     containers: list[ContainerTarget] = Field(default_factory=list)

@@ -22,11 +22,12 @@ from gputopo.actions import (
     NVIDIA, PHASES, VFIO, Rebind, RemoveHostFile, StartGuest, StopGuest, UpdateContainer, World, WriteHostFile,
     WriteServiceDropin,
 )
-from gputopo.errors import PlanRefused, Refusal
 from gputopo.formats.devn import dev_path
 from gputopo.model.facts import Facts, Gpu, MemberRole
+from gputopo.model.owner import HOST, Owner
 from gputopo.model.state import ContainerState, CurrentState
 from gputopo.plan.devices import device_update
+from gputopo.plan.findings import Findings
 from gputopo.plan.mappings import mapping_changes, shrink_other_mappings
 from gputopo.plan.model import ContainerTarget, GpuTarget, MappingTarget, Plan
 from gputopo.plan.render import PERSISTENCE_PATHS, p2p_must_be_disabled, persistence_files
@@ -44,12 +45,12 @@ from gputopo.plan.vms import VmPlan, plan_consumers
 from gputopo.plan.vmsafety import MapView, check_guests, check_restarts
 
 
-def _targets(facts: Facts, owner_of: dict[str, str]) -> list[GpuTarget]:
+def _targets(facts: Facts, owner_of: dict[str, Owner]) -> list[GpuTarget]:
     """Every GPU of ``facts`` with its owner and target driver (None: left with the host)."""
     target = []
     for g in facts.gpus:
-        owner = owner_of.get(g.address, "host")
-        drv = NVIDIA if owner.startswith("container:") else VFIO if owner.startswith("vm:") else None
+        owner = owner_of.get(g.address, HOST)
+        drv = NVIDIA if owner.is_container else VFIO if owner.is_vm else None
         target.append(
             GpuTarget(
                 address=g.address,
@@ -122,7 +123,7 @@ def _needs_rebind(g: Gpu, to: str, keep_override: bool) -> bool:
 
 def _vm_restarts(
     spec_node: Any, current: CurrentState, mappings: dict[str, MappingTarget], changed: set[str],
-    rebinding: set[str], vm_plan: VmPlan, view: MapView, refusals: list[Refusal], warnings: list[str],
+    rebinding: set[str], vm_plan: VmPlan, view: MapView, found: Findings,
 ) -> tuple[list[StopGuest], list[StartGuest]]:
     """(stops, starts) of VMs: those using a changed mapping or a moving device, consumers whose
     config changes, consumers the spec says run. A VM whose mapping would list a container's GPU
@@ -136,9 +137,9 @@ def _vm_restarts(
             stopped.append(vmid)
     starts += [StartGuest(guest="qemu", vmid=v) for v in vm_plan.start]
     handled = {c.vmid for c in spec_node.vms.consumers}
-    refused = check_guests(current, view, handled, set(stopped), refusals, warnings)
+    refused = check_guests(current, view, handled, set(stopped), found)
     configs = {vmid: g.config for vmid, g in current.guests.items()} | vm_plan.configs
-    check_restarts([s.vmid for s in starts if s.vmid not in refused], configs, view, refusals)
+    check_restarts([s.vmid for s in starts if s.vmid not in refused], configs, view, found)
     return stops, starts
 
 
@@ -159,37 +160,36 @@ def plan(
 ) -> Plan:
     """Plan the changes that bring the host from ``current`` to what ``spec`` asks.
 
-    Returns a :class:`Plan` (no actions when converged). Raises :class:`PlanRefused` with every
-    :class:`Refusal` when the spec cannot be carried out safely, SpecError when the spec names no
-    node for this host, ConfigError for a broken user template.
+    Returns a :class:`Plan` (no actions when converged; the warnings found are its ``warnings``).
+    Raises :class:`PlanRefused` with every :class:`Refusal` found when the spec cannot be carried
+    out safely, SpecError when the spec names no node for this host, ConfigError for a broken
+    user template.
     """
     current = current or CurrentState()
     spec_node = pick_node(spec, facts, node)
     node_name = spec_node.name
-    refusals: list[Refusal] = []
-    warnings: list[str] = []
-    cts = {f"container:{c.vmid}": c for c in spec_node.containers}
-    vms = {f"vm:{m.name}": m for m in spec_node.vms.mappings}
+    found = Findings()
+    cts = {Owner.container(c.vmid): c for c in spec_node.containers}
+    vms = {Owner.vm(m.name): m for m in spec_node.vms.mappings}
 
-    selected, owner_of = assign(facts, cts, vms, refusals, warnings)
-    check_vm_gpus(facts, {a for a, o in owner_of.items() if o.startswith("vm:")}, refusals, warnings)
+    selected, owner_of = assign(facts, cts, vms, found)
+    check_vm_gpus(facts, {a for a, o in owner_of.items() if o.is_vm}, found)
     for owner, c in cts.items():
-        check_container(c, owner, selected.get(owner, []), spec, owner_of, refusals, warnings)
-        check_service_unit(c, current.containers.get(c.vmid), len(selected.get(owner, [])), refusals)
+        check_container(c, owner, selected.get(owner, []), spec, owner_of, found)
+        check_service_unit(c, current.containers.get(c.vmid), len(selected.get(owner, [])), found)
     if facts.host.sev_snp and facts.host.iommu_mode == "pt":
-        warnings.append(
+        found.warn(
             "SEV-SNP is on but the IOMMU is in passthrough (iommu=pt); SEV-SNP needs it translating: "
             "drop iommu=pt from the kernel command line"
         )
-    if refusals:
-        raise PlanRefused(refusals)
+    found.raise_if_refused()
 
     keep_override = spec.policy.keep_driver_override
     target = _targets(facts, owner_of)
     vfio_all = sorted({a for t in target if t.driver == VFIO for a in [t.address, *t.companions]})
     rebinds = _rebinds(facts, target, keep_override, spec.policy.pin_native_driver)
     mappings, mapping_actions, changed_mappings = mapping_changes(node_name, cts, vms, selected, current)
-    ct_gpus = {a for a, o in owner_of.items() if o.startswith("container:")}
+    ct_gpus = {a for a, o in owner_of.items() if o.is_container}
     if spec_node.vms.other_mappings == "shrink":
         shrunk, shrink_actions, shrunk_ids = shrink_other_mappings(node_name, set(mappings), current, ct_gpus)
         mappings.update(shrunk)
@@ -204,7 +204,7 @@ def plan(
         to_container={r.address for r in rebinds if r.to_driver == NVIDIA},
         managed={m.name for m in spec_node.vms.mappings},
     )
-    vm_plan = plan_consumers(spec_node.vms.consumers, facts, current, view, refusals, warnings)
+    vm_plan = plan_consumers(spec_node.vms.consumers, facts, current, view, found)
 
     containers: list[ContainerTarget] = []
     updates: list[UpdateContainer] = []
@@ -216,7 +216,7 @@ def plan(
         gpus = sorted(selected.get(owner, []), key=lambda g: g.address)
         state = current.containers.get(c.vmid)
         if state is None:
-            warnings.append(f"container {c.vmid}: no configuration found on node {node_name}")
+            found.warn(f"container {c.vmid}: no configuration found on node {node_name}")
             state = ContainerState()
         devices, lxc, update = device_update(c, gpus, state.config)
         if update is not None:
@@ -228,7 +228,7 @@ def plan(
                 live.add(c.vmid)
                 if update is not None:
                     update.live = True
-        svc_target, dropin = service_target(c, len(gpus), state, p2p, templates, warnings)
+        svc_target, dropin = service_target(c, len(gpus), state, p2p, templates, found)
         if dropin is not None:
             dropins.append(dropin)
         containers.append(
@@ -241,9 +241,8 @@ def plan(
     ct_stops, ct_starts = container_restarts(spec_node, current, touched, {d.vmid for d in dropins}, live)
     rebinding = {m for r in rebinds for m in r.members}
     vm_stops, vm_starts = _vm_restarts(spec_node, current, mappings, changed_mappings, rebinding, vm_plan, view,
-                                       refusals, warnings)
-    if refusals:
-        raise PlanRefused(refusals)
+                                       found)
+    found.raise_if_refused()
     ct_stops, vm_stops = _shutdown_policy(ct_stops, spec), _shutdown_policy(vm_stops, spec)
     actions: list[Any] = [
         *_persistence_actions(vfio_all, current, templates), *mapping_actions, *dropins,
@@ -264,7 +263,7 @@ def plan(
         },
         p2p_disable=p2p,
         keep_override=keep_override,
-        warnings=warnings,
+        warnings=found.warnings,
         actions=actions,
     )
 

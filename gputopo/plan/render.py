@@ -26,6 +26,7 @@ from typing import Any
 import jinja2
 
 from gputopo.errors import ConfigError
+from gputopo.formats.devn import by_dev_index
 from gputopo.formats.lxcconf import validate_lxc_conf
 from gputopo.formats.pcicfg import validate_pci_cfg
 from gputopo.formats.qemuconf import validate_qemu_conf
@@ -193,7 +194,7 @@ def render(plan: Any, spec: Any = None, facts: Any = None, templates: str | None
     """
     out: dict[str, str] = {}
     for ct in plan.containers:
-        devices = sorted(ct.devices.items(), key=lambda kv: int(kv[0][3:]))
+        devices = by_dev_index(ct.devices)
         path = f"pve/lxc/{ct.vmid}.devices.conf"
         out[path] = render_devices_conf(
             [(k, v) for k, v in devices if v.startswith("/dev/nvidia")] if ct.device_mode == "devN" else [],

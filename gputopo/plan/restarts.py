@@ -6,18 +6,19 @@ from __future__ import annotations
 from typing import Any
 
 from gputopo.actions import Rebind, StartGuest, StartService, StopGuest, StopService, UpdateContainer, WriteServiceDropin
-from gputopo.errors import AddressError, Refusal
-from gputopo.formats.devn import DEV_KEY, dev_path
+from gputopo.errors import AddressError
+from gputopo.formats.devn import dev_path, is_devn_key
 from gputopo.formats.mapline import map_fields, map_node, map_paths
 from gputopo.model.facts import Facts, normalize_address, slot_of
 from gputopo.model.state import ContainerState, CurrentState, ServiceState
+from gputopo.plan.findings import Findings
 from gputopo.plan.model import MappingTarget, ServiceTarget
 from gputopo.formats.systemctl import parse_tp
 from gputopo.plan.render import dropin_path, render_dropin
 from gputopo.plan.spec import Container, Node
 
 
-def check_service_unit(c: Container, state: ContainerState | None, tp: int, refusals: list[Refusal]) -> None:
+def check_service_unit(c: Container, state: ContainerState | None, tp: int, found: Findings) -> None:
     """Refuse, before anything stops, a service the container does not have or whose unit's own
     command has no tensor-parallel flag: otherwise the container would be stopped and its GPUs moved, and the
     start at the end fail and roll everything back (two outages for a typo). Checked only when the
@@ -26,19 +27,19 @@ def check_service_unit(c: Container, state: ContainerState | None, tp: int, refu
     if c.service is None or svc is None or tp == 0:
         return
     if not svc.found:
-        refusals.append(Refusal(None, f"container {c.vmid}: unit {c.service.unit} not found in the container "
-                                      "(check service.unit)", "no-unit"))
+        found.refuse(None, f"container {c.vmid}: unit {c.service.unit} not found in the container "
+                           "(check service.unit)", "no-unit")
         return
     # a spec's command is a base that gputopo completes with the flag; the unit's own command
     # must show the flag, or the drop-in would append it to something that is not the server
     if c.service.command is None and svc.exec_start is not None and parse_tp(svc.exec_start) is None:
-        refusals.append(Refusal(None, f"container {c.vmid}: {c.service.unit} runs without a tensor-parallel flag "
-                                      f"({c.service.tp_flag}): {svc.exec_start[:80]}; set service.command",
-                                "no-tp-flag"))
+        found.refuse(None, f"container {c.vmid}: {c.service.unit} runs without a tensor-parallel flag "
+                           f"({c.service.tp_flag}): {svc.exec_start[:80]}; set service.command",
+                     "no-tp-flag")
 
 
 def service_target(
-    c: Container, tp: int, state: ContainerState, p2p: bool, templates: str | None, warnings: list[str]
+    c: Container, tp: int, state: ContainerState, p2p: bool, templates: str | None, found: Findings
 ) -> tuple[ServiceTarget | None, WriteServiceDropin | None]:
     """(the service's target, the drop-in to write or None) for container ``c`` with ``tp`` GPUs.
 
@@ -53,11 +54,11 @@ def service_target(
         command=command, current_tp=_running_tp(svc_state),
     )
     if tp == 0:
-        warnings.append(f"container {c.vmid}: no GPUs left; {c.service.unit} is left alone")
+        found.warn(f"container {c.vmid}: no GPUs left; {c.service.unit} is left alone")
         svc_target.command = None
         return svc_target, None
     if command is None:
-        warnings.append(
+        found.warn(
             f"container {c.vmid}: {c.service.unit} has no known command (set service.command); "
             "its drop-in is not managed"
         )
@@ -85,7 +86,7 @@ def _running_tp(svc: ServiceState | None) -> int | None:
 def maps_a_moving_gpu(config: dict[str, Any], facts: Facts, rebinds: list[Rebind]) -> bool:
     """True when a devN entry of ``config`` is the /dev/nvidiaN of a device being rebound: the
     container must stop before that GPU is unbound under it."""
-    used_paths = {dev_path(v) for k, v in config.items() if DEV_KEY.match(k)}
+    used_paths = {dev_path(v) for k, v in config.items() if is_devn_key(k)}
     for r in rebinds:
         for a in r.members:
             g = facts.gpu(a)

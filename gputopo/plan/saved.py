@@ -20,11 +20,12 @@ import json
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from gputopo.errors import SavedPlanStale, SpecError
 from gputopo.model.facts import Facts
 from gputopo.model.state import CurrentState
+from gputopo.model.strict import Strict
 from gputopo.plan.model import Plan
 from gputopo.plan.spec import Spec
 
@@ -101,10 +102,8 @@ def changes(before: dict[str, str], now: dict[str, str]) -> list[str]:
             for k in sorted(set(before) | set(now)) if before.get(k) != now.get(k)]
 
 
-class SavedPlan(BaseModel):
+class SavedPlan(Strict):
     """A plan as ``plan -o`` writes it and ``apply PLANFILE`` reads it (``gputopo schema saved-plan``)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     schema_version: Literal[1] = SCHEMA_VERSION
     kind: Literal["gputopo-saved-plan"] = KIND

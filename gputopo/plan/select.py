@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from gputopo.errors import Refusal, SpecError
+from gputopo.errors import SpecError
 from gputopo.model.facts import NVIDIA_VENDOR, Facts, Gpu, MemberRole
+from gputopo.model.owner import Owner
 from gputopo.plan import placement
 from gputopo.plan.devices import DEFAULT_LEGACY_MAJORS
+from gputopo.plan.findings import Findings
 from gputopo.plan.spec import Container, GpuSelector, Node, Spec, VmMapping
 from gputopo.model.facts import nvidia_gpus
 
@@ -31,15 +33,15 @@ def pick_node(spec: Spec, facts: Facts, node: str | None) -> Node:
 
 
 def _select(
-    sel: GpuSelector, candidates: list[Gpu], facts: Facts, owner: str, refusals: list[Refusal]
+    sel: GpuSelector, candidates: list[Gpu], facts: Facts, owner: Owner, found: Findings
 ) -> list[Gpu]:
     if sel.numa is not None:
         # a node the host does not have is a typo that would silently select no GPU at all
         have = sorted(n.id for n in facts.host.numa_nodes)
         for n in sel.numa:
             if have and n not in have:
-                refusals.append(Refusal(None, f"{owner}: this host has no NUMA node {n} "
-                                              f"(it has {', '.join(map(str, have))})", "no-such-numa-node"))
+                found.refuse(None, f"{owner}: this host has no NUMA node {n} "
+                                   f"(it has {', '.join(map(str, have))})", "no-such-numa-node")
         return [g for g in candidates if g.numa_node in sel.numa]
     if sel.addresses is not None:
         out = []
@@ -49,27 +51,26 @@ def _select(
             if g is not None:
                 out.append(g)
             elif a in switches:
-                refusals.append(Refusal(a, f"is an NVSwitch, not a GPU ({owner})", "nvswitch"))
+                found.refuse(a, f"is an NVSwitch, not a GPU ({owner})", "nvswitch")
             else:
-                refusals.append(Refusal(a, f"no such GPU on this host ({owner})", "no-such-gpu"))
+                found.refuse(a, f"no such GPU on this host ({owner})", "no-such-gpu")
         return out
     return []  # count: resolved after the explicit selectors
 
 
 def assign(
     facts: Facts,
-    cts: dict[str, Container],
-    vms: dict[str, VmMapping],
-    refusals: list[Refusal],
-    warnings: list[str],
-) -> tuple[dict[str, list[Gpu]], dict[str, str]]:
+    cts: dict[Owner, Container],
+    vms: dict[Owner, VmMapping],
+    found: Findings,
+) -> tuple[dict[Owner, list[Gpu]], dict[str, Owner]]:
     """(owner -> its GPUs, address -> its owner): numa and address selectors first, then counts
     from what is left, then ``rest``. A GPU claimed twice is refused; its first owner is kept."""
     candidates = nvidia_gpus(facts)
-    owners: dict[str, list[str]] = {}
-    selected: dict[str, list[Gpu]] = {}
+    owners: dict[str, list[Owner]] = {}
+    selected: dict[Owner, list[Gpu]] = {}
 
-    def claim(owner: str, gpus: list[Gpu]) -> None:
+    def claim(owner: Owner, gpus: list[Gpu]) -> None:
         selected.setdefault(owner, [])
         for g in gpus:
             if g not in selected[owner]:
@@ -78,14 +79,12 @@ def assign(
 
     explicit = [(o, c.gpus) for o, c in cts.items()] + [(o, m.gpus) for o, m in vms.items() if m.gpus != "rest"]
     for owner, sel in explicit:
-        claim(owner, _select(sel, candidates, facts, owner, refusals))
+        claim(owner, _select(sel, candidates, facts, owner, found))
     for owner, sel in explicit:
         if sel.count is not None:
-            free = [g for g in candidates if g.address not in owners and not (owner.startswith("vm:") and g.boot_vga)]
+            free = [g for g in candidates if g.address not in owners and not (owner.is_vm and g.boot_vga)]
             if len(free) < sel.count:
-                refusals.append(
-                    Refusal(None, f"{owner} wants {sel.count} GPU(s), only {len(free)} unclaimed", "count")
-                )
+                found.refuse(None, f"{owner} wants {sel.count} GPU(s), only {len(free)} unclaimed", "count")
             claim(owner, placement.choose(free, sel.count))  # closest together first
     for owner, m in vms.items():
         if m.gpus == "rest":
@@ -94,75 +93,72 @@ def assign(
                 if g.address in owners:
                     continue
                 if g.boot_vga:
-                    warnings.append(f"{g.address}: boot VGA device; left with the host, not in {m.name}")
+                    found.warn(f"{g.address}: boot VGA device; left with the host, not in {m.name}")
                     continue
                 rest.append(g)
             claim(owner, rest)
 
     for addr, who in sorted(owners.items()):
         if len(who) > 1:
-            refusals.append(Refusal(addr, f"claimed by both {who[0]} and {who[1]}", "double-claim"))
+            found.refuse(addr, f"claimed by both {who[0]} and {who[1]}", "double-claim")
     if any(isinstance(sel, GpuSelector) and sel.numa is not None for _, sel in explicit):
         for g in candidates:
             if g.numa_node is None and g.address not in owners:
-                warnings.append(f"{g.address}: NUMA node unknown; no numa selector matches it (left with the host)")
+                found.warn(f"{g.address}: NUMA node unknown; no numa selector matches it (left with the host)")
     return selected, {addr: who[0] for addr, who in owners.items()}
 
 
-def check_vm_gpus(facts: Facts, vm_addresses: set[str], refusals: list[Refusal], warnings: list[str]) -> None:
+def check_vm_gpus(facts: Facts, vm_addresses: set[str], found: Findings) -> None:
     """Refuse every VM GPU that cannot be passed through safely."""
     if vm_addresses and not facts.host.modules.vfio_pci:
-        warnings.append("vfio-pci module is not loaded; apply will refuse until it is (modprobe vfio-pci)")
+        found.warn("vfio-pci module is not loaded; apply will refuse until it is (modprobe vfio-pci)")
     for g in (facts.gpu(a) for a in sorted(vm_addresses)):
         assert g is not None
         if not facts.host.iommu_enabled:
-            refusals.append(Refusal(g.address, "IOMMU is off; VM passthrough needs it (amd_iommu/intel_iommu=on)", "iommu-off"))
+            found.refuse(g.address, "IOMMU is off; VM passthrough needs it (amd_iommu/intel_iommu=on)", "iommu-off")
             continue
         if g.boot_vga:
-            refusals.append(Refusal(g.address, "is the boot VGA device; it cannot go to a VM", "boot-vga"))
+            found.refuse(g.address, "is the boot VGA device; it cannot go to a VM", "boot-vga")
         if g.is_nvswitch:
-            refusals.append(Refusal(g.address, "is an NVSwitch, not a GPU", "nvswitch"))
+            found.refuse(g.address, "is an NVSwitch, not a GPU", "nvswitch")
         if g.sriov_numvfs:
-            refusals.append(Refusal(g.address, f"has {g.sriov_numvfs} SR-IOV VFs enabled; it must not be unbound", "sriov"))
+            found.refuse(g.address, f"has {g.sriov_numvfs} SR-IOV VFs enabled; it must not be unbound", "sriov")
         if g.iommu_group is None:
-            refusals.append(Refusal(g.address, "has no IOMMU group; it cannot be passed to a VM", "no-group"))
+            found.refuse(g.address, "has no IOMMU group; it cannot be passed to a VM", "no-group")
         for m in g.foreign_members:
             if m.address not in vm_addresses:
-                refusals.append(
-                    Refusal(
-                        g.address,
-                        f"IOMMU group {g.iommu_group} also holds {m.address} (class {m.class_ or '?'}), "
-                        "which is not moving with it",
-                        "shared-group",
-                    )
+                found.refuse(
+                    g.address,
+                    f"IOMMU group {g.iommu_group} also holds {m.address} (class {m.class_ or '?'}), "
+                    "which is not moving with it",
+                    "shared-group",
                 )
 
 
 def check_container(
-    c: Container, owner: str, gpus: list[Gpu], spec: Spec, owner_of: dict[str, str],
-    refusals: list[Refusal], warnings: list[str],
+    c: Container, owner: Owner, gpus: list[Gpu], spec: Spec, owner_of: dict[str, Owner], found: Findings,
 ) -> None:
     """Refuse or warn about what container ``c`` gets: non-NVIDIA GPUs, NUMA spread, unknown
     minors, guessed legacy majors, a tensor-parallel size the service cannot use."""
     for g in gpus:
         if g.vendor != NVIDIA_VENDOR:
-            refusals.append(Refusal(g.address, f"is not an NVIDIA GPU; {owner} needs the nvidia driver", "not-nvidia"))
+            found.refuse(g.address, f"is not an NVIDIA GPU; {owner} needs the nvidia driver", "not-nvidia")
     nodes = {g.numa_node for g in gpus} - {None}
     if len(nodes) > 1 and not spec.policy.allow_cross_numa:
-        warnings.append(placement.spread_warning(c.vmid, gpus))
+        found.warn(placement.spread_warning(c.vmid, gpus))
     for g in gpus:
         if g.numa_node is None:
-            warnings.append(f"{g.address}: NUMA node unknown (container {c.vmid})")
+            found.warn(f"{g.address}: NUMA node unknown (container {c.vmid})")
         for m in g.iommu_members:
             if m.role != MemberRole.BRIDGE and m.driver == VFIO and m.address not in owner_of:
-                warnings.append(f"{g.address}: group member {m.address} is on vfio-pci (container {c.vmid})")
+                found.warn(f"{g.address}: group member {m.address} is on vfio-pci (container {c.vmid})")
         if g.minor is None and c.device_mode == "devN":
-            warnings.append(
+            found.warn(
                 f"{g.address}: /dev/nvidia minor unknown until nvidia binds it; apply adds its device "
                 f"to container {c.vmid} after the switch"
             )
         elif g.minor is None:
-            warnings.append(
+            found.warn(
                 f"{g.address}: /dev/nvidia minor unknown until nvidia binds it; plan again after apply "
                 f"to add its device to container {c.vmid}"
             )
@@ -170,7 +166,7 @@ def check_container(
         guessed = sorted(set(DEFAULT_LEGACY_MAJORS) - set(c.legacy_majors or {}))
         if guessed:
             # these majors are dynamic: a wrong one silently denies the node inside the container
-            warnings.append(
+            found.warn(
                 f"container {c.vmid}: legacy device lines use guessed char majors for "
                 f"{', '.join(f'{k} {DEFAULT_LEGACY_MAJORS[k]}' for k in guessed)}; "
                 "set legacy_majors from /proc/devices"
@@ -187,6 +183,6 @@ def check_container(
     if problems:
         text = f"container {c.vmid}: tensor parallel {tp} {' and '.join(problems)}"
         if spec.policy.tp_check == "error":
-            refusals.append(Refusal(None, text, "tp"))
+            found.refuse(None, text, "tp")
         else:
-            warnings.append(text)
+            found.warn(text)

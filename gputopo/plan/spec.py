@@ -13,10 +13,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from gputopo.errors import AddressError, SpecError
 from gputopo.model.facts import normalize_address
+from gputopo.model.strict import Strict
 from gputopo.plan.vmspec import MAPPING_ID_PATTERN, VmConsumer, check_consumers
 from gputopo.plan.yamlspec import MAX_DEPTH, format_validation_error, load_yaml
 
@@ -25,11 +26,7 @@ KIND = "GpuTopology"
 DEFAULT_DROPIN = "gputopo.conf"
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class GpuSelector(_Strict):
+class GpuSelector(Strict):
     """Which GPUs: exactly one of ``numa``, ``addresses`` or ``count``."""
 
     numa: list[int] | None = Field(None, description="NUMA node ids; GPUs of unknown NUMA never match")
@@ -68,7 +65,7 @@ class GpuSelector(_Strict):
         return f"count {self.count}"
 
 
-class Service(_Strict):
+class Service(Strict):
     """The inference service inside the container whose tensor-parallel size follows the GPUs."""
 
     unit: str = Field(description="systemd unit inside the container, e.g. sglang.service")
@@ -101,7 +98,7 @@ class Service(_Strict):
         return value
 
 
-class Container(_Strict):
+class Container(Strict):
     """An LXC container that gets GPUs on the host nvidia driver."""
 
     vmid: int = Field(ge=100, le=999999999)
@@ -142,7 +139,7 @@ class Container(_Strict):
         return value
 
 
-class VmMapping(_Strict):
+class VmMapping(Strict):
     """A Proxmox PCI resource mapping that holds VM GPUs (bound to vfio-pci)."""
 
     name: str = Field(pattern=MAPPING_ID_PATTERN)
@@ -159,7 +156,7 @@ class VmMapping(_Strict):
         raise ValueError(f"'rest' or a selector with numa, addresses or count expected (got {value!r})")
 
 
-class Vms(_Strict):
+class Vms(Strict):
     mappings: list[VmMapping] = Field(default_factory=list)
     guests: list[int] = Field(default_factory=list, description="VM vmids that use the mappings")
     consumers: list[VmConsumer] = Field(
@@ -171,7 +168,7 @@ class Vms(_Strict):
             "when none is left)"))
 
 
-class Node(_Strict):
+class Node(Strict):
     name: str = Field(min_length=1, description="Proxmox node name, e.g. pve1")
     containers: list[Container] = Field(default_factory=list)
     vms: Vms = Field(default_factory=Vms)
@@ -200,7 +197,7 @@ class Node(_Strict):
         return self
 
 
-class StepTimeouts(_Strict):
+class StepTimeouts(Strict):
     """Seconds a step of each kind may wait; unset: gputopo's default. ``--timeout KIND=SECONDS``
     on the command line wins over these."""
 
@@ -217,7 +214,7 @@ class StepTimeouts(_Strict):
         return {k: v for k, v in self.model_dump().items() if v is not None}
 
 
-class Policy(_Strict):
+class Policy(Strict):
     keep_driver_override: bool = Field(
         True,
         description=(
@@ -259,7 +256,7 @@ class Policy(_Strict):
     timeouts: StepTimeouts = Field(default_factory=StepTimeouts)
 
 
-class Verify(_Strict):
+class Verify(Strict):
     memory_spread_pct: float = Field(5, ge=0)
     min_headroom_mib: int | None = Field(None, ge=0)
     prompt: str = "What is 7 x 13? Answer with the number only."
@@ -268,7 +265,7 @@ class Verify(_Strict):
     guest_timeout: float = Field(300, gt=0, description="Seconds a guest check waits for the VM's guest agent")
 
 
-class Spec(_Strict):
+class Spec(Strict):
     """The whole spec. ``nodes`` holds one entry per Proxmox node."""
 
     apiVersion: Literal["gputopo/v1"]

@@ -15,11 +15,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gputopo.actions import UpdateVmConfig
-from gputopo.errors import PveFormatError, Refusal
-from gputopo.formats.hostpci import MAX_HOSTPCI, NUMA_KEY, format_hostpci, hostpci_index, parse_hostpci, with_mmio64_mb
+from gputopo.errors import PveFormatError
+from gputopo.formats.hostpci import (
+    MAX_HOSTPCI, NUMA_KEY, format_hostpci, hostpci_index, hostpci_key, hostpci_keys, parse_hostpci, with_mmio64_mb,
+)
 from gputopo.formats.qemuconf import check_qemu_option, is_q35, memory_mib, start_problems
 from gputopo.model.facts import Facts
 from gputopo.model.state import CurrentState
+from gputopo.plan.findings import Findings
 from gputopo.plan.model import VmTarget
 from gputopo.plan.vmplace import gib, mmio, mmio_note, phys_bits_note, placement
 from gputopo.plan.vmsafety import MapView, owners_text
@@ -60,16 +63,16 @@ def _lines(c: VmConsumer, mid: str, cfg: dict[str, str], n: int) -> tuple[dict[s
     slots = (sorted(owned) + free)[:n]
     if len(slots) < n:
         return {}, [], f"needs {n} hostpci line(s), but only {len(slots)} of {MAX_HOSTPCI} indices are free"
-    return ({f"hostpci{i}": value for i in slots},
-            [f"hostpci{i}" for i in sorted(owned) if i not in slots], None)
+    return ({hostpci_key(i): value for i in slots},
+            [hostpci_key(i) for i in sorted(owned) if i not in slots], None)
 
 
 def _consumer(c: VmConsumer, facts: Facts, current: CurrentState, view: MapView,
-              refusals: list[Refusal], warnings: list[str], out: VmPlan) -> None:
+              found: Findings, out: VmPlan) -> None:
     vm = f"VM {c.vmid}"
     g = current.guests.get(c.vmid)
     if g is None:
-        refusals.append(Refusal(None, f"{vm} does not exist on node {view.node}", "no-such-vm"))
+        found.refuse(None, f"{vm} does not exist on node {view.node}", "no-such-vm")
         return
     cfg = {k: str(v) for k, v in g.config.items() if k != "digest"}
     # a mapping the spec manages exists for it even while it has no GPU (Proxmox has none then)
@@ -77,24 +80,24 @@ def _consumer(c: VmConsumer, facts: Facts, current: CurrentState, view: MapView,
     mid = view.find(c.mapping) or view.find(c.mapping, after=False) or managed
     if mid is None:
         have = ", ".join(sorted(set(view.after) | view.managed)) or "none"
-        refusals.append(Refusal(None, f"{vm}: mapping {c.mapping} is not a mapping of this cluster (have: {have})",
-                                "no-such-mapping"))
+        found.refuse(None, f"{vm}: mapping {c.mapping} is not a mapping of this cluster (have: {have})",
+                     "no-such-mapping")
         return
     leaving, dirty = view.leaving(mid), view.container_gpus(mid) if view.find(mid) else {}
     gone = {**leaving, **dirty}
     target, avail = view.find(mid) or mid, [a for a in view.paths(mid) if a not in dirty]
     notes: list[str] = []
     if gone and c.when_gpus_leave == "refuse":
-        refusals.append(Refusal(None, (
+        found.refuse(None, (
             f"{vm} uses mapping {mid}, whose GPU(s) go to a container ({owners_text(gone)}): set "
-            f"when_gpus_leave (remove or repoint) for {vm} in vms.consumers"), "vm-mapping"))
+            f"when_gpus_leave (remove or repoint) for {vm} in vms.consumers"), "vm-mapping")
         return
     if c.when_gpus_leave == "repoint" and (gone or not avail):
         rid = view.find(c.repoint_to or "")
         if rid is None or view.container_gpus(rid):
             why = "does not exist" if rid is None else "lists container GPUs too"
-            refusals.append(Refusal(None, f"{vm}: cannot repoint to mapping {c.repoint_to}, which {why}",
-                                    "vm-mapping"))
+            found.refuse(None, f"{vm}: cannot repoint to mapping {c.repoint_to}, which {why}",
+                         "vm-mapping")
             return
         target, avail = rid, view.paths(rid)
         notes.append(f"mapping {mid} has no GPU left for it: its lines name {rid}" if not gone else
@@ -105,46 +108,46 @@ def _consumer(c: VmConsumer, facts: Facts, current: CurrentState, view: MapView,
     n = c.gpus or len(avail)
     if n > len(avail):
         if c.when_gpus_leave == "refuse":
-            refusals.append(Refusal(None, f"{vm} asks {n} GPU(s) of mapping {target}, which has {len(avail)} on "
-                                          f"node {view.node}", "vm-gpus"))
+            found.refuse(None, f"{vm} asks {n} GPU(s) of mapping {target}, which has {len(avail)} on "
+                               f"node {view.node}", "vm-gpus")
             return
-        warnings.append(f"{vm} gets {len(avail)} of the {n} GPU(s) it asks from mapping {target}")
+        found.warn(f"{vm} gets {len(avail)} of the {n} GPU(s) it asks from mapping {target}")
         n = len(avail)
-    start_count = len(refusals)
+    start_count = len(found.refusals)
     hostpci, deletes, why = _lines(c, target, cfg, n)
     if why:
-        refusals.append(Refusal(None, f"{vm} {why}", "vm-hostpci"))
+        found.refuse(None, f"{vm} {why}", "vm-hostpci")
         return
     want: dict[str, str] = dict(hostpci)
     if n:
-        notes.insert(0, f"{', '.join(sorted(hostpci, key=lambda k: int(k[7:])))}: mapping={target}; Proxmox gives "
+        notes.insert(0, f"{', '.join(hostpci_keys(hostpci))}: mapping={target}; Proxmox gives "
                         "each line a free GPU of the mapping when the VM starts")
     gpus = [gg for a in avail if (gg := facts.gpu(a)) is not None]
     bios = cfg.get("bios", "seabios")
     if c.pcie and n and not is_q35(cfg):
-        refusals.append(Refusal(None, f"{vm} is i440fx (machine: {cfg.get('machine', 'default')}) but pcie=1 needs "
-                                      "machine q35: set machine: q35 or pcie: false", "vm-machine"))
+        found.refuse(None, f"{vm} is i440fx (machine: {cfg.get('machine', 'default')}) but pcie=1 needs "
+                           "machine q35: set machine: q35 or pcie: false", "vm-machine")
     if c.x_vga and n and bios == "ovmf":
-        refusals.append(Refusal(None, f"{vm}: x-vga=1 is dropped with bios ovmf (qemu-server passes it to SeaBIOS "
-                                      "only): set x-vga: false", "vm-x-vga"))
+        found.refuse(None, f"{vm}: x-vga=1 is dropped with bios ovmf (qemu-server passes it to SeaBIOS "
+                           "only): set x-vga: false", "vm-x-vga")
     if n:
-        _place(c, facts, cfg, gpus, want, notes, refusals, warnings)
+        _place(c, facts, cfg, gpus, want, notes, found)
         m = mmio(gpus, n, cfg.get("args"), c.mmio64_mb)
         if not m.fits_default() and bios != "ovmf":
-            refusals.append(Refusal(None, (
+            found.refuse(None, (
                 f"{vm} boots SeaBIOS, which cannot map {gib(m.need)} of 64-bit BARs ({n} GPU(s), largest BAR "
-                f"{gib(m.largest)}): set bios: ovmf (with an efidisk0)"), "vm-seabios"))
+                f"{gib(m.largest)}): set bios: ovmf (with an efidisk0)"), "vm-seabios")
         elif c.mmio64_mb is not None and m.need > c.mmio64_mb << 20:
-            refusals.append(Refusal(None, f"{vm}: mmio64_mb {c.mmio64_mb} is smaller than its GPUs' "
-                                          f"{gib(m.need)} of 64-bit BARs", "vm-mmio"))
+            found.refuse(None, f"{vm}: mmio64_mb {c.mmio64_mb} is smaller than its GPUs' "
+                               f"{gib(m.need)} of 64-bit BARs", "vm-mmio")
         elif bios == "ovmf":
             if m.set_mb is not None:
                 want["args"] = with_mmio64_mb(cfg.get("args"), m.set_mb)
                 pb = phys_bits_note(m.set_mb, memory_mib(cfg), cfg.get("cpu"))
                 if pb:
-                    warnings.append(f"{vm}: {pb}")
+                    found.warn(f"{vm}: {pb}")
             notes.append(mmio_note(m))
-    if len(refusals) > start_count:
+    if len(found.refusals) > start_count:
         return
     sets = {k: v for k, v in want.items() if cfg.get(k) != v}
     after = {**{k: v for k, v in cfg.items() if k not in deletes}, **want}
@@ -152,7 +155,8 @@ def _consumer(c: VmConsumer, facts: Facts, current: CurrentState, view: MapView,
     problems = [f"unable to parse value of '{k}' - {w}" for k, v in sorted(after.items())
                 if (w := check_qemu_option(k, v))] + start_problems(after)
     if problems:
-        refusals += [Refusal(None, f"{vm}: {p}", "vm-config") for p in problems]
+        for p in problems:
+            found.refuse(None, f"{vm}: {p}", "vm-config")
         return
     out.configs[c.vmid] = after
     out.targets.append(VmTarget(vmid=c.vmid, mapping=target, gpus=n, numa_nodes=placement(facts, gpus).nodes,
@@ -166,21 +170,21 @@ def _consumer(c: VmConsumer, facts: Facts, current: CurrentState, view: MapView,
 
 
 def _place(c: VmConsumer, facts: Facts, cfg: dict[str, str], gpus: list[Any], want: dict[str, str],
-           notes: list[str], refusals: list[Refusal], warnings: list[str]) -> None:
+           notes: list[str], found: Findings) -> None:
     """Add the affinity, numa, numa0 and hugepages keys (with their reasons) to ``want``."""
     vm = f"VM {c.vmid}"
     pl = placement(facts, gpus)
     if len(pl.nodes) > 1:
         where = ", ".join(f"{g.address} on {g.numa_node}" for g in gpus if g.numa_node is not None)
-        warnings.append(f"{vm}: its GPUs span NUMA nodes {', '.join(map(str, pl.nodes))} ({where}): "
-                        "its memory and half its GPU traffic cross sockets")
+        found.warn(f"{vm}: its GPUs span NUMA nodes {', '.join(map(str, pl.nodes))} ({where}): "
+                   "its memory and half its GPU traffic cross sockets")
     if pl.unknown:
-        warnings.append(f"{vm}: NUMA node unknown for {', '.join(pl.unknown)}; its CPUs are not pinned")
+        found.warn(f"{vm}: NUMA node unknown for {', '.join(pl.unknown)}; its CPUs are not pinned")
     nodes = ",".join(map(str, pl.nodes))
     if c.affinity and pl.affinity is not None:
         if not pl.affinity:
-            refusals.append(Refusal(None, f"{vm}: NUMA node {nodes} has no CPUs, and an empty affinity fails at VM "
-                                          "start: set affinity: false", "vm-affinity"))
+            found.refuse(None, f"{vm}: NUMA node {nodes} has no CPUs, and an empty affinity fails at VM "
+                               "start: set affinity: false", "vm-affinity")
             return
         want["affinity"] = pl.affinity
         notes.append(f"affinity {pl.affinity}: the CPUs of NUMA node {nodes}, where its GPUs are; its vCPUs and "
@@ -198,7 +202,7 @@ def _place(c: VmConsumer, facts: Facts, cfg: dict[str, str], gpus: list[Any], wa
                          "(qemu-server otherwise takes guest memory and hugepages from host node 0 upwards)")
         elif custom or hotplug:
             why = f"its own NUMA topology ({', '.join(custom)})" if custom else "memory hotplug"
-            warnings.append(f"{vm} has {why}; numa0 is left alone, its memory is not bound to node {nodes or '?'}")
+            found.warn(f"{vm} has {why}; numa0 is left alone, its memory is not bound to node {nodes or '?'}")
     if c.hugepages:
         want["hugepages"] = c.hugepages
         size = {"2": "2 MiB", "1024": "1 GiB", "any": "1 GiB where possible, else 2 MiB"}[c.hugepages]
@@ -207,9 +211,9 @@ def _place(c: VmConsumer, facts: Facts, cfg: dict[str, str], gpus: list[Any], wa
 
 
 def plan_consumers(consumers: list[VmConsumer], facts: Facts, current: CurrentState, view: MapView,
-                   refusals: list[Refusal], warnings: list[str]) -> VmPlan:
-    """The :class:`VmPlan` of ``consumers``; refusals and warnings are added to the lists."""
+                   found: Findings) -> VmPlan:
+    """The :class:`VmPlan` of ``consumers``; refusals and warnings are added to ``found``."""
     out = VmPlan()
     for c in consumers:
-        _consumer(c, facts, current, view, refusals, warnings, out)
+        _consumer(c, facts, current, view, found, out)
     return out

@@ -15,10 +15,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gputopo.errors import PveFormatError, Refusal
-from gputopo.formats.hostpci import hostpci_index, parse_hostpci
+from gputopo.errors import PveFormatError
+from gputopo.formats.hostpci import hostpci_index, hostpci_number, parse_hostpci
 from gputopo.formats.mapline import map_fields, map_paths
+from gputopo.model.owner import Owner
 from gputopo.model.state import CurrentState
+from gputopo.plan.findings import Findings
 
 
 @dataclass
@@ -28,7 +30,7 @@ class MapView:
     node: str
     before: dict[str, list[str]]  # mapping id -> map entries now
     after: dict[str, list[str]]  # mapping id -> map entries once the plan is applied
-    owner_of: dict[str, str]  # address -> container:<vmid> | vm:<mapping>
+    owner_of: dict[str, Owner]  # address -> its container or VM mapping
     to_container: set[str]  # GPUs this plan moves to a container's driver
     managed: set[str] = field(default_factory=set)  # the mappings the spec manages (even without GPUs)
 
@@ -44,16 +46,20 @@ class MapView:
         entries = (self.after if after else self.before).get(mid, [])
         return [p for e in entries if map_fields(e).get("node") == self.node for p in map_paths(e)]
 
-    def container_gpus(self, mid: str) -> dict[str, str]:
-        """address -> container owner of every GPU ``mid`` lists after the plan."""
-        return {a: self.owner_of[a] for a in self.paths(mid) if self.owner_of.get(a, "").startswith("container:")}
+    def _to_container(self, address: str) -> bool:
+        owner = self.owner_of.get(address)
+        return owner is not None and owner.is_container
 
-    def leaving(self, mid: str, moving: bool = False) -> dict[str, str]:
+    def container_gpus(self, mid: str) -> dict[str, Owner]:
+        """address -> container owner of every GPU ``mid`` lists after the plan."""
+        return {a: self.owner_of[a] for a in self.paths(mid) if self._to_container(a)}
+
+    def leaving(self, mid: str, moving: bool = False) -> dict[str, Owner]:
         """address -> container owner of every GPU ``mid`` lists now that a container gets
         (``moving``: only those this plan moves to the container's driver)."""
         found = self.find(mid, after=False)
         return {a: self.owner_of[a] for a in (self.paths(found, after=False) if found else [])
-                if a in self.to_container or (not moving and self.owner_of.get(a, "").startswith("container:"))}
+                if a in self.to_container or (not moving and self._to_container(a))}
 
 
 def mapping_lines(config: dict[str, Any]) -> list[tuple[str, str]]:
@@ -68,14 +74,14 @@ def mapping_lines(config: dict[str, Any]) -> list[tuple[str, str]]:
             continue
         if "mapping" in props:
             out.append((key, props["mapping"]))
-    return sorted(out, key=lambda kv: int(kv[0][7:]))
+    return sorted(out, key=lambda kv: hostpci_number(kv[0]))
 
 
-def owners_text(gpus: dict[str, str]) -> str:
+def owners_text(gpus: dict[str, Owner]) -> str:
     """``A, B to container 101`` for address -> owner."""
     by: dict[str, list[str]] = {}
     for a, o in sorted(gpus.items()):
-        by.setdefault(o.replace("container:", "container "), []).append(a)
+        by.setdefault(o.label, []).append(a)
     return "; ".join(f"{', '.join(a)} to {o}" for o, a in by.items())
 
 
@@ -94,7 +100,7 @@ def unsafe_start(config: dict[str, Any], view: MapView) -> str | None:
 
 
 def check_guests(current: CurrentState, view: MapView, handled: set[int], restarts: set[int],
-                 refusals: list[Refusal], warnings: list[str]) -> set[int]:
+                 found: Findings) -> set[int]:
     """Refuse running VMs (outside ``handled``, the consumers) whose mappings' GPUs this plan
     moves to a container, and warn about stopped ones whose next start is unsafe. Returns the
     VMs refused."""
@@ -110,23 +116,23 @@ def check_guests(current: CurrentState, view: MapView, handled: set[int], restar
                 verb = "would be stopped and could not start again" if vmid in restarts else "holds them"
                 runs = ("is running" if current.guest_status_known else
                         "may be running (Proxmox's files cannot tell: plan with --local or --api-url to know)")
-                refusals.append(Refusal(None, (
+                found.refuse(None, (
                     f"VM {vmid} {runs} with mapping {mid} ({key}), whose GPU(s) go to a container "
                     f"({owners_text(leaving)}): it {verb}; list it in vms.consumers with when_gpus_leave: "
-                    "remove or repoint, or shut it down and change its hostpci lines"), "vm-mapping"))
+                    "remove or repoint, or shut it down and change its hostpci lines"), "vm-mapping")
                 break
             if g.status != "running":
                 why = unsafe_start({key: f"mapping={name}"}, view)
                 if why:
-                    warnings.append(f"VM {vmid} (stopped) cannot start safely after the plan: its {why}")
+                    found.warn(f"VM {vmid} (stopped) cannot start safely after the plan: its {why}")
     return refused
 
 
 def check_restarts(starts: list[int], configs: dict[int, dict[str, Any]], view: MapView,
-                   refusals: list[Refusal]) -> None:
+                   found: Findings) -> None:
     """Refuse the plan when a VM it starts (again) has a mapping line that is unsafe after it."""
     for vmid in starts:
         why = unsafe_start(configs.get(vmid, {}), view)
         if why:
-            refusals.append(Refusal(None, f"VM {vmid} would be started, but its {why}; the plan never "
-                                          "starts such a VM", "vm-restart"))
+            found.refuse(None, f"VM {vmid} would be started, but its {why}; the plan never "
+                               "starts such a VM", "vm-restart")

@@ -9,18 +9,20 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from gputopo.model.strict import Strict
 
 # pve-configid (pve-common JSONSchema.pm): a letter, then letters, digits, - or _
 MAPPING_ID_PATTERN = r"^[a-zA-Z][a-zA-Z0-9_-]+$"
 
 
-class VmConsumer(BaseModel):
+class VmConsumer(Strict):
     """One VM that gets GPUs from a mapping: gputopo writes its ``hostpciN: mapping=NAME,...``
     lines (one per GPU), its CPU ``affinity`` and NUMA placement, and the firmware's 64-bit MMIO
     window when its GPUs' BARs need a larger one."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(populate_by_name=True)
 
     vmid: int = Field(ge=100, le=999999999, description="The VM (it must exist on the node)")
     mapping: str = Field(pattern=MAPPING_ID_PATTERN, description="The PCI mapping its GPUs come from")

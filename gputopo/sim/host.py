@@ -20,6 +20,7 @@ from typing import Any
 
 from gputopo.errors import SimHostError
 from gputopo.sim.hostroot import materialize
+from gputopo.formats.devn import devn_key
 from gputopo.formats.lxcconf import LxcConf, format_dev_value, write_lxc_conf
 from gputopo.formats.pcicfg import MapEntry, PciMapping, format_map_entry, write_pci_cfg
 from gputopo.sim import state
@@ -314,7 +315,7 @@ def _write_pve(paths: SimPaths, node: str, ctid: int, facts, vmid: int = DEFAULT
         "ostype": "ubuntu", "rootfs": f"local-lvm:vm-{ctid}-disk-0,size=200G", "swap": "0",
     }
     for i, n in enumerate(nodes):
-        options[f"dev{i}"] = format_dev_value(n, mode="0666")
+        options[devn_key(i)] = format_dev_value(n, mode="0666")
     atomic_write(nodedir / "lxc" / f"{ctid}.conf", write_lxc_conf(LxcConf(options=options)), PMXCFS_MODE)
 
     atomic_write(

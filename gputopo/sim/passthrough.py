@@ -27,12 +27,12 @@ import re
 from pathlib import Path
 from typing import Callable
 
-from gputopo.errors import SysfsWriteError
+from gputopo.errors import PveFormatError, SysfsWriteError
+from gputopo.formats.hostpci import hostpci_number, parse_hostpci
 from gputopo.formats.pcicfg import PciMapping
 from gputopo.sim import state
 
 RESERVED = "pci-reserved"
-_HOSTPCI_RE = re.compile(r"^hostpci(\d+)$")
 _HOSTID_RE = re.compile(r"^(?:([0-9a-fA-F]{4}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.([0-7]))?$")
 
 
@@ -40,26 +40,17 @@ class PassthroughError(Exception):
     """Proxmox's reason a VM start failed; ``str()`` is the task's exit status (one line)."""
 
 
-def parse_hostpci(value: str) -> dict[str, str]:
-    """A ``hostpciN`` value as its properties: ``'mapping=gpu,pcie=1'`` ->
-    ``{'mapping': 'gpu', 'pcie': '1'}``; a leading value without a key is ``host``
-    (``'0000:81:00.0,pcie=1'`` -> ``{'host': '0000:81:00.0', 'pcie': '1'}``).
+def hostpci_props(value: str) -> dict[str, str]:
+    """A ``hostpciN`` value's properties as qemu-server's start reads them: Proxmox's own
+    parser (:func:`gputopo.formats.hostpci.parse_hostpci`), its refusal as the task's exit status.
 
-    Raises PassthroughError when the value names neither ``host`` nor ``mapping``, or both.
+    Raises PassthroughError for a value Proxmox refuses (neither or both of ``host`` and
+    ``mapping``, a value without a key after the first, an unknown key).
     """
-    props: dict[str, str] = {}
-    for i, part in enumerate(p.strip() for p in value.split(",")):
-        if not part:
-            continue
-        key, sep, val = part.partition("=")
-        if not sep:
-            if i != 0:
-                raise PassthroughError(f"unable to parse value of 'hostpci': invalid format - {part!r}")
-            key, val = "host", part
-        props[key] = val
-    if ("host" in props) == ("mapping" in props):
-        raise PassthroughError("unable to parse value of 'hostpci': either 'host' or 'mapping' must be set")
-    return props
+    try:
+        return parse_hostpci(value)
+    except PveFormatError as e:
+        raise PassthroughError(f"unable to parse value of 'hostpci': {e.reason}") from None
 
 
 def parse_host_ids(text: str) -> list[tuple[str, bool]]:
@@ -107,13 +98,13 @@ class Passthrough:
         check, no free device, a device used by another VM, no IOMMU, a device not on vfio-pci
         at the end. May block while a device's node is held (as the kernel's unbind does).
         """
-        entries = sorted(((int(m.group(1)), k, v) for k, v in options.items() if (m := _HOSTPCI_RE.match(k))))
+        entries = sorted((n, k, v) for k, v in options.items() if (n := hostpci_number(k)) is not None)
         if not entries:
             return []
         by_id = {m.id: m for m in mappings}
         wanted: list[tuple[str, list[list[str]], bool]] = []  # (key, alternatives, is a mapping)
         for _, key, value in entries:
-            props = parse_hostpci(value)
+            props = hostpci_props(value)
             if "mapping" in props:
                 wanted.append((key, self._alternatives(props["mapping"], by_id.get(props["mapping"])), True))
             else:

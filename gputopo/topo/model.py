@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
+
+from gputopo.model.strict import Strict
 
 TOPO_SCHEMA_VERSION = 1
 
@@ -24,13 +26,11 @@ LEGEND: dict[str, str] = {
 }
 
 
-class _M(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class Owner(_M):
-    """Who has a GPU: a container (its ``/dev/nvidiaN`` is in the container's ``devN``), a VM
-    mapping (the GPU is in the mapping's ``map`` lines and on vfio-pci), or nobody."""
+class OwnerView(Strict):
+    """Who has a GPU as the picture shows it: containers (its ``/dev/nvidiaN`` is in their
+    ``devN``), a VM mapping (the GPU is in the mapping's ``map`` lines and on vfio-pci) with the
+    VMs using it, or nobody. Unlike a plan's :class:`gputopo.model.owner.Owner` it can name
+    several containers or VMs, because a host can be in that state."""
 
     kind: Literal["container", "vm", "free"]
     containers: list[int] = Field(default_factory=list, description="Containers granted the GPU's node")
@@ -59,10 +59,10 @@ class Owner(_M):
         return "free"
 
 
-FREE = Owner(kind="free")
+FREE = OwnerView(kind="free")
 
 
-class Companion(_M):
+class Companion(Strict):
     """A device that moves with a GPU (its IOMMU group's non-bridge members)."""
 
     address: str
@@ -70,10 +70,10 @@ class Companion(_M):
     class_: str | None = Field(None, alias="class")
     driver: str | None = None
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(populate_by_name=True)
 
 
-class GpuView(_M):
+class GpuView(Strict):
     """One GPU as the tree shows it; identical GPUs stay separate entries."""
 
     index: int = Field(description="Position in address order (the matrix's GPU<index>)")
@@ -85,11 +85,11 @@ class GpuView(_M):
     numa_node: int | None = None
     link: str | None = Field(None, description="Current link, e.g. '32GT/s x16'")
     boot_vga: bool | None = None
-    owner: Owner = Field(default_factory=lambda: FREE.model_copy())
+    owner: OwnerView = Field(default_factory=lambda: FREE.model_copy())
     companions: list[Companion] = Field(default_factory=list)
 
 
-class TreeNode(_M):
+class TreeNode(Strict):
     """A node of the tree: NUMA node -> host bridge -> root port -> switches -> GPU / NVSwitch."""
 
     kind: Literal["numa", "host_bridge", "root_port", "switch", "bridge", "gpu", "nvswitch"]
@@ -106,7 +106,7 @@ class TreeNode(_M):
             yield from c.walk()
 
 
-class MatrixGpu(_M):
+class MatrixGpu(Strict):
     index: int
     address: str
     numa_node: int | None = None
@@ -114,7 +114,7 @@ class MatrixGpu(_M):
     minor: int | None = None
 
 
-class DistanceMatrix(_M):
+class DistanceMatrix(Strict):
     """GPU-to-GPU PCIe distance, as ``nvidia-smi topo -m`` names it, computed from sysfs."""
 
     gpus: list[MatrixGpu] = Field(default_factory=list)
@@ -123,13 +123,13 @@ class DistanceMatrix(_M):
     notes: list[str] = Field(default_factory=list)
 
 
-class OwnerCount(_M):
+class OwnerCount(Strict):
     key: str
     label: str
     gpus: int
 
 
-class TopoReport(_M):
+class TopoReport(Strict):
     """``gputopo topo --json``: the tree and the matrix of one host."""
 
     schema_version: int = TOPO_SCHEMA_VERSION

@@ -14,15 +14,16 @@ import re
 from typing import Any
 
 from gputopo.errors import PveFormatError
+from gputopo.formats.devn import is_devn_key
+from gputopo.formats.hostpci import hostpci_targets
 from gputopo.formats.lxcconf import parse_dev_value
 from gputopo.formats.pcicfg import parse_map_entry
 from gputopo.model.facts import Facts, Gpu, normalize_address, slot_of
+from gputopo.model.owner import Owner, OwnerKind
 from gputopo.model.state import CurrentState
-from gputopo.topo.model import FREE, Owner
+from gputopo.topo.model import FREE, OwnerView
 
 _MINOR_RE = re.compile(r"^/dev/nvidia(\d+)$")
-_DEV_KEY_RE = re.compile(r"^dev\d+$")
-_HOSTPCI_RE = re.compile(r"^hostpci\d+$")
 
 
 def container_minors(config: dict[str, Any]) -> set[int]:
@@ -31,7 +32,7 @@ def container_minors(config: dict[str, Any]) -> set[int]:
     Values that do not parse are skipped."""
     minors: set[int] = set()
     for key, value in config.items():
-        if not _DEV_KEY_RE.match(key):
+        if not is_devn_key(key):
             continue
         try:
             path = parse_dev_value(str(value))["path"]
@@ -62,34 +63,6 @@ def mapping_addresses(maps: list[str], node: str | None) -> set[str]:
     return out
 
 
-def hostpci_targets(value: str) -> tuple[str | None, set[str]]:
-    """(mapping, raw addresses) of a ``hostpciN`` value: ``mapping=NAME,pcie=1`` -> (NAME, {});
-    ``0000:81:00.0;0000:81:00.1,pcie=1`` -> (None, {both}); a slot ``81:00`` stands for all its
-    functions and comes back as ``0000:81:00`` (compare with :func:`slot_of`)."""
-    first, *rest = value.split(",")
-    opts = dict(p.split("=", 1) for p in rest if "=" in p)
-    if first.startswith("mapping="):
-        return first.split("=", 1)[1], set()
-    host = first.split("=", 1)[1] if first.startswith("host=") else first
-    if "mapping" in opts:
-        return opts["mapping"], set()
-    out: set[str] = set()
-    for part in host.split(";"):
-        part = part.strip()
-        if not part:
-            continue
-        if part.count(":") == 1 and "." not in part:
-            part = "0000:" + part
-        if "." in part:
-            try:
-                out.add(normalize_address(part))
-            except Exception:
-                continue
-        else:
-            out.add(part.lower())
-    return None, out
-
-
 def mapping_users(state: CurrentState) -> dict[str, list[int]]:
     """mapping name -> the VMs whose ``hostpciN`` uses it, by vmid."""
     out: dict[str, list[int]] = {}
@@ -101,8 +74,8 @@ def mapping_users(state: CurrentState) -> dict[str, list[int]]:
     return out
 
 
-def owners_now(facts: Facts, state: CurrentState, node: str | None = None) -> dict[str, Owner]:
-    """address -> :class:`Owner` for every GPU of ``facts`` under the current ``state``.
+def owners_now(facts: Facts, state: CurrentState, node: str | None = None) -> dict[str, OwnerView]:
+    """address -> :class:`OwnerView` for every GPU of ``facts`` under the current ``state``.
 
     ``node`` limits mapping lines to that Proxmox node (default: the host's short name).
     """
@@ -114,34 +87,33 @@ def owners_now(facts: Facts, state: CurrentState, node: str | None = None) -> di
     for vmid, guest in sorted(state.guests.items()):
         for value in guest.hostpci:
             vm_raw.setdefault(vmid, set()).update(hostpci_targets(value)[1])
-    out: dict[str, Owner] = {}
+    out: dict[str, OwnerView] = {}
     for g in facts.gpus:
         out[g.address] = _owner(g, minors_of, mapped, vm_maps, vm_raw)
     return out
 
 
 def _owner(g: Gpu, minors_of: dict[int, set[int]], mapped: dict[str, set[str]],
-           vm_maps: dict[str, list[int]], vm_raw: dict[int, set[str]]) -> Owner:
+           vm_maps: dict[str, list[int]], vm_raw: dict[int, set[str]]) -> OwnerView:
     if g.driver == "nvidia" and g.minor is not None:
         cts = sorted(v for v, minors in minors_of.items() if g.minor in minors)
         if cts:
-            return Owner(kind="container", containers=cts)
+            return OwnerView(kind="container", containers=cts)
     if g.driver == "vfio-pci":
         names = sorted(n for n, addrs in mapped.items() if g.address in addrs)
         if names:
-            return Owner(kind="vm", mapping=names[0], vms=vm_maps.get(names[0], []))
+            return OwnerView(kind="vm", mapping=names[0], vms=vm_maps.get(names[0], []))
         vms = sorted(v for v, raw in vm_raw.items() if g.address in raw or slot_of(g.address) in raw)
         if vms:
-            return Owner(kind="vm", vms=vms)
+            return OwnerView(kind="vm", vms=vms)
     return FREE.model_copy()
 
 
-def owner_from_target(target_owner: str, before: Owner, users: dict[str, list[int]] | None = None) -> Owner:
-    """A plan target's owner (``container:<vmid>`` | ``vm:<mapping>`` | ``host``) as an Owner;
-    ``host`` (left untouched) keeps ``before``. ``users``: :func:`mapping_users` of the state."""
-    kind, _, name = target_owner.partition(":")
-    if kind == "container" and name.isdigit():
-        return Owner(kind="container", containers=[int(name)])
-    if kind == "vm" and name:
-        return Owner(kind="vm", mapping=name, vms=(users or {}).get(name, []))
+def owner_from_target(owner: Owner, before: OwnerView, users: dict[str, list[int]] | None = None) -> OwnerView:
+    """A plan target's owner as the picture shows it; the host (left untouched) keeps ``before``.
+    ``users``: :func:`mapping_users` of the state."""
+    if owner.kind == OwnerKind.CONTAINER:
+        return OwnerView(kind="container", containers=[owner.vmid])
+    if owner.kind == OwnerKind.VM:
+        return OwnerView(kind="vm", mapping=owner.name, vms=(users or {}).get(owner.name, []))
     return before

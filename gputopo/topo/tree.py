@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 from gputopo.model.facts import Facts, Gpu, MemberRole, PciFunction, address_key
 from gputopo.topo.distance import matrix
-from gputopo.topo.model import FREE, Companion, GpuView, Owner, OwnerCount, TopoReport, TreeNode
+from gputopo.topo.model import FREE, Companion, GpuView, OwnerView, OwnerCount, TopoReport, TreeNode
 
 
 def link_text(g: Gpu) -> str | None:
@@ -46,7 +46,7 @@ def short_model(model: str | None) -> str | None:
     return model
 
 
-def gpu_view(g: Gpu, index: int, owner: Owner, gpus: frozenset[str] = frozenset()) -> GpuView:
+def gpu_view(g: Gpu, index: int, owner: OwnerView, gpus: frozenset[str] = frozenset()) -> GpuView:
     """The tree's view of GPU ``g`` (``index``: its place in address order). Its companions are
     its IOMMU group's other non-bridge members, plus (without groups) the other functions of its
     card that are not GPUs themselves (``gpus``: every GPU address; SR-IOV VFs are GPUs)."""
@@ -101,7 +101,7 @@ def _sort(node: TreeNode) -> None:
         _sort(c)
 
 
-def build_tree(facts: Facts, owners: Mapping[str, Owner]) -> list[TreeNode]:
+def build_tree(facts: Facts, owners: Mapping[str, OwnerView]) -> list[TreeNode]:
     """One root per NUMA node holding GPUs or NVSwitches (an unknown node last), each GPU with
     its owner from ``owners`` (free when missing)."""
     cpus = {n.id: n.cpulist for n in facts.host.numa_nodes}
@@ -160,7 +160,7 @@ def gpu_views(tree: list[TreeNode]) -> list[GpuView]:
     return [n.gpu for r in tree for n in r.walk() if n.gpu is not None]
 
 
-def build_report(facts: Facts, owners: Mapping[str, Owner]) -> TopoReport:
+def build_report(facts: Facts, owners: Mapping[str, OwnerView]) -> TopoReport:
     """The tree and the distance matrix of ``facts`` with ``owners`` (``gputopo topo --json``)."""
     tree = build_tree(facts, owners)
     report = TopoReport(

@@ -9,11 +9,10 @@ import re
 import shlex
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
-
 from gputopo.errors import AddressError, NvsmiParseError
 from gputopo.formats.nvsmi import parse_query_gpu
 from gputopo.model.facts import normalize_address
+from gputopo.model.strict import Strict
 
 QUERY_FIELDS = ["index", "pci.bus_id", "memory.used", "memory.total", "utilization.gpu"]
 P2P_VAR = "NCCL_P2P_DISABLE"
@@ -23,10 +22,8 @@ DEFAULT_PORTS = {"sglang": 30000, "vllm": 8000}
 # --- nvidia-smi ------------------------------------------------------------------------------
 
 
-class GpuRow(BaseModel):
+class GpuRow(Strict):
     """One GPU as nvidia-smi shows it inside a container (MiB; None when not reported)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     index: int | None
     address: str

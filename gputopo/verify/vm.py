@@ -15,7 +15,7 @@ from typing import Any
 
 from gputopo.errors import GputopoError
 from gputopo.actions import VFIO
-from gputopo.formats.devn import DEV_KEY, dev_path
+from gputopo.formats.devn import dev_path, is_devn_key
 from gputopo.formats.mapline import map_fields, map_paths
 from gputopo.plan.vmsafety import mapping_lines
 from gputopo.verify.context import Context
@@ -97,12 +97,12 @@ def _container_gpus(ctx: Context) -> dict[str, int]:
     """address -> container of every GPU a container has: planned for it, or in its devN now."""
     out: dict[str, int] = {}
     for t in ctx.plan.target if ctx.plan else []:
-        if t.owner.startswith("container:"):
-            out[t.address] = int(t.owner.split(":", 1)[1])
+        if t.owner.is_container:
+            out[t.address] = t.owner.vmid
     by_minor = {f"/dev/nvidia{g.minor}": g.address for g in ctx.facts.gpus if g.minor is not None}
     for vmid, ct in (ctx.current.containers.items() if ctx.current else []):
         for k, v in ct.config.items():
-            if DEV_KEY.match(k) and dev_path(str(v)) in by_minor:
+            if is_devn_key(k) and dev_path(str(v)) in by_minor:
                 out.setdefault(by_minor[dev_path(str(v))], vmid)
     return out
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 from gputopo.errors import PveFormatError
+from gputopo.formats.devn import is_devn_key
 from gputopo.formats.lxcconf import parse_dev_value, parse_lxc_conf
 from gputopo.sim.container.paths import SimPaths, inside, read_text
 
@@ -16,7 +16,7 @@ def _dev_paths(conf) -> list[str]:
     parse is skipped (Proxmox would refuse to start the container with it)."""
     out = []
     for key, value in conf.options.items():
-        if re.fullmatch(r"dev\d+", key):
+        if is_devn_key(key):
             try:
                 out.append(parse_dev_value(value)["path"])
             except PveFormatError:

@@ -15,10 +15,10 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from gputopo.formats.corosync import parse_corosync_nodes
+from gputopo.formats.hostpci import hostpci_keys
 from gputopo.formats.lxcconf import parse_lxc_conf
 from gputopo.formats.pcicfg import parse_pci_cfg
 from gputopo.formats.propstring import split_property_string
@@ -91,7 +91,7 @@ class ClusterHandlers:
         missing: dict[str, list[str]] = {n: [] for n in others}
         mapped: dict[str, dict[str, Any]] = {}
         local: list[str] = []
-        for key in sorted((k for k in conf if re.fullmatch(r"hostpci\d+", k)), key=lambda k: int(k[7:])):
+        for key in hostpci_keys(conf):
             entry = dict((k or "host", v) for k, v in split_property_string(str(conf[key]), key))
             name = entry.get("mapping")
             if name is None:

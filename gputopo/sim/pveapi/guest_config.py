@@ -11,6 +11,7 @@ import os
 import re
 from typing import Any
 
+from gputopo.formats.devn import is_devn_key
 from gputopo.formats.lxcconf import LxcConf, LxcSection, check_lxc_option, parse_dev_value, parse_lxc_conf, write_lxc_conf
 from gputopo.formats.propstring import sha1_digest
 from gputopo.sim import state
@@ -120,7 +121,7 @@ class GuestConfigHandlers:
             if digest and sha1_digest(text) != digest:
                 raise die("detected modified configuration - file changed by other user? Try again.")
             dev_rule = "configuring device passthrough is only allowed for root@pam"
-            if caller is not None and not caller.is_root_pam and any(_is_dev(k) for k in deletes):
+            if caller is not None and not caller.is_root_pam and any(is_devn_key(k) for k in deletes):
                 raise perm_error(dev_rule)
             for k in deletes:
                 # pve-container API2/LXC/Config.pm update_vm: unknown option, then set and delete
@@ -129,12 +130,12 @@ class GuestConfigHandlers:
                     raise param_error({"delete": f"unknown option '{k}'"})
                 if k in sets:
                     raise param_error({"delete": f"you can't use '-{k}' and -delete {k}' at the same time"})
-            if caller is not None and not caller.is_root_pam and any(_is_dev(k) for k in sets):
+            if caller is not None and not caller.is_root_pam and any(is_devn_key(k) for k in sets):
                 raise perm_error(dev_rule)
             if not sets and not deletes:
                 raise die("no options specified")
             for k, v in sets.items():
-                if _is_dev(k):
+                if is_devn_key(k):
                     path = parse_dev_value(v)["path"]
                     if self.sysfs_root is not None and not os.path.exists(self.sysfs_root / path.lstrip("/")):
                         raise die(f"Device {path} does not exist")
@@ -150,10 +151,10 @@ class GuestConfigHandlers:
                     or k in FASTPLUG
                     or k in HOTPLUG
                     or (re.match(r"^net\d+$", k) and k not in conf.options)
-                    or (major >= 9 and _is_dev(k) and k not in conf.options)
+                    or (major >= 9 and is_devn_key(k) and k not in conf.options)
                 )
                 if now:
-                    if running and _is_dev(k):
+                    if running and is_devn_key(k):
                         plugged.append((k, v))
                     if k == "description":
                         conf.description = v
@@ -187,10 +188,6 @@ class GuestConfigHandlers:
             if self.hooks is not None and hasattr(self.hooks, "on_lxc_hotplug"):
                 self.hooks.on_lxc_hotplug(vmid, k, v)
         return None
-
-
-def _is_dev(key: str) -> bool:
-    return re.match(r"^dev\d+$", key) is not None
 
 
 def _truthy(v: str | None) -> bool:

@@ -15,7 +15,7 @@ import re
 from typing import Any
 
 from gputopo.errors import PveFormatError
-from gputopo.formats.hostpci import parse_hostpci
+from gputopo.formats.hostpci import is_hostpci_key, parse_hostpci
 from gputopo.formats.propstring import sha1_digest
 from gputopo.formats.qemuconf import QemuConf, check_qemu_option, parse_qemu_conf, write_qemu_conf
 from gputopo.sim import state
@@ -30,14 +30,14 @@ _KEYS = {"acpi", "affinity", "agent", "args", "balloon", "bios", "boot", "cores"
          "description", "hotplug", "hugepages", "keephugepages", "kvm", "lock", "machine", "memory", "name",
          "numa", "onboot", "ostype", "protection", "scsihw", "shares", "sockets", "startup", "tablet", "tags",
          "vcpus", "vga", "vmgenid", "meta"}
-_INDEXED = re.compile(r"^(hostpci|numa|net|scsi|virtio|sata|ide|efidisk|tpmstate|unused|usb|serial|ipconfig)\d+$")
+_INDEXED = re.compile(r"^(numa|net|scsi|virtio|sata|ide|efidisk|tpmstate|unused|usb|serial|ipconfig)\d+$")  # and hostpciN
 _INT_KEYS = {"cores", "sockets", "memory", "vcpus", "balloon", "cpuunits"}
 _BOOL_KEYS = {"numa", "onboot", "protection", "acpi", "kvm", "tablet"}
 
 
 def qemu_key_known(name: str) -> bool:
     """True for a key the VM config schema defines."""
-    return name in _KEYS or bool(_INDEXED.match(name))
+    return name in _KEYS or is_hostpci_key(name) or bool(_INDEXED.match(name))
 
 
 def qemu_param_problem(name: str, value: Any) -> str | None:
@@ -118,12 +118,12 @@ class QemuConfigHandlers:
         for k in deletes:
             if k in sets:
                 raise param_error({"delete": f"you can't use '-{k}' and -delete {k}' at the same time"})
-            if k not in _KEYS and not _INDEXED.match(k):
+            if not qemu_key_known(k):
                 raise param_error({"delete": f"unknown option '{k}'"})
         if not sets and not deletes:
             raise die("no options specified")
         for k, v in sets.items():
-            if k.startswith("hostpci"):
+            if is_hostpci_key(k):
                 self._check_hostpci_perm(caller, k, v)
         with self._lock:
             text = self._load("qemu", vmid)

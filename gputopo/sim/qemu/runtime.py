@@ -26,11 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from gputopo.facts.discover import parse_nvidia_information
+from gputopo.formats.hostpci import hostpci_number, is_hostpci_key
 from gputopo.formats.qemuconf import QemuConf
 from gputopo.model.facts import format_cpulist, parse_cpulist
 from gputopo.sim import state
 from gputopo.sim.state import load_json
-from gputopo.sim.passthrough import Passthrough, PassthroughError, parse_hostpci, parse_map_entry
+from gputopo.sim.passthrough import Passthrough, PassthroughError, hostpci_props, parse_map_entry
 from gputopo.sim.qemu.firmware import bar64, place, window
 
 RUNTIME = "qemu-runtime"
@@ -57,7 +58,7 @@ def guest_address(key: str, pcie: bool) -> str:
     """Where ``hostpciN`` appears in the guest: behind root port ``ich9-pcie-port-(N+1)`` with
     pcie=1 (the firmware numbers those buses 1, 2, ... when nothing else sits behind them),
     else on the PCI bus at qemu-server's slot for it (``PCI.pm`` ``get_pci_addr_map``)."""
-    n = int(key[7:])
+    n = hostpci_number(key)
     if pcie:
         return f"0000:{n + 1:02x}:00.0"
     slot = {0: 0x10, 1: 0x11, 2: 0x1B, 3: 0x1C}.get(n)
@@ -73,9 +74,9 @@ def start(vmid: int, conf: QemuConf, root: Path, run_dir: Path, passthrough: Pas
     pcie: dict[str, bool] = {}
     node_maps = {m.id for m in mappings if any(parse_map_entry(e).get("node") == passthrough.node for e in m.maps)}
     for key, value in sorted(opts.items(), key=lambda kv: (len(kv[0]), kv[0])):
-        if key.startswith("hostpci") and key[7:].isdigit():
-            # parse_hostpci (the mapping looked up) comes before the q35 check, line by line
-            props = parse_hostpci(value)
+        if is_hostpci_key(key):
+            # the value parsed (the mapping looked up) comes before the q35 check, line by line
+            props = hostpci_props(value)
             if "mapping" in props and props["mapping"] not in node_maps:
                 raise PassthroughError(f"PCI device mapping not found for '{props['mapping']}'")
             if _truthy(props.get("pcie")) and not q35:

@@ -1,0 +1,34 @@
+"""What planning finds against a spec, as one value: refusals (the plan is refused) and warnings
+(it goes ahead, the plan prints them). Every check of the planner adds to one :class:`Findings`
+instead of threading two lists through each function. Pure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gputopo.errors import PlanRefused, Refusal
+
+
+@dataclass
+class Findings:
+    """Refusals and warnings in the order the checks found them (the order they are printed)."""
+
+    refusals: list[Refusal] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def refuse(self, address: str | None, reason: str, code: str = "refused") -> None:
+        """Refuse the plan; ``address`` names the GPU when there is one."""
+        self.refusals.append(Refusal(address, reason, code))
+
+    def warn(self, text: str) -> None:
+        self.warnings.append(text)
+
+    @property
+    def refused(self) -> bool:
+        return bool(self.refusals)
+
+    def raise_if_refused(self) -> None:
+        """Raise PlanRefused with every refusal found so far, if any."""
+        if self.refusals:
+            raise PlanRefused(self.refusals)
