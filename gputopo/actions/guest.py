@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from gputopo.actions.base import ActionModel, DiffContext, Phase, RunningBefore, StepContext, World
+from gputopo.actions.dropin import load_dropin
 from gputopo.model.state import CurrentState
 from gputopo.ports import TaskResult
 
@@ -130,6 +131,8 @@ class StartGuest(_GuestStep):
 
     def expect(self, world: World) -> None:
         _set_status(world, self.guest, self.vmid, "running")
+        if self.guest == "lxc":
+            load_dropin(world, self.vmid)  # its systemd boots with the drop-in on disk
 
     def diff(self, ctx: DiffContext) -> None:
         # a start after a stop of the same plan changes nothing that stays; a guest that is
