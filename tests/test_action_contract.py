@@ -2,20 +2,21 @@
 
 For each kind in :func:`gputopo.actions.action_kinds` a real instance is taken from a real plan
 (the seed host's split, or its reverse on a host that applied the split) and run on a simulated
-host in the state an apply leaves it right before that step (every earlier step of the plan
-done). Then:
+host in the state an apply leaves it right before that step (the plan's earlier steps done;
+:class:`Case` says where a case does fewer). Then:
 
 1. ``describe()`` is one non-empty line;
 2. its before-state (the kind's typed ``Before``) survives the journal: written by
    :class:`gputopo.apply.journal.Journal` as apply writes it, read back from the file, equal;
 3. doing twice equals doing once: the host after ``do(); do()`` is the host after ``do()``, as
-   :func:`applysim.fingerprint` shows it (drivers, files and modes, Proxmox's files, guests,
-   the service and what it runs, the container's ``/dev``), and ``do()`` changed something;
-4. undo restores: the rollback of the journaled step (``undo`` from the journaled before-state,
+   :func:`host_view` shows it (drivers, files and modes, Proxmox's configs and mappings through
+   the API, guests, the service and what it runs, the container's ``/dev``), and ``do()``
+   changed something;
+4. ``expect()`` matches the simulator: the facts and state read before the step, changed by
+   ``expect``, equal the facts and state read from the host after ``do()``;
+5. undo restores: the rollback of the journaled step (``undo`` from the journaled before-state,
    then the restart of what ran before, as :meth:`gputopo.apply.runner.Runner.backward` does)
-   gives back the host of before ``do()``, and a second ``undo`` changes nothing;
-5. ``expect()`` matches the simulator: the facts and state read before the step, changed by
-   ``expect``, equal the facts and state read from the host after ``do()``.
+   gives back the host of before ``do()``, and a second ``undo`` changes nothing.
 
 A kind registered without a case here fails its own parameter (and the coverage test).
 """
@@ -74,7 +75,8 @@ def reverse(text: str) -> str:
 @dataclass(frozen=True)
 class Case:
     """Where one instance of a kind comes from: the host (the seed, or the seed after applying
-    the split), the spec planned on it, and which of the plan's steps of that kind."""
+    the split), the spec planned on it, which of the plan's steps of that kind (the first one
+    ``where`` accepts), and which earlier steps run before it (``setup``)."""
 
     kind: str
     spec: Callable[[str], str]
@@ -147,7 +149,7 @@ def applied(template):  # noqa: F811
 
 
 @pytest.fixture
-def work(tmp_path_factory):
+def work():
     """A scratch directory on tmpfs for one case's host copy and journal."""
     base = Path(tempfile.mkdtemp(prefix="gputopo-contract-", dir=applysim.fast_tmp()))
     yield base
@@ -157,7 +159,7 @@ def work(tmp_path_factory):
 # --- what the host shows ---------------------------------------------------------------------
 
 
-def observe(host: SimHost, spec: Spec, ports: Any) -> tuple[Facts, CurrentState]:
+def read_state(host: SimHost, spec: Spec, ports: Any) -> tuple[Facts, CurrentState]:
     """The facts and the current state, read from the host as apply reads them."""
     root = str(host.paths.root)
     facts = discover(root)
@@ -226,14 +228,16 @@ def _journal_round_trip(where: Path, a: ActionModel, before: Any) -> tuple[Journ
 
 
 @pytest.mark.parametrize("kind,case", _params())
-def test_action_contract(kind: str, case: Case | None, template, applied, work: Path):  # noqa: F811
+def test_action_contract(kind: str, case: Case | None, template, work: Path, request):  # noqa: F811
     assert case is not None, f"action kind {kind!r} has no case in tests/test_action_contract.py: add one to CASES"
-    host = applysim.copy_host(template if case.host == "seed" else applied, work / "sim")
+    # the applied host is made only when a case selected to run needs it
+    source = template if case.host == "seed" else request.getfixturevalue("applied")
+    host = applysim.copy_host(source, work / "sim")
     try:
         ports = host.ports()
         root = str(host.paths.root)
         spec = parse_spec(case.spec(applysim.seed_spec_text(host)))
-        facts, current = observe(host, spec, ports)
+        facts, current = read_state(host, spec, ports)
         actions = make_plan(facts, spec, current).actions
         picks = [i for i, x in enumerate(actions) if x.kind == kind and case.where(x)]
         assert picks, f"the plan has no {kind} step for this case: {[x.describe() for x in actions]}"
@@ -251,7 +255,7 @@ def test_action_contract(kind: str, case: Case | None, template, applied, work: 
         text = a.describe()
         assert text and text == text.strip() and "\n" not in text, repr(text)
 
-        facts0, current0 = observe(host, spec, ports)
+        facts0, current0 = read_state(host, spec, ports)
         fp0 = host_view(host, ports)
 
         # 2. the before-state survives the journal
@@ -266,11 +270,11 @@ def test_action_contract(kind: str, case: Case | None, template, applied, work: 
         a.do(ctx)
         fp1 = host_view(host, ports)
         assert applysim.diff(fp0, fp1), f"{text}: do() changed nothing on the host"
-        facts1, current1 = observe(host, spec, ports)
+        facts1, current1 = read_state(host, spec, ports)
         a.do(ctx)
         unchanged(fp1, host_view(host, ports), f"{text}: a second do() changed the host")
 
-        # 5. expect matches what the simulator shows
+        # 4. expect matches what the simulator shows
         world = World(facts=facts0.model_copy(deep=True), current=current0.model_copy(deep=True), reloads=told.reloads)
         a.expect(world)
         world.settle()
@@ -279,7 +283,7 @@ def test_action_contract(kind: str, case: Case | None, template, applied, work: 
         want, got = view(world.facts, world.current, services), view(facts1, current1, services)
         unchanged(want, got, f"{text}: expect() (left) differs from the host (right)")
 
-        # 4. undo (from the journaled before-state, then the restart of what ran before) restores
+        # 5. undo (from the journaled before-state, then the restart of what ran before) restores
         runner = Runner(ctx, journal, Progress())
         complete, stuck = runner.backward(running_before_of([a], current0))
         assert complete and not stuck, [r for r in journal.records if r.type.startswith("undo")]
