@@ -31,6 +31,7 @@ def applied(template, tmp_path_factory):  # noqa: F811 - the session fixture fro
         spec = seed_spec(host)
         first = apply(spec, ports, root=host.paths.root, spec_path=None)
         assert first.status == "applied"
+        time.sleep(1.1)  # journals are named by the second they began (an apply may take less)
         text = applysim.reverse(seed_spec_text(host))
         from gputopo.plan.spec import parse_spec
 

@@ -315,6 +315,9 @@ class World:
     current: CurrentState
     drivers: dict[str, str | None] = field(default_factory=dict)
     overrides: dict[str, str | None] = field(default_factory=dict)
+    # container vmid -> (ExecStart, tp) of a drop-in written but not loaded yet: systemd shows
+    # the old command until a daemon-reload or the container's next boot
+    reloads: dict[int, tuple[str | None, int]] = field(default_factory=dict)
 
     def settle(self) -> None:
         if not self.drivers:

@@ -74,11 +74,13 @@ class WriteServiceDropin(ActionModel):
         ct = world.current.containers.setdefault(self.vmid, ContainerState())
         svc = ct.service or ServiceState(unit=self.unit)
         svc.dropin = self.content
-        svc.tp = self.tp
+        ct.service = svc
+        # the command changes once systemd loads the drop-in (load_dropin: daemon-reload, boot)
+        exec_start = None
         for line in self.content.splitlines():
             if line.startswith("ExecStart=") and line != "ExecStart=":
-                svc.exec_start = line[len("ExecStart="):].replace("%%", "%")
-        ct.service = svc
+                exec_start = line[len("ExecStart="):].replace("%%", "%")
+        world.reloads[self.vmid] = (exec_start, self.tp)
 
     def diff(self, ctx: DiffContext) -> None:
         target = next(c for c in ctx.plan.containers if c.vmid == self.vmid)
@@ -92,6 +94,19 @@ class WriteServiceDropin(ActionModel):
 
     def was_running(self, current: CurrentState, out: RunningBefore) -> None:
         record_service(current, self.vmid, self.unit, out)
+
+
+def load_dropin(world: World, vmid: int) -> None:
+    """What a daemon-reload or a boot of container ``vmid`` does to ``world``: the drop-in
+    written before (``WriteServiceDropin.expect``) becomes the service's command."""
+    pending = world.reloads.pop(vmid, None)
+    ct = world.current.containers.get(vmid)
+    if pending is None or ct is None or ct.service is None:
+        return
+    exec_start, tp = pending
+    if exec_start is not None:
+        ct.service.exec_start = exec_start
+    ct.service.tp = tp
 
 
 def record_service(current: CurrentState, vmid: int, unit: str, out: RunningBefore) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Literal
 
 from gputopo.actions.base import ActionModel, DiffContext, Phase, RunningBefore, StepContext, World
+from gputopo.actions.dropin import load_dropin
 from gputopo.model.state import CurrentState
 from gputopo.model.strict import Strict
 from gputopo.ports import TaskResult
@@ -127,6 +128,8 @@ class StartGuest(_GuestStep):
 
     def expect(self, world: World) -> None:
         _set_status(world, self.guest, self.vmid, "running")
+        if self.guest == "lxc":
+            load_dropin(world, self.vmid)  # its systemd boots with the drop-in on disk
 
     def diff(self, ctx: DiffContext) -> None:
         # a start after a stop of the same plan changes nothing that stays; a guest that is

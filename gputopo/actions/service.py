@@ -1,7 +1,8 @@
 """The inference service inside a container: stopped before its GPUs move, started after.
 
-Neither undo does anything itself: after a rollback every service that was active runs again
-(``RunningBefore``), restarted when its drop-in was put back.
+A rollback starts again every service that was active before the apply (``RunningBefore``),
+restarted when its drop-in was put back; so stopping's undo does nothing itself, and starting's
+undo only stops a service that was stopped before it.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from typing import Literal
 
 from gputopo.actions.base import ActionModel, DiffContext, Phase, RunningBefore, StepContext, World
-from gputopo.actions.dropin import record_service
+from gputopo.actions.dropin import load_dropin, record_service
 from gputopo.model.state import ContainerState, CurrentState
 from gputopo.model.strict import Strict
 
@@ -70,10 +71,16 @@ class StartService(_ServiceStep):
         ctx.start_service(self.vmid, self.unit)
 
     def undo(self, before: ServiceBefore, ctx: StepContext) -> str:
-        return ""  # stopping it again would only be undone by the final restart
+        # a service that was stopped before it stops again; one that ran before the apply is
+        # started again by the final restart (RunningBefore), with the drop-in put back
+        if before.active or not ctx.service_active(self.vmid, self.unit):
+            return ""
+        ctx.exec(self.vmid, ["systemctl", "stop", self.unit])
+        return f"CT {self.vmid}: stopped {self.unit}"
 
     def expect(self, world: World) -> None:
         ct = world.current.containers.setdefault(self.vmid, ContainerState())
+        load_dropin(world, self.vmid)
         if ct.service is not None:
             ct.service.active = True
 
