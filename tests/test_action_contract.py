@@ -38,8 +38,8 @@ from gputopo.actions import ActionModel, World, action_kinds
 from gputopo.apply import Progress, apply
 from gputopo.apply.journal import Begin, Done, Header, Journal, UndoDone
 from gputopo.apply.runner import Runner, running_before_of, step_context
-from gputopo.facts.current import read_current
-from gputopo.facts.discover import discover
+from gputopo.facts.observe import observe
+from gputopo.plan.reads import spec_reads
 from gputopo.formats.mapline import normalize_map_entry
 from gputopo.model.facts import Facts
 from gputopo.model.state import CurrentState
@@ -161,9 +161,8 @@ def work():
 
 def read_state(host: SimHost, spec: Spec, ports: Any) -> tuple[Facts, CurrentState]:
     """The facts and the current state, read from the host as apply reads them."""
-    root = str(host.paths.root)
-    facts = discover(root)
-    return facts, read_current(spec, facts, proxmox=ports.proxmox, exec=ports.exec, files=ports.files)
+    return tuple(observe(str(host.paths.root), spec_reads(spec, None), proxmox=ports.proxmox, exec=ports.exec,
+                         files=ports.files))
 
 
 def host_view(host: SimHost, ports: Any) -> dict[str, Any]:
