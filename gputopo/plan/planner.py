@@ -41,8 +41,8 @@ from gputopo.plan.restarts import (
 )
 from gputopo.plan.select import assign, check_container, check_vm_gpus, pick_node
 from gputopo.plan.spec import Spec
-from gputopo.plan.vms import VmPlan, plan_consumers
-from gputopo.plan.vmsafety import MapView, check_guests, check_restarts
+from gputopo.plan.vm.consumers import VmPlan, plan_consumers
+from gputopo.plan.vm.safety import MapView, check_guests, check_restarts
 
 
 def _targets(facts: Facts, owner_of: dict[str, Owner]) -> list[GpuTarget]:

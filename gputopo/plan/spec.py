@@ -18,7 +18,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from gputopo.errors import AddressError, SpecError
 from gputopo.model.facts import normalize_address
 from gputopo.model.strict import Strict
-from gputopo.plan.vmspec import MAPPING_ID_PATTERN, VmConsumer, check_consumers
+from gputopo.plan.vm.spec import MAPPING_ID_PATTERN, VmConsumer, check_consumers
 from gputopo.plan.yamlspec import MAX_DEPTH, format_validation_error, load_yaml
 
 API_VERSION = "gputopo/v1"

@@ -20,7 +20,7 @@ from gputopo.errors import GputopoError, NvsmiParseError, ProxmoxError
 from gputopo.facts.vmproc import read_vm_cpus
 from gputopo.formats.nvsmi import parse_query_gpu
 from gputopo.plan.model import VmTarget
-from gputopo.plan.vmspec import VmConsumer
+from gputopo.plan.vm.spec import VmConsumer
 from gputopo.verify.context import Context
 from gputopo.verify.report import FAIL, Check, verdict
 

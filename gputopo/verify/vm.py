@@ -17,7 +17,7 @@ from gputopo.errors import GputopoError
 from gputopo.actions import VFIO
 from gputopo.formats.devn import dev_path, is_devn_key
 from gputopo.formats.mapline import map_fields, map_paths
-from gputopo.plan.vmsafety import mapping_lines
+from gputopo.plan.vm.safety import mapping_lines
 from gputopo.verify.context import Context
 from gputopo.verify.parse import mapping_checks
 from gputopo.verify.report import FAIL, Check, verdict

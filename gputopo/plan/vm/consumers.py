@@ -24,9 +24,9 @@ from gputopo.model.facts import Facts
 from gputopo.model.state import CurrentState
 from gputopo.plan.findings import Findings
 from gputopo.plan.model import VmTarget
-from gputopo.plan.vmplace import gib, mmio, mmio_note, phys_bits_note, placement
-from gputopo.plan.vmsafety import MapView, owners_text
-from gputopo.plan.vmspec import VmConsumer
+from gputopo.plan.vm.place import gib, mmio, mmio_note, phys_bits_note, placement
+from gputopo.plan.vm.safety import MapView, owners_text
+from gputopo.plan.vm.spec import VmConsumer
 
 
 @dataclass
