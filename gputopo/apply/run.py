@@ -165,6 +165,18 @@ def _roll_back_and_raise(runner: Runner, j: Journal, exc: BaseException, running
     raise err from exc
 
 
+def _read_checked(spec, ports, root, node, expected, spec_path):
+    """(facts, current, plan) read now, refusing an earlier apply's open journal first; with a
+    saved plan, its actions, refused when the host is no longer what it was made from."""
+    j0 = find_unfinished(root)
+    if j0 is not None:
+        raise j0.unfinished_error()
+    facts, current, p = read_and_plan(spec, ports, root, node)
+    if expected is not None:
+        p = expected.checked(facts, current, spec_path or "saved plan")
+    return facts, current, p
+
+
 def apply(
     spec: Spec,
     ports: Ports,
@@ -202,12 +214,7 @@ def apply(
     progress = progress or Progress()
     t_start = time.monotonic()
     HostLock(root).check()  # a running apply is named before its journal is blamed
-    j0 = find_unfinished(root)
-    if j0 is not None:
-        raise j0.unfinished_error()
-    facts, current, p = read_and_plan(spec, ports, root, node)
-    if expected is not None:
-        p = expected.checked(facts, current, spec_path or "saved plan")
+    facts, current, p = _read_checked(spec, ports, root, node, expected, spec_path)
     if expect_plan is not None and p.signature() != expect_plan:
         raise HostChanged(f"its plan is now {p.signature()}, not the plan {expect_plan} that was shown")
     progress.plan(p)
@@ -222,12 +229,7 @@ def apply(
         raise ApplyCancelled()
     progress = Quiet(progress)
     with HostLock(root), signals.interruptible():
-        j0 = find_unfinished(root)
-        if j0 is not None:
-            raise j0.unfinished_error()
-        facts, current, p2 = read_and_plan(spec, ports, root, node)
-        if expected is not None:
-            p2 = expected.checked(facts, current, spec_path or "saved plan")
+        facts, current, p2 = _read_checked(spec, ports, root, node, expected, spec_path)
         if p2.signature() != p.signature():  # without the digests re-read before each write
             raise HostChanged(_diff_text(p, p2))
         p = p2
