@@ -110,26 +110,24 @@ def _yaml_list(values: list[Any]) -> str:
     return "[" + ", ".join(str(v) for v in values) + "]"
 
 
-def init_spec(
-    facts: Facts,
-    split: str = "numa",
-    container: int = 101,
-    vm_mapping: str = "pro6000-vm",
-    container_mapping: str | None = None,
-    node: str | None = None,
-    service_unit: str | None = "sglang.service",
-    tp_flag: str = "--tp",
-    vm: int | None = None,
-) -> str:
+def init_spec(facts: Facts, split: str = "numa", service_unit: str | None = "sglang.service",
+              **options: Any) -> str:
     """A commented starter spec (YAML text) for the discovered host; it parses with parse_spec
-    into what :func:`spec_from_split` returns for the same options. Without ``service_unit``
-    the service block is written commented out (nothing inside the container is managed).
+    into what :func:`spec_from_split` returns for the same options (``options`` are its other
+    keyword arguments). Without ``service_unit`` the service block is written commented out
+    (nothing inside the container is managed).
 
     Raises SpecError when the host cannot be split that way or an option's value is one the
     spec refuses (the field names the option's place in the spec).
     """
     # the same spec quick mode plans: validates every option before any text is written
-    spec = spec_from_split(facts, split, container, vm_mapping, container_mapping, node, service_unit, tp_flag, vm)
+    spec = spec_from_split(facts, split, service_unit=service_unit, **options)
+    node_spec = spec.nodes[0]
+    ct = node_spec.containers[0]
+    container, container_mapping = ct.vmid, ct.mapping
+    tp_flag = ct.service.tp_flag if ct.service else options.get("tp_flag", "--tp")
+    vm_mapping = node_spec.vms.mappings[0].name
+    vm = node_spec.vms.consumers[0].vmid if node_spec.vms.consumers else None
     ct_sel = spec.nodes[0].containers[0].gpus
     vm_sel = spec.nodes[0].vms.mappings[0].gpus
     assert isinstance(vm_sel, GpuSelector)
