@@ -156,6 +156,7 @@ def _scenarios(capsys, seed, sim, tmp_path, monkeypatch):
     }
 
 
+@pytest.mark.slow
 def test_every_documented_code_of_every_command_is_seen(capsys, seed, sim, tmp_path, monkeypatch):
     scenarios = _scenarios(capsys, seed, sim, tmp_path, monkeypatch)
     unseen = []

@@ -124,6 +124,7 @@ def test_lxc_update_with_digest_and_booleans(srv):
     assert ei.value.status == 400 and ei.value.errors == {"memory": "type check ('integer') failed - got 'lots'"}
 
 
+@pytest.mark.slow
 def test_guest_actions_and_task_failures(srv):
     c = _token(srv)
     assert c.guest_status("lxc", 101) == "stopped"
@@ -144,6 +145,7 @@ def test_guest_actions_and_task_failures(srv):
     assert c.qemu_config(200)["name"] == "gpuvm"
 
 
+@pytest.mark.slow
 def test_mappings_over_https(srv, seed_root):
     c = _token(srv)
     m = M81.format(g=_group(seed_root, "0000:81:00.0"))

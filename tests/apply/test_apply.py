@@ -95,6 +95,7 @@ def test_seed_split_applies_and_converges(host):
     assert again.status == "no-changes" and again.plan.is_empty
 
 
+@pytest.mark.slow
 def test_dry_run_changes_nothing(host):
     ports = host.ports()
     before = applysim.fingerprint(host)
@@ -121,6 +122,7 @@ def _hash_tree(d: Path) -> dict[str, str]:
     return out
 
 
+@pytest.mark.slow
 def test_preflight_refuses_foreign_holder(host):
     applysim.fake_process(host.paths.root, 4242, "/dev/nvidia4", argv=("python3", "train.py"),
                           cgroup="0::/user.slice/user-0.slice/session-1.scope")
@@ -137,6 +139,7 @@ def test_preflight_refuses_foreign_holder(host):
     assert applysim.diff(before, applysim.fingerprint(host)) == []
 
 
+@pytest.mark.slow
 def test_preflight_refuses_a_foreign_process_in_a_container_the_plan_keeps_running(host):
     """container_restart: auto keeps CT 101 running and stops only its service; a notebook in the
     same container that holds a leaving GPU would keep it busy, so apply refuses before anything
@@ -159,6 +162,7 @@ def test_preflight_refuses_a_foreign_process_in_a_container_the_plan_keeps_runni
     assert res.status == "dry-run" and "stop_guest" in [a.kind for a in res.plan.actions]
 
 
+@pytest.mark.slow
 def test_a_container_whose_service_the_spec_does_not_name_restarts(host):
     """auto keeps a container running only when gputopo stops what uses its GPUs (its service)."""
     spec = applysim.seed_spec(host)
@@ -170,6 +174,7 @@ def test_a_container_whose_service_the_spec_does_not_name_restarts(host):
     assert kinds.count("stop_guest") == 1 and kinds.count("start_guest") == 1 and "stop_service" not in kinds
 
 
+@pytest.mark.slow
 def test_preflight_refuses_a_display_server_on_a_moving_gpus_dri_node(host):
     """Failure mode 2: nvidia_drm's /dev/dri nodes held by a display server keep the GPU busy."""
     dev = host.paths.root / "sys/bus/pci/devices/0000:91:00.0"
@@ -186,6 +191,7 @@ def test_preflight_refuses_a_display_server_on_a_moving_gpus_dri_node(host):
     assert applysim.diff(before, applysim.fingerprint(host)) == []
 
 
+@pytest.mark.slow
 def test_preflight_names_persistenced_with_the_fix(host):
     applysim.fake_process(host.paths.root, 900, "/dev/nvidiactl", comm="nvidia-persistenced")
     with pytest.raises(PreflightFailed) as e:
@@ -194,6 +200,7 @@ def test_preflight_names_persistenced_with_the_fix(host):
     assert "nvidia-persistenced (PID 900)" in line and "systemctl stop nvidia-persistenced" in line
 
 
+@pytest.mark.slow
 def test_preflight_refuses_api_token_for_devN(host):
     before = applysim.fingerprint(host)
     with pytest.raises(PreflightFailed) as e:
@@ -203,6 +210,7 @@ def test_preflight_refuses_api_token_for_devN(host):
     assert applysim.diff(before, applysim.fingerprint(host)) == []
 
 
+@pytest.mark.slow
 def test_preflight_refuses_running_vm_outside_the_plan(host):
     from gputopo.sim import state
 
@@ -219,6 +227,7 @@ def test_preflight_refuses_running_vm_outside_the_plan(host):
     assert any(line.startswith("VM 202 is running with 0000:91:00.0") for line in e.value.problems)
 
 
+@pytest.mark.slow
 def test_confirm_declined_changes_nothing(host):
     from gputopo.errors import ApplyCancelled
 
@@ -231,6 +240,7 @@ def test_confirm_declined_changes_nothing(host):
     assert applysim.diff(before, applysim.fingerprint(host)) == []
 
 
+@pytest.mark.slow
 def test_host_changed_between_confirm_and_lock(host):
     ports = host.ports()
     spec = applysim.seed_spec(host)
@@ -263,6 +273,7 @@ def test_lock_refuses_second_holder_naming_it(tmp_path):
     HostLock(tmp_path).acquire().release()
 
 
+@pytest.mark.slow
 def test_concurrent_apply_refused_naming_the_first(host):
     """Two real processes: the first is held inside its switch phase (an unbind that blocks until
     the test releases it), the second is refused naming the first. No timing window: the test
@@ -304,6 +315,7 @@ PREPARE_KINDS = {"write_host_file", "remove_host_file", "set_mapping", "delete_m
 WINDOW_KINDS = {"stop_service", "stop_guest", "rebind", "update_container", "start_guest", "start_service"}
 
 
+@pytest.mark.slow
 def test_nothing_that_could_run_before_the_stop_runs_in_the_stop_window(host):
     from gputopo.apply.journal import Journal
 
@@ -332,6 +344,7 @@ def test_nothing_that_could_run_before_the_stop_runs_in_the_stop_window(host):
     assert lines[-1].startswith("applied in ") and "stop window" in lines[-1]
 
 
+@pytest.mark.slow
 def test_cli_progress_is_plain_lines_off_a_terminal_and_rich_on_one(host, monkeypatch):
     from click.testing import CliRunner
 
@@ -353,6 +366,7 @@ def test_cli_progress_is_plain_lines_off_a_terminal_and_rich_on_one(host, monkey
     assert not isinstance(rich, Plain) and type(rich).__name__ == "_RichProgress"
 
 
+@pytest.mark.slow
 def test_secrets_never_reach_output_journal_or_errors(host):
     """The password comes in through the environment only; an apply that fails at its last step
     (so every kind of message is printed: steps, failure, rollback) never shows it."""
@@ -432,6 +446,7 @@ def _reverse_spec_text(host) -> str:
     return text
 
 
+@pytest.mark.slow
 def test_reverse_split_gives_every_gpu_back_with_tp_8_and_verifies(host):
     from gputopo.actions import UpdateContainer
     from gputopo.plan.spec import parse_spec
@@ -484,6 +499,7 @@ def test_reverse_split_gives_every_gpu_back_with_tp_8_and_verifies(host):
     assert apply(spec, ports, root=root).status == "no-changes"
 
 
+@pytest.mark.slow
 def test_a_vfio_dynamic_id_left_by_a_vm_start_cannot_take_the_gpus_back(host):
     """Proxmox writes the GPU's 'vendor device' to vfio-pci/new_id at a VM start whose device is
     not on vfio-pci yet (pve-common SysFSTools.pm pci_dev_bind_to_vfio); the id stays. A reverse
@@ -514,6 +530,7 @@ def test_a_vfio_dynamic_id_left_by_a_vm_start_cannot_take_the_gpus_back(host):
         assert (dev / "driver_override").read_text().strip() in ("", "(null)"), a
 
 
+@pytest.mark.slow
 def test_reverse_split_failing_at_the_start_rolls_back_the_resolved_entries(host):
     from gputopo.errors import ApplyFailed
     from gputopo.sim.container import break_container
@@ -557,6 +574,7 @@ def test_resolve_devices_fills_free_indices_and_needs_every_minor():
 # --- apply ends with verify ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_cli_apply_ends_with_verify_and_rolls_back_on_its_failure(host):
     from click.testing import CliRunner
 
@@ -594,6 +612,7 @@ def test_cli_apply_ends_with_verify_and_rolls_back_on_its_failure(host):
     assert res.exit_code == 0 and "all clear: 5 PASS, 2 WARN (vm, container)" in res.output, res.output
 
 
+@pytest.mark.slow
 def test_gpus_going_back_to_nvidia_need_the_nvidia_driver_loaded(host):
     """Failure mode 7, second half: nvidia must be loaded before GPUs go back to it."""
     from gputopo.plan.spec import parse_spec

@@ -30,6 +30,8 @@ from gputopo.sim.kernel import SimKernel
 from gputopo.sim.pveapi import PveApiServer
 from helpers import TESTS
 
+pytestmark = pytest.mark.slow  # every test applies on a simulated host (seconds each); the full run only
+
 
 @pytest.fixture
 def new_host(template):

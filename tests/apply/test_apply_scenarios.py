@@ -34,6 +34,8 @@ from gputopo.sim.kernel import SimKernel
 from gputopo.plan.spec import parse_spec
 from helpers import REPO
 
+pytestmark = pytest.mark.slow  # every test applies on a simulated host (seconds each); the full run only
+
 FIXTURES = REPO / "fixtures" / "hosts"
 T = applysim.FAST_TIMEOUTS
 NUMA1 = ["0000:81:00.0", "0000:91:00.0", "0000:e1:00.0", "0000:f1:00.0"]

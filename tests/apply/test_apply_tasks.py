@@ -22,6 +22,8 @@ from gputopo.sim import state
 from gputopo.sim.container.distro import lsb_release
 from helpers.cli import run
 
+pytestmark = pytest.mark.slow  # every test applies on a simulated host (seconds each); the full run only
+
 UBUNTU_WARNING = ("The container's Ubuntu version '27.04' is not in the known version list. As it's newer than "
                   "the minimum supported version it's likely to work OK, but full compatibility cannot be "
                   "guaranteed. Please check for PVE system updates.")

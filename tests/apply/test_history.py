@@ -20,6 +20,8 @@ from gputopo.apply.journal import Header, Journal
 from gputopo.errors import HistoryError
 from helpers.cli import one_line, run
 
+pytestmark = pytest.mark.slow  # every test applies on a simulated host (seconds each); the full run only
+
 
 @pytest.fixture(scope="module")
 def applied(template, tmp_path_factory):  # noqa: F811 - the session fixture from applysim

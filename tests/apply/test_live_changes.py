@@ -27,6 +27,8 @@ from gputopo.sim.container import Container, SimExec
 from gputopo.sim.host import SimHost
 from gputopo.sim.kernel import SimKernel
 
+pytestmark = pytest.mark.slow  # every test applies on a simulated host (seconds each); the full run only
+
 T = applysim.FAST_TIMEOUTS
 NUMA0 = ["0000:01:00.0", "0000:11:00.0", "0000:61:00.0", "0000:71:00.0"]
 NUMA1 = ["0000:81:00.0", "0000:91:00.0", "0000:e1:00.0", "0000:f1:00.0"]

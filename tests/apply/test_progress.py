@@ -14,6 +14,8 @@ from gputopo.actions import Timeouts
 from gputopo.apply import apply
 from gputopo.cli.progress import Plain
 
+pytestmark = pytest.mark.slow  # every test applies on a simulated host (seconds each); the full run only
+
 
 @pytest.fixture
 def sim(template, tmp_path):  # noqa: F811 - the session fixture from applysim

@@ -25,6 +25,8 @@ from gputopo.sim import state
 from gputopo.sim.container import break_container
 from gputopo.sim.kernel import SimKernel
 
+pytestmark = pytest.mark.slow  # every test applies on a simulated host (seconds each); the full run only
+
 T = applysim.FAST_TIMEOUTS
 
 

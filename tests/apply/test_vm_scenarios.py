@@ -26,6 +26,8 @@ from gputopo.sim import state
 from gputopo.sim.qemu import hang_agent
 from gputopo.verify import verify
 
+pytestmark = pytest.mark.slow  # every test applies on a simulated host (seconds each); the full run only
+
 T = applysim.FAST_TIMEOUTS
 NUMA1 = ["0000:81:00.0", "0000:91:00.0", "0000:e1:00.0", "0000:f1:00.0"]
 NODE1_CPUS = "64-127,192-255"

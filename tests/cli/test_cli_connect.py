@@ -16,6 +16,8 @@ from gputopo.sim.pveapi import PveApiServer
 from helpers.applysim import copy_host, fingerprint, seed_spec_text, template  # noqa: F401 - fixture
 from helpers.cli import one_line, run
 
+pytestmark = pytest.mark.slow  # the real entry point against the simulated API over HTTPS; the full run only
+
 
 @pytest.fixture
 def sim(template, tmp_path):  # noqa: F811 - the session fixture from applysim

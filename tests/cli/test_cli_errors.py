@@ -250,6 +250,7 @@ def test_a_numa_node_the_host_does_not_have_is_refused(capsys, seed, spec_file):
 # --- the node must be this host -------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_spec_for_another_node_is_refused_and_apply_changes_nothing(capsys, sim):
     spec = sim.dir / "other.yaml"
     spec.write_text(seed_spec_text(sim).replace("name: pve1", "name: pve9"))
@@ -279,6 +280,7 @@ def test_a_simulated_host_named_by_node_has_that_hostname(tmp_path):
     assert discover(str(host.paths.root)).host.hostname == "pve7"
 
 
+@pytest.mark.slow
 def test_a_container_that_does_not_exist_is_refused(capsys, sim):
     spec = sim.dir / "ct.yaml"
     spec.write_text(seed_spec_text(sim).replace("vmid: 101", "vmid: 555"))

@@ -132,6 +132,7 @@ def test_an_option_a_command_does_not_take_is_a_usage_error_naming_it(capsys, ar
     ("plan", ["--secret-file", "pw"], "--secret-file applies to --api-url only"),
     ("diff", ["--api-timeout", "5"], "--api-timeout applies to --api-url and --local only"),
 ])
+@pytest.mark.slow
 def test_an_api_option_the_simulated_host_would_ignore_is_refused(capsys, sim, spec, command, extra, culprit):
     before = fingerprint(sim)
     argv = [command, "--sim", str(sim.dir), *extra] + ([] if command == "recover" else ["--spec", str(spec)])
@@ -150,6 +151,7 @@ def test_an_api_option_without_an_api_is_refused(capsys, sim, spec):
     assert code == 2 and one_line(err) == "gputopo: error: --user applies to --api-url only"
 
 
+@pytest.mark.slow
 def test_the_environment_url_yields_to_the_command_line(capsys, monkeypatch, sim, spec):
     monkeypatch.setenv("GPUTOPO_PVE_URL", "https://127.0.0.1:1")
     monkeypatch.setenv("GPUTOPO_PVE_PASSWORD", "pw")

@@ -59,6 +59,7 @@ def test_version_is_clicks(capsys):
     ["--json", "--root", "{missing}"],
     ["--json", "--root", "{seed}", "--gpu-match", "zz"],
 ])
+@pytest.mark.slow
 def test_discover_json_is_clicks(capsys, materialized, tmp_path, argv):
     from gputopo.facts.snapshot import snapshot
 
@@ -92,6 +93,7 @@ def test_shell_completion_is_left_to_click(capsys, monkeypatch):
     assert "discover" in outcome(capsys, main, [])[1]
 
 
+@pytest.mark.slow
 def test_start_up_imports_no_click(tmp_path):
     probe = ("import sys\nfrom gputopo.cli import main\n"
              "try:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n    assert not e.code, e.code\n"

@@ -62,6 +62,7 @@ def test_the_scripts_are_clicks_for_each_shell(capsys):
     assert code == 2 and "'tcsh' is not one of 'bash', 'zsh', 'fish'" in err
 
 
+@pytest.mark.slow
 def test_bash_completes_commands_and_choices(script):
     assert complete(script, "gputopo", "pl") == ["plan"]
     assert set(complete(script, "gputopo", "hi")) == {"history"}
@@ -69,6 +70,7 @@ def test_bash_completes_commands_and_choices(script):
     assert complete(script, "gputopo", "completion", "") == ["bash", "zsh", "fish"]
 
 
+@pytest.mark.slow
 def test_bash_completes_vmids_mappings_and_nodes_from_the_simulated_host(script, host):
     sim = str(host.dir)
     assert complete(script, "gputopo", "plan", "--sim", sim, "--container", "") == ["101"]
@@ -77,6 +79,7 @@ def test_bash_completes_vmids_mappings_and_nodes_from_the_simulated_host(script,
     assert complete(script, "gputopo", "plan", "--sim", sim, "--container-mapping", "x") == []
 
 
+@pytest.mark.slow
 def test_bash_completes_gpu_addresses_and_apply_ids_from_the_root(script, host):
     root = str(host.paths.root)
     assert complete(script, "gputopo", "discover", "--root", root, "0000:8") == ["0000:81:00.0"]

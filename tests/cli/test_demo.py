@@ -5,7 +5,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from gputopo.cli import main
+
+pytestmark = pytest.mark.slow  # the whole demo runs twice (seconds each); the full run only
 
 SEED_LINES = [
     "0, 00000000:01:00.0, 79043 MiB, 97887 MiB, 0 %",

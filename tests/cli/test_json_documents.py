@@ -19,6 +19,8 @@ from helpers.applysim import copy_host, seed_spec_text, template  # noqa: F401 -
 from gputopo.cli.documents import DOCUMENTS
 from helpers.cli import run
 
+pytestmark = pytest.mark.slow  # every test applies on a simulated host (seconds each); the full run only
+
 BIN = Path(sys.executable).parent
 
 

@@ -17,6 +17,8 @@ from gputopo.sim import state
 from gputopo.sim.kernel import SimKernel
 from helpers.cli import one_line, run
 
+pytestmark = pytest.mark.slow  # every test applies on a simulated host (seconds each); the full run only
+
 
 @pytest.fixture
 def sim(template, tmp_path):  # noqa: F811 - the session fixture from applysim

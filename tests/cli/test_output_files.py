@@ -98,6 +98,7 @@ def test_an_edited_stale_file_is_left_in_place_with_a_warning(capsys, seed, spec
     assert (out / DROPIN).read_text() == "[Service]\n# edited\n"
 
 
+@pytest.mark.slow
 def test_snapshot_names_its_archive_and_refuses_an_existing_one(capsys, seed, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     code, out, err = run(capsys, "snapshot", "pve1", "--root", str(seed))

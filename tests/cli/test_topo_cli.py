@@ -197,6 +197,7 @@ def _tmux_capture(args: list[str], until: str, tmp_path: Path, rows: int = 50) -
 
 
 @pytest.mark.skipif(TMUX is None, reason="tmux is not installed (apt-get install tmux): terminal view not checked")
+@pytest.mark.slow
 def test_tree_in_a_real_80_column_terminal(sim, tmp_path):
     raw = _tmux_capture(["topo", *_where(sim)], "GPU7 0000:f1:00.0", tmp_path)
     plain = [ANSI.sub("", ln).rstrip() for ln in raw.splitlines()]
@@ -213,6 +214,7 @@ def test_tree_in_a_real_80_column_terminal(sim, tmp_path):
 
 
 @pytest.mark.skipif(TMUX is None, reason="tmux is not installed (apt-get install tmux): terminal view not checked")
+@pytest.mark.slow
 def test_large_tree_in_a_real_80_column_terminal(materialized, tmp_path):
     root = materialized("large")
     raw = _tmux_capture(["topo", "--root", str(root), "--pve-root", str(tmp_path / "none")],

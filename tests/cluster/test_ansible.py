@@ -23,6 +23,8 @@ from helpers.clusterharness import cleanup, copy_cluster, make_template, spec_te
 from gputopo.sim.pveapi import PveApiServer
 from helpers import REPO
 
+pytestmark = pytest.mark.slow  # ansible-core runs the playbook on a simulated cluster; the full run only
+
 PLAYBOOK = REPO / "ansible_collections/gputopo/proxmox/playbooks/rolling_apply.yml"
 PLUGINS = Path(__file__).resolve().parent / "ansible_plugins"
 

@@ -22,6 +22,8 @@ from gputopo.formats.pcicfg import parse_pci_cfg
 from gputopo.plan.spec import parse_spec
 from gputopo.sim.pveapi import PveApiServer
 
+pytestmark = pytest.mark.slow  # a simulated cluster per test (seconds each); the full run only
+
 
 @pytest.fixture(scope="module")
 def template9():

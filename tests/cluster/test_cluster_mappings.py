@@ -15,6 +15,8 @@ from gputopo.actions.base import StepContext
 from gputopo.errors import MappingConflict
 from gputopo.formats.pcicfg import parse_pci_cfg
 
+pytestmark = pytest.mark.slow  # a simulated cluster per test (seconds each); the full run only
+
 LINE = "id=10de:2bb5,iommugroup={g},node={n},path=0000:{b}:00.0,subsystem-id=10de:204e"
 
 

@@ -187,6 +187,7 @@ def test_rolling_order():
 # --- offline plan ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_cluster_plan_offline_from_discover_json(template, tmp_path):
     c = copy_cluster(template, tmp_path / "cluster")
     facts_dir = tmp_path / "facts"

@@ -25,6 +25,8 @@ from gputopo.adapters.ssh import SshRunner
 from gputopo.errors import NodeUnreachable
 from gputopo.model.facts import Facts
 
+pytestmark = pytest.mark.slow  # a real sshd per simulated node; the full run only
+
 
 @pytest.fixture(scope="module")
 def template():

@@ -234,6 +234,7 @@ def test_iommu_off(materialized):
     assert any("no IOMMU groups" in w for w in f.warnings)
 
 
+@pytest.mark.slow
 def test_large(materialized):
     # how fast discovery is on a large host is benchmarks/bench_discover.py's question
     r = materialized("large")
@@ -458,6 +459,7 @@ def test_cli_discover_json_and_table(materialized):
 
 
 @pytest.mark.parametrize("kind", ["empty dir", "missing", "plain file", "junk tarball"])
+@pytest.mark.slow
 def test_cli_bad_root_is_one_line_exit_2(tmp_path, kind):
     root = {"empty dir": tmp_path, "missing": tmp_path / "nope", "plain file": tmp_path / "f",
             "junk tarball": tmp_path / "snap.tar.gz"}[kind]

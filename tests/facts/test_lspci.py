@@ -8,7 +8,7 @@ import pytest
 
 from gputopo.facts.discover import discover
 from gputopo.facts.pci import list_pci_functions
-from gputopo.sim.fixtures import list_hosts
+from helpers.hosts import host_params
 from helpers.lspci import LSPCI, lspci, parse_lspci_nn, parse_lspci_tree
 
 pytestmark = pytest.mark.skipif(LSPCI is None, reason="lspci (pciutils) is not installed")
@@ -26,7 +26,7 @@ def test_tree_parser_on_literal_output():
         "0001:80:01.1": None, "0001:81:00.0": "0001:80:01.1"}
 
 
-@pytest.mark.parametrize("host", list_hosts())
+@pytest.mark.parametrize("host", host_params())
 def test_lspci_agrees_with_discovery(host, materialized):
     r = materialized(host)
     seen = parse_lspci_nn(lspci(r, "-D", "-nn"))
@@ -41,7 +41,7 @@ def test_lspci_agrees_with_discovery(host, materialized):
             assert (ven, dev) == ("ffff", "ffff"), addr
 
 
-@pytest.mark.parametrize("host", list_hosts())
+@pytest.mark.parametrize("host", host_params())
 def test_lspci_tree_matches_sysfs_parents(host, materialized):
     r = materialized(host)
     tree = parse_lspci_tree(lspci(r, "-t"))
@@ -71,7 +71,7 @@ def test_vmm_parser_on_literal_output():
         "0000:01:00.1": {"Slot": "0000:01:00.1", "Rev": "a1"}}
 
 
-@pytest.mark.parametrize("host", list_hosts())
+@pytest.mark.parametrize("host", host_params())
 def test_lspci_vmm_agrees_on_driver_numa_group_subsystem_and_name(host, materialized):
     r = materialized(host)
     # -i: names from the root's own pci.ids, the one discovery reads.

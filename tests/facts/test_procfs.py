@@ -86,7 +86,7 @@ def test_read_holders(tmp_path):
     (tmp_path / "proc/self").symlink_to("100")
     (tmp_path / "proc/cmdline").write_text("BOOT_IMAGE=/vmlinuz\n")
 
-    assert read_fd_links(tmp_path)[300] == ["/dev/pts/0", "pipe:[1234]"]
+    assert sorted(read_fd_links(tmp_path)[300]) == ["/dev/pts/0", "pipe:[1234]"]  # in directory order
     assert sorted(read_fd_links(tmp_path)) == [100, 200, 300, 400, 500]
     assert read_cmdline(tmp_path, 200) == "/usr/bin/nvidia-persistenced" and read_cmdline(tmp_path, 400) is None
     assert read_container(tmp_path, 100) == 101 and read_container(tmp_path, 200) is None

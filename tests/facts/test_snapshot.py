@@ -24,6 +24,7 @@ def _facts(root) -> dict:
 
 
 @pytest.mark.parametrize("host", list_hosts())
+@pytest.mark.slow
 def test_snapshot_rediscovers_identically(host, materialized, fast_tmp, tmp_path):
     r = materialized(host)
     out = fast_tmp / f"{host}.tar.gz"
@@ -33,6 +34,7 @@ def test_snapshot_rediscovers_identically(host, materialized, fast_tmp, tmp_path
         assert _facts(x) == _facts(r)
 
 
+@pytest.mark.slow
 def test_snapshot_keeps_links_and_skips_bars_secrets(fresh_host, tmp_path):
     r = fresh_host("seed")
     dev = (r / "sys/bus/pci/devices/0000:01:00.0").resolve()
@@ -86,6 +88,7 @@ def test_snapshot_of_non_root(tmp_path):
     assert not (tmp_path / "x.tar.gz").exists()
 
 
+@pytest.mark.slow
 def test_cli_snapshot_then_discover_tarball(materialized, tmp_path):
     from gputopo.cli import cli
 
@@ -128,6 +131,7 @@ def test_snapshot_never_opens_bars_rom_or_for_writing(fresh_host, tmp_path, monk
     assert all(set(m) <= {"r", "b", "t"} for _, m in inside), [x for x in inside if "r" not in x[1]]
 
 
+@pytest.mark.slow
 def test_a_snapshot_carries_its_discovery_and_a_cluster_plan_reads_only_that(materialized, tmp_path, monkeypatch):
     """The first member is discovery's result when the snapshot was taken: the same facts as
     discovering the unpacked tree, read without unpacking it. Another gputopo version's record

@@ -11,6 +11,7 @@ import pytest
 from gputopo.facts.discover import discover
 from gputopo.facts.tree import bridge_kinds, parse_device_path, parse_pcie_port_type
 from gputopo.model.facts import Facts
+from helpers.hosts import host_params
 from helpers.lspci import LSPCI, lspci, parse_lspci_tree
 
 
@@ -138,7 +139,7 @@ def test_a_link_that_leads_nowhere_is_reported(fresh_host):
 
 
 @pytest.mark.skipif(LSPCI is None, reason="lspci (pciutils) is not installed")
-@pytest.mark.parametrize("host", ["large", "shared-group", "esc8000a"])
+@pytest.mark.parametrize("host", host_params(["large", "shared-group", "esc8000a"]))
 def test_chains_agree_with_lspci(materialized, host):
     """lspci's tree gives each device's parent bridge and its -vv the port type: the chains
     discovery records are the same."""

@@ -347,6 +347,7 @@ _addr = st.builds(lambda b, d, f: f"0000:{b:02x}:{d:02x}.{f}", st.integers(0, 25
     ),
     st.none() | st.from_regex(r"\A[A-Za-z0-9][A-Za-z0-9 .]{0,30}[A-Za-z0-9]\Z"),
 )
+@pytest.mark.slow
 def test_pci_cfg_round_trip(entries, description):
     mp = PciMapping(id="gpu-vm", maps=[format_map_entry(e) for e in entries], description=description)
     text = write_pci_cfg([mp, PciMapping(id="other", maps=mp.maps[:1])])

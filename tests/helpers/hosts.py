@@ -3,12 +3,15 @@ tree), the seed split's facts, state and spec, and host descriptions for ``fresh
 
 from __future__ import annotations
 
+import pytest
+
 from gputopo.facts.discover import discover
 from gputopo.formats.devn import format_dev
 from gputopo.model.facts import Facts, GroupMember, Gpu, HostFacts, MemberRole, Modules, NumaNode
 from gputopo.model.state import ContainerState, CurrentState, GuestState, MappingState, ServiceState
 from gputopo.plan.mappings import map_entry
 from gputopo.plan.spec import Spec, parse_spec
+from gputopo.sim.fixtures import list_hosts
 
 SEED_NUMA = {"01": 0, "11": 0, "61": 0, "71": 0, "81": 1, "91": 1, "e1": 1, "f1": 1}
 SEED_MINOR = {"01": 0, "11": 1, "61": 3, "71": 2, "81": 4, "91": 5, "e1": 7, "f1": 6}
@@ -163,3 +166,9 @@ devices:
   - {addr: "80:01.1", preset: pcie-root-port}
   - {addr: "81:00.0", parent: "80:01.1", preset: h100-sxm}
 """
+
+
+def host_params(names: list[str] | None = None) -> list:
+    """``names`` (default: every shipped host fixture) as test parameters, ``large`` (2,000+ PCI
+    functions: seconds per test) marked slow."""
+    return [pytest.param(n, marks=pytest.mark.slow) if n == "large" else n for n in names or list_hosts()]

@@ -23,6 +23,7 @@ GPU = dict(address="0000:01:00.0", vendor="0x10de", device="0x2bb5", **{"class":
 
 
 @pytest.mark.parametrize("host", list_hosts())
+@pytest.mark.slow
 def test_the_json_of_every_fixture_is_pydantics(materialized, host):
     facts = discover(materialized(host), all_vendors=True)
     text = facts.to_json()

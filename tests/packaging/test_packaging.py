@@ -88,6 +88,7 @@ def test_simulator_commands_without_cryptography_say_what_to_install(tmp_path, a
     assert not (tmp_path / "host").exists()
 
 
+@pytest.mark.slow
 def test_sim_option_without_cryptography_says_what_to_install(tmp_path):
     from gputopo.sim.host import SimHost
 
@@ -99,6 +100,7 @@ def test_sim_option_without_cryptography_says_what_to_install(tmp_path):
     assert line.startswith("gputopo: error: command '--sim' is unavailable: ") and "pip install 'gputopo[sim]'" in line
 
 
+@pytest.mark.slow
 def test_node_commands_run_without_cryptography(tmp_path, materialized):
     root = materialized("seed")
     p = run_gputopo(["discover", "--root", str(root)], tmp_path, block_cryptography=True)
@@ -123,6 +125,7 @@ def gen_docs():
 
 
 @needs_checkout
+@pytest.mark.slow
 def test_a_man_page_for_every_command_with_its_options(tmp_path):
     pytest.importorskip("click_man", reason="click-man (in the [test] extra) is not installed")
     from gputopo.cli import COMMANDS
@@ -151,6 +154,7 @@ def test_a_man_page_for_every_command_with_its_options(tmp_path):
 
 
 @needs_checkout
+@pytest.mark.slow
 def test_the_bash_completion_script_completes_commands_and_options(tmp_path):
     pytest.importorskip("click_man", reason="click-man (in the [test] extra) is not installed")
     script = tmp_path / "gputopo"

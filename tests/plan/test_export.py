@@ -158,6 +158,7 @@ def vllm_host():
     shutil.rmtree(base, ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_export_of_a_host_nobody_split_plans_no_changes(capsys, template, tmp_path):  # noqa: F811
     sim = copy_host(template, tmp_path / "sim")
     out = tmp_path / "now.yaml"
@@ -176,6 +177,7 @@ def test_export_of_a_host_nobody_split_plans_no_changes(capsys, template, tmp_pa
     assert code == 2 and one_line(err) == f"gputopo: error: {out}: exists; pass --force to replace it"
 
 
+@pytest.mark.slow
 def test_export_after_a_split_manages_the_service_and_plans_no_changes(capsys, template, tmp_path):  # noqa: F811
     sim = copy_host(template, tmp_path / "sim")
     spec_file = tmp_path / "s.yaml"
@@ -196,6 +198,7 @@ def test_export_after_a_split_manages_the_service_and_plans_no_changes(capsys, t
     assert code == 0 and stdout.rstrip().endswith("No changes"), stdout
 
 
+@pytest.mark.slow
 def test_init_and_quick_mode_find_the_unit_inside_and_agree(capsys, vllm_host, tmp_path):
     out = tmp_path / "init.yaml"
     code, _, err = run(capsys, "init", "--sim", str(vllm_host.dir), "-o", str(out))

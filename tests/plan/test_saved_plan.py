@@ -18,6 +18,8 @@ from gputopo.plan.saved import changes, fingerprint as fp, parse_saved_plan, sta
 from gputopo.sim.kernel import SimKernel
 from helpers.cli import one_line, run
 
+pytestmark = pytest.mark.slow  # every test applies on a simulated host (seconds each); the full run only
+
 
 @pytest.fixture
 def sim(template, tmp_path):  # noqa: F811 - the session fixture from applysim

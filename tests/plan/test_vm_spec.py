@@ -59,6 +59,7 @@ def test_schema_documents_the_vm_entries():
             "when_gpus_leave", "repoint_to", "start", "verify_guest"} == set(props)
 
 
+@pytest.mark.slow
 def test_init_writes_a_consumer_for_vm(materialized, capsys):
     from gputopo.cli import main
 

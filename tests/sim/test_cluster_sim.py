@@ -21,6 +21,8 @@ from gputopo.sim import state
 from gputopo.sim.cluster import SimCluster
 from gputopo.sim.host import SimHost
 
+pytestmark = pytest.mark.slow  # a simulated cluster per test (seconds each); the full run only
+
 
 @pytest.fixture(scope="module")
 def template9():

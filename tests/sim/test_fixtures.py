@@ -206,6 +206,7 @@ def test_cli_list_and_build(tmp_path):
 SRC = REPO
 
 
+@pytest.mark.slow
 def test_wheel_ships_templates_and_fixtures_and_resources_find_them(tmp_path):
     import subprocess
     import sys

@@ -15,6 +15,8 @@ from gputopo.sim.container.distro import lsb_release, start_warnings
 from gputopo.sim.fixtures import materialize
 from gputopo.sim.pveapi import PveApiServer, PveshSim
 
+pytestmark = pytest.mark.slow  # guest tasks that wait out their timeouts (seconds each); the full run only
+
 CT = "arch: amd64\nhostname: llm\nmemory: 4096\nostype: ubuntu\n"
 VM = "bios: ovmf\nmemory: 8192\nname: gpuvm\nostype: l26\n"
 EFI = "efidisk0: local-lvm:vm-200-disk-1,efitype=4m,pre-enrolled-keys=1,size=4M\n"

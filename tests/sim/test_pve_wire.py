@@ -72,6 +72,7 @@ def _group(root, addr: str) -> int:
 # --- 401s come late ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_401_is_answered_after_3_s_by_default_and_after_the_configured_delay(tmp_path, seed_root):
     # pve-http-server AnyEvent.pm authenticate_and_handle_request: "always delay unauthorized
     # calls by 3 seconds"; a bad login at /access/ticket is delayed the same way
@@ -146,6 +147,7 @@ def test_deleting_and_setting_one_mapping_property_together_is_a_500(srv, seed_r
 
 
 @pytest.mark.parametrize("running", [True, False])
+@pytest.mark.slow
 def test_deleting_an_unset_key_warns_and_is_skipped(srv, running):
     # pve-container LXC/Config.pm update_pct_config: "cannot delete '$opt' - not set in current
     # configuration!" (a Perl warn: pvesh shows it on stderr and still succeeds)
@@ -206,6 +208,7 @@ def test_the_certificate_of_another_node_names_that_node(tmp_path, seed_root):
 # --- mapping ids ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_mapping_ids_are_pve_configids_of_either_case_and_are_looked_up_exactly(srv, seed_root):
     # pve-common JSONSchema.pm $CONFIGID_RE = qr/[a-z][a-z0-9_-]+/i; pve-guest-common
     # Mapping/PCI.pm keeps the section id as the key of $cfg->{ids}: lookups and the

@@ -178,6 +178,7 @@ def test_stopped_ct_change_applies_and_file_stays_valid(srv):
 
 
 @pytest.mark.parametrize("version, hotplugged", [("8.4.1", False), ("9.1.2", True)])
+@pytest.mark.slow
 def test_running_ct_pending_vs_hotplug(tmp_path, seed_root, version, hotplugged):
     s = _server(tmp_path, seed_root, version)
     try:
@@ -223,6 +224,7 @@ def _wait(api, upid, timeout=5.0):
     raise AssertionError("task did not stop")
 
 
+@pytest.mark.slow
 def test_start_task_applies_pending_and_calls_hooks(tmp_path, seed_root):
     calls = []
 
@@ -261,6 +263,7 @@ def test_start_task_applies_pending_and_calls_hooks(tmp_path, seed_root):
         s.stop()
 
 
+@pytest.mark.slow
 def test_failing_tasks(srv):
     api = _token_api(srv)
     srv.inject_fault("qmstart", 200, "start failed: QEMU exited with code 1")
@@ -273,6 +276,7 @@ def test_failing_tasks(srv):
     assert e.errors == {"upid": "unable to parse worker upid"}
 
 
+@pytest.mark.slow
 def test_mapping_crud_and_errors(srv, seed_root):
     api = _token_api(srv)
     m81 = GOOD_MAP.format(g=_group(seed_root, "0000:81:00.0"), p="0000:81:00.0")
@@ -371,6 +375,7 @@ def test_stopped_ct_file_is_written_like_pct(srv):
 
 
 @pytest.mark.parametrize("version, main_dev1", [("8.4.1", False), ("9.1.2", True)])
+@pytest.mark.slow
 def test_running_ct_file_has_the_pending_section_like_pct(tmp_path, seed_root, version, main_dev1):
     s = _server(tmp_path, seed_root, version)
     try:
@@ -412,6 +417,7 @@ def test_mapping_file_is_written_like_proxmox(srv, seed_root):
 # --- check-node against the simulated sysfs, both ways ----------------------------------------
 
 
+@pytest.mark.slow
 def test_check_node_reads_live_sysfs_both_ways(tmp_path):
     from gputopo.sim.kernel import SimKernel
 
@@ -447,6 +453,7 @@ def test_check_node_reads_live_sysfs_both_ways(tmp_path):
 # --- the same guest actions under /qemu ---------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_qemu_stop_and_shutdown_tasks(srv):
     api = _token_api(srv)
     vm = api.nodes("pve1").qemu(200)

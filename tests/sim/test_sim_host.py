@@ -22,6 +22,8 @@ from gputopo.sim.container import SimExec
 from gputopo.sim.host import SimHost
 from gputopo.errors import SimHostError
 
+pytestmark = pytest.mark.slow  # the simulated host served over HTTPS and started as a process; the full run only
+
 SEED_MINORS = {"0000:01:00.0": 0, "0000:11:00.0": 1, "0000:61:00.0": 3, "0000:71:00.0": 2}
 
 

@@ -22,6 +22,8 @@ from gputopo.sim import state
 from gputopo.sim.pveapi import PveshSim
 from gputopo.sim.qemu import hang_agent
 
+pytestmark = pytest.mark.slow  # VMs started and stopped through the simulated API (seconds each); the full run only
+
 T = applysim.FAST_TIMEOUTS
 LINES = "".join(f"hostpci{i}: mapping=pro6000-vm,pcie=1\n" for i in range(4))
 

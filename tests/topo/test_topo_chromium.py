@@ -20,6 +20,8 @@ import pytest
 from gputopo.topo import palette
 from helpers.topo_pictures import all_pictures, boxes, parse, size
 
+pytestmark = pytest.mark.slow  # a real headless Chromium draws every picture; the full run only
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 REQUIRE = os.environ.get("GPUTOPO_REQUIRE_CHROMIUM") == "1"
 VIEW_WIDTH = 1600

@@ -287,6 +287,7 @@ def _verify(host, ports, spec_text: str = SPEC, **kw) -> VerifyReport:
     return verify(parse_spec(spec_text), ports, root=str(host.paths.root), **kw)
 
 
+@pytest.mark.slow
 def test_each_service_is_shown_once(healthy):
     """One ``systemctl show`` per container serves the current-state read and every check."""
     from dataclasses import replace
@@ -311,6 +312,7 @@ def test_each_service_is_shown_once(healthy):
     assert report.check("service").details[str(CT)]["tp"] == 4
 
 
+@pytest.mark.slow
 def test_pending_removals_warn_naming_them(tmp_path):
     """A container that gave GPUs away without a restart keeps their device nodes until its next
     start (Proxmox keeps a running container's devN removal pending): verify WARNs naming them,
@@ -334,6 +336,7 @@ def test_pending_removals_warn_naming_them(tmp_path):
         host.stop()
 
 
+@pytest.mark.slow
 def test_demo_host_passes_every_check(healthy):
     host, ports = healthy
     report = _verify(host, ports)
@@ -349,6 +352,7 @@ def test_demo_host_passes_every_check(healthy):
     assert report.summary_line() == "all clear: 7 PASS"
 
 
+@pytest.mark.slow
 def test_gpu_missing_in_container_fails(healthy):
     host, ports = healthy
     ports.exec.break_(CT, "gpu_missing", address="0000:61:00.0")
@@ -357,6 +361,7 @@ def test_gpu_missing_in_container_fails(healthy):
     assert "missing 0000:61:00.0" in c.summary and "3 of 4" in c.summary
 
 
+@pytest.mark.slow
 def test_unbalanced_memory_fails(healthy):
     host, ports = healthy
     ports.exec.break_(CT, "unbalanced_memory", index=1, used_mib=40000)
@@ -365,6 +370,7 @@ def test_unbalanced_memory_fails(healthy):
     assert "0000:11:00.0 40000 MiB" in c.summary
 
 
+@pytest.mark.slow
 def test_wrong_answer_fails(healthy):
     host, ports = healthy
     ports.exec.break_(CT, "wrong_answer", answer="92")
@@ -372,6 +378,7 @@ def test_wrong_answer_fails(healthy):
     assert c.status == FAIL and "wrong answer" in c.summary and "92" in c.summary
 
 
+@pytest.mark.slow
 def test_hung_endpoint_fails_within_the_timeout(healthy):
     host, ports = healthy
     ports.exec.break_(CT, "hung_endpoint", seconds=3)
@@ -383,6 +390,7 @@ def test_hung_endpoint_fails_within_the_timeout(healthy):
     assert wall < 2.0, f"verify took {wall:.2f} s with a 0.5 s timeout"
 
 
+@pytest.mark.slow
 def test_gpu_left_on_nvidia_fails_the_vm_side(demo):
     host, ports = demo
     from gputopo.adapters.sysfs import Binder
@@ -396,6 +404,7 @@ def test_gpu_left_on_nvidia_fails_the_vm_side(demo):
     assert any("rebind 0000:91:00.0" in a for a in report.check("converged").details["pending"])
 
 
+@pytest.mark.slow
 def test_mapping_check_error_fails(demo):
     host, ports = demo
     cfg = host.paths.pve / "mapping" / "pci.cfg"
@@ -409,6 +418,7 @@ def test_mapping_check_error_fails(demo):
     assert "mapping pro6000-vm: error:" in vm.summary and "subsystem-id" in vm.summary
 
 
+@pytest.mark.slow
 def test_mapping_check_warning_warns(demo):
     host, ports = demo
     # a mapping the spec does not manage, with no entry for this node: Proxmox warns
@@ -426,6 +436,7 @@ def _restart_with_dropin(ports, text: str) -> None:
     assert ports.exec.run(CT, ["systemctl", "restart", "sglang.service"], 10).rc == 0
 
 
+@pytest.mark.slow
 def test_service_on_the_wrong_tp_fails(demo):
     host, ports = demo
     _restart_with_dropin(ports, "[Service]\nExecStart=\nExecStart=/opt/sglang/.venv/bin/python -m "
@@ -438,6 +449,7 @@ def test_service_on_the_wrong_tp_fails(demo):
     assert report.check("memory").status == FAIL
 
 
+@pytest.mark.slow
 def test_service_not_active_fails(demo):
     host, ports = demo
     assert ports.exec.run(CT, ["systemctl", "stop", "sglang.service"], 10).rc == 0
@@ -445,6 +457,7 @@ def test_service_not_active_fails(demo):
     assert svc.status == FAIL and "sglang.service is inactive" in svc.summary
 
 
+@pytest.mark.slow
 def test_sev_snp_with_p2p_enabled_warns(demo):
     host, ports = demo
     _restart_with_dropin(ports, "[Service]\nExecStart=\nExecStart=/opt/sglang/.venv/bin/python -m "
@@ -465,6 +478,7 @@ def test_sev_snp_with_p2p_enabled_warns(demo):
     assert plat.status == PASS and "SEV-SNP off" in plat.summary
 
 
+@pytest.mark.slow
 def test_container_stopped_fails_container_checks(demo):
     host, ports = demo
     ports.proxmox.guest_action("lxc", CT, "stop", 30)
@@ -474,6 +488,7 @@ def test_container_stopped_fails_container_checks(demo):
     assert "not running" in report.check("container").summary
 
 
+@pytest.mark.slow
 def test_verify_rejects_an_unknown_check(healthy):
     host, ports = healthy
     with pytest.raises(ValueError, match="nope"):
@@ -483,6 +498,7 @@ def test_verify_rejects_an_unknown_check(healthy):
 # --- the command line --------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_cli_verify_on_a_simulated_host(applied, tmp_path):
     from click.testing import CliRunner
 
@@ -512,6 +528,7 @@ def test_cli_verify_on_a_simulated_host(applied, tmp_path):
     assert str(res.exception) == "verification failed: 1 FAIL (inference)"
 
 
+@pytest.mark.slow
 def test_cli_verify_warn_passes_unless_strict_and_the_json_shape(applied, tmp_path):
     from click.testing import CliRunner
 
@@ -572,6 +589,7 @@ def test_http_reasons():
     assert http_reason(ValueError("x")) == "ValueError"
 
 
+@pytest.mark.slow
 def test_endpoint_from_the_container_address(healthy):
     """Without health_url the URL is the container's address (Proxmox's interfaces of the running
     container) and the port of the service's command (--port 30000)."""
@@ -584,6 +602,7 @@ def test_endpoint_from_the_container_address(healthy):
     assert ports.proxmox.lxc_interfaces(CT)[1]["inet"] == f"{container_address(CT)}/24"
 
 
+@pytest.mark.slow
 def test_endpoint_from_the_spec_health_url(healthy):
     """service.health_url wins; a plain HTTP port reaches it (here the endpoint's loopback URL)."""
     from gputopo.adapters.http import RequestsHttp
@@ -600,6 +619,7 @@ def test_endpoint_from_the_spec_health_url(healthy):
     assert c.status == FAIL and "10.0.0.101:30000" in c.summary
 
 
+@pytest.mark.slow
 def test_endpoint_of_a_stopped_container_is_unknown(demo):
     """A stopped container has no address (Proxmox answers null): nothing can answer, a FAIL."""
     from gputopo.verify.parse import container_address
@@ -613,6 +633,7 @@ def test_endpoint_of_a_stopped_container_is_unknown(demo):
     assert c.status == FAIL and "not running" in c.summary, c.summary
 
 
+@pytest.mark.slow
 def test_endpoint_not_listening_fails(healthy):
     import socket
 
@@ -631,6 +652,7 @@ def test_endpoint_not_listening_fails(healthy):
     assert c.status == FAIL and "Connection refused" in c.summary
 
 
+@pytest.mark.slow
 def test_a_wrong_port_on_the_container_is_refused(healthy):
     host, ports = healthy
     spec = SPEC.replace("service: {unit: sglang.service}",
@@ -661,6 +683,7 @@ def test_build_ports_refuses_contradictions(tmp_path):
         build_ports(Connection(sim=str(tmp_path), local=True))
 
 
+@pytest.mark.slow
 def test_build_ports_for_a_real_api(healthy):
     """The real-host path: HTTPS with a CA bundle and the password from the environment."""
     from gputopo.adapters.pct import PctExec
