@@ -257,7 +257,7 @@ T_HANG = Timeouts(sysfs=0.5, guest=30, exec=10, service=20, poll=0.02)
 
 
 # --- crash: SIGKILL mid-apply, then recover ---------------------------------------------------
-# (tests/test_crash_matrix.py kills at every point; here one point per phase, in the fast set)
+# (tests/apply/test_crash_matrix.py kills at every point; here one point per phase)
 
 DRIVER = TESTS / "helpers" / "crashdriver.py"
 

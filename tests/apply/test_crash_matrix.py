@@ -1,7 +1,7 @@
 """SIGKILL at every point of an apply, of its rollback and of a recover, then recover: every run
 ends fully applied or identical to before, with the service running what its unit says.
 
-Kill points are counted, not polled (``tests/crashdriver.py``): right after every journal record
+Kill points are counted, not polled (``tests/helpers/crashdriver.py``): right after every journal record
 reaches the disk and right after every call that changes the host. The simulated host runs at a
 realistic pace where it matters for a rollback: the service stays ``activating`` for a second
 after each start and the container takes most of a second to shut down. The apply and its

@@ -9,7 +9,7 @@ the point is counted, not polled. ``GPUTOPO_CRASH_COUNT=FILE`` writes how many r
 the run made, and the order they came in (JSON), when it ends normally, so a test can enumerate
 every point.
 
-Used as ``python tests/crashdriver.py apply --spec ... --sim DIR --yes``; test code only.
+Used as ``python tests/helpers/crashdriver.py apply --spec ... --sim DIR --yes``; test code only.
 """
 
 from __future__ import annotations

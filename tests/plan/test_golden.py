@@ -266,7 +266,7 @@ def seed_vm_refused(hosts):
 @scenario("facts")
 def facts_json(hosts):
     # discover --json and gputopo schema facts: the facts are records whose JSON is written
-    # without pydantic, their schema pydantic's (tests/test_records.py checks the two agree)
+    # without pydantic, their schema pydantic's (tests/model/test_records.py checks the two agree)
     facts = hosts("seed").model_copy(deep=True)
     facts.root = "/"
     return {"seed.json": facts.to_json() + "\n",
