@@ -17,6 +17,7 @@ def run(capsys, *argv: str) -> tuple[int, str, str]:
 
 
 def one_line(err: str) -> str:
+    """The one line of an error on stderr (a traceback or a second line fails the test)."""
     lines = err.strip("\n").splitlines()
     assert len(lines) == 1, err
     assert "Traceback" not in err
@@ -24,11 +25,5 @@ def one_line(err: str) -> str:
 
 
 def run_cli(args: list[str], capsys) -> tuple[int, str, str]:
-    """Run ``gputopo ARGS`` in-process through its real entry point: (exit code, stdout, stderr)."""
-    try:
-        main(args)
-        code = 0
-    except SystemExit as e:
-        code = e.code or 0
-    out = capsys.readouterr()
-    return code, out.out, out.err
+    """:func:`run` with the arguments as one list: (exit code, stdout, stderr) of ``gputopo ARGS``."""
+    return run(capsys, *args)
