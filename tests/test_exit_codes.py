@@ -14,10 +14,10 @@ from types import SimpleNamespace
 import click
 import pytest
 
-from applysim import copy_host, seed_spec_text, template  # noqa: F401 - fixture
+from helpers.applysim import copy_host, seed_spec_text, template  # noqa: F401 - fixture
 from gputopo import errors, exitcodes
 from gputopo.cli import COMMANDS
-from test_cli_errors import run
+from helpers.cli import run
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -156,6 +156,7 @@ def _scenarios(capsys, seed, sim, tmp_path, monkeypatch):
     }
 
 
+@pytest.mark.slow
 def test_every_documented_code_of_every_command_is_seen(capsys, seed, sim, tmp_path, monkeypatch):
     scenarios = _scenarios(capsys, seed, sim, tmp_path, monkeypatch)
     unseen = []

@@ -23,7 +23,9 @@ import ast
 from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
-PKG = Path(__file__).resolve().parent.parent / "gputopo"
+from helpers import REPO
+
+PKG = REPO / "gputopo"
 
 
 def _module_name(path: Path, pkg: Path) -> str:

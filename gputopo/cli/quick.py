@@ -6,7 +6,7 @@ takes less than either; so these command lines, the ones scripts and operators r
 recognised here by their exact shape and answered directly. Anything else (an option that is
 not one of these, a value that looks like an option, ``--debug``, a terminal narrower than 80
 columns for ``--help``, click's shell completion asking) returns False and goes to click, which
-answers it, errors included, as before. tests/test_cli_quick.py runs every form both ways and
+answers it, errors included, as before. tests/cli/test_cli_quick.py runs every form both ways and
 compares the output.
 """
 

@@ -54,6 +54,14 @@ def _unavailable(reason: str):
     pytest.skip(f"e2e unavailable: {reason}")
 
 
+def pytest_collection_modifyitems(items):
+    """Under pytest-xdist (``--dist loadgroup``, as CI runs) every test that reads the guest runs
+    on one worker, so the guest boots once per run, not once per worker."""
+    for item in items:
+        if "guest" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("e2e-guest"))
+
+
 @pytest.fixture(scope="session")
 def guest_checks():
     """The guest's checks module, loaded on the host (its observers work on any root)."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 import errno
 import json
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -261,10 +260,8 @@ def test_sim_kernel_replays_raw_writes_like_the_real_one(guest, guest_checks, tm
 
 
 def test_conformance_steps_match_the_simulated_kernel(guest, tmp_path):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    import kernel_scenarios as ks
-
     from gputopo.sim.kernel import SimKernel
+    from helpers import kernel_scenarios as ks
 
     d = guest.data("conformance")
     assert d["before"] == guest.data("discover")["before"], "the guest left its start state"

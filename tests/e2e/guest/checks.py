@@ -328,7 +328,7 @@ def scenario_roles() -> dict:
 
 def _kernel_scenarios():
     sys.path.insert(0, os.path.join(REPO, "tests"))
-    import kernel_scenarios
+    from helpers import kernel_scenarios
 
     return kernel_scenarios
 

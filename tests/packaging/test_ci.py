@@ -1,0 +1,56 @@
+"""CI runs the README's test command, that command runs every test, and a plain ``pytest`` is the
+quick loop: it leaves out exactly the markers the full run adds."""
+
+from __future__ import annotations
+
+import itertools
+import re
+import shlex
+import tomllib
+
+import pytest
+
+from helpers import REPO
+
+LEFT_OUT = {"slow", "e2e", "deb", "matrix"}  # what a plain pytest does not run
+
+
+@pytest.fixture
+def sources() -> tuple[str, str, dict]:
+    if not (REPO / ".ci" / "run").is_file() or not (REPO / "pyproject.toml").is_file():
+        pytest.skip("not a source checkout: no .ci/run or pyproject.toml next to tests/")
+    pytest_ini = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    return (REPO / ".ci" / "run").read_text(), (REPO / "README.md").read_text(), pytest_ini
+
+
+def selects(expression: str, marks: set[str], known: set[str]) -> bool:
+    """Whether ``-m EXPRESSION`` selects a test carrying ``marks`` (names, not, and, or, parentheses)."""
+    words = re.findall(r"[A-Za-z_]\w*|[()]", expression)
+    assert set(words) - {"and", "or", "not", "(", ")"} <= known, expression
+    return eval(" ".join(words), {"__builtins__": {}}, {m: m in marks for m in known})  # noqa: S307 - names only
+
+
+def m_option(argv: list[str]) -> str:
+    (expr,) = [argv[i + 1] for i, a in enumerate(argv) if a == "-m"]
+    return expr
+
+
+def test_ci_runs_the_readme_test_command(sources):
+    ci, readme, _ = sources
+    (command,) = [line for line in ci.splitlines() if line.startswith("pip install '.[test]'")]
+    assert f"```sh\n{command}\n```" in readme  # the Tests section
+    top = readme.split("\n## ", 1)[0]
+    assert command in top  # and the first lines of the README
+
+
+def test_the_full_run_selects_every_test_and_a_plain_pytest_leaves_out_the_slow_ones(sources):
+    ci, _, ini = sources
+    known = {m.split(":")[0] for m in ini["markers"]}
+    assert LEFT_OUT <= known
+    (command,) = [line for line in ci.splitlines() if line.startswith("pip install '.[test]'")]
+    full = m_option(shlex.split(command.split("&&", 1)[1]))
+    loop = m_option(shlex.split(ini["addopts"]))
+    for n in range(len(known) + 1):
+        for marks in map(set, itertools.combinations(sorted(known), n)):
+            assert selects(full, marks, known), marks
+            assert selects(loop, marks, known) == (not marks & LEFT_OUT), marks
