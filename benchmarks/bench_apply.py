@@ -102,7 +102,8 @@ def _reverse_latencies(host: SimHost, moving: list[str], scale: float) -> dict[s
     step = (UNBIND_MAX - UNBIND_MIN) / max(1, len(moving) - 1)
     bind = {a: UNBIND_MIN + i * step for i, a in enumerate(moving)}
     SimKernel(str(host.paths.root)).configure(
-        time_scale=scale, address_latency={a: {"unbind": VFIO_UNBIND, "bind": bind[a]} for a in moving})
+        time_scale=scale, address_latency={a: {"unbind": VFIO_UNBIND, "bind": bind[a]} for a in moving}
+    )
     return {a: VFIO_UNBIND + b for a, b in bind.items()}
 
 
@@ -113,8 +114,13 @@ def _run(host: SimHost, text: str, reference: float) -> dict:
     try:
         with Probe(url) as probe:
             t0 = time.monotonic()
-            res = apply(parse_spec(text), ports, root=str(host.paths.root), progress=clock,
-                        timeouts=Timeouts(poll=0.02))
+            res = apply(
+                parse_spec(text),
+                ports,
+                root=str(host.paths.root),
+                progress=clock,
+                timeouts=Timeouts(poll=0.02),
+            )
             wall = time.monotonic() - t0
             time.sleep(0.05)
     finally:
@@ -125,8 +131,12 @@ def _run(host: SimHost, text: str, reference: float) -> dict:
     if back is None:
         raise SystemExit("the endpoint did not answer again after the apply")
     kinds = [a.kind for a in res.plan.actions]
-    return {"downtime": back - clock.stop_began, "wall": wall, "reference": reference,
-            "restarted": "stop_guest" in kinds}
+    return {
+        "downtime": back - clock.stop_began,
+        "wall": wall,
+        "reference": reference,
+        "restarted": "stop_guest" in kinds,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,7 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scale", type=float, default=0.5, help="multiply every latency (default 0.5)")
     args = ap.parse_args(argv)
     s = args.scale
-    base = Path(tempfile.mkdtemp(prefix="gputopo-bench-apply-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None))
+    base = Path(
+        tempfile.mkdtemp(prefix="gputopo-bench-apply-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None)
+    )
     rows = []
     try:
         for version in ("8.4.1", "9.1.2"):
@@ -146,7 +158,9 @@ def main(argv: list[str] | None = None) -> int:
                 moving = [g.address for g in facts.gpus if g.numa_node == 1]
                 lat = host.set_latencies(s, moving)
                 slowest = max(v for k, v in lat.items() if k.startswith("unbind:")) + lat["vfio-pci.bind"]
-                rows.append((version, "split", _run(host, split, s * (SERVICE_STOP + slowest + SERVICE_START))))
+                rows.append(
+                    (version, "split", _run(host, split, s * (SERVICE_STOP + slowest + SERVICE_START)))
+                )
                 back = _reverse_latencies(host, moving, s)
                 reference = s * (SERVICE_STOP + max(back.values()) + SERVICE_START)
                 rows.append((version, "reverse", _run(host, reverse, reference)))
@@ -155,7 +169,9 @@ def main(argv: list[str] | None = None) -> int:
                     # restarted since (here by a split with container_restart: always) has no devN
                     # of those GPUs left, and the reverse hot-plugs them
                     host.set_latencies(s, moving)
-                    setup = _run(host, split.replace("policy:\n", "policy:\n  container_restart: always\n", 1), 1.0)
+                    setup = _run(
+                        host, split.replace("policy:\n", "policy:\n  container_restart: always\n", 1), 1.0
+                    )
                     assert setup["restarted"], "the split with container_restart: always did not restart"
                     _reverse_latencies(host, moving, s)
                     rows.append((version, "hot-plug", _run(host, reverse, reference)))
@@ -164,10 +180,14 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
-    print(f"scale {s:g}; downtime: service stop begins -> endpoint answers again; reference: service stop "
-          f"+ slowest rebind + service start")
-    print(f"{'PVE':<6} {'direction':<9} {'container':<10} {'reference':>9} {'downtime':>9} {'ratio':>6} "
-          f"{'apply wall':>10}  target")
+    print(
+        f"scale {s:g}; downtime: service stop begins -> endpoint answers again; reference: service stop "
+        f"+ slowest rebind + service start"
+    )
+    print(
+        f"{'PVE':<6} {'direction':<9} {'container':<10} {'reference':>9} {'downtime':>9} {'ratio':>6} "
+        f"{'apply wall':>10}  target"
+    )
     missed = 0
     for version, direction, r in rows:
         ratio = r["downtime"] / r["reference"]
@@ -175,8 +195,10 @@ def main(argv: list[str] | None = None) -> int:
         ok = ratio <= TARGET
         missed += held and not ok
         verdict = (f"{TARGET}x " + ("met" if ok else "MISSED")) if held else "shown only (restarts)"
-        print(f"{version:<6} {direction:<9} {'restarted' if r['restarted'] else 'kept':<10} {r['reference']:8.2f}s "
-              f"{r['downtime']:8.2f}s {ratio:6.3f} {r['wall']:9.2f}s  {verdict}")
+        print(
+            f"{version:<6} {direction:<9} {'restarted' if r['restarted'] else 'kept':<10} {r['reference']:8.2f}s "
+            f"{r['downtime']:8.2f}s {ratio:6.3f} {r['wall']:9.2f}s  {verdict}"
+        )
     return 1 if missed else 0
 
 

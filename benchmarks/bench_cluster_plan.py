@@ -60,14 +60,18 @@ def spec_of(names: list[str]):
 def current_of(facts, names: list[str]) -> dict[str, CurrentState]:
     """Each node's state: its container with every GPU, the shared mapping with every node's lines."""
     gpus = sorted(facts.gpus, key=lambda g: g.address)
-    shared = MappingState(map=[map_entry(g, n) for n in names for g in gpus], description="all GPUs", digest="d" * 40)
+    shared = MappingState(
+        map=[map_entry(g, n) for n in names for g in gpus], description="all GPUs", digest="d" * 40
+    )
     out = {}
     for i, n in enumerate(names):
         config = {f"dev{k}": format_dev(f"/dev/nvidia{g.minor}", None, "0666") for k, g in enumerate(gpus)}
         config["digest"] = "c" * 40
-        out[n] = CurrentState(containers={101 + i: ContainerState(config=config, status="running")},
-                              mappings={"pro6000": shared},
-                              guests={201 + i: GuestState(status="stopped", hostpci=["mapping=pro6000-vm,pcie=1"])})
+        out[n] = CurrentState(
+            containers={101 + i: ContainerState(config=config, status="running")},
+            mappings={"pro6000": shared},
+            guests={201 + i: GuestState(status="stopped", hostpci=["mapping=pro6000-vm,pcie=1"])},
+        )
     return out
 
 
@@ -95,7 +99,7 @@ def main() -> None:
         snapshot(str(root), str(snaps / f"{names[0]}.tar.gz"))
         for n in names[1:]:
             os.link(snaps / f"{names[0]}.tar.gz", snaps / f"{n}.tar.gz")
-        loaded = names[:max(1, min(args.load, len(names)))]
+        loaded = names[: max(1, min(args.load, len(names)))]
         t = time.perf_counter()
         first = [load_facts(snaps / f"{n}.tar.gz") for n in loaded]
         loading = time.perf_counter() - t
@@ -139,15 +143,21 @@ def main() -> None:
     lines = len(cplan.mappings["pro6000-vm"].map)
     print(f"nodes x GPUs:           {args.nodes} x 8 ({actions} actions, pro6000-vm {lines} lines)")
     each = loading / len(loaded)
-    print(f"loading snapshots:      {each * 1000:8.1f} ms each ({len(loaded)} timed; {args.nodes}: ~{each * args.nodes:.1f} s; "
-          "the facts recorded in each archive, before the plan)")
+    print(
+        f"loading snapshots:      {each * 1000:8.1f} ms each ({len(loaded)} timed; {args.nodes}: ~{each * args.nodes:.1f} s; "
+        "the facts recorded in each archive, before the plan)"
+    )
     print(f"single-node plan:       {single * 1000:8.2f} ms; x {args.nodes} = {single * args.nodes:.3f} s")
     print(f"cluster plan:           {cluster:8.3f} s (target < 1 s: {'met' if cluster < 1 else 'NOT met'})")
     print(f"ratio to single x {args.nodes}:  {cluster / (single * args.nodes):8.2f}")
-    print(f"from snapshots:         {from_snap_s:8.3f} s ({args.nodes} snapshot archives read + the cluster plan; "
-          f"target < 1 s: {'met' if from_snap_s < 1 else 'NOT met'})")
-    print(f"from discover --json:   {from_json_s:8.3f} s ({args.nodes} facts files read + the cluster plan; "
-          f"target < 1 s: {'met' if from_json_s < 1 else 'NOT met'})")
+    print(
+        f"from snapshots:         {from_snap_s:8.3f} s ({args.nodes} snapshot archives read + the cluster plan; "
+        f"target < 1 s: {'met' if from_snap_s < 1 else 'NOT met'})"
+    )
+    print(
+        f"from discover --json:   {from_json_s:8.3f} s ({args.nodes} facts files read + the cluster plan; "
+        f"target < 1 s: {'met' if from_json_s < 1 else 'NOT met'})"
+    )
 
 
 if __name__ == "__main__":

@@ -83,7 +83,13 @@ def main(argv: list[str] | None = None) -> int:
         gputopo_cmd = [python, str(launcher)]
         # (name, command, reference name, reference, target ratio; 0: shown only)
         pairs: list[tuple[str, list[str], str, list[str], float]] = [
-            ("gputopo --version", [*gputopo_cmd, "--version"], "python3 -c pass", [python, "-c", "pass"], 1.5),
+            (
+                "gputopo --version",
+                [*gputopo_cmd, "--version"],
+                "python3 -c pass",
+                [python, "-c", "pass"],
+                1.5,
+            ),
             ("gputopo --help", [*gputopo_cmd, "--help"], "python3 -c pass", [python, "-c", "pass"], 1.5),
         ]
         functions = {}
@@ -93,15 +99,28 @@ def main(argv: list[str] | None = None) -> int:
             if lspci is None:
                 print(f"no lspci: discover on {host} not compared", file=sys.stderr)
                 continue
-            pairs.append((f"discover --json {host}", [*gputopo_cmd, "discover", "--json", "--root", str(root)],
-                          f"lspci -D -nn -vmm {host}",
-                          [lspci, "-D", "-nn", "-vmm", "-A", "linux-sysfs", "-O", f"sysfs.path={root}/sys/bus/pci"],
-                          target))
+            pairs.append(
+                (
+                    f"discover --json {host}",
+                    [*gputopo_cmd, "discover", "--json", "--root", str(root)],
+                    f"lspci -D -nn -vmm {host}",
+                    [lspci, "-D", "-nn", "-vmm", "-A", "linux-sysfs", "-O", f"sysfs.path={root}/sys/bus/pci"],
+                    target,
+                )
+            )
         script = Path(python).parent / "gputopo"
         if script.is_file():
             # pip's console script imports re before gputopo: shown, not a target
-            pairs.insert(1, ("pip's gputopo --version", [str(script), "--version"], "python3 -c pass",
-                             [python, "-c", "pass"], 0.0))
+            pairs.insert(
+                1,
+                (
+                    "pip's gputopo --version",
+                    [str(script), "--version"],
+                    "python3 -c pass",
+                    [python, "-c", "pass"],
+                    0.0,
+                ),
+            )
         for _, ours, _, theirs, _ in pairs:  # each works, and the file cache is warm
             run(ours), run(theirs)
 
@@ -110,10 +129,14 @@ def main(argv: list[str] | None = None) -> int:
             for name, ours, _, theirs, _ in pairs:
                 results[name].append((run(ours), run(theirs)))
 
-    print(f"{len(pairs)} pairs, {args.runs} rounds; seed {functions.get('seed')} PCI functions, "
-          f"large {functions.get('large')}; Python {sys.version.split()[0]}")
-    print(f"{'gputopo':26} {'median':>8}  {'reference':26} {'median':>8}  {'ratio':>5} {'(min..max)':>12}"
-          f"  {'cpu':>5}  target")
+    print(
+        f"{len(pairs)} pairs, {args.runs} rounds; seed {functions.get('seed')} PCI functions, "
+        f"large {functions.get('large')}; Python {sys.version.split()[0]}"
+    )
+    print(
+        f"{'gputopo':26} {'median':>8}  {'reference':26} {'median':>8}  {'ratio':>5} {'(min..max)':>12}"
+        f"  {'cpu':>5}  target"
+    )
     ok = True
     for name, _, ref_name, _, target in pairs:
         rounds = results[name]
@@ -123,9 +146,11 @@ def main(argv: list[str] | None = None) -> int:
         met = ratio <= target
         ok = ok and (met or not target)
         verdict = f"{target:g}x {'met' if met else 'MISSED'}" if target else "(shown only)"
-        print(f"{name:26} {statistics.median(o[0] for o, _ in rounds) * 1000:6.1f}ms  {ref_name:26} "
-              f"{statistics.median(r[0] for _, r in rounds) * 1000:6.1f}ms  {ratio:5.2f} "
-              f"({ratios[0]:4.2f}..{ratios[-1]:4.2f})  {cpu:5.2f}  {verdict}")
+        print(
+            f"{name:26} {statistics.median(o[0] for o, _ in rounds) * 1000:6.1f}ms  {ref_name:26} "
+            f"{statistics.median(r[0] for _, r in rounds) * 1000:6.1f}ms  {ratio:5.2f} "
+            f"({ratios[0]:4.2f}..{ratios[-1]:4.2f})  {cpu:5.2f}  {verdict}"
+        )
     return 0 if ok else 1
 
 

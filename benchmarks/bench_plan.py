@@ -53,8 +53,9 @@ def starting_state(facts: Facts, node: str) -> CurrentState:
     paths = [f"/dev/nvidia{g.minor}" for g in gpus if g.minor is not None] + CONTROL
     cfg: dict[str, object] = {"arch": "amd64", "hostname": "infer"}
     cfg.update({f"dev{i}": format_dev(p, None, "0666") for i, p in enumerate(paths)})
-    service = ServiceState(unit="sglang.service", active=True, exec_start=COMMAND.format(tp=len(gpus)),
-                           tp=len(gpus))
+    service = ServiceState(
+        unit="sglang.service", active=True, exec_start=COMMAND.format(tp=len(gpus)), tp=len(gpus)
+    )
     return CurrentState(
         containers={101: ContainerState(config=cfg, status="running", service=service)},
         mappings={"pro6000": MappingState(map=[map_entry(g, node) for g in gpus], description="all")},
@@ -66,9 +67,11 @@ def node_spec(facts: Facts, node: str) -> dict:
     to half of them, closest together on the PCIe tree (``count``: the placement code runs),
     and a VM mapping takes the rest."""
     keep = 1 << ((len(nvidia_gpus(facts)) // 2).bit_length() - 1)
-    return {"name": node,
-            "containers": [{"vmid": 101, "gpus": {"count": keep}, "service": {"unit": "sglang.service"}}],
-            "vms": {"mappings": [{"name": "pro6000-vm", "gpus": "rest"}]}}
+    return {
+        "name": node,
+        "containers": [{"vmid": 101, "gpus": {"count": keep}, "service": {"unit": "sglang.service"}}],
+        "vms": {"mappings": [{"name": "pro6000-vm", "gpus": "rest"}]},
+    }
 
 
 def scenario(facts: Facts, names: list[str]) -> tuple[Spec, list[tuple[Facts, CurrentState, str]]]:
@@ -78,8 +81,13 @@ def scenario(facts: Facts, names: list[str]) -> tuple[Spec, list[tuple[Facts, Cu
         f = facts.model_copy(deep=True)
         f.host.hostname = name
         nodes.append((f, starting_state(f, name), name))
-    spec = Spec.model_validate({"apiVersion": "gputopo/v1", "kind": "GpuTopology",
-                                "nodes": [node_spec(f, name) for f, _, name in nodes]})
+    spec = Spec.model_validate(
+        {
+            "apiVersion": "gputopo/v1",
+            "kind": "GpuTopology",
+            "nodes": [node_spec(f, name) for f, _, name in nodes],
+        }
+    )
     return spec, nodes
 
 
@@ -119,17 +127,21 @@ def main(argv: list[str] | None = None) -> int:
     # The growth compares costs, so it is taken from each scenario's fastest run, the one other
     # load disturbed least (a 3 ms run is easily doubled by one preemption); the 1 s target is
     # held against the median.
-    print(f"{'scenario':22} {'GPUs':>5} {'plan+render':>12} {'(min..max)':>17} {'per GPU (min)':>14} {'x 8-GPU node':>13}")
+    print(
+        f"{'scenario':22} {'GPUs':>5} {'plan+render':>12} {'(min..max)':>17} {'per GPU (min)':>14} {'x 8-GPU node':>13}"
+    )
     ok = True
     ref = None
-    for name, spec, nodes in scenarios:
+    for name, _spec, nodes in scenarios:
         gpus = sum(len(nvidia_gpus(f)) for f, _, _ in nodes)
         med, fastest = statistics.median(times[name]), min(times[name])
         per_gpu = fastest / gpus
         ref = ref or per_gpu
         growth = per_gpu / ref
-        print(f"{name:22} {gpus:5} {med * 1000:10.1f}ms ({fastest * 1000:6.1f}..{max(times[name]) * 1000:6.1f}ms)"
-              f" {per_gpu * 1e6:12.0f}us {growth:12.2f}x")
+        print(
+            f"{name:22} {gpus:5} {med * 1000:10.1f}ms ({fastest * 1000:6.1f}..{max(times[name]) * 1000:6.1f}ms)"
+            f" {per_gpu * 1e6:12.0f}us {growth:12.2f}x"
+        )
         if gpus > 8 and (med >= 1.0 or growth > 1.5):
             ok = False
     print("targets (under 1 s; per GPU within 1.5x of the 8-GPU node): " + ("met" if ok else "MISSED"))

@@ -80,7 +80,9 @@ class UnavailableCommand(GputopoError):
     def __init__(self, name: str, cause: ImportError):
         self.name = name
         self.cause = cause
-        super().__init__(f"command {name!r} is unavailable: {str(cause).splitlines()[0] if str(cause) else type(cause).__name__}")
+        super().__init__(
+            f"command {name!r} is unavailable: {str(cause).splitlines()[0] if str(cause) else type(cause).__name__}"
+        )
 
 
 class SnapshotError(InputError):
@@ -168,9 +170,7 @@ class SysfsWriteError(GputopoError):
         self.errno = err
         name = _errno.errorcode.get(err, str(err))
         extra = f" ({detail})" if detail else ""
-        super().__init__(
-            f"writing {value!r} to {path} failed: {name} {os.strerror(err)}{extra}"
-        )
+        super().__init__(f"writing {value!r} to {path} failed: {name} {os.strerror(err)}{extra}")
 
 
 class SysfsTimeout(GputopoError):
@@ -184,15 +184,15 @@ class SysfsTimeout(GputopoError):
         self.timeout = timeout
         self.address = address
         who = f"device {address} needs a human: " if address else ""
-        super().__init__(
-            f"{who}writing {value!r} to {path} did not return within {timeout:g} s"
-        )
+        super().__init__(f"{who}writing {value!r} to {path} did not return within {timeout:g} s")
 
 
 class BindError(GputopoError):
     """A device did not end up on the driver it was meant to (read back after the write)."""
 
-    def __init__(self, address: str, wanted: str | None, got: str | None, detail: str = "", native: bool = False):
+    def __init__(
+        self, address: str, wanted: str | None, got: str | None, detail: str = "", native: bool = False
+    ):
         self.address = address
         self.wanted = wanted  # None: its native driver, whichever that is
         self.got = got
@@ -241,7 +241,9 @@ class TaskTimeout(TaskFailed):
         self.exitstatus = None
         self.what = what
         task = f"task {upid}" if upid else "its task"
-        ProxmoxError.__init__(self, what, None, f"{task} did not finish within {limit:g} s (the step's limit)")
+        ProxmoxError.__init__(
+            self, what, None, f"{task} did not finish within {limit:g} s (the step's limit)"
+        )
 
 
 class ExecError(GputopoError):
@@ -319,7 +321,9 @@ class HostChanged(PreflightError):
 
     def __init__(self, detail: str):
         self.detail = detail
-        super().__init__(f"the host changed since the plan was made ({detail}); nothing was changed, plan again")
+        super().__init__(
+            f"the host changed since the plan was made ({detail}); nothing was changed, plan again"
+        )
 
 
 class HostFileError(GputopoError):
@@ -364,8 +368,14 @@ class UnfinishedApply(JournalError):
 
     exit_code = 2
 
-    def __init__(self, path: str, description: str, needs_human: list[str] | None = None,
-                 pending: list[int] | None = None, left: str | None = None):
+    def __init__(
+        self,
+        path: str,
+        description: str,
+        needs_human: list[str] | None = None,
+        pending: list[int] | None = None,
+        left: str | None = None,
+    ):
         self.path = path
         self.needs_human = needs_human
         self.pending = pending
@@ -421,8 +431,10 @@ class SavedPlanStale(PreflightError):
         self.path = path
         self.changes = changes
         more = f" (+{len(changes) - 3} more)" if len(changes) > 3 else ""
-        super().__init__(f"{path}: the host changed since this plan was made: {'; '.join(changes[:3])}{more}; "
-                         "nothing was changed, make a new plan")
+        super().__init__(
+            f"{path}: the host changed since this plan was made: {'; '.join(changes[:3])}{more}; "
+            "nothing was changed, make a new plan"
+        )
 
 
 class HistoryError(InputError):
@@ -436,6 +448,8 @@ class HostCommandError(GputopoError):
         self.argv = argv
         self.reason = reason
         super().__init__(f"{' '.join(argv)}: {reason}")
+
+
 # --- cluster -----------------------------------------------------------------------------
 
 
@@ -468,8 +482,10 @@ class VersionMismatch(InputError):
         self.node = node
         self.ours = ours
         self.theirs = theirs
-        super().__init__(f"node {node} runs gputopo {theirs}, this is gputopo {ours}: install gputopo {ours} "
-                         "on every node first; nothing was changed")
+        super().__init__(
+            f"node {node} runs gputopo {theirs}, this is gputopo {ours}: install gputopo {ours} "
+            "on every node first; nothing was changed"
+        )
 
 
 class RemoteCommandFailed(GputopoError):
@@ -492,8 +508,10 @@ class MappingConflict(GputopoError):
         self.mapping = mapping
         self.node = node
         more = f" ({detail})" if detail else ""
-        super().__init__(f"mapping {mapping}: node {node}'s entries changed since the plan{more}; "
-                         "not overwritten: plan again")
+        super().__init__(
+            f"mapping {mapping}: node {node}'s entries changed since the plan{more}; "
+            "not overwritten: plan again"
+        )
 
 
 class ClusterApplyFailed(GputopoError):
@@ -507,4 +525,6 @@ class ClusterApplyFailed(GputopoError):
         self.exit_code = cause.exit_code
         done_text = ", ".join(done) if done else "none"
         rest = ", ".join(not_started) if not_started else "none"
-        super().__init__(f"stopped at node {node}: {cause}; applied and kept: {done_text}; not started: {rest}")
+        super().__init__(
+            f"stopped at node {node}: {cause}; applied and kept: {done_text}; not started: {rest}"
+        )

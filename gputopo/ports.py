@@ -24,8 +24,9 @@ nothing else travels with them, so no code path can tell a simulated host from a
 from __future__ import annotations
 
 import json as _json
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 
 @runtime_checkable
@@ -138,8 +139,16 @@ class ProxmoxPort(ProxmoxReadPort, Protocol):
 
     def lxc_update(self, vmid: int, set: dict[str, str], delete: list[str], digest: str) -> None: ...
 
-    def guest_action(self, kind: str, vmid: int, action: str, timeout: float, *,
-                     shutdown_timeout: int | None = None, force: bool = False) -> TaskResult:
+    def guest_action(
+        self,
+        kind: str,
+        vmid: int,
+        action: str,
+        timeout: float,
+        *,
+        shutdown_timeout: int | None = None,
+        force: bool = False,
+    ) -> TaskResult:
         """POST status/{start|stop|shutdown} and wait up to ``timeout`` s for its task.
 
         A shutdown sends ``shutdown_timeout`` (Proxmox's ``timeout``, 60 s when None) and

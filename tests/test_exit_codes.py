@@ -14,9 +14,9 @@ from types import SimpleNamespace
 import click
 import pytest
 
-from helpers.applysim import copy_host, seed_spec_text, template  # noqa: F401 - fixture
 from gputopo import errors, exitcodes
 from gputopo.cli import COMMANDS
+from helpers.applysim import copy_host, seed_spec_text, template  # noqa: F401 (fixtures)
 from helpers.cli import run
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -24,19 +24,31 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 # (command, code) -> the test that sees it, where it takes a scenario too long to repeat here
 WITNESSES = {
     ("apply", 1): "test_apply.py::test_cli_apply_ends_with_verify_and_rolls_back_on_its_failure",
-    ("apply", 3): "test_apply_scenarios.py::test_holder_appearing_after_preflight_times_out_naming_the_device",
+    (
+        "apply",
+        3,
+    ): "test_apply_scenarios.py::test_holder_appearing_after_preflight_times_out_naming_the_device",
     ("apply", 4): "test_apply.py::test_concurrent_apply_refused_naming_the_first",
     ("apply", 129): "test_apply_scenarios.py::test_signal_mid_switch_through_the_cli_rolls_back",
     ("apply", 130): "test_apply_scenarios.py::test_signal_mid_switch_through_the_cli_rolls_back",
     ("apply", 143): "test_apply_scenarios.py::test_signal_mid_switch_through_the_cli_rolls_back",
-    ("recover", 3): "test_apply_scenarios.py::test_gpu_falling_off_the_bus_is_named_for_a_human_and_the_rest_rolled_back",
+    (
+        "recover",
+        3,
+    ): "test_apply_scenarios.py::test_gpu_falling_off_the_bus_is_named_for_a_human_and_the_rest_rolled_back",
     ("verify", 0): "test_verify.py::test_cli_verify_on_a_simulated_host",
     ("verify", 1): "test_verify.py::test_cli_verify_on_a_simulated_host",
     ("demo", 0): "test_demo.py::test_demo_ends_split_verified_and_converged",
-    ("cluster", 0): "test_cluster_apply.py::test_canary_first_then_the_rest_in_batches_and_a_second_run_changes_nothing",
+    (
+        "cluster",
+        0,
+    ): "test_cluster_apply.py::test_canary_first_then_the_rest_in_batches_and_a_second_run_changes_nothing",
     ("cluster", 1): "test_cluster_apply.py::test_the_first_failure_stops_the_run_and_names_what_is_done",
     ("cluster", 2): "test_cluster_apply.py::test_a_spec_node_outside_the_cluster_is_refused",
-    ("cluster", 3): "test_cluster_apply.py::test_a_node_whose_gpu_falls_off_the_bus_stops_the_run_with_exit_3",
+    (
+        "cluster",
+        3,
+    ): "test_cluster_apply.py::test_a_node_whose_gpu_falls_off_the_bus_stops_the_run_with_exit_3",
     ("cluster", 4): "test_cluster_apply.py::test_a_node_whose_lock_is_held_stops_the_run_with_exit_4",
 }
 # every command: Ctrl-C anywhere is 130 (main turns KeyboardInterrupt into it)
@@ -62,11 +74,16 @@ def test_the_readme_table_is_the_table():
 
 
 def test_every_error_exits_with_a_code_of_the_table():
-    classes = [c for _, c in inspect.getmembers(errors, inspect.isclass) if issubclass(c, errors.GputopoError)]
+    classes = [
+        c for _, c in inspect.getmembers(errors, inspect.isclass) if issubclass(c, errors.GputopoError)
+    ]
     assert len(classes) > 20
     for c in classes:
         assert c.exit_code in exitcodes.MEANING, c
-    assert errors.Interrupted(15).exit_code == exitcodes.SIGTERM and errors.Interrupted(1).exit_code == exitcodes.SIGHUP
+    assert (
+        errors.Interrupted(15).exit_code == exitcodes.SIGTERM
+        and errors.Interrupted(1).exit_code == exitcodes.SIGHUP
+    )
     # a declined prompt, an unreachable API, a refused login: nothing was changed
     assert errors.ApplyCancelled().exit_code == errors.ConnectFailed("c", 401, "no").exit_code == 2
 
@@ -83,7 +100,7 @@ def seed(materialized):
 
 
 @pytest.fixture
-def sim(template, tmp_path):  # noqa: F811 - the session fixture from applysim
+def sim(template, tmp_path):
     return copy_host(template, tmp_path / "sim")
 
 
@@ -123,20 +140,30 @@ def _scenarios(capsys, seed, sim, tmp_path, monkeypatch):
     def demo_not_converged():
         import gputopo.sim.demo as demo
 
-        monkeypatch.setattr(demo, "run_demo", lambda *a, **k: SimpleNamespace(
-            ok=False, spec_path="s", applied=SimpleNamespace(stop_window_s=None, wall_s=0.0, journal=None)))
+        monkeypatch.setattr(
+            demo,
+            "run_demo",
+            lambda *a, **k: SimpleNamespace(
+                ok=False, spec_path="s", applied=SimpleNamespace(stop_window_s=None, wall_s=0.0, journal=None)
+            ),
+        )
         return run(capsys, "demo", "--dir", str(tmp_path / "demo"))[0]
 
     return {
-        ("discover", 0): go("discover", "--root", R), ("discover", 2): go("discover", "--root", "/etc"),
-        ("topo", 0): go("topo", "--root", R), ("topo", 2): go("topo", "--root", "/etc"),
+        ("discover", 0): go("discover", "--root", R),
+        ("discover", 2): go("discover", "--root", "/etc"),
+        ("topo", 0): go("topo", "--root", R),
+        ("topo", 2): go("topo", "--root", "/etc"),
         ("snapshot", 0): go("snapshot", str(tmp_path / "s1"), "--root", R),
         ("snapshot", 2): go("snapshot", str(taken), "--root", R),
-        ("schema", 0): go("schema", "facts"), ("schema", 2): go("schema", "bogus"),
-        ("init", 0): go("init", "--root", R), ("init", 2): go("init", "--root", R, "-o", str(taken)),
+        ("schema", 0): go("schema", "facts"),
+        ("schema", 2): go("schema", "bogus"),
+        ("init", 0): go("init", "--root", R),
+        ("init", 2): go("init", "--root", R, "-o", str(taken)),
         ("export", 0): go("export", "--root", R, "--pve-root", str(sim.paths.pve)),
         ("export", 2): go("export", "--root", "/etc"),
-        ("plan", 0): go("plan", "--root", R, "--spec", str(spec)), ("plan", 2): go("plan", "--root", "/etc"),
+        ("plan", 0): go("plan", "--root", R, "--spec", str(spec)),
+        ("plan", 2): go("plan", "--root", "/etc"),
         ("render", 0): go("render", "--root", R, "--spec", str(spec), "--out", str(tmp_path / "r")),
         ("render", 2): go("render", "--root", R, "--spec", str(spec), "--out", str(taken)),
         ("diff", 0): go("diff", "--root", R, "--spec", str(spec)),
@@ -144,15 +171,21 @@ def _scenarios(capsys, seed, sim, tmp_path, monkeypatch):
         ("diff", 2): go("diff", "--root", R, "--spec", str(spec), "--exit-code"),
         ("apply", 0): go("apply", "--sim", S, "--spec", str(spec), "--dry-run"),
         ("apply", 2): declined,
-        ("recover", 0): go("recover", "--sim", S), ("recover", 1): finish_after_undo,
-        ("recover", 2): go("recover", "--sim", str(tmp_path / "nothing")), ("recover", 4): locked,
+        ("recover", 0): go("recover", "--sim", S),
+        ("recover", 1): finish_after_undo,
+        ("recover", 2): go("recover", "--sim", str(tmp_path / "nothing")),
+        ("recover", 4): locked,
         ("verify", 2): go("verify", "--sim", S, "--spec", str(tmp_path / "missing.yaml")),
-        ("history", 0): go("history", "--sim", S), ("history", 2): go("history", "--sim", S, "show", "nope"),
-        ("completion", 0): go("completion", "bash"), ("completion", 2): go("completion", "tcsh"),
-        ("demo", 1): demo_not_converged, ("demo", 2): go("demo", "--pace", "-1"),
+        ("history", 0): go("history", "--sim", S),
+        ("history", 2): go("history", "--sim", S, "show", "nope"),
+        ("completion", 0): go("completion", "bash"),
+        ("completion", 2): go("completion", "tcsh"),
+        ("demo", 1): demo_not_converged,
+        ("demo", 2): go("demo", "--pace", "-1"),
         ("sim", 0): go("sim", "create", str(tmp_path / "sim2"), "--from", "shared-group"),
         ("sim", 2): go("sim", "create", str(sim.dir)),
-        ("fixtures", 0): go("fixtures", "list"), ("fixtures", 2): go("fixtures", "build", "nope", str(tmp_path / "f")),
+        ("fixtures", 0): go("fixtures", "list"),
+        ("fixtures", 2): go("fixtures", "build", "nope", str(tmp_path / "f")),
     }
 
 

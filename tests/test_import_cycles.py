@@ -94,14 +94,18 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_no_import_cycle_in_gputopo():
     found = cycles(import_graph(PKG))
     assert not found, "import cycles (each module imports the next):\n" + "\n".join(
-        " -> ".join(c) for c in found)
+        " -> ".join(c) for c in found
+    )
 
 
 def test_the_detector_finds_a_planted_two_module_cycle():
     found = cycles({"gputopo.a": {"gputopo.b"}, "gputopo.b": {"gputopo.a"}, "gputopo.c": {"gputopo.a"}})
     assert len(found) == 1
     assert found[0] in (["gputopo.a", "gputopo.b", "gputopo.a"], ["gputopo.b", "gputopo.a", "gputopo.b"])
-    assert cycles({"gputopo.a": {"gputopo.b"}, "gputopo.b": set(), "gputopo.c": {"gputopo.a", "gputopo.b"}}) == []
+    assert (
+        cycles({"gputopo.a": {"gputopo.b"}, "gputopo.b": set(), "gputopo.c": {"gputopo.a", "gputopo.b"}})
+        == []
+    )
 
 
 def test_the_detector_reports_every_cycle_of_a_graph():
@@ -122,36 +126,49 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
 
 
 def test_the_graph_sees_relative_function_level_and_type_checking_imports(tmp_path):
-    pkg = _tree(tmp_path, {
-        "__init__.py": "__version__ = '1'\n",
-        "sim/__init__.py": "from gputopo.sim.host import SimHost\n",
-        "sim/host.py": "def start():\n    from .cluster import peers\n",
-        "sim/cluster/__init__.py": "",
-        "sim/cluster/peers.py": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-                                 "    from ..host import SimHost\nfrom gputopo import __version__\n"),
-        "sim/pveapi/__init__.py": "",
-        "sim/pveapi/server.py": "import gputopo.sim.pveapi.http_handler\nimport json\n",
-        "sim/pveapi/http_handler.py": "from . import routes\nfrom gputopo.sim.pveapi import server\n",
-        "sim/pveapi/routes.py": "from gputopo.sim.pveapi import API_PREFIX\n",
-    })
+    pkg = _tree(
+        tmp_path,
+        {
+            "__init__.py": "__version__ = '1'\n",
+            "sim/__init__.py": "from gputopo.sim.host import SimHost\n",
+            "sim/host.py": "def start():\n    from .cluster import peers\n",
+            "sim/cluster/__init__.py": "",
+            "sim/cluster/peers.py": (
+                "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                "    from ..host import SimHost\nfrom gputopo import __version__\n"
+            ),
+            "sim/pveapi/__init__.py": "",
+            "sim/pveapi/server.py": "import gputopo.sim.pveapi.http_handler\nimport json\n",
+            "sim/pveapi/http_handler.py": "from . import routes\nfrom gputopo.sim.pveapi import server\n",
+            "sim/pveapi/routes.py": "from gputopo.sim.pveapi import API_PREFIX\n",
+        },
+    )
     graph = import_graph(pkg)
     assert graph["gputopo.sim.host"] == {"gputopo.sim.cluster.peers"}  # from .cluster import peers
     assert graph["gputopo.sim.cluster.peers"] == {"gputopo.sim.host", "gputopo"}
-    assert graph["gputopo.sim.pveapi.http_handler"] == {"gputopo.sim.pveapi.routes", "gputopo.sim.pveapi.server"}
+    assert graph["gputopo.sim.pveapi.http_handler"] == {
+        "gputopo.sim.pveapi.routes",
+        "gputopo.sim.pveapi.server",
+    }
     assert graph["gputopo.sim.pveapi.routes"] == {"gputopo.sim.pveapi"}  # a name, not a module: its package
     assert graph["gputopo.sim"] == {"gputopo.sim.host"}
     found = {frozenset(c) for c in cycles(graph)}
-    assert found == {frozenset({"gputopo.sim.host", "gputopo.sim.cluster.peers"}),
-                     frozenset({"gputopo.sim.pveapi.server", "gputopo.sim.pveapi.http_handler"})}
+    assert found == {
+        frozenset({"gputopo.sim.host", "gputopo.sim.cluster.peers"}),
+        frozenset({"gputopo.sim.pveapi.server", "gputopo.sim.pveapi.http_handler"}),
+    }
 
 
 def test_a_package_importing_its_submodules_is_no_cycle(tmp_path):
-    pkg = _tree(tmp_path, {
-        "__init__.py": "",
-        "kernel/__init__.py": "from gputopo.kernel.bind import SimKernel\n",
-        "kernel/bind.py": "from . import faults\nfrom gputopo.kernel.faults import Fault\n",
-        "kernel/faults.py": "import gputopo.kernel.faults\n",
-    })
+    pkg = _tree(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "kernel/__init__.py": "from gputopo.kernel.bind import SimKernel\n",
+            "kernel/bind.py": "from . import faults\nfrom gputopo.kernel.faults import Fault\n",
+            "kernel/faults.py": "import gputopo.kernel.faults\n",
+        },
+    )
     graph = import_graph(pkg)
     assert graph["gputopo.kernel.bind"] == {"gputopo.kernel.faults"}
     assert graph["gputopo.kernel.faults"] == set()  # naming itself

@@ -119,50 +119,64 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
 
 
 def test_the_rule_catches_an_upward_relative_import(tmp_path):
-    pkg = _tree(tmp_path, {
-        "__init__.py": "",
-        "plan/__init__.py": "",
-        "plan/planner.py": "from ..cli import main\nfrom . import sibling\n",
-        "plan/sibling.py": "from ..model.facts import Facts\n",
-        "model/facts.py": "",
-        "cli/__init__.py": "",
-    })
+    pkg = _tree(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "plan/__init__.py": "",
+            "plan/planner.py": "from ..cli import main\nfrom . import sibling\n",
+            "plan/sibling.py": "from ..model.facts import Facts\n",
+            "model/facts.py": "",
+            "cli/__init__.py": "",
+        },
+    )
     bad = layer_violations(pkg)
-    assert bad == ["gputopo.plan.planner (plan) imports gputopo.cli (cli)",
-                   "gputopo.plan.planner (plan) imports gputopo.cli.main (cli)"]
+    assert bad == [
+        "gputopo.plan.planner (plan) imports gputopo.cli (cli)",
+        "gputopo.plan.planner (plan) imports gputopo.cli.main (cli)",
+    ]
 
 
 def test_the_rule_catches_a_sideways_import_and_an_unplaced_module(tmp_path):
-    pkg = _tree(tmp_path, {
-        "__init__.py": "",
-        "apply/run.py": "from gputopo.verify.checks import verify\n",
-        "verify/checks.py": "",
-        "gadgets/thing.py": "from gputopo.errors import GputopoError\n",
-    })
+    pkg = _tree(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "apply/run.py": "from gputopo.verify.checks import verify\n",
+            "verify/checks.py": "",
+            "gadgets/thing.py": "from gputopo.errors import GputopoError\n",
+        },
+    )
     bad = layer_violations(pkg)
     assert "gputopo.apply.run (apply) imports gputopo.verify.checks (verify)" in bad
     assert any(b.startswith("gputopo.gadgets.thing: not placed in a layer") for b in bad)
 
 
 def test_the_rule_accepts_downward_imports(tmp_path):
-    pkg = _tree(tmp_path, {
-        "__init__.py": "__version__ = '1'\n",
-        "cli/main.py": "from gputopo import __version__\nfrom ..apply import run\nfrom gputopo.sim import host\n",
-        "apply/run.py": "from ..plan.planner import plan\nfrom . import journal\n",
-        "apply/journal.py": "",
-        "plan/planner.py": "from gputopo.errors import PlanRefused\n",
-        "errors.py": "",
-    })
+    pkg = _tree(
+        tmp_path,
+        {
+            "__init__.py": "__version__ = '1'\n",
+            "cli/main.py": "from gputopo import __version__\nfrom ..apply import run\nfrom gputopo.sim import host\n",
+            "apply/run.py": "from ..plan.planner import plan\nfrom . import journal\n",
+            "apply/journal.py": "",
+            "plan/planner.py": "from gputopo.errors import PlanRefused\n",
+            "errors.py": "",
+        },
+    )
     assert layer_violations(pkg) == []
 
 
 def test_reading_the_host_does_not_import_planning(tmp_path):
-    pkg = _tree(tmp_path, {
-        "__init__.py": "",
-        "facts/current.py": "from gputopo.plan.select import pick_node\n",
-        "plan/select.py": "from ..facts import discover\n",
-        "facts/discover.py": "from gputopo.model.facts import Facts\nfrom gputopo.formats.nvsmi import parse\n",
-    })
+    pkg = _tree(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "facts/current.py": "from gputopo.plan.select import pick_node\n",
+            "plan/select.py": "from ..facts import discover\n",
+            "facts/discover.py": "from gputopo.model.facts import Facts\nfrom gputopo.formats.nvsmi import parse\n",
+        },
+    )
     bad = layer_violations(pkg)
     assert "gputopo.facts.current (facts) imports gputopo.plan.select (plan)" in bad
     assert "gputopo.plan.select (plan) imports gputopo.facts (facts)" in bad

@@ -23,8 +23,12 @@ def _imported(path) -> set[str]:
 
 
 def test_no_test_module_imports_another():
-    bad = [f"{p.relative_to(TESTS)} imports {name}" for p in sorted(TESTS.rglob("*.py"))
-           for name in sorted(_imported(p)) if any(part.startswith("test_") for part in name.split("."))]
+    bad = [
+        f"{p.relative_to(TESTS)} imports {name}"
+        for p in sorted(TESTS.rglob("*.py"))
+        for name in sorted(_imported(p))
+        if any(part.startswith("test_") for part in name.split("."))
+    ]
     assert not bad, "shared code belongs in tests/helpers:\n" + "\n".join(bad)
 
 

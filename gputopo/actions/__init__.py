@@ -35,13 +35,38 @@ from gputopo.actions.rebind import NVIDIA, VFIO, Rebind
 from gputopo.actions.service import StartService, StopService
 from gputopo.actions.vmconfig import UpdateVmConfig
 
-Action = Annotated[Union[tuple(action_kinds().values())], Field(discriminator="kind")]  # type: ignore[valid-type]
+Action = Annotated[Union[tuple(action_kinds().values())], Field(discriminator="kind")]  # type: ignore[valid-type]  # noqa: UP007 (a Union of a computed tuple)
 ACTION = TypeAdapter(Action)
 
 __all__ = [
-    "ACTION", "NVIDIA", "PHASES", "UNDO_RANK", "VFIO", "Action", "ActionModel", "DeleteMapping",
-    "DiffArea", "DiffContext", "Holder", "Phase", "PreflightContext", "Rebind", "RemoveHostFile",
-    "RunningBefore", "SetMapping", "StartGuest", "StartService", "StepContext", "StopGuest",
-    "StopService", "Timeouts", "UpdateContainer", "UpdateVmConfig", "World", "WriteHostFile", "WriteServiceDropin",
-    "action_class", "action_kinds",
+    "ACTION",
+    "NVIDIA",
+    "PHASES",
+    "UNDO_RANK",
+    "VFIO",
+    "Action",
+    "ActionModel",
+    "DeleteMapping",
+    "DiffArea",
+    "DiffContext",
+    "Holder",
+    "Phase",
+    "PreflightContext",
+    "Rebind",
+    "RemoveHostFile",
+    "RunningBefore",
+    "SetMapping",
+    "StartGuest",
+    "StartService",
+    "StepContext",
+    "StopGuest",
+    "StopService",
+    "Timeouts",
+    "UpdateContainer",
+    "UpdateVmConfig",
+    "World",
+    "WriteHostFile",
+    "WriteServiceDropin",
+    "action_class",
+    "action_kinds",
 ]

@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 from pydantic import BaseModel
 
@@ -45,7 +46,7 @@ PHASES: tuple[str, ...] = ("prepare", "stop", "switch", "config", "start")
 # coming back from vfio-pci appear only once nvidia has them again.
 UNDO_RANK = {"start": 0, "switch": 1, "config": 2, "stop": 3, "prepare": 4}
 
-_KINDS: dict[str, type["ActionModel"]] = {}
+_KINDS: dict[str, type[ActionModel]] = {}
 
 
 class NoBefore(Strict):
@@ -83,27 +84,27 @@ class ActionModel(Strict):
     def describe(self) -> str:
         raise NotImplementedError
 
-    def preflight(self, ctx: "PreflightContext") -> list[str]:
+    def preflight(self, ctx: PreflightContext) -> list[str]:
         """Problems that would make this step fail or harm a workload; [] when there are none."""
         return []
 
-    def before(self, ctx: "StepContext") -> BaseModel:
+    def before(self, ctx: StepContext) -> BaseModel:
         return NoBefore()
 
-    def do(self, ctx: "StepContext") -> None:
+    def do(self, ctx: StepContext) -> None:
         raise NotImplementedError
 
-    def undo(self, before: Any, ctx: "StepContext") -> str:
+    def undo(self, before: Any, ctx: StepContext) -> str:
         """Put back what :meth:`do` changed; returns what was done (one line, '' for nothing)."""
         return ""
 
-    def expect(self, world: "World") -> None:
+    def expect(self, world: World) -> None:
         """Change ``world`` the way this step changes the host."""
 
-    def diff(self, ctx: "DiffContext") -> None:
+    def diff(self, ctx: DiffContext) -> None:
         """Add this step's lines (and file diffs) to ``ctx``."""
 
-    def was_running(self, current: CurrentState, out: "RunningBefore") -> None:
+    def was_running(self, current: CurrentState, out: RunningBefore) -> None:
         """Record in ``out`` what ran before this step and must run again after a rollback."""
 
     def devices(self) -> list[str]:
@@ -121,7 +122,7 @@ class ActionModel(Strict):
     def load_before(self, data: dict[str, Any]) -> BaseModel:
         return self.Before.model_validate(data)
 
-    def timeout(self, timeouts: "Timeouts") -> float | None:
+    def timeout(self, timeouts: Timeouts) -> float | None:
         """Seconds this step may wait (:attr:`waits` of ``timeouts``); None when it does not wait."""
         return getattr(timeouts, self.waits) if self.waits else None
 
@@ -156,7 +157,7 @@ class Timeouts:
     # the kinds an operator may set (CLI ``--timeout KIND=SECONDS``, the spec's policy.timeouts)
     KINDS: ClassVar[tuple[str, ...]] = ("sysfs", "guest", "exec", "service")
 
-    def with_(self, seconds: dict[str, float]) -> "Timeouts":
+    def with_(self, seconds: dict[str, float]) -> Timeouts:
         """A copy with the kinds in ``seconds`` replaced. Raises KeyError naming an unknown kind."""
         unknown = sorted(set(seconds) - set(self.KINDS))
         if unknown:
@@ -169,8 +170,13 @@ class GroupBinder(Protocol):
 
     stuck: list[str]
 
-    def move_group(self, members: list[str], to_driver: str | None, keep_override: bool = False,
-                   natives: dict[str, str | None] | None = None) -> Any: ...
+    def move_group(
+        self,
+        members: list[str],
+        to_driver: str | None,
+        keep_override: bool = False,
+        natives: dict[str, str | None] | None = None,
+    ) -> Any: ...
 
     def restore(self, previous: dict[str, Any]) -> None: ...
 
@@ -201,7 +207,9 @@ class StepContext:
     device_present: Callable[[str], bool]  # the PCI device is on the bus
     native_driver: Callable[[str], str | None] = lambda address: None  # its native module's driver
     note: Callable[[str], None] = lambda text: None
-    warn: Callable[[str], None] = lambda text: None  # something that succeeded with a warning (a task's WARNINGS)
+    warn: Callable[[str], None] = lambda text: (
+        None
+    )  # something that succeeded with a warning (a task's WARNINGS)
     stuck: set[str] = field(default_factory=set)  # devices an undo must leave alone
     gone: set[str] = field(default_factory=set)  # devices a rollback found gone from the bus
     service_changed: set[int] = field(default_factory=set)  # containers whose drop-in an undo restored
@@ -230,9 +238,12 @@ class StepContext:
             if state == "active":
                 return
             if state in ("failed", "inactive") or time.monotonic() >= deadline:
-                raise ExecError(vmid, ["systemctl", "is-active", unit],
-                                None if state not in ("failed", "inactive") else res.rc,
-                                f"{unit} is {state or 'unknown'}")
+                raise ExecError(
+                    vmid,
+                    ["systemctl", "is-active", unit],
+                    None if state not in ("failed", "inactive") else res.rc,
+                    f"{unit} is {state or 'unknown'}",
+                )
             time.sleep(self.timeouts.poll)
 
     def service_commands(self, vmid: int, unit: str) -> tuple[str, str | None, str | None]:
@@ -240,7 +251,9 @@ class StepContext:
         unit file says (``ExecStart`` as systemd loaded it) against what actually runs
         (``/proc/<MainPID>/cmdline``); a command is None when it cannot be read or nothing runs.
         Raises ExecError when ``systemctl show`` itself fails."""
-        res = self.exec(vmid, ["systemctl", "show", "-p", "MainPID", "-p", "ExecStart", "-p", "ActiveState", unit])
+        res = self.exec(
+            vmid, ["systemctl", "show", "-p", "MainPID", "-p", "ExecStart", "-p", "ActiveState", unit]
+        )
         props = parse_show_properties(res.stdout)
         state = props.get("ActiveState", "").strip() or "unknown"
         running = None
@@ -323,8 +336,11 @@ class World:
         if not self.drivers:
             return
         drivers = self.drivers
-        used = {g.minor for g in self.facts.gpus
-                if g.minor is not None and drivers.get(g.address, g.driver) == "nvidia"}
+        used = {
+            g.minor
+            for g in self.facts.gpus
+            if g.minor is not None and drivers.get(g.address, g.driver) == "nvidia"
+        }
         for g in self.facts.gpus:
             if g.address in drivers:
                 g.driver = drivers[g.address]

@@ -35,8 +35,11 @@ class UpdateContainer(ActionModel):
     )
     dev_gid: int | None = Field(None, description="gid option of the resolved entries")
     dev_mode: str | None = Field(None, description="mode option of the resolved entries")
-    live: bool = Field(False, description="The container keeps running: a removal stays pending until its "
-                                          "next restart, an addition is hot-plugged (PVE 9)")
+    live: bool = Field(
+        False,
+        description="The container keeps running: a removal stays pending until its "
+        "next restart, an addition is hot-plugged (PVE 9)",
+    )
 
     Before = ConfigBefore
 
@@ -66,15 +69,19 @@ class UpdateContainer(ActionModel):
             if not ok:
                 problems.append(why)
         if self.lxc_add or self.lxc_remove:
-            problems.append(f"CT {self.vmid}: legacy lxc.* device lines cannot be changed through the Proxmox API; "
-                            "use device_mode: devN (Proxmox >= 8.1)")
+            problems.append(
+                f"CT {self.vmid}: legacy lxc.* device lines cannot be changed through the Proxmox API; "
+                "use device_mode: devN (Proxmox >= 8.1)"
+            )
         return problems
 
     def before(self, ctx: StepContext) -> ConfigBefore:
         return GuestConfig.lxc(ctx.ports.proxmox, self.vmid).before()
 
     def do(self, ctx: StepContext) -> None:
-        GuestConfig.lxc(ctx.ports.proxmox, self.vmid).change(self.set, self.delete, lambda cfg: self._resolved(ctx, cfg))
+        GuestConfig.lxc(ctx.ports.proxmox, self.vmid).change(
+            self.set, self.delete, lambda cfg: self._resolved(ctx, cfg)
+        )
 
     def _resolved(self, ctx: StepContext, cfg: dict[str, Any]) -> dict[str, str]:
         """devN entries of the GPUs that came back to nvidia in the switch phase, from their minors
@@ -82,17 +89,23 @@ class UpdateContainer(ActionModel):
         if not self.resolve:
             return {}
         try:
-            return resolve_devices(cfg, self.set, self.delete, self.resolve, self.dev_gid, self.dev_mode,
-                                   ctx.read_minors())
+            return resolve_devices(
+                cfg, self.set, self.delete, self.resolve, self.dev_gid, self.dev_mode, ctx.read_minors()
+            )
         except KeyError as e:
             address = e.args[0]
-            raise BindError(address, "nvidia", ctx.binder.driver_of(address),
-                            f"no /dev/nvidia minor for CT {self.vmid} (proc/driver/nvidia/gpus/{address} missing)") from None
+            raise BindError(
+                address,
+                "nvidia",
+                ctx.binder.driver_of(address),
+                f"no /dev/nvidia minor for CT {self.vmid} (proc/driver/nvidia/gpus/{address} missing)",
+            ) from None
 
     def undo(self, before: ConfigBefore, ctx: StepContext) -> str:
         # every devN key: entries resolved at apply time are not in the journaled action
-        if not GuestConfig.lxc(ctx.ports.proxmox, self.vmid).restore(before.config, set(self.set) | set(self.delete),
-                                                                     also=is_devn_key):
+        if not GuestConfig.lxc(ctx.ports.proxmox, self.vmid).restore(
+            before.config, set(self.set) | set(self.delete), also=is_devn_key
+        ):
             return ""
         return f"CT {self.vmid}: restored its configuration"
 
@@ -100,8 +113,13 @@ class UpdateContainer(ActionModel):
         world.settle()
         ct = world.current.containers.setdefault(self.vmid, ContainerState())
         minors = {g.address: g.minor for g in world.facts.gpus}
-        extra = (resolve_devices(ct.config, self.set, self.delete, self.resolve, self.dev_gid, self.dev_mode, minors)
-                 if self.resolve else {})
+        extra = (
+            resolve_devices(
+                ct.config, self.set, self.delete, self.resolve, self.dev_gid, self.dev_mode, minors
+            )
+            if self.resolve
+            else {}
+        )
         for k in self.delete:
             ct.config.pop(k, None)
         ct.config.update(self.set)

@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-from gputopo.actions.base import ActionModel, DiffContext, Phase, PreflightContext, RunningBefore, StepContext, World
+from gputopo.actions.base import (
+    ActionModel,
+    DiffContext,
+    Phase,
+    PreflightContext,
+    RunningBefore,
+    StepContext,
+    World,
+)
 from gputopo.errors import ExecError
 from gputopo.model.state import ContainerState, CurrentState, ServiceState
 from gputopo.model.strict import Strict
@@ -32,12 +40,16 @@ class WriteServiceDropin(ActionModel):
     Before = DropinBefore
 
     def describe(self) -> str:
-        return f"CT {self.vmid}: write {self.path} ({self.unit}, tensor parallel {self.tp}; read at next start)"
+        return (
+            f"CT {self.vmid}: write {self.path} ({self.unit}, tensor parallel {self.tp}; read at next start)"
+        )
 
     def preflight(self, ctx: PreflightContext) -> list[str]:
         ct = ctx.current.containers.get(self.vmid)
         if ct is not None and ct.status != "running":
-            return [f"CT {self.vmid} is stopped; start it so {self.path} can be written (pct push needs it running)"]
+            return [
+                f"CT {self.vmid} is stopped; start it so {self.path} can be written (pct push needs it running)"
+            ]
         return []
 
     def before(self, ctx: StepContext) -> DropinBefore:
@@ -53,7 +65,12 @@ class WriteServiceDropin(ActionModel):
 
     def undo(self, before: DropinBefore, ctx: StepContext) -> str:
         if not ctx.running("lxc", self.vmid):
-            raise ExecError(self.vmid, ["cat", self.path], 255, f"CT {self.vmid} is not running; cannot restore {self.path}")
+            raise ExecError(
+                self.vmid,
+                ["cat", self.path],
+                255,
+                f"CT {self.vmid} is not running; cannot restore {self.path}",
+            )
         now = ctx.read_file_in(self.vmid, self.path)
         done = ""
         if now != before.content:
@@ -64,7 +81,10 @@ class WriteServiceDropin(ActionModel):
             else:
                 ctx.ports.exec.push(self.vmid, self.path, before.content, 0o644)
                 return f"CT {self.vmid}: restored {self.path}"
-        if not before.dir_existed and ctx.exec(self.vmid, ["test", "-d", _dir(self.path)], check=False).rc == 0:
+        if (
+            not before.dir_existed
+            and ctx.exec(self.vmid, ["test", "-d", _dir(self.path)], check=False).rc == 0
+        ):
             # the directory apply made for the drop-in (a failed push may leave it empty)
             ctx.exec(self.vmid, ["rmdir", "--ignore-fail-on-non-empty", _dir(self.path)])
             done = done or f"CT {self.vmid}: removed {_dir(self.path)}"
@@ -79,7 +99,7 @@ class WriteServiceDropin(ActionModel):
         exec_start = None
         for line in self.content.splitlines():
             if line.startswith("ExecStart=") and line != "ExecStart=":
-                exec_start = line[len("ExecStart="):].replace("%%", "%")
+                exec_start = line[len("ExecStart=") :].replace("%%", "%")
         world.reloads[self.vmid] = (exec_start, self.tp)
 
     def diff(self, ctx: DiffContext) -> None:

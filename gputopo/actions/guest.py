@@ -37,20 +37,30 @@ def _record(current: CurrentState, guest: str, vmid: int, out: RunningBefore) ->
         out.guests[f"qemu/{vmid}"] = g.status if g else "stopped"
 
 
-def power(ctx: StepContext, guest: str, vmid: int, action: str, shutdown_timeout: int = SHUTDOWN_TIMEOUT,
-          force: bool = False) -> TaskResult:
+def power(
+    ctx: StepContext,
+    guest: str,
+    vmid: int,
+    action: str,
+    shutdown_timeout: int = SHUTDOWN_TIMEOUT,
+    force: bool = False,
+) -> TaskResult:
     """Start, stop or shut down the guest and pass its task's warnings on (``ctx.warn``), and
     a forced shutdown as one more. Raises what ``ProxmoxPort.guest_action`` raises."""
     # an LXC shutdown that fails runs twice its timeout and 5 s more (pve-container LXC.pm
     # vm_stop): wait at least that long before calling the task hung
     limit = max(ctx.timeouts.guest, 2 * shutdown_timeout + 35) if action == "shutdown" else ctx.timeouts.guest
-    res = ctx.ports.proxmox.guest_action(guest, vmid, action, limit, shutdown_timeout=shutdown_timeout, force=force)
+    res = ctx.ports.proxmox.guest_action(
+        guest, vmid, action, limit, shutdown_timeout=shutdown_timeout, force=force
+    )
     name = guest_name(guest, vmid)
     for w in res.warnings:
         ctx.warn(f"{name} {action}: {w}")
     if res.forced:
-        ctx.warn(f"{name} did not shut down within {shutdown_timeout} s; Proxmox stopped it by force "
-                 "(policy.force_stop)")
+        ctx.warn(
+            f"{name} did not shut down within {shutdown_timeout} s; Proxmox stopped it by force "
+            "(policy.force_stop)"
+        )
     return res
 
 
@@ -134,7 +144,12 @@ class StartGuest(_GuestStep):
     def diff(self, ctx: DiffContext) -> None:
         # a start after a stop of the same plan changes nothing that stays; a guest that is
         # stopped now and should run is a difference of its own
-        now = (ctx.current.containers.get(self.vmid) if self.guest == "lxc" else ctx.current.guests.get(self.vmid))
+        now = (
+            ctx.current.containers.get(self.vmid)
+            if self.guest == "lxc"
+            else ctx.current.guests.get(self.vmid)
+        )
         if now is not None and now.status != "running":
             ctx.area("guests and services").lines.append(
-                f"{guest_name(self.guest, self.vmid)} is stopped; the spec says it serves")
+                f"{guest_name(self.guest, self.vmid)} is stopped; the spec says it serves"
+            )

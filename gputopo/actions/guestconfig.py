@@ -10,8 +10,9 @@ ones it added, under a fresh digest.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from gputopo.model.strict import Strict
 from gputopo.ports import ProxmoxPort
@@ -41,8 +42,12 @@ class GuestConfig:
         """The config now, without its digest (what undo puts back)."""
         return ConfigBefore(config={k: v for k, v in self.read().items() if k != "digest"})
 
-    def change(self, set_: dict[str, str], delete: list[str],
-               more: Callable[[dict[str, Any]], dict[str, str]] | None = None) -> None:
+    def change(
+        self,
+        set_: dict[str, str],
+        delete: list[str],
+        more: Callable[[dict[str, Any]], dict[str, str]] | None = None,
+    ) -> None:
         """Set the values of ``set_`` that differ (and ``more(config)``, values computed from the
         config read now) and delete the keys of ``delete`` that are there; no PUT when nothing
         differs."""

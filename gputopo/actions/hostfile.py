@@ -39,8 +39,9 @@ def _read(ctx: StepContext, path: str) -> FileBefore:
 def _restore(ctx: StepContext, path: str, before: FileBefore) -> str:
     try:
         now = _read(ctx, path)
-        if now.model_dump(exclude={"absent_dirs"}) == before.model_dump(exclude={"absent_dirs"}) \
-                and set(before.absent_dirs) <= set(now.absent_dirs):
+        if now.model_dump(exclude={"absent_dirs"}) == before.model_dump(exclude={"absent_dirs"}) and set(
+            before.absent_dirs
+        ) <= set(now.absent_dirs):
             return ""
         if before.content is None:
             ctx.ports.files.remove(path)

@@ -71,8 +71,14 @@ def _restore(ctx: StepContext, id: str, before: MappingBefore) -> str:
     return ""
 
 
-def write_own_lines(ctx: StepContext, id: str, node: str, own: list[str], description: str | None,
-                    base: list[str] | None = None) -> bool:
+def write_own_lines(
+    ctx: StepContext,
+    id: str,
+    node: str,
+    own: list[str],
+    description: str | None,
+    base: list[str] | None = None,
+) -> bool:
     """Make ``node``'s lines of mapping ``id`` exactly ``own``, keeping every other node's lines
     as they are at the moment of the write; returns whether anything was written.
 
@@ -118,7 +124,9 @@ class _MappingStep(ActionModel):
     phase: Phase = "prepare"
     id: str
     digest: str | None = None
-    node: str | None = Field(None, description="The node whose map lines this step owns (None: the whole map)")
+    node: str | None = Field(
+        None, description="The node whose map lines this step owns (None: the whole map)"
+    )
     base: list[str] | None = Field(None, description="That node's lines when the plan was made")
 
     Before = MappingBefore
@@ -135,8 +143,13 @@ class _MappingStep(ActionModel):
     def undo(self, before: MappingBefore, ctx: StepContext) -> str:
         if self.node is None:
             return _restore(ctx, self.id, before)
-        wrote = write_own_lines(ctx, self.id, self.node, lines_of(before.map, self.node),
-                                before.description if before.exists else None)
+        wrote = write_own_lines(
+            ctx,
+            self.id,
+            self.node,
+            lines_of(before.map, self.node),
+            before.description if before.exists else None,
+        )
         return f"restored node {self.node}'s lines of mapping {self.id}" if wrote else ""
 
     def own(self) -> list[str]:
@@ -146,17 +159,25 @@ class _MappingStep(ActionModel):
         if self.node is None:
             return super().signature()
         # other nodes' lines and create-or-update are settled at write time, not by the plan
-        return {"kind": self.kind, "id": self.id, "node": self.node,
-                "own": sorted(map(normalize_map_entry, self.own())),
-                "base": sorted(map(normalize_map_entry, self.base or []))}
+        return {
+            "kind": self.kind,
+            "id": self.id,
+            "node": self.node,
+            "own": sorted(map(normalize_map_entry, self.own())),
+            "base": sorted(map(normalize_map_entry, self.base or [])),
+        }
 
     def diff(self, ctx: DiffContext) -> None:
         ctx.area("mappings").lines.append(self.describe())
-        from_now = [{"id": mid, "map": m.map, "description": m.description}
-                    for mid, m in ctx.current.mappings.items() if m.map]
+        from_now = [
+            {"id": mid, "map": m.map, "description": m.description}
+            for mid, m in ctx.current.mappings.items()
+            if m.map
+        ]
         path = "pve/mapping/pci.cfg"
         ctx.area("mappings").files[path] = ctx.unified(
-            path, ctx.render_pci_cfg(from_now) if from_now else None, ctx.rendered.get(path))
+            path, ctx.render_pci_cfg(from_now) if from_now else None, ctx.rendered.get(path)
+        )
 
 
 class SetMapping(_MappingStep):
@@ -184,7 +205,9 @@ class SetMapping(_MappingStep):
             ctx.ports.proxmox.mapping_update(self.id, self.map, self.description, cur.get("digest") or "")
 
     def expect(self, world: World) -> None:
-        world.current.mappings[self.id] = MappingState(map=list(self.map), description=self.description, digest="new")
+        world.current.mappings[self.id] = MappingState(
+            map=list(self.map), description=self.description, digest="new"
+        )
 
 
 class DeleteMapping(_MappingStep):

@@ -67,15 +67,21 @@ class Rebind(ActionModel):
         problems: list[str] = []
         if self.to_driver == VFIO:
             if not ctx.facts.host.iommu_enabled:
-                problems.append("IOMMU is off (no sys/kernel/iommu_groups); add amd_iommu=on or intel_iommu=on "
-                                "to the kernel command line and reboot")
+                problems.append(
+                    "IOMMU is off (no sys/kernel/iommu_groups); add amd_iommu=on or intel_iommu=on "
+                    "to the kernel command line and reboot"
+                )
             if not ctx.driver_loaded(VFIO):
-                problems.append("the vfio-pci driver is not loaded (no sys/bus/pci/drivers/vfio-pci); run: modprobe vfio-pci")
+                problems.append(
+                    "the vfio-pci driver is not loaded (no sys/bus/pci/drivers/vfio-pci); run: modprobe vfio-pci"
+                )
             problems += self._holders(ctx)
         elif not ctx.driver_loaded(NVIDIA):
             going = [a.address for a in ctx.actions if isinstance(a, Rebind) and a.to_driver == NVIDIA]
-            problems.append(f"the nvidia driver is not loaded (no sys/bus/pci/drivers/nvidia) but "
-                            f"{', '.join(going)} must go back to it; run: modprobe nvidia")
+            problems.append(
+                f"the nvidia driver is not loaded (no sys/bus/pci/drivers/nvidia) but "
+                f"{', '.join(going)} must go back to it; run: modprobe nvidia"
+            )
         problems += self._running_vms(ctx)
         return problems
 
@@ -118,13 +124,17 @@ class Rebind(ActionModel):
             verb = "is" if len(held_paths) == 1 else "are"
             who = f"PID {pids[0]}" if len(pids) == 1 else f"PIDs {', '.join(map(str, sorted(pids)))}"
             if persistenced:
-                problems.append(f"{what} {verb} held open by nvidia-persistenced ({who}); it keeps every GPU "
-                                "on nvidia: run 'systemctl stop nvidia-persistenced' before apply (and "
-                                "'systemctl start nvidia-persistenced' after)")
+                problems.append(
+                    f"{what} {verb} held open by nvidia-persistenced ({who}); it keeps every GPU "
+                    "on nvidia: run 'systemctl stop nvidia-persistenced' before apply (and "
+                    "'systemctl start nvidia-persistenced' after)"
+                )
             elif container is not None:
-                problems.append(f"{what} {verb} held open by {who} ({cmd}) in CT {container}, which the plan keeps "
-                                "running; stop it, name its unit as the container's service, or set "
-                                "policy.container_restart: always")
+                problems.append(
+                    f"{what} {verb} held open by {who} ({cmd}) in CT {container}, which the plan keeps "
+                    "running; stop it, name its unit as the container's service, or set "
+                    "policy.container_restart: always"
+                )
             else:
                 problems.append(f"{what} {verb} held open by {who} ({cmd}); stop it before apply")
         return problems
@@ -137,7 +147,9 @@ class Rebind(ActionModel):
             vms = ctx.cached("running-vms", lambda: _running_vm_configs(ctx))
         except ProxmoxError as e:
             return [f"cannot list VMs: {e}"]
-        mapping_paths = {mid: {p for e in m.map for p in map_paths(e)} for mid, m in ctx.current.mappings.items()}
+        mapping_paths = {
+            mid: {p for e in m.map for p in map_paths(e)} for mid, m in ctx.current.mappings.items()
+        }
         stopped = ctx.stopped_guests("qemu")
         problems = []
         for vmid, cfg in vms.items():
@@ -148,15 +160,21 @@ class Rebind(ActionModel):
                     continue
                 hits = hostpci_addresses(str(v), mapping_paths) & set(self.members)
                 if hits:
-                    problems.append(f"VM {vmid} is running with {', '.join(sorted(hits))} ({k}) and the plan does "
-                                    f"not stop it; shut it down or list it in the spec's vms.guests")
+                    problems.append(
+                        f"VM {vmid} is running with {', '.join(sorted(hits))} ({k}) and the plan does "
+                        f"not stop it; shut it down or list it in the spec's vms.guests"
+                    )
         return problems
 
     # -- before, do, undo -----------------------------------------------------------------------
 
     def before(self, ctx: StepContext) -> RebindBefore:
-        return RebindBefore({m: MemberBefore(driver=s.driver, override=s.override)
-                             for m, s in ((m, ctx.binder.state_of(m)) for m in self.members)})
+        return RebindBefore(
+            {
+                m: MemberBefore(driver=s.driver, override=s.override)
+                for m, s in ((m, ctx.binder.state_of(m)) for m in self.members)
+            }
+        )
 
     def do(self, ctx: StepContext) -> None:
         if self.to_driver == VFIO:
@@ -184,8 +202,11 @@ class Rebind(ActionModel):
         if all((now[m].driver, now[m].override) == (s.driver, s.override) for m, s in prev.items()):
             return left
         ctx.binder.restore(prev)
-        back = (f"rebound {self.address} back to {prev[self.address].driver or 'none'}" if self.address in prev
-                else f"rebound {', '.join(prev)} back")
+        back = (
+            f"rebound {self.address} back to {prev[self.address].driver or 'none'}"
+            if self.address in prev
+            else f"rebound {', '.join(prev)} back"
+        )
         return back + (f"; {left}" if left else "")
 
     # -- expect, diff ---------------------------------------------------------------------------

@@ -40,14 +40,18 @@ class UpdateVmConfig(ActionModel):
     vmid: int
     set: dict[str, str] = Field(default_factory=dict)
     delete: list[str] = Field(default_factory=list)
-    digest: str | None = Field(None, description="The digest at plan time (the PUT uses the one read right before it)")
+    digest: str | None = Field(
+        None, description="The digest at plan time (the PUT uses the one read right before it)"
+    )
 
     Before = ConfigBefore
 
     def describe(self) -> str:
         parts = []
         if self.set:
-            parts.append("set " + " ".join(_summary(k, v) for k, v in sorted(self.set.items(), key=_key_order)))
+            parts.append(
+                "set " + " ".join(_summary(k, v) for k, v in sorted(self.set.items(), key=_key_order))
+            )
         if self.delete:
             parts.append("delete " + ",".join(sorted(self.delete, key=lambda k: _key_order((k, "")))))
         return f"VM {self.vmid}: " + "; ".join(parts)
@@ -65,7 +69,9 @@ class UpdateVmConfig(ActionModel):
         GuestConfig.qemu(ctx.ports.proxmox, self.vmid).change(self.set, self.delete)
 
     def undo(self, before: ConfigBefore, ctx: StepContext) -> str:
-        if not GuestConfig.qemu(ctx.ports.proxmox, self.vmid).restore(before.config, set(self.set) | set(self.delete)):
+        if not GuestConfig.qemu(ctx.ports.proxmox, self.vmid).restore(
+            before.config, set(self.set) | set(self.delete)
+        ):
             return ""
         return f"VM {self.vmid}: restored its configuration"
 

@@ -29,7 +29,7 @@ class ClusterApi:
         return f"ClusterApi({self.client!r})"
 
     def _call(self, method: str, path: str, **params: Any) -> Any:
-        return self.client._call(method, path, **params)  # noqa: SLF001 - the same adapter family
+        return self.client._call(method, path, **params)
 
     def members(self) -> list[str]:
         return [e["name"] for e in self._call("GET", "/cluster/status") if e.get("type") == "node"]

@@ -92,7 +92,9 @@ def read_secret_file(path: str) -> str:
     except OSError as e:
         raise ConfigError(f"{path}: cannot read secret file ({e.strerror})") from None
     if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise ConfigError(f"{path}: secret file must be readable by its owner only (mode {stat.S_IMODE(st.st_mode):04o}; chmod 600 it)")
+        raise ConfigError(
+            f"{path}: secret file must be readable by its owner only (mode {stat.S_IMODE(st.st_mode):04o}; chmod 600 it)"
+        )
     try:
         text = Path(path).read_text()
     except OSError as e:

@@ -20,8 +20,12 @@ from gputopo.ports import ExecResult
 class PctExec:
     """ExecPort over the ``pct`` command. ``runner`` is ``subprocess.run`` (injectable for tests)."""
 
-    def __init__(self, pct: str = "pct", runner: Callable[..., subprocess.CompletedProcess] = subprocess.run,
-                 push_timeout: float = 60.0):
+    def __init__(
+        self,
+        pct: str = "pct",
+        runner: Callable[..., subprocess.CompletedProcess] = subprocess.run,
+        push_timeout: float = 60.0,
+    ):
         self.pct = pct
         self.runner = runner
         self.push_timeout = push_timeout
@@ -68,8 +72,12 @@ class PctExec:
         # pct's exit status is not trusted alone (a failed worker may still exit 0): read it back.
         back = self.run(vmid, ["cat", path], timeout=self.push_timeout)
         if back.rc != 0 or back.stdout != content:
-            raise ExecError(vmid, argv, back.rc if back.rc != 0 else 1,
-                            back.stderr or f"{path} does not hold what was pushed")
+            raise ExecError(
+                vmid,
+                argv,
+                back.rc if back.rc != 0 else 1,
+                back.stderr or f"{path} does not hold what was pushed",
+            )
 
 
 def _text(data: str | bytes | None) -> str:

@@ -32,15 +32,17 @@ def normalize_fingerprint(text: str) -> str:
     """
     value = text.strip()
     if not FINGERPRINT_RE.match(value):
-        raise ConfigError(f"--fingerprint {text}: a SHA-256 fingerprint is 32 hex pairs joined by ':' "
-                          "(AA:BB:...), as the node's certificate view and GET /nodes show it")
+        raise ConfigError(
+            f"--fingerprint {text}: a SHA-256 fingerprint is 32 hex pairs joined by ':' "
+            "(AA:BB:...), as the node's certificate view and GET /nodes show it"
+        )
     return value.upper()
 
 
 def colon_hex(hexdigest: str) -> str:
     """``ab12...`` -> ``AB:12:...``."""
     h = hexdigest.upper()
-    return ":".join(h[i:i + 2] for i in range(0, len(h), 2))
+    return ":".join(h[i : i + 2] for i in range(0, len(h), 2))
 
 
 def presented_fingerprint(err: BaseException) -> str | None:
@@ -67,15 +69,29 @@ def _session(fingerprint: str) -> Any:
     return session
 
 
-def pinned_api(host: str, port: int, fingerprint: str, user: str, timeout: float, *, password: str | None = None,
-               token_name: str | None = None, token_value: str | None = None) -> Any:
+def pinned_api(
+    host: str,
+    port: int,
+    fingerprint: str,
+    user: str,
+    timeout: float,
+    *,
+    password: str | None = None,
+    token_name: str | None = None,
+    token_value: str | None = None,
+) -> Any:
     """A proxmoxer resource for ``https://host:port/api2/json`` whose every request, the ticket
     login included, goes to the certificate with ``fingerprint`` only.
 
     Raises proxmoxer's AuthenticationError when the login is refused, requests' SSLError
     (see :func:`presented_fingerprint`) when the certificate is another.
     """
-    from proxmoxer.backends.https import JsonSerializer, ProxmoxHTTPApiTokenAuth, ProxmoxHTTPAuth, ProxmoxHTTPAuthBase
+    from proxmoxer.backends.https import (
+        JsonSerializer,
+        ProxmoxHTTPApiTokenAuth,
+        ProxmoxHTTPAuth,
+        ProxmoxHTTPAuthBase,
+    )
     from proxmoxer.core import AuthenticationError, ProxmoxResource
 
     base = f"https://{host}:{port}/api2/json"
@@ -84,13 +100,20 @@ def pinned_api(host: str, port: int, fingerprint: str, user: str, timeout: float
     class PinnedTicketAuth(ProxmoxHTTPAuth):
         """proxmoxer's ticket auth, logging in (and renewing) through the pinned session."""
 
-        def _get_new_tokens(self, password: str | None = None, otp: str | None = None, otptype: str | None = None) -> None:
-            data = {"username": self.username, "password": password if password is not None else self.pve_auth_ticket}
+        def _get_new_tokens(
+            self, password: str | None = None, otp: str | None = None, otptype: str | None = None
+        ) -> None:
+            data = {
+                "username": self.username,
+                "password": password if password is not None else self.pve_auth_ticket,
+            }
             bare = ProxmoxHTTPAuthBase(timeout=self.timeout, verify_ssl=False)
             r = session.request("POST", base + "/access/ticket", data=data, auth=bare, timeout=self.timeout)
             if r.status_code != 200:
-                raise AuthenticationError(f"Couldn't authenticate user: {self.username} to {base}/access/ticket "
-                                          f"code: {r.status_code}")
+                raise AuthenticationError(
+                    f"Couldn't authenticate user: {self.username} to {base}/access/ticket "
+                    f"code: {r.status_code}"
+                )
             got = r.json()["data"]
             if got.get("NeedTFA") is not None:
                 raise AuthenticationError(f"{self.username}: two-factor authentication is not supported")

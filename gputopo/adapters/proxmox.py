@@ -37,7 +37,9 @@ class ProxmoxClient(ABC):
         self.node = cfg.node
 
     @staticmethod
-    def from_config(cfg: ApiConfig, env: dict[str, str] | None = None, runner: Runner | None = None) -> "ProxmoxClient":
+    def from_config(
+        cfg: ApiConfig, env: dict[str, str] | None = None, runner: Runner | None = None
+    ) -> ProxmoxClient:
         """Connect as ``cfg`` says. ``env`` defaults to ``os.environ``; ``runner`` replaces the
         way the local backend runs ``pvesh`` (tests pass a fake).
 
@@ -97,8 +99,16 @@ class ProxmoxClient(ABC):
         """'running' or 'stopped' (GET .../status/current)."""
         return self._call("GET", f"{self._n()}/{_kind(kind)}/{vmid}/status/current")["status"]
 
-    def guest_action(self, kind: str, vmid: int, action: str, timeout: float, *,
-                     shutdown_timeout: int | None = None, force: bool = False) -> TaskResult:
+    def guest_action(
+        self,
+        kind: str,
+        vmid: int,
+        action: str,
+        timeout: float,
+        *,
+        shutdown_timeout: int | None = None,
+        force: bool = False,
+    ) -> TaskResult:
         """POST status/{start|stop|shutdown} and wait up to ``timeout`` s for the task.
 
         A shutdown sends ``timeout=shutdown_timeout`` and ``forceStop=1`` only with ``force``.
@@ -137,7 +147,9 @@ class ProxmoxClient(ABC):
         """POST ``path``: what Proxmox answers (a UPID). Raises ProxmoxError, TaskTimeout."""
         return self._call("POST", path, **params)
 
-    def wait_task(self, upid: str, timeout: float, what: str | None = None, limit: float | None = None) -> str:
+    def wait_task(
+        self, upid: str, timeout: float, what: str | None = None, limit: float | None = None
+    ) -> str:
         """Poll the task until it stops; its exitstatus (``OK`` or ``WARNINGS: N``).
 
         Raises TaskFailed for any other exitstatus, TaskTimeout (naming ``what`` and ``limit``,
@@ -163,7 +175,9 @@ class ProxmoxClient(ABC):
 
     def nodes(self) -> list[str]:
         """GET /nodes: the names of the nodes this API serves."""
-        return [str(n["node"]) for n in self._call("GET", "/nodes") or [] if isinstance(n, dict) and n.get("node")]
+        return [
+            str(n["node"]) for n in self._call("GET", "/nodes") or [] if isinstance(n, dict) and n.get("node")
+        ]
 
     def list_guests(self, kind: str) -> list[dict[str, Any]]:
         return self._call("GET", f"{self._n()}/{_kind(kind)}")
@@ -198,7 +212,9 @@ class ProxmoxClient(ABC):
         """
         out = self._call("POST", f"{self._n()}/qemu/{vmid}/agent/exec", command=list(argv))
         if not isinstance(out, dict) or "pid" not in out:
-            raise ProxmoxError(f"POST {self._n()}/qemu/{vmid}/agent/exec", None, f"no pid in the answer {str(out)[:80]!r}")
+            raise ProxmoxError(
+                f"POST {self._n()}/qemu/{vmid}/agent/exec", None, f"no pid in the answer {str(out)[:80]!r}"
+            )
         return int(out["pid"])
 
     def agent_exec_status(self, vmid: int, pid: int) -> dict[str, Any]:
@@ -231,10 +247,14 @@ class ProxmoxClient(ABC):
             params["description"] = description
         else:
             params["delete"] = "description"
-        self._check_null(self._call("PUT", f"/cluster/mapping/pci/{id}", **params), f"PUT /cluster/mapping/pci/{id}")
+        self._check_null(
+            self._call("PUT", f"/cluster/mapping/pci/{id}", **params), f"PUT /cluster/mapping/pci/{id}"
+        )
 
     def mapping_delete(self, id: str) -> None:
-        self._check_null(self._call("DELETE", f"/cluster/mapping/pci/{id}"), f"DELETE /cluster/mapping/pci/{id}")
+        self._check_null(
+            self._call("DELETE", f"/cluster/mapping/pci/{id}"), f"DELETE /cluster/mapping/pci/{id}"
+        )
 
 
 class LocalClient(ProxmoxClient):
@@ -280,12 +300,14 @@ class HttpsClient(ProxmoxClient):
         self._token_name = creds.token_name
 
     def __repr__(self) -> str:
-        return f"HttpsClient({self.identity()} at https://{self._cfg.host}:{self._cfg.port}, node {self.node})"
+        return (
+            f"HttpsClient({self.identity()} at https://{self._cfg.host}:{self._cfg.port}, node {self.node})"
+        )
 
     __str__ = __repr__
 
     @classmethod
-    def connect(cls, cfg: ApiConfig, env: dict[str, str]) -> "HttpsClient":
+    def connect(cls, cfg: ApiConfig, env: dict[str, str]) -> HttpsClient:
         """Log in as ``cfg`` says with the credentials in ``env`` (or ``cfg.secret_file``).
 
         With ``cfg.fingerprint`` every connection must present that certificate
@@ -309,22 +331,43 @@ class HttpsClient(ProxmoxClient):
         where = f"connect https://{cfg.host}:{cfg.port}"
         try:
             if cfg.fingerprint:
-                api = pinned_api(cfg.host, cfg.port, cfg.fingerprint, creds.user, cfg.timeout, password=creds.password,
-                                 token_name=creds.token_name, token_value=creds.token_secret)
+                api = pinned_api(
+                    cfg.host,
+                    cfg.port,
+                    cfg.fingerprint,
+                    creds.user,
+                    cfg.timeout,
+                    password=creds.password,
+                    token_name=creds.token_name,
+                    token_value=creds.token_secret,
+                )
             else:
-                kw: dict[str, Any] = dict(host=cfg.host, port=cfg.port, user=creds.user, verify_ssl=verify,
-                                          timeout=cfg.timeout, service="PVE")
+                kw: dict[str, Any] = dict(
+                    host=cfg.host,
+                    port=cfg.port,
+                    user=creds.user,
+                    verify_ssl=verify,
+                    timeout=cfg.timeout,
+                    service="PVE",
+                )
                 if creds.token_name:
-                    api = ProxmoxAPI(backend="https", token_name=creds.token_name, token_value=creds.token_secret, **kw)
+                    api = ProxmoxAPI(
+                        backend="https", token_name=creds.token_name, token_value=creds.token_secret, **kw
+                    )
                 else:
                     api = ProxmoxAPI(backend="https", password=creds.password, **kw)
         except AuthenticationError:
-            raise LoginFailed("POST /access/ticket", 401, f"authentication failure for {creds.user}") from None
+            raise LoginFailed(
+                "POST /access/ticket", 401, f"authentication failure for {creds.user}"
+            ) from None
         except Exception as e:  # requests' connection/TLS errors; never echo the secret
             got = presented_fingerprint(e)
             if got:
-                raise LoginFailed(where, None, f"the certificate's SHA-256 fingerprint is {got}, "
-                                               f"not the pinned {cfg.fingerprint}") from None
+                raise LoginFailed(
+                    where,
+                    None,
+                    f"the certificate's SHA-256 fingerprint is {got}, not the pinned {cfg.fingerprint}",
+                ) from None
             first = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise ConnectFailed(where, None, creds.scrub(first), tls_hint(e, cfg.ca_bundle)) from None
         client = cls(api, cfg, creds)
@@ -333,7 +376,9 @@ class HttpsClient(ProxmoxClient):
                 client.version()
             except ProxmoxError as e:
                 if e.status == 401:
-                    raise LoginFailed("GET /version", 401, f"{e.pve_message} (API token {client.identity()})") from None
+                    raise LoginFailed(
+                        "GET /version", 401, f"{e.pve_message} (API token {client.identity()})"
+                    ) from None
                 raise
         return client
 
@@ -363,8 +408,11 @@ class HttpsClient(ProxmoxClient):
 
             got = presented_fingerprint(e)
             if got:
-                raise LoginFailed(call, None, f"the certificate's SHA-256 fingerprint is {got}, "
-                                              f"not the pinned {self._cfg.fingerprint}") from None
+                raise LoginFailed(
+                    call,
+                    None,
+                    f"the certificate's SHA-256 fingerprint is {got}, not the pinned {self._cfg.fingerprint}",
+                ) from None
             raise ProxmoxError(call, None, str(e).splitlines()[0] if str(e) else type(e).__name__) from None
 
     def identity(self) -> str:
@@ -373,11 +421,15 @@ class HttpsClient(ProxmoxClient):
 
     def can_change_devices(self) -> tuple[bool, str]:
         if self._token_name:
-            return False, (f"API token {self.identity()} may not configure device passthrough (devN): only root@pam may; "
-                           f"log in with a ticket as root@pam ({ENV_PASSWORD}) or use the local backend on the node")
+            return False, (
+                f"API token {self.identity()} may not configure device passthrough (devN): only root@pam may; "
+                f"log in with a ticket as root@pam ({ENV_PASSWORD}) or use the local backend on the node"
+            )
         if self._user != "root@pam":
-            return False, (f"user {self._user} may not configure device passthrough (devN): only root@pam may; "
-                           f"log in as root@pam ({ENV_PASSWORD}) or use the local backend on the node")
+            return False, (
+                f"user {self._user} may not configure device passthrough (devN): only root@pam may; "
+                f"log in as root@pam ({ENV_PASSWORD}) or use the local backend on the node"
+            )
         return True, "ticket login as root@pam"
 
 

@@ -50,7 +50,9 @@ class PveFiles:
         try:
             return (self.root / rel).read_text()
         except FileNotFoundError:
-            raise ProxmoxError(f"read {self.root / rel}", 500, f"Configuration file '{rel}' does not exist") from None
+            raise ProxmoxError(
+                f"read {self.root / rel}", 500, f"Configuration file '{rel}' does not exist"
+            ) from None
         except (OSError, UnicodeDecodeError) as e:
             raise ProxmoxError(f"read {self.root / rel}", 500, f"cannot read: {e}") from None
 

@@ -22,7 +22,8 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from gputopo.errors import ConfigError, ProxmoxError
 
@@ -113,7 +114,9 @@ def run_command(argv: list[str], timeout: float) -> tuple[str, str, int]:
     try:
         p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     except FileNotFoundError:
-        raise ConfigError(f"{argv[0]}: not found (the local backend runs on the Proxmox node itself)") from None
+        raise ConfigError(
+            f"{argv[0]}: not found (the local backend runs on the Proxmox node itself)"
+        ) from None
     except subprocess.TimeoutExpired:
         raise ProxmoxError(" ".join(argv[:3]), None, f"timed out after {timeout:g} s") from None
     return p.stdout, p.stderr, p.returncode
@@ -126,7 +129,9 @@ class Pvesh:
         self.runner: Runner = runner or run_command
         self.timeout = timeout
 
-    def call(self, method: str, path: str, params: dict[str, Any] | None = None, timeout: float | None = None) -> Any:
+    def call(
+        self, method: str, path: str, params: dict[str, Any] | None = None, timeout: float | None = None
+    ) -> Any:
         """``method`` (GET, PUT, POST, DELETE) on the API ``path``; returns the parsed result.
 
         ``timeout`` replaces :attr:`timeout` for this call (a task runs to its end under pvesh).

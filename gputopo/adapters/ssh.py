@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 import shlex
 import subprocess
-from typing import Sequence
+from collections.abc import Sequence
 
 from gputopo.errors import ConfigError, ExecError, HostFileError, NodeUnreachable
 from gputopo.ports import ExecResult, FileMeta
@@ -43,8 +43,15 @@ class SshRunner:
     connect and the banner exchange.
     """
 
-    def __init__(self, *, user: str = "root", config_file: str | None = None, options: Sequence[str] = (),
-                 connect_timeout: float = 10.0, binary: str = "ssh"):
+    def __init__(
+        self,
+        *,
+        user: str = "root",
+        config_file: str | None = None,
+        options: Sequence[str] = (),
+        connect_timeout: float = 10.0,
+        binary: str = "ssh",
+    ):
         self.user = user
         self.config_file = config_file
         self.options = list(options)
@@ -59,8 +66,17 @@ class SshRunner:
         cmd = [self.binary]
         if self.config_file:
             cmd += ["-F", self.config_file]
-        cmd += ["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
-                "-o", f"ConnectTimeout={max(1, round(self.connect_timeout))}", "-o", "LogLevel=ERROR", "-T"]
+        cmd += [
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            f"ConnectTimeout={max(1, round(self.connect_timeout))}",
+            "-o",
+            "LogLevel=ERROR",
+            "-T",
+        ]
         for opt in self.options:
             cmd += ["-o", opt]
         return cmd + [f"{self.user}@{node}", "--"]
@@ -70,8 +86,14 @@ class SshRunner:
         login refused), ConfigError when there is no ssh client."""
         cmd = self.command(node) + [shlex.join(argv)]
         try:
-            p = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout,
-                               stdin=subprocess.DEVNULL if input is None else None)
+            p = subprocess.run(
+                cmd,
+                input=input,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                stdin=subprocess.DEVNULL if input is None else None,
+            )
         except subprocess.TimeoutExpired:
             raise NodeUnreachable(node, f"no answer within {timeout:g} s ({shlex.join(argv[:2])})") from None
         except FileNotFoundError:

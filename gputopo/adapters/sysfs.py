@@ -162,12 +162,20 @@ class Binder:
     def _check(self, address: str, wanted: str | None, native: bool) -> None:
         got = self.driver_of(address)
         if not (self.root / _devpath(address)).exists():
-            raise BindError(address, wanted, None, "device is gone from the bus", native=native and wanted is None)
+            raise BindError(
+                address, wanted, None, "device is gone from the bus", native=native and wanted is None
+            )
         if native and wanted is None:
             if got in OVERRIDE_DRIVERS:
-                raise BindError(address, None, got, f"{got} claimed it through a dynamic id (left by a VM "
-                                "start): echo the device's 'vendor device' to sys/bus/pci/drivers/"
-                                f"{got}/remove_id", native=True)
+                raise BindError(
+                    address,
+                    None,
+                    got,
+                    f"{got} claimed it through a dynamic id (left by a VM "
+                    "start): echo the device's 'vendor device' to sys/bus/pci/drivers/"
+                    f"{got}/remove_id",
+                    native=True,
+                )
             if got is None:
                 raise BindError(address, None, None, "no native driver claimed it", native=True)
             return
@@ -187,7 +195,10 @@ class Binder:
         self.move_group([address], to_driver, keep_override)
 
     def move_group(
-        self, members: list[str], to_driver: str | None, keep_override: bool = False,
+        self,
+        members: list[str],
+        to_driver: str | None,
+        keep_override: bool = False,
         natives: dict[str, str | None] | None = None,
     ) -> dict[str, MemberState]:
         """Move every member of one IOMMU group: set overrides, unbind ALL, then probe all.
@@ -258,8 +269,9 @@ class Binder:
         Members that had no driver are unbound. Raises like :meth:`move_group`.
         """
         previous = {
-            normalize_address(m): (MemberState(st.driver, st.override) if hasattr(st, "driver")
-                                   else MemberState(st, None))
+            normalize_address(m): (
+                MemberState(st.driver, st.override) if hasattr(st, "driver") else MemberState(st, None)
+            )
             for m, st in previous.items()
         }
         by_target: dict[str | None, list[str]] = {}

@@ -5,4 +5,13 @@ from gputopo.actions import Timeouts
 from gputopo.apply.progress import ApplyResult, PlainProgress, Progress, StepResult
 from gputopo.apply.run import apply, read_and_plan, recover
 
-__all__ = ["ApplyResult", "PlainProgress", "Progress", "StepResult", "Timeouts", "apply", "read_and_plan", "recover"]
+__all__ = [
+    "ApplyResult",
+    "PlainProgress",
+    "Progress",
+    "StepResult",
+    "Timeouts",
+    "apply",
+    "read_and_plan",
+    "recover",
+]

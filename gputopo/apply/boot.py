@@ -10,8 +10,9 @@ A host that boots through ``proxmox-boot-tool`` (its ESPs are listed in
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from gputopo.errors import ConfigError, HostCommandError
 from gputopo.ports import HostFilesPort, Ports
@@ -44,8 +45,9 @@ def boot_commands(files: HostFilesPort) -> list[list[str]]:
     return cmds
 
 
-def refresh_boot(ports: Ports, note: Callable[[str], None] = lambda text: None,
-                 timeout: float = TIMEOUT) -> BootRefresh:
+def refresh_boot(
+    ports: Ports, note: Callable[[str], None] = lambda text: None, timeout: float = TIMEOUT
+) -> BootRefresh:
     """Run :func:`boot_commands` through ``ports.host``, in order, each line of output to ``note``.
 
     Raises ConfigError when the ports cannot run host commands (a ``--root`` other than /),
@@ -66,8 +68,9 @@ def refresh_boot(ports: Ports, note: Callable[[str], None] = lambda text: None,
     return refresh
 
 
-def after_apply(result: Any, ports: Ports, refresh: bool,
-                note: Callable[[str], None] = lambda text: None) -> BootRefresh | None:
+def after_apply(
+    result: Any, ports: Ports, refresh: bool, note: Callable[[str], None] = lambda text: None
+) -> BootRefresh | None:
     """What the next boot needs after an apply that ended ``result`` (an ApplyResult): None when
     it did not apply or changed nothing the boot reads; else the commands, run when ``refresh``
     (:func:`refresh_boot`, raises what it raises), only listed (``ran`` False) otherwise."""

@@ -29,8 +29,9 @@ def verify_failure(result: ApplyResult) -> VerifyFailed | None:
     if result.status == "rolled-back":
         return VerifyFailed("verification failed after apply; the host was rolled back")
     if result.verify is not None and not getattr(result.verify, "ok", True):
-        return VerifyFailed("applied, but verification failed (see above); 'gputopo recover' cannot undo a "
-                            "finished apply")
+        return VerifyFailed(
+            "applied, but verification failed (see above); 'gputopo recover' cannot undo a finished apply"
+        )
     return None
 
 
@@ -49,34 +50,69 @@ def result_document(result: ApplyResult, boot: BootRefresh | None = None) -> dic
         # recover returns no plan: the journal holds the steps it settled
         actions = list(Journal.load(result.journal).header.actions)
     kinds = {i: a.kind for i, a in enumerate(actions)}
-    steps = [{"step": s.index + 1, "phase": s.phase, "kind": kinds.get(s.index, ""), "description": s.text,
-              "status": s.status, "seconds": round(s.seconds, 3), "warnings": list(s.warnings)}
-             for s in sorted(result.steps, key=lambda s: s.index)]
+    steps = [
+        {
+            "step": s.index + 1,
+            "phase": s.phase,
+            "kind": kinds.get(s.index, ""),
+            "description": s.text,
+            "status": s.status,
+            "seconds": round(s.seconds, 3),
+            "warnings": list(s.warnings),
+        }
+        for s in sorted(result.steps, key=lambda s: s.index)
+    ]
     verify = None
     if result.verify is not None and hasattr(result.verify, "to_json"):
         verify = json.loads(result.verify.to_json())
     failed = verify_failure(result)
     p = result.plan
-    return _checked({
-        "status": result.status, "exit_code": failed.exit_code if failed else 0,
-        "node": p.node if p is not None else None, "changed": result.status in CHANGED,
-        "signature": p.signature() if p is not None else None,
-        "journal": result.journal, "wall_s": round(result.wall_s, 3),
-        "stop_window_s": None if result.stop_window_s is None else round(result.stop_window_s, 3),
-        "steps": steps, "warnings": [f"step {s['step']}: {w}" for s in steps for w in s["warnings"]],
-        "plan": [a.describe() for a in actions], "verify": verify,
-        "boot": None if boot is None else {"commands": boot.commands, "ran": boot.ran}})
+    return _checked(
+        {
+            "status": result.status,
+            "exit_code": failed.exit_code if failed else 0,
+            "node": p.node if p is not None else None,
+            "changed": result.status in CHANGED,
+            "signature": p.signature() if p is not None else None,
+            "journal": result.journal,
+            "wall_s": round(result.wall_s, 3),
+            "stop_window_s": None if result.stop_window_s is None else round(result.stop_window_s, 3),
+            "steps": steps,
+            "warnings": [f"step {s['step']}: {w}" for s in steps for w in s["warnings"]],
+            "plan": [a.describe() for a in actions],
+            "verify": verify,
+            "boot": None if boot is None else {"commands": boot.commands, "ran": boot.ran},
+        }
+    )
 
 
-def error_document(error: GputopoError, root: str | os.PathLike | None = None,
-                   journal: str | None = None) -> dict[str, Any]:
+def error_document(
+    error: GputopoError, root: str | os.PathLike | None = None, journal: str | None = None
+) -> dict[str, Any]:
     """The document of an apply or recover that raised ``error``. With ``root``: the journal this
     process wrote there and each of its steps as the journal recorded it (an apply refused
     before its journal began has none); else ``journal`` names the journal, without steps."""
     steps: list[dict[str, Any]] = []
     if root is not None:
         journal, records = own_journal(root)
-        steps = [{"step": s.step, "phase": s.phase, "kind": s.kind, "description": s.description,
-                  "status": s.status, "seconds": s.seconds or 0.0, "warnings": s.warnings} for s in records]
-    return _checked({"status": "error", "exit_code": error.exit_code, "error": str(error), "journal": journal,
-                     "steps": steps})
+        steps = [
+            {
+                "step": s.step,
+                "phase": s.phase,
+                "kind": s.kind,
+                "description": s.description,
+                "status": s.status,
+                "seconds": s.seconds or 0.0,
+                "warnings": s.warnings,
+            }
+            for s in records
+        ]
+    return _checked(
+        {
+            "status": "error",
+            "exit_code": error.exit_code,
+            "error": str(error),
+            "journal": journal,
+            "steps": steps,
+        }
+    )

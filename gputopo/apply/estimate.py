@@ -4,7 +4,7 @@ the plan's one-line summary with the times the last apply here measured (``gputo
 from __future__ import annotations
 
 import os
-from typing import Iterable
+from collections.abc import Iterable
 
 from gputopo.actions import Timeouts
 from gputopo.apply.history import last_measured

@@ -24,8 +24,18 @@ from gputopo.apply.journal import (
 from gputopo.errors import HistoryError, JournalError
 from gputopo.model.documents import ApplyRecord, HistoryEntry, HistoryList, Outcome, StepRecord
 
-__all__ = ["ApplyRecord", "HistoryEntry", "HistoryList", "StepRecord", "entry", "find", "history", "last_measured",
-           "own_journal", "record_of"]
+__all__ = [
+    "ApplyRecord",
+    "HistoryEntry",
+    "HistoryList",
+    "StepRecord",
+    "entry",
+    "find",
+    "history",
+    "last_measured",
+    "own_journal",
+    "record_of",
+]
 
 
 def _utc(t: float) -> str:
@@ -37,8 +47,14 @@ def _steps(j: Journal) -> list[StepRecord]:
     for r in j.records:
         if isinstance(r, Begin):
             a = r.action
-            rec = out.get(r.step) or StepRecord(step=r.step + 1, phase=a.phase, kind=a.kind,
-                                                description=a.describe(), status="begun", started=r.t)
+            rec = out.get(r.step) or StepRecord(
+                step=r.step + 1,
+                phase=a.phase,
+                kind=a.kind,
+                description=a.describe(),
+                status="begun",
+                started=r.t,
+            )
             rec.status = "begun"
             out[r.step] = rec
         elif isinstance(r, (Done, Failed, UndoDone, UndoFailed, UndoIncomplete)) and r.step in out:
@@ -72,16 +88,31 @@ def record_of(j: Journal, with_steps: bool = False) -> ApplyRecord:
     end = next((r for r in reversed(j.records) if isinstance(r, End)), None)
     nh = j.needs_human
     outcome: Outcome = end.result if end is not None else "needs-human" if nh is not None else "unfinished"
-    reason = end.reason if end is not None else (
-        f"needs a human: {', '.join(nh.needs_human) or 'see the journal'}" if nh is not None else None)
+    reason = (
+        end.reason
+        if end is not None
+        else (f"needs a human: {', '.join(nh.needs_human) or 'see the journal'}" if nh is not None else None)
+    )
     name = os.path.basename(str(j.path))
     return ApplyRecord(
-        id=name.removesuffix(".jsonl"), journal=str(j.path), started=h.started, started_utc=_utc(h.started),
-        node=h.node, spec=h.spec, spec_sha256=h.spec_sha256, pid=h.pid, outcome=outcome,
-        rolled_back=outcome == "rolled-back" or any(isinstance(r, (UndoDone, UndoIncomplete)) for r in j.records),
-        reason=reason, verify=end.verify if end is not None else None, steps_total=len(h.actions),
-        steps_done=sum(1 for r in j.of(Done)), stop_window_s=_stop_window(j, steps),
-        wall_s=j.records[-1].t - h.started, steps=steps if with_steps else None,
+        id=name.removesuffix(".jsonl"),
+        journal=str(j.path),
+        started=h.started,
+        started_utc=_utc(h.started),
+        node=h.node,
+        spec=h.spec,
+        spec_sha256=h.spec_sha256,
+        pid=h.pid,
+        outcome=outcome,
+        rolled_back=outcome == "rolled-back"
+        or any(isinstance(r, (UndoDone, UndoIncomplete)) for r in j.records),
+        reason=reason,
+        verify=end.verify if end is not None else None,
+        steps_total=len(h.actions),
+        steps_done=sum(1 for r in j.of(Done)),
+        stop_window_s=_stop_window(j, steps),
+        wall_s=j.records[-1].t - h.started,
+        steps=steps if with_steps else None,
     )
 
 
@@ -115,8 +146,11 @@ def history(root: str | os.PathLike) -> list[ApplyRecord]:
         try:
             out.append(record_of(Journal.load(p)))
         except JournalError as e:
-            out.append(ApplyRecord(id=p.name.removesuffix(".jsonl"), journal=str(p), outcome="unreadable",
-                                   reason=str(e)))
+            out.append(
+                ApplyRecord(
+                    id=p.name.removesuffix(".jsonl"), journal=str(p), outcome="unreadable", reason=str(e)
+                )
+            )
     return out
 
 
@@ -130,12 +164,15 @@ def find(root: str | os.PathLike, ident: str) -> Journal:
         if not paths:
             raise HistoryError(f"no apply recorded under {root}")
         return Journal.load(paths[-1])
-    hits = [p for p in paths if p.name.removesuffix(".jsonl") == ident] or \
-           [p for p in paths if p.name.startswith(ident)]
+    hits = [p for p in paths if p.name.removesuffix(".jsonl") == ident] or [
+        p for p in paths if p.name.startswith(ident)
+    ]
     if not hits:
         raise HistoryError(f"{ident}: no apply with this id (see 'gputopo history')")
     if len(hits) > 1:
-        raise HistoryError(f"{ident}: names {len(hits)} applies ({hits[0].name}, {hits[1].name}, ...); give more of the id")
+        raise HistoryError(
+            f"{ident}: names {len(hits)} applies ({hits[0].name}, {hits[1].name}, ...); give more of the id"
+        )
     return Journal.load(hits[0])
 
 
@@ -150,6 +187,7 @@ def last_measured(root: str | os.PathLike) -> list[tuple[str, str, float]]:
         if j.result != "applied":
             continue
         acts = j.header.actions
-        return [(acts[r.step].kind, acts[r.step].describe(), r.seconds) for r in j.of(Done) if r.step < len(acts)]
+        return [
+            (acts[r.step].kind, acts[r.step].describe(), r.seconds) for r in j.of(Done) if r.step < len(acts)
+        ]
     return []
-

@@ -33,7 +33,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, TypeAdapter, ValidationError
 
@@ -152,8 +152,20 @@ class End(_Rec):
 
 
 Record = Annotated[
-    Union[Header, Begin, Done, Failed, UndoBegin, UndoDone, UndoFailed, UndoIncomplete, ServiceChanged,
-          RestartFailed, NeedsHuman, Verifying, Recover, End],
+    Header
+    | Begin
+    | Done
+    | Failed
+    | UndoBegin
+    | UndoDone
+    | UndoFailed
+    | UndoIncomplete
+    | ServiceChanged
+    | RestartFailed
+    | NeedsHuman
+    | Verifying
+    | Recover
+    | End,
     Field(discriminator="type"),
 ]
 _RECORD: TypeAdapter[Any] = TypeAdapter(Record)
@@ -291,7 +303,10 @@ class Journal:
             if isinstance(r, Begin):
                 first = out[r.step].before if r.step in out else r.before
                 out[r.step] = Step(action=r.action, before=first, status="begun")
-            elif isinstance(r, (Done, Failed, UndoBegin, UndoDone, UndoFailed, UndoIncomplete)) and r.step in out:
+            elif (
+                isinstance(r, (Done, Failed, UndoBegin, UndoDone, UndoFailed, UndoIncomplete))
+                and r.step in out
+            ):
                 out[r.step].status = r.type
         return out
 
@@ -332,15 +347,19 @@ class Journal:
         started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(h.started))
         steps = self.steps()
         done = sum(1 for s in steps.values() if s.status == "done")
-        return (f"{self.path} (pid {h.pid}, started {started}, {len(steps)} of "
-                f"{len(h.actions)} step(s) begun, {done} done)")
+        return (
+            f"{self.path} (pid {h.pid}, started {started}, {len(steps)} of "
+            f"{len(h.actions)} step(s) begun, {done} done)"
+        )
 
     def unfinished_error(self) -> UnfinishedApply:
         """The error that refuses a new apply while this journal is open."""
         nh = self.needs_human
         if nh is None:
             return UnfinishedApply(str(self.path), self.describe())
-        return UnfinishedApply(str(self.path), self.describe(), list(nh.needs_human), list(nh.pending), nh.left)
+        return UnfinishedApply(
+            str(self.path), self.describe(), list(nh.needs_human), list(nh.pending), nh.left
+        )
 
 
 def list_journals(root: str | os.PathLike) -> list[Path]:

@@ -41,19 +41,24 @@ def refuse_other_node(ports: Ports, root: str) -> None:
         raise PreflightError(
             f"the Proxmox API serves node(s) {', '.join(served) or 'none'}, and gputopo would act on node {node}, "
             f"but this host is {host}: sysfs and pct act on this machine only; run it on the node itself "
-            "(nothing was changed)")
+            "(nothing was changed)"
+        )
 
 
-def preflight(p: Plan, facts: Facts, current: CurrentState, spec: Spec, ports: Ports, root: str,
-              node: str | None = None) -> list[str]:
+def preflight(
+    p: Plan, facts: Facts, current: CurrentState, spec: Spec, ports: Ports, root: str, node: str | None = None
+) -> list[str]:
     """Every problem that would make ``p`` fail or harm a workload, one line each ([] = go).
 
     A container of the spec that does not exist is the only problem reported: the plan was made
     for a host other than this one, so every other finding would follow from that mistake.
     """
     spec_node = pick_node(spec, facts, node)
-    missing = [f"container {c.vmid} does not exist on node {spec_node.name}"
-               for c in spec_node.containers if c.vmid not in current.containers]
+    missing = [
+        f"container {c.vmid} does not exist on node {spec_node.name}"
+        for c in spec_node.containers
+        if c.vmid not in current.containers
+    ]
     if missing:
         return missing
     problems: list[str] = []
@@ -64,7 +69,11 @@ def preflight(p: Plan, facts: Facts, current: CurrentState, spec: Spec, ports: P
         problems.append(f"the Proxmox API is not reachable: {e}")
         api_ok = False
     ctx = PreflightContext(
-        facts=facts, current=current, ports=ports, actions=list(p.actions), api_ok=api_ok,
+        facts=facts,
+        current=current,
+        ports=ports,
+        actions=list(p.actions),
+        api_ok=api_ok,
         driver_loaded=lambda name: (Path(root) / "sys/bus/pci/drivers" / name).is_dir(),
         holders=lambda paths: read_holders(root, paths),
         drm_nodes=lambda address: read_drm_nodes(root, address),

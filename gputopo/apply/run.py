@@ -28,8 +28,9 @@ import hashlib
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, NoReturn
+from typing import Any, NoReturn
 
 from gputopo.actions import RunningBefore, Timeouts
 from gputopo.apply import signals
@@ -69,12 +70,16 @@ from gputopo.plan.spec import Spec
 from gputopo.ports import Ports
 
 
-def read_and_plan(spec: Spec, ports: Ports, root: str, node: str | None = None) -> tuple[Facts, CurrentState, Plan]:
+def read_and_plan(
+    spec: Spec, ports: Ports, root: str, node: str | None = None
+) -> tuple[Facts, CurrentState, Plan]:
     """Discover ``root``, read the current state through ``ports`` and plan.
 
     Raises what observe and plan raise (RootError, SpecError, ProxmoxError, PlanRefused...).
     """
-    facts, current = observe(root, spec_reads(spec, node), proxmox=ports.proxmox, exec=ports.exec, files=ports.files)
+    facts, current = observe(
+        root, spec_reads(spec, node), proxmox=ports.proxmox, exec=ports.exec, files=ports.files
+    )
     return facts, current, make_plan(facts, spec, current, node=node)
 
 
@@ -98,8 +103,16 @@ def _spec_hash(spec: Spec, spec_path: str | None) -> str:
 
 def _facts_summary(facts: Facts) -> dict[str, Any]:
     return {
-        "gpus": {g.address: {"driver": g.driver, "override": g.driver_override, "numa": g.numa_node,
-                             "minor": g.minor, "group": g.iommu_group} for g in facts.gpus},
+        "gpus": {
+            g.address: {
+                "driver": g.driver,
+                "override": g.driver_override,
+                "numa": g.numa_node,
+                "minor": g.minor,
+                "group": g.iommu_group,
+            }
+            for g in facts.gpus
+        },
         "iommu": facts.host.iommu_enabled,
         "nvidia": facts.host.nvidia_driver_version,
     }
@@ -124,8 +137,9 @@ def _left_over(j: Journal, since: int) -> str:
     return "; ".join(parts) or "a device still needs a human"
 
 
-def _roll_back(runner: Runner, j: Journal, running_before: RunningBefore, retry: bool = False,
-               reason: str | None = None) -> tuple[bool, list[str]]:
+def _roll_back(
+    runner: Runner, j: Journal, running_before: RunningBefore, retry: bool = False, reason: str | None = None
+) -> tuple[bool, list[str]]:
     """Undo what ``runner``'s journal began, then end the journal as rolled back, or (when the
     rollback could not complete) append a ``NeedsHuman`` record naming the devices, the steps
     still to undo and what else is left, and leave it open: the next apply refuses and
@@ -137,12 +151,17 @@ def _roll_back(runner: Runner, j: Journal, running_before: RunningBefore, retry:
         if complete and not stuck:
             j.append(End(result="rolled-back", reason=reason))
         else:
-            j.append(NeedsHuman(needs_human=list(stuck), pending=j.pending_undo(), reason=reason,
-                                left=_left_over(j, mark)))
+            j.append(
+                NeedsHuman(
+                    needs_human=list(stuck), pending=j.pending_undo(), reason=reason, left=_left_over(j, mark)
+                )
+            )
     return complete, stuck
 
 
-def _roll_back_and_raise(runner: Runner, j: Journal, exc: BaseException, running_before: RunningBefore) -> NoReturn:
+def _roll_back_and_raise(
+    runner: Runner, j: Journal, exc: BaseException, running_before: RunningBefore
+) -> NoReturn:
     """Undo what ``runner`` did after ``exc`` stopped it, close the journal, raise the outcome.
 
     Raises ApplyFailed (exit 3 naming the devices a human must look at, when the rollback could
@@ -239,12 +258,22 @@ def apply(
         if problems:
             raise PreflightFailed(problems)
         running_before = running_before_of(list(p.actions), current)
-        j = Journal.create(root, Header(
-            pid=os.getpid(), started=time.time(), argv=list(sys.argv),
-            spec=os.path.abspath(spec_path) if spec_path else None, spec_sha256=expected.spec_sha256 if expected else _spec_hash(spec, spec_path),
-            node=p.node, actions=list(p.actions), facts=_facts_summary(facts),
-            running_before=RunningBeforeRec(guests=running_before.guests, services=running_before.services),
-        ))
+        j = Journal.create(
+            root,
+            Header(
+                pid=os.getpid(),
+                started=time.time(),
+                argv=list(sys.argv),
+                spec=os.path.abspath(spec_path) if spec_path else None,
+                spec_sha256=expected.spec_sha256 if expected else _spec_hash(spec, spec_path),
+                node=p.node,
+                actions=list(p.actions),
+                facts=_facts_summary(facts),
+                running_before=RunningBeforeRec(
+                    guests=running_before.guests, services=running_before.services
+                ),
+            ),
+        )
         runner = Runner(step_context(ports, root, t, progress), j, progress)
         try:
             runner.forward(list(p.actions))
@@ -258,8 +287,15 @@ def apply(
             if not getattr(report, "ok", True):
                 progress.note("verification failed; rolling back")
                 _roll_back(runner, j, running_before, reason="verify")
-                res = ApplyResult("rolled-back", plan=p, steps=runner.results, wall_s=time.monotonic() - t_start,
-                                  stop_window_s=window, journal=str(j.path), verify=report)
+                res = ApplyResult(
+                    "rolled-back",
+                    plan=p,
+                    steps=runner.results,
+                    wall_s=time.monotonic() - t_start,
+                    stop_window_s=window,
+                    journal=str(j.path),
+                    verify=report,
+                )
                 progress.summary(res)
                 return res
             j.append(End(result="applied", verify="passed"))
@@ -268,8 +304,15 @@ def apply(
             j.append(End(result="applied"))
             if verify is not None:
                 report = verify()
-    res = ApplyResult("applied", plan=p, steps=sorted(runner.results, key=lambda r: r.index),
-                      wall_s=time.monotonic() - t_start, stop_window_s=window, journal=str(j.path), verify=report)
+    res = ApplyResult(
+        "applied",
+        plan=p,
+        steps=sorted(runner.results, key=lambda r: r.index),
+        wall_s=time.monotonic() - t_start,
+        stop_window_s=window,
+        journal=str(j.path),
+        verify=report,
+    )
     progress.summary(res)
     return res
 
@@ -310,7 +353,9 @@ def recover(
             return ApplyResult("nothing-to-recover")
         progress.note(f"recovering {j.describe()}")
         runner = Runner(step_context(ports, root, t, progress), j, progress)
-        rb = RunningBefore(guests=dict(j.header.running_before.guests), services=dict(j.header.running_before.services))
+        rb = RunningBefore(
+            guests=dict(j.header.running_before.guests), services=dict(j.header.running_before.services)
+        )
         undoing = any(r.type.startswith("undo-") for r in j.records)
         if j.verifying and not undoing:
             j.append(End(result="applied", verify="did not finish"))
@@ -318,7 +363,9 @@ def recover(
             return ApplyResult("applied", wall_s=time.monotonic() - t0, journal=str(j.path))
         if finish and undoing:
             # half of it is already undone: finishing forward would build on an unknown middle
-            raise JournalError(f"{j.path}: its rollback already began; run 'gputopo recover' without --finish")
+            raise JournalError(
+                f"{j.path}: its rollback already began; run 'gputopo recover' without --finish"
+            )
         j.append(Recover(mode="finish" if finish else "rollback", pid=os.getpid()))
         if finish:
             done = {i for i, s in j.steps().items() if s.status == "done"}
@@ -327,8 +374,14 @@ def recover(
             except BaseException as exc:
                 _roll_back_and_raise(runner, j, exc, rb)
             j.append(End(result="applied"))
-            return ApplyResult("finished", steps=runner.results, wall_s=time.monotonic() - t0, journal=str(j.path))
+            return ApplyResult(
+                "finished", steps=runner.results, wall_s=time.monotonic() - t0, journal=str(j.path)
+            )
         complete, stuck = _roll_back(runner, j, rb, retry=True)
         if not (complete and not stuck):
-            raise ApplyFailed("recover", JournalError(f"{j.path} stays open: {j.needs_human.left}"), complete, stuck)
-        return ApplyResult("recovered", steps=runner.results, wall_s=time.monotonic() - t0, journal=str(j.path))
+            raise ApplyFailed(
+                "recover", JournalError(f"{j.path} stays open: {j.needs_human.left}"), complete, stuck
+            )
+        return ApplyResult(
+            "recovered", steps=runner.results, wall_s=time.monotonic() - t0, journal=str(j.path)
+        )

@@ -34,8 +34,8 @@ from gputopo.apply.journal import (
 from gputopo.apply.progress import Progress, StepResult
 from gputopo.errors import ExecError, GputopoError, SysfsTimeout
 from gputopo.facts.discover import discover
-from gputopo.formats.devn import dev_entries, dev_path
 from gputopo.facts.modalias import native_driver
+from gputopo.formats.devn import dev_entries, dev_path
 from gputopo.ports import Ports
 
 
@@ -88,7 +88,9 @@ class Runner:
         try:
             before = a.before(self.ctx)
         except BaseException as e:  # nothing changed yet, but the error belongs to this step
-            self.j.append(Failed(step=i, error=str(signals.as_error(e)), error_type=type(e).__name__, begun=False))
+            self.j.append(
+                Failed(step=i, error=str(signals.as_error(e)), error_type=type(e).__name__, begun=False)
+            )
             raise
         self.j.append(Begin(step=i, action=a, before=before.model_dump()))
         self.progress.step_begin(i, total, a)
@@ -99,7 +101,9 @@ class Runner:
         except BaseException as e:
             t1 = time.monotonic()
             hung = [e.address] if isinstance(e, SysfsTimeout) and e.address else []
-            self.j.append(Failed(step=i, error=str(signals.as_error(e)), error_type=type(e).__name__, devices=hung))
+            self.j.append(
+                Failed(step=i, error=str(signals.as_error(e)), error_type=type(e).__name__, devices=hung)
+            )
             self._result(StepResult(i, a.phase, a.describe(), "failed", t1 - t0, t0, t1))
             self.progress.step_end(i, total, a, "FAILED", t1 - t0)
             raise
@@ -166,7 +170,9 @@ class Runner:
         """
         ctx = self.ctx
         steps = self.j.steps()
-        order = sorted(dict.fromkeys(reversed(self.j.begun())), key=lambda n: UNDO_RANK.get(steps[n].action.phase, 5))
+        order = sorted(
+            dict.fromkeys(reversed(self.j.begun())), key=lambda n: UNDO_RANK.get(steps[n].action.phase, 5)
+        )
         ctx.stuck = set(ctx.binder.stuck) | ctx.gone
         if not retry:
             ctx.stuck |= self.j.hung_devices()  # a worker of this process may still be blocked there
@@ -207,7 +213,7 @@ class Runner:
         cfg = self.ctx.ports.proxmox.lxc_config(vmid)
         wanted = sorted({dev_path(v) for v in dev_entries(cfg).values()})
         seen = set(self.ctx.exec(vmid, ["ls", "/dev"]).stdout.split())
-        return [p for p in wanted if p[len("/dev/"):].split("/", 1)[0] not in seen]
+        return [p for p in wanted if p[len("/dev/") :].split("/", 1)[0] not in seen]
 
     def _fix_device_view(self, vmid: int) -> None:
         """Restart a running container that lacks some of its GPUs' device nodes (it was started
@@ -240,8 +246,13 @@ class Runner:
             ctx.wait_active(vmid, unit)
             return
         if state in ("active", "activating", "reloading"):
-            why = ("it ran another command line" if running is not None
-                   else "its drop-in was put back" if dropin_restored else "its command line could not be read")
+            why = (
+                "it ran another command line"
+                if running is not None
+                else "its drop-in was put back"
+                if dropin_restored
+                else "its command line could not be read"
+            )
             ctx.exec(vmid, ["systemctl", "restart", unit])
             ctx.wait_active(vmid, unit)
             self.progress.note(f"CT {vmid}: restarted {unit} with its previous configuration ({why})")

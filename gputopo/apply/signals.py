@@ -7,7 +7,8 @@ import contextlib
 import signal
 import sys
 import threading
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from gputopo.errors import Interrupted
 
@@ -43,8 +44,10 @@ def interruptible() -> Iterator[None]:
         if _HOLD["deferring"]:
             notice = _HOLD["notice"]
             if notice is not None:
-                notice(f"{signal.Signals(signum).name} received: the rollback continues so that "
-                       "nothing is left half-done; it ends by itself")
+                notice(
+                    f"{signal.Signals(signum).name} received: the rollback continues so that "
+                    "nothing is left half-done; it ends by itself"
+                )
             return
         if _HOLD["depth"]:
             _HOLD["pending"] = signum

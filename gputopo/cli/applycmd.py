@@ -76,26 +76,49 @@ def _load(plan_file: str | None, spec_file: str | None):
 
 @click.command()
 @click.argument("plan_file", metavar="[PLANFILE]", required=False, type=click.Path(dir_okay=False))
-@click.option("--spec", "spec_file", type=click.Path(dir_okay=False), help="Spec file (instead of a saved plan).")
+@click.option(
+    "--spec", "spec_file", type=click.Path(dir_okay=False), help="Spec file (instead of a saved plan)."
+)
 @connection_options()
 @click.option("--dry-run", is_flag=True, help="Show the plan; change nothing.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask before changing the host.")
 @timeout_option("apply")
 @click.option("--rollback-on-verify-failure", is_flag=True, help="Roll back when verification finds a FAIL.")
 @click.option("--no-verify", is_flag=True, help="Do not run verify after applying.")
-@click.option("--refresh-boot", is_flag=True,
-              help="When boot persistence changed, run update-initramfs -u -k all (and proxmox-boot-tool "
-                   "refresh where the host uses it) instead of only saying so.")
-@click.option("--expect-plan", default=None, metavar="SIGNATURE",
-              help="Refuse (exit 2, nothing changed) unless the plan has this signature (gputopo plan --json "
-                   "and gputopo cluster plan show it).")
-@click.option("--json", "as_json", is_flag=True,
-              help="One JSON document on stdout (gputopo schema apply): each step's result and time; "
-                   "the plan and progress go to stderr.")
+@click.option(
+    "--refresh-boot",
+    is_flag=True,
+    help="When boot persistence changed, run update-initramfs -u -k all (and proxmox-boot-tool "
+    "refresh where the host uses it) instead of only saying so.",
+)
+@click.option(
+    "--expect-plan",
+    default=None,
+    metavar="SIGNATURE",
+    help="Refuse (exit 2, nothing changed) unless the plan has this signature (gputopo plan --json "
+    "and gputopo cluster plan show it).",
+)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="One JSON document on stdout (gputopo schema apply): each step's result and time; "
+    "the plan and progress go to stderr.",
+)
 @with_exit_codes("apply")
-def apply(plan_file: str | None, spec_file: str | None, conn: Connection, dry_run: bool, yes: bool, timeouts,
-          rollback_on_verify_failure: bool, no_verify: bool, refresh_boot: bool, expect_plan: str | None,
-          as_json: bool) -> None:
+def apply(
+    plan_file: str | None,
+    spec_file: str | None,
+    conn: Connection,
+    dry_run: bool,
+    yes: bool,
+    timeouts,
+    rollback_on_verify_failure: bool,
+    no_verify: bool,
+    refresh_boot: bool,
+    expect_plan: str | None,
+    as_json: bool,
+) -> None:
     """Apply the spec, or a plan saved with 'gputopo plan -o PLANFILE': preflight, lock,
     journaled steps, rollback on any failure, then verify.
 
@@ -104,9 +127,8 @@ def apply(plan_file: str | None, spec_file: str | None, conn: Connection, dry_ru
     """
     from gputopo.apply import apply as run_apply
     from gputopo.apply.boot import after_apply
-    from gputopo.errors import GputopoError
-
     from gputopo.apply.estimate import step_timeouts
+    from gputopo.errors import GputopoError
 
     spec, saved, source_file = _load(plan_file, spec_file)
     t = step_timeouts(spec, timeouts)
@@ -123,16 +145,29 @@ def apply(plan_file: str | None, spec_file: str | None, conn: Connection, dry_ru
         if not sys.stdin.isatty():
             from gputopo.errors import ConfigError
 
-            raise ConfigError("refusing to change the host without confirmation: pass --yes (stdin is not a terminal)")
+            raise ConfigError(
+                "refusing to change the host without confirmation: pass --yes (stdin is not a terminal)"
+            )
         return click.confirm("Apply these changes?", default=False, err=as_json)
 
     try:
         try:
             verifier = None if (no_verify or dry_run) else _verifier(spec, ports, root, conn.node)
-            result = run_apply(spec, ports, root=root, dry_run=dry_run, confirm=confirm, progress=progress,
-                               timeouts=t, verify=verifier, rollback_on_verify_failure=rollback_on_verify_failure,
-                               spec_path=source_file, node=conn.node, expected=saved,
-                               expect_plan=expect_plan)
+            result = run_apply(
+                spec,
+                ports,
+                root=root,
+                dry_run=dry_run,
+                confirm=confirm,
+                progress=progress,
+                timeouts=t,
+                verify=verifier,
+                rollback_on_verify_failure=rollback_on_verify_failure,
+                spec_path=source_file,
+                node=conn.node,
+                expected=saved,
+                expect_plan=expect_plan,
+            )
             boot = after_apply(result, ports, refresh_boot, progress.note)
         finally:
             ports.close()
@@ -144,8 +179,11 @@ def apply(plan_file: str | None, spec_file: str | None, conn: Connection, dry_ru
             print_json(error_document(e, root=root))
         raise
     if boot is not None and not boot.ran:
-        click.echo(f"boot persistence changed: before the next reboot run: {boot.text()} "
-                   "(or apply with --refresh-boot)", err=True)
+        click.echo(
+            f"boot persistence changed: before the next reboot run: {boot.text()} "
+            "(or apply with --refresh-boot)",
+            err=True,
+        )
     _finish(result, boot, as_json)
 
 
@@ -175,8 +213,12 @@ def _finish(result, boot, as_json: bool) -> None:
 @connection_options()
 @click.option("--finish", is_flag=True, help="Complete the interrupted apply instead of rolling it back.")
 @timeout_option("recover")
-@click.option("--json", "as_json", is_flag=True,
-              help="One JSON document on stdout (gputopo schema apply); progress goes to stderr.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="One JSON document on stdout (gputopo schema apply); progress goes to stderr.",
+)
 @with_exit_codes("recover")
 def recover(conn: Connection, finish: bool, timeouts, as_json: bool) -> None:
     """Settle an apply that was interrupted (crash, kill, power loss) from its journal.
@@ -198,11 +240,18 @@ def recover(conn: Connection, finish: bool, timeouts, as_json: bool) -> None:
     from gputopo.apply.estimate import step_timeouts
 
     t = step_timeouts(None, timeouts)
-    ports = _preflight_ports(conn, unfinished.header.node if unfinished else node_for(conn, None, this_host(root)))
+    ports = _preflight_ports(
+        conn, unfinished.header.node if unfinished else node_for(conn, None, this_host(root))
+    )
     try:
         try:
-            result = run_recover(ports, root=root, finish=finish, progress=_progress(sys.stderr if as_json else None, t),
-                                 timeouts=t)
+            result = run_recover(
+                ports,
+                root=root,
+                finish=finish,
+                progress=_progress(sys.stderr if as_json else None, t),
+                timeouts=t,
+            )
         finally:
             ports.close()
     except GputopoError as e:

@@ -13,16 +13,16 @@ create --nodes 3 DIR``; without ``--ssh-config`` its nodes' shells run here). ``
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import click
 
-from gputopo.exitcodes import with_exit_codes
-
 from gputopo.cli.connect import Connection, build_ports, connection_options, pve_root
 from gputopo.cli.params import Finite
+from gputopo.exitcodes import with_exit_codes
 
 DEFAULT_TIMEOUT = 120.0
 
@@ -52,22 +52,55 @@ def _nodes_option(value: str | None) -> list[str] | None:
 
 def cluster_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """The spec, the node selection and how nodes are reached (SSH, timeouts)."""
-    f = click.option("--timeout", "timeout", type=Finite(), default=DEFAULT_TIMEOUT, show_default=True,
-                     help="Seconds one command on a node may take (reading it, its verify).")(f)
-    f = click.option("--ssh-timeout", type=Finite(), default=10.0, show_default=True,
-                     help="Seconds to connect to a node over SSH.")(f)
-    f = click.option("--ssh-option", "-o", "ssh_options", multiple=True, metavar="OPTION",
-                     help="An ssh -o option for every node (repeatable), e.g. Port=2222.")(f)
+    f = click.option(
+        "--timeout",
+        "timeout",
+        type=Finite(),
+        default=DEFAULT_TIMEOUT,
+        show_default=True,
+        help="Seconds one command on a node may take (reading it, its verify).",
+    )(f)
+    f = click.option(
+        "--ssh-timeout",
+        type=Finite(),
+        default=10.0,
+        show_default=True,
+        help="Seconds to connect to a node over SSH.",
+    )(f)
+    f = click.option(
+        "--ssh-option",
+        "-o",
+        "ssh_options",
+        multiple=True,
+        metavar="OPTION",
+        help="An ssh -o option for every node (repeatable), e.g. Port=2222.",
+    )(f)
     f = click.option("--ssh-user", default="root", show_default=True, help="The user ssh logs in as.")(f)
-    f = click.option("--ssh-config", type=click.Path(dir_okay=False, exists=True), default=None,
-                     help="An ssh_config (ssh -F) naming the nodes' addresses, keys and known hosts.")(f)
-    f = click.option("--nodes", "nodes", default=None, metavar="A,B", help="Only these nodes (default: the spec's).")(f)
-    f = click.option("--spec", "spec_file", required=True, type=click.Path(dir_okay=False), help="Spec file.")(f)
+    f = click.option(
+        "--ssh-config",
+        type=click.Path(dir_okay=False, exists=True),
+        default=None,
+        help="An ssh_config (ssh -F) naming the nodes' addresses, keys and known hosts.",
+    )(f)
+    f = click.option(
+        "--nodes", "nodes", default=None, metavar="A,B", help="Only these nodes (default: the spec's)."
+    )(f)
+    f = click.option(
+        "--spec", "spec_file", required=True, type=click.Path(dir_okay=False), help="Spec file."
+    )(f)
     return f
 
 
-def _open(conn: Connection, spec_file: str, nodes: str | None, ssh_config: str | None, ssh_user: str,
-          ssh_options: tuple[str, ...], ssh_timeout: float, facts_dir: str | None = None) -> _Cluster:
+def _open(
+    conn: Connection,
+    spec_file: str,
+    nodes: str | None,
+    ssh_config: str | None,
+    ssh_user: str,
+    ssh_options: tuple[str, ...],
+    ssh_timeout: float,
+    facts_dir: str | None = None,
+) -> _Cluster:
     """Load the spec and reach the cluster as the options say. Raises ConfigError, SpecError,
     UnknownNode, ProxmoxError, SimHostError."""
     from gputopo.adapters.ssh import SshRunner
@@ -79,12 +112,16 @@ def _open(conn: Connection, spec_file: str, nodes: str | None, ssh_config: str |
     spec = parse_spec(text, spec_file)
     wanted = _nodes_option(nodes)
     if conn.live and conn.pve_root is not None:
-        raise ConfigError("--pve-root reads Proxmox's files; --sim, --api-url and --local read the API instead")
+        raise ConfigError(
+            "--pve-root reads Proxmox's files; --sim, --api-url and --local read the API instead"
+        )
     c = _Cluster(spec=spec, spec_text=text, nodes=[])
     ssh = SshRunner(user=ssh_user, config_file=ssh_config, options=ssh_options, connect_timeout=ssh_timeout)
     if conn.sim is not None:
         if conn.api_url is not None or conn.local:
-            raise ConfigError("--sim excludes --api-url and --local (the simulated cluster serves its own API)")
+            raise ConfigError(
+                "--sim excludes --api-url and --local (the simulated cluster serves its own API)"
+            )
         from gputopo.cli.connect import require_sim_extra
         from gputopo.sim.cluster import SimCluster
 
@@ -96,8 +133,10 @@ def _open(conn: Connection, spec_file: str, nodes: str | None, ssh_config: str |
         c.ports = build_ports(conn, default_node=spec.nodes[0].name)
         c.shell = ssh
     elif facts_dir is None:
-        raise ConfigError("reach the cluster with --api-url URL (or --local on a node, --sim DIR), "
-                          "or plan offline with --facts DIR")
+        raise ConfigError(
+            "reach the cluster with --api-url URL (or --local on a node, --sim DIR), "
+            "or plan offline with --facts DIR"
+        )
     try:
         if c.ports is not None:
             from gputopo.adapters.clusterapi import ClusterApi
@@ -116,8 +155,13 @@ def _read(c: _Cluster, conn: Connection, timeout: float, facts_dir: str | None, 
     from gputopo.cluster.ha import read_ha
 
     if facts_dir is not None:
-        c.inputs = read_offline(c.spec, c.nodes, Path(facts_dir), pve_root(conn) if c.ports is None else None,
-                                c.ports.proxmox if c.ports is not None else None)
+        c.inputs = read_offline(
+            c.spec,
+            c.nodes,
+            Path(facts_dir),
+            pve_root(conn) if c.ports is None else None,
+            c.ports.proxmox if c.ports is not None else None,
+        )
     else:
         c.inputs = read_cluster(c.spec, c.nodes, c.shell, c.ports.proxmox, timeout)
     if with_ha and c.api is not None:
@@ -146,11 +190,26 @@ def cluster() -> None:
 @cluster.command("plan")
 @cluster_options
 @connection_options(pve_root=True, node=False, root=False)
-@click.option("--facts", "facts_dir", type=click.Path(file_okay=False, exists=True), default=None,
-              help="Plan offline: <node>.json (gputopo discover --json) or <node>.tar.gz (gputopo snapshot) per node.")
+@click.option(
+    "--facts",
+    "facts_dir",
+    type=click.Path(file_okay=False, exists=True),
+    default=None,
+    help="Plan offline: <node>.json (gputopo discover --json) or <node>.tar.gz (gputopo snapshot) per node.",
+)
 @click.option("--json", "as_json", is_flag=True, help="The cluster plan as JSON.")
-def plan_cmd(conn: Connection, spec_file, nodes, ssh_config, ssh_user, ssh_options, ssh_timeout, timeout,
-             facts_dir, as_json):
+def plan_cmd(
+    conn: Connection,
+    spec_file,
+    nodes,
+    ssh_config,
+    ssh_user,
+    ssh_options,
+    ssh_timeout,
+    timeout,
+    facts_dir,
+    as_json,
+):
     """One section per node, the cluster-wide mappings once, the HA placement.
 
     Exit codes: 0 a plan (or no changes), 2 bad input, a refused plan, an unreachable node or a
@@ -173,12 +232,30 @@ def plan_cmd(conn: Connection, spec_file, nodes, ssh_config, ssh_user, ssh_optio
 @cluster.command("diff")
 @cluster_options
 @connection_options(pve_root=True, node=False, root=False)
-@click.option("--facts", "facts_dir", type=click.Path(file_okay=False, exists=True), default=None,
-              help="Offline: <node>.json or <node>.tar.gz per node.")
-@click.option("--exit-code", "exit_code", is_flag=True, help="Exit 0: no difference, 2: differences, 1: error.")
+@click.option(
+    "--facts",
+    "facts_dir",
+    type=click.Path(file_okay=False, exists=True),
+    default=None,
+    help="Offline: <node>.json or <node>.tar.gz per node.",
+)
+@click.option(
+    "--exit-code", "exit_code", is_flag=True, help="Exit 0: no difference, 2: differences, 1: error."
+)
 @click.option("--json", "as_json", is_flag=True, help="The differences as JSON.")
-def diff_cmd(conn: Connection, spec_file, nodes, ssh_config, ssh_user, ssh_options, ssh_timeout, timeout,
-             facts_dir, exit_code, as_json):
+def diff_cmd(
+    conn: Connection,
+    spec_file,
+    nodes,
+    ssh_config,
+    ssh_user,
+    ssh_options,
+    ssh_timeout,
+    timeout,
+    facts_dir,
+    exit_code,
+    as_json,
+):
     """How every node (and the HA placement) differs from the spec.
 
     Exit codes: 0, or 2 for bad input; with --exit-code 0 no difference anywhere, 2 differences,
@@ -213,17 +290,42 @@ def diff_cmd(conn: Connection, spec_file, nodes, ssh_config, ssh_user, ssh_optio
 @cluster.command("apply")
 @cluster_options
 @connection_options(node=False, root=False)
-@click.option("--serial", type=click.IntRange(1, None), default=1, show_default=True,
-              help="How many nodes apply at the same time.")
+@click.option(
+    "--serial",
+    type=click.IntRange(1, None),
+    default=1,
+    show_default=True,
+    help="How many nodes apply at the same time.",
+)
 @click.option("--canary", default=None, metavar="NODE", help="Apply this node first, alone.")
-@click.option("--node-timeout", type=Finite(), default=1800.0, show_default=True,
-              help="Seconds one node's apply may take.")
+@click.option(
+    "--node-timeout",
+    type=Finite(),
+    default=1800.0,
+    show_default=True,
+    help="Seconds one node's apply may take.",
+)
 @click.option("--dry-run", is_flag=True, help="Show the cluster plan; change nothing.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask before changing the cluster.")
 @click.option("--no-verify", is_flag=True, help="The nodes do not run verify after applying.")
 @click.option("--no-ha", is_flag=True, help="Leave the HA placement alone.")
-def apply_cmd(conn: Connection, spec_file, nodes, ssh_config, ssh_user, ssh_options, ssh_timeout, timeout,
-              serial, canary, node_timeout, dry_run, yes, no_verify, no_ha):
+def apply_cmd(
+    conn: Connection,
+    spec_file,
+    nodes,
+    ssh_config,
+    ssh_user,
+    ssh_options,
+    ssh_timeout,
+    timeout,
+    serial,
+    canary,
+    node_timeout,
+    dry_run,
+    yes,
+    no_verify,
+    no_ha,
+):
     """Apply node by node over SSH, each node its own apply (lock, journal, rollback); stop at
     the first failure (that node rolled back, the nodes before it stay applied); then HA.
 
@@ -244,8 +346,10 @@ def apply_cmd(conn: Connection, spec_file, nodes, ssh_config, ssh_user, ssh_opti
             return
         if not yes:
             if not sys.stdin.isatty():
-                raise ConfigError("refusing to change the cluster without confirmation: pass --yes "
-                                  "(stdin is not a terminal)")
+                raise ConfigError(
+                    "refusing to change the cluster without confirmation: pass --yes "
+                    "(stdin is not a terminal)"
+                )
             if not click.confirm(f"Apply on {len(c.nodes)} node(s), {serial} at a time?", default=False):
                 from gputopo.errors import ApplyCancelled
 
@@ -256,8 +360,17 @@ def apply_cmd(conn: Connection, spec_file, nodes, ssh_config, ssh_user, ssh_opti
             why = f": {o.reason}" if o.reason else ""
             click.echo(f"{o.node}: {o.status} in {o.seconds:.1f} s{extra}{why}")
 
-        result = rolling_apply(cplan, c.spec_text, c.shell, None if no_ha else c.api, serial=serial, canary=canary,
-                               timeout=node_timeout, verify=not no_verify, report=report)
+        result = rolling_apply(
+            cplan,
+            c.spec_text,
+            c.shell,
+            None if no_ha else c.api,
+            serial=serial,
+            canary=canary,
+            timeout=node_timeout,
+            verify=not no_verify,
+            report=report,
+        )
     finally:
         c.close()
     for line in result.ha:
@@ -269,8 +382,9 @@ def apply_cmd(conn: Connection, spec_file, nodes, ssh_config, ssh_user, ssh_opti
 @cluster_options
 @connection_options(node=False, root=False)
 @click.option("--json", "as_json", is_flag=True, help="The report as JSON.")
-def verify_cmd(conn: Connection, spec_file, nodes, ssh_config, ssh_user, ssh_options, ssh_timeout, timeout,
-               as_json):
+def verify_cmd(
+    conn: Connection, spec_file, nodes, ssh_config, ssh_user, ssh_options, ssh_timeout, timeout, as_json
+):
     """Every node's own verify (Proxmox's mapping check for that node included) and the
     cluster's checks: converged, offline migration to nodes without the mapping.
 
@@ -285,8 +399,15 @@ def verify_cmd(conn: Connection, spec_file, nodes, ssh_config, ssh_user, ssh_opt
         cplan = _plan(c)
         vms = [(n, vmid) for n in c.nodes for vmid in c.inputs[n].current.guests]
         # a node's verify waits for its inference probe (verify.timeout) on top of its checks
-        report = verify_cluster(cplan, c.spec_text, c.shell, c.api, c.ha, vms,
-                                max(timeout, c.spec.verify.timeout + DEFAULT_TIMEOUT))
+        report = verify_cluster(
+            cplan,
+            c.spec_text,
+            c.shell,
+            c.api,
+            c.ha,
+            vms,
+            max(timeout, c.spec.verify.timeout + DEFAULT_TIMEOUT),
+        )
     finally:
         c.close()
     if as_json:

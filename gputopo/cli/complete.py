@@ -84,8 +84,14 @@ def complete_vmids(ctx: click.Context, param: click.Parameter, incomplete: str) 
     out: dict[str, str] = {}
     for conf in sorted(_pve(ctx).glob("nodes/*/lxc/*.conf")):
         if conf.stem.isdigit():
-            host = next((ln.split(":", 1)[1].strip() for ln in _read(conf).splitlines()
-                         if ln.startswith("hostname:")), "")
+            host = next(
+                (
+                    ln.split(":", 1)[1].strip()
+                    for ln in _read(conf).splitlines()
+                    if ln.startswith("hostname:")
+                ),
+                "",
+            )
             out[conf.stem] = f"CT {conf.stem} on {conf.parent.parent.name}" + (f" ({host})" if host else "")
     return _items(out, incomplete)
 

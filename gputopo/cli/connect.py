@@ -53,8 +53,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import click
 
@@ -95,8 +96,14 @@ class Connection:
 
 
 # options that only the HTTPS API uses: field -> option
-_HTTPS_ONLY = {"user": "--user", "token_name": "--token-name", "secret_file": "--secret-file",
-               "ca_bundle": "--ca-bundle", "fingerprint": "--fingerprint", "insecure": "--insecure"}
+_HTTPS_ONLY = {
+    "user": "--user",
+    "token_name": "--token-name",
+    "secret_file": "--secret-file",
+    "ca_bundle": "--ca-bundle",
+    "fingerprint": "--fingerprint",
+    "insecure": "--insecure",
+}
 _API = ("api_url", "local", *_HTTPS_ONLY, "api_timeout")
 
 
@@ -105,47 +112,100 @@ def _option(field: str, snapshot: bool, sim: bool) -> Callable[[Callable[..., An
     if field == "root":
         archive = ", or a 'gputopo snapshot' .tar.gz" if snapshot else ""
         default = "/, or DIR/root with --sim" if sim else "/"
-        return click.option("--root", default=None, type=click.Path(file_okay=snapshot),
-                            help=f"Host root holding sys/, proc/, dev/, etc/{archive} (default: {default}).")
+        return click.option(
+            "--root",
+            default=None,
+            type=click.Path(file_okay=snapshot),
+            help=f"Host root holding sys/, proc/, dev/, etc/{archive} (default: {default}).",
+        )
     return {
         "pve_root": click.option(
-            "--pve-root", default=None, type=click.Path(file_okay=False),
+            "--pve-root",
+            default=None,
+            type=click.Path(file_okay=False),
             help=f"Proxmox's config tree to read the current state from when no API is given "
-                 f"(default: {DEFAULT_PVE_ROOT}; a missing one means nothing is configured yet)."),
-        "sim": click.option("--sim", default=None, type=click.Path(file_okay=False),
-                            help="Work on the simulated host in DIR (gputopo sim create DIR)."),
-        "api_url": click.option("--api-url", default=None, envvar=ENV_API_URL, show_envvar=True,
-                                help="Proxmox API over HTTPS, e.g. https://pve1:8006."),
-        "local": click.option("--local", is_flag=True,
-                              help="Reach Proxmox through pvesh and pct on this node (what apply, recover and "
-                                   "verify do anyway without --api-url)."),
-        "node": click.option("--node", default=None, shell_complete=complete_nodes,
-                             help="Proxmox node name (default: the spec's only node, else the host's name)."),
-        "user": click.option("--user", default=None,
-                             help=f"Proxmox user of --api-url, password from GPUTOPO_PVE_PASSWORD or "
-                                  f"--secret-file (default: {DEFAULT_USER})."),
-        "token_name": click.option("--token-name", default=None,
-                                   help="API token id of --user, or the full id root@pam!gputopo as the web UI "
-                                        "shows it; secret from GPUTOPO_PVE_TOKEN_SECRET or --secret-file "
-                                        "(GPUTOPO_PVE_TOKEN=user@realm!id=secret replaces both)."),
-        "secret_file": click.option("--secret-file", default=None, type=click.Path(dir_okay=False),
-                                    help="Owner-only file holding the password or token secret."),
-        "ca_bundle": click.option("--ca-bundle", default=None, type=click.Path(dir_okay=False),
-                                  help="CA certificate(s) to check the API's TLS certificate with."),
-        "fingerprint": click.option("--fingerprint", default=None, metavar="SHA256",
-                                    help="Trust only the API certificate with this SHA-256 fingerprint "
-                                         "(AA:BB:..., as the node's certificate view and GET /nodes show it)."),
-        "insecure": click.option("--insecure", is_flag=True,
-                                 help="Do not check the API's TLS certificate (prints a warning; "
-                                      "--fingerprint pins it instead)."),
-        "api_timeout": click.option("--api-timeout", default=None, type=Finite(),
-                                    help=f"Seconds per Proxmox API call, --api-url or --local "
-                                         f"(default: {DEFAULT_API_TIMEOUT:g})."),
+            f"(default: {DEFAULT_PVE_ROOT}; a missing one means nothing is configured yet).",
+        ),
+        "sim": click.option(
+            "--sim",
+            default=None,
+            type=click.Path(file_okay=False),
+            help="Work on the simulated host in DIR (gputopo sim create DIR).",
+        ),
+        "api_url": click.option(
+            "--api-url",
+            default=None,
+            envvar=ENV_API_URL,
+            show_envvar=True,
+            help="Proxmox API over HTTPS, e.g. https://pve1:8006.",
+        ),
+        "local": click.option(
+            "--local",
+            is_flag=True,
+            help="Reach Proxmox through pvesh and pct on this node (what apply, recover and "
+            "verify do anyway without --api-url).",
+        ),
+        "node": click.option(
+            "--node",
+            default=None,
+            shell_complete=complete_nodes,
+            help="Proxmox node name (default: the spec's only node, else the host's name).",
+        ),
+        "user": click.option(
+            "--user",
+            default=None,
+            help=f"Proxmox user of --api-url, password from GPUTOPO_PVE_PASSWORD or "
+            f"--secret-file (default: {DEFAULT_USER}).",
+        ),
+        "token_name": click.option(
+            "--token-name",
+            default=None,
+            help="API token id of --user, or the full id root@pam!gputopo as the web UI "
+            "shows it; secret from GPUTOPO_PVE_TOKEN_SECRET or --secret-file "
+            "(GPUTOPO_PVE_TOKEN=user@realm!id=secret replaces both).",
+        ),
+        "secret_file": click.option(
+            "--secret-file",
+            default=None,
+            type=click.Path(dir_okay=False),
+            help="Owner-only file holding the password or token secret.",
+        ),
+        "ca_bundle": click.option(
+            "--ca-bundle",
+            default=None,
+            type=click.Path(dir_okay=False),
+            help="CA certificate(s) to check the API's TLS certificate with.",
+        ),
+        "fingerprint": click.option(
+            "--fingerprint",
+            default=None,
+            metavar="SHA256",
+            help="Trust only the API certificate with this SHA-256 fingerprint "
+            "(AA:BB:..., as the node's certificate view and GET /nodes show it).",
+        ),
+        "insecure": click.option(
+            "--insecure",
+            is_flag=True,
+            help="Do not check the API's TLS certificate (prints a warning; --fingerprint pins it instead).",
+        ),
+        "api_timeout": click.option(
+            "--api-timeout",
+            default=None,
+            type=Finite(),
+            help=f"Seconds per Proxmox API call, --api-url or --local (default: {DEFAULT_API_TIMEOUT:g}).",
+        ),
     }[field]
 
 
-def connection_options(*, snapshot: bool = False, pve_root: bool = False, sim: bool = True, api: bool = True,
-                       node: bool = True, root: bool = True) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def connection_options(
+    *,
+    snapshot: bool = False,
+    pve_root: bool = False,
+    sim: bool = True,
+    api: bool = True,
+    node: bool = True,
+    root: bool = True,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Click decorator: add ``--root`` and the option groups asked for, and pass them to the
     command as one ``conn: Connection``.
 
@@ -174,9 +234,12 @@ def _env_yields(conn: Connection) -> Connection:
     from click.core import ParameterSource
 
     ctx = click.get_current_context(silent=True)
-    if (conn.api_url is not None and (conn.sim is not None or conn.local or conn.pve_root is not None)
-            and ctx is not None
-            and ctx.get_parameter_source("api_url") == ParameterSource.ENVIRONMENT):
+    if (
+        conn.api_url is not None
+        and (conn.sim is not None or conn.local or conn.pve_root is not None)
+        and ctx is not None
+        and ctx.get_parameter_source("api_url") == ParameterSource.ENVIRONMENT
+    ):
         return dataclasses.replace(conn, api_url=None)
     return conn
 
@@ -242,14 +305,25 @@ def _refuse_ignored(conn: Connection, timeout_used: bool) -> None:
 def _tls(conn: Connection) -> None:
     """Raises ConfigError when more than one way to check the certificate is given; warns on
     stderr that ``--insecure`` checks nothing."""
-    given = [opt for name, opt in (("ca_bundle", "--ca-bundle"), ("fingerprint", "--fingerprint"),
-                                   ("insecure", "--insecure")) if getattr(conn, name)]
+    given = [
+        opt
+        for name, opt in (
+            ("ca_bundle", "--ca-bundle"),
+            ("fingerprint", "--fingerprint"),
+            ("insecure", "--insecure"),
+        )
+        if getattr(conn, name)
+    ]
     if len(given) > 1:
-        raise ConfigError(f"{' and '.join(given)} exclude each other (each decides how the API's "
-                          "certificate is checked)")
+        raise ConfigError(
+            f"{' and '.join(given)} exclude each other (each decides how the API's certificate is checked)"
+        )
     if conn.insecure:
-        click.echo("gputopo: warning: --insecure: the API's TLS certificate is not checked, anyone on the way "
-                   "can read the credentials; pin it with --fingerprint instead", err=True)
+        click.echo(
+            "gputopo: warning: --insecure: the API's TLS certificate is not checked, anyone on the way "
+            "can read the credentials; pin it with --fingerprint instead",
+            err=True,
+        )
 
 
 def this_host(root: str) -> str:
@@ -270,7 +344,9 @@ def node_for(conn: Connection, spec: Any = None, hostname: str | None = None) ->
     return hostname.split(".")[0] if hostname else None
 
 
-def build_ports(conn: Connection, default_node: str | None = None, env: dict[str, str] | None = None) -> Ports:
+def build_ports(
+    conn: Connection, default_node: str | None = None, env: dict[str, str] | None = None
+) -> Ports:
     """The ports for ``conn``: a simulated host's, or real sysfs/pct/host files plus the Proxmox API
     (``pvesh`` on this node without ``--api-url``).
 
@@ -291,12 +367,12 @@ def build_ports(conn: Connection, default_node: str | None = None, env: dict[str
     if conn.api_url is not None and conn.local:
         raise ConfigError("--api-url and --local exclude each other")
     _refuse_ignored(conn, timeout_used=True)
+    from gputopo.adapters.credentials import ApiConfig
+    from gputopo.adapters.hostfiles import RealHostFiles
     from gputopo.adapters.http import RequestsHttp
     from gputopo.adapters.pct import PctExec
-    from gputopo.adapters.sysfs import RealSysfs
-    from gputopo.adapters.hostfiles import RealHostFiles
-    from gputopo.adapters.credentials import ApiConfig
     from gputopo.adapters.proxmox import ProxmoxClient
+    from gputopo.adapters.sysfs import RealSysfs
 
     root = host_root(conn)
     node = conn.node or default_node or this_host(root)
@@ -306,10 +382,19 @@ def build_ports(conn: Connection, default_node: str | None = None, env: dict[str
 
         host, port = parse_api_url(conn.api_url)
         _tls(conn)
-        cfg = ApiConfig(backend="https", host=host, port=port, node=node, user=conn.user or DEFAULT_USER,
-                        token_name=conn.token_name, verify_ssl=not conn.insecure, ca_bundle=conn.ca_bundle,
-                        fingerprint=normalize_fingerprint(conn.fingerprint) if conn.fingerprint else None,
-                        secret_file=conn.secret_file, timeout=timeout)
+        cfg = ApiConfig(
+            backend="https",
+            host=host,
+            port=port,
+            node=node,
+            user=conn.user or DEFAULT_USER,
+            token_name=conn.token_name,
+            verify_ssl=not conn.insecure,
+            ca_bundle=conn.ca_bundle,
+            fingerprint=normalize_fingerprint(conn.fingerprint) if conn.fingerprint else None,
+            secret_file=conn.secret_file,
+            timeout=timeout,
+        )
     else:
         cfg = ApiConfig(backend="local", node=node, timeout=timeout)
     client = ProxmoxClient.from_config(cfg, env=env)
@@ -317,8 +402,14 @@ def build_ports(conn: Connection, default_node: str | None = None, env: dict[str
 
     # commands run here change this machine: only when it is the host (--root /)
     host = RealHostCommands() if root == "/" else None
-    return Ports(sysfs=RealSysfs(root), proxmox=client, exec=PctExec(), files=RealHostFiles(root),
-                 http=RequestsHttp(), host=host)
+    return Ports(
+        sysfs=RealSysfs(root),
+        proxmox=client,
+        exec=PctExec(),
+        files=RealHostFiles(root),
+        http=RequestsHttp(),
+        host=host,
+    )
 
 
 def source_ports(conn: Connection, default_node: str | None = None) -> Ports | None:
@@ -332,7 +423,9 @@ def source_ports(conn: Connection, default_node: str | None = None) -> Ports | N
         _refuse_ignored(conn, timeout_used=False)
         return None
     if conn.pve_root is not None:
-        raise ConfigError("--pve-root reads Proxmox's files; --sim, --api-url and --local read the API instead")
+        raise ConfigError(
+            "--pve-root reads Proxmox's files; --sim, --api-url and --local read the API instead"
+        )
     return build_ports(conn, default_node=default_node)
 
 
@@ -359,7 +452,11 @@ def require_sim_extra(command: str) -> None:
     except ImportError as e:
         from gputopo.errors import UnavailableCommand
 
-        raise UnavailableCommand(command, ModuleNotFoundError(
-            "the simulated host needs the 'cryptography' package for its HTTPS certificate: "
-            "pip install 'gputopo[sim]' (pipx: pipx inject gputopo cryptography)",
-            name="cryptography")) from e
+        raise UnavailableCommand(
+            command,
+            ModuleNotFoundError(
+                "the simulated host needs the 'cryptography' package for its HTTPS certificate: "
+                "pip install 'gputopo[sim]' (pipx: pipx inject gputopo cryptography)",
+                name="cryptography",
+            ),
+        ) from e

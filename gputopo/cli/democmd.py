@@ -20,12 +20,27 @@ from gputopo.exitcodes import with_exit_codes
 
 
 @click.command()
-@click.option("--dir", "workdir", type=click.Path(file_okay=False), default=None,
-              help="Create the simulated host here and keep it (default: a temporary directory, removed).")
-@click.option("--from", "source", default="seed", show_default=True,
-              help="Fixture name, host yaml or snapshot .tar.gz the simulated host starts from.")
-@click.option("--pace", type=Finite(allow_zero=True), default=0.05, show_default=True,
-              help="Latency scale: 1 = a real server's pace (unbind 1-3 s per GPU, service start 20 s ...).")
+@click.option(
+    "--dir",
+    "workdir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Create the simulated host here and keep it (default: a temporary directory, removed).",
+)
+@click.option(
+    "--from",
+    "source",
+    default="seed",
+    show_default=True,
+    help="Fixture name, host yaml or snapshot .tar.gz the simulated host starts from.",
+)
+@click.option(
+    "--pace",
+    type=Finite(allow_zero=True),
+    default=0.05,
+    show_default=True,
+    help="Latency scale: 1 = a real server's pace (unbind 1-3 s per GPU, service start 20 s ...).",
+)
 @with_exit_codes("demo")
 def demo(workdir: str | None, source: str, pace: float) -> None:
     """Split the simulated seed host's GPUs by NUMA node: discover, plan, apply, verify."""
@@ -38,9 +53,9 @@ def demo(workdir: str | None, source: str, pace: float) -> None:
     from gputopo.cli.factsview import print_facts
     from gputopo.cli.output import console, print_report
     from gputopo.cli.progress import display
-    from gputopo.sim.demo import DemoShow, run_demo
-    from gputopo.facts.discover import discover
     from gputopo.errors import VerifyFailed
+    from gputopo.facts.discover import discover
+    from gputopo.sim.demo import DemoShow, run_demo
     from gputopo.sim.host import SimHost
 
     out = console()
@@ -53,8 +68,12 @@ def demo(workdir: str | None, source: str, pace: float) -> None:
         out.print(Rule("gputopo demo: a simulated Proxmox host"))
         host = SimHost.create(sim_dir, source=source)
         facts = discover(str(host.paths.root))
-        moving = [g.address for g in facts.gpus if g.numa_node not in (None, min(
-            (x.numa_node for x in facts.gpus if x.numa_node is not None), default=0))]
+        moving = [
+            g.address
+            for g in facts.gpus
+            if g.numa_node
+            not in (None, min((x.numa_node for x in facts.gpus if x.numa_node is not None), default=0))
+        ]
         host.set_latencies(pace, moving)
         ports = host.ports()
         out.print(f"simulated host {host.node} in {sim_dir}; Proxmox API at {host.api.url}")
@@ -69,11 +88,16 @@ def demo(workdir: str | None, source: str, pace: float) -> None:
         out.print(Rule())
         a = result.applied
         if a.stop_window_s is not None:
-            out.print(f"applied in {a.wall_s:.1f} s; service down for {a.stop_window_s:.1f} s", soft_wrap=True)
+            out.print(
+                f"applied in {a.wall_s:.1f} s; service down for {a.stop_window_s:.1f} s", soft_wrap=True
+            )
         if keep:
             out.print(f"journal: {a.journal}", soft_wrap=True)
-            out.print(f"the simulated host stays in {sim_dir}: try "
-                      f"gputopo diff --sim {sim_dir} --spec {result.spec_path} --exit-code", soft_wrap=True)
+            out.print(
+                f"the simulated host stays in {sim_dir}: try "
+                f"gputopo diff --sim {sim_dir} --spec {result.spec_path} --exit-code",
+                soft_wrap=True,
+            )
         if not result.ok:
             raise VerifyFailed("the demo did not end converged and verified (see above)")
     finally:

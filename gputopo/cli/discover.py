@@ -19,15 +19,23 @@ def _parse_matches(values: tuple[str, ...]) -> list[tuple[str | None, str | None
 
 
 @click.command()
-@click.argument("addresses", nargs=-1, type=PciAddress(), metavar="[ADDRESS]...", shell_complete=complete_addresses)
+@click.argument(
+    "addresses", nargs=-1, type=PciAddress(), metavar="[ADDRESS]...", shell_complete=complete_addresses
+)
 @connection_options(snapshot=True, sim=False, api=False, node=False)
 @click.option("--json", "as_json", is_flag=True, help="Print the facts as JSON (gputopo schema facts).")
 @click.option("--all", "all_vendors", is_flag=True, help="Count display-class devices of any vendor as GPUs.")
-@click.option("--gpu-match", "gpu_match", multiple=True, metavar="VENDOR[:CLASSPREFIX]",
-              help="Which devices count as GPUs, e.g. 0x10de:0x03 (repeatable; replaces the default).")
+@click.option(
+    "--gpu-match",
+    "gpu_match",
+    multiple=True,
+    metavar="VENDOR[:CLASSPREFIX]",
+    help="Which devices count as GPUs, e.g. 0x10de:0x03 (repeatable; replaces the default).",
+)
 @with_exit_codes("discover")
-def discover(addresses: tuple[str, ...], conn: Connection, as_json: bool, all_vendors: bool,
-             gpu_match: tuple[str, ...]) -> None:
+def discover(
+    addresses: tuple[str, ...], conn: Connection, as_json: bool, all_vendors: bool, gpu_match: tuple[str, ...]
+) -> None:
     """Show the GPUs of a host: NUMA node, IOMMU group, driver, minor, link; only the GPUs at
     ADDRESS... when given (an address that is no GPU here is refused)."""
     from gputopo.facts.snapshot import discover_opened
@@ -82,8 +90,16 @@ def snapshot(out: str, conn: Connection, force: bool, as_json: bool) -> None:
     if as_json:
         from gputopo.cli.output import print_json
 
-        print_json({"path": out, "pci_functions": counts["pci_functions"], "files": counts["files"],
-                    "links": counts["links"]})
+        print_json(
+            {
+                "path": out,
+                "pci_functions": counts["pci_functions"],
+                "files": counts["files"],
+                "links": counts["links"],
+            }
+        )
         return
-    click.echo(f"wrote {out}: {counts['pci_functions']} PCI functions, "
-               f"{counts['files']} files, {counts['links']} links")
+    click.echo(
+        f"wrote {out}: {counts['pci_functions']} PCI functions, "
+        f"{counts['files']} files, {counts['links']} links"
+    )

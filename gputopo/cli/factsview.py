@@ -16,11 +16,15 @@ def print_facts(facts) -> None:
     h = facts.host
     mods = [m for m, on in h.modules.model_dump().items() if on]
     nodes = ", ".join(f"{n.id}:{n.cpulist or 'no CPUs'}" for n in h.numa_nodes) or "none"
-    out.print(f"[bold]{h.hostname or '?'}[/]  kernel {h.kernel or '?'}  "
-              f"nvidia {h.nvidia_driver_version or 'not loaded'}  SEV-SNP {_yn(h.sev_snp)}")
+    out.print(
+        f"[bold]{h.hostname or '?'}[/]  kernel {h.kernel or '?'}  "
+        f"nvidia {h.nvidia_driver_version or 'not loaded'}  SEV-SNP {_yn(h.sev_snp)}"
+    )
     out.print(f"IOMMU: {_iommu_text(h)}  NUMA nodes: {nodes}")
-    out.print(f"modules: {' '.join(mods) or 'none of interest'}"
-              + (f"  vfio groups: {', '.join(map(str, h.vfio_groups))}" if h.vfio_groups else ""))
+    out.print(
+        f"modules: {' '.join(mods) or 'none of interest'}"
+        + (f"  vfio groups: {', '.join(map(str, h.vfio_groups))}" if h.vfio_groups else "")
+    )
     t = Table(show_lines=False, header_style="bold")
     for col in ("address", "model", "NUMA", "IOMMU group", "driver", "minor", "boot VGA", "link"):
         t.add_column(col, no_wrap=col not in ("model", "IOMMU group"), min_width=len(col))
@@ -33,9 +37,16 @@ def print_facts(facts) -> None:
         link = ""
         if g.link.current_speed:
             link = f"{g.link.current_speed.replace(' PCIe', '').replace('.0 ', '')} x{g.link.current_width or '?'}"
-        t.add_row(g.address, _short_model(g.model) or f"{g.vendor}:{g.device}", numa, group,
-                  g.driver or "-", "-" if g.minor is None else str(g.minor),
-                  "yes" if g.boot_vga else "no" if g.boot_vga is False else "?", link)
+        t.add_row(
+            g.address,
+            _short_model(g.model) or f"{g.vendor}:{g.device}",
+            numa,
+            group,
+            g.driver or "-",
+            "-" if g.minor is None else str(g.minor),
+            "yes" if g.boot_vga else "no" if g.boot_vga is False else "?",
+            link,
+        )
     out.print(t)
     if facts.nvswitches:
         out.print(f"NVSwitches (not GPUs): {', '.join(s.address for s in facts.nvswitches)}")

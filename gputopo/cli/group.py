@@ -118,7 +118,7 @@ def run(argv: list[str] | None = None) -> None:
             click.echo("gputopo: interrupted", err=True)
             sys.exit(130)
         if isinstance(cause, EOFError):
-            raise cause  # not a declined prompt: an unexpected error, traceback kept
+            raise cause from None  # not a declined prompt: an unexpected error, traceback kept
         click.echo("gputopo: aborted", err=True)
         sys.exit(2)
     except KeyboardInterrupt:

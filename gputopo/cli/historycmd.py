@@ -30,7 +30,8 @@ def history(ctx: click.Context, conn: Connection, as_json: bool) -> None:
     ctx.obj = dict(ctx.obj or {}, root=host_root(conn))
     if ctx.invoked_subcommand is not None:
         return
-    from gputopo.apply.history import HistoryList, history as read_history
+    from gputopo.apply.history import HistoryList
+    from gputopo.apply.history import history as read_history
 
     records = read_history(ctx.obj["root"])
     if as_json:
@@ -43,15 +44,25 @@ def history(ctx: click.Context, conn: Connection, as_json: bool) -> None:
         return
     rows = [("ID", "STARTED", "SPEC", "OUTCOME", "STEPS", "STOP WINDOW")]
     for r in records:
-        rows.append((r.id, r.started_utc or "-", (r.spec_sha256 or "-")[:12], _outcome(r),
-                     f"{r.steps_done}/{r.steps_total}", _seconds(r.stop_window_s)))
+        rows.append(
+            (
+                r.id,
+                r.started_utc or "-",
+                (r.spec_sha256 or "-")[:12],
+                _outcome(r),
+                f"{r.steps_done}/{r.steps_total}",
+                _seconds(r.stop_window_s),
+            )
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
 
 
 @history.command("show")
-@click.argument("ident", metavar="ID", shell_complete=lambda ctx, param, incomplete: _complete_ids(ctx, incomplete))
+@click.argument(
+    "ident", metavar="ID", shell_complete=lambda ctx, param, incomplete: _complete_ids(ctx, incomplete)
+)
 @connection_options(api=False, node=False)
 @click.option("--json", "as_json", is_flag=True, help="The apply as JSON (gputopo schema history-entry).")
 @click.pass_context
@@ -71,8 +82,10 @@ def show(ctx: click.Context, ident: str, conn: Connection, as_json: bool) -> Non
     click.echo(f"spec {rec.spec or '-'}  sha256 {rec.spec_sha256 or '-'}")
     verify = f", verify {rec.verify}" if rec.verify else ""
     reason = f" ({rec.reason})" if rec.reason else ""
-    click.echo(f"outcome {_outcome(rec)}{reason}{verify}; {rec.steps_done} of {rec.steps_total} step(s) done; "
-               f"stop window {_seconds(rec.stop_window_s)}; {_seconds(rec.wall_s)} in all")
+    click.echo(
+        f"outcome {_outcome(rec)}{reason}{verify}; {rec.steps_done} of {rec.steps_total} step(s) done; "
+        f"stop window {_seconds(rec.stop_window_s)}; {_seconds(rec.wall_s)} in all"
+    )
     for s in rec.steps or []:
         took = f" {s.seconds:.2f} s" if s.seconds is not None else ""
         click.echo(f"  {s.step:>2}. [{s.phase}] {s.description}: {s.status}{took}")

@@ -14,8 +14,8 @@ from pathlib import Path
 import click
 
 from gputopo.cli.connect import Connection, connection_options, host_root, pve_root, source_ports
-from gputopo.cli.output import refuse_existing, warn, write_output
 from gputopo.cli.inputs import SPLITS, find_service, quick_spec, read_facts
+from gputopo.cli.output import refuse_existing, warn, write_output
 from gputopo.exitcodes import with_exit_codes
 
 
@@ -29,25 +29,55 @@ def _emit(text: str, output: str | None, force: bool) -> None:
 
 @click.command()
 @connection_options(snapshot=True)
-@click.option("--split", type=SPLITS, default="numa", show_default=True,
-              help="numa: the lowest NUMA node's GPUs stay with the container; half: the lower half by address.")
+@click.option(
+    "--split",
+    type=SPLITS,
+    default="numa",
+    show_default=True,
+    help="numa: the lowest NUMA node's GPUs stay with the container; half: the lower half by address.",
+)
 @click.option("--container", type=int, default=101, show_default=True, help="The container's vmid.")
 @click.option("--vm-mapping", default="pro6000-vm", show_default=True, help="PCI mapping for the VM GPUs.")
-@click.option("--container-mapping", default=None, help="PCI mapping listing the container's GPUs (optional).")
-@click.option("--service-unit", default=None,
-              help="The inference service's systemd unit in the container (default: with --sim, --api-url or "
-                   "--local the unit found inside it that runs sglang or vllm; else the service block is "
-                   "written commented out).")
-@click.option("--tp-flag", default="--tp", show_default=True,
-              help="The service's tensor-parallel flag (vLLM: --tensor-parallel-size; default with a "
-                   "connection: the one the found unit spells).")
-@click.option("--vm", type=int, default=None,
-              help="A VM that takes the VM mapping's GPUs (its hostpciN lines, NUMA pinning, MMIO window).")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write here (default stdout).")
+@click.option(
+    "--container-mapping", default=None, help="PCI mapping listing the container's GPUs (optional)."
+)
+@click.option(
+    "--service-unit",
+    default=None,
+    help="The inference service's systemd unit in the container (default: with --sim, --api-url or "
+    "--local the unit found inside it that runs sglang or vllm; else the service block is "
+    "written commented out).",
+)
+@click.option(
+    "--tp-flag",
+    default="--tp",
+    show_default=True,
+    help="The service's tensor-parallel flag (vLLM: --tensor-parallel-size; default with a "
+    "connection: the one the found unit spells).",
+)
+@click.option(
+    "--vm",
+    type=int,
+    default=None,
+    help="A VM that takes the VM mapping's GPUs (its hostpciN lines, NUMA pinning, MMIO window).",
+)
+@click.option(
+    "-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write here (default stdout)."
+)
 @click.option("--force", is_flag=True, help="Replace an existing --output file.")
 @with_exit_codes("init")
-def init(conn: Connection, split, container, vm_mapping, container_mapping, service_unit, tp_flag, vm, output,
-         force):
+def init(
+    conn: Connection,
+    split,
+    container,
+    vm_mapping,
+    container_mapping,
+    service_unit,
+    tp_flag,
+    vm,
+    output,
+    force,
+):
     """Write a commented starter spec for this host: the split asked for, the service found
     inside the container (exit 2 for an option the spec would refuse, or a host that cannot be
     split that way)."""
@@ -58,8 +88,14 @@ def init(conn: Connection, split, container, vm_mapping, container_mapping, serv
     ports = source_ports(conn, default_node=conn.node)
     try:
         facts = read_facts(host_root(conn))
-        options = dict(container=container, vm_mapping=vm_mapping, container_mapping=container_mapping,
-                       service_unit=service_unit, tp_flag=tp_flag, vm=vm)
+        options = dict(
+            container=container,
+            vm_mapping=vm_mapping,
+            container_mapping=container_mapping,
+            service_unit=service_unit,
+            tp_flag=tp_flag,
+            vm=vm,
+        )
         if ports is not None:
             find_service(ports.exec, container, options)
     finally:
@@ -72,7 +108,9 @@ def init(conn: Connection, split, container, vm_mapping, container_mapping, serv
 
 @click.command()
 @connection_options(snapshot=True, pve_root=True)
-@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write here (default stdout).")
+@click.option(
+    "-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write here (default stdout)."
+)
 @click.option("--force", is_flag=True, help="Replace an existing --output file.")
 @with_exit_codes("export")
 def export(conn: Connection, output, force):
@@ -106,8 +144,14 @@ def export(conn: Connection, output, force):
             files = None if is_snapshot(root) else RealHostFiles(root)
         now = read_node(facts, source, exec)
         ex, remaining = checked_export(
-            facts, now.state, node, now.units,
-            lambda spec: observe(facts, spec_reads(spec, node), proxmox=source, exec=exec, files=files).current)
+            facts,
+            now.state,
+            node,
+            now.units,
+            lambda spec: (
+                observe(facts, spec_reads(spec, node), proxmox=source, exec=exec, files=files).current
+            ),
+        )
         ex.notes = now.notes + ex.notes
     finally:
         if ports is not None:

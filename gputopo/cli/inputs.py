@@ -101,8 +101,9 @@ def _current(spec, facts, root: str, conn: Connection, ports):
     from gputopo.plan.reads import spec_reads
 
     if ports is not None:
-        return observe(facts, spec_reads(spec, conn.node), proxmox=ports.proxmox, exec=ports.exec,
-                       files=ports.files).current
+        return observe(
+            facts, spec_reads(spec, conn.node), proxmox=ports.proxmox, exec=ports.exec, files=ports.files
+        ).current
     from gputopo.adapters.hostfiles import RealHostFiles
     from gputopo.adapters.pvefiles import PveFiles
     from gputopo.facts.snapshot import is_snapshot
@@ -152,19 +153,43 @@ def spec_options(f):
     """The spec file, or quick mode's options; the command gets them as keyword arguments."""
     from gputopo.cli.complete import complete_mappings, complete_vmids
 
-    f = click.option("--container-mapping", default=None, shell_complete=complete_mappings,
-                     help="Quick mode: PCI mapping for the container's GPUs.")(f)
-    f = click.option("--vm-mapping", default="pro6000-vm", show_default=True, shell_complete=complete_mappings,
-                     help="Quick mode: the VM mapping.")(f)
-    f = click.option("--container", type=int, default=101, show_default=True, shell_complete=complete_vmids,
-                     help="Quick mode: container vmid.")(f)
-    f = click.option("--tp-flag", default="--tp", show_default=True,
-                     help="Quick mode: the service's tensor-parallel flag (vLLM: --tensor-parallel-size; "
-                          "with --sim/--api-url/--local: the one the found unit spells).")(f)
-    f = click.option("--service-unit", default=None,
-                     help="Quick mode: the inference service's systemd unit in the container (default: with "
-                          "--sim/--api-url/--local the unit found inside it that runs sglang or vllm, else "
-                          "not managed).")(f)
+    f = click.option(
+        "--container-mapping",
+        default=None,
+        shell_complete=complete_mappings,
+        help="Quick mode: PCI mapping for the container's GPUs.",
+    )(f)
+    f = click.option(
+        "--vm-mapping",
+        default="pro6000-vm",
+        show_default=True,
+        shell_complete=complete_mappings,
+        help="Quick mode: the VM mapping.",
+    )(f)
+    f = click.option(
+        "--container",
+        type=int,
+        default=101,
+        show_default=True,
+        shell_complete=complete_vmids,
+        help="Quick mode: container vmid.",
+    )(f)
+    f = click.option(
+        "--tp-flag",
+        default="--tp",
+        show_default=True,
+        help="Quick mode: the service's tensor-parallel flag (vLLM: --tensor-parallel-size; "
+        "with --sim/--api-url/--local: the one the found unit spells).",
+    )(f)
+    f = click.option(
+        "--service-unit",
+        default=None,
+        help="Quick mode: the inference service's systemd unit in the container (default: with "
+        "--sim/--api-url/--local the unit found inside it that runs sglang or vllm, else "
+        "not managed).",
+    )(f)
     f = click.option("--split", type=SPLITS, default=None, help="Quick mode without a spec file.")(f)
-    f = click.option("--spec", "spec_file", type=click.Path(dir_okay=False), default=None, help="Spec file.")(f)
+    f = click.option("--spec", "spec_file", type=click.Path(dir_okay=False), default=None, help="Spec file.")(
+        f
+    )
     return f

@@ -27,7 +27,11 @@ class Finite(click.ParamType):
             self.fail(f"{value!r} is not a number", param, ctx)
         low_ok = number >= 0 if self.allow_zero else number > 0
         if not (math.isfinite(number) and low_ok):
-            self.fail(f"{value!r} is not a finite number {'0 or more' if self.allow_zero else 'above 0'}", param, ctx)
+            self.fail(
+                f"{value!r} is not a finite number {'0 or more' if self.allow_zero else 'above 0'}",
+                param,
+                ctx,
+            )
         return number
 
 
@@ -41,7 +45,9 @@ class StepTimeout(click.ParamType):
 
     name = "[KIND=]SECONDS"
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[str, float]:
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> tuple[str, float]:
         if isinstance(value, tuple):
             return value
         kind, sep, number = str(value).partition("=")
@@ -55,10 +61,15 @@ class StepTimeout(click.ParamType):
 def timeout_option(what: str = "apply"):
     """``--timeout [KIND=]SECONDS``, repeatable: the steps' timeouts (over the spec's policy.timeouts)."""
     return click.option(
-        "--timeout", "timeouts", type=StepTimeout(), multiple=True, metavar="[KIND=]SECONDS",
+        "--timeout",
+        "timeouts",
+        type=StepTimeout(),
+        multiple=True,
+        metavar="[KIND=]SECONDS",
         help=f"Seconds a step of {what} may wait, per kind (repeatable): sysfs (one write, default 30; a bare "
-             "number sets it), guest (start/shutdown task, 300), exec (a command in a container, 60), "
-             "service (until active, 900). A sysfs write that takes longer leaves its device to a human.")
+        "number sets it), guest (start/shutdown task, 300), exec (a command in a container, 60), "
+        "service (until active, 900). A sysfs write that takes longer leaves its device to a human.",
+    )
 
 
 class PciAddress(click.ParamType):

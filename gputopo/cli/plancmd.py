@@ -38,10 +38,14 @@ def _saving_conn(conn: Connection) -> Connection:
     from gputopo.facts.snapshot import is_snapshot
 
     if conn.pve_root is not None:
-        raise ConfigError("-o: a saved plan is made from what apply reads (--sim, --api-url or --local), "
-                          "not from --pve-root")
+        raise ConfigError(
+            "-o: a saved plan is made from what apply reads (--sim, --api-url or --local), "
+            "not from --pve-root"
+        )
     if conn.root is not None and is_snapshot(conn.root):
-        raise ConfigError(f"-o: {conn.root} is a snapshot; a saved plan is made on the host it will be applied to")
+        raise ConfigError(
+            f"-o: {conn.root} is a snapshot; a saved plan is made on the host it will be applied to"
+        )
     return conn if conn.live else dataclasses.replace(conn, local=True)
 
 
@@ -52,11 +56,23 @@ def _save(path: str, force: bool, conn: Connection, quick: dict, spec, facts, p,
     from gputopo.plan.saved import save_plan
 
     spec_file = quick.get("spec_file")
-    sha = (hashlib.sha256(Path(spec_file).read_bytes()).hexdigest() if spec_file
-           else hashlib.sha256(spec.model_dump_json().encode()).hexdigest())
+    sha = (
+        hashlib.sha256(Path(spec_file).read_bytes()).hexdigest()
+        if spec_file
+        else hashlib.sha256(spec.model_dump_json().encode()).hexdigest()
+    )
     source = f"sim {conn.sim}" if conn.sim else f"api {conn.api_url}" if conn.api_url else "local"
-    saved = save_plan(p, spec, facts, current, version=__version__, spec_file=spec_file, spec_sha256=sha,
-                      node=conn.node, source=source)
+    saved = save_plan(
+        p,
+        spec,
+        facts,
+        current,
+        version=__version__,
+        spec_file=spec_file,
+        spec_sha256=sha,
+        node=conn.node,
+        source=source,
+    )
     write_output(Path(path), saved.model_dump_json(indent=2) + "\n", force=force)
     click.echo(f"wrote {path}: apply it with 'gputopo apply {path}'", err=True)
 
@@ -66,11 +82,22 @@ def _save(path: str, force: bool, conn: Connection, quick: dict, spec, facts, p,
 @state_options
 @click.option("--templates", type=click.Path(file_okay=False, exists=True), default=None, help=TEMPLATES_HELP)
 @click.option("--json", "as_json", is_flag=True, help="The plan as JSON (gputopo schema plan).")
-@click.option("--svg", "svg", type=click.Path(dir_okay=False), default=None,
-              help="Also draw the host now and after the plan side by side into this SVG file.")
-@click.option("-o", "--out", "save_to", type=click.Path(dir_okay=False), default=None,
-              help="Save the plan and the state it was made from for 'gputopo apply FILE' (gputopo schema "
-                   "saved-plan); the state is read as apply reads it (--local unless --sim or --api-url).")
+@click.option(
+    "--svg",
+    "svg",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Also draw the host now and after the plan side by side into this SVG file.",
+)
+@click.option(
+    "-o",
+    "--out",
+    "save_to",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Save the plan and the state it was made from for 'gputopo apply FILE' (gputopo schema "
+    "saved-plan); the state is read as apply reads it (--local unless --sim or --api-url).",
+)
 @click.option("--force", is_flag=True, help="With -o: replace an existing file.")
 @with_exit_codes("plan")
 def plan(conn: Connection, templates, as_json, svg, save_to, force, **quick):
@@ -104,7 +131,9 @@ def plan(conn: Connection, templates, as_json, svg, save_to, force, **quick):
 @spec_options
 @state_options
 @click.option("--templates", type=click.Path(file_okay=False, exists=True), default=None, help=TEMPLATES_HELP)
-@click.option("--exit-code", "exit_code", is_flag=True, help="Exit 0: no difference, 2: differences, 1: error.")
+@click.option(
+    "--exit-code", "exit_code", is_flag=True, help="Exit 0: no difference, 2: differences, 1: error."
+)
 @click.option("--json", "as_json", is_flag=True, help="The difference as JSON (gputopo schema diff).")
 @with_exit_codes("diff")
 def diff(conn: Connection, templates, exit_code, as_json, **quick):

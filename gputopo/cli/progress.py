@@ -88,7 +88,9 @@ class Plain(PlainProgress):
         super().step_end(index, total, action, status, seconds)
 
     def _tick(self, index: int, total: int, action: Any, elapsed: float, limit: float) -> None:
-        self._w(f"[{index + 1:>2}/{total}] {action.phase:<7} {action.describe()}: {elapsed:.1f} s of {limit:g} s")
+        self._w(
+            f"[{index + 1:>2}/{total}] {action.phase:<7} {action.describe()}: {elapsed:.1f} s of {limit:g} s"
+        )
 
 
 class _RichProgress:
@@ -108,12 +110,18 @@ class _RichProgress:
         if action.phase == "stop" and self.t_stop is None:
             self.t_stop = time.monotonic()
         limit = self.waits.begin(index, total, action)
-        self.out.print(f"[dim][{index + 1:>2}/{total}][/] {action.phase:<7} {action.describe()} ...[dim]{_limit(limit)}[/]",
-                       markup=True)
+        self.out.print(
+            f"[dim][{index + 1:>2}/{total}][/] {action.phase:<7} {action.describe()} ...[dim]{_limit(limit)}[/]",
+            markup=True,
+        )
 
     def _tick(self, index, total, action, elapsed, limit) -> None:
-        self.out.print(f"[dim][{index + 1:>2}/{total}][/] {action.phase:<7} {action.describe()}: "
-                       f"[yellow]{elapsed:.1f} s[/] of {limit:g} s", markup=True, highlight=False)
+        self.out.print(
+            f"[dim][{index + 1:>2}/{total}][/] {action.phase:<7} {action.describe()}: "
+            f"[yellow]{elapsed:.1f} s[/] of {limit:g} s",
+            markup=True,
+            highlight=False,
+        )
 
     def step_end(self, index, total, action, status, seconds) -> None:
         self.waits.end(index)
@@ -121,8 +129,12 @@ class _RichProgress:
         window = ""
         if self.t_stop is not None:
             window = f"  [dim](stop window {time.monotonic() - self.t_stop:.1f} s)[/]"
-        self.out.print(f"[dim][{index + 1:>2}/{total}][/] {action.phase:<7} {action.describe()}: "
-                       f"[{style}]{status}[/] {seconds:.2f} s{window}", markup=True, highlight=False)
+        self.out.print(
+            f"[dim][{index + 1:>2}/{total}][/] {action.phase:<7} {action.describe()}: "
+            f"[{style}]{status}[/] {seconds:.2f} s{window}",
+            markup=True,
+            highlight=False,
+        )
 
     def note(self, text) -> None:
         self.out.print(text, markup=False)

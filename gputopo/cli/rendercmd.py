@@ -39,8 +39,8 @@ def _sha(path: Path) -> str | None:
 def read_manifest(out: Path) -> dict[str, dict]:
     """The files the manifest in ``out`` lists (relative path -> sha256, mode); {} when none.
     Raises OutputError for a manifest that is not gputopo's (a human must look at it)."""
-    from gputopo.model.documents import RenderManifest
     from gputopo.errors import OutputError
+    from gputopo.model.documents import RenderManifest
 
     path = out / MANIFEST
     if not path.exists():
@@ -48,12 +48,15 @@ def read_manifest(out: Path) -> dict[str, dict]:
     try:
         doc = RenderManifest.model_validate(json.loads(path.read_text()))
     except (OSError, ValueError) as e:
-        raise OutputError(str(path), OSError(0, f"not a gputopo render manifest ({str(e).splitlines()[0]})")) from None
+        raise OutputError(
+            str(path), OSError(0, f"not a gputopo render manifest ({str(e).splitlines()[0]})")
+        ) from None
     return {rel: f.model_dump() for rel, f in doc.files.items()}
 
 
-def plan_writes(out: Path, files: dict[str, str], old: dict[str, dict],
-                force: bool) -> tuple[list[str], list[tuple[str, str]]]:
+def plan_writes(
+    out: Path, files: dict[str, str], old: dict[str, dict], force: bool
+) -> tuple[list[str], list[tuple[str, str]]]:
     """(stale files of ours to remove, (path, why) of each file refused). A file in the way is
     refused unless ``force``: it is not ours, or ours but edited since it was written."""
     refused: list[tuple[str, str]] = []
@@ -73,17 +76,23 @@ def plan_writes(out: Path, files: dict[str, str], old: dict[str, dict],
 @click.command()
 @spec_options
 @state_options
-@click.option("--out", required=True, type=click.Path(file_okay=False), help="Directory to write the files to.")
+@click.option(
+    "--out", required=True, type=click.Path(file_okay=False), help="Directory to write the files to."
+)
 @click.option("--templates", type=click.Path(file_okay=False, exists=True), default=None, help=TEMPLATES_HELP)
-@click.option("--force", is_flag=True, help="Replace files in the way that render did not write (or that were "
-                                            "edited since); files that are not render's are still never removed.")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Replace files in the way that render did not write (or that were "
+    "edited since); files that are not render's are still never removed.",
+)
 @with_exit_codes("render")
 def render(conn: Connection, out, templates, force, **quick):
     """Write the files the plan stands for under --out, with a manifest of them; files of an
     earlier render that the plan no longer has are removed, anyone else's are left alone."""
-    from gputopo.model.documents import ManifestFile, RenderManifest
     from gputopo.cli.output import warn, write_output
     from gputopo.errors import OutputExists
+    from gputopo.model.documents import ManifestFile, RenderManifest
     from gputopo.plan.render import render as render_files
 
     outdir = Path(out)
@@ -93,13 +102,16 @@ def render(conn: Connection, out, templates, force, **quick):
     stale, refused = plan_writes(outdir, files, old, force)
     if refused:
         path, why = refused[0]
-        raise OutputExists(path, why + (f" (+{len(refused) - 1} more file(s) in the way)" if len(refused) > 1 else ""))
+        raise OutputExists(
+            path, why + (f" (+{len(refused) - 1} more file(s) in the way)" if len(refused) > 1 else "")
+        )
     written: dict[str, ManifestFile] = {}
     for rel, text in sorted(files.items()):
         dest = outdir / rel
         write_output(dest, text)
-        written[rel] = ManifestFile(sha256=_digest(text.encode()),
-                                    mode=f"{os.stat(dest).st_mode & 0o7777:04o}")
+        written[rel] = ManifestFile(
+            sha256=_digest(text.encode()), mode=f"{os.stat(dest).st_mode & 0o7777:04o}"
+        )
         click.echo(str(dest))
     for rel in stale:
         dest = outdir / rel

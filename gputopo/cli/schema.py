@@ -9,7 +9,8 @@ imported only when its schema is asked for: ``--help`` stays light.
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import click
 
@@ -20,8 +21,9 @@ def _verify_doc() -> dict[str, Any]:
     from gputopo.model.documents import VerifyReport
 
     schema = VerifyReport.model_json_schema()
-    schema["properties"].update({"ok": {"type": "boolean"}, "exit_code": {"type": "integer"},
-                                 "summary": {"type": "string"}})
+    schema["properties"].update(
+        {"ok": {"type": "boolean"}, "exit_code": {"type": "integer"}, "summary": {"type": "string"}}
+    )
     return schema
 
 
@@ -29,18 +31,24 @@ def _plan_doc() -> dict[str, Any]:
     from gputopo.plan.model import Plan
 
     schema = Plan.model_json_schema(mode="serialization")
-    for name, d in schema.get("$defs", {}).items():
+    for d in schema.get("$defs", {}).values():
         if "kind" in d.get("properties", {}):  # an action kind: the JSON adds its one-line description
             d["properties"]["description"] = {"type": "string"}
     schema["properties"]["no_changes"] = {"type": "boolean"}
     schema["properties"]["signature"] = {"type": "string", "description": "What apply --expect-plan takes"}
     schema["properties"]["summary"] = {
-        "type": "object", "description": "The plan's one-line summary and its numbers",
-        "properties": {"counts": {"type": "object", "additionalProperties": {"type": "integer"}},
-                       "stop_window_steps": {"type": "integer"},
-                       "expected_stop_window_s": {"type": ["number", "null"]},
-                       "max_stop_window_s": {"type": ["number", "null"]}, "text": {"type": "string"}},
-        "required": ["counts", "text"], "additionalProperties": False}
+        "type": "object",
+        "description": "The plan's one-line summary and its numbers",
+        "properties": {
+            "counts": {"type": "object", "additionalProperties": {"type": "integer"}},
+            "stop_window_steps": {"type": "integer"},
+            "expected_stop_window_s": {"type": ["number", "null"]},
+            "max_stop_window_s": {"type": ["number", "null"]},
+            "text": {"type": "string"},
+        },
+        "required": ["counts", "text"],
+        "additionalProperties": False,
+    }
     schema["required"] = sorted(set(schema.get("required", [])) | {"no_changes", "signature"})
     return schema
 
@@ -69,7 +77,10 @@ DOCUMENTS: dict[str, tuple[str, Callable[[], dict[str, Any]]]] = {
     "sim-serve": ("sim serve --json", _model("gputopo.model.documents:SimServeDoc")),
     "history": ("history --json", _model("gputopo.model.documents:HistoryList")),
     "history-entry": ("history show ID --json", _model("gputopo.model.documents:HistoryEntry")),
-    "render-manifest": ("render --out DIR (.gputopo-render.json)", _model("gputopo.model.documents:RenderManifest")),
+    "render-manifest": (
+        "render --out DIR (.gputopo-render.json)",
+        _model("gputopo.model.documents:RenderManifest"),
+    ),
 }
 
 
@@ -84,9 +95,14 @@ def schema_of(name: str) -> dict[str, Any]:
     schema = make()
     props = dict(schema.get("properties", {}))
     props.pop("schema_version", None)
-    schema["properties"] = {"schema_version": {"const": VERSION, "type": "integer",
-                                               "description": "Raised when a change would break a script"},
-                            **props}
+    schema["properties"] = {
+        "schema_version": {
+            "const": VERSION,
+            "type": "integer",
+            "description": "Raised when a change would break a script",
+        },
+        **props,
+    }
     schema["required"] = ["schema_version", *[r for r in schema.get("required", []) if r != "schema_version"]]
     return schema
 

@@ -26,16 +26,38 @@ def sim() -> None:
 
 @sim.command("create")
 @click.argument("dir", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--from", "source", default="seed", show_default=True,
-              help="Fixture name, fixture .yaml or a 'gputopo snapshot' .tar.gz.")
+@click.option(
+    "--from",
+    "source",
+    default="seed",
+    show_default=True,
+    help="Fixture name, fixture .yaml or a 'gputopo snapshot' .tar.gz.",
+)
 @click.option("--node", default=None, help="Node name (default: the host's hostname).")
-@click.option("--service", type=click.Choice(["sglang", "vllm"]), default="sglang", show_default=True,
-              help="The inference server running in the container.")
-@click.option("--pve-version", type=click.Choice(["8.4.1", "9.1.2"]), default="8.4.1", show_default=True,
-              help="Proxmox VE release to behave as (9: new devN are hot-plugged into a running container).")
-@click.option("--nodes", "count", type=click.IntRange(2, 64), default=None,
-              help="A cluster of this many nodes (pve1..pveN) sharing one /etc/pve instead of one host.")
-def create(dir: Path, source: str, node: str | None, service: str, pve_version: str, count: int | None) -> None:
+@click.option(
+    "--service",
+    type=click.Choice(["sglang", "vllm"]),
+    default="sglang",
+    show_default=True,
+    help="The inference server running in the container.",
+)
+@click.option(
+    "--pve-version",
+    type=click.Choice(["8.4.1", "9.1.2"]),
+    default="8.4.1",
+    show_default=True,
+    help="Proxmox VE release to behave as (9: new devN are hot-plugged into a running container).",
+)
+@click.option(
+    "--nodes",
+    "count",
+    type=click.IntRange(2, 64),
+    default=None,
+    help="A cluster of this many nodes (pve1..pveN) sharing one /etc/pve instead of one host.",
+)
+def create(
+    dir: Path, source: str, node: str | None, service: str, pve_version: str, count: int | None
+) -> None:
     """Create a simulated host in DIR (the seed story: container 101 serving on every GPU), or
     with --nodes N a cluster of N such hosts (containers 101.., VMs 201.., one /etc/pve)."""
     if count is not None:
@@ -56,21 +78,50 @@ def create(dir: Path, source: str, node: str | None, service: str, pve_version: 
 
 
 @sim.command("serve")
-@click.option("--dir", "dir_", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Simulated host directory (created when missing or empty).")
-@click.option("--root", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
-              help="Serve a copy of this host root (e.g. an unpacked snapshot).")
-@click.option("--pve-root", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
-              help="With --root: use a copy of this /etc/pve tree instead of the seed story's.")
-@click.option("--from", "source", default="seed", show_default=True,
-              help="Fixture name, fixture .yaml or snapshot .tar.gz for a new host.")
+@click.option(
+    "--dir",
+    "dir_",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Simulated host directory (created when missing or empty).",
+)
+@click.option(
+    "--root",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="Serve a copy of this host root (e.g. an unpacked snapshot).",
+)
+@click.option(
+    "--pve-root",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="With --root: use a copy of this /etc/pve tree instead of the seed story's.",
+)
+@click.option(
+    "--from",
+    "source",
+    default="seed",
+    show_default=True,
+    help="Fixture name, fixture .yaml or snapshot .tar.gz for a new host.",
+)
 @click.option("--port", type=click.IntRange(0, 65535), default=0, help="API port (default: any free port).")
 @click.option("--http", "plain_http", is_flag=True, help="Serve plain HTTP instead of HTTPS.")
-@click.option("--json", "as_json", is_flag=True,
-              help="Say how to reach it as one JSON line (gputopo schema sim-serve): URL, CA file, the files "
-                   "holding the password and the token secret.")
-def serve(dir_: Path | None, root: Path | None, pve_root: Path | None, source: str, port: int,
-          plain_http: bool, as_json: bool) -> None:
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Say how to reach it as one JSON line (gputopo schema sim-serve): URL, CA file, the files "
+    "holding the password and the token secret.",
+)
+def serve(
+    dir_: Path | None,
+    root: Path | None,
+    pve_root: Path | None,
+    source: str,
+    port: int,
+    plain_http: bool,
+    as_json: bool,
+) -> None:
     """Run a simulated host (or the API of a simulated cluster's first node, which answers for
     every node) in the foreground until Ctrl-C or SIGTERM; print how to reach it. The password
     and the token secret are also written to owner-only files in DIR/run, for --secret-file."""
@@ -142,10 +193,18 @@ def _announce_json(host, plain_http: bool, files: dict[str, str]) -> None:
     from gputopo.model.documents import SimServeDoc
 
     creds = host.credentials()
-    doc = SimServeDoc(node=host.node, pve_version=host.version, dir=str(host.dir), api_url=host.api.url,
-                      ca_file=None if plain_http else str(host.api.ca_cert_path), user=creds["user"],
-                      token_name=creds["token_name"], endpoint=host.endpoint.url if host.endpoint else None,
-                      container=host.container, **files)
+    doc = SimServeDoc(
+        node=host.node,
+        pve_version=host.version,
+        dir=str(host.dir),
+        api_url=host.api.url,
+        ca_file=None if plain_http else str(host.api.ca_cert_path),
+        user=creds["user"],
+        token_name=creds["token_name"],
+        endpoint=host.endpoint.url if host.endpoint else None,
+        container=host.container,
+        **files,
+    )
     # one line: a script reads it and goes on while the host serves
     click.echo(json.dumps(doc.model_dump(mode="json")))
     sys.stdout.flush()

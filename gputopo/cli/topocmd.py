@@ -16,22 +16,32 @@ from gputopo.exitcodes import with_exit_codes
 @click.command()
 @connection_options(snapshot=True, pve_root=True, sim=True, api=False)
 @click.option("--matrix", is_flag=True, help="The GPU-to-GPU PCIe distance matrix instead of the tree.")
-@click.option("--format", "fmt", type=click.Choice(["text", "svg", "dot"]), default="text", show_default=True,
-              help="text: the tree (or --matrix); svg: a picture; dot: Graphviz text.")
-@click.option("--json", "as_json", is_flag=True, help="The tree and the matrix as JSON (gputopo schema topo).")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write here (default stdout).")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "svg", "dot"]),
+    default="text",
+    show_default=True,
+    help="text: the tree (or --matrix); svg: a picture; dot: Graphviz text.",
+)
+@click.option(
+    "--json", "as_json", is_flag=True, help="The tree and the matrix as JSON (gputopo schema topo)."
+)
+@click.option(
+    "-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write here (default stdout)."
+)
 @with_exit_codes("topo")
 def topo(conn: Connection, matrix, fmt, as_json, output):
     """Show the PCIe tree: NUMA node, host bridge, root port, switches, and each GPU with its
     companions and owner (container, VM mapping or free); identical GPUs are never merged.
     Owners come from Proxmox's files (--pve-root, or the simulated host's with --sim).
     """
+    from gputopo.adapters.pvefiles import PveFiles
     from gputopo.errors import ConfigError, RootError
     from gputopo.facts.discover import discover
-    from gputopo.adapters.pvefiles import PveFiles
     from gputopo.facts.observe import observe
-    from gputopo.model.reads import EVERY_GUEST
     from gputopo.facts.snapshot import opened_root
+    from gputopo.model.reads import EVERY_GUEST
     from gputopo.topo.owners import owners_now
     from gputopo.topo.tree import build_report, unplaced
 
@@ -91,7 +101,9 @@ def _print_tree(report, output: str | None) -> None:
         from rich.console import Console
 
         buf = StringIO()
-        print_tree(report, Console(file=buf, width=WIDTH, color_system=None, highlight=False, soft_wrap=False))
+        print_tree(
+            report, Console(file=buf, width=WIDTH, color_system=None, highlight=False, soft_wrap=False)
+        )
         _emit(buf.getvalue(), output)
         return
     out = console()

@@ -27,8 +27,12 @@ def _label(node: TreeNode, colours: dict[str, palette.Colour]):
     text.append("  ")
     text.append(v.owner.label, style=f"bold {colour} reverse" if v.owner.kind != "free" else colour)
     text.append(f"\n{v.model or '?'}")
-    parts = [v.driver or "no driver", f"group {'-' if v.iommu_group is None else v.iommu_group}",
-             f"minor {'-' if v.minor is None else v.minor}", v.link or "link unknown"]
+    parts = [
+        v.driver or "no driver",
+        f"group {'-' if v.iommu_group is None else v.iommu_group}",
+        f"minor {'-' if v.minor is None else v.minor}",
+        v.link or "link unknown",
+    ]
     if v.boot_vga:
         parts.append("boot VGA")
     text.append("\n" + " · ".join(parts), style="dim")

@@ -12,19 +12,29 @@ from gputopo.cli.connect import Connection, build_ports, connection_options, hos
 from gputopo.cli.params import Finite
 from gputopo.exitcodes import with_exit_codes
 
+
 @click.command()
 @click.option("--spec", "spec_file", required=True, type=click.Path(dir_okay=False), help="Spec file.")
 @connection_options()
-@click.option("--timeout", "http_timeout", type=Finite(), default=None,
-              help="Seconds for the inference probe (default: the spec's verify.timeout).")
+@click.option(
+    "--timeout",
+    "http_timeout",
+    type=Finite(),
+    default=None,
+    help="Seconds for the inference probe (default: the spec's verify.timeout).",
+)
 @click.option("--strict", is_flag=True, help="A WARN fails too (exit 1).")
 @click.option("--json", "as_json", is_flag=True, help="The report as JSON (gputopo schema verify).")
-@click.option("--start-vms", is_flag=True,
-              help="Check every VM of vms.consumers from inside: start it if stopped, run nvidia-smi through its "
-                   "guest agent, compare its GPUs, stop it again.")
+@click.option(
+    "--start-vms",
+    is_flag=True,
+    help="Check every VM of vms.consumers from inside: start it if stopped, run nvidia-smi through its "
+    "guest agent, compare its GPUs, stop it again.",
+)
 @with_exit_codes("verify")
-def verify(spec_file: str, conn: Connection, http_timeout: float | None, strict: bool, as_json: bool,
-           start_vms: bool) -> None:
+def verify(
+    spec_file: str, conn: Connection, http_timeout: float | None, strict: bool, as_json: bool, start_vms: bool
+) -> None:
     """Check the host against the spec from fresh facts: converged, VM side, container side,
     memory balance, service, inference and platform.
     """
@@ -38,8 +48,15 @@ def verify(spec_file: str, conn: Connection, http_timeout: float | None, strict:
     warn_unfinished(root)
     ports = build_ports(conn, default_node=node_for(conn, spec, this_host(root)))
     try:
-        report = run_verify(spec, ports, root=root, http_timeout=http_timeout, strict=strict, node=conn.node,
-                            start_vms=start_vms)
+        report = run_verify(
+            spec,
+            ports,
+            root=root,
+            http_timeout=http_timeout,
+            strict=strict,
+            node=conn.node,
+            start_vms=start_vms,
+        )
     finally:
         ports.close()
     if as_json:

@@ -35,8 +35,14 @@ class ClusterDiff(Strict):
         return "\n".join(out) + "\n"
 
 
-def diff_cluster(spec: Spec, inputs: dict[str, NodeInput], order: list[str], ha_changes: list[HaChange],
-                 ha: HaState | None, templates: str | None = None) -> ClusterDiff:
+def diff_cluster(
+    spec: Spec,
+    inputs: dict[str, NodeInput],
+    order: list[str],
+    ha_changes: list[HaChange],
+    ha: HaState | None,
+    templates: str | None = None,
+) -> ClusterDiff:
     """The cluster's differences. Raises PlanRefused (a node's spec cannot be carried out)."""
     report = ClusterDiff()
     for node in order:

@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 from pydantic import ValidationError
 
@@ -58,7 +59,7 @@ def error_line(res: ExecResult) -> str:
     lines = [ln.strip() for ln in res.stderr.splitlines() if ln.strip()]
     for ln in reversed(lines):
         if ln.startswith("gputopo: error: "):
-            return ln[len("gputopo: error: "):]
+            return ln[len("gputopo: error: ") :]
     if lines:
         return lines[-1]
     out = [ln.strip() for ln in res.stdout.splitlines() if ln.strip()]
@@ -91,7 +92,9 @@ def remote_facts(shell: NodeShellPort, node: str, timeout: float) -> Facts:
     try:
         return Facts.model_validate_json(res.stdout)
     except ValidationError as e:
-        raise RemoteCommandFailed(node, "gputopo discover --json", 0, f"not facts JSON ({e.error_count()} errors)") from None
+        raise RemoteCommandFailed(
+            node, "gputopo discover --json", 0, f"not facts JSON ({e.error_count()} errors)"
+        ) from None
 
 
 def node_view(proxmox: ProxmoxPort, node: str) -> ProxmoxPort:
@@ -133,16 +136,26 @@ def select_nodes(spec: Spec, wanted: list[str] | None, members: list[str] | None
     return chosen
 
 
-def read_cluster(spec: Spec, nodes: list[str], shell: NodeShellPort, proxmox: ProxmoxPort,
-                 timeout: float = DEFAULT_TIMEOUT, workers: int = WORKERS) -> dict[str, NodeInput]:
+def read_cluster(
+    spec: Spec,
+    nodes: list[str],
+    shell: NodeShellPort,
+    proxmox: ProxmoxPort,
+    timeout: float = DEFAULT_TIMEOUT,
+    workers: int = WORKERS,
+) -> dict[str, NodeInput]:
     """Every node's facts and current state, read live. Raises NodeUnreachable,
     VersionMismatch, RemoteCommandFailed, ProxmoxError (the first, in node order)."""
     parallel(nodes, lambda n: check_version(shell, n, timeout), workers)
 
     def read(node: str) -> NodeInput:
-        facts, current = observe(remote_facts(shell, node, timeout), spec_reads(spec, node),
-                                 proxmox=node_view(proxmox, node), exec=SshExec(shell, node),
-                                 files=SshFiles(shell, node, timeout))
+        facts, current = observe(
+            remote_facts(shell, node, timeout),
+            spec_reads(spec, node),
+            proxmox=node_view(proxmox, node),
+            exec=SshExec(shell, node),
+            files=SshFiles(shell, node, timeout),
+        )
         return NodeInput(node, facts, current)
 
     return parallel(nodes, read, workers)
@@ -157,7 +170,9 @@ def load_facts(path: Path) -> Facts:
         try:
             return Facts.model_validate_json(path.read_text())
         except ValidationError as e:
-            raise SpecError(str(path), "", f"not 'gputopo discover --json' output ({e.error_count()} errors)") from None
+            raise SpecError(
+                str(path), "", f"not 'gputopo discover --json' output ({e.error_count()} errors)"
+            ) from None
     from gputopo.facts.snapshot import facts_of_snapshot
 
     recorded = facts_of_snapshot(path)  # what discovery found when the snapshot was taken
@@ -172,18 +187,25 @@ def facts_file(facts_dir: Path, node: str) -> Path:
     for name in (f"{node}.json", f"{node}.tar.gz", f"{node}.tgz"):
         if (facts_dir / name).is_file():
             return facts_dir / name
-    raise UnknownNode(node, f"in {facts_dir} (no {node}.json or {node}.tar.gz)",
-                      sorted(p.name.split(".")[0] for p in facts_dir.glob("*") if p.is_file()))
+    raise UnknownNode(
+        node,
+        f"in {facts_dir} (no {node}.json or {node}.tar.gz)",
+        sorted(p.name.split(".")[0] for p in facts_dir.glob("*") if p.is_file()),
+    )
 
 
-def read_offline(spec: Spec, nodes: list[str], facts_dir: Path, pve_root: str | None,
-                 proxmox: ProxmoxPort | None = None) -> dict[str, NodeInput]:
+def read_offline(
+    spec: Spec, nodes: list[str], facts_dir: Path, pve_root: str | None, proxmox: ProxmoxPort | None = None
+) -> dict[str, NodeInput]:
     """Every node's facts from ``facts_dir`` and its state from the API (``proxmox``) or else
     Proxmox's files under ``pve_root`` (default ``/etc/pve``; guests count as running); services
     and host files are not read."""
+
     def read(node: str) -> NodeInput:
         source = node_view(proxmox, node) if proxmox is not None else PveFiles(pve_root or DEFAULT_ROOT, node)
-        facts, current = observe(load_facts(facts_file(facts_dir, node)), spec_reads(spec, node), proxmox=source)
+        facts, current = observe(
+            load_facts(facts_file(facts_dir, node)), spec_reads(spec, node), proxmox=source
+        )
         return NodeInput(node, facts, current)
 
     return {n: read(n) for n in nodes}

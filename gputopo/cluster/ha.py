@@ -23,7 +23,13 @@ from typing import Any, Literal
 from pydantic import Field
 
 from gputopo.formats.hacfg import (
-    Section, format_node_list, node_list, resource_list, sid_id, vm_sid, write_section_config,
+    Section,
+    format_node_list,
+    node_list,
+    resource_list,
+    sid_id,
+    vm_sid,
+    write_section_config,
 )
 from gputopo.formats.hostpci import hostpci_targets
 from gputopo.formats.mapline import map_node
@@ -60,16 +66,29 @@ class Placement(Strict):
 
 
 class HaChange(Strict):
-    op: Literal["create-rule", "update-rule", "delete-rule", "create-group", "update-group", "delete-group",
-                "set-group", "unset-group"]
+    op: Literal[
+        "create-rule",
+        "update-rule",
+        "delete-rule",
+        "create-group",
+        "update-group",
+        "delete-group",
+        "set-group",
+        "unset-group",
+    ]
     id: str
     params: dict[str, Any] = Field(default_factory=dict)
 
     def describe(self) -> str:
         nodes = self.params.get("nodes")
-        what = {"create-rule": "create HA rule", "update-rule": "update HA rule", "delete-rule": "delete HA rule",
-                "create-group": "create HA group", "update-group": "update HA group",
-                "delete-group": "delete HA group"}  # set-group and unset-group say more, below
+        what = {
+            "create-rule": "create HA rule",
+            "update-rule": "update HA rule",
+            "delete-rule": "delete HA rule",
+            "create-group": "create HA group",
+            "update-group": "update HA group",
+            "delete-group": "delete HA group",
+        }  # set-group and unset-group say more, below
         if self.op == "set-group":
             return f"put HA resource {self.id} in group {self.params['group']}"
         if self.op == "unset-group":
@@ -109,8 +128,9 @@ def read_ha(api: ClusterApiPort) -> HaState:
     return state
 
 
-def placements(vms: dict[int, tuple[str, list[str]]], mappings: dict[str, MappingTarget],
-               order: list[str]) -> list[Placement]:
+def placements(
+    vms: dict[int, tuple[str, list[str]]], mappings: dict[str, MappingTarget], order: list[str]
+) -> list[Placement]:
     """Where each VM (vmid -> (its node, its ``hostpciN`` values)) can run, from the mappings as
     they will be (``mappings``: every node's lines) over the nodes in ``order``. VMs without a
     mapped device are left out."""
@@ -129,11 +149,18 @@ def placements(vms: dict[int, tuple[str, list[str]]], mappings: dict[str, Mappin
 
 def _rule_params(p: Placement) -> dict[str, Any]:
     maps = ", ".join(sorted(p.needs))
-    return {"type": "node-affinity", "resources": vm_sid(p.vmid), "nodes": format_node_list({n: 0 for n in p.nodes}),
-            "strict": True, "comment": f"gputopo: nodes with the GPUs of mapping {maps}"}
+    return {
+        "type": "node-affinity",
+        "resources": vm_sid(p.vmid),
+        "nodes": format_node_list({n: 0 for n in p.nodes}),
+        "strict": True,
+        "comment": f"gputopo: nodes with the GPUs of mapping {maps}",
+    }
 
 
-def ha_changes(wanted: list[Placement], state: HaState, scope: set[int] | None = None) -> tuple[list[HaChange], list[str]]:
+def ha_changes(
+    wanted: list[Placement], state: HaState, scope: set[int] | None = None
+) -> tuple[list[HaChange], list[str]]:
     """The changes that make the HA configuration place ``wanted`` VMs, and warnings.
 
     Only placements of VMs in ``scope`` (None: every VM) are removed when no longer wanted: a
@@ -147,12 +174,16 @@ def ha_changes(wanted: list[Placement], state: HaState, scope: set[int] | None =
         if len(p.nodes) < 2:
             continue
         if sid not in state.resources:
-            warnings.append(f"VM {p.vmid}: its GPUs can run on {', '.join(p.nodes)} but it is not HA-managed; "
-                            f"no placement rule (ha-manager add {sid})")
+            warnings.append(
+                f"VM {p.vmid}: its GPUs can run on {', '.join(p.nodes)} but it is not HA-managed; "
+                f"no placement rule (ha-manager add {sid})"
+            )
             continue
         other = _placed_elsewhere(sid, state)
         if other:
-            warnings.append(f"VM {p.vmid}: {other} already places it; not adding a placement for {', '.join(p.nodes)}")
+            warnings.append(
+                f"VM {p.vmid}: {other} already places it; not adding a placement for {', '.join(p.nodes)}"
+            )
             continue
         ours_wanted[f"{PREFIX}{p.vmid}"] = p
     if state.uses_rules:
@@ -162,17 +193,29 @@ def ha_changes(wanted: list[Placement], state: HaState, scope: set[int] | None =
             if rid not in have:
                 changes.append(HaChange(op="create-rule", id=rid, params=params))
             elif not _rule_same(have[rid], params):
-                changes.append(HaChange(op="update-rule", id=rid, params={k: v for k, v in params.items() if k != "type"}))
-        changes += [HaChange(op="delete-rule", id=rid) for rid in sorted(set(have) - set(ours_wanted))
-                    if _in_scope(rid, scope)]
+                changes.append(
+                    HaChange(
+                        op="update-rule", id=rid, params={k: v for k, v in params.items() if k != "type"}
+                    )
+                )
+        changes += [
+            HaChange(op="delete-rule", id=rid)
+            for rid in sorted(set(have) - set(ours_wanted))
+            if _in_scope(rid, scope)
+        ]
         return changes, warnings
     have_g = {g["group"]: g for g in state.groups if str(g.get("group", "")).startswith(PREFIX)}
     for gid, p in ours_wanted.items():
-        params = {"nodes": format_node_list({n: 0 for n in p.nodes}), "restricted": True,
-                  "comment": _rule_params(p)["comment"]}
+        params = {
+            "nodes": format_node_list({n: 0 for n in p.nodes}),
+            "restricted": True,
+            "comment": _rule_params(p)["comment"],
+        }
         if gid not in have_g:
             changes.append(HaChange(op="create-group", id=gid, params=params))
-        elif node_list(str(have_g[gid].get("nodes", ""))) != node_list(params["nodes"]) or not int(have_g[gid].get("restricted", 0)):
+        elif node_list(str(have_g[gid].get("nodes", ""))) != node_list(params["nodes"]) or not int(
+            have_g[gid].get("restricted", 0)
+        ):
             changes.append(HaChange(op="update-group", id=gid, params=params))
         if state.resources[vm_sid(p.vmid)].get("group") != gid:
             changes.append(HaChange(op="set-group", id=vm_sid(p.vmid), params={"group": gid}))
@@ -185,15 +228,19 @@ def ha_changes(wanted: list[Placement], state: HaState, scope: set[int] | None =
 
 
 def _in_scope(rid: str, scope: set[int] | None) -> bool:
-    vmid = rid[len(PREFIX):]
+    vmid = rid[len(PREFIX) :]
     return scope is None or (vmid.isdigit() and int(vmid) in scope)
 
 
 def _placed_elsewhere(sid: str, state: HaState) -> str | None:
     if state.uses_rules:
         for r in state.rules:
-            if (r.get("type") == "node-affinity" and not str(r.get("rule", "")).startswith(PREFIX)
-                    and not int(r.get("disable", 0)) and sid in resource_list(str(r.get("resources", "")))):
+            if (
+                r.get("type") == "node-affinity"
+                and not str(r.get("rule", "")).startswith(PREFIX)
+                and not int(r.get("disable", 0))
+                and sid in resource_list(str(r.get("resources", "")))
+            ):
                 return f"HA rule {r['rule']}"
         return None
     group = state.resources.get(sid, {}).get("group")
@@ -201,16 +248,21 @@ def _placed_elsewhere(sid: str, state: HaState) -> str | None:
 
 
 def _rule_same(have: dict[str, Any], params: dict[str, Any]) -> bool:
-    return (node_list(str(have.get("nodes", ""))) == node_list(params["nodes"])
-            and resource_list(str(have.get("resources", ""))) == resource_list(params["resources"])
-            and bool(int(have.get("strict", 0))) == params["strict"])
+    return (
+        node_list(str(have.get("nodes", ""))) == node_list(params["nodes"])
+        and resource_list(str(have.get("resources", ""))) == resource_list(params["resources"])
+        and bool(int(have.get("strict", 0))) == params["strict"]
+    )
 
 
 def _sections(items: list[dict[str, Any]], type_key: str, id_key: str) -> list[Section]:
     out = []
     for it in items:
-        props = {k: str(int(v)) if isinstance(v, bool) else str(v) for k, v in it.items()
-                 if k not in (type_key, id_key, "digest", "order", "errors", "sid") and v is not None}
+        props = {
+            k: str(int(v)) if isinstance(v, bool) else str(v)
+            for k, v in it.items()
+            if k not in (type_key, id_key, "digest", "order", "errors", "sid") and v is not None
+        }
         out.append(Section(type=str(it.get(type_key, "group")), id=str(it[id_key]), props=props))
     return out
 
@@ -228,15 +280,28 @@ def ha_files(state: HaState, changes: list[HaChange]) -> dict[str, tuple[str | N
                 after.pop(c.id, None)
             else:
                 s = after.setdefault(c.id, Section(type="node-affinity", id=c.id))
-                s.props.update({k: str(int(v)) if isinstance(v, bool) else str(v)
-                                for k, v in c.params.items() if k != "type"})
-        out[RULES] = (write_section_config(before) or None, write_section_config(list(after.values())) or None)
+                s.props.update(
+                    {
+                        k: str(int(v)) if isinstance(v, bool) else str(v)
+                        for k, v in c.params.items()
+                        if k != "type"
+                    }
+                )
+        out[RULES] = (
+            write_section_config(before) or None,
+            write_section_config(list(after.values())) or None,
+        )
         return out
     groups = _sections([dict(g, type="group") for g in state.groups], "type", "group")
     gafter = {s.id: Section(s.type, s.id, dict(s.props)) for s in groups}
-    res = [Section(type=r.get("type", "vm"), id=sid_id(sid),
-                   props={k: str(v) for k, v in r.items() if k not in ("sid", "type", "digest")})
-           for sid, r in state.resources.items()]
+    res = [
+        Section(
+            type=r.get("type", "vm"),
+            id=sid_id(sid),
+            props={k: str(v) for k, v in r.items() if k not in ("sid", "type", "digest")},
+        )
+        for sid, r in state.resources.items()
+    ]
     rafter = {s.sid: Section(s.type, s.id, dict(s.props)) for s in res}
     for c in changes:
         if c.op == "delete-group":

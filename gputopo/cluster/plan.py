@@ -68,7 +68,9 @@ class ClusterPlan(Strict):
         if self.mappings:
             out.append("Cluster-wide PCI mappings (/etc/pve/mapping/pci.cfg):")
             for mid, m in sorted(self.mappings.items()):
-                out.append(f"  {mid}: {len(m.map)} device(s)" + (f"  ({m.description})" if m.description else ""))
+                out.append(
+                    f"  {mid}: {len(m.map)} device(s)" + (f"  ({m.description})" if m.description else "")
+                )
                 out += [f"    map {e}" for e in m.map]
         if self.ha or self.ha_release is not None:
             kind = "rules" if (self.ha_release or 0) >= 9 else "groups"
@@ -81,9 +83,11 @@ class ClusterPlan(Strict):
         if self.is_empty:
             out.append(f"Cluster: no changes on {len(self.nodes)} node(s)")
         else:
-            out.append(f"Cluster: changes on {len(changed)} of {len(self.nodes)} node(s)"
-                       + (f" ({', '.join(changed)})" if changed else "")
-                       + (f", {len(self.ha)} HA change(s)" if self.ha else ""))
+            out.append(
+                f"Cluster: changes on {len(changed)} of {len(self.nodes)} node(s)"
+                + (f" ({', '.join(changed)})" if changed else "")
+                + (f", {len(self.ha)} HA change(s)" if self.ha else "")
+            )
         return "\n".join(out) + "\n"
 
 
@@ -107,12 +111,21 @@ def merge_mappings(plans: dict[str, Plan], order: list[str]) -> dict[str, Mappin
                 kept = [e for e in target.map if map_node(e) not in plans]
             description = description or target.description
         lines += [(rank.get(map_node(e) or "", len(rank)), e) for e in kept or []]
-        out[mid] = MappingTarget(map=[e for _, e in sorted(lines, key=lambda x: x[0])], description=description)
+        out[mid] = MappingTarget(
+            map=[e for _, e in sorted(lines, key=lambda x: x[0])], description=description
+        )
     return out
 
 
-def plan_cluster(spec: Spec, inputs: dict[str, NodeInput], order: list[str], *, ha: HaState | None = None,
-                 members: list[str] | None = None, templates: str | None = None) -> ClusterPlan:
+def plan_cluster(
+    spec: Spec,
+    inputs: dict[str, NodeInput],
+    order: list[str],
+    *,
+    ha: HaState | None = None,
+    members: list[str] | None = None,
+    templates: str | None = None,
+) -> ClusterPlan:
     """Plan every node of ``inputs`` (in ``order``), merge the mappings, and (``ha`` given) plan
     the HA placement of the VMs on them over ``members`` (default: ``order``).
 
@@ -125,13 +138,16 @@ def plan_cluster(spec: Spec, inputs: dict[str, NodeInput], order: list[str], *, 
         try:
             plans[node] = plan_node(i.facts, spec, i.current, node=node, templates=templates)
         except PlanRefused as e:
-            refusals += [Refusal(f"node {node}: {r.address}" if r.address else f"node {node}", r.reason, r.code)
-                         for r in e.refusals]
+            refusals += [
+                Refusal(f"node {node}: {r.address}" if r.address else f"node {node}", r.reason, r.code)
+                for r in e.refusals
+            ]
     if refusals:
         raise PlanRefused(refusals)
     mappings = merge_mappings(plans, order)
-    cplan = ClusterPlan(nodes=[NodePlan(node=n, signature=p.signature(), plan=p) for n, p in plans.items()],
-                        mappings=mappings)
+    cplan = ClusterPlan(
+        nodes=[NodePlan(node=n, signature=p.signature(), plan=p) for n, p in plans.items()], mappings=mappings
+    )
     if ha is not None:
         vms = {vmid: (node, g.hostpci) for node in order for vmid, g in inputs[node].current.guests.items()}
         cplan.ha, cplan.warnings = ha_changes(placements(vms, mappings, members or order), ha, scope=set(vms))

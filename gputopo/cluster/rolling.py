@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable
 
 from pydantic import ValidationError
 
@@ -66,7 +66,7 @@ def batches(order: list[str], serial: int, canary: str | None) -> list[list[str]
             raise UnknownNode(canary, "one of the nodes of this run", order)
         rest.remove(canary)
         out.append([canary])
-    out += [rest[i:i + serial] for i in range(0, len(rest), serial)]
+    out += [rest[i : i + serial] for i in range(0, len(rest), serial)]
     return out
 
 
@@ -84,14 +84,29 @@ def read_apply_doc(stdout: str) -> tuple[ApplyDoc | None, str | None]:
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(x) for x in first["loc"]) or "the document"
-        return None, f"gputopo apply --json printed a document this gputopo cannot read ({where}: {first['msg']})"
+        return (
+            None,
+            f"gputopo apply --json printed a document this gputopo cannot read ({where}: {first['msg']})",
+        )
 
 
-def apply_node(shell: NodeShellPort, node: str, signature: str, spec_text: str, timeout: float,
-               verify: bool = True) -> NodeOutcome:
+def apply_node(
+    shell: NodeShellPort, node: str, signature: str, spec_text: str, timeout: float, verify: bool = True
+) -> NodeOutcome:
     """Run the node's own apply. Returns its outcome (``failed`` with the node's one-line
     reason); raises NodeUnreachable."""
-    argv = ["gputopo", "apply", "--spec", "/dev/stdin", "--yes", "--json", "--node", node, "--expect-plan", signature]
+    argv = [
+        "gputopo",
+        "apply",
+        "--spec",
+        "/dev/stdin",
+        "--yes",
+        "--json",
+        "--node",
+        node,
+        "--expect-plan",
+        signature,
+    ]
     if not verify:
         argv.append("--no-verify")
     t0 = time.monotonic()
@@ -106,13 +121,27 @@ def apply_node(shell: NodeShellPort, node: str, signature: str, spec_text: str, 
         return NodeOutcome(node, "failed", seconds, reason=reason, rc=res.rc)
     if doc is None:
         return NodeOutcome(node, "failed", seconds, reason=unread or "gputopo apply --json printed no result")
-    return NodeOutcome(node, "applied" if doc.status == "applied" else "no-changes", seconds,
-                       steps=len(doc.steps), verify=verdict.get("summary"))
+    return NodeOutcome(
+        node,
+        "applied" if doc.status == "applied" else "no-changes",
+        seconds,
+        steps=len(doc.steps),
+        verify=verdict.get("summary"),
+    )
 
 
-def rolling_apply(cplan: ClusterPlan, spec_text: str, shell: NodeShellPort, api: ClusterApiPort | None, *,
-                  serial: int = 1, canary: str | None = None, timeout: float = DEFAULT_NODE_TIMEOUT,
-                  verify: bool = True, report: Callable[[NodeOutcome], None] = lambda o: None) -> RollingResult:
+def rolling_apply(
+    cplan: ClusterPlan,
+    spec_text: str,
+    shell: NodeShellPort,
+    api: ClusterApiPort | None,
+    *,
+    serial: int = 1,
+    canary: str | None = None,
+    timeout: float = DEFAULT_NODE_TIMEOUT,
+    verify: bool = True,
+    report: Callable[[NodeOutcome], None] = lambda o: None,
+) -> RollingResult:
     """Apply ``cplan`` node by node (see the module docstring); ``report`` sees each outcome.
 
     Returns the result when every node is done. Raises ClusterApplyFailed naming the node that
@@ -124,6 +153,7 @@ def rolling_apply(cplan: ClusterPlan, spec_text: str, shell: NodeShellPort, api:
     result = RollingResult()
     plan_of = {n.node: n for n in cplan.nodes}
     for batch in batches(order, serial, canary):
+
         def one(node: str) -> NodeOutcome:
             try:
                 return apply_node(shell, node, plan_of[node].signature, spec_text, timeout, verify)

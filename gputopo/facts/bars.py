@@ -45,8 +45,16 @@ def parse_resource(text: str | None) -> list[Bar]:
             kind = "rom"
         else:
             kind = "mem64" if flags & IORESOURCE_MEM_64 else "mem32"
-        bars.append(Bar(index=index, kind=kind, prefetchable=bool(flags & IORESOURCE_PREFETCH),
-                        start=start, size=end - start + 1, flags=flags))
+        bars.append(
+            Bar(
+                index=index,
+                kind=kind,
+                prefetchable=bool(flags & IORESOURCE_PREFETCH),
+                start=start,
+                size=end - start + 1,
+                flags=flags,
+            )
+        )
     return bars
 
 

@@ -15,12 +15,12 @@ from __future__ import annotations
 from typing import Any
 
 from gputopo.errors import ExecError, ProxmoxError
+from gputopo.formats.hostpci import hostpci_keys
 from gputopo.formats.systemctl import parse_tp
 from gputopo.formats.systemd import parse_show_properties, show_state
 from gputopo.model.reads import ContainerRead, Reads, ServiceRead
 from gputopo.model.state import ContainerState, CurrentState, GuestState, MappingState, ServiceState
 from gputopo.ports import ExecPort, HostFilesPort, ProxmoxReadPort
-from gputopo.formats.hostpci import hostpci_keys
 
 EXEC_TIMEOUT = 20.0
 
@@ -31,8 +31,11 @@ def hostpci_values(config: dict[str, Any]) -> list[str]:
 
 
 def _service_state(exec: ExecPort, vmid: int, svc: ServiceRead) -> ServiceState:
-    res = exec.run(vmid, ["systemctl", "show", "-p", "ActiveState", "-p", "ExecStart", "-p", "LoadState", svc.unit],
-                   EXEC_TIMEOUT)
+    res = exec.run(
+        vmid,
+        ["systemctl", "show", "-p", "ActiveState", "-p", "ExecStart", "-p", "LoadState", svc.unit],
+        EXEC_TIMEOUT,
+    )
     props = parse_show_properties(res.stdout) if res.rc == 0 else {}
     active, command = show_state(props) if props else (False, None)
     # systemd answers for any name: an unknown unit is LoadState=not-found
@@ -40,7 +43,11 @@ def _service_state(exec: ExecPort, vmid: int, svc: ServiceRead) -> ServiceState:
     cat = exec.run(vmid, ["cat", svc.dropin_path], EXEC_TIMEOUT)
     dropin = cat.stdout if cat.rc == 0 else None
     return ServiceState(
-        unit=svc.unit, active=active, exec_start=command, tp=parse_tp(command) if command else None, dropin=dropin,
+        unit=svc.unit,
+        active=active,
+        exec_start=command,
+        tp=parse_tp(command) if command else None,
+        dropin=dropin,
         found=load != "not-found",
     )
 
@@ -69,7 +76,9 @@ def read_current(
     state.pve_version = str(proxmox.version().get("version") or "") or None
     wanted = reads.containers
     if wanted is None:
-        wanted = tuple(ContainerRead(vmid) for vmid in sorted(int(g["vmid"]) for g in proxmox.list_guests("lxc")))
+        wanted = tuple(
+            ContainerRead(vmid) for vmid in sorted(int(g["vmid"]) for g in proxmox.list_guests("lxc"))
+        )
     for c in wanted:
         try:
             cfg = proxmox.lxc_config(c.vmid)
@@ -88,8 +97,9 @@ def read_current(
             cfg = proxmox.qemu_config(vmid)
         except ProxmoxError:
             continue
-        state.guests[vmid] = GuestState(status=_status(proxmox, "qemu", vmid, listed.get(vmid)),
-                                        hostpci=hostpci_values(cfg), config=cfg)
+        state.guests[vmid] = GuestState(
+            status=_status(proxmox, "qemu", vmid, listed.get(vmid)), hostpci=hostpci_values(cfg), config=cfg
+        )
 
     if exec is not None:
         for c in wanted:

@@ -20,7 +20,14 @@ import re
 from gputopo.errors import InputError
 from gputopo.facts.bars import read_bars
 from gputopo.facts.files import addresses_in, read_text, sorted_addresses, stripped
-from gputopo.facts.host import IOMMU_GROUPS, NODE_DIR, IommuGroups, numa_from_cpulist, read_host_facts, read_numa
+from gputopo.facts.host import (
+    IOMMU_GROUPS,
+    NODE_DIR,
+    IommuGroups,
+    numa_from_cpulist,
+    read_host_facts,
+    read_numa,
+)
 from gputopo.facts.names import load_pci_names
 from gputopo.facts.pci import AttrReader, parse_int, parse_reset_method, pci_devices_dir, read_function
 from gputopo.model.facts import (
@@ -115,8 +122,10 @@ def _gpu_numa(
     node = numa_from_cpulist(local, nodes)
     if node is not None:
         return node, "cpulist"
-    warnings.append(f"{addr}: NUMA node unknown (numa_node {raw_numa if raw_numa is not None else 'missing'}, "
-                    f"local_cpulist {(local_text or 'missing').strip()!r} names no single node)")
+    warnings.append(
+        f"{addr}: NUMA node unknown (numa_node {raw_numa if raw_numa is not None else 'missing'}, "
+        f"local_cpulist {(local_text or 'missing').strip()!r} names no single node)"
+    )
     return None, None
 
 
@@ -138,11 +147,18 @@ def _group_members(
         else:
             role = MemberRole.FOREIGN
         sv, sd = rd.subsystem(mname) if mname else (None, None)
-        members.append(GroupMember(
-            address=m, role=role, vendor=mv, device=md, **{"class": mc},
-            driver=rd.link(mname, "driver") if mname else None,
-            subsystem_vendor=sv, subsystem_device=sd,
-        ))
+        members.append(
+            GroupMember(
+                address=m,
+                role=role,
+                vendor=mv,
+                device=md,
+                **{"class": mc},
+                driver=rd.link(mname, "driver") if mname else None,
+                subsystem_vendor=sv,
+                subsystem_device=sd,
+            )
+        )
     return members
 
 
@@ -216,8 +232,10 @@ def discover(
         vendor, device, klass = ids[addr] = rd.ids(name)
         by_slot.setdefault(slot_of(addr), []).append(addr)
         if vendor is None or device is None:
-            warnings.append(f"{addr}: vendor/device ids unreadable (0xffff, 0x0000 or missing); "
-                            "the device may have fallen off the bus")
+            warnings.append(
+                f"{addr}: vendor/device ids unreadable (0xffff, 0x0000 or missing); "
+                "the device may have fallen off the bus"
+            )
             continue
         if vendor == NVIDIA_VENDOR and klass and klass.startswith("0x0680"):
             nvswitch_addrs.append(addr)

@@ -37,7 +37,9 @@ def read_node(facts: Facts, proxmox: ProxmoxReadPort, exec: ExecPort | None) -> 
     state = observe(facts, lambda _facts: EVERY_GUEST, proxmox=proxmox).current
     now = NodeNow(state)
     if exec is None:
-        now.notes.append("the containers' inference units were not looked for (give --sim, --api-url or --local)")
+        now.notes.append(
+            "the containers' inference units were not looked for (give --sim, --api-url or --local)"
+        )
         return now
     by_minor = {g.minor for g in facts.gpus if g.driver == "nvidia" and g.minor is not None}
     for vmid, ct in sorted(state.containers.items()):

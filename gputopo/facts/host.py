@@ -173,7 +173,9 @@ def _read_device_nodes(root: str) -> tuple[list[int], list[str]]:
     return vfio_groups, sorted(nv_nodes, key=_natural)
 
 
-def read_host_facts(root: str, groups: IommuGroups, nodes: dict[int, set[int]], warnings: list[str]) -> HostFacts:
+def read_host_facts(
+    root: str, groups: IommuGroups, nodes: dict[int, set[int]], warnings: list[str]
+) -> HostFacts:
     """The :class:`HostFacts` of ``root``, given its IOMMU ``groups`` and NUMA ``nodes``
     (:func:`read_numa`). Unreadable facts are None; an unreadable ``proc/modules`` adds a line
     to ``warnings``. Raises nothing."""
@@ -200,7 +202,9 @@ def read_host_facts(root: str, groups: IommuGroups, nodes: dict[int, set[int]], 
         iommu_mode=mode,
         modules=Modules(**{f: f in loaded for f in Modules.model_fields}),
         sev_snp=sev,
-        nvidia_driver_version=parse_nvidia_version(read_text(os.path.join(root, "proc/driver/nvidia/version"))),
+        nvidia_driver_version=parse_nvidia_version(
+            read_text(os.path.join(root, "proc/driver/nvidia/version"))
+        ),
         numa_nodes=[NumaNode(id=n, cpulist=format_cpulist(c), has_cpus=bool(c)) for n, c in nodes.items()],
         vfio_groups=vfio_groups,
         nvidia_device_nodes=nv_nodes,

@@ -35,7 +35,7 @@ def parse_uevent_modalias(text: str | None) -> str | None:
     """``MODALIAS=`` of a device's ``uevent`` text; None when absent."""
     for line in (text or "").splitlines():
         if line.startswith("MODALIAS="):
-            return line[len("MODALIAS="):].strip() or None
+            return line[len("MODALIAS=") :].strip() or None
     return None
 
 

@@ -38,7 +38,7 @@ def parse_pci_ids(text: str | bytes, wanted: set[tuple[str, str]]) -> dict[tuple
         # the vendor's block: its line, then device lines (one tab) and subsystem lines (two),
         # up to the next line that starts with neither a tab nor a comment
         nxt = _NEXT_BLOCK.search(data, start, end)
-        block = data[start:nxt.start() if nxt else end].decode("utf-8", "replace")
+        block = data[start : nxt.start() if nxt else end].decode("utf-8", "replace")
         for line in block.split("\n")[1:]:
             if line[:1] == "\t" and line[1:2] != "\t":
                 did = line[1:5].lower()

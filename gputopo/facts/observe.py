@@ -15,7 +15,8 @@ more field of :class:`gputopo.model.state.CurrentState`.
 from __future__ import annotations
 
 import os
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 from gputopo.facts.current import read_current
 from gputopo.facts.discover import discover

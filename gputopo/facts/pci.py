@@ -104,13 +104,18 @@ class AttrReader:
             base = f"{self.devdir}/{name}/"
             for attr in ("vendor", "device", "class"):
                 cache[(name, attr)] = read_attr(base + attr)
-        return (parse_hex_id(cache[(name, "vendor")]), parse_hex_id(cache[(name, "device")]),
-                parse_hex_id(cache[(name, "class")], 6))
+        return (
+            parse_hex_id(cache[(name, "vendor")]),
+            parse_hex_id(cache[(name, "device")]),
+            parse_hex_id(cache[(name, "class")], 6),
+        )
 
     def subsystem(self, name: str) -> tuple[str | None, str | None]:
         """(subsystem vendor, subsystem device) of the device directory ``name``."""
-        return (parse_subsystem_id(self.attr(name, "subsystem_vendor")),
-                parse_subsystem_id(self.attr(name, "subsystem_device")))
+        return (
+            parse_subsystem_id(self.attr(name, "subsystem_vendor")),
+            parse_subsystem_id(self.attr(name, "subsystem_device")),
+        )
 
 
 def read_function(rd: AttrReader, name: str, address: str) -> PciFunction:

@@ -12,10 +12,9 @@ import os
 import re
 from pathlib import Path
 
+from gputopo.facts.files import read_text, stripped
 from gputopo.formats.systemd import parse_cmdline
 from gputopo.model.facts import Holder
-from gputopo.facts.files import read_text, stripped
-
 
 # --- pure parsers ------------------------------------------------------------------------
 
@@ -48,7 +47,9 @@ def parse_cgroup_unit(text: str) -> str | None:
     return found
 
 
-def match_fd_links(links: dict[int, list[str]], device_paths: list[str], root: str = "/") -> dict[str, list[int]]:
+def match_fd_links(
+    links: dict[int, list[str]], device_paths: list[str], root: str = "/"
+) -> dict[str, list[int]]:
     """Which of ``device_paths`` (host paths like ``/dev/nvidia3``) the fd link targets in
     ``links`` ({pid: [target, ...]}) point at.
 
@@ -61,7 +62,7 @@ def match_fd_links(links: dict[int, list[str]], device_paths: list[str], root: s
     for pid, targets in links.items():
         for target in targets:
             if root != "/" and target.startswith(root + "/"):
-                target = target[len(root):]
+                target = target[len(root) :]
             key = wanted.get(os.path.normpath(target)) if target.startswith("/") else None
             if key is not None:
                 found.setdefault(key, set()).add(pid)
@@ -124,8 +125,13 @@ def read_container(root: str | Path, pid: int) -> int | None:
 def read_holder(root: str | Path, pid: int) -> Holder:
     """What ``<root>/proc/<pid>`` says about process ``pid``; missing parts are None (``comm``: ``?``)."""
     cgroup = read_text(_proc(root, pid, "cgroup")) or ""
-    return Holder(pid=pid, comm=read_comm(root, pid) or "?", cmdline=read_cmdline(root, pid),
-                  container=parse_cgroup_container(cgroup), unit=parse_cgroup_unit(cgroup))
+    return Holder(
+        pid=pid,
+        comm=read_comm(root, pid) or "?",
+        cmdline=read_cmdline(root, pid),
+        container=parse_cgroup_container(cgroup),
+        unit=parse_cgroup_unit(cgroup),
+    )
 
 
 def read_holders(root: str | Path, device_paths: list[str]) -> dict[str, list[Holder]]:

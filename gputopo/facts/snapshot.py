@@ -37,17 +37,39 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from gputopo.errors import SnapshotError
-from gputopo.errors import RootError
+from gputopo.errors import RootError, SnapshotError
 
 # Attribute files copied from each PCI function's directory (all small text files).
 DEVICE_ATTRS = (
-    "vendor", "device", "subsystem_vendor", "subsystem_device", "class", "revision",
-    "numa_node", "local_cpulist", "local_cpus", "boot_vga", "driver_override",
-    "current_link_speed", "current_link_width", "max_link_speed", "max_link_width",
-    "reset_method", "sriov_numvfs", "sriov_totalvfs", "sriov_offset", "sriov_stride",
-    "sriov_vf_device", "sriov_drivers_autoprobe", "enable", "irq", "resource", "msi_bus",
-    "secondary_bus_number", "subordinate_bus_number", "uevent",
+    "vendor",
+    "device",
+    "subsystem_vendor",
+    "subsystem_device",
+    "class",
+    "revision",
+    "numa_node",
+    "local_cpulist",
+    "local_cpus",
+    "boot_vga",
+    "driver_override",
+    "current_link_speed",
+    "current_link_width",
+    "max_link_speed",
+    "max_link_width",
+    "reset_method",
+    "sriov_numvfs",
+    "sriov_totalvfs",
+    "sriov_offset",
+    "sriov_stride",
+    "sriov_vf_device",
+    "sriov_drivers_autoprobe",
+    "enable",
+    "irq",
+    "resource",
+    "msi_bus",
+    "secondary_bus_number",
+    "subordinate_bus_number",
+    "uevent",
 )
 DEVICE_LINKS_PREFIXES = ("driver", "iommu_group", "physfn", "virtfn")
 CONFIG_BYTES = 256
@@ -58,12 +80,17 @@ DRIVER_FILES = ("bind", "unbind", "new_id", "remove_id", "uevent")
 BUS_FILES = ("drivers_probe", "rescan", "drivers_autoprobe")
 
 HOST_FILES = (
-    "proc/cmdline", "proc/modules", "proc/sys/kernel/hostname", "proc/sys/kernel/osrelease",
+    "proc/cmdline",
+    "proc/modules",
+    "proc/sys/kernel/hostname",
+    "proc/sys/kernel/osrelease",
     "proc/driver/nvidia/version",
 )
 MODULE_PARAMS = (
-    "sys/module/kvm_amd/parameters/sev_snp", "sys/module/kvm_amd/parameters/sev",
-    "sys/module/kvm_amd/parameters/sev_es", "sys/module/vfio_iommu_type1/parameters/allow_unsafe_interrupts",
+    "sys/module/kvm_amd/parameters/sev_snp",
+    "sys/module/kvm_amd/parameters/sev",
+    "sys/module/kvm_amd/parameters/sev_es",
+    "sys/module/vfio_iommu_type1/parameters/allow_unsafe_interrupts",
 )
 PCI_IDS = ("usr/share/misc/pci.ids", "usr/share/hwdata/pci.ids", "usr/share/pci.ids")
 MANIFEST = "gputopo-snapshot.json"
@@ -182,7 +209,11 @@ def facts_of_snapshot(path: str | Path):
             data = json.loads(f.read()) if f is not None else None
     except (tarfile.TarError, OSError, EOFError, zlib.error, ValueError):
         return None
-    if not isinstance(data, dict) or data.get("gputopo") != __version__ or not isinstance(data.get("facts"), dict):
+    if (
+        not isinstance(data, dict)
+        or data.get("gputopo") != __version__
+        or not isinstance(data.get("facts"), dict)
+    ):
         return None
     # the root it was read from is the archive now (the host's root path means nothing here)
     return Facts.model_validate({**data["facts"], "root": str(path)})
@@ -220,8 +251,14 @@ def _capture(root: str, w: _TarWriter, counts: dict[str, int]) -> None:
     _capture_pci(root, c)
     _capture_host(root, c)
     _capture_dev(root, w, counts)
-    w.file(MANIFEST, json.dumps({"format": 1, "source_root": root, "created": w.mtime,
-                                 "pci_functions": counts["pci_functions"]}, indent=1).encode() + b"\n")
+    w.file(
+        MANIFEST,
+        json.dumps(
+            {"format": 1, "source_root": root, "created": w.mtime, "pci_functions": counts["pci_functions"]},
+            indent=1,
+        ).encode()
+        + b"\n",
+    )
 
 
 def _capture_pci(root: str, c: _Capture) -> None:

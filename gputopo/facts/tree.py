@@ -27,7 +27,13 @@ PCI_DEVICES = "sys/bus/pci/devices"
 SYS_DEVICES = "sys/devices"
 
 # PCI Express capability, Device/Port Type (PCIe base spec 7.5.3.2; linux/pci_regs.h PCI_EXP_TYPE_*)
-PORT_KINDS = {4: "root_port", 5: "switch_upstream", 6: "switch_downstream", 7: "pcie_to_pci", 8: "pci_to_pcie"}
+PORT_KINDS = {
+    4: "root_port",
+    5: "switch_upstream",
+    6: "switch_downstream",
+    7: "pcie_to_pci",
+    8: "pci_to_pcie",
+}
 _CAP_EXP = 0x10
 _HOST_BRIDGE_RE = re.compile(r"^pci([0-9a-fA-F]{4,}):([0-9a-fA-F]{2})$")
 
@@ -79,7 +85,7 @@ def parse_pcie_port_type(config: bytes | None) -> int | None:
     while ptr and ptr not in seen and ptr + 4 <= len(config):
         seen.add(ptr)
         if config[ptr] == _CAP_EXP:
-            return (int.from_bytes(config[ptr + 2:ptr + 4], "little") >> 4) & 0xF
+            return (int.from_bytes(config[ptr + 2 : ptr + 4], "little") >> 4) & 0xF
         ptr = config[ptr + 1] & 0xFC
     return None
 
@@ -133,7 +139,7 @@ def read_device_path(root: str, name: str) -> str | None:
     base = os.path.normpath(os.path.join(root, SYS_DEVICES))
     if not real.startswith(base + os.sep) or not os.path.isdir(real):
         return None
-    return real[len(base) + 1:]
+    return real[len(base) + 1 :]
 
 
 def add_topology(root: str, facts: Facts) -> None:
@@ -147,8 +153,10 @@ def add_topology(root: str, facts: Facts) -> None:
         name = entries.get(dev.address)
         rel = read_device_path(root, name) if name else None
         if rel is None:
-            facts.warnings.append(f"{dev.address}: {PCI_DEVICES}/{name or dev.address} does not resolve under "
-                                  f"{SYS_DEVICES}; its place in the PCI tree is unknown")
+            facts.warnings.append(
+                f"{dev.address}: {PCI_DEVICES}/{name or dev.address} does not resolve under "
+                f"{SYS_DEVICES}; its place in the PCI tree is unknown"
+            )
             chains[dev.address] = (None, [])
             continue
         host, addrs = parse_device_path(rel)
@@ -160,9 +168,11 @@ def add_topology(root: str, facts: Facts) -> None:
             if a in bridges:
                 continue
             d = os.path.join(root, PCI_DEVICES, entries.get(a, a))
-            bridges[a] = (parse_pcie_port_type(_read_bytes(os.path.join(d, "config"))),
-                          parse_hex_id(read_text(os.path.join(d, "vendor"))),
-                          parse_hex_id(read_text(os.path.join(d, "device"))))
+            bridges[a] = (
+                parse_pcie_port_type(_read_bytes(os.path.join(d, "config"))),
+                parse_hex_id(read_text(os.path.join(d, "vendor"))),
+                parse_hex_id(read_text(os.path.join(d, "device"))),
+            )
     names = load_pci_names(root, {(v[2:], d[2:]) for _, v, d in bridges.values() if v and d})
 
     for dev in devices:
@@ -170,8 +180,15 @@ def add_topology(root: str, facts: Facts) -> None:
         dev.host_bridge = host
         kinds = bridge_kinds([bridges[a][0] for a in chain])
         dev.upstream = [
-            Bridge(address=a, kind=k, vendor=bridges[a][1], device=bridges[a][2],
-                   model=names.get((bridges[a][1][2:], bridges[a][2][2:])) if bridges[a][1] and bridges[a][2] else None)
+            Bridge(
+                address=a,
+                kind=k,
+                vendor=bridges[a][1],
+                device=bridges[a][2],
+                model=names.get((bridges[a][1][2:], bridges[a][2][2:]))
+                if bridges[a][1] and bridges[a][2]
+                else None,
+            )
             for a, k in zip(chain, kinds)
         ]
     for g in facts.gpus:

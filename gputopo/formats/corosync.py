@@ -37,8 +37,14 @@ def parse_corosync_nodes(text: str) -> list[CorosyncNode]:
                 current = {}
             continue
         if line == "}":
-            if stack[-2:] == ["nodelist", "node"] and current.get("name") and current.get("nodeid", "").isdigit():
-                nodes.append(CorosyncNode(current["name"], int(current["nodeid"]), current.get("ring0_addr", "")))
+            if (
+                stack[-2:] == ["nodelist", "node"]
+                and current.get("name")
+                and current.get("nodeid", "").isdigit()
+            ):
+                nodes.append(
+                    CorosyncNode(current["name"], int(current["nodeid"]), current.get("ring0_addr", ""))
+                )
             if stack:
                 stack.pop()
             continue
@@ -52,9 +58,32 @@ def write_corosync_conf(cluster: str, nodes: list[CorosyncNode]) -> str:
     """A corosync.conf for ``cluster`` with ``nodes`` (one link, as ``pvecm create`` writes)."""
     out = ["logging {", "  debug: off", "  to_syslog: yes", "}", "", "nodelist {"]
     for n in nodes:
-        out += ["  node {", f"    name: {n.name}", f"    nodeid: {n.nodeid}", "    quorum_votes: 1",
-                f"    ring0_addr: {n.ring0_addr}", "  }"]
-    out += ["}", "", "quorum {", "  provider: corosync_votequorum", "}", "", "totem {",
-            f"  cluster_name: {cluster}", "  config_version: 1", "  interface {", "    linknumber: 0", "  }",
-            "  ip_version: ipv4-6", "  link_mode: passive", "  secauth: on", "  version: 2", "}", ""]
+        out += [
+            "  node {",
+            f"    name: {n.name}",
+            f"    nodeid: {n.nodeid}",
+            "    quorum_votes: 1",
+            f"    ring0_addr: {n.ring0_addr}",
+            "  }",
+        ]
+    out += [
+        "}",
+        "",
+        "quorum {",
+        "  provider: corosync_votequorum",
+        "}",
+        "",
+        "totem {",
+        f"  cluster_name: {cluster}",
+        "  config_version: 1",
+        "  interface {",
+        "    linknumber: 0",
+        "  }",
+        "  ip_version: ipv4-6",
+        "  link_mode: passive",
+        "  secauth: on",
+        "  version: 2",
+        "}",
+        "",
+    ]
     return "\n".join(out)

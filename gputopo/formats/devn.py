@@ -77,8 +77,15 @@ def free_dev_key(used: dict[str, Any] | set[str]) -> str:
     raise ValueError(f"every dev0..dev{MAX_DEV_INDEX} is in use")
 
 
-def resolve_devices(config: dict[str, Any], set_: dict[str, str], delete: list[str], resolve: list[str],
-                    gid: int | None, mode: str | None, minors: dict[str, int | None]) -> dict[str, str]:
+def resolve_devices(
+    config: dict[str, Any],
+    set_: dict[str, str],
+    delete: list[str],
+    resolve: list[str],
+    gid: int | None,
+    mode: str | None,
+    minors: dict[str, int | None],
+) -> dict[str, str]:
     """The devN entries to add, besides ``set_``, for the ``resolve`` GPUs whose ``minors`` are
     now known: each new value at the lowest devN index that ``config`` (after ``set_`` and
     ``delete``) leaves free. Values already present are not added again.

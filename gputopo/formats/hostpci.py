@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from typing import Iterable
+from collections.abc import Iterable
 
 from gputopo.errors import PveFormatError
 from gputopo.formats.propstring import CONFIGID_RE, bool_check, split_property_string
@@ -29,8 +29,21 @@ MAX_NUMA = 8  # PVE::QemuServer::Memory::$MAX_NUMA
 PCIID_RE = re.compile(r"^(?:[a-f0-9]{4,}:)?[a-f0-9]{2}:[a-f0-9]{2}(?:\.[a-f0-9])?$")
 _HEXID_RE = re.compile(r"^0x[0-9a-fA-F]{4}$")
 _BOOL_KEYS = ("pcie", "rombar", "x-vga", "legacy-igd")
-_HOSTPCI_KEYS = ("host", "mapping", "rombar", "romfile", "pcie", "x-vga", "legacy-igd", "mdev", "vendor-id",
-                 "device-id", "sub-vendor-id", "sub-device-id", "driver")
+_HOSTPCI_KEYS = (
+    "host",
+    "mapping",
+    "rombar",
+    "romfile",
+    "pcie",
+    "x-vga",
+    "legacy-igd",
+    "mdev",
+    "vendor-id",
+    "device-id",
+    "sub-vendor-id",
+    "sub-device-id",
+    "driver",
+)
 _NUMBER_SETS_RE = re.compile(r"^\d+(?:-\d+)?(?:;\d+(?:-\d+)?)*$")
 _NUMA_KEYS = ("cpus", "memory", "hostnodes", "policy")
 HOSTPCI_KEY = re.compile(r"^hostpci(\d+)$")
@@ -64,7 +77,9 @@ def parse_hostpci(value: str) -> dict[str, str]:
     if "host" in props:
         for pid in props["host"].split(";"):
             if not PCIID_RE.match(pid):
-                raise PveFormatError("hostpci host", f"{pid!r} is not a PCI id (lower-case hex, e.g. 0000:81:00.0)")
+                raise PveFormatError(
+                    "hostpci host", f"{pid!r} is not a PCI id (lower-case hex, e.g. 0000:81:00.0)"
+                )
     if "mapping" in props and not CONFIGID_RE.match(props["mapping"]):
         raise PveFormatError("hostpci mapping", f"invalid configuration ID {props['mapping']!r}")
     for key in ("vendor-id", "device-id", "sub-vendor-id", "sub-device-id"):
@@ -174,7 +189,9 @@ def parse_numa_node(value: str) -> dict[str, str]:
     if "memory" in props and not re.fullmatch(r"\d+(\.\d+)?", props["memory"]):
         raise PveFormatError("numa memory", f"type check ('number') failed - got {props['memory']!r}")
     if "policy" in props and props["policy"] not in ("preferred", "bind", "interleave"):
-        raise PveFormatError("numa policy", f"value {props['policy']!r} is not one of bind, interleave, preferred")
+        raise PveFormatError(
+            "numa policy", f"value {props['policy']!r} is not one of bind, interleave, preferred"
+        )
     if "cpus" not in props:
         raise PveFormatError("numa cpus", "property is missing and it is not optional")
     return props
@@ -189,7 +206,9 @@ def split_args(text: str) -> list[str]:
     try:
         return shlex.split(text)
     except ValueError:
-        raise PveFormatError("args", f"unbalanced quote in {text!r}: QEMU would get none of its arguments") from None
+        raise PveFormatError(
+            "args", f"unbalanced quote in {text!r}: QEMU would get none of its arguments"
+        ) from None
 
 
 def mmio64_mb(args: str | None) -> int | None:

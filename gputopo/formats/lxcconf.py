@@ -66,7 +66,9 @@ def parse_dev_value(text: str) -> dict:
             out[key] = value
         elif key == "mode":
             if not _MODE_RE.match(value):
-                raise PveFormatError("dev mode", f"value {value!r} does not match the regex pattern 0[0-7]{{3}}")
+                raise PveFormatError(
+                    "dev mode", f"value {value!r} does not match the regex pattern 0[0-7]{{3}}"
+                )
             out[key] = value
         elif key in ("uid", "gid"):
             if not _UINT_RE.match(value):
@@ -232,11 +234,31 @@ def write_lxc_conf(conf: LxcConf) -> str:
 # The container keys Proxmox knows, with a checker per type. Indexed keys have their range.
 _ARCHES = {"amd64", "i386", "arm64", "armhf", "riscv32", "riscv64"}
 _OSTYPES = {
-    "debian", "devuan", "ubuntu", "centos", "fedora", "opensuse", "archlinux", "alpine",
-    "gentoo", "nixos", "unmanaged",
+    "debian",
+    "devuan",
+    "ubuntu",
+    "centos",
+    "fedora",
+    "opensuse",
+    "archlinux",
+    "alpine",
+    "gentoo",
+    "nixos",
+    "unmanaged",
 }
 _CMODES = {"shell", "console", "tty"}
-_LOCKS = {"backup", "create", "destroyed", "disk", "fstrim", "migrate", "mounted", "rollback", "snapshot", "snapshot-delete"}
+_LOCKS = {
+    "backup",
+    "create",
+    "destroyed",
+    "disk",
+    "fstrim",
+    "migrate",
+    "mounted",
+    "rollback",
+    "snapshot",
+    "snapshot-delete",
+}
 
 
 def _dev_check(v: str) -> str | None:
@@ -254,7 +276,11 @@ _LXC_SCALAR_KEYS = {
     "cpuunits": int_check(0, 500000),
     "memory": int_check(16),
     "swap": int_check(0),
-    "hostname": lambda v: None if re.match(r"^[a-zA-Z0-9]([a-zA-Z0-9.-]*[a-zA-Z0-9])?$", v) else "invalid format - value does not look like a valid DNS name",
+    "hostname": lambda v: (
+        None
+        if re.match(r"^[a-zA-Z0-9]([a-zA-Z0-9.-]*[a-zA-Z0-9])?$", v)
+        else "invalid format - value does not look like a valid DNS name"
+    ),
     "ostype": enum_check(_OSTYPES),
     "rootfs": string_check,
     "features": string_check,
@@ -279,7 +305,12 @@ _LXC_SCALAR_KEYS = {
     "snaptime": int_check(0),
     "vmstatestorage": string_check,
 }
-_LXC_INDEXED_KEYS = {"mp": (256, string_check), "net": (32, string_check), "dev": (256, _dev_check), "unused": (256, string_check)}
+_LXC_INDEXED_KEYS = {
+    "mp": (256, string_check),
+    "net": (32, string_check),
+    "dev": (256, _dev_check),
+    "unused": (256, string_check),
+}
 
 
 def _check_lxc_key(key: str, value: str) -> str | None:
@@ -328,9 +359,13 @@ def validate_lxc_conf(text: str, *, allow_description: bool = True) -> list[str]
             continue
         if line.startswith("#"):
             if not allow_description:
-                problems.append(f"line {n}: '#' line becomes the container's description; Proxmox keeps no comments")
+                problems.append(
+                    f"line {n}: '#' line becomes the container's description; Proxmox keeps no comments"
+                )
             elif seen_key:
-                problems.append(f"line {n}: '#' line after settings is not a comment: Proxmox moves it into the description at the top")
+                problems.append(
+                    f"line {n}: '#' line after settings is not a comment: Proxmox moves it into the description at the top"
+                )
             continue
         seen_key = True
         m = _LXC_RAW_RE.match(line)

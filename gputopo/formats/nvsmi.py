@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import re
 
-from gputopo.errors import NvsmiParseError
-from gputopo.errors import AddressError
+from gputopo.errors import AddressError, NvsmiParseError
 from gputopo.model.facts import normalize_address
 
 # nvidia-smi accepts aliases in --query-gpu and prints the canonical name in the header.
@@ -42,10 +41,25 @@ UNITS: dict[str, str] = {
     "clocks.gr": "MHz",
 }
 
-_INT_FIELDS = {"index", "minor_number", "count", "temperature.gpu", "pcie.link.gen.current",
-               "pcie.link.gen.max", "pcie.link.width.current", "pcie.link.width.max"}
-_MISSING = {"[N/A]", "[Not Supported]", "N/A", "[Unknown Error]", "[Insufficient Permissions]",
-            "[GPU requires reset]", "[GPU is lost]"}
+_INT_FIELDS = {
+    "index",
+    "minor_number",
+    "count",
+    "temperature.gpu",
+    "pcie.link.gen.current",
+    "pcie.link.gen.max",
+    "pcie.link.width.current",
+    "pcie.link.width.max",
+}
+_MISSING = {
+    "[N/A]",
+    "[Not Supported]",
+    "N/A",
+    "[Unknown Error]",
+    "[Insufficient Permissions]",
+    "[GPU requires reset]",
+    "[GPU is lost]",
+}
 _NUMBER_RE = re.compile(r"^(-?\d+(?:\.\d+)?)(?:\s*(MiB|%|W|MHz|C))?$")
 
 
@@ -168,8 +182,16 @@ def parse_nvidia_smi_q(text: str) -> list[dict]:
                 address = normalize_address(line[4:].strip())
             except AddressError:
                 raise NvsmiParseError(line, "GPU heading without a PCI address") from None
-            cur = {"address": address, "bus_id": None, "name": None, "uuid": None, "minor": None,
-                   "memory_total": None, "memory_used": None, "memory_free": None}
+            cur = {
+                "address": address,
+                "bus_id": None,
+                "name": None,
+                "uuid": None,
+                "minor": None,
+                "memory_total": None,
+                "memory_used": None,
+                "memory_free": None,
+            }
             gpus.append(cur)
             stack = []
             continue

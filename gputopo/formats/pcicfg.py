@@ -20,7 +20,9 @@ from gputopo.formats.propstring import BOOL01, CONFIGID_RE, NODE_RE, split_prope
 _MAP_KEYS = ("id", "iommugroup", "node", "path", "subsystem-id", "description")
 _MAP_REQUIRED = ("id", "node", "path")
 _HEXID_RE = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{4}$")
-_PCIPATH_RE = re.compile(r"^[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7](?:;[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7])*$")
+_PCIPATH_RE = re.compile(
+    r"^[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7](?:;[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7])*$"
+)
 _PCI_SECTION_KEYS = ("map", "description", "mdev", "live-migration-capable")
 
 
@@ -281,7 +283,9 @@ def _section_problems(n: int, sid: str, body: list[tuple[int, str]], ids: set[st
             if pline[:1] in (" ", "\t"):
                 problems.append(f"line {pn}: property line must be indented with one tab")
             else:
-                problems.append(f"line {pn}: ignored config line (no blank line before a new section?): {pline!r}")
+                problems.append(
+                    f"line {pn}: ignored config line (no blank line before a new section?): {pline!r}"
+                )
                 continue
         pm = _PROP_LINE_RE.match(pline.rstrip())
         if not pm or pm.group(3) is None:

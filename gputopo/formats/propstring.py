@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Callable
+from collections.abc import Callable
 from urllib.parse import quote, unquote
 
 from gputopo.errors import PveFormatError
@@ -110,6 +110,7 @@ def bool_check(v: str) -> str | None:
 
 def enum_check(values: set[str]) -> Check:
     """The check of a value that must be one of ``values``."""
+
     def check(v: str) -> str | None:
         if v in values:
             return None
@@ -121,4 +122,3 @@ def enum_check(values: set[str]) -> Check:
 def string_check(v: str) -> str | None:
     """A free ``string``: every value is accepted."""
     return None
-

@@ -35,8 +35,10 @@ from gputopo.formats.propstring import bool_check, decode_text, encode_text, enu
 
 _KEY_RE = re.compile(r"^([a-z][a-z_\-]*\d*):\s*(.+?)\s*$")
 _ARGS_RE = re.compile(r"^(args):\s*(.*\S)\s*$")
-_MACHINE_RE = re.compile(r"^(pc|pc(-i440fx)?-\d+(\.\d+)+(\+pve\d+)?(\.pxe)?|q35|pc-q35-\d+(\.\d+)+(\+pve\d+)?(\.pxe)?"
-                         r"|virt(?:-\d+(\.\d+)+)?(\+pve\d+)?)$")
+_MACHINE_RE = re.compile(
+    r"^(pc|pc(-i440fx)?-\d+(\.\d+)+(\+pve\d+)?(\.pxe)?|q35|pc-q35-\d+(\.\d+)+(\+pve\d+)?(\.pxe)?"
+    r"|virt(?:-\d+(\.\d+)+)?(\+pve\d+)?)$"
+)
 
 # the keys gputopo reads or writes and their checks (the rest of qemu-server's schema is not
 # gputopo's to judge: an unknown key is left alone)
@@ -129,7 +131,11 @@ def write_qemu_conf(conf: QemuConf) -> str:
             out += f"{k}: {v}\n"
         return out
 
-    raw = "".join(f"#{encode_text(line)}\n" for line in (conf.description or "").split("\n")) if conf.description else ""
+    raw = (
+        "".join(f"#{encode_text(line)}\n" for line in (conf.description or "").split("\n"))
+        if conf.description
+        else ""
+    )
     raw += block(conf.options)
     if conf.pending:
         raw += "\n[PENDING]\n" + block(conf.pending)
@@ -151,7 +157,9 @@ def check_qemu_option(key: str, value: str) -> str | None:
         elif key == "affinity":
             parse_cpuset(value)
         elif key == "machine":
-            mtype = dict(p.split("=", 1) if "=" in p else ("type", p) for p in value.split(",")).get("type", "")
+            mtype = dict(p.split("=", 1) if "=" in p else ("type", p) for p in value.split(",")).get(
+                "type", ""
+            )
             if mtype and not _MACHINE_RE.match(mtype):
                 return f"machine type {mtype!r} is not one qemu-server knows"
         elif key == "agent":
@@ -194,10 +202,14 @@ def start_problems(options: dict[str, str]) -> list[str]:
         except PveFormatError:
             continue  # a format problem, reported as such
         if props.get("pcie") in ("1", "on", "yes", "true") and not q35:
-            problems.append(f"{key}: pcie=1 needs machine q35 (this VM is i440fx): the start fails with "
-                            "'q35 machine model is not enabled'")
+            problems.append(
+                f"{key}: pcie=1 needs machine q35 (this VM is i440fx): the start fails with "
+                "'q35 machine model is not enabled'"
+            )
         if props.get("x-vga") in ("1", "on", "yes", "true") and ovmf:
-            problems.append(f"{key}: x-vga=1 is dropped with bios ovmf (qemu-server passes it to SeaBIOS only)")
+            problems.append(
+                f"{key}: x-vga=1 is dropped with bios ovmf (qemu-server passes it to SeaBIOS only)"
+            )
     if "affinity" in options and not options["affinity"].strip():
         problems.append("affinity is empty: taskset fails and the VM does not start")
     if "args" in options:
@@ -207,7 +219,9 @@ def start_problems(options: dict[str, str]) -> list[str]:
             problems.append(str(e))
     numa = options.get("numa") in ("1", "on", "yes", "true")
     if options.get("hugepages") and not numa:
-        problems.append("hugepages needs numa: 1 (the start fails with 'numa needs to be enabled to use hugepages')")
+        problems.append(
+            "hugepages needs numa: 1 (the start fails with 'numa needs to be enabled to use hugepages')"
+        )
     nodes = {k: v for k, v in options.items() if NUMA_KEY.match(k) and int(k[4:]) < MAX_NUMA}
     total = 0.0
     for key, value in sorted(nodes.items()):
@@ -223,8 +237,10 @@ def start_problems(options: dict[str, str]) -> list[str]:
         if options.get("hugepages") and "hostnodes" not in props:
             problems.append(f"{key}: numa hostnodes need to be defined to use hugepages")
     if numa and nodes and total and total != memory_mib(options):
-        problems.append(f"total memory for NUMA nodes ({total:g}) must be equal to vm static memory "
-                        f"({memory_mib(options)})")
+        problems.append(
+            f"total memory for NUMA nodes ({total:g}) must be equal to vm static memory "
+            f"({memory_mib(options)})"
+        )
     return problems
 
 

@@ -82,7 +82,9 @@ def inference_server(argv: list[str]) -> str | None:
     for i, tok in enumerate(argv):
         base = tok.rsplit("/", 1)[-1]
         after = argv[i + 1] if i + 1 < len(argv) else ""
-        if base.startswith("sglang.launch_server") or (base == "sglang" and after in ("serve", "launch_server")):
+        if base.startswith("sglang.launch_server") or (
+            base == "sglang" and after in ("serve", "launch_server")
+        ):
             return "sglang"
         if base.startswith("vllm.entrypoints") or (base == "vllm" and after == "serve"):
             return "vllm"
@@ -106,7 +108,8 @@ def tp_of(argv: list[str]) -> tuple[str | None, int | None]:
 
 # every spelling is matched and replaced, longest first (--tp-size before --tp)
 _TP_RE = re.compile(
-    r"(?P<lead>(?:^|(?<=\s)))(?P<flag>" + "|".join(re.escape(f) for f in sorted(TP_FLAGS, key=len, reverse=True))
+    r"(?P<lead>(?:^|(?<=\s)))(?P<flag>"
+    + "|".join(re.escape(f) for f in sorted(TP_FLAGS, key=len, reverse=True))
     + r")(?P<sep>=|\s+)(?P<value>\S+)"
 )
 
@@ -158,10 +161,16 @@ def inference_units(blocks: list[dict[str, str]]) -> list[InferenceUnit]:
         if server is None or not b.get("Id"):
             continue
         flag, tp = tp_of(argv)
-        found.append(InferenceUnit(unit=b["Id"], server=server, active=b.get("ActiveState") in ("active", "activating",
-                                                                                                   "reloading"),
-                                   command=" ".join(argv), tp_flag=flag or DEFAULT_TP_FLAG[server],
-                                   tp=tp if tp is not None else 1))
+        found.append(
+            InferenceUnit(
+                unit=b["Id"],
+                server=server,
+                active=b.get("ActiveState") in ("active", "activating", "reloading"),
+                command=" ".join(argv),
+                tp_flag=flag or DEFAULT_TP_FLAG[server],
+                tp=tp if tp is not None else 1,
+            )
+        )
     return sorted(found, key=lambda u: (not u.active, u.unit))
 
 

@@ -15,8 +15,10 @@ import re
 _WARNINGS_RE = re.compile(r"^WARNINGS: (\d+)$")
 _WARN_PREFIX = "WARN: "
 # qemu-server QemuServer.pm _do_vm_stop with forceStop, after the shutdown timeout passed
-QEMU_FORCED = ("VM still running - terminating now with SIGTERM",
-               "VM quit/powerdown failed - terminating now with SIGTERM")
+QEMU_FORCED = (
+    "VM still running - terminating now with SIGTERM",
+    "VM quit/powerdown failed - terminating now with SIGTERM",
+)
 
 
 def exitstatus_ok(exitstatus: str | None) -> bool:
@@ -28,7 +30,7 @@ def parse_task_warnings(lines: list[str]) -> list[str]:
     """The messages of the ``WARN: <message>`` lines of a task log, in order (the prefix
     dropped). A message that spans lines keeps only its first: the log does not say where it
     ends."""
-    return [ln[len(_WARN_PREFIX):].strip() for ln in lines if ln.startswith(_WARN_PREFIX)]
+    return [ln[len(_WARN_PREFIX) :].strip() for ln in lines if ln.startswith(_WARN_PREFIX)]
 
 
 def qemu_forced_stop(lines: list[str]) -> bool:

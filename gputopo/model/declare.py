@@ -51,7 +51,7 @@ class LiteralText:
 Literal = LiteralText()
 
 
-def Field(default=MISSING, *, default_factory=None, alias=None, description=None):  # noqa: N802 - pydantic's name
+def Field(default=MISSING, *, default_factory=None, alias=None, description=None):
     """A field's declaration: ``x: int | None = Field(None, description="...")``; the subset of
     :func:`pydantic.Field` that records use."""
     return FieldInfo(default, default_factory, alias, description)

@@ -58,8 +58,9 @@ class DiffDoc(_Doc):
     node: str
     is_empty: bool
     areas: dict[str, DiffAreaDoc] = Field(description="driver_bindings, container_devices, mappings, ...")
-    changes: dict[str, FileChangeDoc] = Field(default_factory=dict,
-                                              description="path -> the whole file before and after")
+    changes: dict[str, FileChangeDoc] = Field(
+        default_factory=dict, description="path -> the whole file before and after"
+    )
 
 
 class StepDoc(Strict):
@@ -80,12 +81,16 @@ class BootDoc(Strict):
 class ApplyDoc(_Doc):
     """``gputopo apply --json`` and ``gputopo recover --json``: how it ended, each step and its time."""
 
-    status: str = Field(description="applied, no-changes, dry-run, rolled-back, recovered, finished, "
-                                    "nothing-to-recover, or error")
+    status: str = Field(
+        description="applied, no-changes, dry-run, rolled-back, recovered, finished, "
+        "nothing-to-recover, or error"
+    )
     exit_code: int
     error: str | None = None
     node: str | None = None
-    changed: bool = Field(False, description="Whether the host was changed (a rolled-back apply changed it twice)")
+    changed: bool = Field(
+        False, description="Whether the host was changed (a rolled-back apply changed it twice)"
+    )
     signature: str | None = Field(None, description="The plan's signature (apply --expect-plan)")
     journal: str | None = None
     wall_s: float | None = None
@@ -209,7 +214,7 @@ class VerifyReport(Strict):
         return json.dumps(self.to_data(), indent=2, default=str)
 
     @classmethod
-    def read(cls, data: Any) -> "VerifyReport":
+    def read(cls, data: Any) -> VerifyReport:
         """The report in a verify document (``verify --json``, or apply's ``verify``).
 
         The keys worked out from the checks (``ok``, ``exit_code``, ``summary``) are dropped;
@@ -219,7 +224,9 @@ class VerifyReport(Strict):
         if not isinstance(data, dict):
             raise ValueError(f"a verify document is a JSON object, not {type(data).__name__}")
         if data.get("schema_version", VERSION) != VERSION:
-            raise ValueError(f"verify document schema_version {data['schema_version']!r}, this gputopo reads {VERSION}")
+            raise ValueError(
+                f"verify document schema_version {data['schema_version']!r}, this gputopo reads {VERSION}"
+            )
         derived = ("schema_version", "ok", "exit_code", "summary")
         try:
             return cls.model_validate({k: v for k, v in data.items() if k not in derived})
@@ -282,5 +289,3 @@ class HistoryEntry(ApplyRecord):
     """``gputopo history show ID --json`` (``gputopo schema history-entry``)."""
 
     schema_version: Literal[1] = VERSION
-
-

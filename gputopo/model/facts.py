@@ -106,7 +106,9 @@ class MemberRole(str, Enum):
     FOREIGN = "foreign"  # anything else: an NVMe, a NIC, another GPU
 
 
-BridgeKind = Literal["root_port", "switch_upstream", "switch_downstream", "pcie_to_pci", "pci_to_pcie", "bridge"]
+BridgeKind = Literal[
+    "root_port", "switch_upstream", "switch_downstream", "pcie_to_pci", "pci_to_pcie", "bridge"
+]
 
 
 class Bridge(Model):
@@ -142,12 +144,15 @@ class PciFunction(Model):
     model: str | None = None
     readable: bool = Field(True, description="False when the ids read 0xffff/0x0000 or are missing")
     host_bridge: str | None = Field(
-        None, description="Root bus 'dddd:bb' the device hangs from (sys/devices/pcidddd:bb); set by discover "
-                          "for GPUs and NVSwitches, null when the device link does not resolve there")
+        None,
+        description="Root bus 'dddd:bb' the device hangs from (sys/devices/pcidddd:bb); set by discover "
+        "for GPUs and NVSwitches, null when the device link does not resolve there",
+    )
     upstream: list[Bridge] = Field(
         default_factory=list,
         description="Bridges from the host bridge down to the device's parent, root port first; set by "
-                    "discover for GPUs and NVSwitches")
+        "discover for GPUs and NVSwitches",
+    )
 
     @property
     def is_bridge(self) -> bool:
@@ -220,9 +225,12 @@ class Gpu(PciFunction):
     minor: int | None = Field(None, description="/dev/nvidiaN minor from proc/driver/nvidia")
     uuid: str | None = Field(None, description="GPU UUID from proc/driver/nvidia, when bound")
     local_cpulist: str | None = Field(
-        None, description="CPUs local to the GPU (sysfs local_cpulist, canonical form); null when unreadable")
+        None, description="CPUs local to the GPU (sysfs local_cpulist, canonical form); null when unreadable"
+    )
     bars: list[Bar] = Field(
-        default_factory=list, description="Its non-empty memory and I/O regions (sysfs resource); [] when unreadable")
+        default_factory=list,
+        description="Its non-empty memory and I/O regions (sysfs resource); [] when unreadable",
+    )
 
     @property
     def companions(self) -> list[str]:

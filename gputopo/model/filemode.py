@@ -20,7 +20,7 @@ def parse_mode(value: Any) -> Any:
     string that is not 3 or 4 octal digits."""
     if isinstance(value, str):
         if not _OCTAL.match(value):
-            raise ValueError(f"a file mode such as \"0644\" expected (got {value!r})")
+            raise ValueError(f'a file mode such as "0644" expected (got {value!r})')
         return int(value, 8)
     return value
 

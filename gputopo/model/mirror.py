@@ -43,7 +43,7 @@ class _Names(dict):
 
 
 def _annotation(text: str, names: _Names) -> Any:
-    value = eval(text, {"__builtins__": __builtins__}, names)  # noqa: S307 - our own declarations
+    value = eval(text, {"__builtins__": __builtins__}, names)
     # an alias written as text (X = "Literal['a']") is text once more
     return _annotation(value, names) if isinstance(value, str) else value
 
@@ -72,8 +72,9 @@ def mirror(cls: type) -> type[BaseModel]:
         if f.description is not None:
             kwargs["description"] = f.description
         definitions[name] = (_annotation(f.annotation, names), PydanticField(**kwargs))
-    model = create_model(cls.__name__, __base__=base, __doc__=cls.__doc__, __module__=cls.__module__,
-                         **definitions)
+    model = create_model(
+        cls.__name__, __base__=base, __doc__=cls.__doc__, __module__=cls.__module__, **definitions
+    )
     _MIRRORS[cls] = model
     _RECORDS[model] = cls
     return model

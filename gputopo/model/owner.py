@@ -93,7 +93,9 @@ class Owner:
         return core_schema.no_info_plain_validator_function(
             coerce,
             json_schema_input_schema=core_schema.str_schema(),
-            serialization=core_schema.plain_serializer_function_ser_schema(str, return_schema=core_schema.str_schema()),
+            serialization=core_schema.plain_serializer_function_ser_schema(
+                str, return_schema=core_schema.str_schema()
+            ),
         )
 
     @classmethod

@@ -54,12 +54,17 @@ class Record(Declared):
             info.name, info.annotation = name, str(annotation)
             fields[name] = info
         cls.model_fields = fields
-        cls._record_parent = next((b for b in cls.__bases__ if issubclass(b, Record) and b is not Record), None)
+        cls._record_parent = next(
+            (b for b in cls.__bases__ if issubclass(b, Record) and b is not Record), None
+        )
         cls._aliases = {f.alias: n for n, f in fields.items() if f.alias}
         cls._required = frozenset(n for n, f in fields.items() if f.is_required)
         optional = [(n, f) for n, f in fields.items() if not f.is_required]
-        cls._factories = tuple((n, f.make_default) for n, f in optional
-                               if f.default_factory is not None or type(f.default) in (list, dict, set))
+        cls._factories = tuple(
+            (n, f.make_default)
+            for n, f in optional
+            if f.default_factory is not None or type(f.default) in (list, dict, set)
+        )
         cls._defaults = {n: f.default for n, f in optional if (n, f.make_default) not in cls._factories}
         if frozen:
             cls._frozen = True
@@ -75,7 +80,9 @@ class Record(Declared):
                 raise TypeError(f"{cls.__name__} takes at most {len(fields)} positional arguments")
             given = dict(zip(fields, args))
             if given.keys() & data.keys():
-                raise TypeError(f"{cls.__name__}: field {sorted(given.keys() & data.keys())[0]!r} given twice")
+                raise TypeError(
+                    f"{cls.__name__}: field {sorted(given.keys() & data.keys())[0]!r} given twice"
+                )
             data = {**given, **data}
         for alias, name in cls._aliases.items():
             if alias in data:
@@ -125,8 +132,13 @@ class Record(Declared):
         import json
 
         # check_circular=False: a record is a tree, and the check costs every list and dict
-        return json.dumps(_dump(self, True, by_alias), indent=indent, ensure_ascii=False, check_circular=False,
-                          separators=(",", ": ") if indent is not None else (",", ":"))
+        return json.dumps(
+            _dump(self, True, by_alias),
+            indent=indent,
+            ensure_ascii=False,
+            check_circular=False,
+            separators=(",", ": ") if indent is not None else (",", ":"),
+        )
 
     def model_copy(self, *, update: dict | None = None, deep: bool = False):
         """A copy (``deep``: nested records and lists copied too) with ``update`` applied."""

@@ -20,7 +20,9 @@ class ServiceState(Strict):
 
 
 class ContainerState(Strict):
-    config: dict[str, Any] = Field(default_factory=dict, description="As GET .../lxc/{vmid}/config returns it")
+    config: dict[str, Any] = Field(
+        default_factory=dict, description="As GET .../lxc/{vmid}/config returns it"
+    )
     status: Literal["running", "stopped"] = "stopped"
     service: ServiceState | None = None
 
@@ -35,7 +37,9 @@ class GuestState(Strict):
     status: Literal["running", "stopped"] = "stopped"
     hostpci: list[str] = Field(default_factory=list)
     config: dict[str, Any] = Field(
-        default_factory=dict, description="As GET .../qemu/{vmid}/config returns it (pending merged in, digest)")
+        default_factory=dict,
+        description="As GET .../qemu/{vmid}/config returns it (pending merged in, digest)",
+    )
 
 
 class CurrentState(Strict):
@@ -45,9 +49,11 @@ class CurrentState(Strict):
     mappings: dict[str, MappingState] = Field(default_factory=dict)
     guests: dict[int, GuestState] = Field(default_factory=dict)
     files: dict[str, str | None] = Field(default_factory=dict, description="host path -> text (None: absent)")
-    pve_version: str | None = Field(None, description="The node's Proxmox VE version (GET /version); null when read from files")
+    pve_version: str | None = Field(
+        None, description="The node's Proxmox VE version (GET /version); null when read from files"
+    )
     guest_status_known: bool = Field(
-        True, description="False when read from Proxmox's files, which cannot tell whether a guest runs "
-                          "(every guest then counts as running)")
-
-
+        True,
+        description="False when read from Proxmox's files, which cannot tell whether a guest runs "
+        "(every guest then counts as running)",
+    )

@@ -7,7 +7,13 @@ from typing import Any
 
 from gputopo.actions import UpdateContainer
 from gputopo.formats.devn import (
-    MAX_DEV_INDEX, dev_entries, dev_sort, devn_key, format_dev, is_nvidia_dev, is_nvidia_lxc,
+    MAX_DEV_INDEX,
+    dev_entries,
+    dev_sort,
+    devn_key,
+    format_dev,
+    is_nvidia_dev,
+    is_nvidia_lxc,
 )
 from gputopo.model.facts import Gpu
 from gputopo.plan.spec import Container
@@ -26,7 +32,9 @@ DEFAULT_LEGACY_MAJORS = {"nvidia-uvm": 511, "nvidia-caps": 510}
 
 
 def _dev_paths(gpus: list[Gpu]) -> list[str]:
-    return [f"/dev/nvidia{g.minor}" for g in gpus if g.minor is not None] + (list(CONTROL_NODES) if gpus else [])
+    return [f"/dev/nvidia{g.minor}" for g in gpus if g.minor is not None] + (
+        list(CONTROL_NODES) if gpus else []
+    )
 
 
 def _legacy_lines(paths: list[str], majors: dict[str, int]) -> list[list[str]]:
@@ -38,7 +46,9 @@ def _legacy_lines(paths: list[str], majors: dict[str, int]) -> list[list[str]]:
     return lines
 
 
-def _device_changes(config: dict[str, Any], wanted: list[str]) -> tuple[dict[str, str], dict[str, str], list[str]]:
+def _device_changes(
+    config: dict[str, Any], wanted: list[str]
+) -> tuple[dict[str, str], dict[str, str], list[str]]:
     """(full desired devN dict, set, delete): keep entries already right, reuse free indices."""
     existing = dev_entries(config)
     keep: dict[str, str] = {}
@@ -96,14 +106,18 @@ def device_update(
     lxc_remove = [x for x in ours_lxc if x not in want_lxc]
     if not (to_set or delete or lxc_add or lxc_remove or resolve):
         return devices, want_lxc, None
-    return devices, want_lxc, UpdateContainer(
-        vmid=c.vmid,
-        set=to_set,
-        delete=delete,
-        digest=config.get("digest"),
-        lxc_add=lxc_add,
-        lxc_remove=lxc_remove,
-        resolve=resolve,
-        dev_gid=c.gid if resolve else None,
-        dev_mode=(c.mode or None) if resolve else None,
+    return (
+        devices,
+        want_lxc,
+        UpdateContainer(
+            vmid=c.vmid,
+            set=to_set,
+            delete=delete,
+            digest=config.get("digest"),
+            lxc_add=lxc_add,
+            lxc_remove=lxc_remove,
+            resolve=resolve,
+            dev_gid=c.gid if resolve else None,
+            dev_mode=(c.mode or None) if resolve else None,
+        ),
     )

@@ -25,8 +25,15 @@ from gputopo.plan.planner import plan as make_plan
 from gputopo.plan.render import render, render_devices_conf, render_pci_cfg
 from gputopo.plan.spec import Container, Spec
 
-AREAS = ("driver bindings", "container devices", "mappings", "vm config", "service", "persistence files",
-         "guests and services")
+AREAS = (
+    "driver bindings",
+    "container devices",
+    "mappings",
+    "vm config",
+    "service",
+    "persistence files",
+    "guests and services",
+)
 
 
 class DiffArea(Strict):
@@ -42,8 +49,10 @@ class FileChange(Strict):
 class DiffReport(Strict):
     node: str
     areas: dict[str, DiffArea] = Field(default_factory=dict)
-    changes: dict[str, FileChange] = Field(default_factory=dict, description="path -> before and after, every "
-                                           "file and config the unified diffs show")
+    changes: dict[str, FileChange] = Field(
+        default_factory=dict,
+        description="path -> before and after, every file and config the unified diffs show",
+    )
 
     @property
     def is_empty(self) -> bool:
@@ -52,10 +61,15 @@ class DiffReport(Strict):
     def to_data(self) -> dict[str, Any]:
         """The diff document (``gputopo schema diff``) without ``schema_version``; each area keyed
         by its title with spaces as underscores, the title kept in it."""
-        data = {"node": self.node, "is_empty": self.is_empty,
-                "areas": {name.replace(" ", "_"): {"title": name, **area.model_dump()}
-                          for name, area in self.areas.items()},
-                "changes": {k: v.model_dump() for k, v in self.changes.items()}}
+        data = {
+            "node": self.node,
+            "is_empty": self.is_empty,
+            "areas": {
+                name.replace(" ", "_"): {"title": name, **area.model_dump()}
+                for name, area in self.areas.items()
+            },
+            "changes": {k: v.model_dump() for k, v in self.changes.items()},
+        }
         DiffDoc.model_validate(data)  # what it declares, and nothing else
         return data
 
@@ -80,7 +94,9 @@ def unified(path: str, before: str | None, after: str | None) -> str:
     a = (before or "").splitlines(keepends=True)
     b = (after or "").splitlines(keepends=True)
     lines = difflib.unified_diff(
-        a, b, fromfile=f"a/{path}" if before is not None else "/dev/null",
+        a,
+        b,
+        fromfile=f"a/{path}" if before is not None else "/dev/null",
         tofile=f"b/{path}" if after is not None else "/dev/null",
     )
     return "".join(ln if ln.endswith("\n") else ln + "\n" for ln in lines)
@@ -89,8 +105,9 @@ def unified(path: str, before: str | None, after: str | None) -> str:
 def _current_devices_text(config: dict[str, Any], container: Container) -> str:
     """The container's GPU lines as they are now, in the rendered file's form: only what the
     planner manages for ``container``, so that unchanged lines diff as unchanged."""
-    devices = sorted(((k, v) for k, v in dev_entries(config).items() if is_nvidia_dev(v)),
-                     key=lambda kv: dev_sort(kv[0]))
+    devices = sorted(
+        ((k, v) for k, v in dev_entries(config).items() if is_nvidia_dev(v)), key=lambda kv: dev_sort(kv[0])
+    )
     lxc = [(k, v) for k, v in current_nvidia_lxc(config, container)]
     return render_devices_conf(devices, lxc)
 
@@ -122,12 +139,20 @@ def diff(
         return text
 
     ctx = DiffContext(
-        plan=p, spec=spec, current=current, rendered=rendered, areas={}, unified=recorded,
+        plan=p,
+        spec=spec,
+        current=current,
+        rendered=rendered,
+        areas={},
+        unified=recorded,
         render_pci_cfg=render_pci_cfg,
         render_devices=lambda config, vmid: _current_devices_text(config, containers[vmid]),
     )
     for a in p.actions:
         a.diff(ctx)
-    areas = {name: DiffArea(lines=ctx.areas[name].lines, files=ctx.areas[name].files)
-             for name in AREAS if name in ctx.areas and (ctx.areas[name].lines or ctx.areas[name].files)}
+    areas = {
+        name: DiffArea(lines=ctx.areas[name].lines, files=ctx.areas[name].files)
+        for name in AREAS
+        if name in ctx.areas and (ctx.areas[name].lines or ctx.areas[name].files)
+    }
     return DiffReport(node=p.node, areas=areas, changes=changes)

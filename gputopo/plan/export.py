@@ -19,8 +19,9 @@ both sides, a GPU two containers share) is left to the host, and said in the fil
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from gputopo.errors import PveFormatError
 from gputopo.formats.devn import is_devn_key
@@ -67,8 +68,13 @@ def _legacy(config: dict[str, Any]) -> bool:
     return not any(is_devn_key(k) and "/dev/nvidia" in str(v) for k, v in config.items())
 
 
-def export_spec(facts: Facts, state: CurrentState, node: str, units: dict[int, list[InferenceUnit]],
-                manage: set[int] | None = None) -> Exported:
+def export_spec(
+    facts: Facts,
+    state: CurrentState,
+    node: str,
+    units: dict[int, list[InferenceUnit]],
+    manage: set[int] | None = None,
+) -> Exported:
     """The spec of ``facts`` + ``state`` for ``node``; ``units`` are the inference units found in
     each container, ``manage`` the containers whose unit goes in the spec (default: none)."""
     manage = manage or set()
@@ -83,7 +89,9 @@ def export_spec(facts: Facts, state: CurrentState, node: str, units: dict[int, l
         mine = sorted(by_minor[m].address for m in minors if m in by_minor)
         shared = [a for a in mine if a in claimed]
         for a in shared:
-            notes.append(f"{a} is in the devices of containers {claimed[a]} and {vmid}: left with {claimed[a]}")
+            notes.append(
+                f"{a} is in the devices of containers {claimed[a]} and {vmid}: left with {claimed[a]}"
+            )
         mine = [a for a in mine if a not in claimed]
         if not mine:
             continue
@@ -96,15 +104,19 @@ def export_spec(facts: Facts, state: CurrentState, node: str, units: dict[int, l
             if mode:
                 entry["mode"] = mode
             else:
-                notes.append(f"container {vmid}: its GPU entries have no mode; the spec's default 0666 will be set")
+                notes.append(
+                    f"container {vmid}: its GPU entries have no mode; the spec's default 0666 will be set"
+                )
             if gid is not None:
                 entry["gid"] = gid
         found = units.get(vmid) or []
         if found:
             out.units[vmid] = found[0]
             if len(found) > 1:
-                notes.append(f"container {vmid}: also runs {', '.join(u.unit for u in found[1:])}; "
-                             f"{found[0].unit} is the one listed")
+                notes.append(
+                    f"container {vmid}: also runs {', '.join(u.unit for u in found[1:])}; "
+                    f"{found[0].unit} is the one listed"
+                )
             if vmid in manage:
                 entry["service"] = {"unit": found[0].unit, "tp_flag": found[0].tp_flag}
                 out.managed.add(vmid)
@@ -132,16 +144,24 @@ def export_spec(facts: Facts, state: CurrentState, node: str, units: dict[int, l
         else:
             notes.append(f"mapping {mid} mixes GPUs of both sides (or of another mapping): left as it is")
     names = {m["name"] for m in mappings}
-    guests = sorted(vmid for vmid, g in state.guests.items()
-                    if any(hostpci_targets(v)[0] in names for v in g.hostpci))
+    guests = sorted(
+        vmid for vmid, g in state.guests.items() if any(hostpci_targets(v)[0] in names for v in g.hostpci)
+    )
     raw = sorted(a for a in vfio - taken)
     if raw:
         notes.append(f"{', '.join(raw)} on vfio-pci without a mapping of this node: left as they are")
     overrides = {g.driver_override for g in gpus if g.address in taken}
-    node_data: dict[str, Any] = {"name": node, "containers": containers,
-                                 "vms": {"mappings": mappings, "guests": guests}}
-    out.data = {"apiVersion": API_VERSION, "kind": KIND, "nodes": [node_data],
-                "policy": {"keep_driver_override": overrides != {None}}}
+    node_data: dict[str, Any] = {
+        "name": node,
+        "containers": containers,
+        "vms": {"mappings": mappings, "guests": guests},
+    }
+    out.data = {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "nodes": [node_data],
+        "policy": {"keep_driver_override": overrides != {None}},
+    }
     out.notes = notes
     return out
 
@@ -152,8 +172,13 @@ def _steps(facts: Facts, ex: Exported, node: str, read: Callable[[Spec], Current
     return [a.describe() for a in p.actions]
 
 
-def checked_export(facts: Facts, state: CurrentState, node: str, units: dict[int, list[InferenceUnit]],
-                   read: Callable[[Spec], CurrentState]) -> tuple[Exported, list[str]]:
+def checked_export(
+    facts: Facts,
+    state: CurrentState,
+    node: str,
+    units: dict[int, list[InferenceUnit]],
+    read: Callable[[Spec], CurrentState],
+) -> tuple[Exported, list[str]]:
     """(the exported spec, the steps a plan of it would still take: [] when it converges).
 
     ``read(spec)`` is the node's current state as a plan of ``spec`` sees it (the caller reads
@@ -165,7 +190,9 @@ def checked_export(facts: Facts, state: CurrentState, node: str, units: dict[int
     steps = _steps(facts, base, node, read)
     manage = set()
     for vmid in sorted(units):
-        if units[vmid] and len(_steps(facts, export_spec(facts, state, node, units, {vmid}), node, read)) <= len(steps):
+        if units[vmid] and len(
+            _steps(facts, export_spec(facts, state, node, units, {vmid}), node, read)
+        ) <= len(steps):
             manage.add(vmid)
     ex = export_spec(facts, state, node, units, manage) if manage else base
     return ex, _steps(facts, ex, node, read) if manage else steps
@@ -195,15 +222,18 @@ def export_yaml(ex: Exported, facts: Facts) -> str:
     lines += [f"# note: {n}" for n in ex.notes]
     for vmid, u in sorted(ex.units.items()):
         state = "active" if u.active else "not active"
-        lines.append(f"# container {vmid} runs {u.server} in {u.unit} ({state}), {u.tp_flag} {u.tp}: {u.command}")
+        lines.append(
+            f"# container {vmid} runs {u.server} in {u.unit} ({state}), {u.tp_flag} {u.tp}: {u.command}"
+        )
         if vmid not in ex.managed:
             lines += [
                 f"#   not managed by gputopo yet; to let tensor parallelism follow the GPUs, add to container {vmid}:",
-                f"#     service: {{unit: {u.unit}, tp_flag: \"{u.tp_flag}\"}}",
+                f'#     service: {{unit: {u.unit}, tp_flag: "{u.tp_flag}"}}',
                 "#   (plan then writes a drop-in and restarts the service once)",
             ]
     Spec.model_validate(ex.data)  # what is written must be a spec: checked before a word of it is
-    return "\n".join(lines) + "\n" + yaml.dump(ex.data, Dumper=_dumper(), sort_keys=False, default_flow_style=False)
-
-
-
+    return (
+        "\n".join(lines)
+        + "\n"
+        + yaml.dump(ex.data, Dumper=_dumper(), sort_keys=False, default_flow_style=False)
+    )

@@ -70,13 +70,24 @@ def mapping_changes(
                 actions.append(DeleteMapping(id=mid, digest=cur.digest, node=node_name, base=base))
                 changed.add(mid)
         elif cur is None:
-            actions.append(SetMapping(id=mid, map=want, description=desc, create=True, node=node_name, base=base))
+            actions.append(
+                SetMapping(id=mid, map=want, description=desc, create=True, node=node_name, base=base)
+            )
             changed.add(mid)
         else:
             same_map = sorted(map(normalize_map_entry, cur.map)) == sorted(map(normalize_map_entry, want))
             if not same_map or (cur.description or None) != desc:
-                actions.append(SetMapping(id=mid, map=want, description=desc, create=False, digest=cur.digest,
-                                          node=node_name, base=base))
+                actions.append(
+                    SetMapping(
+                        id=mid,
+                        map=want,
+                        description=desc,
+                        create=False,
+                        digest=cur.digest,
+                        node=node_name,
+                        base=base,
+                    )
+                )
             if not same_map:
                 changed.add(mid)
     return mappings, actions, changed
@@ -93,14 +104,28 @@ def shrink_other_mappings(
     for mid, cur in sorted(current.mappings.items()):
         if mid in managed:
             continue
-        keep = [e for e in cur.map if not (map_node(e) == node_name and any(p in container_gpus for p in map_paths(e)))]
+        keep = [
+            e
+            for e in cur.map
+            if not (map_node(e) == node_name and any(p in container_gpus for p in map_paths(e)))
+        ]
         if len(keep) == len(cur.map):
             continue
         # like mapping_changes: the step owns this node's lines only and carries those it saw, so
         # another node writing the same mapping meanwhile keeps its lines
         base = [e for e in cur.map if map_node(e) == node_name]
         targets[mid] = MappingTarget(map=keep, description=cur.description if keep else None)
-        actions.append(SetMapping(id=mid, map=keep, description=cur.description, create=False, digest=cur.digest,
-                                  node=node_name, base=base)
-                       if keep else DeleteMapping(id=mid, digest=cur.digest, node=node_name, base=base))
+        actions.append(
+            SetMapping(
+                id=mid,
+                map=keep,
+                description=cur.description,
+                create=False,
+                digest=cur.digest,
+                node=node_name,
+                base=base,
+            )
+            if keep
+            else DeleteMapping(id=mid, digest=cur.digest, node=node_name, base=base)
+        )
     return targets, actions, set(targets)

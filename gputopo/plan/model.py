@@ -68,7 +68,9 @@ class VmTarget(Strict):
     gpus: int = Field(description="hostpciN lines: one GPU each")
     numa_nodes: list[int] = Field(default_factory=list, description="NUMA nodes of the mapping's GPUs")
     mmio64_need: int = Field(0, description="Bytes of 64-bit BARs its GPUs bring")
-    config: dict[str, str] = Field(default_factory=dict, description="Every key gputopo owns, as it will read")
+    config: dict[str, str] = Field(
+        default_factory=dict, description="Every key gputopo owns, as it will read"
+    )
     notes: list[str] = Field(default_factory=list, description="Why each setting is what it is")
 
 
@@ -78,7 +80,9 @@ class Plan(Strict):
     containers: list[ContainerTarget] = Field(default_factory=list)
     vms: list[VmTarget] = Field(default_factory=list)
     mappings: dict[str, MappingTarget] = Field(default_factory=dict, description="Mappings the spec manages")
-    kept_mappings: dict[str, MappingTarget] = Field(default_factory=dict, description="Other mappings, untouched")
+    kept_mappings: dict[str, MappingTarget] = Field(
+        default_factory=dict, description="Other mappings, untouched"
+    )
     p2p_disable: bool = False
     keep_override: bool = True
     warnings: list[str] = Field(default_factory=list)
@@ -133,9 +137,15 @@ class Plan(Strict):
         for ct in self.containers:
             svc = ""
             if ct.service is not None:
-                was = f" (now {ct.service.current_tp})" if ct.service.current_tp not in (None, ct.service.tp) else ""
+                was = (
+                    f" (now {ct.service.current_tp})"
+                    if ct.service.current_tp not in (None, ct.service.tp)
+                    else ""
+                )
                 svc = f", {ct.service.unit} tp {ct.service.tp}{was}"
-            lines.append(f"Container {ct.vmid}: {len(ct.gpus)} GPU(s), tp {len(ct.gpus)}, {ct.device_mode}{svc}")
+            lines.append(
+                f"Container {ct.vmid}: {len(ct.gpus)} GPU(s), tp {len(ct.gpus)}, {ct.device_mode}{svc}"
+            )
         for mid, m in sorted(self.mappings.items()):
             lines.append(f"Mapping {mid}: {len(m.map)} device(s)")
         for vm in self.vms:

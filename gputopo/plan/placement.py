@@ -93,11 +93,13 @@ def spread_warning(vmid: int, gpus: Sequence[Gpu]) -> str | None:
     if len(nodes) < 2:
         return None
     known = [g for g in sorted(gpus, key=lambda g: address_key(g.address)) if g.numa_node is not None]
-    pair = next((a, b) for i, a in enumerate(known) for b in known[i + 1:] if a.numa_node != b.numa_node)
-    return (f"container {vmid}: GPUs span NUMA nodes {nodes} (cross-socket traffic: "
-            f"{pair[0].address} and {pair[1].address} are {distance(*pair)} apart)")
+    pair = next((a, b) for i, a in enumerate(known) for b in known[i + 1 :] if a.numa_node != b.numa_node)
+    return (
+        f"container {vmid}: GPUs span NUMA nodes {nodes} (cross-socket traffic: "
+        f"{pair[0].address} and {pair[1].address} are {distance(*pair)} apart)"
+    )
 
 
 def farthest(gpus: Sequence[Gpu]) -> str:
     """The farthest distance level between any two of ``gpus`` (``X`` for one or none)."""
-    return worst([distance(a, b) for i, a in enumerate(gpus) for b in gpus[i + 1:]])
+    return worst([distance(a, b) for i, a in enumerate(gpus) for b in gpus[i + 1 :]])

@@ -19,7 +19,16 @@ from __future__ import annotations
 from typing import Any
 
 from gputopo.actions import (
-    NVIDIA, PHASES, VFIO, Rebind, RemoveHostFile, StartGuest, StopGuest, UpdateContainer, World, WriteHostFile,
+    NVIDIA,
+    PHASES,
+    VFIO,
+    Rebind,
+    RemoveHostFile,
+    StartGuest,
+    StopGuest,
+    UpdateContainer,
+    World,
+    WriteHostFile,
     WriteServiceDropin,
 )
 from gputopo.formats.devn import dev_path
@@ -97,7 +106,10 @@ def _rebinds(facts: Facts, target: list[GpuTarget], keep_override: bool, pin_nat
         if gkey in seen_groups or not _needs_rebind(g, t.driver, keep):
             continue
         seen_groups.add(gkey)
-        members = {g.address: g.driver, **{m.address: m.driver for m in g.iommu_members if m.role != MemberRole.BRIDGE}}
+        members = {
+            g.address: g.driver,
+            **{m.address: m.driver for m in g.iommu_members if m.role != MemberRole.BRIDGE},
+        }
         rebinds.append(
             Rebind(
                 address=g.address,
@@ -122,8 +134,14 @@ def _needs_rebind(g: Gpu, to: str, keep_override: bool) -> bool:
 
 
 def _vm_restarts(
-    spec_node: Any, current: CurrentState, mappings: dict[str, MappingTarget], changed: set[str],
-    rebinding: set[str], vm_plan: VmPlan, view: MapView, found: Findings,
+    spec_node: Any,
+    current: CurrentState,
+    mappings: dict[str, MappingTarget],
+    changed: set[str],
+    rebinding: set[str],
+    vm_plan: VmPlan,
+    view: MapView,
+    found: Findings,
 ) -> tuple[list[StopGuest], list[StartGuest]]:
     """(stops, starts) of VMs: those using a changed mapping or a moving device, consumers whose
     config changes, consumers the spec says run. A VM whose mapping would list a container's GPU
@@ -146,8 +164,12 @@ def _vm_restarts(
 def _shutdown_policy(stops: list[Any], spec: Spec) -> list[Any]:
     """``stops`` with the spec's shutdown timeout and force-stop permission on each guest stop."""
     pol = spec.policy
-    return [a.model_copy(update={"shutdown_timeout": pol.shutdown_timeout, "force_stop": pol.force_stop})
-            if isinstance(a, StopGuest) else a for a in stops]
+    return [
+        a.model_copy(update={"shutdown_timeout": pol.shutdown_timeout, "force_stop": pol.force_stop})
+        if isinstance(a, StopGuest)
+        else a
+        for a in stops
+    ]
 
 
 def plan(
@@ -198,8 +220,10 @@ def plan(
     view = MapView(
         node=node_name,
         before={mid: list(m.map) for mid, m in current.mappings.items()},
-        after={**{mid: list(m.map) for mid, m in current.mappings.items() if mid not in mappings},
-               **{mid: list(m.map) for mid, m in mappings.items() if m.map}},
+        after={
+            **{mid: list(m.map) for mid, m in current.mappings.items() if mid not in mappings},
+            **{mid: list(m.map) for mid, m in mappings.items() if m.map},
+        },
         owner_of=owner_of,
         to_container={r.address for r in rebinds if r.to_driver == NVIDIA},
         managed={m.name for m in spec_node.vms.mappings},
@@ -223,8 +247,14 @@ def plan(
             updates.append(update)
         if update is not None or maps_a_moving_gpu(state.config, facts, rebinds):
             touched.add(c.vmid)
-            if stays_running(c, update, len(gpus), current, spec.policy.container_restart,
-                             _removed_stay_on_nvidia(update, state.config, facts, target)):
+            if stays_running(
+                c,
+                update,
+                len(gpus),
+                current,
+                spec.policy.container_restart,
+                _removed_stay_on_nvidia(update, state.config, facts, target),
+            ):
                 live.add(c.vmid)
                 if update is not None:
                     update.live = True
@@ -233,20 +263,34 @@ def plan(
             dropins.append(dropin)
         containers.append(
             ContainerTarget(
-                vmid=c.vmid, gpus=[g.address for g in gpus], device_mode=c.device_mode, devices=devices,
-                lxc=lxc, mapping=c.mapping, service=svc_target,
+                vmid=c.vmid,
+                gpus=[g.address for g in gpus],
+                device_mode=c.device_mode,
+                devices=devices,
+                lxc=lxc,
+                mapping=c.mapping,
+                service=svc_target,
             )
         )
 
     ct_stops, ct_starts = container_restarts(spec_node, current, touched, {d.vmid for d in dropins}, live)
     rebinding = {m for r in rebinds for m in r.members}
-    vm_stops, vm_starts = _vm_restarts(spec_node, current, mappings, changed_mappings, rebinding, vm_plan, view,
-                                       found)
+    vm_stops, vm_starts = _vm_restarts(
+        spec_node, current, mappings, changed_mappings, rebinding, vm_plan, view, found
+    )
     found.raise_if_refused()
     ct_stops, vm_stops = _shutdown_policy(ct_stops, spec), _shutdown_policy(vm_stops, spec)
     actions: list[Any] = [
-        *_persistence_actions(vfio_all, current, templates), *mapping_actions, *dropins,
-        *ct_stops, *vm_stops, *rebinds, *updates, *vm_plan.updates, *ct_starts, *vm_starts,
+        *_persistence_actions(vfio_all, current, templates),
+        *mapping_actions,
+        *dropins,
+        *ct_stops,
+        *vm_stops,
+        *rebinds,
+        *updates,
+        *vm_plan.updates,
+        *ct_starts,
+        *vm_starts,
     ]
     order = {p: i for i, p in enumerate(PHASES)}
     actions.sort(key=lambda a: order[a.phase])  # stable: keeps the order within a phase
@@ -268,8 +312,9 @@ def plan(
     )
 
 
-def _removed_stay_on_nvidia(update: UpdateContainer | None, config: dict[str, Any], facts: Facts,
-                            target: list[GpuTarget]) -> bool:
+def _removed_stay_on_nvidia(
+    update: UpdateContainer | None, config: dict[str, Any], facts: Facts, target: list[GpuTarget]
+) -> bool:
     """True when a GPU whose device entry ``update`` deletes stays on nvidia (another container's)."""
     if update is None or not update.delete:
         return False
@@ -277,8 +322,8 @@ def _removed_stay_on_nvidia(update: UpdateContainer | None, config: dict[str, An
     drivers = {t.address: t.driver for t in target}
     for key in update.delete:
         path = dev_path(str(config.get(key, "")))
-        if path.startswith("/dev/nvidia") and path[len("/dev/nvidia"):].isdigit():
-            address = by_minor.get(int(path[len("/dev/nvidia"):]))
+        if path.startswith("/dev/nvidia") and path[len("/dev/nvidia") :].isdigit():
+            address = by_minor.get(int(path[len("/dev/nvidia") :]))
             if address is not None and drivers.get(address) == NVIDIA:
                 return True
     return False

@@ -8,7 +8,7 @@ spec's node depends on the facts (the host's name), so :func:`spec_reads` hands
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from gputopo.model.facts import Facts
 from gputopo.model.reads import ContainerRead, Reads, ServiceRead
@@ -22,8 +22,12 @@ def node_reads(spec: Spec, facts: Facts, node: str | None = None) -> Reads:
     raises): its containers and services, every VM it names, the persistence files."""
     n = pick_node(spec, facts, node)
     containers = tuple(
-        ContainerRead(c.vmid, ServiceRead(c.service.unit, dropin_path(c.service.unit, c.service.dropin))
-                      if c.service is not None else None)
+        ContainerRead(
+            c.vmid,
+            ServiceRead(c.service.unit, dropin_path(c.service.unit, c.service.dropin))
+            if c.service is not None
+            else None,
+        )
         for c in n.containers
     )
     # every VM of the node is read anyway; these are the ones named even if it lists none of them

@@ -84,7 +84,9 @@ def _render(name: str, templates: str | None, **context: Any) -> str:
 # --- the single files ------------------------------------------------------------------------
 
 
-def render_devices_conf(devices: list[tuple[str, str]], lxc: list[tuple[str, str]], templates: str | None = None) -> str:
+def render_devices_conf(
+    devices: list[tuple[str, str]], lxc: list[tuple[str, str]], templates: str | None = None
+) -> str:
     """The container's GPU lines: ``devN: value`` and/or raw ``lxc.*: value`` (never ``#`` lines)."""
     return _render("lxc-devices.conf.j2", templates, devices=devices, lxc=lxc)
 
@@ -130,8 +132,9 @@ def render_modprobe(addresses: list[str], templates: str | None = None, driver: 
     return _render("modprobe-vfio.conf.j2", templates, addresses=sorted(addresses), driver=driver)
 
 
-def persistence_files(addresses: list[str], templates: str | None = None,
-                      driver: str = NATIVE_DRIVER) -> dict[str, str]:
+def persistence_files(
+    addresses: list[str], templates: str | None = None, driver: str = NATIVE_DRIVER
+) -> dict[str, str]:
     """Every boot-time persistence file for binding ``addresses`` to vfio-pci (empty: none);
     the modprobe.d hook sits on the module ``driver``."""
     if not addresses:
@@ -143,7 +146,9 @@ def persistence_files(addresses: list[str], templates: str | None = None,
     }
 
 
-def render_dropin(command: str, tp_flag: str, tp: int, p2p_disable: bool, templates: str | None = None) -> str:
+def render_dropin(
+    command: str, tp_flag: str, tp: int, p2p_disable: bool, templates: str | None = None
+) -> str:
     """The service drop-in: ``ExecStart=`` reset, the command with TP set, the environment.
 
     ``command`` is a plain command line (as ``systemctl show`` prints it): its ``%`` signs are
@@ -211,7 +216,9 @@ def render(plan: Any, spec: Any = None, facts: Any = None, templates: str | None
         path = f"pve/qemu-server/{vm.vmid}.gpus.conf"
         out[path] = render_vm_keys(vm.config, templates)
         # the keys alone: what only the whole config can break is checked by the planner
-        _check_proxmox(path, "qemu-gpus.conf.j2", validate_qemu_conf(out[path], allow_description=False, at_start=False))
+        _check_proxmox(
+            path, "qemu-gpus.conf.j2", validate_qemu_conf(out[path], allow_description=False, at_start=False)
+        )
     sections = [
         {"id": mid, "map": m.map, "description": m.description}
         for mid, m in {**plan.kept_mappings, **plan.mappings}.items()

@@ -5,15 +5,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from gputopo.actions import Rebind, StartGuest, StartService, StopGuest, StopService, UpdateContainer, WriteServiceDropin
+from gputopo.actions import (
+    Rebind,
+    StartGuest,
+    StartService,
+    StopGuest,
+    StopService,
+    UpdateContainer,
+    WriteServiceDropin,
+)
 from gputopo.errors import AddressError
 from gputopo.formats.devn import dev_path, is_devn_key
 from gputopo.formats.mapline import map_fields, map_node, map_paths
+from gputopo.formats.systemctl import parse_tp
 from gputopo.model.facts import Facts, normalize_address, slot_of
 from gputopo.model.state import ContainerState, CurrentState, ServiceState
 from gputopo.plan.findings import Findings
 from gputopo.plan.model import MappingTarget, ServiceTarget
-from gputopo.formats.systemctl import parse_tp
 from gputopo.plan.render import dropin_path, render_dropin
 from gputopo.plan.spec import Container, Node
 
@@ -27,15 +35,21 @@ def check_service_unit(c: Container, state: ContainerState | None, tp: int, foun
     if c.service is None or svc is None or tp == 0:
         return
     if not svc.found:
-        found.refuse(None, f"container {c.vmid}: unit {c.service.unit} not found in the container "
-                           "(check service.unit)", "no-unit")
+        found.refuse(
+            None,
+            f"container {c.vmid}: unit {c.service.unit} not found in the container (check service.unit)",
+            "no-unit",
+        )
         return
     # a spec's command is a base that gputopo completes with the flag; the unit's own command
     # must show the flag, or the drop-in would append it to something that is not the server
     if c.service.command is None and svc.exec_start is not None and parse_tp(svc.exec_start) is None:
-        found.refuse(None, f"container {c.vmid}: {c.service.unit} runs without a tensor-parallel flag "
-                           f"({c.service.tp_flag}): {svc.exec_start[:80]}; set service.command",
-                     "no-tp-flag")
+        found.refuse(
+            None,
+            f"container {c.vmid}: {c.service.unit} runs without a tensor-parallel flag "
+            f"({c.service.tp_flag}): {svc.exec_start[:80]}; set service.command",
+            "no-tp-flag",
+        )
 
 
 def service_target(
@@ -50,8 +64,12 @@ def service_target(
     svc_state = state.service
     command = c.service.command or (svc_state.exec_start if svc_state else None)
     svc_target = ServiceTarget(
-        unit=c.service.unit, tp_flag=c.service.tp_flag, tp=tp, dropin=c.service.dropin,
-        command=command, current_tp=_running_tp(svc_state),
+        unit=c.service.unit,
+        tp_flag=c.service.tp_flag,
+        tp=tp,
+        dropin=c.service.dropin,
+        command=command,
+        current_tp=_running_tp(svc_state),
     )
     if tp == 0:
         found.warn(f"container {c.vmid}: no GPUs left; {c.service.unit} is left alone")
@@ -101,8 +119,14 @@ def pve_major(version: str | None) -> int:
     return int(head) if head.isdigit() else 0
 
 
-def stays_running(c: Container, update: UpdateContainer | None, gpus_after: int, current: CurrentState,
-                  policy: str, removed_stay_on_nvidia: bool) -> bool:
+def stays_running(
+    c: Container,
+    update: UpdateContainer | None,
+    gpus_after: int,
+    current: CurrentState,
+    policy: str,
+    removed_stay_on_nvidia: bool,
+) -> bool:
     """Whether container ``c`` can keep running while its GPUs change (``container_restart:
     auto``): Proxmox keeps the removal of a ``devN`` from a running container pending until its
     next start (pve-container LXC/Config.pm vmconfig_hotplug_pending: "skip" for devN deletes),

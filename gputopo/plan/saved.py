@@ -98,8 +98,11 @@ def _short(value: str | None) -> str:
 
 def changes(before: dict[str, str], now: dict[str, str]) -> list[str]:
     """One line per item that differs, in key order: ``gpu/0000:81:00.0/driver: nvidia -> vfio-pci``."""
-    return [f"{k}: {_short(before.get(k))} -> {_short(now.get(k))}"
-            for k in sorted(set(before) | set(now)) if before.get(k) != now.get(k)]
+    return [
+        f"{k}: {_short(before.get(k))} -> {_short(now.get(k))}"
+        for k in sorted(set(before) | set(now))
+        if before.get(k) != now.get(k)
+    ]
 
 
 class SavedPlan(Strict):
@@ -136,12 +139,31 @@ class SavedPlan(Strict):
         return self.plan
 
 
-def save_plan(plan: Plan, spec: Spec, facts: Facts, current: CurrentState, *, version: str, spec_file: str | None,
-              spec_sha256: str, node: str | None, source: str) -> SavedPlan:
+def save_plan(
+    plan: Plan,
+    spec: Spec,
+    facts: Facts,
+    current: CurrentState,
+    *,
+    version: str,
+    spec_file: str | None,
+    spec_sha256: str,
+    node: str | None,
+    source: str,
+) -> SavedPlan:
     """The :class:`SavedPlan` of ``plan``, made from ``facts`` and ``current``."""
     items = state_items(facts, current)
-    return SavedPlan(gputopo_version=version, spec=spec, spec_file=spec_file, spec_sha256=spec_sha256, node=node,
-                     source=source, fingerprint=fingerprint(items), state=items, plan=plan)
+    return SavedPlan(
+        gputopo_version=version,
+        spec=spec,
+        spec_file=spec_file,
+        spec_sha256=spec_sha256,
+        node=node,
+        source=source,
+        fingerprint=fingerprint(items),
+        state=items,
+        plan=plan,
+    )
 
 
 def parse_saved_plan(text: str, path: str) -> SavedPlan:
@@ -154,8 +176,12 @@ def parse_saved_plan(text: str, path: str) -> SavedPlan:
     if not isinstance(data, dict) or data.get("kind") != KIND:
         raise SpecError(path, "kind", f"{KIND!r} expected: write one with 'gputopo plan -o FILE'")
     if data.get("schema_version") != SCHEMA_VERSION:
-        raise SpecError(path, "schema_version", f"{SCHEMA_VERSION} expected (got {data.get('schema_version')!r}); "
-                                                "make the plan again with this gputopo")
+        raise SpecError(
+            path,
+            "schema_version",
+            f"{SCHEMA_VERSION} expected (got {data.get('schema_version')!r}); "
+            "make the plan again with this gputopo",
+        )
     from pydantic import ValidationError
 
     try:

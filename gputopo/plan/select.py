@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from gputopo.errors import SpecError
-from gputopo.model.facts import NVIDIA_VENDOR, Facts, Gpu, MemberRole
+from gputopo.model.facts import NVIDIA_VENDOR, Facts, Gpu, MemberRole, nvidia_gpus
 from gputopo.model.owner import Owner
 from gputopo.plan import placement
 from gputopo.plan.devices import DEFAULT_LEGACY_MAJORS
 from gputopo.plan.findings import Findings
 from gputopo.plan.spec import Container, GpuSelector, Node, Spec, VmMapping
-from gputopo.model.facts import nvidia_gpus
 
 VFIO = "vfio-pci"
 
@@ -27,8 +26,11 @@ def pick_node(spec: Spec, facts: Facts, node: str | None) -> Node:
         node = host
     chosen = spec.node(node)
     if host and chosen.name != host:
-        raise SpecError("spec", f"nodes[{spec.nodes.index(chosen)}].name",
-                        f"node {chosen.name!r} is not this host, which is {host!r}")
+        raise SpecError(
+            "spec",
+            f"nodes[{spec.nodes.index(chosen)}].name",
+            f"node {chosen.name!r} is not this host, which is {host!r}",
+        )
     return chosen
 
 
@@ -40,8 +42,11 @@ def _select(
         have = sorted(n.id for n in facts.host.numa_nodes)
         for n in sel.numa:
             if have and n not in have:
-                found.refuse(None, f"{owner}: this host has no NUMA node {n} "
-                                   f"(it has {', '.join(map(str, have))})", "no-such-numa-node")
+                found.refuse(
+                    None,
+                    f"{owner}: this host has no NUMA node {n} (it has {', '.join(map(str, have))})",
+                    "no-such-numa-node",
+                )
         return [g for g in candidates if g.numa_node in sel.numa]
     if sel.addresses is not None:
         out = []
@@ -77,7 +82,9 @@ def assign(
                 selected[owner].append(g)
                 owners.setdefault(g.address, []).append(owner)
 
-    explicit = [(o, c.gpus) for o, c in cts.items()] + [(o, m.gpus) for o, m in vms.items() if m.gpus != "rest"]
+    explicit = [(o, c.gpus) for o, c in cts.items()] + [
+        (o, m.gpus) for o, m in vms.items() if m.gpus != "rest"
+    ]
     for owner, sel in explicit:
         claim(owner, _select(sel, candidates, facts, owner, found))
     for owner, sel in explicit:
@@ -104,7 +111,9 @@ def assign(
     if any(isinstance(sel, GpuSelector) and sel.numa is not None for _, sel in explicit):
         for g in candidates:
             if g.numa_node is None and g.address not in owners:
-                found.warn(f"{g.address}: NUMA node unknown; no numa selector matches it (left with the host)")
+                found.warn(
+                    f"{g.address}: NUMA node unknown; no numa selector matches it (left with the host)"
+                )
     return selected, {addr: who[0] for addr, who in owners.items()}
 
 
@@ -115,14 +124,18 @@ def check_vm_gpus(facts: Facts, vm_addresses: set[str], found: Findings) -> None
     for g in (facts.gpu(a) for a in sorted(vm_addresses)):
         assert g is not None
         if not facts.host.iommu_enabled:
-            found.refuse(g.address, "IOMMU is off; VM passthrough needs it (amd_iommu/intel_iommu=on)", "iommu-off")
+            found.refuse(
+                g.address, "IOMMU is off; VM passthrough needs it (amd_iommu/intel_iommu=on)", "iommu-off"
+            )
             continue
         if g.boot_vga:
             found.refuse(g.address, "is the boot VGA device; it cannot go to a VM", "boot-vga")
         if g.is_nvswitch:
             found.refuse(g.address, "is an NVSwitch, not a GPU", "nvswitch")
         if g.sriov_numvfs:
-            found.refuse(g.address, f"has {g.sriov_numvfs} SR-IOV VFs enabled; it must not be unbound", "sriov")
+            found.refuse(
+                g.address, f"has {g.sriov_numvfs} SR-IOV VFs enabled; it must not be unbound", "sriov"
+            )
         if g.iommu_group is None:
             found.refuse(g.address, "has no IOMMU group; it cannot be passed to a VM", "no-group")
         for m in g.foreign_members:
@@ -136,7 +149,12 @@ def check_vm_gpus(facts: Facts, vm_addresses: set[str], found: Findings) -> None
 
 
 def check_container(
-    c: Container, owner: Owner, gpus: list[Gpu], spec: Spec, owner_of: dict[str, Owner], found: Findings,
+    c: Container,
+    owner: Owner,
+    gpus: list[Gpu],
+    spec: Spec,
+    owner_of: dict[str, Owner],
+    found: Findings,
 ) -> None:
     """Refuse or warn about what container ``c`` gets: non-NVIDIA GPUs, NUMA spread, unknown
     minors, guessed legacy majors, a tensor-parallel size the service cannot use."""

@@ -31,9 +31,14 @@ class GpuSelector(Strict):
 
     numa: list[int] | None = Field(None, description="NUMA node ids; GPUs of unknown NUMA never match")
     addresses: list[str] | None = Field(None, description="PCI addresses (dddd:bb:dd.f or bb:dd.f)")
-    count: int | None = Field(None, ge=1, description=(
-        "N GPUs not claimed elsewhere, closest together first (one switch, then one host bridge, "
-        "then one NUMA node), lowest address on ties"))
+    count: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "N GPUs not claimed elsewhere, closest together first (one switch, then one host bridge, "
+            "then one NUMA node), lowest address on ties"
+        ),
+    )
 
     @field_validator("addresses")
     @classmethod
@@ -49,7 +54,7 @@ class GpuSelector(Strict):
         return out
 
     @model_validator(mode="after")
-    def _exactly_one(self) -> "GpuSelector":
+    def _exactly_one(self) -> GpuSelector:
         given = [k for k in ("numa", "addresses", "count") if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError(
@@ -104,7 +109,9 @@ class Container(Strict):
     vmid: int = Field(ge=100, le=999999999)
     gpus: GpuSelector
     mapping: str | None = Field(
-        None, pattern=MAPPING_ID_PATTERN, description="PCI mapping listing the container's GPUs (informational)"
+        None,
+        pattern=MAPPING_ID_PATTERN,
+        description="PCI mapping listing the container's GPUs (informational)",
     )
     device_mode: Literal["devN", "legacy"] = Field(
         "devN", description="devN (PVE >= 8.1) or legacy lxc.cgroup2/lxc.mount.entry lines"
@@ -122,7 +129,9 @@ class Container(Strict):
     def _quoted_mode(cls, value: Any) -> Any:
         if isinstance(value, int) and not isinstance(value, bool):
             # YAML reads an unquoted 0666 as the octal number 438
-            raise ValueError(f'a quoted mode such as "0666" expected (unquoted, YAML reads it as the number {value})')
+            raise ValueError(
+                f'a quoted mode such as "0666" expected (unquoted, YAML reads it as the number {value})'
+            )
         return value
 
     @field_validator("legacy_majors")
@@ -160,12 +169,16 @@ class Vms(Strict):
     mappings: list[VmMapping] = Field(default_factory=list)
     guests: list[int] = Field(default_factory=list, description="VM vmids that use the mappings")
     consumers: list[VmConsumer] = Field(
-        default_factory=list, description="VMs whose hostpciN lines, placement and firmware gputopo writes")
+        default_factory=list, description="VMs whose hostpciN lines, placement and firmware gputopo writes"
+    )
     other_mappings: Literal["keep", "shrink"] = Field(
-        "keep", description=(
+        "keep",
+        description=(
             "Mappings the spec does not manage that list GPUs a container gets: keep them as they are "
             "(verify warns, and fails when a VM uses one), or shrink them to their other GPUs (deleted "
-            "when none is left)"))
+            "when none is left)"
+        ),
+    )
 
 
 class Node(Strict):
@@ -174,7 +187,7 @@ class Node(Strict):
     vms: Vms = Field(default_factory=Vms)
 
     @model_validator(mode="after")
-    def _unique(self) -> "Node":
+    def _unique(self) -> Node:
         seen: set[int] = set()
         for i, ct in enumerate(self.containers):
             if ct.vmid in seen:
@@ -202,12 +215,18 @@ class StepTimeouts(Strict):
     on the command line wins over these."""
 
     sysfs: float | None = Field(None, gt=0, allow_inf_nan=False, description="One sysfs write (default 30)")
-    guest: float | None = Field(None, gt=0, allow_inf_nan=False,
-                                description="A container or VM start or shutdown task (default 300)")
-    exec: float | None = Field(None, gt=0, allow_inf_nan=False,
-                               description="One command in a container, e.g. systemctl stop (default 60)")
-    service: float | None = Field(None, gt=0, allow_inf_nan=False,
-                                  description="Until a started service reports active (default 900)")
+    guest: float | None = Field(
+        None, gt=0, allow_inf_nan=False, description="A container or VM start or shutdown task (default 300)"
+    )
+    exec: float | None = Field(
+        None,
+        gt=0,
+        allow_inf_nan=False,
+        description="One command in a container, e.g. systemctl stop (default 60)",
+    )
+    service: float | None = Field(
+        None, gt=0, allow_inf_nan=False, description="Until a started service reports active (default 900)"
+    )
 
     def given(self) -> dict[str, float]:
         """The kinds that are set: kind -> seconds."""
@@ -233,7 +252,9 @@ class Policy(Strict):
     tp_check: Literal["error", "warn"] = Field(
         "error", description="What a TP size the service cannot use is: a refusal or a warning"
     )
-    allow_cross_numa: bool = Field(False, description="Silence the warning for a container spanning NUMA nodes")
+    allow_cross_numa: bool = Field(
+        False, description="Silence the warning for a container spanning NUMA nodes"
+    )
     container_restart: Literal["auto", "always"] = Field(
         "auto",
         description=(
@@ -243,7 +264,9 @@ class Policy(Strict):
         ),
     )
     shutdown_timeout: int = Field(
-        60, ge=1, le=3600,
+        60,
+        ge=1,
+        le=3600,
         description="Seconds Proxmox waits for a guest to shut down cleanly (the shutdown's timeout; its default is 60)",
     )
     force_stop: bool = Field(
@@ -262,7 +285,9 @@ class Verify(Strict):
     prompt: str = "What is 7 x 13? Answer with the number only."
     expect: str = "91"
     timeout: float = Field(120, gt=0)
-    guest_timeout: float = Field(300, gt=0, description="Seconds a guest check waits for the VM's guest agent")
+    guest_timeout: float = Field(
+        300, gt=0, description="Seconds a guest check waits for the VM's guest agent"
+    )
 
 
 class Spec(Strict):
@@ -275,7 +300,7 @@ class Spec(Strict):
     verify: Verify = Field(default_factory=Verify)
 
     @model_validator(mode="after")
-    def _unique_nodes(self) -> "Spec":
+    def _unique_nodes(self) -> Spec:
         names = [n.name for n in self.nodes]
         for i, name in enumerate(names):
             if name in names[:i]:
@@ -290,11 +315,15 @@ class Spec(Strict):
         if name is None:
             if len(self.nodes) == 1:
                 return self.nodes[0]
-            raise SpecError("spec", "nodes", f"several nodes ({', '.join(n.name for n in self.nodes)}); name one")
+            raise SpecError(
+                "spec", "nodes", f"several nodes ({', '.join(n.name for n in self.nodes)}); name one"
+            )
         for n in self.nodes:
             if n.name == name:
                 return n
-        raise SpecError("spec", "nodes", f"no node named {name!r} (have {', '.join(n.name for n in self.nodes)})")
+        raise SpecError(
+            "spec", "nodes", f"no node named {name!r} (have {', '.join(n.name for n in self.nodes)})"
+        )
 
 
 # --- loading -------------------------------------------------------------------------------

@@ -73,9 +73,24 @@ def spec_from_split(
                         **({"service": {"unit": service_unit, "tp_flag": tp_flag}} if service_unit else {}),
                     }
                 ],
-                "vms": {"mappings": [{"name": vm_mapping, "gpus": vm_sel.model_dump(exclude_none=True)}],
-                        **({"consumers": [{"vmid": vm, "mapping": vm_mapping, "when_gpus_leave": "remove",
-                                           "start": True, "verify_guest": True}]} if vm else {})},
+                "vms": {
+                    "mappings": [{"name": vm_mapping, "gpus": vm_sel.model_dump(exclude_none=True)}],
+                    **(
+                        {
+                            "consumers": [
+                                {
+                                    "vmid": vm,
+                                    "mapping": vm_mapping,
+                                    "when_gpus_leave": "remove",
+                                    "start": True,
+                                    "verify_guest": True,
+                                }
+                            ]
+                        }
+                        if vm
+                        else {}
+                    ),
+                },
             }
         ],
     }
@@ -93,7 +108,10 @@ def _consumer_lines(vm: int | None, mapping: str, gpus: int) -> list[str]:
         "      # NUMA node, OVMF's 64-bit MMIO window sized for their BARs",
     ]
     if vm is None:
-        return head + ["      # consumers:", f"      #   - {{vmid: 201, mapping: {mapping}, gpus: {gpus}, when_gpus_leave: remove}}"]
+        return head + [
+            "      # consumers:",
+            f"      #   - {{vmid: 201, mapping: {mapping}, gpus: {gpus}, when_gpus_leave: remove}}",
+        ]
     return head + [
         "      consumers:",
         f"        - vmid: {vm}",
@@ -110,8 +128,9 @@ def _yaml_list(values: list[Any]) -> str:
     return "[" + ", ".join(str(v) for v in values) + "]"
 
 
-def init_spec(facts: Facts, split: str = "numa", service_unit: str | None = "sglang.service",
-              **options: Any) -> str:
+def init_spec(
+    facts: Facts, split: str = "numa", service_unit: str | None = "sglang.service", **options: Any
+) -> str:
     """A commented starter spec (YAML text) for the discovered host; it parses with parse_spec
     into what :func:`spec_from_split` returns for the same options (``options`` are its other
     keyword arguments). Without ``service_unit`` the service block is written commented out
@@ -141,7 +160,9 @@ def init_spec(facts: Facts, split: str = "numa", service_unit: str | None = "sgl
             return [f"{indent}numa: {_yaml_list(sel.numa)}"]
         return [f"{indent}addresses:"] + [f'{indent}  - "{a}"' for a in sel.addresses or []]
 
-    n_ct = len([g for g in gpus if g.numa_node in (ct_sel.numa or []) or g.address in (ct_sel.addresses or [])])
+    n_ct = len(
+        [g for g in gpus if g.numa_node in (ct_sel.numa or []) or g.address in (ct_sel.addresses or [])]
+    )
     lines = [
         "# gputopo spec: which GPUs of this Proxmox host go to an LXC container (host nvidia",
         "# driver) and which to VM passthrough (vfio-pci). Check it with `gputopo plan --spec FILE`.",
@@ -173,7 +194,7 @@ def init_spec(facts: Facts, split: str = "numa", service_unit: str | None = "sgl
     lines += [
         "        # device_mode: devN (Proxmox >= 8.1) or legacy (lxc.cgroup2 + lxc.mount.entry lines)",
         "        device_mode: devN",
-        '        # mode: the device nodes\' mode in the container; gid: their group (unset: root)',
+        "        # mode: the device nodes' mode in the container; gid: their group (unset: root)",
         '        mode: "0666"',
         "        # service: the inference server whose tensor-parallel size follows the GPU count",
     ]
@@ -181,7 +202,7 @@ def init_spec(facts: Facts, split: str = "numa", service_unit: str | None = "sgl
         "        service:",
         f"          unit: {service_unit or 'sglang.service'}",
         "          # tp_flag: --tp (SGLang) or --tensor-parallel-size (vLLM)",
-        f"          tp_flag: \"{tp_flag}\"",
+        f'          tp_flag: "{tp_flag}"',
         f"          # TP will be {n_ct}. command: the full base ExecStart; unset = the unit's current one",
         "          # command: python3 -m sglang.launch_server --model-path /models/m --tp 4",
         "          # health_url: http://127.0.0.1:30000/health",
@@ -191,8 +212,10 @@ def init_spec(facts: Facts, split: str = "numa", service_unit: str | None = "sgl
     if service_unit:
         lines += service
     else:
-        lines += ["        # not managed: no unit was named or found inside the container (init with --sim,",
-                  "        # --api-url or --local looks for the unit that runs sglang or vllm). To manage it:"]
+        lines += [
+            "        # not managed: no unit was named or found inside the container (init with --sim,",
+            "        # --api-url or --local looks for the unit that runs sglang or vllm). To manage it:",
+        ]
         lines += ["        # " + ln[8:] for ln in service]
     lines += [
         "    vms:",

@@ -17,7 +17,6 @@ from typing import Any
 from gputopo.actions import ActionModel, Timeouts
 from gputopo.plan.model import Plan
 
-
 # what an operator asks first: how many GPUs move, which mappings change, what restarts
 ORDER = ("rebind", "mapping change", "guest restart", "service restart", "boot file")
 
@@ -30,7 +29,7 @@ class Measured:
     by_kind: dict[str, float] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, steps: list[tuple[str, str, float]]) -> "Measured":
+    def of(cls, steps: list[tuple[str, str, float]]) -> Measured:
         """From (kind, description, seconds) of each completed step."""
         kinds: dict[str, list[float]] = {}
         out = cls()
@@ -58,15 +57,22 @@ class PlanSummary:
         parts = [f"{n} {noun}{'' if n == 1 else 's'}" for noun, n in self.counts.items()] or ["no moves"]
         if not self.window_steps:
             return ", ".join(parts) + "; no stop window (nothing stops)"
-        expected = (f"about {self.expected_s:.0f} s (the last apply's times)" if self.expected_s is not None
-                    else "length unknown (no apply measured yet)")
+        expected = (
+            f"about {self.expected_s:.0f} s (the last apply's times)"
+            if self.expected_s is not None
+            else "length unknown (no apply measured yet)"
+        )
         bound = f", at most {self.bound_s:.0f} s (the step timeouts)" if self.bound_s is not None else ""
         return ", ".join(parts) + f"; stop window {expected}{bound}"
 
     def to_data(self) -> dict[str, Any]:
-        return {"counts": {k.replace(" ", "_"): v for k, v in self.counts.items()},
-                "stop_window_steps": self.window_steps, "expected_stop_window_s": self.expected_s,
-                "max_stop_window_s": self.bound_s, "text": self.to_text()}
+        return {
+            "counts": {k.replace(" ", "_"): v for k, v in self.counts.items()},
+            "stop_window_steps": self.window_steps,
+            "expected_stop_window_s": self.expected_s,
+            "max_stop_window_s": self.bound_s,
+            "text": self.to_text(),
+        }
 
 
 def _window(actions: list[ActionModel]) -> list[ActionModel]:
@@ -76,7 +82,7 @@ def _window(actions: list[ActionModel]) -> list[ActionModel]:
         return []
     first = min(stops or starts)
     last = max(starts or stops)
-    return actions[first:last + 1]
+    return actions[first : last + 1]
 
 
 def _groups(actions: list[ActionModel]) -> list[list[ActionModel]]:
@@ -96,7 +102,9 @@ def summarize(p: Plan, timeouts: Timeouts, measured: Measured | None = None) -> 
     for a in p.actions:
         if a.counts_as:
             counts[a.counts_as] = counts.get(a.counts_as, 0) + 1
-    counts = dict(sorted(counts.items(), key=lambda kv: (ORDER.index(kv[0]) if kv[0] in ORDER else len(ORDER), kv[0])))
+    counts = dict(
+        sorted(counts.items(), key=lambda kv: (ORDER.index(kv[0]) if kv[0] in ORDER else len(ORDER), kv[0]))
+    )
     window = _window(list(p.actions))
     expected: float | None = 0.0
     bound: float | None = None
@@ -109,5 +117,6 @@ def summarize(p: Plan, timeouts: Timeouts, measured: Measured | None = None) -> 
         limits = [t for t in (a.timeout(timeouts) for a in group) if t is not None]
         if limits:
             bound = (bound or 0.0) + max(limits)
-    return PlanSummary(counts=counts, window_steps=len(window), expected_s=expected if window else None,
-                       bound_s=bound)
+    return PlanSummary(
+        counts=counts, window_steps=len(window), expected_s=expected if window else None, bound_s=bound
+    )

@@ -35,9 +35,9 @@ def _expected(err: Any) -> str:
     if kind == "missing":
         return "required key is missing"
     if msg.startswith("Value error, "):
-        msg = msg[len("Value error, "):]
+        msg = msg[len("Value error, ") :]
     if msg.startswith("Assertion failed, "):
-        msg = msg[len("Assertion failed, "):]
+        msg = msg[len("Assertion failed, ") :]
     got = err.get("input")
     if kind not in ("value_error",) and not isinstance(got, (dict, list)):
         msg += f" (got {got!r})"
@@ -75,19 +75,21 @@ class _SpecLoader(yaml.SafeLoader):
     """SafeLoader without YAML 1.1's base-60 numbers: an unquoted ``0000:01:00.0`` is the PCI
     address the operator wrote (as in YAML 1.2), not the number 60.0."""
 
-    def resolve(self, kind, value, implicit):  # noqa: ANN001 - PyYAML's signature
+    def resolve(self, kind, value, implicit):
         tag = super().resolve(kind, value, implicit)
         if kind is yaml.ScalarNode and implicit[0] and ":" in value and tag in _NUMBER_TAGS:
             return "tag:yaml.org,2002:str"
         return tag
 
-    def construct_mapping(self, node, deep=False):  # noqa: ANN001 - PyYAML's signature
+    def construct_mapping(self, node, deep=False):
         # PyYAML keeps the last of two equal keys; in a strict spec the first would vanish unseen
         seen: set[Any] = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=True)
             if isinstance(key, (str, int, float, bool)) and key in seen:
-                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark
+                )
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
 
@@ -111,11 +113,15 @@ def load_yaml(text: str, file: str) -> Any:
                 depth += 1
                 if depth > MAX_DEPTH:
                     mark = event.start_mark
-                    raise SpecError(file, "", f"nested too deeply to be a spec (more than {MAX_DEPTH} levels at "
-                                              f"line {mark.line + 1}, column {mark.column + 1})")
+                    raise SpecError(
+                        file,
+                        "",
+                        f"nested too deeply to be a spec (more than {MAX_DEPTH} levels at "
+                        f"line {mark.line + 1}, column {mark.column + 1})",
+                    )
             elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
                 depth -= 1
-        return yaml.load(text, Loader=_SpecLoader)  # noqa: S506 - a SafeLoader subclass
+        return yaml.load(text, Loader=_SpecLoader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]

@@ -10,16 +10,16 @@ demo shows. Output goes through the ``show`` callbacks so the CLI decides how it
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from gputopo.apply import ApplyResult, Progress, Timeouts, apply
 from gputopo.facts.discover import discover
 from gputopo.model.facts import Facts
-from gputopo.ports import Ports
-from gputopo.plan.starter import init_spec
 from gputopo.plan.spec import parse_spec
+from gputopo.plan.starter import init_spec
+from gputopo.ports import Ports
 from gputopo.verify import VerifyReport, verify
 
 NVIDIA_SMI_QUERY = [
@@ -56,12 +56,26 @@ class DemoResult:
 
     @property
     def ok(self) -> bool:
-        return self.applied.status == "applied" and self.report is not None and self.report.ok and self.second_plan_empty
+        return (
+            self.applied.status == "applied"
+            and self.report is not None
+            and self.report.ok
+            and self.second_plan_empty
+        )
 
 
-def run_demo(ports: Ports, root: str, workdir: Path, show: DemoShow, *, container: int = 101,
-             vm_mapping: str = "pro6000-vm", container_mapping: str = "pro6000", vm: int = 201,
-             timeouts: Timeouts | None = None) -> DemoResult:
+def run_demo(
+    ports: Ports,
+    root: str,
+    workdir: Path,
+    show: DemoShow,
+    *,
+    container: int = 101,
+    vm_mapping: str = "pro6000-vm",
+    container_mapping: str = "pro6000",
+    vm: int = 201,
+    timeouts: Timeouts | None = None,
+) -> DemoResult:
     """Discover the host, write a starter spec for the NUMA split (VM ``vm`` taking the VM
     mapping's GPUs), plan, apply and verify it, and show both sides' nvidia-smi.
 
@@ -73,18 +87,33 @@ def run_demo(ports: Ports, root: str, workdir: Path, show: DemoShow, *, containe
     show.facts(before)
 
     show.heading(f"2. Spec: NUMA split, container {container} keeps one node, VMs get the other")
-    text = init_spec(before, split="numa", container=container, vm_mapping=vm_mapping,
-                     container_mapping=container_mapping, vm=vm)
+    text = init_spec(
+        before,
+        split="numa",
+        container=container,
+        vm_mapping=vm_mapping,
+        container_mapping=container_mapping,
+        vm=vm,
+    )
     spec_path = workdir / "gputopo.yaml"
     spec_path.write_text(text)
     spec = parse_spec(text, file=str(spec_path))
-    show.text(f"wrote {spec_path} (gputopo init --split numa --container {container} "
-              f"--vm-mapping {vm_mapping} --container-mapping {container_mapping} --vm {vm})")
+    show.text(
+        f"wrote {spec_path} (gputopo init --split numa --container {container} "
+        f"--vm-mapping {vm_mapping} --container-mapping {container_mapping} --vm {vm})"
+    )
 
     show.heading("3. Plan and apply (journaled, locked, rolled back on any failure)")
-    applied = apply(spec, ports, root=root, confirm=lambda p: (show.text(p.to_text()), True)[1],
-                    progress=show.progress, timeouts=timeouts or Timeouts(), spec_path=str(spec_path),
-                    verify=None)
+    applied = apply(
+        spec,
+        ports,
+        root=root,
+        confirm=lambda p: (show.text(p.to_text()), True)[1],
+        progress=show.progress,
+        timeouts=timeouts or Timeouts(),
+        spec_path=str(spec_path),
+        verify=None,
+    )
 
     show.heading("4. Verify from fresh facts")
     report = verify(spec, ports, root=root)
@@ -98,8 +127,15 @@ def run_demo(ports: Ports, root: str, workdir: Path, show: DemoShow, *, containe
     again = apply(spec, ports, root=root, dry_run=True, timeouts=timeouts or Timeouts())
     second_empty = again.plan is not None and again.plan.is_empty
     show.text("a second plan: " + ("No changes" if second_empty else again.plan.to_text()))
-    return DemoResult(spec_path=spec_path, before=before, applied=applied, report=report,
-                      second_plan_empty=second_empty, container_view=view.stdout, guest_view=guest)
+    return DemoResult(
+        spec_path=spec_path,
+        before=before,
+        applied=applied,
+        report=report,
+        second_plan_empty=second_empty,
+        container_view=view.stdout,
+        guest_view=guest,
+    )
 
 
 def _guest_nvidia_smi(ports: Ports, vm: int, timeout: float = 60.0) -> str:

@@ -19,24 +19,28 @@ from pathlib import Path
 from typing import Any
 
 from gputopo.errors import SimHostError
-from gputopo.sim.hostroot import materialize
 from gputopo.formats.devn import devn_key
 from gputopo.formats.lxcconf import LxcConf, format_dev_value, write_lxc_conf
 from gputopo.formats.pcicfg import MapEntry, PciMapping, format_map_entry, write_pci_cfg
 from gputopo.sim import state
-from gputopo.sim.files import PMXCFS_MODE, atomic_write
 from gputopo.sim.container import Container, EndpointServer, SimExec, SimPaths, write_unit
 from gputopo.sim.container.distro import lsb_release
+from gputopo.sim.files import PMXCFS_MODE, atomic_write
 from gputopo.sim.guesthooks import Hooks
+from gputopo.sim.hostroot import materialize
 
 DEFAULT_CT = 101
 DEFAULT_VM = 201
 CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
 SERVICE_COMMANDS = {
-    "sglang": ("/opt/sglang/.venv/bin/python -m sglang.launch_server --model-path /models/Qwen3-235B-A22B-FP8 "
-               "--served-model-name qwen3 --host 0.0.0.0 --port 30000 --tp {tp}"),
-    "vllm": ("/usr/local/bin/vllm serve /models/Qwen3-235B-A22B-FP8 --served-model-name qwen3 "
-             "--host 0.0.0.0 --port 8000 --tensor-parallel-size {tp}"),
+    "sglang": (
+        "/opt/sglang/.venv/bin/python -m sglang.launch_server --model-path /models/Qwen3-235B-A22B-FP8 "
+        "--served-model-name qwen3 --host 0.0.0.0 --port 30000 --tp {tp}"
+    ),
+    "vllm": (
+        "/usr/local/bin/vllm serve /models/Qwen3-235B-A22B-FP8 --served-model-name qwen3 "
+        "--host 0.0.0.0 --port 8000 --tensor-parallel-size {tp}"
+    ),
 }
 
 
@@ -76,7 +80,9 @@ class SimHost:
         self.paths = SimPaths(self.dir)
         info = state.read_state(self.paths.run, "host", None)
         if info is None:
-            raise SimHostError(str(self.dir), "not a simulated host (no run/host.json); create one with 'gputopo sim create'")
+            raise SimHostError(
+                str(self.dir), "not a simulated host (no run/host.json); create one with 'gputopo sim create'"
+            )
         self.info: dict[str, Any] = info
         self.node: str = info["node"]
         self.version: str = info.get("pve_version", "8.4.1")
@@ -88,9 +94,17 @@ class SimHost:
     # -- creation --
 
     @classmethod
-    def create(cls, dir: str | os.PathLike, source: str | os.PathLike = "seed", node: str | None = None,
-               container: int = DEFAULT_CT, service: str = "sglang", pve_version: str = "8.4.1",
-               root: str | os.PathLike | None = None, vm: int = DEFAULT_VM) -> SimHost:
+    def create(
+        cls,
+        dir: str | os.PathLike,
+        source: str | os.PathLike = "seed",
+        node: str | None = None,
+        container: int = DEFAULT_CT,
+        service: str = "sglang",
+        pve_version: str = "8.4.1",
+        root: str | os.PathLike | None = None,
+        vm: int = DEFAULT_VM,
+    ) -> SimHost:
         """Create a simulated host in ``dir`` (must not exist or be empty) and return it.
 
         ``source``: a fixture name (``seed``), a fixture yaml, or a ``gputopo snapshot``
@@ -122,8 +136,18 @@ class SimHost:
             raise
 
     @classmethod
-    def _build(cls, dir: Path, paths: SimPaths, src: str, node: str | None, container: int, service: str,
-               pve_version: str, root: str | os.PathLike | None, vm: int = DEFAULT_VM) -> SimHost:
+    def _build(
+        cls,
+        dir: Path,
+        paths: SimPaths,
+        src: str,
+        node: str | None,
+        container: int,
+        service: str,
+        pve_version: str,
+        root: str | os.PathLike | None,
+        vm: int = DEFAULT_VM,
+    ) -> SimHost:
         from gputopo.facts.discover import discover
 
         if root is not None:
@@ -142,14 +166,27 @@ class SimHost:
         if not gpus:
             raise SimHostError(src, "the host has no GPU on the nvidia driver to give the container")
         _write_pve(paths, hostname, container, facts, vm)
-        state.write_state(paths.run, "host", {"node": hostname, "pve_version": pve_version,
-                                             "container": container, "vm": vm, "service": service,
-                                             "source": src})
+        state.write_state(
+            paths.run,
+            "host",
+            {
+                "node": hostname,
+                "pve_version": pve_version,
+                "container": container,
+                "vm": vm,
+                "service": service,
+                "source": src,
+            },
+        )
         unit = f"{service}.service"
-        write_unit(dir, container, unit,
-                   f"[Unit]\nDescription={service} inference server\nAfter=network-online.target\n\n"
-                   f"[Service]\nType=simple\nExecStart={SERVICE_COMMANDS[service].format(tp=len(gpus))}\n"
-                   f"Restart=on-failure\n\n[Install]\nWantedBy=multi-user.target\n")
+        write_unit(
+            dir,
+            container,
+            unit,
+            f"[Unit]\nDescription={service} inference server\nAfter=network-online.target\n\n"
+            f"[Service]\nType=simple\nExecStart={SERVICE_COMMANDS[service].format(tp=len(gpus))}\n"
+            f"Restart=on-failure\n\n[Install]\nWantedBy=multi-user.target\n",
+        )
         release = paths.rootfs(container) / "etc/lsb-release"
         release.parent.mkdir(parents=True, exist_ok=True)
         release.write_text(lsb_release(UBUNTU_RELEASE))
@@ -178,13 +215,16 @@ class SimHost:
         lat = state.read_state(self.paths.run, "latencies", {}) or {}
         if "auth.fail" in lat:  # how late a 401 comes (a real node: 3 s)
             kw["auth_fail_delay"] = float(lat["auth.fail"])
-        self.api = PveApiServer(self.paths.pve, self.paths.run, self.paths.root, self.node, self.version, **kw)
+        self.api = PveApiServer(
+            self.paths.pve, self.paths.run, self.paths.root, self.node, self.version, **kw
+        )
         try:
             self.api.start()
         except OSError as e:
             self.api = None
-            raise SimHostError(str(self.dir), f"cannot serve the API on 127.0.0.1:{port or 'any port'}: "
-                                              f"{e.strerror or e}") from None
+            raise SimHostError(
+                str(self.dir), f"cannot serve the API on 127.0.0.1:{port or 'any port'}: {e.strerror or e}"
+            ) from None
         if self.info.get("cluster"):
             from gputopo.sim.cluster.peers import attach_peers
 
@@ -220,12 +260,12 @@ class SimHost:
         ``auth`` is ``"password"`` (root@pam ticket) or ``"token"`` (an API token of root@pam,
         which Proxmox refuses for devN changes). Raises ValueError for another ``auth``.
         """
-        from gputopo.adapters.hostfiles import RealHostFiles
-        from gputopo.sim.http import SimHttp
-        from gputopo.ports import Ports
         from gputopo.adapters.credentials import ApiConfig
+        from gputopo.adapters.hostfiles import RealHostFiles
         from gputopo.adapters.proxmox import ProxmoxClient
+        from gputopo.ports import Ports
         from gputopo.sim.hostcmd import SimHostCommands
+        from gputopo.sim.http import SimHttp
         from gputopo.sim.kernel import SimKernel
 
         if auth not in ("password", "token"):
@@ -234,14 +274,25 @@ class SimHost:
             self.start()
         creds = self.credentials()
         port = self.api.port
-        cfg = ApiConfig(backend="https", host="127.0.0.1", port=port, node=self.node, user="root@pam",
-                        token_name=creds["token_name"] if auth == "token" else None,
-                        verify_ssl=bool(self.api.ca_cert_path),
-                        ca_bundle=str(self.api.ca_cert_path) if self.api.ca_cert_path else None,
-                        timeout=30.0, task_timeout=60.0, poll_interval=0.05)
+        cfg = ApiConfig(
+            backend="https",
+            host="127.0.0.1",
+            port=port,
+            node=self.node,
+            user="root@pam",
+            token_name=creds["token_name"] if auth == "token" else None,
+            verify_ssl=bool(self.api.ca_cert_path),
+            ca_bundle=str(self.api.ca_cert_path) if self.api.ca_cert_path else None,
+            timeout=30.0,
+            task_timeout=60.0,
+            poll_interval=0.05,
+        )
         # the simulator's throw-away secrets go in as the environment, as an operator's would
-        env = ({"GPUTOPO_PVE_TOKEN_SECRET": creds["token_value"]} if auth == "token"
-               else {"GPUTOPO_PVE_PASSWORD": creds["password"]})
+        env = (
+            {"GPUTOPO_PVE_TOKEN_SECRET": creds["token_value"]}
+            if auth == "token"
+            else {"GPUTOPO_PVE_PASSWORD": creds["password"]}
+        )
         client = ProxmoxClient.from_config(cfg, env=env)
         endpoints = {self.container: self.endpoint.url} if self.endpoint else {}
         http = SimHttp(self.dir, endpoints)
@@ -250,9 +301,15 @@ class SimHost:
             http.close()
             self.stop()
 
-        return Ports(sysfs=SimKernel(str(self.paths.root)), proxmox=client, exec=SimExec(self.dir),
-                     files=RealHostFiles(str(self.paths.root)), http=http, close=close,
-                     host=SimHostCommands(self.dir))
+        return Ports(
+            sysfs=SimKernel(str(self.paths.root)),
+            proxmox=client,
+            exec=SimExec(self.dir),
+            files=RealHostFiles(str(self.paths.root)),
+            http=http,
+            close=close,
+            host=SimHostCommands(self.dir),
+        )
 
     def set_latencies(self, scale: float = 1.0, moving: list[str] | None = None) -> dict[str, float]:
         """Give the host a real server's pace, every latency multiplied by ``scale``.
@@ -272,12 +329,25 @@ class SimHost:
             latency={"vfio-pci.bind": VFIO_BIND, "nvidia.bind": NVIDIA_BIND, "nvidia.unbind": UNBIND_MIN},
             address_latency={a: {"unbind": v} for a, v in unbind.items()},
         )
-        state.write_state(self.paths.run, "latencies", {
-            "vzshutdown": CT_STOP * scale, "vzstop": CT_STOP * scale, "vzstart": CT_START * scale,
-            "service.stop": SERVICE_STOP * scale, "service.start": SERVICE_START * scale,
-        })
-        out = {"service.stop": SERVICE_STOP, "service.start": SERVICE_START, "ct.stop": CT_STOP,
-               "ct.start": CT_START, "vfio-pci.bind": VFIO_BIND, "nvidia.bind": NVIDIA_BIND}
+        state.write_state(
+            self.paths.run,
+            "latencies",
+            {
+                "vzshutdown": CT_STOP * scale,
+                "vzstop": CT_STOP * scale,
+                "vzstart": CT_START * scale,
+                "service.stop": SERVICE_STOP * scale,
+                "service.start": SERVICE_START * scale,
+            },
+        )
+        out = {
+            "service.stop": SERVICE_STOP,
+            "service.start": SERVICE_START,
+            "ct.stop": CT_STOP,
+            "ct.start": CT_START,
+            "vfio-pci.bind": VFIO_BIND,
+            "nvidia.bind": NVIDIA_BIND,
+        }
         out.update({f"unbind:{a}": v for a, v in unbind.items()})
         return out
 
@@ -287,9 +357,13 @@ class SimHost:
         if api is None:
             raise SimHostError(str(self.dir), "not started")
         token_id = api.root_token_id
-        return {"user": "root@pam", "password": api.root_password,
-                "token_name": token_id.split("!", 1)[1], "token_value": api.root_token_secret,
-                "token_id": token_id}
+        return {
+            "user": "root@pam",
+            "password": api.root_password,
+            "token_name": token_id.split("!", 1)[1],
+            "token_value": api.root_token_secret,
+            "token_id": token_id,
+        }
 
 
 def _write_pve(paths: SimPaths, node: str, ctid: int, facts, vmid: int = DEFAULT_VM) -> None:
@@ -303,16 +377,23 @@ def _write_pve(paths: SimPaths, node: str, ctid: int, facts, vmid: int = DEFAULT
             link.symlink_to(f"nodes/{node}/{name}")
     (paths.pve / "mapping").mkdir(exist_ok=True)
 
-    gpus = sorted((g for g in facts.gpus if g.driver == "nvidia" and g.minor is not None), key=lambda g: g.minor)
+    gpus = sorted(
+        (g for g in facts.gpus if g.driver == "nvidia" and g.minor is not None), key=lambda g: g.minor
+    )
     nodes = [f"/dev/nvidia{g.minor}" for g in gpus] + [f"/dev/{n}" for n in CONTROL_NODES]
     caps = paths.root / "dev/nvidia-caps"
     if caps.is_dir():
         nodes += [f"/dev/nvidia-caps/{p.name}" for p in sorted(caps.iterdir())]
     nodes = [n for n in nodes if os.path.lexists(paths.root / n.lstrip("/"))]
     options = {
-        "arch": "amd64", "cores": "32", "hostname": "llm", "memory": "262144",
+        "arch": "amd64",
+        "cores": "32",
+        "hostname": "llm",
+        "memory": "262144",
         "net0": "name=eth0,bridge=vmbr0,hwaddr=BC:24:11:00:01:01,ip=dhcp,type=veth",
-        "ostype": "ubuntu", "rootfs": f"local-lvm:vm-{ctid}-disk-0,size=200G", "swap": "0",
+        "ostype": "ubuntu",
+        "rootfs": f"local-lvm:vm-{ctid}-disk-0,size=200G",
+        "swap": "0",
     }
     for i, n in enumerate(nodes):
         options[devn_key(i)] = format_dev_value(n, mode="0666")
@@ -325,18 +406,29 @@ def _write_pve(paths: SimPaths, node: str, ctid: int, facts, vmid: int = DEFAULT
         "hostpci0: mapping=pro6000-vm,pcie=1\nmachine: q35\n"
         "memory: 131072\nname: gpu-vm\nnet0: virtio=BC:24:11:00:02:01,bridge=vmbr0\nnuma: 1\nostype: l26\n"
         f"scsi0: local-lvm:vm-{vmid}-disk-0,iothread=1,size=100G\nscsihw: virtio-scsi-single\n"
-        f"sockets: 1\nvmgenid: 6f1c2c4e-0000-4000-8000-{vmid:012d}\n", PMXCFS_MODE)
+        f"sockets: 1\nvmgenid: 6f1c2c4e-0000-4000-8000-{vmid:012d}\n",
+        PMXCFS_MODE,
+    )
 
     maps = []
     for g in sorted(gpus, key=lambda g: g.address):
         entry = MapEntry(
-            id=f"{_hex(g.vendor)}:{_hex(g.device)}", node=node, path=g.address, iommugroup=g.iommu_group,
-            subsystem_id=(f"{_hex(g.subsystem_vendor)}:{_hex(g.subsystem_device)}"
-                          if g.subsystem_vendor and g.subsystem_device else None))
+            id=f"{_hex(g.vendor)}:{_hex(g.device)}",
+            node=node,
+            path=g.address,
+            iommugroup=g.iommu_group,
+            subsystem_id=(
+                f"{_hex(g.subsystem_vendor)}:{_hex(g.subsystem_device)}"
+                if g.subsystem_vendor and g.subsystem_device
+                else None
+            ),
+        )
         maps.append(format_map_entry(entry))
-    atomic_write(paths.pve / "mapping" / "pci.cfg",
-                 write_pci_cfg([PciMapping(id="pro6000", maps=maps, description="GPUs of the inference container")]),
-                 PMXCFS_MODE)
+    atomic_write(
+        paths.pve / "mapping" / "pci.cfg",
+        write_pci_cfg([PciMapping(id="pro6000", maps=maps, description="GPUs of the inference container")]),
+        PMXCFS_MODE,
+    )
 
 
 def _hex(value: str | None) -> str:

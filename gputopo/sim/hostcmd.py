@@ -41,8 +41,12 @@ class SimHostCommands:
         if name == "proxmox-boot-tool":
             if not (self.root / "etc/kernel/proxmox-boot-uuids").is_file():
                 return ExecResult(2, "", "E: /etc/kernel/proxmox-boot-uuids does not exist.\n")
-            return ExecResult(0, "Running hook script 'proxmox-auto-removal'..\n"
-                                 "Copying and configuring kernels on /dev/disk/by-uuid/0000-0001\n", "")
+            return ExecResult(
+                0,
+                "Running hook script 'proxmox-auto-removal'..\n"
+                "Copying and configuring kernels on /dev/disk/by-uuid/0000-0001\n",
+                "",
+            )
         raise HostCommandError(list(argv), "not found (is this the Proxmox node?)")
 
     def _initramfs(self, argv: list[str]) -> ExecResult:
@@ -54,6 +58,9 @@ class SimHostCommands:
             for p in sorted(d.glob("*.conf")) if d.is_dir() else []:
                 files[f"{sub}/{p.name}"] = p.read_text()
         state.write_state(self.run_dir, INITRAMFS, {"files": files, "t": time.time()})
-        kernel = (self.root / "proc/sys/kernel/osrelease").read_text().strip() if (
-            self.root / "proc/sys/kernel/osrelease").is_file() else "unknown"
+        kernel = (
+            (self.root / "proc/sys/kernel/osrelease").read_text().strip()
+            if (self.root / "proc/sys/kernel/osrelease").is_file()
+            else "unknown"
+        )
         return ExecResult(0, f"update-initramfs: Generating /boot/initrd.img-{kernel}\n", "")

@@ -67,5 +67,9 @@ class SimHttp:
         if active is not None and parts.port != listening_port(active[1].get("argv", [])):
             raise HttpError(url, "Connection refused")
         target = urlsplit(endpoint)
-        return self._real.request(method, urlunsplit((target.scheme, target.netloc, parts.path, parts.query, "")),
-                                  json=json, timeout=timeout)
+        return self._real.request(
+            method,
+            urlunsplit((target.scheme, target.netloc, parts.path, parts.query, "")),
+            json=json,
+            timeout=timeout,
+        )

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from gputopo.errors import PveFormatError, SysfsWriteError
 from gputopo.formats.hostpci import hostpci_number, parse_hostpci
@@ -82,8 +82,14 @@ class Passthrough:
     mapping check's message for one map entry or None (the same check as ``check-node``).
     """
 
-    def __init__(self, root: Path, run_dir: Path, node: str, write: Callable[[str, str], None],
-                 assert_valid: Callable[[str, dict[str, str]], str | None]):
+    def __init__(
+        self,
+        root: Path,
+        run_dir: Path,
+        node: str,
+        write: Callable[[str, str], None],
+        assert_valid: Callable[[str, dict[str, str]], str | None],
+    ):
         self.root = Path(root)
         self.run_dir = Path(run_dir)
         self.node = node
@@ -136,7 +142,9 @@ class Passthrough:
     # --- steps -----------------------------------------------------------------------------
 
     def _alternatives(self, name: str, mp: PciMapping | None) -> list[list[str]]:
-        cfgs = [e for e in (parse_map_entry(m) for m in (mp.maps if mp else [])) if e.get("node") == self.node]
+        cfgs = [
+            e for e in (parse_map_entry(m) for m in (mp.maps if mp else [])) if e.get("node") == self.node
+        ]
         if not cfgs:
             raise PassthroughError(f"PCI device mapping not found for '{name}'")
         out = []
@@ -160,12 +168,17 @@ class Passthrough:
                 out.append(addr)
         return out
 
-    def _reserve(self, vmid: int, wanted: list[tuple[str, list[list[str]], bool]]) -> list[tuple[str, list[str]]]:
+    def _reserve(
+        self, vmid: int, wanted: list[tuple[str, list[list[str]], bool]]
+    ) -> list[tuple[str, list[str]]]:
         """(hostpciN, the devices it got) for each entry, in order. Raises PassthroughError."""
         with state.locked(self.run_dir, RESERVED):
             res = state.read_state(self.run_dir, RESERVED, {}) or {}
-            used = {a: v for a, v in res.items()
-                    if v != vmid and state.guest_status(self.run_dir, "qemu", v) == "running"}
+            used = {
+                a: v
+                for a, v in res.items()
+                if v != vmid and state.guest_status(self.run_dir, "qemu", v) == "running"
+            }
             mine: list[str] = []
             picks: list[tuple[str, list[str]]] = []
             for key, alternatives, is_mapping in wanted:

@@ -12,7 +12,6 @@ import datetime
 import ipaddress
 from pathlib import Path
 
-
 NODE_NAMES = ("127.0.0.1", "::1", "localhost")  # pve-cluster gen_pve_ssl_cert, before the node's own
 
 
@@ -41,15 +40,19 @@ def make_ca_and_server_cert(directory: Path, node: str = "pve1") -> tuple[Path, 
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
     directory.mkdir(parents=True, exist_ok=True)
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     existing = _reusable(directory, now, hosts)
     if existing is not None:
         # Another server of the same simulated host may be running: its clients trust this CA.
         return existing
     ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "Proxmox Virtual Environment"),
-                         x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, "gputopo simulated host"),
-                         x509.NameAttribute(NameOID.ORGANIZATION_NAME, "PVE Cluster Manager CA")])
+    ca_name = x509.Name(
+        [
+            x509.NameAttribute(NameOID.COMMON_NAME, "Proxmox Virtual Environment"),
+            x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, "gputopo simulated host"),
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "PVE Cluster Manager CA"),
+        ]
+    )
     ca_cert = (
         x509.CertificateBuilder()
         .subject_name(ca_name)
@@ -74,9 +77,15 @@ def make_ca_and_server_cert(directory: Path, node: str = "pve1") -> tuple[Path, 
             names.append(x509.DNSName(h))
     cert = (
         x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, "PVE Cluster Node"),
-                                 x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Proxmox Virtual Environment"),
-                                 x509.NameAttribute(NameOID.COMMON_NAME, node)]))
+        .subject_name(
+            x509.Name(
+                [
+                    x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, "PVE Cluster Node"),
+                    x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Proxmox Virtual Environment"),
+                    x509.NameAttribute(NameOID.COMMON_NAME, node),
+                ]
+            )
+        )
         .issuer_name(ca_name)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
@@ -106,7 +115,9 @@ def make_ca_and_server_cert(directory: Path, node: str = "pve1") -> tuple[Path, 
     return ca_path, cert_path, key_path
 
 
-def _reusable(directory: Path, now: datetime.datetime, hosts: tuple[str, ...]) -> tuple[Path, Path, Path] | None:
+def _reusable(
+    directory: Path, now: datetime.datetime, hosts: tuple[str, ...]
+) -> tuple[Path, Path, Path] | None:
     """The paths of an existing CA + server certificate that stay valid for a day and name
     every one of ``hosts``, else None."""
     from cryptography import x509
@@ -124,7 +135,9 @@ def _reusable(directory: Path, now: datetime.datetime, hosts: tuple[str, ...]) -
         san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     except x509.ExtensionNotFound:
         return None
-    named = set(san.get_values_for_type(x509.DNSName)) | {str(a) for a in san.get_values_for_type(x509.IPAddress)}
+    named = set(san.get_values_for_type(x509.DNSName)) | {
+        str(a) for a in san.get_values_for_type(x509.IPAddress)
+    }
     if not {str(ipaddress.ip_address(h)) if _is_ip(h) else h for h in hosts} <= named:
         return None
     return paths

@@ -72,8 +72,10 @@ def matrix(gpus: Sequence[Gpu]) -> DistanceMatrix:
     if lost:
         notes.append(f"PCI path unknown for {', '.join(lost)}: their distances are SYS or NODE at best")
     return DistanceMatrix(
-        gpus=[MatrixGpu(index=i, address=g.address, numa_node=g.numa_node, cpus=g.local_cpulist, minor=g.minor)
-              for i, g in enumerate(gpus)],
+        gpus=[
+            MatrixGpu(index=i, address=g.address, numa_node=g.numa_node, cpus=g.local_cpulist, minor=g.minor)
+            for i, g in enumerate(gpus)
+        ],
         levels=levels,
         notes=notes,
     )

@@ -28,10 +28,12 @@ def render_dot(report: TopoReport) -> str:
     owners = [o.key for o in report.owners]
     colours = palette.assign(owners)
     ids: dict[int, str] = {}
-    out = [f"digraph {quote(report.hostname or 'host')} {{",
-           "  rankdir=LR;",
-           '  node [shape=box, style="rounded,filled", fontname="monospace", fontsize=10, fillcolor="#ffffff"];',
-           '  edge [color="#9ca3af", arrowhead=none];']
+    out = [
+        f"digraph {quote(report.hostname or 'host')} {{",
+        "  rankdir=LR;",
+        '  node [shape=box, style="rounded,filled", fontname="monospace", fontsize=10, fillcolor="#ffffff"];',
+        '  edge [color="#9ca3af", arrowhead=none];',
+    ]
 
     def name(node: TreeNode) -> str:
         return ids.setdefault(id(node), f"n{len(ids)}")
@@ -39,12 +41,16 @@ def render_dot(report: TopoReport) -> str:
     def emit(node: TreeNode, indent: str) -> None:
         if node.gpu is not None:
             c = colours[node.gpu.owner.key]
-            out.append(f"{indent}{name(node)} [label={_label(gpu_lines(node.gpu, c))}, "
-                       f'fillcolor="{c.fill}", color="{c.stroke}", penwidth=1.5];')
+            out.append(
+                f"{indent}{name(node)} [label={_label(gpu_lines(node.gpu, c))}, "
+                f'fillcolor="{c.fill}", color="{c.stroke}", penwidth=1.5];'
+            )
         else:
             fill, stroke = palette.NODE_COLOURS[node.kind]
-            out.append(f'{indent}{name(node)} [label={_label(node_lines(node))}, fillcolor="{fill}", '
-                       f'color="{stroke}"];')
+            out.append(
+                f'{indent}{name(node)} [label={_label(node_lines(node))}, fillcolor="{fill}", '
+                f'color="{stroke}"];'
+            )
         for child in node.children:
             emit(child, indent)
             out.append(f"{indent}{name(node)} -> {name(child)};")
@@ -52,8 +58,10 @@ def render_dot(report: TopoReport) -> str:
     for i, root in enumerate(report.tree):
         fill, stroke = palette.NODE_COLOURS["numa"]
         out.append(f"  subgraph cluster_{i} {{")
-        out.append(f'    label={quote(root.label + (f" · {root.detail}" if root.detail else ""))}; '
-                   f'style="rounded,filled"; fillcolor="#f9fafb"; color="{stroke}"; fontname="monospace";')
+        out.append(
+            f"    label={quote(root.label + (f' · {root.detail}' if root.detail else ''))}; "
+            f'style="rounded,filled"; fillcolor="#f9fafb"; color="{stroke}"; fontname="monospace";'
+        )
         for child in root.children:
             emit(child, "    ")
         out.append("  }")
@@ -61,8 +69,10 @@ def render_dot(report: TopoReport) -> str:
     out.append('    label="owners"; style=rounded; color="#d1d5db"; fontname="monospace";')
     for i, o in enumerate(report.owners):
         c = colours[o.key]
-        out.append(f"    legend{i} [label={quote(f'{o.label}: {o.gpus}')}, fillcolor=\"{c.fill}\", "
-                   f'color="{c.stroke}"];')
+        out.append(
+            f'    legend{i} [label={quote(f"{o.label}: {o.gpus}")}, fillcolor="{c.fill}", '
+            f'color="{c.stroke}"];'
+        )
     out.append("  }")
     out.append("}")
     return "\n".join(out) + "\n"

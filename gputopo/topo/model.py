@@ -35,7 +35,9 @@ class OwnerView(Strict):
     kind: Literal["container", "vm", "free"]
     containers: list[int] = Field(default_factory=list, description="Containers granted the GPU's node")
     mapping: str | None = Field(None, description="The PCI mapping naming the GPU (kind vm)")
-    vms: list[int] = Field(default_factory=list, description="VMs whose hostpci uses the mapping or the address")
+    vms: list[int] = Field(
+        default_factory=list, description="VMs whose hostpci uses the mapping or the address"
+    )
 
     @property
     def key(self) -> str:
@@ -50,7 +52,9 @@ class OwnerView(Strict):
     def label(self) -> str:
         """For people: ``container 101``, ``VM mapping pro6000-vm``, ``VM 201``, ``free``."""
         if self.kind == "container":
-            return ("containers " if len(self.containers) > 1 else "container ") + ", ".join(map(str, self.containers))
+            return ("containers " if len(self.containers) > 1 else "container ") + ", ".join(
+                map(str, self.containers)
+            )
         if self.kind == "vm":
             if self.mapping:
                 used = f" · VM {', '.join(map(str, self.vms))}" if self.vms else ""
@@ -97,7 +101,7 @@ class TreeNode(Strict):
     label: str
     detail: str | None = Field(None, description="Second line: CPUs of a NUMA node, a bridge's model")
     gpu: GpuView | None = None
-    children: list["TreeNode"] = Field(default_factory=list)
+    children: list[TreeNode] = Field(default_factory=list)
 
     def walk(self):
         """This node and every node below it, depth first."""
@@ -118,7 +122,9 @@ class DistanceMatrix(Strict):
     """GPU-to-GPU PCIe distance, as ``nvidia-smi topo -m`` names it, computed from sysfs."""
 
     gpus: list[MatrixGpu] = Field(default_factory=list)
-    levels: list[list[str]] = Field(default_factory=list, description="levels[i][j]: X, PIX, PXB, PHB, NODE, SYS")
+    levels: list[list[str]] = Field(
+        default_factory=list, description="levels[i][j]: X, PIX, PXB, PHB, NODE, SYS"
+    )
     legend: dict[str, str] = Field(default_factory=lambda: dict(LEGEND))
     notes: list[str] = Field(default_factory=list)
 

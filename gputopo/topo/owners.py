@@ -93,8 +93,13 @@ def owners_now(facts: Facts, state: CurrentState, node: str | None = None) -> di
     return out
 
 
-def _owner(g: Gpu, minors_of: dict[int, set[int]], mapped: dict[str, set[str]],
-           vm_maps: dict[str, list[int]], vm_raw: dict[int, set[str]]) -> OwnerView:
+def _owner(
+    g: Gpu,
+    minors_of: dict[int, set[int]],
+    mapped: dict[str, set[str]],
+    vm_maps: dict[str, list[int]],
+    vm_raw: dict[int, set[str]],
+) -> OwnerView:
     if g.driver == "nvidia" and g.minor is not None:
         cts = sorted(v for v, minors in minors_of.items() if g.minor in minors)
         if cts:
@@ -109,7 +114,9 @@ def _owner(g: Gpu, minors_of: dict[int, set[int]], mapped: dict[str, set[str]],
     return FREE.model_copy()
 
 
-def owner_from_target(owner: Owner, before: OwnerView, users: dict[str, list[int]] | None = None) -> OwnerView:
+def owner_from_target(
+    owner: Owner, before: OwnerView, users: dict[str, list[int]] | None = None
+) -> OwnerView:
     """A plan target's owner as the picture shows it; the host (left untouched) keeps ``before``.
     ``users``: :func:`mapping_users` of the state."""
     if owner.kind == OwnerKind.CONTAINER:

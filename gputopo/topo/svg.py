@@ -41,8 +41,11 @@ PANEL_GAP = 32
 def gpu_lines(v: GpuView, colour: palette.Colour, move: str | None = None) -> list[Line]:
     """The text of a GPU's box: address, model, driver/group/minor, link, owner, companions and,
     when it moves, where to or from."""
-    facts = [v.driver or "no driver", f"group {'-' if v.iommu_group is None else v.iommu_group}",
-             f"minor {'-' if v.minor is None else v.minor}"]
+    facts = [
+        v.driver or "no driver",
+        f"group {'-' if v.iommu_group is None else v.iommu_group}",
+        f"minor {'-' if v.minor is None else v.minor}",
+    ]
     lines = [Line(f"GPU{v.index}  {v.address}", bold=True), Line(v.model or "?"), Line(" · ".join(facts))]
     link = v.link or "link unknown"
     lines.append(Line(link + (" · boot VGA" if v.boot_vga else "")))
@@ -84,16 +87,21 @@ def _box(b: Box, colours: dict[str, palette.Colour], moved: set[str]) -> str:
     if node.gpu is not None:
         colour = colours[node.gpu.owner.key]
         fill, stroke, width = colour.fill, colour.stroke, 1.5
-        head = (f'<g class="gpu" data-address={quoteattr(node.gpu.address)} '
-                f'data-owner={quoteattr(node.gpu.owner.key)}>')
+        head = (
+            f'<g class="gpu" data-address={quoteattr(node.gpu.address)} '
+            f"data-owner={quoteattr(node.gpu.owner.key)}>"
+        )
         if node.gpu.address in moved:
             stroke, width, dashed = palette.MOVE, 2.5, ' stroke-dasharray="6 3"'
     else:
         fill, stroke = palette.NODE_COLOURS[node.kind]
         width = 1.5 if node.kind in ("numa", "switch") else 1
         head = f'<g class="node" data-kind="{node.kind}" data-id={quoteattr(node.id)}>'
-    parts = [head, f'<rect class="box" x="{_n(b.x)}" y="{_n(b.y)}" width="{_n(b.w)}" height="{_n(b.h)}" '
-                   f'rx="4" fill="{fill}" stroke="{stroke}" stroke-width="{width}"{dashed}/>']
+    parts = [
+        head,
+        f'<rect class="box" x="{_n(b.x)}" y="{_n(b.y)}" width="{_n(b.w)}" height="{_n(b.h)}" '
+        f'rx="4" fill="{fill}" stroke="{stroke}" stroke-width="{width}"{dashed}/>',
+    ]
     for i, line in enumerate(b.lines):
         parts.append(_text(b.x + PAD_X, b.y + PAD_Y + i * LINE + BASELINE, line))
     parts.append("</g>")
@@ -108,8 +116,9 @@ def _panel_svg(panel: Panel, colours: dict[str, palette.Colour], moved: set[str]
     return out
 
 
-def _legend(items: Sequence[tuple[str, str, str, bool]], x0: float, y0: float,
-            width: float) -> tuple[list[str], float, float]:
+def _legend(
+    items: Sequence[tuple[str, str, str, bool]], x0: float, y0: float, width: float
+) -> tuple[list[str], float, float]:
     """Swatches with labels, flowing over lines of ``width``: (svg, width used, height). Items
     are (label, fill, stroke, dashed)."""
     out = ['<g class="legend">']
@@ -119,8 +128,10 @@ def _legend(items: Sequence[tuple[str, str, str, bool]], x0: float, y0: float,
         if x > x0 and x + w > x0 + width:
             x, y = x0, y + LINE + 6
         dash = ' stroke-dasharray="4 2"' if dashed else ""
-        out.append(f'<rect class="swatch" x="{_n(x)}" y="{_n(y)}" width="{SWATCH}" height="{SWATCH}" rx="2" '
-                   f'fill="{fill}" stroke="{stroke}" stroke-width="{2 if dashed else 1.5}"{dash}/>')
+        out.append(
+            f'<rect class="swatch" x="{_n(x)}" y="{_n(y)}" width="{SWATCH}" height="{SWATCH}" rx="2" '
+            f'fill="{fill}" stroke="{stroke}" stroke-width="{2 if dashed else 1.5}"{dash}/>'
+        )
         out.append(_text(x + SWATCH + 6, y + BASELINE, Line(label)))
         used = max(used, x + SWATCH + 6 + text_width(label) - x0)
         x += w
@@ -130,14 +141,19 @@ def _legend(items: Sequence[tuple[str, str, str, bool]], x0: float, y0: float,
 
 def _document(body: list[str], width: float, height: float, title: str) -> str:
     w, h = int(width + 0.999), int(height + 0.999)
-    return "\n".join([
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" '
-        f'font-family="DejaVu Sans Mono, Menlo, Consolas, monospace" font-size="{FONT}">',
-        f"<title>{escape(title)}</title>",
-        f'<rect class="background" x="0" y="0" width="{w}" height="{h}" fill="#ffffff"/>',
-        *body,
-        "</svg>",
-    ]) + "\n"
+    return (
+        "\n".join(
+            [
+                f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" '
+                f'font-family="DejaVu Sans Mono, Menlo, Consolas, monospace" font-size="{FONT}">',
+                f"<title>{escape(title)}</title>",
+                f'<rect class="background" x="0" y="0" width="{w}" height="{h}" fill="#ffffff"/>',
+                *body,
+                "</svg>",
+            ]
+        )
+        + "\n"
+    )
 
 
 def _owner_items(counts: dict[str, tuple[str, list[int]]], colours: dict[str, palette.Colour]) -> list:
@@ -145,7 +161,9 @@ def _owner_items(counts: dict[str, tuple[str, list[int]]], colours: dict[str, pa
     for key in sorted(counts, key=palette.order):
         label, ns = counts[key]
         n = " → ".join(str(c) for c in ns)
-        items.append((f"{label}: {n} GPU{'s' if ns[-1] != 1 else ''}", colours[key].fill, colours[key].stroke, False))
+        items.append(
+            (f"{label}: {n} GPU{'s' if ns[-1] != 1 else ''}", colours[key].fill, colours[key].stroke, False)
+        )
     return items
 
 
@@ -155,8 +173,10 @@ def render_svg(report: TopoReport, title: str | None = None, max_width: float = 
     colours = palette.assign(v.owner.key for v in views)
     title = title or f"{report.hostname or 'host'} · PCIe topology · {len(views)} GPUs"
     inner = max_width - 2 * MARGIN
-    cols = [column(r, lambda n: gpu_lines(n.gpu, colours[n.gpu.owner.key]) if n.gpu else node_lines(n))
-            for r in report.tree]
+    cols = [
+        column(r, lambda n: gpu_lines(n.gpu, colours[n.gpu.owner.key]) if n.gpu else node_lines(n))
+        for r in report.tree
+    ]
     counts = {o.key: (o.label, [o.gpus]) for o in report.owners}
     items = _owner_items(counts, colours)
     if any(n.kind == "nvswitch" for r in report.tree for n in r.walk()):
@@ -164,8 +184,11 @@ def render_svg(report: TopoReport, title: str | None = None, max_width: float = 
     legend, lw, lh = _legend(items, MARGIN, MARGIN + TITLE + 10, inner)
     top = MARGIN + TITLE + 10 + lh + 14
     panel = place(cols, MARGIN, top, inner)
-    body = [_text(MARGIN, MARGIN + TITLE - 3, Line(title, bold=True), size=TITLE), *legend,
-            *_panel_svg(panel, colours, set())]
+    body = [
+        _text(MARGIN, MARGIN + TITLE - 3, Line(title, bold=True), size=TITLE),
+        *legend,
+        *_panel_svg(panel, colours, set()),
+    ]
     width = max(panel.width, text_width(title) * TITLE / FONT, lw) + 2 * MARGIN
     return _document(body, width, top + panel.height + MARGIN, title)
 
@@ -186,16 +209,19 @@ def moves(before: TopoReport, after: TopoReport) -> dict[str, tuple[str, str]]:
     return out
 
 
-def render_plan_svg(before: TopoReport, after: TopoReport, title: str | None = None,
-                    max_width: float = MAX_WIDTH) -> str:
+def render_plan_svg(
+    before: TopoReport, after: TopoReport, title: str | None = None, max_width: float = MAX_WIDTH
+) -> str:
     """The host now (left) and after the plan (right), side by side with one legend; what moves
     is outlined in dashed red on both sides and says where it goes."""
     moved = moves(before, after)
     views_b, views_a = gpu_views(before.tree), gpu_views(after.tree)
     colours = palette.assign([v.owner.key for v in views_b] + [v.owner.key for v in views_a])
     half = (max_width - 2 * MARGIN - PANEL_GAP) / 2
-    title = title or (f"{before.hostname or 'host'} · PCIe topology · {len(views_b)} GPUs · "
-                      f"{len(moved)} change{'s' if len(moved) != 1 else ''}")
+    title = title or (
+        f"{before.hostname or 'host'} · PCIe topology · {len(views_b)} GPUs · "
+        f"{len(moved)} change{'s' if len(moved) != 1 else ''}"
+    )
 
     def lines(n: TreeNode, side: int) -> list[Line]:
         if n.gpu is None:
@@ -225,13 +251,19 @@ def render_plan_svg(before: TopoReport, after: TopoReport, title: str | None = N
     right = place(cols_a, right_x, top, half)
     sep = right_x - PANEL_GAP / 2
     height = top + max(left.height, right.height)
-    body = [_text(MARGIN, MARGIN + TITLE - 3, Line(title, bold=True), size=TITLE), *legend,
-            _text(MARGIN, heads + BASELINE, Line("now", bold=True), size=FONT + 2),
-            _text(right_x, heads + BASELINE, Line("after the plan", bold=True), size=FONT + 2),
-            f'<path class="separator" d="M{_n(sep)} {_n(heads)}L{_n(sep)} {_n(height)}" stroke="#d1d5db" '
-            f'stroke-width="1"/>',
-            '<g class="panel" data-side="before">', *_panel_svg(left, colours, set(moved)), "</g>",
-            '<g class="panel" data-side="after">', *_panel_svg(right, colours, set(moved)), "</g>"]
+    body = [
+        _text(MARGIN, MARGIN + TITLE - 3, Line(title, bold=True), size=TITLE),
+        *legend,
+        _text(MARGIN, heads + BASELINE, Line("now", bold=True), size=FONT + 2),
+        _text(right_x, heads + BASELINE, Line("after the plan", bold=True), size=FONT + 2),
+        f'<path class="separator" d="M{_n(sep)} {_n(heads)}L{_n(sep)} {_n(height)}" stroke="#d1d5db" '
+        f'stroke-width="1"/>',
+        '<g class="panel" data-side="before">',
+        *_panel_svg(left, colours, set(moved)),
+        "</g>",
+        '<g class="panel" data-side="after">',
+        *_panel_svg(right, colours, set(moved)),
+        "</g>",
+    ]
     width = max(right_x + right.width - MARGIN, text_width(title) * TITLE / FONT, lw) + 2 * MARGIN
     return _document(body, width, height + MARGIN, title)
-

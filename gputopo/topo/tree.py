@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 from gputopo.model.facts import Facts, Gpu, MemberRole, PciFunction, address_key
 from gputopo.topo.distance import matrix
-from gputopo.topo.model import FREE, Companion, GpuView, OwnerView, OwnerCount, TopoReport, TreeNode
+from gputopo.topo.model import FREE, Companion, GpuView, OwnerCount, OwnerView, TopoReport, TreeNode
 
 
 def link_text(g: Gpu) -> str | None:
@@ -52,14 +52,22 @@ def gpu_view(g: Gpu, index: int, owner: OwnerView, gpus: frozenset[str] = frozen
     card that are not GPUs themselves (``gpus``: every GPU address; SR-IOV VFs are GPUs)."""
     companions = [
         Companion(address=m.address, role=m.role.value, **{"class": m.class_}, driver=m.driver)
-        for m in g.iommu_members if m.role != MemberRole.BRIDGE
+        for m in g.iommu_members
+        if m.role != MemberRole.BRIDGE
     ]
     listed = {c.address for c in companions} | gpus
     companions += [Companion(address=a, role="function") for a in g.functions if a not in listed]
     return GpuView(
-        index=index, address=g.address, model=short_model(g.model) or f"{g.vendor}:{g.device}",
-        driver=g.driver, iommu_group=g.iommu_group, minor=g.minor, numa_node=g.numa_node,
-        link=link_text(g), boot_vga=g.boot_vga, owner=owner,
+        index=index,
+        address=g.address,
+        model=short_model(g.model) or f"{g.vendor}:{g.device}",
+        driver=g.driver,
+        iommu_group=g.iommu_group,
+        minor=g.minor,
+        numa_node=g.numa_node,
+        link=link_text(g),
+        boot_vga=g.boot_vga,
+        owner=owner,
         companions=sorted(companions, key=lambda c: address_key(c.address)),
     )
 
@@ -82,11 +90,17 @@ def _chain_nodes(d: PciFunction) -> list[TreeNode]:
         if b.kind == "root_port":
             out.append(TreeNode(kind="root_port", id=b.address, label=f"root port {b.address}"))
         elif b.kind == "switch_upstream":
-            out.append(TreeNode(kind="switch", id=b.address, label=f"PCIe switch {b.address}",
-                                detail=short_model(b.model)))
+            out.append(
+                TreeNode(
+                    kind="switch", id=b.address, label=f"PCIe switch {b.address}", detail=short_model(b.model)
+                )
+            )
         else:
-            out.append(TreeNode(kind="bridge", id=b.address, label=f"bridge {b.address}",
-                                detail=b.kind.replace("_", " ")))
+            out.append(
+                TreeNode(
+                    kind="bridge", id=b.address, label=f"bridge {b.address}", detail=b.kind.replace("_", " ")
+                )
+            )
     return out
 
 
@@ -113,20 +127,34 @@ def build_tree(facts: Facts, owners: Mapping[str, OwnerView]) -> list[TreeNode]:
         view = gpu_view(g, index[g.address], owners.get(g.address, FREE), all_gpus)
         devices.append((g, TreeNode(kind="gpu", id=g.address, label=g.address, gpu=view)))
     for s in facts.nvswitches:
-        devices.append((s, TreeNode(kind="nvswitch", id=s.address, label=f"NVSwitch {s.address}",
-                                    detail=short_model(s.model))))
+        devices.append(
+            (
+                s,
+                TreeNode(
+                    kind="nvswitch", id=s.address, label=f"NVSwitch {s.address}", detail=short_model(s.model)
+                ),
+            )
+        )
     for d, leaf in devices:
         nid = "?" if d.numa_node is None else str(d.numa_node)
         if nid not in roots:
             detail = None
             if d.numa_node in cpus:
                 detail = f"CPUs {cpus[d.numa_node]}" if cpus[d.numa_node] else "no CPUs"
-            roots[nid] = TreeNode(kind="numa", id=f"numa:{nid}",
-                                  label="NUMA node unknown" if nid == "?" else f"NUMA node {nid}", detail=detail)
+            roots[nid] = TreeNode(
+                kind="numa",
+                id=f"numa:{nid}",
+                label="NUMA node unknown" if nid == "?" else f"NUMA node {nid}",
+                detail=detail,
+            )
         parent = roots[nid]
         hb = d.host_bridge or "?"
-        parent = _child(parent, TreeNode(kind="host_bridge", id=hb,
-                                         label="host bridge unknown" if hb == "?" else f"host bridge {hb}"))
+        parent = _child(
+            parent,
+            TreeNode(
+                kind="host_bridge", id=hb, label="host bridge unknown" if hb == "?" else f"host bridge {hb}"
+            ),
+        )
         for node in _chain_nodes(d):
             parent = _child(parent, node)
         parent.children.append(leaf)
@@ -173,7 +201,8 @@ def build_report(facts: Facts, owners: Mapping[str, OwnerView]) -> TopoReport:
     if facts.nvswitches:
         report.matrix.notes.append(
             f"{len(facts.nvswitches)} NVSwitch(es): GPUs may also reach each other over NVLink (nvidia-smi's NV#), "
-            "which sysfs does not show")
+            "which sysfs does not show"
+        )
     return report
 
 

@@ -25,8 +25,8 @@ WARN when ``strict``), ``report.exit_code`` is 0 or 1.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from gputopo.errors import GputopoError
 from gputopo.plan.spec import Spec

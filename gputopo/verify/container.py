@@ -48,10 +48,17 @@ def check(ctx: Context) -> Check:
         left = _pending_removals(ctx, c.vmid)
         if left:
             details[str(c.vmid)]["pending_removals"] = left
-            warnings.append(f"CT {c.vmid}: {', '.join(f'{k} ({v})' for k, v in left.items())} stay in the "
-                            "container until its next restart (Proxmox applies a devN removal at start)")
-    return verdict(NAME, details, "; ".join(parts) or "no containers in the spec", problems,
-                   warnings + parts if warnings else ())
+            warnings.append(
+                f"CT {c.vmid}: {', '.join(f'{k} ({v})' for k, v in left.items())} stay in the "
+                "container until its next restart (Proxmox applies a devN removal at start)"
+            )
+    return verdict(
+        NAME,
+        details,
+        "; ".join(parts) or "no containers in the spec",
+        problems,
+        warnings + parts if warnings else (),
+    )
 
 
 def _pending_removals(ctx: Context, vmid: int) -> dict[str, str]:
@@ -62,5 +69,8 @@ def _pending_removals(ctx: Context, vmid: int) -> dict[str, str]:
         merged = dev_entries(ctx.ports.proxmox.lxc_config(vmid))
     except GputopoError:
         return {}
-    return {k: dev_path(v) for k, v in sorted(now.items(), key=lambda kv: dev_sort(kv[0]))
-            if is_nvidia_dev(v) and k not in merged}
+    return {
+        k: dev_path(v)
+        for k, v in sorted(now.items(), key=lambda kv: dev_sort(kv[0]))
+        if is_nvidia_dev(v) and k not in merged
+    }

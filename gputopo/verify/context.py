@@ -3,18 +3,18 @@ plan (or why there is none), and each container's nvidia-smi rows and service pr
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from gputopo.errors import GputopoError, NvsmiParseError, PlanRefused
-from gputopo.formats.systemd import parse_show_properties, parse_systemctl_show
 from gputopo.facts.discover import discover
 from gputopo.facts.observe import observe
+from gputopo.formats.systemd import parse_show_properties, parse_systemctl_show
 from gputopo.model.facts import Facts
 from gputopo.model.state import ContainerState, CurrentState
 from gputopo.plan.model import ContainerTarget, Plan
-from gputopo.plan.select import pick_node
 from gputopo.plan.planner import plan as make_plan
 from gputopo.plan.reads import spec_reads
+from gputopo.plan.select import pick_node
 from gputopo.plan.spec import Container, Node, Service, Spec
 from gputopo.ports import ExecPort, ExecResult, Ports
 from gputopo.verify.parse import (
@@ -93,8 +93,13 @@ class Context:
         self.current: CurrentState | None = None
         self.current_error: str | None = None
         try:
-            self.current = observe(self.facts, spec_reads(spec, self.node), proxmox=ports.proxmox, exec=self.exec,
-                                   files=ports.files).current
+            self.current = observe(
+                self.facts,
+                spec_reads(spec, self.node),
+                proxmox=ports.proxmox,
+                exec=self.exec,
+                files=ports.files,
+            ).current
         except GputopoError as e:
             self.current_error = str(e)
         self.plan: Plan | None = None

@@ -37,8 +37,12 @@ def check(ctx: Context) -> Check | None:
     if not vms:
         return None
     if ctx.plan is None:
-        return Check(name=NAME, status=FAIL, summary="no plan: cannot tell which GPUs the VMs should have",
-                     details={"refusals": ctx.plan_error})
+        return Check(
+            name=NAME,
+            status=FAIL,
+            summary="no plan: cannot tell which GPUs the VMs should have",
+            details={"refusals": ctx.plan_error},
+        )
     problems: list[str] = []
     passed: list[str] = []
     details: dict[str, Any] = {}
@@ -54,21 +58,30 @@ def check(ctx: Context) -> Check | None:
         want = target.gpus if target else 0
         rows = seen["gpus"]
         if len(rows) != want:
-            hint = (" (a GPU the firmware gave no BAR is not usable: is the VM's 64-bit MMIO window large enough?)"
-                    if len(rows) < want else "")
-            problems.append(f"VM {c.vmid}: nvidia-smi in the guest lists {len(rows)} GPU(s), the plan gives it "
-                            f"{want}{hint}")
+            hint = (
+                " (a GPU the firmware gave no BAR is not usable: is the VM's 64-bit MMIO window large enough?)"
+                if len(rows) < want
+                else ""
+            )
+            problems.append(
+                f"VM {c.vmid}: nvidia-smi in the guest lists {len(rows)} GPU(s), the plan gives it "
+                f"{want}{hint}"
+            )
             continue
         pinned = ""
         planned = target.config.get("affinity") if target else None
         if planned and seen["cpus"] and seen["cpus"] != planned:
-            problems.append(f"VM {c.vmid}: its QEMU runs on CPUs {seen['cpus']}, the plan pins it to {planned}")
+            problems.append(
+                f"VM {c.vmid}: its QEMU runs on CPUs {seen['cpus']}, the plan pins it to {planned}"
+            )
             continue
         if planned and seen["cpus"]:
             pinned = f", pinned to CPUs {planned} (NUMA node {','.join(map(str, target.numa_nodes))})"
         names = sorted({r["name"] for r in rows})
-        passed.append(f"VM {c.vmid}: the guest's nvidia-smi lists its {len(rows)} GPU(s) ({', '.join(names) or '-'})"
-                      f"{pinned}")
+        passed.append(
+            f"VM {c.vmid}: the guest's nvidia-smi lists its {len(rows)} GPU(s) ({', '.join(names) or '-'})"
+            f"{pinned}"
+        )
     return verdict(NAME, details, "; ".join(passed), problems)
 
 
@@ -100,8 +113,12 @@ def _wait_agent(ctx: Context, vmid: int) -> None:
             # without an agent configured there is nothing to wait for
             if "No QEMU guest agent configured" in str(e) or time.monotonic() >= deadline:
                 if "not running" in str(e):
-                    raise ProxmoxError(e.call, e.status, f"its guest agent did not answer within "
-                                       f"{ctx.spec.verify.guest_timeout:g} s ({e.pve_message})") from None
+                    raise ProxmoxError(
+                        e.call,
+                        e.status,
+                        f"its guest agent did not answer within "
+                        f"{ctx.spec.verify.guest_timeout:g} s ({e.pve_message})",
+                    ) from None
                 raise
         time.sleep(POLL)
 
@@ -115,13 +132,19 @@ def _run(ctx: Context, vmid: int, argv: list[str]) -> list[dict[str, Any]]:
         if st.get("exited"):
             break
         if time.monotonic() >= deadline:
-            raise ProxmoxError("agent exec-status", None, f"{argv[0]} did not exit within {ctx.spec.verify.guest_timeout:g} s")
+            raise ProxmoxError(
+                "agent exec-status",
+                None,
+                f"{argv[0]} did not exit within {ctx.spec.verify.guest_timeout:g} s",
+            )
         time.sleep(POLL)
     if st.get("exitcode") == 6:  # nvidia-smi: "No devices were found"
         return []
     if st.get("exitcode") != 0:
         text = str(st.get("err-data") or st.get("out-data") or "").strip().splitlines()
-        raise ProxmoxError("agent exec", None, f"{argv[0]} exited {st.get('exitcode')}" + (f": {text[-1]}" if text else ""))
+        raise ProxmoxError(
+            "agent exec", None, f"{argv[0]} exited {st.get('exitcode')}" + (f": {text[-1]}" if text else "")
+        )
     try:
         return parse_query_gpu(str(st.get("out-data") or ""), FIELDS)
     except NvsmiParseError as e:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from gputopo.errors import GputopoError, HttpError
 from gputopo.plan.spec import Service
@@ -32,8 +33,12 @@ NAME = "inference"
 
 # (server, path, what details say, how to read the reply): where each server tells its KV-cache size
 _KV_SOURCES: list[tuple[str, str, str, Callable[[HttpResponse], int | None]]] = [
-    ("sglang", "/get_server_info", "sglang /get_server_info max_total_num_tokens",
-     lambda r: parse_sglang_kv_tokens(r.json())),
+    (
+        "sglang",
+        "/get_server_info",
+        "sglang /get_server_info max_total_num_tokens",
+        lambda r: parse_sglang_kv_tokens(r.json()),
+    ),
     ("vllm", "/metrics", "vllm /metrics num_gpu_blocks x block_size", lambda r: parse_vllm_kv_tokens(r.text)),
 ]
 
@@ -93,7 +98,9 @@ def _model_id(http: HttpPort, base: str, deadline: float) -> str:
     return "default"
 
 
-def _kv_tokens(http: HttpPort, base: str, flavor: str | None, deadline: float) -> tuple[int | None, str | None]:
+def _kv_tokens(
+    http: HttpPort, base: str, flavor: str | None, deadline: float
+) -> tuple[int | None, str | None]:
     """(KV-cache capacity in tokens, where it was read) from the server ``flavor`` names (either
     when None); (None, None) when none reports it."""
     for server, path, source, read in _KV_SOURCES:
@@ -115,10 +122,22 @@ def _ask(http: HttpPort, base: str, prompt: str, flavor: str | None, deadline: f
     Raises HttpError when a request gets no reply."""
     model = _model_id(http, base, deadline)
     started = time.monotonic()
-    r = http.request("POST", f"{base}/v1/chat/completions", timeout=_left(deadline), json={
-        "model": model, "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": 64, "temperature": 0})
-    out: dict[str, Any] = {"latency_s": round(time.monotonic() - started, 3), "model": model, "status": r.status}
+    r = http.request(
+        "POST",
+        f"{base}/v1/chat/completions",
+        timeout=_left(deadline),
+        json={
+            "model": model,
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": 64,
+            "temperature": 0,
+        },
+    )
+    out: dict[str, Any] = {
+        "latency_s": round(time.monotonic() - started, 3),
+        "model": model,
+        "status": r.status,
+    }
     if not r.ok:
         out["error"] = f"HTTP {r.status}: {r.text.strip()[:200]}"
         return out
@@ -145,7 +164,9 @@ def _probe(ctx: Context, vmid: int, svc: Service, details: dict[str, Any]) -> tu
         return WARN, f"CT {vmid}: no endpoint URL: {source}"
     flavor = server_flavor(ctx.service_command(vmid, svc.unit))
     started = time.monotonic()
-    finished, out, error = _within(timeout, lambda deadline: _ask(ctx.ports.http, base, v.prompt, flavor, deadline))
+    finished, out, error = _within(
+        timeout, lambda deadline: _ask(ctx.ports.http, base, v.prompt, flavor, deadline)
+    )
     d: dict[str, Any] = {"url": base, "url_source": source, "wall_s": round(time.monotonic() - started, 3)}
     details[str(vmid)] = d
     if not finished:
@@ -163,8 +184,9 @@ def _probe(ctx: Context, vmid: int, svc: Service, details: dict[str, Any]) -> tu
     if not answer_matches(content, v.expect):
         return FAIL, f"CT {vmid}: wrong answer to {v.prompt!r}: {content[:120]!r} (expected {v.expect!r})"
     kv = out.get("kv_tokens")
-    line = (f"CT {vmid}: answered {v.expect!r} in {out['latency_s']:.2f} s; "
-            + (f"KV cache {kv} tokens" if kv else "KV cache size not reported"))
+    line = f"CT {vmid}: answered {v.expect!r} in {out['latency_s']:.2f} s; " + (
+        f"KV cache {kv} tokens" if kv else "KV cache size not reported"
+    )
     return (WARN if kv is None else PASS), line
 
 

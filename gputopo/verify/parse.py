@@ -49,8 +49,15 @@ def parse_gpu_rows(text: str) -> list[GpuRow]:
             address = normalize_address(str(r["pci.bus_id"]))
         except AddressError:
             raise NvsmiParseError(str(r["pci.bus_id"]), "pci.bus_id is not a PCI address") from None
-        rows.append(GpuRow(index=r["index"], address=address, used=_int(r["memory.used"]),
-                           total=_int(r["memory.total"]), utilization=_int(r["utilization.gpu"])))
+        rows.append(
+            GpuRow(
+                index=r["index"],
+                address=address,
+                used=_int(r["memory.used"]),
+                total=_int(r["memory.total"]),
+                utilization=_int(r["utilization.gpu"]),
+            )
+        )
     return rows
 
 
@@ -112,8 +119,12 @@ def mapping_checks(items: list[dict[str, Any]]) -> dict[str, list[dict[str, str]
     for m in items:
         checks = []
         for c in m.get("checks") or []:
-            checks.append({"severity": str(c.get("severity", "error")),
-                           "message": " ".join(str(c.get("message", "")).split())})
+            checks.append(
+                {
+                    "severity": str(c.get("severity", "error")),
+                    "message": " ".join(str(c.get("message", "")).split()),
+                }
+            )
         out[str(m.get("id"))] = checks
     return out
 
@@ -195,7 +206,7 @@ def parse_vllm_kv_tokens(metrics: str) -> int | None:
     for line in metrics.splitlines():
         if not line.startswith("vllm:cache_config_info{"):
             continue
-        labels = dict(_LABELS_RE.findall(line[line.index("{"): line.rindex("}") + 1]))
+        labels = dict(_LABELS_RE.findall(line[line.index("{") : line.rindex("}") + 1]))
         try:
             blocks, size = int(labels["num_gpu_blocks"]), int(labels["block_size"])
         except (KeyError, ValueError):

@@ -34,16 +34,25 @@ def check(ctx: Context) -> Check:
     """SEV-SNP with a translating IOMMU and GPUs under several root complexes needs
     NCCL_P2P_DISABLE=1; without it WARN with the fix."""
     host = ctx.facts.host
-    details: dict[str, Any] = {"sev_snp": host.sev_snp, "iommu_enabled": host.iommu_enabled,
-                               "iommu_mode": host.iommu_mode or ("translated" if host.iommu_enabled else None)}
+    details: dict[str, Any] = {
+        "sev_snp": host.sev_snp,
+        "iommu_enabled": host.iommu_enabled,
+        "iommu_mode": host.iommu_mode or ("translated" if host.iommu_enabled else None),
+    }
     if not host.sev_snp:
-        return Check(name=NAME, status=PASS,
-                     summary=f"SEV-SNP {'off' if host.sev_snp is False else 'unknown'}; GPU peer-to-peer is safe",
-                     details=details)
+        return Check(
+            name=NAME,
+            status=PASS,
+            summary=f"SEV-SNP {'off' if host.sev_snp is False else 'unknown'}; GPU peer-to-peer is safe",
+            details=details,
+        )
     if not p2p_must_be_disabled(ctx.facts):
-        return Check(name=NAME, status=PASS,
-                     summary=f"SEV-SNP on, IOMMU {host.iommu_mode or 'off'} (not translating); peer-to-peer is safe",
-                     details=details)
+        return Check(
+            name=NAME,
+            status=PASS,
+            summary=f"SEV-SNP on, IOMMU {host.iommu_mode or 'off'} (not translating); peer-to-peer is safe",
+            details=details,
+        )
     warnings: list[str] = []
     parts: list[str] = []
     for c, svc, t in ctx.services(min_gpus=2):
@@ -53,18 +62,29 @@ def check(ctx: Context) -> Check:
         props, err = ctx.service_props(c.vmid, unit)
         env = parse_environment(props.get("Environment", "")) if props else {}
         disabled = p2p_disabled(env, ctx.service_command(c.vmid, unit))
-        details[str(c.vmid)] = {"root_complexes": complexes, "p2p_disabled": disabled,
-                                "environment": env, "error": err}
+        details[str(c.vmid)] = {
+            "root_complexes": complexes,
+            "p2p_disabled": disabled,
+            "environment": env,
+            "error": err,
+        }
         if len(distinct) <= 1:
             parts.append(f"CT {c.vmid}: GPUs under one root complex")
         elif disabled:
             parts.append(f"CT {c.vmid}: {P2P_VAR}=1 across {len(distinct)} root complexes")
         elif props is None:
-            warnings.append(f"CT {c.vmid}: cannot read {unit}'s environment ({err}); make sure {P2P_VAR}=1 is set")
+            warnings.append(
+                f"CT {c.vmid}: cannot read {unit}'s environment ({err}); make sure {P2P_VAR}=1 is set"
+            )
         else:
             warnings.append(
                 f"CT {c.vmid}: SEV-SNP on, IOMMU translating, {len(distinct)} root complexes "
                 f"({', '.join(distinct)}) and {unit} has no {P2P_VAR}=1: peer-to-peer DMA can "
-                f"corrupt data; fix: gputopo apply --spec FILE (its drop-in sets {P2P_VAR}=1)")
-    return verdict(NAME, details, "SEV-SNP on, IOMMU translating; " + ("; ".join(parts) or "no multi-GPU service"),
-                   warnings=warnings)
+                f"corrupt data; fix: gputopo apply --spec FILE (its drop-in sets {P2P_VAR}=1)"
+            )
+    return verdict(
+        NAME,
+        details,
+        "SEV-SNP on, IOMMU translating; " + ("; ".join(parts) or "no multi-GPU service"),
+        warnings=warnings,
+    )

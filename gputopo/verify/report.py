@@ -7,15 +7,21 @@ this module adds how a check comes to its verdict."""
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from gputopo.model.documents import FAIL, PASS, WARN, Check, Status, VerifyReport
 
 __all__ = ["FAIL", "PASS", "WARN", "Check", "Status", "VerifyReport", "verdict"]
 
 
-def verdict(name: str, details: dict[str, Any], passed: str,
-            problems: Iterable[str] = (), warnings: Iterable[str] = ()) -> Check:
+def verdict(
+    name: str,
+    details: dict[str, Any],
+    passed: str,
+    problems: Iterable[str] = (),
+    warnings: Iterable[str] = (),
+) -> Check:
     """The Check ``name``: FAIL with the ``problems`` joined by ``; `` when there are any, else
     WARN with the ``warnings``, else PASS with the line ``passed``."""
     problems, warnings = list(problems), list(warnings)

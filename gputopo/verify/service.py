@@ -35,7 +35,13 @@ def check(ctx: Context) -> Check:
         props, err = ctx.service_props(c.vmid, unit)
         command = ctx.service_command(c.vmid, unit)
         tp = parse_tp(command) if command else None
-        details[str(c.vmid)] = {"unit": unit, "state": state, "exec_start": command, "tp": tp, "planned_tp": want}
+        details[str(c.vmid)] = {
+            "unit": unit,
+            "state": state,
+            "exec_start": command,
+            "tp": tp,
+            "planned_tp": want,
+        }
         if state != "active":
             problems.append(f"CT {c.vmid}: {unit} is {state}")
         elif props is None:

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gputopo.errors import GputopoError
 from gputopo.actions import VFIO
+from gputopo.errors import GputopoError
 from gputopo.formats.devn import dev_path, is_devn_key
 from gputopo.formats.mapline import map_fields, map_paths
 from gputopo.plan.vm.safety import mapping_lines
@@ -28,8 +28,12 @@ NAME = "vm"
 def check(ctx: Context) -> Check:
     """VM GPUs and their companions on vfio-pci with /dev/vfio/<group>, and Proxmox's mapping check clean."""
     if ctx.plan is None:
-        return Check(name=NAME, status=FAIL, summary="no plan: cannot tell which GPUs belong to VMs",
-                     details={"refusals": ctx.plan_error})
+        return Check(
+            name=NAME,
+            status=FAIL,
+            summary="no plan: cannot tell which GPUs belong to VMs",
+            details={"refusals": ctx.plan_error},
+        )
     vm_targets = [t for t in ctx.plan.target if t.driver == VFIO]
     problems: list[str] = []
     warnings: list[str] = []
@@ -41,15 +45,26 @@ def check(ctx: Context) -> Check:
             continue
         members = {m.address: m.driver for m in g.iommu_members if m.address in g.companions}
         vfio_dev = g.iommu_group is not None and g.iommu_group in ctx.facts.host.vfio_groups
-        gpus.append({"address": g.address, "driver": g.driver, "group": g.iommu_group,
-                     "companions": members, "dev_vfio": vfio_dev})
+        gpus.append(
+            {
+                "address": g.address,
+                "driver": g.driver,
+                "group": g.iommu_group,
+                "companions": members,
+                "dev_vfio": vfio_dev,
+            }
+        )
         if g.driver != VFIO:
             problems.append(f"{g.address} on {g.driver or 'no driver'}, not vfio-pci")
         for a, drv in members.items():
             if drv != VFIO:
-                problems.append(f"{a} (group {g.iommu_group} of {g.address}) on {drv or 'no driver'}, not vfio-pci")
+                problems.append(
+                    f"{a} (group {g.iommu_group} of {g.address}) on {drv or 'no driver'}, not vfio-pci"
+                )
         if not vfio_dev:
-            problems.append(f"/dev/vfio/{g.iommu_group if g.iommu_group is not None else '?'} missing for {g.address}")
+            problems.append(
+                f"/dev/vfio/{g.iommu_group if g.iommu_group is not None else '?'} missing for {g.address}"
+            )
     managed = set(ctx.plan.mappings)
     details: dict[str, Any] = {"gpus": gpus, "mappings": {}}
     try:
@@ -68,8 +83,9 @@ def check(ctx: Context) -> Check:
         for c in items:
             line = f"mapping {mid}: {c['severity']}: {c['message']}"
             if c["severity"] == "error" and mid.lower() in used:
-                problems.append(line + f" (used by VM {', '.join(map(str, sorted(used[mid.lower()])))}: "
-                                       "its start fails)")
+                problems.append(
+                    line + f" (used by VM {', '.join(map(str, sorted(used[mid.lower()])))}: its start fails)"
+                )
             elif c["severity"] == "error" and mid in managed:
                 problems.append(line)
             elif c["severity"] in ("error", "warning"):
@@ -78,16 +94,19 @@ def check(ctx: Context) -> Check:
     details["problems"], details["warnings"] = problems, warnings
     n = len(vm_targets)
     groups = len({t.iommu_group for t in vm_targets})
-    passed = (f"{n} GPU(s) in {groups} group(s) on vfio-pci with their companions, /dev/vfio present, "
-              f"mapping check clean ({', '.join(sorted(managed)) or 'none'})" if n
-              else "no VM GPUs in the spec; mappings check clean")
+    passed = (
+        f"{n} GPU(s) in {groups} group(s) on vfio-pci with their companions, /dev/vfio present, "
+        f"mapping check clean ({', '.join(sorted(managed)) or 'none'})"
+        if n
+        else "no VM GPUs in the spec; mappings check clean"
+    )
     return verdict(NAME, details, passed, problems, warnings)
 
 
 def _used_by(ctx: Context) -> dict[str, set[int]]:
     """Lower-case mapping id -> the VMs of the node with a ``hostpciN`` line naming it."""
     out: dict[str, set[int]] = {}
-    for vmid, g in (ctx.current.guests.items() if ctx.current else []):
+    for vmid, g in ctx.current.guests.items() if ctx.current else []:
         for _, name in mapping_lines(g.config):
             out.setdefault(name.lower(), set()).add(vmid)
     return out
@@ -100,7 +119,7 @@ def _container_gpus(ctx: Context) -> dict[str, int]:
         if t.owner.is_container:
             out[t.address] = t.owner.vmid
     by_minor = {f"/dev/nvidia{g.minor}": g.address for g in ctx.facts.gpus if g.minor is not None}
-    for vmid, ct in (ctx.current.containers.items() if ctx.current else []):
+    for vmid, ct in ctx.current.containers.items() if ctx.current else []:
         for k, v in ct.config.items():
             if is_devn_key(k) and dev_path(str(v)) in by_minor:
                 out.setdefault(by_minor[dev_path(str(v))], vmid)
@@ -113,14 +132,17 @@ def _safety(ctx: Context, used: dict[str, set[int]], problems: list[str], warnin
     ct_gpus = _container_gpus(ctx)
     own = {c.mapping.lower() for c in ctx.containers if c.mapping}
     for mid, m in sorted(ctx.current.mappings.items()):
-        listed = sorted(p for e in m.map if map_fields(e).get("node") == ctx.node for p in map_paths(e)
-                        if p in ct_gpus)
+        listed = sorted(
+            p for e in m.map if map_fields(e).get("node") == ctx.node for p in map_paths(e) if p in ct_gpus
+        )
         if not listed:
             continue
         gpus = ", ".join(f"{a} (CT {ct_gpus[a]})" for a in listed)
         if mid.lower() in used:
             vms = ", ".join(map(str, sorted(used[mid.lower()])))
-            problems.append(f"mapping {mid} lists container GPU(s) {gpus} and VM {vms} uses it: Proxmox can give "
-                            "one of them to the VM at its start")
+            problems.append(
+                f"mapping {mid} lists container GPU(s) {gpus} and VM {vms} uses it: Proxmox can give "
+                "one of them to the VM at its start"
+            )
         elif mid.lower() not in own:
             warnings.append(f"mapping {mid} lists container GPU(s) {gpus} (no VM uses it now)")

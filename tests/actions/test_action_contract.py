@@ -26,28 +26,31 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
-from helpers import applysim
-from helpers.applysim import template  # noqa: F401  (a fixture)
 from gputopo.actions import ActionModel, World, action_kinds
 from gputopo.apply import Progress, apply
 from gputopo.apply.journal import Begin, Done, Header, Journal, UndoDone
 from gputopo.apply.runner import Runner, running_before_of, step_context
 from gputopo.facts.observe import observe
-from gputopo.plan.reads import spec_reads
 from gputopo.formats.mapline import normalize_map_entry
 from gputopo.model.facts import Facts
 from gputopo.model.state import CurrentState
 from gputopo.plan.planner import plan as make_plan
+from gputopo.plan.reads import spec_reads
 from gputopo.plan.spec import Spec, parse_spec
 from gputopo.sim.host import SimHost
+from helpers import applysim
+from helpers.applysim import template  # noqa: F401 (fixtures)
 
-VM_CONSUMER = "      consumers:\n        - {vmid: 201, mapping: pro6000-vm, gpus: 4, when_gpus_leave: remove}\n"
+VM_CONSUMER = (
+    "      consumers:\n        - {vmid: 201, mapping: pro6000-vm, gpus: 4, when_gpus_leave: remove}\n"
+)
 
 
 def split(text: str) -> str:
@@ -134,13 +137,17 @@ def test_every_registered_kind_has_a_case():
 
 
 @pytest.fixture(scope="module")
-def applied(template):  # noqa: F811
+def applied(template):
     """A copy of the seed host that applied the seed split (the reverse plan's starting point)."""
     base = Path(tempfile.mkdtemp(prefix="gputopo-contract-applied-", dir=applysim.fast_tmp()))
     h = applysim.copy_host(template, base / "sim")
     try:
-        res = apply(parse_spec(applysim.seed_spec_text(h)), h.ports(), root=str(h.paths.root),
-                    timeouts=applysim.FAST_TIMEOUTS)
+        res = apply(
+            parse_spec(applysim.seed_spec_text(h)),
+            h.ports(),
+            root=str(h.paths.root),
+            timeouts=applysim.FAST_TIMEOUTS,
+        )
         assert res.status == "applied"
     finally:
         h.stop()
@@ -161,8 +168,15 @@ def work():
 
 def read_state(host: SimHost, spec: Spec, ports: Any) -> tuple[Facts, CurrentState]:
     """The facts and the current state, read from the host as apply reads them."""
-    return tuple(observe(str(host.paths.root), spec_reads(spec, None), proxmox=ports.proxmox, exec=ports.exec,
-                         files=ports.files))
+    return tuple(
+        observe(
+            str(host.paths.root),
+            spec_reads(spec, None),
+            proxmox=ports.proxmox,
+            exec=ports.exec,
+            files=ports.files,
+        )
+    )
 
 
 def host_view(host: SimHost, ports: Any) -> dict[str, Any]:
@@ -193,8 +207,12 @@ def view(facts: Facts, current: CurrentState, services: set[int]) -> dict[str, A
     expectation holds one in a running container)."""
     out: dict[str, Any] = {}
     for g in facts.gpus:
-        out[f"gpu:{g.address}"] = (g.driver, g.driver_override, g.minor,
-                                   sorted((m.address, m.driver) for m in g.iommu_members))
+        out[f"gpu:{g.address}"] = (
+            g.driver,
+            g.driver_override,
+            g.minor,
+            sorted((m.address, m.driver) for m in g.iommu_members),
+        )
     for vmid, ct in current.containers.items():
         out[f"ct:{vmid}"] = (ct.status, _config(ct.config))
         if vmid in services:
@@ -227,8 +245,10 @@ def _journal_round_trip(where: Path, a: ActionModel, before: Any) -> tuple[Journ
 
 
 @pytest.mark.parametrize("kind,case", _params())
-def test_action_contract(kind: str, case: Case | None, template, work: Path, request):  # noqa: F811
-    assert case is not None, f"action kind {kind!r} has no case in tests/test_action_contract.py: add one to CASES"
+def test_action_contract(kind: str, case: Case | None, template, work: Path, request):
+    assert case is not None, (
+        f"action kind {kind!r} has no case in tests/test_action_contract.py: add one to CASES"
+    )
     # the applied host is made only when a case selected to run needs it
     source = template if case.host == "seed" else request.getfixturevalue("applied")
     host = applysim.copy_host(source, work / "sim")
@@ -245,7 +265,7 @@ def test_action_contract(kind: str, case: Case | None, template, work: Path, req
         # what the host cannot show (a drop-in written but not loaded yet) the earlier steps'
         # expect tell the step's own
         told = World(facts=facts.model_copy(deep=True), current=current.model_copy(deep=True))
-        for earlier in actions[:picks[0]]:
+        for earlier in actions[: picks[0]]:
             if case.setup is None or earlier.kind in case.setup:
                 earlier.do(ctx)
                 earlier.expect(told)
@@ -274,11 +294,16 @@ def test_action_contract(kind: str, case: Case | None, template, work: Path, req
         unchanged(fp1, host_view(host, ports), f"{text}: a second do() changed the host")
 
         # 4. expect matches what the simulator shows
-        world = World(facts=facts0.model_copy(deep=True), current=current0.model_copy(deep=True), reloads=told.reloads)
+        world = World(
+            facts=facts0.model_copy(deep=True), current=current0.model_copy(deep=True), reloads=told.reloads
+        )
         a.expect(world)
         world.settle()
-        services = {vmid for vmid, ct in world.current.containers.items()
-                    if ct.status == "running" and ct.service is not None}
+        services = {
+            vmid
+            for vmid, ct in world.current.containers.items()
+            if ct.status == "running" and ct.service is not None
+        }
         want, got = view(world.facts, world.current, services), view(facts1, current1, services)
         unchanged(want, got, f"{text}: expect() (left) differs from the host (right)")
 
@@ -292,4 +317,3 @@ def test_action_contract(kind: str, case: Case | None, template, work: Path, req
         unchanged(fp0, host_view(host, ports), f"{text}: a second undo changed the host")
     finally:
         host.stop()
-

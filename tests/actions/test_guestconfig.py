@@ -37,8 +37,11 @@ def test_before_drops_the_digest():
 
 def test_change_puts_only_what_differs():
     g = _Guest({"dev0": "/dev/nvidia0", "dev1": "/dev/nvidia1"})
-    _cfg(g).change({"dev0": "/dev/nvidia0", "dev2": "/dev/nvidia2"}, ["dev1", "dev9"],
-                   more=lambda cfg: {"dev3": f"/dev/nvidia{len(cfg)}"})
+    _cfg(g).change(
+        {"dev0": "/dev/nvidia0", "dev2": "/dev/nvidia2"},
+        ["dev1", "dev9"],
+        more=lambda cfg: {"dev3": f"/dev/nvidia{len(cfg)}"},
+    )
     assert g.puts == [({"dev2": "/dev/nvidia2", "dev3": "/dev/nvidia3"}, ["dev1"])]
     _cfg(g).change({"dev2": "/dev/nvidia2"}, ["dev1"])
     assert len(g.puts) == 1  # nothing differs: no PUT

@@ -5,8 +5,8 @@ import subprocess
 
 import pytest
 
-from gputopo.errors import ExecError
 from gputopo.adapters.pct import PctExec
+from gputopo.errors import ExecError
 from gputopo.ports import ExecPort
 
 

@@ -4,14 +4,14 @@ import os
 
 import pytest
 
-from gputopo.errors import ConfigError, LoginFailed, ProxmoxError, TaskFailed
-from gputopo.sim.hostroot import materialize
-from gputopo.ports import ProxmoxPort
 from gputopo.adapters.credentials import ApiConfig, read_secret_file
 from gputopo.adapters.proxmox import ProxmoxClient
+from gputopo.errors import ConfigError, LoginFailed, ProxmoxError, TaskFailed
 from gputopo.formats.lxcconf import parse_lxc_conf
 from gputopo.formats.pcicfg import parse_pci_cfg
+from gputopo.ports import ProxmoxPort
 from gputopo.sim import state
+from gputopo.sim.hostroot import materialize
 from gputopo.sim.pveapi import PveApiServer, PveshSim
 
 CT = "arch: amd64\nhostname: llm\nmemory: 4096\ndev0: /dev/nvidia0,gid=44,mode=0666\n"
@@ -34,7 +34,9 @@ def srv(tmp_path, seed_root):
 
 
 def _cfg(s, **kw):
-    return ApiConfig(host="127.0.0.1", port=s.port, ca_bundle=str(s.ca_cert_path), timeout=10, poll_interval=0.02, **kw)
+    return ApiConfig(
+        host="127.0.0.1", port=s.port, ca_bundle=str(s.ca_cert_path), timeout=10, poll_interval=0.02, **kw
+    )
 
 
 def _root(s):
@@ -42,7 +44,9 @@ def _root(s):
 
 
 def _token(s):
-    return ProxmoxClient.from_config(_cfg(s), env={"GPUTOPO_PVE_TOKEN": f"{s.root_token_id}={s.root_token_secret}"})
+    return ProxmoxClient.from_config(
+        _cfg(s), env={"GPUTOPO_PVE_TOKEN": f"{s.root_token_id}={s.root_token_secret}"}
+    )
 
 
 def _group(root, addr):
@@ -61,7 +65,9 @@ def test_can_change_devices(srv):
     ok, why = _token(srv).can_change_devices()
     assert not ok and "GPUTOPO_PVE_PASSWORD" in why and "local" in why
     assert _root(srv).can_change_devices()[0]
-    ops = ProxmoxClient.from_config(_cfg(srv, user="ops@pve"), env={"GPUTOPO_PVE_PASSWORD": srv.operator_password})
+    ops = ProxmoxClient.from_config(
+        _cfg(srv, user="ops@pve"), env={"GPUTOPO_PVE_PASSWORD": srv.operator_password}
+    )
     assert ops.can_change_devices()[0] is False
 
 
@@ -71,8 +77,10 @@ def test_secret_never_shown(srv):
     with pytest.raises(ProxmoxError) as ei:
         c.lxc_update(101, {"dev1": "/dev/nvidia1"}, [], "")
     assert ei.value.status == 403
-    assert str(ei.value) == ("PUT /nodes/pve1/lxc/101/config: 403 Permission check failed "
-                             "(configuring device passthrough is only allowed for root@pam)")
+    assert str(ei.value) == (
+        "PUT /nodes/pve1/lxc/101/config: 403 Permission check failed "
+        "(configuring device passthrough is only allowed for root@pam)"
+    )
     assert srv.root_token_secret not in str(ei.value) and "\n" not in str(ei.value)
     with pytest.raises(ProxmoxError) as ei:
         ProxmoxClient.from_config(_cfg(srv), env={"GPUTOPO_PVE_PASSWORD": "wrong-secret-123"})
@@ -121,7 +129,9 @@ def test_lxc_update_with_digest_and_booleans(srv):
     assert ei.value.status == 500 and "detected modified configuration" in str(ei.value)
     with pytest.raises(ProxmoxError) as ei:
         c.lxc_update(101, {"memory": "lots"}, [], "")
-    assert ei.value.status == 400 and ei.value.errors == {"memory": "type check ('integer') failed - got 'lots'"}
+    assert ei.value.status == 400 and ei.value.errors == {
+        "memory": "type check ('integer') failed - got 'lots'"
+    }
 
 
 @pytest.mark.slow
@@ -200,7 +210,9 @@ def test_local_backend_errors_and_null_results(srv):
     c = ProxmoxClient.from_config(ApiConfig(backend="local"), env={}, runner=pvesh)
     with pytest.raises(ProxmoxError) as ei:
         c.lxc_update(101, {"memory": "lots"}, [], "")
-    assert ei.value.status == 400 and ei.value.errors == {"memory": "type check ('integer') failed - got 'lots'"}
+    assert ei.value.status == 400 and ei.value.errors == {
+        "memory": "type check ('integer') failed - got 'lots'"
+    }
     assert pvesh.calls[-1][:5] == ["pvesh", "set", "/nodes/pve1/lxc/101/config", "--memory", "lots"]
     # a stopped container's interfaces are null: pvesh prints nothing
     assert c.lxc_interfaces(101) == []

@@ -14,12 +14,36 @@ MAP2 = "id=10de:2bb5,node=pve1,path=0000:91:00.0"
 
 
 def test_argv_repeats_array_options_and_sends_booleans_as_numbers():
-    assert pvesh_argv("POST", "/cluster/mapping/pci", {"id": "gpu", "map": [MAP1, MAP2], "description": None}) == [
-        "pvesh", "create", "/cluster/mapping/pci", "--id", "gpu", "--map", MAP1, "--map", MAP2,
-        "--output-format", "json"]
-    assert pvesh_argv("PUT", "/nodes/pve1/lxc/101/config", {"onboot": True, "cores": 4, "delete": "dev0"}) == [
-        "pvesh", "set", "/nodes/pve1/lxc/101/config", "--onboot", "1", "--cores", "4", "--delete", "dev0",
-        "--output-format", "json"]
+    assert pvesh_argv(
+        "POST", "/cluster/mapping/pci", {"id": "gpu", "map": [MAP1, MAP2], "description": None}
+    ) == [
+        "pvesh",
+        "create",
+        "/cluster/mapping/pci",
+        "--id",
+        "gpu",
+        "--map",
+        MAP1,
+        "--map",
+        MAP2,
+        "--output-format",
+        "json",
+    ]
+    assert pvesh_argv(
+        "PUT", "/nodes/pve1/lxc/101/config", {"onboot": True, "cores": 4, "delete": "dev0"}
+    ) == [
+        "pvesh",
+        "set",
+        "/nodes/pve1/lxc/101/config",
+        "--onboot",
+        "1",
+        "--cores",
+        "4",
+        "--delete",
+        "dev0",
+        "--output-format",
+        "json",
+    ]
     assert pvesh_argv("get", "/version", {})[:3] == ["pvesh", "get", "/version"]
     assert pvesh_argv("DELETE", "/cluster/mapping/pci/gpu", {})[1] == "delete"
     with pytest.raises(ConfigError):
@@ -29,7 +53,9 @@ def test_argv_repeats_array_options_and_sends_booleans_as_numbers():
 def test_results():
     # print_api_result: canonical JSON and a newline; nothing at all for a null result
     assert parse_pvesh_output("GET /version", '{"release":"8.4","version":"8.4.1"}\n', "", 0) == {
-        "release": "8.4", "version": "8.4.1"}
+        "release": "8.4",
+        "version": "8.4.1",
+    }
     assert parse_pvesh_output("GET /nodes/pve1/lxc", "[]\n", "", 0) == []
     assert parse_pvesh_output("PUT /nodes/pve1/lxc/101/config", "", "", 0) is None
     # a task's worker output streams to stdout before the UPID line
@@ -38,35 +64,51 @@ def test_results():
     assert parse_pvesh_output("POST x", f'"{UPID}"\n', "stop failed: busy\n", 0) == UPID
 
 
-@pytest.mark.parametrize("stderr, rc, status, message, errors", [
-    # PVE::Exception: "<code> <msg>", one line per parameter, then the usage line
-    ("400 Parameter verification failed.\nmemory: type check ('integer') failed - got 'lots'\n"
-     "pvesh set <api_path> [OPTIONS] [FORMAT_OPTIONS]\n", 255,
-     400, "Parameter verification failed.", {"memory": "type check ('integer') failed - got 'lots'"}),
-    # a plain die
-    ("CT 101 already running\n", 255, 500, "CT 101 already running", {}),
-    ("No 'get' handler defined for '/foo'\n", 1, 500, "No 'get' handler defined for '/foo'", {}),
-    ("Unknown option: bogus\n400 unable to parse option\n", 255, 500, "Unknown option: bogus", {}),
-    # a failure that printed nothing
-    ("", 2, 500, "pvesh exited 2", {}),
-])
+@pytest.mark.parametrize(
+    "stderr, rc, status, message, errors",
+    [
+        # PVE::Exception: "<code> <msg>", one line per parameter, then the usage line
+        (
+            "400 Parameter verification failed.\nmemory: type check ('integer') failed - got 'lots'\n"
+            "pvesh set <api_path> [OPTIONS] [FORMAT_OPTIONS]\n",
+            255,
+            400,
+            "Parameter verification failed.",
+            {"memory": "type check ('integer') failed - got 'lots'"},
+        ),
+        # a plain die
+        ("CT 101 already running\n", 255, 500, "CT 101 already running", {}),
+        ("No 'get' handler defined for '/foo'\n", 1, 500, "No 'get' handler defined for '/foo'", {}),
+        ("Unknown option: bogus\n400 unable to parse option\n", 255, 500, "Unknown option: bogus", {}),
+        # a failure that printed nothing
+        ("", 2, 500, "pvesh exited 2", {}),
+    ],
+)
 def test_failures(stderr, rc, status, message, errors):
     with pytest.raises(ProxmoxError) as ei:
         parse_pvesh_output("PUT /nodes/pve1/lxc/101/config", '{"x":1}\n' if rc == 0 else "", stderr, rc)
     e = ei.value
-    assert (e.call, e.status, e.pve_message, e.errors) == ("PUT /nodes/pve1/lxc/101/config", status, message, errors)
+    assert (e.call, e.status, e.pve_message, e.errors) == (
+        "PUT /nodes/pve1/lxc/101/config",
+        status,
+        message,
+        errors,
+    )
     assert "\n" not in str(e)
 
 
-@pytest.mark.parametrize("stderr", [
-    # pve-cluster Cluster.pm cfs_lock, while another holder has the lock
-    "trying to acquire cfs lock 'file-mapping_pci_cfg' ...\ntrying to acquire cfs lock 'file-mapping_pci_cfg' ...\n",
-    # pve-common Tools.pm lock_file_full
-    "trying to acquire lock...\n OK\n",
-    # pve-common RESTEnvironment.pm warn, and a Perl warn
-    "WARN: something to know\n",
-    "cannot delete 'dev7' - not set in current configuration!\n",
-])
+@pytest.mark.parametrize(
+    "stderr",
+    [
+        # pve-cluster Cluster.pm cfs_lock, while another holder has the lock
+        "trying to acquire cfs lock 'file-mapping_pci_cfg' ...\ntrying to acquire cfs lock 'file-mapping_pci_cfg' ...\n",
+        # pve-common Tools.pm lock_file_full
+        "trying to acquire lock...\n OK\n",
+        # pve-common RESTEnvironment.pm warn, and a Perl warn
+        "WARN: something to know\n",
+        "cannot delete 'dev7' - not set in current configuration!\n",
+    ],
+)
 def test_noise_on_stderr_with_exit_code_0_is_success(stderr):
     assert parse_pvesh_output("GET /version", '{"version":"8.4.1"}\n', stderr, 0) == {"version": "8.4.1"}
     assert parse_pvesh_output("PUT /nodes/pve1/lxc/101/config", "", stderr, 0) is None

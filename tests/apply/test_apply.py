@@ -16,15 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from helpers import applysim
-from helpers.applysim import template  # noqa: F401  (a fixture)
-from gputopo.apply.lock import HostLock
 from gputopo.apply import PlainProgress, Timeouts, apply
-from gputopo.errors import HostChanged, PreflightFailed
-from gputopo.errors import LockHeld
+from gputopo.apply.lock import HostLock
+from gputopo.errors import HostChanged, LockHeld, PreflightFailed
 from gputopo.formats.lxcconf import parse_dev_value, parse_lxc_conf
 from gputopo.formats.pcicfg import parse_pci_cfg
 from gputopo.sim.container import SimExec
+from helpers import applysim
+from helpers.applysim import template  # noqa: F401 (fixtures)
 
 NUMA0 = {"0000:01:00.0": 0, "0000:11:00.0": 1, "0000:61:00.0": 3, "0000:71:00.0": 2}
 NUMA1 = ["0000:81:00.0", "0000:91:00.0", "0000:e1:00.0", "0000:f1:00.0"]
@@ -58,14 +57,19 @@ def test_seed_split_applies_and_converges(host):
         group = os.path.basename(os.readlink(dev / "iommu_group"))
         assert (host.paths.root / "dev/vfio" / group).exists()
     for a in NUMA0:
-        assert os.path.basename(os.readlink(host.paths.root / "sys/bus/pci/devices" / a / "driver")) == "nvidia"
+        assert (
+            os.path.basename(os.readlink(host.paths.root / "sys/bus/pci/devices" / a / "driver")) == "nvidia"
+        )
 
     # container 101 kept running (container_restart: auto): its config has exactly the NUMA-0
     # minors plus the control nodes once the removals waiting for its next start are applied
     assert "stop_guest" not in [a.kind for a in res.plan.actions]
     conf = parse_lxc_conf(host.paths.lxc_conf(101).read_text())
-    devs = sorted(parse_dev_value(v)["path"] for k, v in conf.options.items()
-                  if re.fullmatch(r"dev\d+", k) and k not in conf.pending_delete)
+    devs = sorted(
+        parse_dev_value(v)["path"]
+        for k, v in conf.options.items()
+        if re.fullmatch(r"dev\d+", k) and k not in conf.pending_delete
+    )
     nv = sorted(d for d in devs if re.fullmatch(r"/dev/nvidia\d+", d))
     assert nv == sorted(f"/dev/nvidia{m}" for m in NUMA0.values())
     assert {"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset"} <= set(devs)
@@ -125,11 +129,17 @@ def _hash_tree(d: Path) -> dict[str, str]:
 
 @pytest.mark.slow
 def test_preflight_refuses_foreign_holder(host):
-    applysim.fake_process(host.paths.root, 4242, "/dev/nvidia4", argv=("python3", "train.py"),
-                          cgroup="0::/user.slice/user-0.slice/session-1.scope")
+    applysim.fake_process(
+        host.paths.root,
+        4242,
+        "/dev/nvidia4",
+        argv=("python3", "train.py"),
+        cgroup="0::/user.slice/user-0.slice/session-1.scope",
+    )
     # a process inside CT 101 (stopped by the plan) is no obstacle
-    applysim.fake_process(host.paths.root, 5151, "/dev/nvidia5",
-                          cgroup="0::/lxc/101/ns/system.slice/sglang.service")
+    applysim.fake_process(
+        host.paths.root, 5151, "/dev/nvidia5", cgroup="0::/lxc/101/ns/system.slice/sglang.service"
+    )
     before = applysim.fingerprint(host)
     with pytest.raises(PreflightFailed) as e:
         apply(applysim.seed_spec(host), host.ports(), root=str(host.paths.root))
@@ -146,8 +156,13 @@ def test_preflight_refuses_a_foreign_process_in_a_container_the_plan_keeps_runni
     same container that holds a leaving GPU would keep it busy, so apply refuses before anything
     stops. Its workers are named on one line. With ``always`` the container stops and it ends."""
     for pid in (6161, 6162):
-        applysim.fake_process(host.paths.root, pid, "/dev/nvidia4", argv=("python3", "notebook.py"),
-                              cgroup="0::/lxc/101/ns/user.slice/user-0.slice/session-3.scope")
+        applysim.fake_process(
+            host.paths.root,
+            pid,
+            "/dev/nvidia4",
+            argv=("python3", "notebook.py"),
+            cgroup="0::/lxc/101/ns/user.slice/user-0.slice/session-3.scope",
+        )
     spec = applysim.seed_spec(host)
     assert spec.policy.container_restart == "auto"
     before = applysim.fingerprint(host)
@@ -156,7 +171,8 @@ def test_preflight_refuses_a_foreign_process_in_a_container_the_plan_keeps_runni
     assert e.value.problems == [
         "/dev/nvidia4 (GPU 0000:81:00.0) is held open by PIDs 6161, 6162 (python3 notebook.py) in CT 101, "
         "which the plan keeps running; stop it, name its unit as the container's service, or set "
-        "policy.container_restart: always"]
+        "policy.container_restart: always"
+    ]
     assert applysim.diff(before, applysim.fingerprint(host)) == []
     spec.policy.container_restart = "always"
     res = apply(spec, host.ports(), root=str(host.paths.root), dry_run=True)
@@ -181,8 +197,14 @@ def test_preflight_refuses_a_display_server_on_a_moving_gpus_dri_node(host):
     dev = host.paths.root / "sys/bus/pci/devices/0000:91:00.0"
     (dev / "drm/card2").mkdir(parents=True)
     (dev / "drm/renderD129").mkdir()
-    applysim.fake_process(host.paths.root, 3131, "/dev/dri/card2", comm="Xorg", argv=("/usr/lib/xorg/Xorg", ":0"),
-                          cgroup="0::/system.slice/display-manager.service")
+    applysim.fake_process(
+        host.paths.root,
+        3131,
+        "/dev/dri/card2",
+        comm="Xorg",
+        argv=("/usr/lib/xorg/Xorg", ":0"),
+        cgroup="0::/system.slice/display-manager.service",
+    )
     before = applysim.fingerprint(host)
     with pytest.raises(PreflightFailed) as e:
         apply(applysim.seed_spec(host), host.ports(), root=str(host.paths.root))
@@ -235,8 +257,12 @@ def test_confirm_declined_changes_nothing(host):
     before = applysim.fingerprint(host)
     seen = []
     with pytest.raises(ApplyCancelled):
-        apply(applysim.seed_spec(host), host.ports(), root=str(host.paths.root),
-              confirm=lambda p: seen.append(p) or False)
+        apply(
+            applysim.seed_spec(host),
+            host.ports(),
+            root=str(host.paths.root),
+            confirm=lambda p: seen.append(p) or False,
+        )
     assert seen and seen[0].actions
     assert applysim.diff(before, applysim.fingerprint(host)) == []
 
@@ -288,14 +314,28 @@ def test_concurrent_apply_refused_naming_the_first(host):
     spec_file.write_text(applysim.seed_spec_text(host))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     # the hung unbind must outlast the second apply, however slow this machine is
-    cmd = [sys.executable, "-m", "gputopo", "apply", "--spec", str(spec_file), "--sim", str(host.dir), "--yes",
-           "--no-verify", "--timeout", "600"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "gputopo",
+        "apply",
+        "--spec",
+        str(spec_file),
+        "--sim",
+        str(host.dir),
+        "--yes",
+        "--no-verify",
+        "--timeout",
+        "600",
+    ]
     first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
+
         def rebind_begun() -> bool:
             journals = list_journals(host.paths.root)
-            return bool(journals) and any(isinstance(r, Begin) and r.action.kind == "rebind"
-                                          for r in Journal.load(journals[-1]).records)
+            return bool(journals) and any(
+                isinstance(r, Begin) and r.action.kind == "rebind" for r in Journal.load(journals[-1]).records
+            )
 
         deadline = time.monotonic() + 120  # a bound on a broken test, not a measured window
         while not rebind_begun() and first.poll() is None and time.monotonic() < deadline:
@@ -312,7 +352,13 @@ def test_concurrent_apply_refused_naming_the_first(host):
 
 # --- the plan's phases, progress, secrets, backends --------------------------------------------
 
-PREPARE_KINDS = {"write_host_file", "remove_host_file", "set_mapping", "delete_mapping", "write_service_dropin"}
+PREPARE_KINDS = {
+    "write_host_file",
+    "remove_host_file",
+    "set_mapping",
+    "delete_mapping",
+    "write_service_dropin",
+}
 WINDOW_KINDS = {"stop_service", "stop_guest", "rebind", "update_container", "start_guest", "start_service"}
 
 
@@ -330,7 +376,11 @@ def test_nothing_that_could_run_before_the_stop_runs_in_the_stop_window(host):
     # only what needs the guests down
     assert {a.kind for a in actions[:first_stop]} <= PREPARE_KINDS
     assert {a.kind for a in actions[first_stop:]} <= WINDOW_KINDS
-    assert {a.kind for a in actions[:first_stop]} >= {"write_host_file", "set_mapping", "write_service_dropin"}
+    assert {a.kind for a in actions[:first_stop]} >= {
+        "write_host_file",
+        "set_mapping",
+        "write_service_dropin",
+    }
     assert phases == sorted(phases, key=["prepare", "stop", "switch", "config", "start"].index)
     # the run: every prepare step was done before the first stop began (journal order)
     recs = Journal.load(res.journal).records
@@ -350,16 +400,18 @@ def test_cli_progress_is_plain_lines_off_a_terminal_and_rich_on_one(host, monkey
     from click.testing import CliRunner
 
     from gputopo.apply import PlainProgress as Plain
-    from gputopo.cli import cli
-    from gputopo.cli import applycmd
+    from gputopo.cli import applycmd, cli
 
     host.stop()
     spec_file = host.dir / "spec.yaml"
     spec_file.write_text(applysim.seed_spec_text(host))
-    res = CliRunner().invoke(cli, ["apply", "--spec", str(spec_file), "--sim", str(host.dir), "--yes", "--no-verify"])
+    res = CliRunner().invoke(
+        cli, ["apply", "--spec", str(spec_file), "--sim", str(host.dir), "--yes", "--no-verify"]
+    )
     assert res.exit_code == 0, res.output
-    assert re.search(r"^\[ 1/\d+\] prepare write host file /etc/udev/rules.d/\S+ \(\d+ lines\): done \(",
-                     res.output, re.M), res.output
+    assert re.search(
+        r"^\[ 1/\d+\] prepare write host file /etc/udev/rules.d/\S+ \(\d+ lines\): done \(", res.output, re.M
+    ), res.output
     assert "\x1b[" not in res.output  # no terminal escapes in a log
     assert isinstance(applycmd._progress(), Plain)
     monkeypatch.setattr(sys.stdout, "isatty", lambda: True, raising=False)
@@ -385,13 +437,22 @@ def test_secrets_never_reach_output_journal_or_errors(host):
     break_container(host.dir, 101, "service_fails", message="RuntimeError: CUDA error", tp=4)
     out = io.StringIO()
     with pytest.raises(ApplyFailed) as e:
-        apply(applysim.seed_spec(host), ports, root=str(host.paths.root), progress=PlainProgress(out),
-              timeouts=Timeouts(sysfs=5, guest=30, exec=10, service=20, poll=0.02))
+        apply(
+            applysim.seed_spec(host),
+            ports,
+            root=str(host.paths.root),
+            progress=PlainProgress(out),
+            timeouts=Timeouts(sysfs=5, guest=30, exec=10, service=20, poll=0.02),
+        )
     assert e.value.rolled_back
     text = out.getvalue()
     assert "rolling back" in text and "undo" in text
     assert password not in text and password not in str(e.value)
-    journals = list((host.paths.root / "var/lib/gputopo").rglob("*")) if (host.paths.root / "var/lib/gputopo").exists() else []
+    journals = (
+        list((host.paths.root / "var/lib/gputopo").rglob("*"))
+        if (host.paths.root / "var/lib/gputopo").exists()
+        else []
+    )
     from gputopo.apply.journal import list_journals
 
     files = list_journals(host.paths.root) + [p for p in journals if p.is_file()]
@@ -418,18 +479,29 @@ def test_the_library_refuses_an_api_whose_node_is_not_this_host(host, tmp_path):
     own = host.ports()
     root = str(host.paths.root)
     before = applysim.fingerprint(host)
-    other = PveApiServer(tmp_path / "o" / "pve", tmp_path / "o" / "run", host.paths.root, node="pve2",
-                         auth_fail_delay=0.0).start()
+    other = PveApiServer(
+        tmp_path / "o" / "pve", tmp_path / "o" / "run", host.paths.root, node="pve2", auth_fail_delay=0.0
+    ).start()
     try:
+
         def client(port: int, ca: Path, node: str, password: str):
-            cfg = ApiConfig(backend="https", host="127.0.0.1", port=port, node=node, user="root@pam",
-                            verify_ssl=True, ca_bundle=str(ca), timeout=30.0)
+            cfg = ApiConfig(
+                backend="https",
+                host="127.0.0.1",
+                port=port,
+                node=node,
+                user="root@pam",
+                verify_ssl=True,
+                ca_bundle=str(ca),
+                timeout=30.0,
+            )
             return ProxmoxClient.from_config(cfg, env={"GPUTOPO_PVE_PASSWORD": password})
 
         cases = {  # another node's API, and this host's API told to act on another node
             "pve2's API": client(other.port, other.ca_cert_path, "pve2", other.root_password),
-            "pve1's API, node pve2": client(host.api.port, host.api.ca_cert_path, "pve2",
-                                            host.credentials()["password"]),
+            "pve1's API, node pve2": client(
+                host.api.port, host.api.ca_cert_path, "pve2", host.credentials()["password"]
+            ),
         }
         for name, px in cases.items():
             ports = dataclasses.replace(own, proxmox=px)
@@ -448,24 +520,30 @@ def test_the_library_refuses_an_api_whose_node_is_not_this_host(host, tmp_path):
 
 def test_apply_over_the_local_backend_with_pvesh(host):
     """The same apply with ``--local``: every Proxmox call is a ``pvesh`` command on the node."""
-    from gputopo.ports import Ports
     from gputopo.adapters.credentials import ApiConfig
     from gputopo.adapters.proxmox import ProxmoxClient
+    from gputopo.ports import Ports
     from gputopo.sim.pveapi import PveshSim
 
     sim_ports = host.ports()
     pvesh = PveshSim(host.api)
     client = ProxmoxClient.from_config(ApiConfig(backend="local", node=host.node, timeout=30), runner=pvesh)
-    ports = Ports(sysfs=sim_ports.sysfs, proxmox=client, exec=sim_ports.exec, files=sim_ports.files, http=sim_ports.http)
+    ports = Ports(
+        sysfs=sim_ports.sysfs, proxmox=client, exec=sim_ports.exec, files=sim_ports.files, http=sim_ports.http
+    )
     spec = applysim.seed_spec(host)
     res = apply(spec, ports, root=str(host.paths.root))
     assert res.status == "applied"
     maps = {m.id: m for m in parse_pci_cfg((host.paths.pve / "mapping/pci.cfg").read_text())}
     assert sorted(e.path for e in maps["pro6000-vm"].entries()) == NUMA1
     conf = parse_lxc_conf(host.paths.lxc_conf(101).read_text())
-    nv = sorted(parse_dev_value(v)["path"] for k, v in conf.options.items()
-                if re.fullmatch(r"dev\d+", k) and k not in conf.pending_delete
-                and re.fullmatch(r"/dev/nvidia\d+", parse_dev_value(v)["path"]))
+    nv = sorted(
+        parse_dev_value(v)["path"]
+        for k, v in conf.options.items()
+        if re.fullmatch(r"dev\d+", k)
+        and k not in conf.pending_delete
+        and re.fullmatch(r"/dev/nvidia\d+", parse_dev_value(v)["path"])
+    )
     assert nv == sorted(f"/dev/nvidia{m}" for m in NUMA0.values())
     # the mapping went through pvesh with one --map option per entry (a list, not its str())
     writes = [c for c in pvesh.calls if c[1] in ("create", "set") and "/cluster/mapping/pci" in c[2]]
@@ -519,8 +597,11 @@ def test_reverse_split_gives_every_gpu_back_with_tp_8_and_verifies(host):
         info = (host.paths.root / "proc/driver/nvidia/gpus" / a / "information").read_text()
         minors[a] = int(re.search(r"Device Minor:\s*(\d+)", info).group(1))
     conf = parse_lxc_conf(host.paths.lxc_conf(101).read_text())
-    nv = sorted(parse_dev_value(v)["path"] for k, v in conf.options.items()
-                if re.fullmatch(r"dev\d+", k) and re.fullmatch(r"/dev/nvidia\d+", parse_dev_value(v)["path"]))
+    nv = sorted(
+        parse_dev_value(v)["path"]
+        for k, v in conf.options.items()
+        if re.fullmatch(r"dev\d+", k) and re.fullmatch(r"/dev/nvidia\d+", parse_dev_value(v)["path"])
+    )
     assert nv == sorted(f"/dev/nvidia{m}" for m in minors.values())
     assert sorted(minors.values()) == list(range(8))
     assert not list((host.paths.root / "dev/vfio").glob("[0-9]*"))
@@ -534,7 +615,9 @@ def test_reverse_split_gives_every_gpu_back_with_tp_8_and_verifies(host):
     # pro6000, the container's mapping from before that the spec does not manage, lists its GPUs
     # and no VM uses it: a warning (a VM using it could be given a container GPU)
     assert statuses.pop("vm") == "WARN", report.to_text()
-    assert report.check("vm").summary.startswith("mapping pro6000 lists container GPU(s) 0000:01:00.0 (CT 101)")
+    assert report.check("vm").summary.startswith(
+        "mapping pro6000 lists container GPU(s) 0000:01:00.0 (CT 101)"
+    )
     assert report.ok and set(statuses.values()) == {"PASS"}, report.to_text()
     assert report.check("container").details["101"]["seen"] == sorted(minors)
     assert report.check("service").details["101"]["tp"] == 8
@@ -575,8 +658,8 @@ def test_a_vfio_dynamic_id_left_by_a_vm_start_cannot_take_the_gpus_back(host):
 @pytest.mark.slow
 def test_reverse_split_failing_at_the_start_rolls_back_the_resolved_entries(host):
     from gputopo.errors import ApplyFailed
-    from gputopo.sim.container import break_container
     from gputopo.plan.spec import parse_spec
+    from gputopo.sim.container import break_container
 
     ports = host.ports()
     root = str(host.paths.root)
@@ -588,8 +671,12 @@ def test_reverse_split_failing_at_the_start_rolls_back_the_resolved_entries(host
     before = applysim.fingerprint(host)
     break_container(host.dir, 101, "service_fails", message="RuntimeError: CUDA error", tp=8)
     with pytest.raises(ApplyFailed) as e:
-        apply(parse_spec(_reverse_spec_text(host)), ports, root=root,
-              timeouts=Timeouts(sysfs=5, guest=30, exec=10, service=20, poll=0.02))
+        apply(
+            parse_spec(_reverse_spec_text(host)),
+            ports,
+            root=root,
+            timeouts=Timeouts(sysfs=5, guest=30, exec=10, service=20, poll=0.02),
+        )
     assert e.value.rolled_back and "start sglang.service" in str(e.value)
     assert applysim.diff(before, applysim.fingerprint(host)) == []
 
@@ -598,10 +685,19 @@ def test_resolve_devices_fills_free_indices_and_needs_every_minor():
     from gputopo.actions import UpdateContainer
     from gputopo.formats.devn import resolve_devices
 
-    cfg = {"dev0": "/dev/nvidia0,mode=0666", "dev1": "/dev/nvidiactl,mode=0666", "dev3": "/dev/nvidia9,mode=0666",
-           "digest": "x"}
-    upd = UpdateContainer(vmid=101, set={"dev2": "/dev/nvidia1,mode=0666"}, delete=["dev3"],
-                          resolve=["0000:81:00.0", "0000:91:00.0"], dev_mode="0666")
+    cfg = {
+        "dev0": "/dev/nvidia0,mode=0666",
+        "dev1": "/dev/nvidiactl,mode=0666",
+        "dev3": "/dev/nvidia9,mode=0666",
+        "digest": "x",
+    }
+    upd = UpdateContainer(
+        vmid=101,
+        set={"dev2": "/dev/nvidia1,mode=0666"},
+        delete=["dev3"],
+        resolve=["0000:81:00.0", "0000:91:00.0"],
+        dev_mode="0666",
+    )
 
     def resolve(minors):
         return resolve_devices(cfg, upd.set, upd.delete, upd.resolve, upd.dev_gid, upd.dev_mode, minors)
@@ -620,9 +716,9 @@ def test_resolve_devices_fills_free_indices_and_needs_every_minor():
 def test_cli_apply_ends_with_verify_and_rolls_back_on_its_failure(host):
     from click.testing import CliRunner
 
+    from gputopo.apply.journal import Journal, list_journals
     from gputopo.cli import cli
     from gputopo.errors import VerifyFailed
-    from gputopo.apply.journal import Journal, list_journals
     from gputopo.sim.container import break_container
 
     spec_file = host.dir / "spec.yaml"

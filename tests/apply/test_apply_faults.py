@@ -17,18 +17,16 @@ from pathlib import Path
 
 import pytest
 
-from helpers import applysim
-from helpers.applysim import template  # noqa: F401  (a fixture)
 from gputopo.apply import Timeouts, apply, read_and_plan
-from gputopo.errors import UnfinishedApply
-from gputopo.errors import ApplyFailed, ExecError
 from gputopo.apply.journal import find_unfinished, list_journals, parse_journal
+from gputopo.errors import ApplyFailed, ExecError, UnfinishedApply
 from gputopo.ports import ExecResult
 from gputopo.sim import state
 from gputopo.sim.container import break_container
 from gputopo.sim.kernel import SimKernel
 from gputopo.sim.pveapi import PveApiServer
-from helpers import TESTS
+from helpers import TESTS, applysim
+from helpers.applysim import template  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.slow  # every test applies on a simulated host (seconds each); the full run only
 
@@ -89,7 +87,9 @@ class FailingExec:
 
     def push(self, vmid, path, content, mode=0o644):
         if path == self.push_path:
-            raise ExecError(vmid, ["pct", "push", str(vmid), path], 1, "write failed: No space left on device")
+            raise ExecError(
+                vmid, ["pct", "push", str(vmid), path], 1, "write failed: No space left on device"
+            )
         self.inner.push(vmid, path, content, mode)
 
 
@@ -102,9 +102,17 @@ def _fail_file(host, ports, a):
 
 
 def _fail_mapping(host, ports, a):
-    _api(host).inject_api_fault("POST", r"/cluster/mapping/pci", "cfs-lock 'file-pci_mapping' error: got lock request timeout")
-    _api(host).inject_api_fault("PUT", rf"/cluster/mapping/pci/{a.id}", "cfs-lock 'file-pci_mapping' error: got lock request timeout")
-    _api(host).inject_api_fault("DELETE", rf"/cluster/mapping/pci/{a.id}", "cfs-lock 'file-pci_mapping' error: got lock request timeout")
+    _api(host).inject_api_fault(
+        "POST", r"/cluster/mapping/pci", "cfs-lock 'file-pci_mapping' error: got lock request timeout"
+    )
+    _api(host).inject_api_fault(
+        "PUT", rf"/cluster/mapping/pci/{a.id}", "cfs-lock 'file-pci_mapping' error: got lock request timeout"
+    )
+    _api(host).inject_api_fault(
+        "DELETE",
+        rf"/cluster/mapping/pci/{a.id}",
+        "cfs-lock 'file-pci_mapping' error: got lock request timeout",
+    )
 
 
 def _fail_dropin(host, ports, a):
@@ -116,8 +124,11 @@ def _fail_stop_service(host, ports, a):
 
 
 def _fail_stop_guest(host, ports, a):
-    _api(host).inject_fault("vzshutdown" if a.guest == "lxc" else "qmshutdown", a.vmid,
-                            f"command 'lxc-stop -n {a.vmid} --nokill --timeout 60' failed: exit code 1")
+    _api(host).inject_fault(
+        "vzshutdown" if a.guest == "lxc" else "qmshutdown",
+        a.vmid,
+        f"command 'lxc-stop -n {a.vmid} --nokill --timeout 60' failed: exit code 1",
+    )
 
 
 def _fail_rebind(host, ports, a):
@@ -130,13 +141,16 @@ def _fail_update_container(host, ports, a):
 
 
 def _fail_start_guest(host, ports, a):
-    _api(host).inject_fault("vzstart" if a.guest == "lxc" else "qmstart", a.vmid,
-                            f"startup for container '{a.vmid}' failed")
+    _api(host).inject_fault(
+        "vzstart" if a.guest == "lxc" else "qmstart", a.vmid, f"startup for container '{a.vmid}' failed"
+    )
 
 
 def _fail_start_service(host, ports, a):
     # the new configuration (tp 4) does not fit; the old one (tp 8) starts again in the rollback
-    break_container(host.dir, a.vmid, "service_fails", message="RuntimeError: CUDA error: out of memory", tp=4)
+    break_container(
+        host.dir, a.vmid, "service_fails", message="RuntimeError: CUDA error: out of memory", tp=4
+    )
 
 
 FAIL_BY_KIND = {
@@ -201,7 +215,12 @@ def test_hanging_write_names_the_device_and_rolls_back_the_rest(new_host):
     hung = "0000:91:00.0"
     SimKernel(host.paths.root).inject(hung, "unbind", "hang")
     with pytest.raises(ApplyFailed) as e:
-        apply(spec, ports, root=str(host.paths.root), timeouts=Timeouts(sysfs=0.5, guest=30, exec=10, service=20, poll=0.02))
+        apply(
+            spec,
+            ports,
+            root=str(host.paths.root),
+            timeouts=Timeouts(sysfs=0.5, guest=30, exec=10, service=20, poll=0.02),
+        )
     err = e.value
     assert err.exit_code == 3 and err.needs_human == [hung]
     assert f"device {hung} needs a human" in str(err) and "\n" not in str(err)
@@ -268,8 +287,13 @@ def _drive(host, *args: str, at: str | None = None, count: Path | None = None) -
         env["GPUTOPO_CRASH_AT"] = at
     if count:
         env["GPUTOPO_CRASH_COUNT"] = str(count)
-    return subprocess.run([sys.executable, str(DRIVER), *args, "--sim", str(host.dir)], capture_output=True,
-                          text=True, env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, str(DRIVER), *args, "--sim", str(host.dir)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
 
 
 def _apply_args(host) -> list[str]:
@@ -348,7 +372,9 @@ def test_sigkill_after_every_step_while_verifying_leaves_an_applied_host(templat
     res = _drive(host, *args, at=f"record:{verifying}")
     assert res.returncode == -signal.SIGKILL, res.stderr
     rec = _drive(host, "recover")
-    assert rec.returncode == 0 and "only the verification was interrupted" in rec.stdout + rec.stderr, rec.stderr
+    assert rec.returncode == 0 and "only the verification was interrupted" in rec.stdout + rec.stderr, (
+        rec.stderr
+    )
     assert find_unfinished(host.paths.root) is None
     assert applysim.diff(applied, applysim.fingerprint(host)) == []
     host.stop()

@@ -20,19 +20,17 @@ from pathlib import Path
 
 import pytest
 
-from helpers import applysim
-from helpers.applysim import template  # noqa: F401  (a fixture)
 from gputopo.apply import Progress, Timeouts, apply
-from gputopo.errors import PreflightFailed
-from gputopo.errors import ApplyFailed
 from gputopo.apply.journal import find_unfinished, list_journals, parse_journal
+from gputopo.errors import ApplyFailed, PreflightFailed
+from gputopo.plan.spec import parse_spec
 from gputopo.sim import state
 from gputopo.sim.container import Container, SimExec, write_unit
-from gputopo.sim.host import SERVICE_COMMANDS, SimHost
 from gputopo.sim.files import PMXCFS_MODE
+from gputopo.sim.host import SERVICE_COMMANDS, SimHost
 from gputopo.sim.kernel import SimKernel
-from gputopo.plan.spec import parse_spec
-from helpers import REPO
+from helpers import REPO, applysim
+from helpers.applysim import template  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.slow  # every test applies on a simulated host (seconds each); the full run only
 
@@ -135,7 +133,9 @@ def test_esc8000a_gpu_and_audio_move_together_and_back(new_host, tmp_path):
     # back where it started, but for the drop-in that now says --tp 4 explicitly
     changed = applysim.diff(before, applysim.fingerprint(host))
     assert [c.split(":")[0] + ":" + c.split(":")[1] for c in changed] == [
-        "ct:system/sglang.service.d/", "ct:system/sglang.service.d/gputopo.conf"]
+        "ct:system/sglang.service.d/",
+        "ct:system/sglang.service.d/gputopo.conf",
+    ]
 
 
 # --- splits by address and by count, a vLLM service -------------------------------------------
@@ -169,10 +169,10 @@ def test_running_vm_outside_the_plan_holding_a_moving_gpu_refuses(new_host):
     assert apply(parse_spec(text), ports, root=root, timeouts=T).status == "applied"
     # VM 202 runs with GPU 91:00.0 by address; the spec names only VM 201 as its guest
     (host.paths.pve / "nodes/pve1/qemu-server/202.conf").write_text(
-        "hostpci0: 0000:91:00.0,pcie=1\nmachine: q35\nmemory: 4096\nname: other\n")
+        "hostpci0: 0000:91:00.0,pcie=1\nmachine: q35\nmemory: 4096\nname: other\n"
+    )
     state.set_guest_status(host.paths.run, "qemu", 202, "running")
-    back = _spec(text, {"numa: [0]": "numa: [0, 1]", "numa: [1]": "rest",
-                        "guests: []": "guests: [201]"})
+    back = _spec(text, {"numa: [0]": "numa: [0, 1]", "numa: [1]": "rest", "guests: []": "guests: [201]"})
     before = applysim.fingerprint(host)
     with pytest.raises(PreflightFailed) as e:
         apply(back, ports, root=root, timeouts=T)
@@ -187,10 +187,15 @@ def test_split_by_count_with_vllm(new_host):
     spec = _spec(text, {"numa: [0]": "count: 2", "numa: [1]": "rest"})
     res = apply(spec, host.ports(), root=str(host.paths.root), timeouts=T)
     assert res.status == "applied"
-    show = SimExec(host.dir).run(101, ["systemctl", "show", "-p", "ExecStart", "vllm.service"], timeout=5).stdout
+    show = (
+        SimExec(host.dir).run(101, ["systemctl", "show", "-p", "ExecStart", "vllm.service"], timeout=5).stdout
+    )
     assert "--tensor-parallel-size 2" in show and "--tp " not in show
-    on_nvidia = [a for a in ("0000:01:00.0", "0000:11:00.0", "0000:61:00.0", "0000:71:00.0", *NUMA1)
-                 if _driver(host, a) == "nvidia"]
+    on_nvidia = [
+        a
+        for a in ("0000:01:00.0", "0000:11:00.0", "0000:61:00.0", "0000:71:00.0", *NUMA1)
+        if _driver(host, a) == "nvidia"
+    ]
     assert len(on_nvidia) == 2
     _converged(host, spec, unit="vllm.service")
 
@@ -203,12 +208,18 @@ def _add_container(host, vmid: int) -> None:
     conf = host.paths.lxc_conf(vmid)
     conf.write_text(
         "arch: amd64\ncores: 16\ndev0: /dev/nvidiactl,mode=0666\ndev1: /dev/nvidia-uvm,mode=0666\n"
-        f"hostname: llm2\nmemory: 65536\nostype: ubuntu\nrootfs: local-lvm:vm-{vmid}-disk-0,size=100G\nswap: 0\n")
+        f"hostname: llm2\nmemory: 65536\nostype: ubuntu\nrootfs: local-lvm:vm-{vmid}-disk-0,size=100G\nswap: 0\n"
+    )
     conf.chmod(PMXCFS_MODE)  # as every file under /etc/pve reads
-    write_unit(host.dir, vmid, "vllm.service",
-               "[Unit]\nDescription=vllm\n\n[Service]\nType=simple\nExecStart="
-               + SERVICE_COMMANDS["vllm"].format(tp=1) + "\n\n[Install]\nWantedBy=multi-user.target\n",
-               enable=False)
+    write_unit(
+        host.dir,
+        vmid,
+        "vllm.service",
+        "[Unit]\nDescription=vllm\n\n[Service]\nType=simple\nExecStart="
+        + SERVICE_COMMANDS["vllm"].format(tp=1)
+        + "\n\n[Install]\nWantedBy=multi-user.target\n",
+        enable=False,
+    )
     state.set_guest_status(host.paths.run, "lxc", vmid, "running")
     Container(host.dir, vmid).boot()
 
@@ -341,8 +352,13 @@ def test_gpu_falling_off_the_bus_is_named_for_a_human_and_the_rest_rolled_back(n
 
 
 def _hold(host, pid: int, node: str) -> None:
-    applysim.fake_process(host.paths.root, pid, node, argv=("python3", "bench.py"),
-                          cgroup="0::/user.slice/user-0.slice/session-3.scope")
+    applysim.fake_process(
+        host.paths.root,
+        pid,
+        node,
+        argv=("python3", "bench.py"),
+        cgroup="0::/user.slice/user-0.slice/session-3.scope",
+    )
 
 
 def test_holder_appearing_while_the_plan_is_read_is_refused_under_the_lock(new_host):
@@ -357,7 +373,8 @@ def test_holder_appearing_while_the_plan_is_read_is_refused_under_the_lock(new_h
         apply(applysim.seed_spec(host), host.ports(), root=str(host.paths.root), confirm=confirm, timeouts=T)
     assert e.value.exit_code == 2
     assert e.value.problems == [
-        "/dev/nvidia5 (GPU 0000:91:00.0) is held open by PID 7777 (python3 bench.py); stop it before apply"]
+        "/dev/nvidia5 (GPU 0000:91:00.0) is held open by PID 7777 (python3 bench.py); stop it before apply"
+    ]
     fp = applysim.fingerprint(host)
     assert applysim.diff(before, fp) == []
     assert list_journals(host.paths.root) == []
@@ -379,9 +396,13 @@ def test_holder_appearing_after_preflight_times_out_naming_the_device(new_host):
     host = new_host()
     before = applysim.fingerprint(host)
     with pytest.raises(ApplyFailed) as e:
-        apply(applysim.seed_spec(host), host.ports(), root=str(host.paths.root),
-              progress=_HoldAtSwitch(host, "/dev/nvidia5"),
-              timeouts=Timeouts(sysfs=0.5, guest=30, exec=10, service=20, poll=0.02))
+        apply(
+            applysim.seed_spec(host),
+            host.ports(),
+            root=str(host.paths.root),
+            progress=_HoldAtSwitch(host, "/dev/nvidia5"),
+            timeouts=Timeouts(sysfs=0.5, guest=30, exec=10, service=20, poll=0.02),
+        )
     err = e.value
     assert err.exit_code == 3 and err.needs_human == ["0000:91:00.0"]
     assert "device 0000:91:00.0 needs a human" in str(err) and "\n" not in str(err)
@@ -411,8 +432,13 @@ def test_ctrl_c_mid_apply_rolls_back_and_says_where_even_without_a_terminal(new_
     host = new_host()
     before = applysim.fingerprint(host)
     with pytest.raises(ApplyFailed) as e:
-        apply(applysim.seed_spec(host), host.ports(), root=str(host.paths.root),
-              progress=_InterruptAt("switch"), timeouts=T)
+        apply(
+            applysim.seed_spec(host),
+            host.ports(),
+            root=str(host.paths.root),
+            progress=_InterruptAt("switch"),
+            timeouts=T,
+        )
     err = e.value
     assert err.rolled_back and err.exit_code == 130
     assert "interrupted" in str(err) and "rebind" in str(err) and "\n" not in str(err)
@@ -443,10 +469,27 @@ def test_signal_mid_switch_through_the_cli_rolls_back(new_host, sig):
     spec_file.write_text(applysim.seed_spec_text(host))
     kernel = SimKernel(host.paths.root)
     kernel.inject("0000:81:00.0", "unbind", "hang", times=1)
-    cmd = [sys.executable, "-m", "gputopo", "apply", "--spec", str(spec_file), "--sim", str(host.dir),
-           "--yes", "--no-verify", "--timeout", "600"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "gputopo",
+        "apply",
+        "--spec",
+        str(spec_file),
+        "--sim",
+        str(host.dir),
+        "--yes",
+        "--no-verify",
+        "--timeout",
+        "600",
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     try:
         deadline = time.monotonic() + 120  # a bound on a broken test, not a measured window
         while time.monotonic() < deadline and proc.poll() is None:

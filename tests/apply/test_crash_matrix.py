@@ -27,13 +27,12 @@ from pathlib import Path
 
 import pytest
 
-from helpers import applysim
-from helpers.applysim import template  # noqa: F401  (a fixture)
 from gputopo.apply.journal import find_unfinished, list_journals, parse_journal
 from gputopo.sim import state
 from gputopo.sim.container import break_container, heal_container
 from gputopo.sim.kernel import SimKernel
-from helpers import TESTS
+from helpers import TESTS, applysim
+from helpers.applysim import template  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.matrix
 
@@ -48,8 +47,11 @@ def _pace(host) -> None:
     """A real server's pace where the rollback logic depends on it: the service stays activating
     for a second after each start, and the container takes a while to shut down."""
     SimKernel(host.paths.root).configure(time_scale=applysim.SCALE)
-    state.write_state(host.paths.run, "latencies", {"service.start": 1.0, "service.stop": 0.1,
-                                                    "vzstart": 0.3, "vzshutdown": 0.8})
+    state.write_state(
+        host.paths.run,
+        "latencies",
+        {"service.start": 1.0, "service.stop": 0.1, "vzstart": 0.3, "vzshutdown": 0.8},
+    )
 
 
 def _host(template, tag: str, restart: str = "auto"):
@@ -57,12 +59,15 @@ def _host(template, tag: str, restart: str = "auto"):
     h = applysim.copy_host(template, base / "sim")
     _pace(h)
     text = applysim.seed_spec_text(h)
-    (h.dir / "spec.yaml").write_text(text.replace("policy:\n", f"policy:\n  container_restart: {restart}\n", 1))
+    (h.dir / "spec.yaml").write_text(
+        text.replace("policy:\n", f"policy:\n  container_restart: {restart}\n", 1)
+    )
     return h, base
 
 
-def _probe_copy(template, restart: str, args: list[str] | None, rc: int, setup=lambda h: None,
-                inspect=lambda h: None) -> tuple[dict, object]:
+def _probe_copy(
+    template, restart: str, args: list[str] | None, rc: int, setup=lambda h: None, inspect=lambda h: None
+) -> tuple[dict, object]:
     """Count the kill points of ``gputopo ARGS`` (an apply by default) on a copy of the host after
     ``setup``; returns the counts and what ``inspect(host)`` says once it ended with ``rc``."""
     host, base = _host(template, "probe", restart)
@@ -113,6 +118,7 @@ def _points(trace: list, start_records: int = 0, start_calls: int = 0) -> list[s
 
 def _check(tag, template, prepare, points, expect_applied_fp=None, restart: str = "auto"):
     """Run ``prepare(host)`` then kill/recover at each point in parallel; collect problems."""
+
     def one(point: str) -> str | None:
         host, base = _host(template, tag, restart)
         try:
@@ -181,9 +187,12 @@ def test_sigkill_at_every_point_of_an_apply(template, applied_fp, restart):
 def test_sigkill_at_every_point_of_a_rollback(template, restart):
     """The apply fails at its last step (the service cannot start), then is killed at every
     point of its rollback; recover finishes the rollback."""
+
     def failing(host):
         # the new configuration (tp 4) does not fit; the old one (tp 8) starts again in the rollback
-        break_container(host.dir, 101, "service_fails", message="RuntimeError: CUDA error: out of memory", tp=4)
+        break_container(
+            host.dir, 101, "service_fails", message="RuntimeError: CUDA error: out of memory", tp=4
+        )
 
     def failed_record(host) -> int:
         recs = parse_journal(list_journals(host.paths.root)[-1].read_text())

@@ -12,19 +12,19 @@ from types import SimpleNamespace
 
 import pytest
 
-from helpers import applysim
-from helpers.applysim import copy_host, seed_spec, seed_spec_text, template  # noqa: F401 - fixture
 from gputopo.apply import apply
 from gputopo.apply.history import find, history, last_measured
 from gputopo.apply.journal import Header, Journal
 from gputopo.errors import HistoryError
+from helpers import applysim
+from helpers.applysim import copy_host, seed_spec, seed_spec_text, template  # noqa: F401 (fixtures)
 from helpers.cli import one_line, run
 
 pytestmark = pytest.mark.slow  # every test applies on a simulated host (seconds each); the full run only
 
 
 @pytest.fixture(scope="module")
-def applied(template, tmp_path_factory):  # noqa: F811 - the session fixture from applysim
+def applied(template, tmp_path_factory):
     """A seed host split once, then a second apply whose verification failed and was rolled back
     (the reverse split), then an apply that was killed after its header (journal left open)."""
     host = copy_host(template, tmp_path_factory.mktemp("hist") / "sim")
@@ -37,13 +37,20 @@ def applied(template, tmp_path_factory):  # noqa: F811 - the session fixture fro
         text = applysim.reverse(seed_spec_text(host))
         from gputopo.plan.spec import parse_spec
 
-        second = apply(parse_spec(text), ports, root=host.paths.root,
-                       verify=lambda: SimpleNamespace(ok=False), rollback_on_verify_failure=True)
+        second = apply(
+            parse_spec(text),
+            ports,
+            root=host.paths.root,
+            verify=lambda: SimpleNamespace(ok=False),
+            rollback_on_verify_failure=True,
+        )
         assert second.status == "rolled-back"
     finally:
         ports.close()
     time.sleep(1.1)  # journals are named by the second they began
-    Journal.create(host.paths.root, Header(pid=os.getpid(), started=time.time(), node="pve1", spec_sha256="ab" * 32))
+    Journal.create(
+        host.paths.root, Header(pid=os.getpid(), started=time.time(), node="pve1", spec_sha256="ab" * 32)
+    )
     return host
 
 
@@ -74,7 +81,9 @@ def test_history_show_prints_the_steps_with_their_times(capsys, applied):
     steps = [ln for ln in out.splitlines() if re.match(r"^ +\d+\. \[", ln)]
     assert len(steps) == second.steps_total
     assert all(": undo-done" in ln or ": done" in ln for ln in steps)
-    assert any(ln.strip().startswith("undo: rebound 0000:81:00.0 back to vfio-pci") for ln in out.splitlines())
+    assert any(
+        ln.strip().startswith("undo: rebound 0000:81:00.0 back to vfio-pci") for ln in out.splitlines()
+    )
     code, out, _ = run(capsys, "history", "show", "last", "--sim", str(applied.dir), "--json")
     doc = json.loads(out)
     assert doc["schema_version"] == 1 and doc["outcome"] == "unfinished" and doc["steps"] == []
@@ -82,7 +91,9 @@ def test_history_show_prints_the_steps_with_their_times(capsys, applied):
 
 def test_an_id_that_names_no_apply_or_several_is_refused(capsys, applied):
     code, _, err = run(capsys, "history", "--sim", str(applied.dir), "show", "1999")
-    assert code == 2 and one_line(err) == "gputopo: error: 1999: no apply with this id (see 'gputopo history')"
+    assert (
+        code == 2 and one_line(err) == "gputopo: error: 1999: no apply with this id (see 'gputopo history')"
+    )
     with pytest.raises(HistoryError, match="names 3 applies"):
         find(applied.paths.root, "2")
 
@@ -90,7 +101,9 @@ def test_an_id_that_names_no_apply_or_several_is_refused(capsys, applied):
 def test_the_last_applied_times_feed_the_plan_summary(applied):
     times = last_measured(applied.paths.root)
     assert len(times) == 12 and {k for k, _, _ in times} >= {"rebind", "update_container", "start_service"}
-    assert "stop_guest" not in {k for k, _, _ in times}  # the rolled-back second apply's are not the last applied
+    assert "stop_guest" not in {
+        k for k, _, _ in times
+    }  # the rolled-back second apply's are not the last applied
     assert all(s >= 0 for _, _, s in times)
 
 
@@ -99,6 +112,8 @@ def test_plan_diff_and_verify_warn_while_an_apply_is_unfinished(capsys, applied,
     spec.write_text(seed_spec_text(applied))
     for argv in (["plan"], ["diff"], ["verify"]):
         code, _, err = run(capsys, *argv, "--sim", str(applied.dir), "--spec", str(spec))
-        warning = [ln for ln in err.splitlines() if ln.startswith("gputopo: warning: an apply did not finish: ")]
+        warning = [
+            ln for ln in err.splitlines() if ln.startswith("gputopo: warning: an apply did not finish: ")
+        ]
         assert len(warning) == 1, (argv, err)
         assert "run 'gputopo recover'" in warning[0], argv

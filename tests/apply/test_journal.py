@@ -39,8 +39,12 @@ def _header(n: int = 1) -> Header:
 
 
 def test_parse_journal_gives_typed_records_in_order():
-    text = (HEADER + "\n" + json.dumps({"type": "begin", "t": 1, "step": 0, "action": STOP_SVC, "before": {"active": True}})
-            + '\n{"type": "done", "t": 2, "step": 0, "seconds": 0.5}\n')
+    text = (
+        HEADER
+        + "\n"
+        + json.dumps({"type": "begin", "t": 1, "step": 0, "action": STOP_SVC, "before": {"active": True}})
+        + '\n{"type": "done", "t": 2, "step": 0, "seconds": 0.5}\n'
+    )
     recs = parse_journal(text)
     assert [type(r) for r in recs] == [Header, Begin, Done]
     assert isinstance(recs[0].actions[1], StopGuest) and recs[0].actions[1].vmid == 101
@@ -57,12 +61,18 @@ def test_parse_journal_drops_a_torn_last_line_only():
 
 
 def test_a_record_of_the_wrong_shape_is_refused_naming_the_field():
-    bad = HEADER + '\n{"type": "done", "t": 1, "step": "zero", "seconds": 1}\n' + '{"type": "end", "t": 2, "result": "applied"}\n'
+    bad = (
+        HEADER
+        + '\n{"type": "done", "t": 1, "step": "zero", "seconds": 1}\n'
+        + '{"type": "end", "t": 2, "result": "applied"}\n'
+    )
     with pytest.raises(JournalError) as e:
         parse_journal(bad, "j.jsonl")
     assert "j.jsonl:2" in str(e.value) and "step" in str(e.value)
     with pytest.raises(JournalError):
-        parse_journal(HEADER + '\n{"type": "warp", "t": 1}\n{"type": "end", "t": 2, "result": "applied"}\n', "j")
+        parse_journal(
+            HEADER + '\n{"type": "warp", "t": 1}\n{"type": "end", "t": 2, "result": "applied"}\n', "j"
+        )
 
 
 def test_parse_journal_needs_the_header_first():
@@ -70,7 +80,7 @@ def test_parse_journal_needs_the_header_first():
         parse_journal('{"type": "undo-begin", "t": 0, "step": 0}\n', "x")
     assert "not the header" in str(e.value)
     with pytest.raises(JournalError):
-        parse_journal('[1, 2]\n' + HEADER + "\n", "x")
+        parse_journal("[1, 2]\n" + HEADER + "\n", "x")
 
 
 def test_create_append_load_and_unfinished(tmp_path):

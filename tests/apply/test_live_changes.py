@@ -17,8 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from helpers import applysim
-from helpers.applysim import template  # noqa: F401  (a fixture)
 from gputopo.apply import apply
 from gputopo.errors import ApplyFailed
 from gputopo.formats.lxcconf import parse_lxc_conf
@@ -26,6 +24,8 @@ from gputopo.plan.spec import parse_spec
 from gputopo.sim.container import Container, SimExec
 from gputopo.sim.host import SimHost
 from gputopo.sim.kernel import SimKernel
+from helpers import applysim
+from helpers.applysim import template  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.slow  # every test applies on a simulated host (seconds each); the full run only
 
@@ -56,7 +56,11 @@ def new_host(template):
 
 def _seen(host) -> list[str]:
     """The GPUs the container's own nvidia-smi lists (PCI addresses, sorted)."""
-    out = SimExec(host.dir).run(101, ["nvidia-smi", "--query-gpu=pci.bus_id", "--format=csv,noheader"], 5).stdout
+    out = (
+        SimExec(host.dir)
+        .run(101, ["nvidia-smi", "--query-gpu=pci.bus_id", "--format=csv,noheader"], 5)
+        .stdout
+    )
     return sorted(line.strip()[-12:].lower() for line in out.splitlines())
 
 
@@ -177,7 +181,9 @@ def test_a_failed_live_grow_rolls_back_with_the_container_still_running(new_host
     # what differs: the config (the pending removals) and the container's /dev, which keeps the
     # hot-plugged nodes of GPUs that are on vfio-pci again until its next restart
     assert sorted(line.split(":")[0] + ":" + line.split(":")[1] for line in changed) == [
-        "ct:/dev", "pve:nodes/pve1/lxc/101.conf"], changed
+        "ct:/dev",
+        "pve:nodes/pve1/lxc/101.conf",
+    ], changed
     assert {f"/dev/nvidia{m}" for m in range(4, 8)} <= set(ct.devices())
     assert _pending_deletes(host) == ["dev4", "dev5", "dev6", "dev7"]
     now, was = parse_lxc_conf(host.paths.lxc_conf(101).read_text()), parse_lxc_conf(conf)

@@ -9,16 +9,16 @@ import re
 
 import pytest
 
-from helpers.applysim import copy_host, seed_spec, template  # noqa: F401 - fixture
 from gputopo.actions import Timeouts
 from gputopo.apply import apply
 from gputopo.cli.progress import Plain
+from helpers.applysim import copy_host, seed_spec, template  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.slow  # every test applies on a simulated host (seconds each); the full run only
 
 
 @pytest.fixture
-def sim(template, tmp_path):  # noqa: F811 - the session fixture from applysim
+def sim(template, tmp_path):
     return copy_host(template, tmp_path / "sim")
 
 
@@ -36,8 +36,12 @@ def test_waiting_steps_show_elapsed_seconds_against_their_timeout(sim):
     assert res.status == "applied"
     text = out.getvalue()
     assert re.search(r"^\[ 7/14\] stop    stop CT 101 \.\.\. \(timeout 120 s\)$", text, re.M), text
-    ticks = re.findall(r"^\[14/14\] start   CT 101: start sglang.service \(after systemctl daemon-reload\): "
-                       r"(\d+\.\d) s of 240 s$", text, re.M)
+    ticks = re.findall(
+        r"^\[14/14\] start   CT 101: start sglang.service \(after systemctl daemon-reload\): "
+        r"(\d+\.\d) s of 240 s$",
+        text,
+        re.M,
+    )
     assert len(ticks) >= 3 and [float(x) for x in ticks] == sorted(float(x) for x in ticks), text
     assert float(ticks[-1]) <= 3.0
     assert re.search(r"^\[ 7/14\] stop    stop CT 101: \d\.\d s of 120 s$", text, re.M), text

@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from helpers import applysim
-from helpers.applysim import template  # noqa: F401  (a fixture)
 from gputopo.apply import Progress, Timeouts, apply
 from gputopo.apply.journal import Begin, Journal, find_unfinished, list_journals
 from gputopo.errors import ApplyFailed, UnfinishedApply
 from gputopo.sim import state
 from gputopo.sim.container import break_container
 from gputopo.sim.kernel import SimKernel
+from helpers import applysim
+from helpers.applysim import template  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.slow  # every test applies on a simulated host (seconds each); the full run only
 
@@ -31,7 +31,7 @@ T = applysim.FAST_TIMEOUTS
 
 
 @pytest.fixture
-def host(template):  # noqa: F811  (the fixture above)
+def host(template):
     base = Path(tempfile.mkdtemp(prefix="gputopo-rb-", dir=applysim.fast_tmp()))
     h = applysim.copy_host(template, base / "sim")
     # the service stays activating for a while after every start, as a real one loading a model
@@ -46,8 +46,11 @@ def _started(h) -> int:
     """When the service last became active (a restart changes it)."""
     from gputopo.sim.container import SimExec
 
-    out = SimExec(h.dir).run(101, ["systemctl", "show", "-p", "ActiveEnterTimestampMonotonic", "sglang.service"],
-                             timeout=5).stdout
+    out = (
+        SimExec(h.dir)
+        .run(101, ["systemctl", "show", "-p", "ActiveEnterTimestampMonotonic", "sglang.service"], timeout=5)
+        .stdout
+    )
     return int(out.strip().split("=", 1)[1])
 
 
@@ -68,7 +71,9 @@ def test_a_service_that_came_back_activating_with_the_new_dropin_is_restarted(ho
     # (the outcome is checked, not the timing: on a slower machine it may be active by then)
     state.write_state(host.paths.run, "latencies", {"service.start": 3.0})
     # the new configuration fails only at its explicit start: the container's boot came first
-    break_container(host.dir, 101, "service_fails", message="RuntimeError: CUDA error: out of memory", count=2)
+    break_container(
+        host.dir, 101, "service_fails", message="RuntimeError: CUDA error: out of memory", count=2
+    )
     with pytest.raises(ApplyFailed) as e:
         apply(spec, host.ports(), root=str(host.paths.root), timeouts=T)
     assert e.value.rolled_back and "start sglang.service" in str(e.value)
@@ -132,9 +137,13 @@ def test_a_hang_during_the_rollback_then_recover_gives_the_container_all_its_gpu
     before = applysim.fingerprint(host)
     break_container(host.dir, 101, "service_fails", message="RuntimeError: CUDA error: out of memory", tp=4)
     with pytest.raises(ApplyFailed) as e:
-        apply(applysim.seed_spec(host), host.ports(), root=str(host.paths.root),
-              timeouts=Timeouts(sysfs=0.5, guest=30.0, exec=10.0, service=20.0, poll=0.02),
-              progress=_HangWhenConfigBegins(host.paths.root, stuck))
+        apply(
+            applysim.seed_spec(host),
+            host.ports(),
+            root=str(host.paths.root),
+            timeouts=Timeouts(sysfs=0.5, guest=30.0, exec=10.0, service=20.0, poll=0.02),
+            progress=_HangWhenConfigBegins(host.paths.root, stuck),
+        )
     assert e.value.exit_code == 3 and stuck in e.value.needs_human, str(e.value)
     j = find_unfinished(host.paths.root)
     assert j is not None and j.needs_human is not None
@@ -167,10 +176,27 @@ def test_signals_during_a_rollback_wait_until_it_ends(host):
     # held in the switch phase by an unbind that blocks until released: the first signal lands
     # there; the rollback's write to another group then blocks (a second hang) while two more arrive
     kernel.inject("0000:81:00.0", "unbind", "hang", times=1)
-    cmd = [sys.executable, "-m", "gputopo", "apply", "--spec", str(spec_file), "--sim", str(host.dir),
-           "--yes", "--no-verify", "--timeout", "600"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "gputopo",
+        "apply",
+        "--spec",
+        str(spec_file),
+        "--sim",
+        str(host.dir),
+        "--yes",
+        "--no-verify",
+        "--timeout",
+        "600",
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
 
     def journal_has(pred) -> bool:
         js = list_journals(host.paths.root)
@@ -192,8 +218,12 @@ def test_signals_during_a_rollback_wait_until_it_ends(host):
 
     try:
         # every group but the held one is through the switch: its next writes are the rollback's
-        wait_for(lambda r: len(steps_of("rebind")) == 4
-                 and all(done(s) for a, s in steps_of("rebind").items() if a != "0000:81:00.0"))
+        wait_for(
+            lambda r: (
+                len(steps_of("rebind")) == 4
+                and all(done(s) for a, s in steps_of("rebind").items() if a != "0000:81:00.0")
+            )
+        )
         held = steps_of("rebind")["0000:e1:00.0"]
         kernel.inject("0000:e1:00.0", "override", "hang", times=1)
         proc.send_signal(signal.SIGINT)

@@ -12,8 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from helpers import applysim
-from helpers.applysim import template  # noqa: F401  (a fixture)
 from gputopo.apply import apply
 from gputopo.cli import main
 from gputopo.errors import PlanRefused, ProxmoxError
@@ -25,6 +23,8 @@ from gputopo.plan.starter import init_spec
 from gputopo.sim import state
 from gputopo.sim.qemu import hang_agent
 from gputopo.verify import verify
+from helpers import applysim
+from helpers.applysim import template  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.slow  # every test applies on a simulated host (seconds each); the full run only
 
@@ -34,7 +34,7 @@ NODE1_CPUS = "64-127,192-255"
 
 
 @pytest.fixture
-def host(template):  # noqa: F811  (the fixture)
+def host(template):
     base = Path(tempfile.mkdtemp(prefix="gputopo-vm-", dir=applysim.fast_tmp()))
     h = applysim.copy_host(template, base / "sim")
     # an unrelated device on VM 201, a line gputopo must leave where it is
@@ -54,10 +54,17 @@ def spec_text(h, **consumer) -> str:
         if key == "vmid":
             text = text.replace("        - vmid: 201\n", f"        - vmid: {value}\n")
         elif re.search(rf"^          {key}: .*$", text, re.M):
-            text = re.sub(rf"^          {key}: .*\n", "" if value is None else f"          {key}: {value}\n", text,
-                          flags=re.M)
+            text = re.sub(
+                rf"^          {key}: .*\n",
+                "" if value is None else f"          {key}: {value}\n",
+                text,
+                flags=re.M,
+            )
         else:
-            text = text.replace("          mapping: pro6000-vm\n", f"          mapping: pro6000-vm\n          {key}: {value}\n")
+            text = text.replace(
+                "          mapping: pro6000-vm\n",
+                f"          mapping: pro6000-vm\n          {key}: {value}\n",
+            )
     return text
 
 
@@ -83,7 +90,9 @@ def guest_smi(ports, vmid: int = 201) -> dict:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
-    pid = ports.proxmox.agent_exec(vmid, ["nvidia-smi", "--query-gpu=pci.bus_id,name", "--format=csv,noheader"])
+    pid = ports.proxmox.agent_exec(
+        vmid, ["nvidia-smi", "--query-gpu=pci.bus_id,name", "--format=csv,noheader"]
+    )
     return ports.proxmox.agent_exec_status(vmid, pid)
 
 
@@ -102,8 +111,10 @@ def test_vm_201_runs_on_its_four_gpus_pinned_to_node_1_and_its_guest_sees_them(h
     spec, ports = applied(host, spec_text(host, hugepages=1024))
     conf = vm_conf(host)
     assert {k: v for k, v in conf.items() if k.startswith("hostpci")} == {
-        "hostpci0": "mapping=pro6000-vm,pcie=1", "hostpci1": "0000:22:00.0",
-        **{f"hostpci{i}": "mapping=pro6000-vm,pcie=1" for i in (2, 3, 4)}}
+        "hostpci0": "mapping=pro6000-vm,pcie=1",
+        "hostpci1": "0000:22:00.0",
+        **{f"hostpci{i}": "mapping=pro6000-vm,pcie=1" for i in (2, 3, 4)},
+    }
     assert conf["affinity"] == NODE1_CPUS and conf["numa"] == "1" and conf["hugepages"] == "1024"
     assert conf["numa0"] == "cpus=0-31,hostnodes=1,memory=131072,policy=bind"
     assert conf["args"] == "-fw_cfg name=opt/ovmf/X-PciMmio64Mb,string=1048576"
@@ -116,30 +127,56 @@ def test_vm_201_runs_on_its_four_gpus_pinned_to_node_1_and_its_guest_sees_them(h
     report = verify(spec, ports, root=str(host.paths.root))
     # the container kept running (its GPUs only left for vfio-pci): its devN removals wait for its
     # next restart, the one WARN
-    assert report.ok and {c.name: c.status for c in report.checks if c.status != "PASS"} == {"container": "WARN"}, \
-        report.to_text()
+    assert report.ok and {c.name: c.status for c in report.checks if c.status != "PASS"} == {
+        "container": "WARN"
+    }, report.to_text()
     assert "until its next restart" in report.check("container").summary
     assert report.check("guest").summary.startswith("VM 201: the guest's nvidia-smi lists its 4 GPU(s)")
     assert apply(spec, ports, root=str(host.paths.root), timeouts=T).status == "no-changes"
 
 
 def test_a_vm_whose_gpus_span_numa_nodes_is_a_warning_naming_them(host):
-    text = spec_text(host).replace("          numa: [0]\n", '          addresses: ["0000:01:00.0", "0000:11:00.0"]\n')
-    text = text.replace("            numa: [1]\n", '            addresses: ["0000:71:00.0", "0000:81:00.0"]\n')
+    text = spec_text(host).replace(
+        "          numa: [0]\n", '          addresses: ["0000:01:00.0", "0000:11:00.0"]\n'
+    )
+    text = text.replace(
+        "            numa: [1]\n", '            addresses: ["0000:71:00.0", "0000:81:00.0"]\n'
+    )
     res = apply(parse_spec(text), host.ports(), root=str(host.paths.root), dry_run=True, timeouts=T)
-    assert ("VM 201: its GPUs span NUMA nodes 0, 1 (0000:71:00.0 on 0, 0000:81:00.0 on 1): its memory and half its "
-            "GPU traffic cross sockets") in res.plan.warnings
+    assert (
+        "VM 201: its GPUs span NUMA nodes 0, 1 (0000:71:00.0 on 0, 0000:81:00.0 on 1): its memory and half its "
+        "GPU traffic cross sockets"
+    ) in res.plan.warnings
     (u,) = [a for a in res.plan.actions if a.kind == "update_vm_config"]
     assert u.set["affinity"] == "0-255" and "numa0" not in u.set
 
 
-@pytest.mark.parametrize("change, consumer, want", [
-    ("", {"vmid": 299}, "refused: VM 299 does not exist on node pve1"),
-    ("", {"mapping": "gpus-x"}, "refused: VM 201: mapping gpus-x is not a mapping of this cluster (have: pro6000, pro6000-vm)"),
-    ("", {"gpus": 6, "when_gpus_leave": None}, "refused: VM 201 asks 6 GPU(s) of mapping pro6000-vm, which has 4 on node pve1"),
-    ("machine: q35\n", {}, "refused: VM 201 is i440fx (machine: default) but pcie=1 needs machine q35: set machine: q35 or pcie: false"),
-    ("bios: ovmf\n", {}, "refused: VM 201 boots SeaBIOS, which cannot map 512.1 GiB of 64-bit BARs (4 GPU(s), largest BAR 128 GiB): set bios: ovmf (with an efidisk0)"),
-])
+@pytest.mark.parametrize(
+    "change, consumer, want",
+    [
+        ("", {"vmid": 299}, "refused: VM 299 does not exist on node pve1"),
+        (
+            "",
+            {"mapping": "gpus-x"},
+            "refused: VM 201: mapping gpus-x is not a mapping of this cluster (have: pro6000, pro6000-vm)",
+        ),
+        (
+            "",
+            {"gpus": 6, "when_gpus_leave": None},
+            "refused: VM 201 asks 6 GPU(s) of mapping pro6000-vm, which has 4 on node pve1",
+        ),
+        (
+            "machine: q35\n",
+            {},
+            "refused: VM 201 is i440fx (machine: default) but pcie=1 needs machine q35: set machine: q35 or pcie: false",
+        ),
+        (
+            "bios: ovmf\n",
+            {},
+            "refused: VM 201 boots SeaBIOS, which cannot map 512.1 GiB of 64-bit BARs (4 GPU(s), largest BAR 128 GiB): set bios: ovmf (with an efidisk0)",
+        ),
+    ],
+)
 def test_bad_input_exits_2_with_one_line_and_changes_nothing(host, tmp_path, capsys, change, consumer, want):
     conf = host.paths.pve / "nodes/pve1/qemu-server/201.conf"
     conf.write_text(conf.read_text().replace(change, ""))
@@ -178,21 +215,27 @@ def test_an_unbalanced_quote_in_args_loses_the_window_and_is_refused_before_writ
     assert guest_smi(ports)["exitcode"] == 6  # QEMU got none of the arguments
     with pytest.raises(PlanRefused) as e:
         apply(spec, ports, root=str(host.paths.root), timeouts=T)
-    assert [str(r) for r in e.value.refusals] == [f'VM 201: args: unbalanced quote in "{broken}": QEMU would get none '
-                                                  "of its arguments"]
+    assert [str(r) for r in e.value.refusals] == [
+        f'VM 201: args: unbalanced quote in "{broken}": QEMU would get none of its arguments'
+    ]
 
 
 # --- the reverse split with VM 201 running -------------------------------------------------------------
 
 
 def reverse(text: str) -> str:
-    return text.replace("numa: [0]", "numa: [0, 1]").replace("            numa: [1]", "            count: 1").replace(
-        "gpus:\n            count: 1", "gpus: rest")
+    return (
+        text.replace("numa: [0]", "numa: [0, 1]")
+        .replace("            numa: [1]", "            count: 1")
+        .replace("gpus:\n            count: 1", "gpus: rest")
+    )
 
 
 def test_reverse_split_with_the_vm_running_on_the_mapping_is_refused_at_once(host):
     # VM 201 only listed in guests, as before consumers: gputopo may stop it, not change it
-    text = init_spec(discover(str(host.paths.root)), container_mapping="pro6000").replace("guests: []", "guests: [201]")
+    text = init_spec(discover(str(host.paths.root)), container_mapping="pro6000").replace(
+        "guests: []", "guests: [201]"
+    )
     _, ports = applied(host, text)
     ports.proxmox.guest_action("qemu", 201, "start", 30)
     before = applysim.fingerprint(host)
@@ -201,7 +244,9 @@ def test_reverse_split_with_the_vm_running_on_the_mapping_is_refused_at_once(hos
         apply(parse_spec(reverse(text)), ports, root=str(host.paths.root), timeouts=T)
     assert time.monotonic() - t0 < 20
     (r,) = e.value.refusals
-    assert str(r).startswith("VM 201 is running with mapping pro6000-vm (hostpci0), whose GPU(s) go to a container")
+    assert str(r).startswith(
+        "VM 201 is running with mapping pro6000-vm (hostpci0), whose GPU(s) go to a container"
+    )
     assert applysim.diff(before, applysim.fingerprint(host)) == []
 
 
@@ -212,8 +257,9 @@ def test_reverse_split_removes_the_vms_lines_and_starts_it_without_container_gpu
     from gputopo.facts.observe import observe
     from gputopo.plan.reads import spec_reads
 
-    facts, now = observe(str(host.paths.root), spec_reads(back), proxmox=ports.proxmox, exec=ports.exec,
-                         files=ports.files)
+    facts, now = observe(
+        str(host.paths.root), spec_reads(back), proxmox=ports.proxmox, exec=ports.exec, files=ports.files
+    )
     shown = diff(facts, back, now)
     text = shown.to_text()
     assert "delete PCI mapping pro6000-vm" in text and "== vm config" in text
@@ -237,10 +283,17 @@ def test_verify_fails_when_a_vm_uses_a_mapping_listing_container_gpus_and_warns_
     text = spec_text(host).replace("        mapping: pro6000\n", "")
     spec, ports = applied(host, text)
     vm = verify(spec, ports, root=str(host.paths.root), only=["vm"]).check("vm")
-    assert vm.status == "WARN" and vm.summary.startswith("mapping pro6000 lists container GPU(s) 0000:01:00.0 (CT 101)")
-    (host.paths.pve / "nodes/pve1/qemu-server/203.conf").write_text("hostpci0: mapping=pro6000,pcie=1\nmachine: q35\n")
+    assert vm.status == "WARN" and vm.summary.startswith(
+        "mapping pro6000 lists container GPU(s) 0000:01:00.0 (CT 101)"
+    )
+    (host.paths.pve / "nodes/pve1/qemu-server/203.conf").write_text(
+        "hostpci0: mapping=pro6000,pcie=1\nmachine: q35\n"
+    )
     vm = verify(spec, ports, root=str(host.paths.root), only=["vm"]).check("vm")
-    assert vm.status == "FAIL" and "and VM 203 uses it: Proxmox can give one of them to the VM at its start" in vm.summary
+    assert (
+        vm.status == "FAIL"
+        and "and VM 203 uses it: Proxmox can give one of them to the VM at its start" in vm.summary
+    )
 
 
 def test_verify_names_a_mapping_line_that_no_longer_matches_its_hardware(host):

@@ -13,14 +13,14 @@ import pytest
 
 from gputopo.sim import state
 from gputopo.sim.pveapi import PveApiServer
-from helpers.applysim import copy_host, fingerprint, seed_spec_text, template  # noqa: F401 - fixture
+from helpers.applysim import copy_host, fingerprint, seed_spec_text, template  # noqa: F401 (fixtures)
 from helpers.cli import one_line, run
 
 pytestmark = pytest.mark.slow  # the real entry point against the simulated API over HTTPS; the full run only
 
 
 @pytest.fixture
-def sim(template, tmp_path):  # noqa: F811 - the session fixture from applysim
+def sim(template, tmp_path):
     h = copy_host(template, tmp_path / "sim")
     state.write_state(h.paths.run, "latencies", {"auth.fail": 0.0})
     h.start()
@@ -52,14 +52,16 @@ def _api(sim) -> list[str]:
 def _served_fingerprint(port: int) -> str:
     der = ssl.PEM_cert_to_DER_cert(ssl.get_server_certificate(("127.0.0.1", port)))
     h = hashlib.sha256(der).hexdigest().upper()
-    return ":".join(h[i:i + 2] for i in range(0, 64, 2))
+    return ":".join(h[i : i + 2] for i in range(0, 64, 2))
 
 
 # --- which node ---------------------------------------------------------------------------
 
 
 def test_plan_with_api_url_names_the_specs_node_not_the_local_hostname(capsys, sim, spec, env):
-    code, out, err = run(capsys, "plan", *_api(sim), "--ca-bundle", str(sim.api.ca_cert_path), "--spec", str(spec))
+    code, out, err = run(
+        capsys, "plan", *_api(sim), "--ca-bundle", str(sim.api.ca_cert_path), "--spec", str(spec)
+    )
     assert code == 0, err
     assert "[switch]" in out and "workstation" not in out + err
 
@@ -69,8 +71,18 @@ def test_verify_with_api_url_names_this_hosts_node_of_a_two_node_spec(capsys, si
 
     two = spec.read_text().replace("\npolicy:", "\n  - name: pve9\npolicy:")
     spec.write_text(two)
-    code, out, err = run(capsys, "verify", *_api(sim), "--ca-bundle", str(sim.api.ca_cert_path), "--spec", str(spec),
-                         "--json", "--timeout", "1")
+    code, out, err = run(
+        capsys,
+        "verify",
+        *_api(sim),
+        "--ca-bundle",
+        str(sim.api.ca_cert_path),
+        "--spec",
+        str(spec),
+        "--json",
+        "--timeout",
+        "1",
+    )
     # pct is not on this machine, so the container's checks fail; the API was read for pve1
     assert "hostname lookup" not in err and "workstation" not in out + err
     report = json.loads(out)
@@ -78,14 +90,23 @@ def test_verify_with_api_url_names_this_hosts_node_of_a_two_node_spec(capsys, si
 
 
 def test_apply_refuses_an_api_whose_node_is_not_this_host(capsys, sim, spec, env, tmp_path):
-    other = PveApiServer(tmp_path / "o" / "pve", tmp_path / "o" / "run", sim.paths.root, node="pve2",
-                         auth_fail_delay=0.0).start()
+    other = PveApiServer(
+        tmp_path / "o" / "pve", tmp_path / "o" / "run", sim.paths.root, node="pve2", auth_fail_delay=0.0
+    ).start()
     try:
         env.setenv("GPUTOPO_PVE_PASSWORD", other.root_password)
         before = fingerprint(sim)
         for argv in (["apply", "--spec", str(spec), "--yes"], ["recover"]):
-            code, _, err = run(capsys, *argv, "--api-url", f"https://127.0.0.1:{other.port}",
-                               "--root", str(sim.paths.root), "--ca-bundle", str(other.ca_cert_path))
+            code, _, err = run(
+                capsys,
+                *argv,
+                "--api-url",
+                f"https://127.0.0.1:{other.port}",
+                "--root",
+                str(sim.paths.root),
+                "--ca-bundle",
+                str(other.ca_cert_path),
+            )
             assert code == 2, err
             line = one_line(err)
             assert line.startswith("gputopo: error: the Proxmox API serves node(s) pve2")
@@ -95,8 +116,16 @@ def test_apply_refuses_an_api_whose_node_is_not_this_host(capsys, sim, spec, env
         other.stop()
     # the host's own API passes that check (a dry run, which changes nothing)
     env.setenv("GPUTOPO_PVE_PASSWORD", sim.credentials()["password"])
-    code, out, err = run(capsys, "apply", *_api(sim), "--ca-bundle", str(sim.api.ca_cert_path), "--spec", str(spec),
-                         "--dry-run")
+    code, out, err = run(
+        capsys,
+        "apply",
+        *_api(sim),
+        "--ca-bundle",
+        str(sim.api.ca_cert_path),
+        "--spec",
+        str(spec),
+        "--dry-run",
+    )
     assert code == 0, err
     assert "[switch]" in out
 
@@ -106,7 +135,10 @@ def test_apply_refuses_an_api_whose_node_is_not_this_host(capsys, sim, spec, env
 
 def test_fingerprint_pins_the_nodes_certificate_as_proxmox_clients_do(capsys, sim, spec, env):
     fp = _served_fingerprint(sim.api.port)
-    for secret_env in ({}, {"GPUTOPO_PVE_TOKEN": f"{sim.credentials()['token_id']}={sim.credentials()['token_value']}"}):
+    for secret_env in (
+        {},
+        {"GPUTOPO_PVE_TOKEN": f"{sim.credentials()['token_id']}={sim.credentials()['token_value']}"},
+    ):
         for k, v in secret_env.items():
             env.setenv(k, v)
         # no CA: the pinned fingerprint alone is trusted, in lower case too, the login included
@@ -117,11 +149,15 @@ def test_fingerprint_pins_the_nodes_certificate_as_proxmox_clients_do(capsys, si
     wrong = "AB:" * 31 + "CD"
     code, _, err = run(capsys, "plan", *_api(sim), "--fingerprint", wrong, "--spec", str(spec))
     assert code == 2
-    assert one_line(err) == (f"gputopo: error: connect https://127.0.0.1:{sim.api.port}: the certificate's "
-                             f"SHA-256 fingerprint is {fp}, not the pinned {wrong}")
+    assert one_line(err) == (
+        f"gputopo: error: connect https://127.0.0.1:{sim.api.port}: the certificate's "
+        f"SHA-256 fingerprint is {fp}, not the pinned {wrong}"
+    )
     assert sim.credentials()["password"] not in err
     code, _, err = run(capsys, "plan", *_api(sim), "--fingerprint", "AB:CD", "--spec", str(spec))
-    assert code == 2 and one_line(err).startswith("gputopo: error: --fingerprint AB:CD: a SHA-256 fingerprint is")
+    assert code == 2 and one_line(err).startswith(
+        "gputopo: error: --fingerprint AB:CD: a SHA-256 fingerprint is"
+    )
     # apply refuses in one line too, before anything changes
     before = fingerprint(sim)
     code, _, err = run(capsys, "apply", *_api(sim), "--fingerprint", wrong, "--spec", str(spec), "--yes")
@@ -132,7 +168,10 @@ def test_insecure_warns_and_does_not_mix_with_a_ca_bundle(capsys, sim, spec, env
     code, out, err = run(capsys, "plan", *_api(sim), "--insecure", "--spec", str(spec))
     assert code == 0, err
     assert one_line(err).startswith("gputopo: warning: --insecure: the API's TLS certificate is not checked")
-    for extra in (["--ca-bundle", str(sim.api.ca_cert_path)], ["--fingerprint", _served_fingerprint(sim.api.port)]):
+    for extra in (
+        ["--ca-bundle", str(sim.api.ca_cert_path)],
+        ["--fingerprint", _served_fingerprint(sim.api.port)],
+    ):
         code, _, err = run(capsys, "plan", *_api(sim), "--insecure", *extra, "--spec", str(spec))
         assert code == 2
         line = one_line(err)
@@ -149,21 +188,44 @@ def test_a_token_name_as_the_web_ui_shows_it_works(capsys, sim, spec, env):
     for name in ("root@pam!gputopo", "gputopo"):
         code, out, err = run(capsys, "plan", *_api(sim), *ca, "--token-name", name, "--spec", str(spec))
         assert code == 0, (name, err)
-    code, _, err = run(capsys, "plan", *_api(sim), *ca, "--token-name", "ops@pve!gputopo", "--user", "other@pve",
-                       "--spec", str(spec))
+    code, _, err = run(
+        capsys,
+        "plan",
+        *_api(sim),
+        *ca,
+        "--token-name",
+        "ops@pve!gputopo",
+        "--user",
+        "other@pve",
+        "--spec",
+        str(spec),
+    )
     assert code == 2
-    assert one_line(err) == "gputopo: error: --token-name ops@pve!gputopo is a token of ops@pve, not of --user other@pve"
+    assert (
+        one_line(err)
+        == "gputopo: error: --token-name ops@pve!gputopo is a token of ops@pve, not of --user other@pve"
+    )
 
 
 def test_a_wrong_token_secret_is_bad_input_and_apply_changes_nothing(capsys, sim, spec, env):
     env.delenv("GPUTOPO_PVE_PASSWORD")
     env.setenv("GPUTOPO_PVE_TOKEN_SECRET", "00000000-0000-0000-0000-000000000000")
-    base = [*_api(sim), "--ca-bundle", str(sim.api.ca_cert_path), "--token-name", "gputopo", "--spec", str(spec)]
+    base = [
+        *_api(sim),
+        "--ca-bundle",
+        str(sim.api.ca_cert_path),
+        "--token-name",
+        "gputopo",
+        "--spec",
+        str(spec),
+    ]
     before = fingerprint(sim)
     code, _, err = run(capsys, "apply", *base, "--yes")
     assert code == 2
-    assert one_line(err) == ("gputopo: error: cannot use the Proxmox API (GET /version: 401 Authentication failed! "
-                             "(API token root@pam!gputopo)); nothing was changed")
+    assert one_line(err) == (
+        "gputopo: error: cannot use the Proxmox API (GET /version: 401 Authentication failed! "
+        "(API token root@pam!gputopo)); nothing was changed"
+    )
     assert fingerprint(sim) == before
     code, _, err = run(capsys, "plan", *base)
     assert code == 2 and "401 Authentication failed!" in one_line(err)
@@ -173,8 +235,14 @@ def test_a_wrong_token_secret_is_bad_input_and_apply_changes_nothing(capsys, sim
 # --- the spec file --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("nest", [lambda n: "[" * n + "]" * n, lambda n: "{a: " * n + "1" + "}" * n,
-                                  lambda n: "\n" + "".join("  " * (i + 2) + "- \n" for i in range(n))])
+@pytest.mark.parametrize(
+    "nest",
+    [
+        lambda n: "[" * n + "]" * n,
+        lambda n: "{a: " * n + "1" + "}" * n,
+        lambda n: "\n" + "".join("  " * (i + 2) + "- \n" for i in range(n)),
+    ],
+)
 def test_a_spec_nested_500_levels_deep_is_one_line_and_exit_2(capsys, sim, tmp_path, nest):
     p = tmp_path / "deep.yaml"
     text = seed_spec_text(sim) + "extra: " + nest(500) + "\n"
@@ -184,5 +252,7 @@ def test_a_spec_nested_500_levels_deep_is_one_line_and_exit_2(capsys, sim, tmp_p
         code, _, err = run(capsys, *argv, "--spec", str(p))
         assert code == 2, err
         line = one_line(err)
-        assert line.startswith(f"gputopo: error: {p}: nested too deeply to be a spec (more than 32 levels at line ")
+        assert line.startswith(
+            f"gputopo: error: {p}: nested too deeply to be a spec (more than 32 levels at line "
+        )
         assert int(line.split(" at line ")[1].split(",")[0]) >= first

@@ -12,7 +12,7 @@ import click
 import pytest
 
 from gputopo.cli import COMMANDS, LazyGroup, main
-from helpers.applysim import copy_host, fingerprint, seed_spec_text, template  # noqa: F401 - fixture
+from helpers.applysim import copy_host, fingerprint, seed_spec_text, template  # noqa: F401 (fixtures)
 from helpers.cli import one_line, run
 
 
@@ -32,23 +32,26 @@ def spec_file(tmp_path, seed) -> Path:
 
 
 @pytest.fixture
-def sim(template, tmp_path):  # noqa: F811 - the session fixture from applysim
+def sim(template, tmp_path):
     return copy_host(template, tmp_path / "sim")
 
 
 # --- the command line itself -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("argv, command, culprit", [
-    (["plan", "--bogus"], "gputopo plan", "--bogus"),
-    (["render", "--spec", "x.yaml"], "gputopo render", "--out"),
-    (["schema"], "gputopo schema", "'NAME'"),
-    (["schema", "nope"], "gputopo schema", "'nope'"),
-    (["sim", "create"], "gputopo sim create", "DIR"),
-    (["discover", "extra"], "gputopo discover", "'extra'"),
-    (["fixtures", "bogus"], "gputopo fixtures", "bogus"),
-    (["recover", "--sim", "x", "foo"], "gputopo recover", "foo"),
-])
+@pytest.mark.parametrize(
+    "argv, command, culprit",
+    [
+        (["plan", "--bogus"], "gputopo plan", "--bogus"),
+        (["render", "--spec", "x.yaml"], "gputopo render", "--out"),
+        (["schema"], "gputopo schema", "'NAME'"),
+        (["schema", "nope"], "gputopo schema", "'nope'"),
+        (["sim", "create"], "gputopo sim create", "DIR"),
+        (["discover", "extra"], "gputopo discover", "'extra'"),
+        (["fixtures", "bogus"], "gputopo fixtures", "bogus"),
+        (["recover", "--sim", "x", "foo"], "gputopo recover", "foo"),
+    ],
+)
 def test_a_usage_error_is_one_line_naming_the_command_and_the_culprit(capsys, argv, command, culprit):
     code, _, err = run(capsys, *argv)
     line = one_line(err)
@@ -111,10 +114,19 @@ def test_an_eof_error_inside_a_command_is_not_a_declined_prompt(capsys, monkeypa
         main(["boom"])
 
 
-@pytest.mark.parametrize("command, text", [
-    ("apply", "Exit codes"), ("recover", "Exit codes"), ("verify", "Exit codes"), ("plan", "Exit codes"),
-    ("diff", "Exit codes"), ("discover", "Exit codes"), ("render", "Exit codes"), ("init", "Exit codes"),
-])
+@pytest.mark.parametrize(
+    "command, text",
+    [
+        ("apply", "Exit codes"),
+        ("recover", "Exit codes"),
+        ("verify", "Exit codes"),
+        ("plan", "Exit codes"),
+        ("diff", "Exit codes"),
+        ("discover", "Exit codes"),
+        ("render", "Exit codes"),
+        ("init", "Exit codes"),
+    ],
+)
 def test_help_states_the_exit_codes(capsys, command, text):
     code, out, _ = run(capsys, command, "--help")
     assert code == 0 and text in " ".join(out.split())
@@ -123,8 +135,16 @@ def test_help_states_the_exit_codes(capsys, command, text):
 def test_init_options_all_have_help(capsys):
     code, out, _ = run(capsys, "init", "--help")
     assert code == 0
-    for option in ("--root", "--split", "--container ", "--vm-mapping", "--container-mapping", "--node",
-                   "--service-unit", "--tp-flag"):
+    for option in (
+        "--root",
+        "--split",
+        "--container ",
+        "--vm-mapping",
+        "--container-mapping",
+        "--node",
+        "--service-unit",
+        "--tp-flag",
+    ):
         row = next(ln for ln in out.splitlines() if ln.strip().startswith(option.strip()))
         assert len(row.split()) > 2, row  # option, metavar, then words of help
 
@@ -140,15 +160,23 @@ def _variant(spec_file: Path, old: str, new: str, name: str) -> Path:
     return p
 
 
-@pytest.mark.parametrize("content, expected", [
-    (None, "missing.yaml: cannot read: No such file or directory"),
-    ("", "bad.yaml: a mapping with apiVersion: gputopo/v1 and kind: GpuTopology expected"),
-    ("- a\n- b\n", "bad.yaml: a mapping with apiVersion"),
-    ("foo: [\n", "bad.yaml: YAML syntax error at line 2, column 1"),
-    ("apiVersion: gputopo/v1\nkind: GpuTopology\nnodes:\n\t- name: x\n",
-     "bad.yaml: YAML syntax error at line 4, column 1: found character '\\t'"),
-    ("apiVersion: gputopo/v2\nkind: GpuTopology\nnodes: []\n", "bad.yaml: apiVersion: 'gputopo/v1' expected (got 'gputopo/v2')"),
-])
+@pytest.mark.parametrize(
+    "content, expected",
+    [
+        (None, "missing.yaml: cannot read: No such file or directory"),
+        ("", "bad.yaml: a mapping with apiVersion: gputopo/v1 and kind: GpuTopology expected"),
+        ("- a\n- b\n", "bad.yaml: a mapping with apiVersion"),
+        ("foo: [\n", "bad.yaml: YAML syntax error at line 2, column 1"),
+        (
+            "apiVersion: gputopo/v1\nkind: GpuTopology\nnodes:\n\t- name: x\n",
+            "bad.yaml: YAML syntax error at line 4, column 1: found character '\\t'",
+        ),
+        (
+            "apiVersion: gputopo/v2\nkind: GpuTopology\nnodes: []\n",
+            "bad.yaml: apiVersion: 'gputopo/v1' expected (got 'gputopo/v2')",
+        ),
+    ],
+)
 def test_a_spec_file_that_is_not_a_spec(capsys, tmp_path, seed, content, expected):
     name = "missing.yaml" if content is None else "bad.yaml"
     if content is not None:
@@ -158,16 +186,19 @@ def test_a_spec_file_that_is_not_a_spec(capsys, tmp_path, seed, content, expecte
     assert expected in one_line(err)
 
 
-@pytest.mark.parametrize("anchor, field", [
-    ("policy:\n", "bogus"),
-    ("    containers:\n", "nodes[0].bogus"),
-    ("        device_mode: devN\n", "nodes[0].containers[0].bogus"),
-    ("          unit: sglang.service\n", "nodes[0].containers[0].service.bogus"),
-    ("          numa: [0]\n", "nodes[0].containers[0].gpus.bogus"),
-    ("      guests: []\n", "nodes[0].vms.bogus"),
-    ("  tp_check: error\n", "policy.bogus"),
-    ("  timeout: 120\n", "verify.bogus"),
-])
+@pytest.mark.parametrize(
+    "anchor, field",
+    [
+        ("policy:\n", "bogus"),
+        ("    containers:\n", "nodes[0].bogus"),
+        ("        device_mode: devN\n", "nodes[0].containers[0].bogus"),
+        ("          unit: sglang.service\n", "nodes[0].containers[0].service.bogus"),
+        ("          numa: [0]\n", "nodes[0].containers[0].gpus.bogus"),
+        ("      guests: []\n", "nodes[0].vms.bogus"),
+        ("  tp_check: error\n", "policy.bogus"),
+        ("  timeout: 120\n", "verify.bogus"),
+    ],
+)
 def test_an_unknown_key_names_its_path_at_every_level(capsys, seed, spec_file, anchor, field):
     indent = " " * (len(anchor) - len(anchor.lstrip()))
     if anchor == "policy:\n":
@@ -181,15 +212,26 @@ def test_an_unknown_key_names_its_path_at_every_level(capsys, seed, spec_file, a
     assert one_line(err) == f"gputopo: error: {bad}: {field}: unknown key"
 
 
-@pytest.mark.parametrize("old, new, expected", [
-    ("keep_driver_override: true", "keep_driver_override: maybe", "policy.keep_driver_override: Input should be a valid boolean"),
-    ("name: pro6000-vm", "name: 1abc", "nodes[0].vms.mappings[0].name: String should match pattern"),
-    ("name: pro6000-vm", "name: a", "(got 'a')"),
-    ("name: pro6000-vm", "name: has space", "(got 'has space')"),
-    ('mode: "0666"', "mode: 0666", 'nodes[0].containers[0].mode: a quoted mode such as "0666" expected '
-                                   "(unquoted, YAML reads it as the number 438)"),
-    ("numa: [0]", 'addresses: ["0000:81:00"]', "gpus.addresses: not a PCI address: '0000:81:00'"),
-])
+@pytest.mark.parametrize(
+    "old, new, expected",
+    [
+        (
+            "keep_driver_override: true",
+            "keep_driver_override: maybe",
+            "policy.keep_driver_override: Input should be a valid boolean",
+        ),
+        ("name: pro6000-vm", "name: 1abc", "nodes[0].vms.mappings[0].name: String should match pattern"),
+        ("name: pro6000-vm", "name: a", "(got 'a')"),
+        ("name: pro6000-vm", "name: has space", "(got 'has space')"),
+        (
+            'mode: "0666"',
+            "mode: 0666",
+            'nodes[0].containers[0].mode: a quoted mode such as "0666" expected '
+            "(unquoted, YAML reads it as the number 438)",
+        ),
+        ("numa: [0]", 'addresses: ["0000:81:00"]', "gpus.addresses: not a PCI address: '0000:81:00'"),
+    ],
+)
 def test_a_wrong_value_names_the_field_and_the_value(capsys, seed, spec_file, old, new, expected):
     bad = _variant(spec_file, old, new, "wrong.yaml")
     code, _, err = run(capsys, "plan", "--root", str(seed), "--spec", str(bad))
@@ -202,15 +244,18 @@ def test_an_address_unquoted_or_in_another_form_is_the_address(written):
     # YAML 1.1 reads an unquoted 0000:01:00.0 as the base-60 number 60.0
     from gputopo.plan.spec import parse_spec
 
-    text = ("apiVersion: gputopo/v1\nkind: GpuTopology\nnodes:\n  - name: pve1\n    containers:\n"
-            f"      - vmid: 101\n        gpus:\n          addresses: [{written}, 0000:11:00.0]\n")
+    text = (
+        "apiVersion: gputopo/v1\nkind: GpuTopology\nnodes:\n  - name: pve1\n    containers:\n"
+        f"      - vmid: 101\n        gpus:\n          addresses: [{written}, 0000:11:00.0]\n"
+    )
     spec = parse_spec(text)
     assert spec.nodes[0].containers[0].gpus.addresses == ["0000:01:00.0", "0000:11:00.0"]
 
 
 def test_numbers_and_dates_still_load_as_yaml_says():
-    from gputopo.plan.yamlspec import _SpecLoader
     import yaml
+
+    from gputopo.plan.yamlspec import _SpecLoader
 
     assert yaml.load("[12, 1.5, 0x10, 1:30, '7']", Loader=_SpecLoader) == [12, 1.5, 16, "1:30", "7"]
 
@@ -228,7 +273,9 @@ def test_duplicate_keys_are_refused_not_silently_merged(capsys, seed, spec_file)
     code, _, err = run(capsys, "plan", "--root", str(seed), "--spec", str(bad))
     assert code == 2
     line = one_line(err)
-    assert line.startswith(f"gputopo: error: {bad}: YAML syntax error at line ") and line.endswith("duplicate key 'containers'")
+    assert line.startswith(f"gputopo: error: {bad}: YAML syntax error at line ") and line.endswith(
+        "duplicate key 'containers'"
+    )
 
 
 def test_a_spec_file_that_is_not_text(capsys, seed, tmp_path):
@@ -255,11 +302,18 @@ def test_a_spec_for_another_node_is_refused_and_apply_changes_nothing(capsys, si
     spec = sim.dir / "other.yaml"
     spec.write_text(seed_spec_text(sim).replace("name: pve1", "name: pve9"))
     before = fingerprint(sim)
-    for argv in (["plan", "--sim", str(sim.dir)], ["diff", "--sim", str(sim.dir)], ["verify", "--sim", str(sim.dir)],
-                 ["apply", "--sim", str(sim.dir), "--yes"]):
+    for argv in (
+        ["plan", "--sim", str(sim.dir)],
+        ["diff", "--sim", str(sim.dir)],
+        ["verify", "--sim", str(sim.dir)],
+        ["apply", "--sim", str(sim.dir), "--yes"],
+    ):
         code, _, err = run(capsys, *argv, "--spec", str(spec))
         assert code == 2, (argv, err)
-        assert one_line(err) == "gputopo: error: spec: nodes[0].name: node 'pve9' is not this host, which is 'pve1'"
+        assert (
+            one_line(err)
+            == "gputopo: error: spec: nodes[0].name: node 'pve9' is not this host, which is 'pve1'"
+        )
     assert fingerprint(sim) == before
 
 
@@ -294,13 +348,16 @@ def test_a_container_that_does_not_exist_is_refused(capsys, sim):
 # --- init and quick mode: options the spec would refuse -------------------------------------------
 
 
-@pytest.mark.parametrize("option, value, expected", [
-    ("--container", "5", "--container: Input should be greater than or equal to 100 (got 5)"),
-    ("--vm-mapping", "1abc", "--vm-mapping: String should match pattern"),
-    ("--container-mapping", "has space", "--container-mapping: String should match pattern"),
-    ("--tp-flag", "tp", "--tp-flag: String should match pattern"),
-    ("--service-unit", "a/b", "--service-unit: a systemd unit name such as sglang.service expected"),
-])
+@pytest.mark.parametrize(
+    "option, value, expected",
+    [
+        ("--container", "5", "--container: Input should be greater than or equal to 100 (got 5)"),
+        ("--vm-mapping", "1abc", "--vm-mapping: String should match pattern"),
+        ("--container-mapping", "has space", "--container-mapping: String should match pattern"),
+        ("--tp-flag", "tp", "--tp-flag: String should match pattern"),
+        ("--service-unit", "a/b", "--service-unit: a systemd unit name such as sglang.service expected"),
+    ],
+)
 def test_init_refuses_an_option_the_spec_would_refuse(capsys, seed, tmp_path, option, value, expected):
     out = tmp_path / "s.yaml"
     # a flag matters only with a service to manage, in init as in quick mode
@@ -309,8 +366,17 @@ def test_init_refuses_an_option_the_spec_would_refuse(capsys, seed, tmp_path, op
     assert code == 2
     assert one_line(err).startswith(f"gputopo: error: {expected}")
     assert not out.exists()
-    code, _, err = run(capsys, "plan", "--root", str(seed), "--split", "numa", option, value,
-                       *(["--service-unit", "sglang.service"] if option == "--tp-flag" else []))
+    code, _, err = run(
+        capsys,
+        "plan",
+        "--root",
+        str(seed),
+        "--split",
+        "numa",
+        option,
+        value,
+        *(["--service-unit", "sglang.service"] if option == "--tp-flag" else []),
+    )
     assert code == 2 and one_line(err).startswith(f"gputopo: error: {expected}")
 
 
@@ -328,7 +394,9 @@ def test_an_output_path_that_cannot_be_written(capsys, seed, spec_file, tmp_path
     code, _, err = run(capsys, "init", "--root", str(seed), "-o", str(blocker / "s.yaml"))
     assert code == 2
     assert one_line(err).startswith(f"gputopo: error: {blocker / 's.yaml'}: cannot write: ")
-    code, _, err = run(capsys, "render", "--root", str(seed), "--spec", str(spec_file), "--out", str(blocker / "sub"))
+    code, _, err = run(
+        capsys, "render", "--root", str(seed), "--spec", str(spec_file), "--out", str(blocker / "sub")
+    )
     assert code == 2
     assert ": cannot write: Not a directory" in one_line(err)
 
@@ -338,7 +406,12 @@ def test_an_output_path_that_cannot_be_written(capsys, seed, spec_file, tmp_path
 
 @pytest.mark.parametrize("kind", ["file", "empty string", "empty dir", "absent"])
 def test_a_root_that_is_not_a_sysfs_tree(capsys, tmp_path, kind):
-    root = {"file": tmp_path / "f.txt", "empty string": "", "empty dir": tmp_path / "d", "absent": tmp_path / "no"}[kind]
+    root = {
+        "file": tmp_path / "f.txt",
+        "empty string": "",
+        "empty dir": tmp_path / "d",
+        "absent": tmp_path / "no",
+    }[kind]
     (tmp_path / "f.txt").write_text("x")
     (tmp_path / "d").mkdir()
     code, _, err = run(capsys, "discover", "--root", str(root))
@@ -353,19 +426,27 @@ def test_a_snapshot_that_is_corrupt(capsys, seed, tmp_path, damage):
     assert run(capsys, "snapshot", str(good), "--root", str(seed))[0] == 0
     data = good.read_bytes()
     bad = tmp_path / "bad.tar.gz"
-    bad.write_bytes({"garbage": b"not a tarball\n", "truncated": data[: len(data) // 3], "empty": b""}[damage])
+    bad.write_bytes(
+        {"garbage": b"not a tarball\n", "truncated": data[: len(data) // 3], "empty": b""}[damage]
+    )
     code, _, err = run(capsys, "discover", "--root", str(bad))
     assert code == 2
     assert one_line(err).startswith(f"gputopo: error: {bad}: cannot read snapshot: ")
 
 
 def test_sim_on_a_directory_that_is_not_a_simulated_host(capsys, seed, spec_file):
-    for argv in (["plan", "--spec", str(spec_file)], ["verify", "--spec", str(spec_file)], ["recover"],
-                 ["apply", "--spec", str(spec_file), "--yes"]):
+    for argv in (
+        ["plan", "--spec", str(spec_file)],
+        ["verify", "--spec", str(spec_file)],
+        ["recover"],
+        ["apply", "--spec", str(spec_file), "--yes"],
+    ):
         code, _, err = run(capsys, *argv, "--sim", str(seed))
         assert code == 2, argv
-        assert one_line(err) == (f"gputopo: error: {seed}: not a simulated host (no run/host.json); "
-                                 "create one with 'gputopo sim create'")
+        assert one_line(err) == (
+            f"gputopo: error: {seed}: not a simulated host (no run/host.json); "
+            "create one with 'gputopo sim create'"
+        )
 
 
 def test_a_live_source_refuses_the_options_it_would_ignore(capsys, sim, seed, spec_file):
@@ -391,8 +472,8 @@ def test_sim_create_that_fails_leaves_nothing(capsys, tmp_path):
 
 
 def test_sim_serve_on_a_port_in_use(capsys, tmp_path):
-    from gputopo.sim.host import SimHost
     from gputopo.errors import SimHostError
+    from gputopo.sim.host import SimHost
 
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))
@@ -402,7 +483,10 @@ def test_sim_serve_on_a_port_in_use(capsys, tmp_path):
         host = SimHost.create(tmp_path / "h")
         with pytest.raises(SimHostError) as e:
             host.start(port=port)
-        assert str(e.value) == f"{tmp_path / 'h'}: cannot serve the API on 127.0.0.1:{port}: Address already in use"
+        assert (
+            str(e.value)
+            == f"{tmp_path / 'h'}: cannot serve the API on 127.0.0.1:{port}: Address already in use"
+        )
     finally:
         busy.close()
     code, _, err = run(capsys, "sim", "serve", "--port", "70000")
@@ -413,8 +497,12 @@ def test_sim_serve_on_a_port_in_use(capsys, tmp_path):
 
 
 TIMEOUTS = [
-    ["apply", "--timeout", "0"], ["apply", "--timeout", "nan"], ["apply", "--timeout", "inf"],
-    ["apply", "--timeout", "-1"], ["apply", "--api-timeout", "0"], ["recover", "--timeout", "nan"],
+    ["apply", "--timeout", "0"],
+    ["apply", "--timeout", "nan"],
+    ["apply", "--timeout", "inf"],
+    ["apply", "--timeout", "-1"],
+    ["apply", "--api-timeout", "0"],
+    ["recover", "--timeout", "nan"],
     ["verify", "--timeout", "-5"],
 ]
 
@@ -457,11 +545,17 @@ def test_parse_api_url(url, port):
     assert parse_api_url(url) == ("pve1", port)
 
 
-@pytest.mark.parametrize("url, reason", [
-    ("http://pve1:8006", "the Proxmox API is served over https"), ("ftp://pve1", "the Proxmox API is served over https"),
-    ("https://pve1:0", "bad port"), ("https://pve1:65536", "bad port"), ("https://pve1:abc", "bad port"),
-    ("https://", "no host"),
-])
+@pytest.mark.parametrize(
+    "url, reason",
+    [
+        ("http://pve1:8006", "the Proxmox API is served over https"),
+        ("ftp://pve1", "the Proxmox API is served over https"),
+        ("https://pve1:0", "bad port"),
+        ("https://pve1:65536", "bad port"),
+        ("https://pve1:abc", "bad port"),
+        ("https://", "no host"),
+    ],
+)
 def test_parse_api_url_refuses(url, reason):
     from gputopo.cli.connect import parse_api_url
     from gputopo.errors import ConfigError
@@ -472,25 +566,47 @@ def test_parse_api_url_refuses(url, reason):
     assert e.value.exit_code == 2
 
 
-def test_an_unreachable_api_fails_fast_in_one_line_and_apply_changes_nothing(capsys, monkeypatch, seed, spec_file):
+def test_an_unreachable_api_fails_fast_in_one_line_and_apply_changes_nothing(
+    capsys, monkeypatch, seed, spec_file
+):
     monkeypatch.setenv("GPUTOPO_PVE_PASSWORD", "not-the-real-one")
     t0 = time.monotonic()
-    code, _, err = run(capsys, "apply", "--api-url", "https://127.0.0.1:1", "--root", str(seed),
-                       "--spec", str(spec_file), "--yes")
+    code, _, err = run(
+        capsys,
+        "apply",
+        "--api-url",
+        "https://127.0.0.1:1",
+        "--root",
+        str(seed),
+        "--spec",
+        str(spec_file),
+        "--yes",
+    )
     assert time.monotonic() - t0 < 10
     assert code == 2
     line = one_line(err)
     assert line.startswith("gputopo: error: cannot use the Proxmox API (connect https://127.0.0.1:1: ")
     assert "Connection refused" in line and line.endswith("nothing was changed")
     assert "not-the-real-one" not in err
-    code, _, err = run(capsys, "plan", "--api-url", "https://127.0.0.1:1", "--root", str(seed), "--spec", str(spec_file))
+    code, _, err = run(
+        capsys, "plan", "--api-url", "https://127.0.0.1:1", "--root", str(seed), "--spec", str(spec_file)
+    )
     assert code != 0 and "Connection refused" in one_line(err)
 
 
 def test_credentials_missing_or_in_a_file_others_can_read(capsys, monkeypatch, tmp_path, seed, spec_file):
     for var in ("GPUTOPO_PVE_PASSWORD", "GPUTOPO_PVE_TOKEN", "GPUTOPO_PVE_TOKEN_SECRET", "GPUTOPO_PVE_URL"):
         monkeypatch.delenv(var, raising=False)
-    base = ["apply", "--api-url", "https://127.0.0.1:1", "--root", str(seed), "--spec", str(spec_file), "--yes"]
+    base = [
+        "apply",
+        "--api-url",
+        "https://127.0.0.1:1",
+        "--root",
+        str(seed),
+        "--spec",
+        str(spec_file),
+        "--yes",
+    ]
     code, _, err = run(capsys, *base)
     assert code == 2 and "no credentials" in one_line(err)
     secret = tmp_path / "secret"
@@ -498,7 +614,8 @@ def test_credentials_missing_or_in_a_file_others_can_read(capsys, monkeypatch, t
     secret.chmod(0o644)
     code, _, err = run(capsys, *base, "--secret-file", str(secret))
     assert code == 2
-    assert one_line(err) == (f"gputopo: error: {secret}: secret file must be readable by its owner only "
-                             "(mode 0644; chmod 600 it)")
+    assert one_line(err) == (
+        f"gputopo: error: {secret}: secret file must be readable by its owner only (mode 0644; chmod 600 it)"
+    )
     code, _, err = run(capsys, *base, "--local")
     assert code == 2 and one_line(err) == "gputopo: error: --api-url and --local exclude each other"

@@ -10,11 +10,20 @@ import click
 import pytest
 
 from gputopo.cli import COMMANDS, LazyGroup
+from helpers.applysim import copy_host, fingerprint, seed_spec_text, template  # noqa: F401 (fixtures)
 from helpers.cli import one_line, run
-from helpers.applysim import copy_host, fingerprint, seed_spec_text, template  # noqa: F401 - fixture
 
-API = ["--api-url", "--local", "--user", "--token-name", "--secret-file", "--ca-bundle", "--fingerprint",
-       "--insecure", "--api-timeout"]
+API = [
+    "--api-url",
+    "--local",
+    "--user",
+    "--token-name",
+    "--secret-file",
+    "--ca-bundle",
+    "--fingerprint",
+    "--insecure",
+    "--api-timeout",
+]
 # command -> the connection options it offers (gputopo.cli.connect's table)
 OFFERED = {
     "plan": ["--root", "--pve-root", "--sim", *API, "--node"],
@@ -54,13 +63,20 @@ def _commands() -> dict[str, click.Command]:
 
 
 def _options(cmd: click.Command) -> dict[str, click.Option]:
-    return {p.opts[-1] if p.opts[-1].startswith("--") else p.opts[0]: p
-            for p in cmd.params if isinstance(p, click.Option)}
+    return {
+        p.opts[-1] if p.opts[-1].startswith("--") else p.opts[0]: p
+        for p in cmd.params
+        if isinstance(p, click.Option)
+    }
 
 
 def test_every_option_of_every_command_has_a_help_text():
-    missing = [f"{path} {name}" for path, cmd in _commands().items()
-               for name, opt in _options(cmd).items() if not (opt.help or "").strip()]
+    missing = [
+        f"{path} {name}"
+        for path, cmd in _commands().items()
+        for name, opt in _options(cmd).items()
+        if not (opt.help or "").strip()
+    ]
     assert missing == []
 
 
@@ -69,23 +85,31 @@ def test_each_command_offers_exactly_its_connection_options():
     for name, offered in OFFERED.items():
         got = [o for o in _options(commands[name]) if o in CONNECTION]
         assert got == offered, name
-    others = {p: sorted(set(_options(c)) & CONNECTION) for p, c in commands.items()
-              if p not in OFFERED and not p.startswith("sim ")}
+    others = {
+        p: sorted(set(_options(c)) & CONNECTION)
+        for p, c in commands.items()
+        if p not in OFFERED and not p.startswith("sim ")
+    }
     assert all(not v for v in others.values()), others
 
 
 def test_the_options_are_one_definition():
     commands = _commands()
     for option in CONNECTION - {"--root"}:
-        seen = {(o.help, o.envvar, o.show_envvar, repr(o.type.to_info_dict()), o.default)
-                for name in OFFERED if option in OFFERED[name]
-                for o in [_options(commands[name])[option]]}
+        seen = {
+            (o.help, o.envvar, o.show_envvar, repr(o.type.to_info_dict()), o.default)
+            for name in OFFERED
+            if option in OFFERED[name]
+            for o in [_options(commands[name])[option]]
+        }
         assert len(seen) == 1, (option, seen)
     # --root differs only in what it accepts: a snapshot archive where discovery reads it
     for name in (n for n in OFFERED if "--root" in OFFERED[n]):
         opt = _options(commands[name])["--root"]
         assert opt.default is None and opt.help.startswith("Host root holding sys/, proc/, dev/, etc/")
-        assert opt.type.file_okay == (name in ("plan", "render", "diff", "init", "export", "discover", "topo")), name
+        assert opt.type.file_okay == (
+            name in ("plan", "render", "diff", "init", "export", "discover", "topo")
+        ), name
 
 
 def test_help_shows_the_environment_variable(capsys):
@@ -96,7 +120,7 @@ def test_help_shows_the_environment_variable(capsys):
 
 
 @pytest.fixture
-def sim(template, tmp_path):  # noqa: F811 - the session fixture from applysim
+def sim(template, tmp_path):
     return copy_host(template, tmp_path / "sim")
 
 
@@ -107,14 +131,17 @@ def spec(sim) -> Path:
     return p
 
 
-@pytest.mark.parametrize("argv, option", [
-    (["history", "--api-url", "https://pve1"], "--api-url"),
-    (["init", "--pve-root", "/etc/pve"], "--pve-root"),
-    (["discover", "--sim", "x"], "--sim"),
-    (["snapshot", "out.tar.gz", "--node", "pve1"], "--node"),
-    (["apply", "--spec", "s.yaml", "--pve-root", "/etc/pve"], "--pve-root"),
-    (["verify", "--spec", "s.yaml", "--pve-root", "/etc/pve"], "--pve-root"),
-])
+@pytest.mark.parametrize(
+    "argv, option",
+    [
+        (["history", "--api-url", "https://pve1"], "--api-url"),
+        (["init", "--pve-root", "/etc/pve"], "--pve-root"),
+        (["discover", "--sim", "x"], "--sim"),
+        (["snapshot", "out.tar.gz", "--node", "pve1"], "--node"),
+        (["apply", "--spec", "s.yaml", "--pve-root", "/etc/pve"], "--pve-root"),
+        (["verify", "--spec", "s.yaml", "--pve-root", "/etc/pve"], "--pve-root"),
+    ],
+)
 def test_an_option_a_command_does_not_take_is_a_usage_error_naming_it(capsys, argv, option):
     code, _, err = run(capsys, *argv)
     assert code == 2
@@ -122,16 +149,19 @@ def test_an_option_a_command_does_not_take_is_a_usage_error_naming_it(capsys, ar
     assert "No such option" in line and option in line
 
 
-@pytest.mark.parametrize("command, extra, culprit", [
-    ("apply", ["--insecure"], "--insecure applies to --api-url only"),
-    ("apply", ["--user", "root@pam"], "--user applies to --api-url only"),
-    ("apply", ["--api-timeout", "5"], "--api-timeout applies to --api-url and --local only"),
-    ("verify", ["--token-name", "gputopo"], "--token-name applies to --api-url only"),
-    ("recover", ["--ca-bundle", "ca.pem"], "--ca-bundle applies to --api-url only"),
-    ("verify", ["--fingerprint", "AB:" * 31 + "AB"], "--fingerprint applies to --api-url only"),
-    ("plan", ["--secret-file", "pw"], "--secret-file applies to --api-url only"),
-    ("diff", ["--api-timeout", "5"], "--api-timeout applies to --api-url and --local only"),
-])
+@pytest.mark.parametrize(
+    "command, extra, culprit",
+    [
+        ("apply", ["--insecure"], "--insecure applies to --api-url only"),
+        ("apply", ["--user", "root@pam"], "--user applies to --api-url only"),
+        ("apply", ["--api-timeout", "5"], "--api-timeout applies to --api-url and --local only"),
+        ("verify", ["--token-name", "gputopo"], "--token-name applies to --api-url only"),
+        ("recover", ["--ca-bundle", "ca.pem"], "--ca-bundle applies to --api-url only"),
+        ("verify", ["--fingerprint", "AB:" * 31 + "AB"], "--fingerprint applies to --api-url only"),
+        ("plan", ["--secret-file", "pw"], "--secret-file applies to --api-url only"),
+        ("diff", ["--api-timeout", "5"], "--api-timeout applies to --api-url and --local only"),
+    ],
+)
 @pytest.mark.slow
 def test_an_api_option_the_simulated_host_would_ignore_is_refused(capsys, sim, spec, command, extra, culprit):
     before = fingerprint(sim)
@@ -163,10 +193,14 @@ def test_the_environment_url_yields_to_the_command_line(capsys, monkeypatch, sim
     code, out, err = run(capsys, "plan", "--spec", str(spec), "--sim", str(sim.dir))
     assert code == 0, err
     assert "[switch]" in out
-    code, out, err = run(capsys, "plan", "--spec", str(spec), "--root", root, "--pve-root", str(sim.paths.pve))
+    code, out, err = run(
+        capsys, "plan", "--spec", str(spec), "--root", root, "--pve-root", str(sim.paths.pve)
+    )
     assert code == 0, err
     # an --api-url typed with --sim is still a contradiction
-    code, _, err = run(capsys, "plan", "--spec", str(spec), "--sim", str(sim.dir), "--api-url", "https://127.0.0.1:1")
+    code, _, err = run(
+        capsys, "plan", "--spec", str(spec), "--sim", str(sim.dir), "--api-url", "https://127.0.0.1:1"
+    )
     assert code == 2 and "--sim excludes --api-url and --local" in one_line(err)
 
 
@@ -176,6 +210,9 @@ def test_init_on_a_simulated_host(capsys, sim, tmp_path):
     assert f"name: {sim.node}" in out
     code, _, err = run(capsys, "init", "--sim", str(sim.dir), "--node", "elsewhere")
     assert code == 2
-    assert one_line(err) == f"gputopo: error: --node elsewhere: the simulated host in {sim.dir} is node {sim.node}"
+    assert (
+        one_line(err)
+        == f"gputopo: error: --node elsewhere: the simulated host in {sim.dir} is node {sim.node}"
+    )
     code, _, err = run(capsys, "init", "--sim", str(tmp_path))
     assert code == 2 and "not a simulated host" in one_line(err)

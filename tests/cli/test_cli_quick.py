@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from gputopo.cli import COMMANDS, SUMMARIES, main
-from gputopo.cli.group import LazyGroup, run as click_run
+from gputopo.cli.group import LazyGroup
+from gputopo.cli.group import run as click_run
 from gputopo.cli.quick import answer, discover_options, help_text
 
 
@@ -30,7 +31,8 @@ def test_each_summary_is_what_click_makes_of_the_commands_docstring():
     for name in COMMANDS:
         cmd = LazyGroup._load(name, strict=True)
         assert SUMMARIES[name] == cmd.get_short_help_str(limit), (
-            f"gputopo.cli.SUMMARIES[{name!r}] should be {cmd.get_short_help_str(limit)!r}")
+            f"gputopo.cli.SUMMARIES[{name!r}] should be {cmd.get_short_help_str(limit)!r}"
+        )
 
 
 @pytest.mark.parametrize("columns", [50, 79, 80, 100, 200])
@@ -50,23 +52,30 @@ def test_version_is_clicks(capsys):
     assert quick[1].startswith("gputopo, version ")
 
 
-@pytest.mark.parametrize("argv", [
-    ["--json", "--root", "{seed}"],
-    ["--json", "--root={seed}", "--all"],
-    ["--root", "{seed}", "--json", "--gpu-match", "0x1a03:0x03", "--gpu-match=0x10de"],
-    ["--json", "--root", "{esc8000a}"],
-    ["--json", "--root", "{snapshot}"],
-    ["--json", "--root", "{missing}"],
-    ["--json", "--root", "{seed}", "--gpu-match", "zz"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--json", "--root", "{seed}"],
+        ["--json", "--root={seed}", "--all"],
+        ["--root", "{seed}", "--json", "--gpu-match", "0x1a03:0x03", "--gpu-match=0x10de"],
+        ["--json", "--root", "{esc8000a}"],
+        ["--json", "--root", "{snapshot}"],
+        ["--json", "--root", "{missing}"],
+        ["--json", "--root", "{seed}", "--gpu-match", "zz"],
+    ],
+)
 @pytest.mark.slow
 def test_discover_json_is_clicks(capsys, materialized, tmp_path, argv):
     from gputopo.facts.snapshot import snapshot
 
     if "{snapshot}" in argv:
         snapshot(materialized("seed"), tmp_path / "s.tar.gz")
-    paths = {"seed": materialized("seed"), "esc8000a": materialized("esc8000a"),
-             "snapshot": tmp_path / "s.tar.gz", "missing": tmp_path / "missing"}
+    paths = {
+        "seed": materialized("seed"),
+        "esc8000a": materialized("esc8000a"),
+        "snapshot": tmp_path / "s.tar.gz",
+        "missing": tmp_path / "missing",
+    }
     args = ["discover", *(a.format(**paths) for a in argv)]
     assert discover_options(args[1:]) is not None  # the quick path answers it
     quick = outcome(capsys, main, args)
@@ -74,11 +83,21 @@ def test_discover_json_is_clicks(capsys, materialized, tmp_path, argv):
     assert quick[0] == (2 if "{missing}" in argv or "zz" in argv else 0)
 
 
-@pytest.mark.parametrize("argv", [
-    ["discover", "--json", "--help"], ["discover", "--json", "-h"], ["discover", "--json", "--root"],
-    ["discover", "--json", "--root", "--all"], ["discover", "--json", "extra"], ["discover", "--json", "--bogus"],
-    ["discover", "--json", "--root", ""], ["--debug", "discover", "--json"], ["discover"], ["--version", "x"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["discover", "--json", "--help"],
+        ["discover", "--json", "-h"],
+        ["discover", "--json", "--root"],
+        ["discover", "--json", "--root", "--all"],
+        ["discover", "--json", "extra"],
+        ["discover", "--json", "--bogus"],
+        ["discover", "--json", "--root", ""],
+        ["--debug", "discover", "--json"],
+        ["discover"],
+        ["--version", "x"],
+    ],
+)
 def test_anything_else_is_left_to_click(argv):
     assert answer(argv) is False
 
@@ -95,12 +114,18 @@ def test_shell_completion_is_left_to_click(capsys, monkeypatch):
 
 @pytest.mark.slow
 def test_start_up_imports_no_click(tmp_path):
-    probe = ("import sys\nfrom gputopo.cli import main\n"
-             "try:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
-             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('click', 'pydantic')), file=sys.stderr)\n")
+    probe = (
+        "import sys\nfrom gputopo.cli import main\n"
+        "try:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('click', 'pydantic')), file=sys.stderr)\n"
+    )
     for argv in (["--version"], ["--help"], []):
-        p = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True,
-                           env={"COLUMNS": "80", "PATH": "/usr/bin:/bin"})
+        p = subprocess.run(
+            [sys.executable, "-c", probe, *argv],
+            capture_output=True,
+            text=True,
+            env={"COLUMNS": "80", "PATH": "/usr/bin:/bin"},
+        )
         assert p.returncode == 0 and p.stdout, p.stderr
         assert p.stderr.strip().splitlines()[-1] == "[]", argv
     # the probe sees click when a command needs it

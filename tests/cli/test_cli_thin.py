@@ -6,9 +6,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from helpers import REPO
-
 from gputopo.cli import COMMANDS
+from helpers import REPO
 
 CLI = REPO / "gputopo" / "cli"
 # completion is a command, and its module also holds the completers every option uses

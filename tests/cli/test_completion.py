@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.applysim import copy_host, template  # noqa: F401 - fixture
+from helpers.applysim import copy_host, template  # noqa: F401 (fixtures)
 from helpers.cli import run
 
 BIN = Path(sys.executable).parent  # where pip put the gputopo entry point
@@ -20,7 +20,9 @@ BIN = Path(sys.executable).parent  # where pip put the gputopo entry point
 
 @pytest.fixture(scope="module")
 def script(tmp_path_factory) -> Path:
-    out = subprocess.run([str(BIN / "gputopo"), "completion", "bash"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [str(BIN / "gputopo"), "completion", "bash"], capture_output=True, text=True, check=True
+    )
     p = tmp_path_factory.mktemp("completion") / "gputopo.bash"
     p.write_text(out.stdout)
     return p
@@ -32,19 +34,22 @@ def complete(script: Path, *words: str) -> list[str]:
     if shutil.which("bash") is None:
         pytest.skip("bash is not installed")
     quoted = " ".join(f"'{w}'" for w in words)
-    code = (f"source '{script}'\n"
-            f"COMP_WORDS=({quoted}); COMP_CWORD={len(words) - 1}; COMPREPLY=()\n"
-            "_gputopo_completion gputopo\n"
-            'printf "%s\\n" "${COMPREPLY[@]}"\n')
+    code = (
+        f"source '{script}'\n"
+        f"COMP_WORDS=({quoted}); COMP_CWORD={len(words) - 1}; COMPREPLY=()\n"
+        "_gputopo_completion gputopo\n"
+        'printf "%s\\n" "${COMPREPLY[@]}"\n'
+    )
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
-    res = subprocess.run(["bash", "--norc", "--noprofile", "-c", code], capture_output=True, text=True, env=env,
-                         timeout=60)
+    res = subprocess.run(
+        ["bash", "--norc", "--noprofile", "-c", code], capture_output=True, text=True, env=env, timeout=60
+    )
     assert res.returncode == 0, res.stderr
     return [ln for ln in res.stdout.splitlines() if ln]
 
 
 @pytest.fixture(scope="module")
-def host(template, tmp_path_factory):  # noqa: F811 - the session fixture from applysim
+def host(template, tmp_path_factory):
     return copy_host(template, tmp_path_factory.mktemp("comp") / "sim")
 
 
@@ -88,7 +93,9 @@ def test_bash_completes_gpu_addresses_and_apply_ids_from_the_root(script, host):
     journal.mkdir(parents=True, exist_ok=True)
     (journal / "20250101T000000Z-42.jsonl").write_text("")
     assert complete(script, "gputopo", "history", "--sim", str(host.dir), "show", "") == [
-        "20250101T000000Z-42", "last"]
+        "20250101T000000Z-42",
+        "last",
+    ]
 
 
 def test_completers_read_no_more_than_the_files(host):
@@ -106,4 +113,9 @@ def test_completers_read_no_more_than_the_files(host):
     addrs = complete_addresses(ctx, None, "0000:0")
     assert [(i.value, i.help) for i in addrs] == [("0000:01:00.0", "nvidia")]
     ctx.params = {"sim": "/nonexistent"}
-    assert complete_vmids(ctx, None, "") == complete_addresses(ctx, None, "") == complete_nodes(ctx, None, "") == []
+    assert (
+        complete_vmids(ctx, None, "")
+        == complete_addresses(ctx, None, "")
+        == complete_nodes(ctx, None, "")
+        == []
+    )

@@ -20,8 +20,12 @@ SEED_LINES = [
 
 
 def test_demo_ends_split_verified_and_converged(tmp_path: Path):
-    run = subprocess.run([sys.executable, "-m", "gputopo", "demo", "--dir", str(tmp_path / "d"), "--pace", "0.01"],
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, "-m", "gputopo", "demo", "--dir", str(tmp_path / "d"), "--pace", "0.01"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     out = run.stdout
     # the container kept running: the four GPUs it gave away stay in it until its next restart
@@ -39,7 +43,8 @@ def test_demo_ends_split_verified_and_converged(tmp_path: Path):
     assert "Cpus_allowed_list:\t64-127,192-255\n" in (root / "proc" / pid / "status").read_text()
     conf = (tmp_path / "d/sim/pve/nodes/pve1/qemu-server/201.conf").read_text()
     assert [ln for ln in conf.splitlines() if ln.startswith("hostpci")] == [
-        f"hostpci{i}: mapping=pro6000-vm,pcie=1" for i in range(4)]
+        f"hostpci{i}: mapping=pro6000-vm,pcie=1" for i in range(4)
+    ]
     assert "affinity: 64-127,192-255\n" in conf
     assert "a second plan: No changes" in out
     # the state of the design notes: the mapping split and --tp 4

@@ -15,8 +15,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from helpers.applysim import copy_host, seed_spec_text, template  # noqa: F401 - fixture
 from gputopo.cli.schema import DOCUMENTS
+from helpers.applysim import copy_host, seed_spec_text, template  # noqa: F401 (fixtures)
 from helpers.cli import run
 
 pytestmark = pytest.mark.slow  # every test applies on a simulated host (seconds each); the full run only
@@ -54,7 +54,7 @@ def _json(capsys, *argv) -> dict:
 
 
 @pytest.fixture
-def sim(template, tmp_path):  # noqa: F811 - the session fixture from applysim
+def sim(template, tmp_path):
     return copy_host(template, tmp_path / "sim")
 
 
@@ -109,8 +109,12 @@ def _render(capsys, s, spec, out: Path) -> dict:
 
 
 def _serve(d: Path) -> dict:
-    p = subprocess.Popen([str(BIN / "gputopo"), "sim", "serve", "--dir", str(d), "--json"], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [str(BIN / "gputopo"), "sim", "serve", "--dir", str(d), "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = p.stdout.readline()
     finally:
@@ -130,7 +134,9 @@ def test_the_documents_module_stays_light():
     import subprocess
     import sys
 
-    probe = ("import sys\nimport gputopo.model.documents\n"
-             "print(sorted(m for m in ('jinja2', 'gputopo.plan.planner', 'gputopo.plan.diff') if m in sys.modules))")
+    probe = (
+        "import sys\nimport gputopo.model.documents\n"
+        "print(sorted(m for m in ('jinja2', 'gputopo.plan.planner', 'gputopo.plan.diff') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

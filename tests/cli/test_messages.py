@@ -9,19 +9,19 @@ import json
 
 import pytest
 
-from helpers.applysim import copy_host, seed_spec, seed_spec_text, template  # noqa: F401 - fixture
 from gputopo.adapters.credentials import Credentials
 from gputopo.errors import ApplyFailed, BindError, ExecError
 from gputopo.ports import ExecResult
 from gputopo.sim import state
 from gputopo.sim.kernel import SimKernel
+from helpers.applysim import copy_host, seed_spec, seed_spec_text, template  # noqa: F401 (fixtures)
 from helpers.cli import one_line, run
 
 pytestmark = pytest.mark.slow  # every test applies on a simulated host (seconds each); the full run only
 
 
 @pytest.fixture
-def sim(template, tmp_path):  # noqa: F811 - the session fixture from applysim
+def sim(template, tmp_path):
     return copy_host(template, tmp_path / "sim")
 
 
@@ -29,8 +29,10 @@ def test_a_secret_is_masked_only_where_it_stands_whole():
     c = Credentials("root@pam", password="on")
     assert c.scrub("connection refused on pve1: password on") == "connection refused *** pve1: password ***"
     t = Credentials("root@pam!gputopo", token_name="gputopo", token_secret="3f2a-9c")
-    assert t.scrub("Authorization: PVEAPIToken=root@pam!gputopo=3f2a-9c failed; 3f2a-9cX") == \
-        "Authorization: PVEAPIToken=root@pam!gputopo=*** failed; 3f2a-9cX"
+    assert (
+        t.scrub("Authorization: PVEAPIToken=root@pam!gputopo=3f2a-9c failed; 3f2a-9cX")
+        == "Authorization: PVEAPIToken=root@pam!gputopo=*** failed; 3f2a-9cX"
+    )
     assert Credentials("u", password="p@ss!").scrub("bad p@ss! here, xp@ss!") == "bad *** here, xp@ss!"
     # a long secret is no part of a word: masked wherever it appears
     assert Credentials("u", password="Sup3rS3cret").scrub("x=xSup3rS3cretx") == "x=x***x"
@@ -47,7 +49,10 @@ def test_a_device_no_native_driver_claims_is_named_plainly(tmp_path, materialize
     with pytest.raises(BindError) as e:
         b._check("0000:99:00.0", None, native=True)
     assert str(e.value) == "0000:99:00.0: expected its native driver, found none: device is gone from the bus"
-    assert str(BindError("0000:01:00.0", "vfio-pci", "nvidia")) == "0000:01:00.0: expected driver vfio-pci, found nvidia"
+    assert (
+        str(BindError("0000:01:00.0", "vfio-pci", "nvidia"))
+        == "0000:01:00.0: expected driver vfio-pci, found nvidia"
+    )
 
 
 def test_parallel_steps_failing_together_name_the_step_whose_error_is_shown(sim):
@@ -65,7 +70,9 @@ def test_parallel_steps_failing_together_name_the_step_whose_error_is_shown(sim)
     finally:
         ports.close()
     text = str(e.value)
-    assert text.startswith("apply failed at step 7 (rebind 0000:81:00.0: nvidia -> vfio-pci (override kept)): ")
+    assert text.startswith(
+        "apply failed at step 7 (rebind 0000:81:00.0: nvidia -> vfio-pci (override kept)): "
+    )
     assert "0000:81:00.0" in text.split("): ", 1)[1] and "0000:f1:00.0" not in text
 
 
@@ -114,17 +121,35 @@ def test_an_untrusted_certificate_says_how_to_trust_it(capsys, sim, tmp_path, mo
     try:
         creds = sim.credentials()
         monkeypatch.setenv("GPUTOPO_PVE_PASSWORD", creds["password"])
-        code, _, err = run(capsys, "plan", "--api-url", sim.api.url.split("/api2")[0], "--spec", str(spec),
-                           "--root", str(sim.paths.root))
+        code, _, err = run(
+            capsys,
+            "plan",
+            "--api-url",
+            sim.api.url.split("/api2")[0],
+            "--spec",
+            str(spec),
+            "--root",
+            str(sim.paths.root),
+        )
         assert code == 2
         line = one_line(err)
         assert line.startswith(f"gputopo: error: connect https://127.0.0.1:{sim.api.port}: ")
-        assert line.endswith("; pass --ca-bundle /etc/pve/pve-root-ca.pem (copied from the node) or --insecure")
+        assert line.endswith(
+            "; pass --ca-bundle /etc/pve/pve-root-ca.pem (copied from the node) or --insecure"
+        )
         # a refused login is exit 2 as well: nothing was changed, in every command
         monkeypatch.setenv("GPUTOPO_PVE_PASSWORD", "wrong")
         for argv in (["plan", "--spec", str(spec)], ["verify", "--spec", str(spec)]):
-            code, _, err = run(capsys, *argv, "--api-url", sim.api.url.split("/api2")[0], "--root",
-                               str(sim.paths.root), "--ca-bundle", str(sim.api.ca_cert_path))
+            code, _, err = run(
+                capsys,
+                *argv,
+                "--api-url",
+                sim.api.url.split("/api2")[0],
+                "--root",
+                str(sim.paths.root),
+                "--ca-bundle",
+                str(sim.api.ca_cert_path),
+            )
             assert code == 2 and "authentication failure for root@pam" in one_line(err), argv
     finally:
         sim.stop()
@@ -135,21 +160,34 @@ def test_apply_says_what_the_next_boot_needs_or_runs_it(capsys, sim, tmp_path):
     spec.write_text(seed_spec_text(sim))
     (sim.paths.root / "etc/kernel").mkdir(parents=True, exist_ok=True)
     (sim.paths.root / "etc/kernel/proxmox-boot-uuids").write_text("0000-0001\n")
-    code, _, err = run(capsys, "apply", "--sim", str(sim.dir), "--spec", str(spec), "--yes", "--no-verify",
-                       "--dry-run")
+    code, _, err = run(
+        capsys, "apply", "--sim", str(sim.dir), "--spec", str(spec), "--yes", "--no-verify", "--dry-run"
+    )
     assert code == 0 and "boot persistence" not in err
     code, _, err = run(capsys, "apply", "--sim", str(sim.dir), "--spec", str(spec), "--yes", "--no-verify")
     assert code == 0, err
-    assert ("boot persistence changed: before the next reboot run: update-initramfs -u -k all && "
-            "proxmox-boot-tool refresh (or apply with --refresh-boot)") in err
+    assert (
+        "boot persistence changed: before the next reboot run: update-initramfs -u -k all && "
+        "proxmox-boot-tool refresh (or apply with --refresh-boot)"
+    ) in err
     assert state.read_state(sim.paths.run, "host-commands", []) == []  # said, not run
 
 
 def test_apply_refresh_boot_runs_the_commands_through_the_host(capsys, sim, tmp_path):
     spec = tmp_path / "s.yaml"
     spec.write_text(seed_spec_text(sim))
-    code, out, err = run(capsys, "apply", "--sim", str(sim.dir), "--spec", str(spec), "--yes", "--no-verify",
-                         "--refresh-boot", "--json")
+    code, out, err = run(
+        capsys,
+        "apply",
+        "--sim",
+        str(sim.dir),
+        "--spec",
+        str(spec),
+        "--yes",
+        "--no-verify",
+        "--refresh-boot",
+        "--json",
+    )
     assert code == 0, err
     doc = json.loads(out)
     assert doc["boot"] == {"commands": [["update-initramfs", "-u", "-k", "all"]], "ran": True}
@@ -157,11 +195,14 @@ def test_apply_refresh_boot_runs_the_commands_through_the_host(capsys, sim, tmp_
     assert ran == [["update-initramfs", "-u", "-k", "all"]]  # no proxmox-boot-uuids: no boot tool
     initramfs = state.read_state(sim.paths.run, "initramfs", {})["files"]
     modprobe = "etc/modprobe.d/gputopo-vfio.conf"
-    assert initramfs[modprobe] == (sim.paths.root / modprobe).read_text() and "vfio-pci" in initramfs[modprobe]
+    assert (
+        initramfs[modprobe] == (sim.paths.root / modprobe).read_text() and "vfio-pci" in initramfs[modprobe]
+    )
     assert "update-initramfs: Generating /boot/initrd.img-" in err
     # a second apply changes nothing: nothing is said or run
-    code, _, err = run(capsys, "apply", "--sim", str(sim.dir), "--spec", str(spec), "--yes", "--no-verify",
-                       "--refresh-boot")
+    code, _, err = run(
+        capsys, "apply", "--sim", str(sim.dir), "--spec", str(spec), "--yes", "--no-verify", "--refresh-boot"
+    )
     assert code == 0 and "boot" not in err and len(state.read_state(sim.paths.run, "host-commands", [])) == 1
 
 

@@ -30,13 +30,26 @@ def spec(seed, tmp_path):
     assert COMMAND in text
     p = tmp_path / "spec.yaml"
     # a service whose command is known: its drop-in is rendered too
-    p.write_text(text.replace(COMMAND, "          command: python3 -m sglang.launch_server --model-path /m --tp 8"))
+    p.write_text(
+        text.replace(COMMAND, "          command: python3 -m sglang.launch_server --model-path /m --tp 8")
+    )
     return p
 
 
 def _render(capsys, seed, spec, out, *extra):
-    return run(capsys, "render", "--root", str(seed), "--pve-root", str(out.parent / "no-pve"),
-               "--spec", str(spec), "--out", str(out), *extra)
+    return run(
+        capsys,
+        "render",
+        "--root",
+        str(seed),
+        "--pve-root",
+        str(out.parent / "no-pve"),
+        "--spec",
+        str(spec),
+        "--out",
+        str(out),
+        *extra,
+    )
 
 
 DROPIN = "ct/101/etc/systemd/system/sglang.service.d/gputopo.conf"
@@ -64,8 +77,10 @@ def test_render_keeps_a_manifest_and_removes_only_its_own_stale_files(capsys, se
     rendered = set(manifest["files"])
     code, stdout, err = _render(capsys, seed, no_service, out)
     assert code == 2, err
-    assert one_line(err) == (f"gputopo: error: {out / 'pve/mapping/pci.cfg'}: exists; edited since render wrote "
-                             "it; pass --force to replace it")
+    assert one_line(err) == (
+        f"gputopo: error: {out / 'pve/mapping/pci.cfg'}: exists; edited since render wrote "
+        "it; pass --force to replace it"
+    )
     assert (out / DROPIN).exists() and json.loads((out / ".gputopo-render.json").read_text()) == manifest
     code, stdout, err = _render(capsys, seed, no_service, out, "--force")
     assert code == 0, err
@@ -81,8 +96,13 @@ def test_render_refuses_a_file_in_the_way_that_it_did_not_write(capsys, seed, sp
     theirs.write_text("someone's\n")
     code, _, err = _render(capsys, seed, spec, out)
     assert code == 2
-    assert one_line(err) == f"gputopo: error: {theirs}: exists; not written by render; pass --force to replace it"
-    assert theirs.read_text() == "someone's\n" and sorted(p.name for p in out.rglob("*") if p.is_file()) == ["pci.cfg"]
+    assert (
+        one_line(err)
+        == f"gputopo: error: {theirs}: exists; not written by render; pass --force to replace it"
+    )
+    assert theirs.read_text() == "someone's\n" and sorted(p.name for p in out.rglob("*") if p.is_file()) == [
+        "pci.cfg"
+    ]
 
 
 def test_an_edited_stale_file_is_left_in_place_with_a_warning(capsys, seed, spec, tmp_path):
@@ -91,7 +111,7 @@ def test_an_edited_stale_file_is_left_in_place_with_a_warning(capsys, seed, spec
     (out / DROPIN).write_text("[Service]\n# edited\n")
     no_service = tmp_path / "s2.yaml"
     text = spec.read_text()
-    no_service.write_text(text[:text.index("        service:\n")] + text[text.index("    vms:\n"):])
+    no_service.write_text(text[: text.index("        service:\n")] + text[text.index("    vms:\n") :])
     code, _, err = _render(capsys, seed, no_service, out)
     assert code == 0, err
     assert f"gputopo: warning: {out / DROPIN}: no longer rendered, but edited since render wrote it" in err

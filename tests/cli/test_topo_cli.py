@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from gputopo.topo.model import TopoReport
-from helpers.cli import run_cli
 from helpers import REPO
+from helpers.cli import run_cli
 
 README_SVG = REPO / "docs" / "seed-split.svg"
 UPDATE = os.environ.get("GPUTOPO_UPDATE_GOLDEN") == "1"
@@ -44,8 +44,18 @@ def test_tree_piped_is_plain_and_fits_80_columns(sim, capsys):
     lines = out.splitlines()
     assert max(len(ln) for ln in lines) <= 80
     assert lines[0] == "pve1 · 8 GPUs:  container 101 (8)"
-    for i, addr in enumerate(["0000:01:00.0", "0000:11:00.0", "0000:61:00.0", "0000:71:00.0",
-                              "0000:81:00.0", "0000:91:00.0", "0000:e1:00.0", "0000:f1:00.0"]):
+    for i, addr in enumerate(
+        [
+            "0000:01:00.0",
+            "0000:11:00.0",
+            "0000:61:00.0",
+            "0000:71:00.0",
+            "0000:81:00.0",
+            "0000:91:00.0",
+            "0000:e1:00.0",
+            "0000:f1:00.0",
+        ]
+    ):
         (line,) = [ln for ln in lines if addr in ln]
         assert line.endswith(f"GPU{i} {addr}  container 101")
     assert out.count("RTX PRO 6000 Blackwell Server Edition") == 8  # identical GPUs all listed
@@ -58,7 +68,8 @@ def test_sim_option_reads_the_same(sim, capsys):
     assert code == 0 and "GPU7 0000:f1:00.0  container 101" in out
     code, _, err = run_cli(["topo", "--sim", str(sim.dir), "--root", "/"], capsys)
     assert code == 2 and err.strip() == (
-        "gputopo: error: --root and --sim exclude each other (a simulated host has its own root)")
+        "gputopo: error: --root and --sim exclude each other (a simulated host has its own root)"
+    )
 
 
 def test_matrix(sim, capsys):
@@ -66,7 +77,19 @@ def test_matrix(sim, capsys):
     assert code == 0
     lines = out.splitlines()
     assert lines[0].split() == [f"GPU{i}" for i in range(8)] + ["CPU", "Affinity", "NUMA", "Affinity"]
-    assert lines[1].split() == ["GPU0", "X", "NODE", "NODE", "NODE", "SYS", "SYS", "SYS", "SYS", "0-63,128-191", "0"]
+    assert lines[1].split() == [
+        "GPU0",
+        "X",
+        "NODE",
+        "NODE",
+        "NODE",
+        "SYS",
+        "SYS",
+        "SYS",
+        "SYS",
+        "0-63,128-191",
+        "0",
+    ]
     assert lines[8].split()[6:] == ["NODE", "NODE", "X", "64-127,192-255", "1"]
     assert "  PIX  = Connection traversing at most a single PCIe bridge" in lines
     assert "  GPU6  0000:e1:00.0  minor 7   container 101" in lines
@@ -77,7 +100,9 @@ def test_json_and_its_schema(sim, capsys):
     assert code == 0
     report = TopoReport.model_validate_json(out)
     assert report.hostname == "pve1" and len(report.matrix.levels) == 8
-    assert [o.model_dump() for o in report.owners] == [{"key": "container:101", "label": "container 101", "gpus": 8}]
+    assert [o.model_dump() for o in report.owners] == [
+        {"key": "container:101", "label": "container 101", "gpus": 8}
+    ]
     code, out, _ = run_cli(["schema", "topo"], capsys)
     schema = json.loads(out)
     assert set(schema["properties"]) == set(TopoReport.model_fields)
@@ -123,8 +148,10 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, fresh_host, capsys):
     link.unlink()
     shutil.copytree(real, link, symlinks=True)
     line = _one_line_error(*run_cli(["topo", "--root", str(root), "--matrix"], capsys)[::2])
-    assert line == (f"gputopo: error: {root}: not a sysfs root (0000:61:00.0: sys/bus/pci/devices entry "
-                    "does not lead into sys/devices)")
+    assert line == (
+        f"gputopo: error: {root}: not a sysfs root (0000:61:00.0: sys/bus/pci/devices entry "
+        "does not lead into sys/devices)"
+    )
     line = _one_line_error(*run_cli(["topo", "--root", str(root), "--format", "png"], capsys)[::2])
     assert line.startswith("gputopo topo: error: Invalid value for '--format': 'png' is not one of")
     line = _one_line_error(*run_cli(["topo", "--root", str(root), "--format", "svg", "--json"], capsys)[::2])
@@ -178,25 +205,50 @@ def _tmux_capture(args: list[str], until: str, tmp_path: Path, rows: int = 50) -
     cmd = " ".join([sys.executable, "-m", "gputopo", *args]) + f"; touch {done}; sleep 120"
     base = [TMUX, "-L", sock, "-f", "/dev/null"]
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "NO_COLOR", "TERM")}
-    subprocess.run([*base, "new-session", "-d", "-s", "topo", "-x", "80", "-y", str(rows),
-                    f"env -u COLUMNS -u LINES {cmd}"], check=True, env=env, timeout=30)
+    subprocess.run(
+        [
+            *base,
+            "new-session",
+            "-d",
+            "-s",
+            "topo",
+            "-x",
+            "80",
+            "-y",
+            str(rows),
+            f"env -u COLUMNS -u LINES {cmd}",
+        ],
+        check=True,
+        env=env,
+        timeout=30,
+    )
     try:
         deadline = time.monotonic() + 120
         while not done.exists() and time.monotonic() < deadline:
             time.sleep(0.3)
         assert done.exists(), "gputopo did not finish in the terminal"
-        width = subprocess.run([*base, "display-message", "-p", "-t", "topo", "#{pane_width}"],
-                               capture_output=True, text=True, check=True).stdout.strip()
+        width = subprocess.run(
+            [*base, "display-message", "-p", "-t", "topo", "#{pane_width}"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
         assert width == "80"
-        text = subprocess.run([*base, "capture-pane", "-p", "-e", "-S", "-", "-t", "topo"],
-                              capture_output=True, text=True, check=True).stdout
+        text = subprocess.run(
+            [*base, "capture-pane", "-p", "-e", "-S", "-", "-t", "topo"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         assert until in ANSI.sub("", text)
         return text
     finally:
         subprocess.run([*base, "kill-server"], capture_output=True, timeout=30)
 
 
-@pytest.mark.skipif(TMUX is None, reason="tmux is not installed (apt-get install tmux): terminal view not checked")
+@pytest.mark.skipif(
+    TMUX is None, reason="tmux is not installed (apt-get install tmux): terminal view not checked"
+)
 @pytest.mark.slow
 def test_tree_in_a_real_80_column_terminal(sim, tmp_path):
     raw = _tmux_capture(["topo", *_where(sim)], "GPU7 0000:f1:00.0", tmp_path)
@@ -204,7 +256,7 @@ def test_tree_in_a_real_80_column_terminal(sim, tmp_path):
     plain = [ln for ln in plain if ln]
     assert max(len(ln) for ln in plain) <= 80
     # nothing wrapped or cut: every GPU line whole, with its owner at the end
-    for i, addr in enumerate(["0000:01:00.0", "0000:81:00.0", "0000:f1:00.0"]):
+    for addr in ["0000:01:00.0", "0000:81:00.0", "0000:f1:00.0"]:
         assert any(ln.endswith(f"{addr}  container 101") for ln in plain), addr
     assert not any("…" in ln for ln in plain)
     assert sum("RTX PRO 6000 Blackwell Server Edition" in ln for ln in plain) == 8
@@ -213,12 +265,15 @@ def test_tree_in_a_real_80_column_terminal(sim, tmp_path):
     assert raw.count("\x1b[") > 20
 
 
-@pytest.mark.skipif(TMUX is None, reason="tmux is not installed (apt-get install tmux): terminal view not checked")
+@pytest.mark.skipif(
+    TMUX is None, reason="tmux is not installed (apt-get install tmux): terminal view not checked"
+)
 @pytest.mark.slow
 def test_large_tree_in_a_real_80_column_terminal(materialized, tmp_path):
     root = materialized("large")
-    raw = _tmux_capture(["topo", "--root", str(root), "--pve-root", str(tmp_path / "none")],
-                        "GPU67 0001:9e:00.0", tmp_path)
+    raw = _tmux_capture(
+        ["topo", "--root", str(root), "--pve-root", str(tmp_path / "none")], "GPU67 0001:9e:00.0", tmp_path
+    )
     plain = [ANSI.sub("", ln).rstrip() for ln in raw.splitlines()]
     assert max(len(ln) for ln in plain) <= 80
     gpu_lines = [ln for ln in plain if re.search(r"GPU\d+ [0-9a-f]{4}:", ln)]

@@ -10,8 +10,6 @@ import sys
 
 import pytest
 
-from helpers.applysim import diff as fp_diff, fingerprint
-from helpers.clusterharness import cleanup, cluster, copy_cluster, make_template, spec_text, template  # noqa: F401 - fixtures
 from gputopo.adapters.clusterapi import ClusterApi
 from gputopo.cluster.gather import read_cluster
 from gputopo.cluster.ha import read_ha
@@ -21,6 +19,9 @@ from gputopo.errors import ClusterApplyFailed
 from gputopo.formats.pcicfg import parse_pci_cfg
 from gputopo.plan.spec import parse_spec
 from gputopo.sim.pveapi import PveApiServer
+from helpers.applysim import diff as fp_diff
+from helpers.applysim import fingerprint
+from helpers.clusterharness import cleanup, cluster, copy_cluster, make_template, spec_text, template  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.slow  # a simulated cluster per test (seconds each); the full run only
 
@@ -33,7 +34,9 @@ def template9():
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gputopo", *args], capture_output=True, text=True, timeout=900)
+    return subprocess.run(
+        [sys.executable, "-m", "gputopo", *args], capture_output=True, text=True, timeout=900
+    )
 
 
 def write_spec(cluster, tmp_path, split, whole=()):
@@ -61,7 +64,8 @@ def test_the_first_failure_stops_the_run_and_names_what_is_done(cluster, tmp_pat
     # pve2's container will not start again: its apply fails in the start phase and rolls back
     pve2 = cluster.member("pve2")
     PveApiServer(pve2.paths.pve, pve2.paths.run, pve2.paths.root, "pve2").inject_fault(
-        "vzstart", 102, "startup for container '102' failed")
+        "vzstart", 102, "startup for container '102' failed"
+    )
     before = {n: node_fp(cluster, n) for n in ("pve2", "pve3")}
     res = cli("cluster", "apply", "--yes", "--no-verify", "--sim", str(cluster.dir), "--spec", str(spec))
     assert res.returncode == 1, res.stderr
@@ -78,15 +82,29 @@ def test_the_first_failure_stops_the_run_and_names_what_is_done(cluster, tmp_pat
 
 def test_canary_first_then_the_rest_in_batches_and_a_second_run_changes_nothing(cluster, tmp_path):
     spec = write_spec(cluster, tmp_path, split=["pve1", "pve2"], whole=["pve3"])
-    res = cli("cluster", "apply", "--yes", "--no-verify", "--canary", "pve2", "--serial", "2", "--sim",
-              str(cluster.dir), "--spec", str(spec))
+    res = cli(
+        "cluster",
+        "apply",
+        "--yes",
+        "--no-verify",
+        "--canary",
+        "pve2",
+        "--serial",
+        "2",
+        "--sim",
+        str(cluster.dir),
+        "--spec",
+        str(spec),
+    )
     assert res.returncode == 0, res.stderr
     order = [m.group(1) for m in re.finditer(r"^(pve\d): applied", res.stdout, re.M)]
     assert order[0] == "pve2" and sorted(order) == ["pve1", "pve2", "pve3"]
     assert map_nodes(cluster, "pro6000-vm") == ["pve1"] * 4 + ["pve2"] * 4
     # HA (PVE 8): VMs whose mapping spans pve1 and pve2 are restricted to them
-    assert "group: gputopo-vm201\n\tcomment gputopo%3A nodes with the GPUs of mapping pro6000-vm\n" \
-           "\tnodes pve1,pve2\n\trestricted 1\n" in (cluster.dir / "pve/ha/groups.cfg").read_text()
+    assert (
+        "group: gputopo-vm201\n\tcomment gputopo%3A nodes with the GPUs of mapping pro6000-vm\n"
+        "\tnodes pve1,pve2\n\trestricted 1\n" in (cluster.dir / "pve/ha/groups.cfg").read_text()
+    )
     again = cli("cluster", "apply", "--yes", "--sim", str(cluster.dir), "--spec", str(spec))
     assert again.returncode == 0 and "Cluster: no changes on 3 node(s)" in again.stdout
     diff = cli("cluster", "diff", "--exit-code", "--sim", str(cluster.dir), "--spec", str(spec))
@@ -108,7 +126,9 @@ def test_a_mapping_edited_by_hand_after_the_plan_is_not_overwritten(cluster, tmp
     assert e.value.node == "pve2" and e.value.done == ["pve1"] and e.value.not_started == ["pve3"]
     assert "the host changed since the plan was made (its plan is now" in str(e.value)
     assert e.value.exit_code == 2
-    maps = next(m for m in parse_pci_cfg((cluster.dir / "pve/mapping/pci.cfg").read_text()) if m.id == "pro6000-vm")
+    maps = next(
+        m for m in parse_pci_cfg((cluster.dir / "pve/mapping/pci.cfg").read_text()) if m.id == "pro6000-vm"
+    )
     assert hand in maps.maps and sum("node=pve1," in x for x in maps.maps) == 4
     assert not any("node=pve3," in x for x in maps.maps)
 
@@ -118,15 +138,28 @@ def test_a_spec_node_outside_the_cluster_is_refused(cluster, tmp_path):
     spec.write_text(spec_text(cluster, split=["pve1"]) + "\n  - name: pve7\n")
     res = cli("cluster", "plan", "--sim", str(cluster.dir), "--spec", str(spec))
     assert res.returncode == 2
-    assert res.stderr.strip() == "gputopo: error: unknown node 'pve7': not a member of the cluster (have pve1, pve2, pve3)"
+    assert (
+        res.stderr.strip()
+        == "gputopo: error: unknown node 'pve7': not a member of the cluster (have pve1, pve2, pve3)"
+    )
 
 
 def test_ha_rules_and_verify_on_pve9(template9, tmp_path):
     cluster = copy_cluster(template9, tmp_path / "c9")
     try:
         spec = write_spec(cluster, tmp_path, split=["pve1", "pve2"], whole=["pve3"])
-        res = cli("cluster", "apply", "--yes", "--no-verify", "--serial", "3", "--sim", str(cluster.dir),
-                  "--spec", str(spec))
+        res = cli(
+            "cluster",
+            "apply",
+            "--yes",
+            "--no-verify",
+            "--serial",
+            "3",
+            "--sim",
+            str(cluster.dir),
+            "--spec",
+            str(spec),
+        )
         assert res.returncode == 0, res.stderr
         assert "HA: create HA rule gputopo-vm201: vm:201 on pve1,pve2 (strict)" in res.stdout
         rules = (cluster.dir / "pve/ha/rules.cfg").read_text()
@@ -138,21 +171,27 @@ def test_ha_rules_and_verify_on_pve9(template9, tmp_path):
         assert checks["converged"]["status"] == "PASS"
         # VMs 201/202 may not go to pve3 (no device there); their strict rule keeps HA away from it
         assert checks["migration"]["status"] == "WARN"
-        assert "VM 201 (pve1): an offline migration would fail on pve3 (hostpci0 mapping pro6000-vm)" \
-               in checks["migration"]["summary"]
+        assert (
+            "VM 201 (pve1): an offline migration would fail on pve3 (hostpci0 mapping pro6000-vm)"
+            in checks["migration"]["summary"]
+        )
         assert [n["node"] for n in report["nodes"]] == ["pve1", "pve2", "pve3"]
         # an operator's rule that lets VM 201 anywhere makes the migration check fail
         api = ClusterApi(cluster.ports().proxmox)
         api.ha_rule_delete("gputopo-vm201")
-        api.ha_rule_create("anywhere", {"type": "node-affinity", "resources": "vm:201", "nodes": "pve1,pve2,pve3",
-                                        "strict": True})
+        api.ha_rule_create(
+            "anywhere",
+            {"type": "node-affinity", "resources": "vm:201", "nodes": "pve1,pve2,pve3", "strict": True},
+        )
         assert read_ha(api).rules
         ver = cli("cluster", "verify", "--json", "--sim", str(cluster.dir), "--spec", str(spec))
         assert ver.returncode == 1
         migration = {c["name"]: c for c in json.loads(ver.stdout)["checks"]}["migration"]
         assert migration["status"] == "FAIL"
-        assert migration["summary"].startswith("VM 201 (pve1): HA may recover it on pve3, where its mapping has no "
-                                               "device: pve3 (hostpci0 mapping pro6000-vm)")
+        assert migration["summary"].startswith(
+            "VM 201 (pve1): HA may recover it on pve3, where its mapping has no "
+            "device: pve3 (hostpci0 mapping pro6000-vm)"
+        )
         assert ver.stderr.strip().startswith("gputopo: error: verification failed: migration (3 node(s)")
     finally:
         cluster.stop()

@@ -9,7 +9,6 @@ import sys
 
 import pytest
 
-from helpers.clusterharness import copy_cluster, spec_text, template  # noqa: F401 - fixtures
 from gputopo.actions import SetMapping
 from gputopo.cluster.gather import parse_version, select_nodes
 from gputopo.cluster.ha import HaState, ha_changes, ha_files, placements
@@ -21,6 +20,7 @@ from gputopo.formats.corosync import parse_corosync_nodes
 from gputopo.formats.hacfg import Section, parse_section_config, write_section_config
 from gputopo.plan.model import MappingTarget, Plan
 from gputopo.plan.spec import parse_spec
+from helpers.clusterharness import copy_cluster, spec_text, template  # noqa: F401 (fixtures)
 
 LINE = "id=10de:2bb5,iommugroup={g},node={n},path=0000:{b}:00.0,subsystem-id=10de:204e"
 
@@ -49,13 +49,18 @@ node-affinity: node-affinity-strict
 def test_ha_rules_parse_and_write_as_proxmox_does():
     rules = parse_section_config(RULES)
     assert [(s.type, s.id, s.props) for s in rules] == [
-        ("node-affinity", "node-affinity-disabled", {"resources": "vm:102", "nodes": "node2", "disable": "1"}),
+        (
+            "node-affinity",
+            "node-affinity-disabled",
+            {"resources": "vm:102", "nodes": "node2", "disable": "1"},
+        ),
         ("node-affinity", "node-affinity-strict", {"resources": "vm:104", "nodes": "node3", "strict": "1"}),
     ]
     # SectionConfig write_config: comment, a bare disable, required keys sorted, optional sorted
     assert write_section_config(rules) == (
         "node-affinity: node-affinity-disabled\n\tdisable\n\tnodes node2\n\tresources vm:102\n\n"
-        "node-affinity: node-affinity-strict\n\tnodes node3\n\tresources vm:104\n\tstrict 1\n")
+        "node-affinity: node-affinity-strict\n\tnodes node3\n\tresources vm:104\n\tstrict 1\n"
+    )
     group = Section(type="group", id="g1", props={"restricted": "1", "nodes": "pve1,pve2", "comment": "a: b"})
     assert write_section_config([group]) == "group: g1\n\tcomment a%3A b\n\tnodes pve1,pve2\n\trestricted 1\n"
     assert parse_section_config(write_section_config([group]))[0].props["comment"] == "a: b"
@@ -67,7 +72,9 @@ def test_corosync_node_list():
     text = """totem {\n  cluster_name: lab\n}\nnodelist {\n  node {\n    name: pve1\n    nodeid: 1\n    quorum_votes: 1
     ring0_addr: 10.0.0.1\n  }\n  node {\n    nodeid: 2\n    name: pve2\n    ring0_addr: 10.0.0.2 # second\n  }\n}\n"""
     assert [(n.name, n.nodeid, n.ring0_addr) for n in parse_corosync_nodes(text)] == [
-        ("pve1", 1, "10.0.0.1"), ("pve2", 2, "10.0.0.2")]
+        ("pve1", 1, "10.0.0.1"),
+        ("pve2", 2, "10.0.0.2"),
+    ]
 
 
 def test_version_line():
@@ -79,7 +86,9 @@ def test_version_line():
 
 
 def _plan(node: str, maps: dict[str, list[str]]) -> Plan:
-    return Plan(node=node, target=[], mappings={k: MappingTarget(map=v, description="d") for k, v in maps.items()})
+    return Plan(
+        node=node, target=[], mappings={k: MappingTarget(map=v, description="d") for k, v in maps.items()}
+    )
 
 
 def test_merged_mapping_takes_each_planned_node_own_lines_and_keeps_the_others():
@@ -94,8 +103,9 @@ def test_merged_mapping_takes_each_planned_node_own_lines_and_keeps_the_others()
 
 def test_a_node_owned_mapping_step_signs_its_own_lines_only():
     a = SetMapping(id="vm", map=[line("pve2"), line("pve1")], create=True, node="pve1", base=[])
-    b = SetMapping(id="vm", map=[line("pve1"), line("pve3", "e1", 35)], create=False, node="pve1", base=[],
-                   digest="abc")
+    b = SetMapping(
+        id="vm", map=[line("pve1"), line("pve3", "e1", 35)], create=False, node="pve1", base=[], digest="abc"
+    )
     assert a.signature() == b.signature()
     edited = SetMapping(id="vm", map=[line("pve1")], create=False, node="pve1", base=[line("pve1", "91", 29)])
     assert edited.signature() != a.signature()
@@ -107,8 +117,11 @@ def test_a_node_owned_mapping_step_signs_its_own_lines_only():
 
 
 MAPS = {"pro6000-vm": MappingTarget(map=[line("pve1"), line("pve1", "91", 29), line("pve2"), line("pve3")])}
-VMS = {201: ("pve1", ["mapping=pro6000-vm,pcie=1", "mapping=pro6000-vm,pcie=1"]),
-       203: ("pve3", ["mapping=pro6000-vm,pcie=1"]), 204: ("pve3", ["0000:01:00.0"])}
+VMS = {
+    201: ("pve1", ["mapping=pro6000-vm,pcie=1", "mapping=pro6000-vm,pcie=1"]),
+    203: ("pve3", ["mapping=pro6000-vm,pcie=1"]),
+    204: ("pve3", ["0000:01:00.0"]),
+}
 
 
 def test_a_vm_can_run_where_its_mappings_have_enough_devices():
@@ -117,21 +130,31 @@ def test_a_vm_can_run_where_its_mappings_have_enough_devices():
 
 
 def test_ha_rules_for_vms_on_several_nodes():
-    state = HaState(release=9, resources={"vm:203": {"sid": "vm:203"}, "vm:201": {"sid": "vm:201"}},
-                    rules=[{"rule": "gputopo-vm999", "type": "node-affinity", "resources": "vm:999", "nodes": "pve1"}])
+    state = HaState(
+        release=9,
+        resources={"vm:203": {"sid": "vm:203"}, "vm:201": {"sid": "vm:201"}},
+        rules=[{"rule": "gputopo-vm999", "type": "node-affinity", "resources": "vm:999", "nodes": "pve1"}],
+    )
     changes, warnings = ha_changes(placements(VMS, MAPS, ["pve1", "pve2", "pve3"]), state)
     assert [c.describe() for c in changes] == [
-        "create HA rule gputopo-vm203: vm:203 on pve1,pve2,pve3 (strict)", "delete HA rule gputopo-vm999"]
+        "create HA rule gputopo-vm203: vm:203 on pve1,pve2,pve3 (strict)",
+        "delete HA rule gputopo-vm999",
+    ]
     assert warnings == []
-    (path, (before, after)), = ha_files(state, changes).items()
+    ((path, (before, after)),) = ha_files(state, changes).items()
     assert path == "pve/ha/rules.cfg" and "gputopo-vm999" in before
-    assert after == ("node-affinity: gputopo-vm203\n\tcomment gputopo%3A nodes with the GPUs of mapping pro6000-vm\n"
-                     "\tnodes pve1,pve2,pve3\n\tresources vm:203\n\tstrict 1\n")
+    assert after == (
+        "node-affinity: gputopo-vm203\n\tcomment gputopo%3A nodes with the GPUs of mapping pro6000-vm\n"
+        "\tnodes pve1,pve2,pve3\n\tresources vm:203\n\tstrict 1\n"
+    )
 
 
 def test_a_run_over_some_nodes_leaves_the_placement_of_other_vms():
-    state = HaState(release=9, resources={"vm:203": {}, "vm:999": {}},
-                    rules=[{"rule": "gputopo-vm999", "type": "node-affinity", "resources": "vm:999", "nodes": "pve1"}])
+    state = HaState(
+        release=9,
+        resources={"vm:203": {}, "vm:999": {}},
+        rules=[{"rule": "gputopo-vm999", "type": "node-affinity", "resources": "vm:999", "nodes": "pve1"}],
+    )
     wanted = placements(VMS, MAPS, ["pve1", "pve2", "pve3"])
     changes, _ = ha_changes(wanted, state, scope={201, 203, 204})
     assert [c.op for c in changes] == ["create-rule"]
@@ -143,19 +166,30 @@ def test_ha_leaves_unmanaged_vms_and_foreign_rules_alone():
     wanted = placements(VMS, MAPS, ["pve1", "pve2", "pve3"])
     changes, warnings = ha_changes(wanted, HaState(release=9))
     assert changes == [] and warnings == [
-        "VM 203: its GPUs can run on pve1, pve2, pve3 but it is not HA-managed; no placement rule (ha-manager add vm:203)"]
-    state = HaState(release=9, resources={"vm:203": {}},
-                    rules=[{"rule": "ops", "type": "node-affinity", "resources": "vm:203,vm:1", "nodes": "pve1"}])
+        "VM 203: its GPUs can run on pve1, pve2, pve3 but it is not HA-managed; no placement rule (ha-manager add vm:203)"
+    ]
+    state = HaState(
+        release=9,
+        resources={"vm:203": {}},
+        rules=[{"rule": "ops", "type": "node-affinity", "resources": "vm:203,vm:1", "nodes": "pve1"}],
+    )
     changes, warnings = ha_changes(wanted, state)
-    assert changes == [] and warnings == ["VM 203: HA rule ops already places it; not adding a placement for pve1, pve2, pve3"]
+    assert changes == [] and warnings == [
+        "VM 203: HA rule ops already places it; not adding a placement for pve1, pve2, pve3"
+    ]
 
 
 def test_ha_groups_on_pve8():
-    state = HaState(release=8, resources={"vm:203": {"sid": "vm:203", "state": "stopped"}},
-                    groups=[{"group": "gputopo-vm203", "nodes": "pve1,pve2", "restricted": 1}])
+    state = HaState(
+        release=8,
+        resources={"vm:203": {"sid": "vm:203", "state": "stopped"}},
+        groups=[{"group": "gputopo-vm203", "nodes": "pve1,pve2", "restricted": 1}],
+    )
     changes, _ = ha_changes(placements(VMS, MAPS, ["pve1", "pve2", "pve3"]), state)
-    assert [c.describe() for c in changes] == ["update HA group gputopo-vm203: on pve1,pve2,pve3 (strict)",
-                                               "put HA resource vm:203 in group gputopo-vm203"]
+    assert [c.describe() for c in changes] == [
+        "update HA group gputopo-vm203: on pve1,pve2,pve3 (strict)",
+        "put HA resource vm:203 in group gputopo-vm203",
+    ]
     files = ha_files(state, changes)
     assert files["pve/ha/resources.cfg"][1] == "vm: 203\n\tgroup gputopo-vm203\n\tstate stopped\n"
 
@@ -163,7 +197,9 @@ def test_ha_groups_on_pve8():
 # --- node selection and order ----------------------------------------------------------------
 
 
-SPEC3 = parse_spec("apiVersion: gputopo/v1\nkind: GpuTopology\nnodes:\n  - name: pve1\n  - name: pve2\n  - name: pve3\n")
+SPEC3 = parse_spec(
+    "apiVersion: gputopo/v1\nkind: GpuTopology\nnodes:\n  - name: pve1\n  - name: pve2\n  - name: pve3\n"
+)
 
 
 def test_node_selection():
@@ -171,7 +207,9 @@ def test_node_selection():
     assert select_nodes(SPEC3, ["pve3", "pve1"], ["pve1", "pve2", "pve3"]) == ["pve1", "pve3"]
     with pytest.raises(UnknownNode, match=r"unknown node 'pve9': not in the spec \(have pve1, pve2, pve3\)"):
         select_nodes(SPEC3, ["pve9"], None)
-    with pytest.raises(UnknownNode, match=r"unknown node 'pve3': not a member of the cluster \(have pve1, pve2\)"):
+    with pytest.raises(
+        UnknownNode, match=r"unknown node 'pve3': not a member of the cluster \(have pve1, pve2\)"
+    ):
         select_nodes(SPEC3, None, ["pve1", "pve2"])
 
 
@@ -196,8 +234,19 @@ def test_cluster_plan_offline_from_discover_json(template, tmp_path):
         (facts_dir / f"{n}.json").write_text(discover(str(c.node_dir(n) / "root")).model_dump_json())
     spec = tmp_path / "spec.yaml"
     spec.write_text(spec_text(c, split=["pve1", "pve2"], whole=["pve3"]))
-    args = [sys.executable, "-m", "gputopo", "cluster", "plan", "--facts", str(facts_dir), "--pve-root",
-            str(c.dir / "pve"), "--spec", str(spec)]
+    args = [
+        sys.executable,
+        "-m",
+        "gputopo",
+        "cluster",
+        "plan",
+        "--facts",
+        str(facts_dir),
+        "--pve-root",
+        str(c.dir / "pve"),
+        "--spec",
+        str(spec),
+    ]
     res = subprocess.run(args, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     # from files, services are not read: pve3 (all GPUs kept) has nothing to change
@@ -208,7 +257,9 @@ def test_cluster_plan_offline_from_discover_json(template, tmp_path):
     assert only.returncode == 0 and "Node pve1" not in only.stdout and "Node pve2" in only.stdout
     bad = subprocess.run(args + ["--nodes", "pve2,pve7"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2
-    assert bad.stderr.strip() == "gputopo: error: unknown node 'pve7': not in the spec (have pve1, pve2, pve3)"
+    assert (
+        bad.stderr.strip() == "gputopo: error: unknown node 'pve7': not in the spec (have pve1, pve2, pve3)"
+    )
     # the spec from a pipe is read once: the same plan as from the file
     piped = [a if a != str(spec) else "/dev/stdin" for a in args]
     res2 = subprocess.run(piped, input=spec.read_text(), capture_output=True, text=True, timeout=120)
@@ -227,6 +278,8 @@ def test_a_gpu_moving_on_one_node_stops_only_that_nodes_vms_of_a_shared_mapping(
     pve2 = pve1.replace("node=pve1", "node=pve2")
     vm = GuestState(status="running", hostpci=["mapping=shared,pcie=1"])
     for lines, stops in (([pve1], []), ([pve1, pve2], [301])):
-        current = CurrentState(mappings={"shared": MappingState(map=lines, digest="d" * 40)}, guests={301: vm})
+        current = CurrentState(
+            mappings={"shared": MappingState(map=lines, digest="d" * 40)}, guests={301: vm}
+        )
         got, _ = guest_restarts(node, current, {}, set(), {"0000:81:00.0"})
         assert [s.vmid for s in got] == stops, lines

@@ -19,11 +19,20 @@ from pathlib import Path
 import pytest
 
 import gputopo
-from helpers.applysim import diff as fp_diff, fingerprint
-from helpers.clusterharness import SshNodes, cleanup, copy_cluster, make_keys, make_template, require_sshd, spec_text
 from gputopo.adapters.ssh import SshRunner
 from gputopo.errors import NodeUnreachable
 from gputopo.model.facts import Facts
+from helpers.applysim import diff as fp_diff
+from helpers.applysim import fingerprint
+from helpers.clusterharness import (
+    SshNodes,
+    cleanup,
+    copy_cluster,
+    make_keys,
+    make_template,
+    require_sshd,
+    spec_text,
+)
 
 pytestmark = pytest.mark.slow  # a real sshd per simulated node; the full run only
 
@@ -55,7 +64,9 @@ def ssh(cluster, keys, tmp_path):
 
 
 def cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gputopo", *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "gputopo", *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def fingerprints(cluster) -> dict:
@@ -81,9 +92,13 @@ def test_a_host_key_that_is_not_the_known_one_is_refused(cluster, ssh):
     keys = {line.split()[0]: line.split(None, 1)[1] for line in text.splitlines()}
     ssh.known_hosts.write_text(text.replace(f"pve1 {keys['pve1']}", f"pve1 {keys['pve2']}"))
     with pytest.raises(NodeUnreachable) as e:
-        SshRunner(config_file=str(ssh.config), connect_timeout=5).run("pve1", ["gputopo", "--version"], timeout=60)
+        SshRunner(config_file=str(ssh.config), connect_timeout=5).run(
+            "pve1", ["gputopo", "--version"], timeout=60
+        )
     assert str(e.value).startswith("node pve1: unreachable over SSH: ")
-    assert "REMOTE HOST IDENTIFICATION HAS CHANGED" in str(e.value) or "Host key verification failed" in str(e.value)
+    assert "REMOTE HOST IDENTIFICATION HAS CHANGED" in str(e.value) or "Host key verification failed" in str(
+        e.value
+    )
 
 
 def test_plan_apply_and_a_second_apply_over_ssh(cluster, ssh, tmp_path):
@@ -93,14 +108,20 @@ def test_plan_apply_and_a_second_apply_over_ssh(cluster, ssh, tmp_path):
     common = ["--sim", str(cluster.dir), "--ssh-config", str(ssh.config), "--spec", str(spec)]
     plan = cli("cluster", "plan", *common)
     assert plan.returncode == 0, plan.stderr
-    assert [ln for ln in plan.stdout.splitlines() if ln.startswith("Node ")] == ["Node pve1", "Node pve2", "Node pve3"]
+    assert [ln for ln in plan.stdout.splitlines() if ln.startswith("Node ")] == [
+        "Node pve1",
+        "Node pve2",
+        "Node pve3",
+    ]
     # the mapping once, with every planned node's lines
     block = plan.stdout.split("Cluster-wide PCI mappings")[1]
     assert len(re.findall(r"node=pve1,", block)) == 4 and len(re.findall(r"node=pve2,", block)) == 4
 
     applied = cli("cluster", "apply", "--yes", "--serial", "2", *common)
     assert applied.returncode == 0, applied.stderr + applied.stdout
-    assert re.search(r"^pve1: applied", applied.stdout, re.M) and re.search(r"^pve2: applied", applied.stdout, re.M)
+    assert re.search(r"^pve1: applied", applied.stdout, re.M) and re.search(
+        r"^pve2: applied", applied.stdout, re.M
+    )
     pci = (cluster.dir / "pve/mapping/pci.cfg").read_text()
     section = pci.split("pro6000-vm\n")[1].split("\n\n")[0]
     assert section.count("node=pve1,") == 4 and section.count("node=pve2,") == 4
@@ -118,10 +139,22 @@ def test_an_unreachable_node_stops_everything_before_any_change(cluster, ssh, tm
     spec = tmp_path / "spec.yaml"
     spec.write_text(spec_text(cluster, split=["pve1", "pve2", "pve3"]))
     before = fingerprints(cluster)
-    res = cli("cluster", "apply", "--yes", "--sim", str(cluster.dir), "--ssh-config", str(ssh.config), "--spec", str(spec))
+    res = cli(
+        "cluster",
+        "apply",
+        "--yes",
+        "--sim",
+        str(cluster.dir),
+        "--ssh-config",
+        str(ssh.config),
+        "--spec",
+        str(spec),
+    )
     assert res.returncode == 2
     lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("gputopo: error: node pve3: unreachable over SSH: "), res.stderr
+    assert len(lines) == 1 and lines[0].startswith("gputopo: error: node pve3: unreachable over SSH: "), (
+        res.stderr
+    )
     assert "Connection refused" in lines[0]
     after = fingerprints(cluster)
     assert {n: fp_diff(before[n], after[n]) for n in cluster.nodes} == {n: [] for n in cluster.nodes}
@@ -150,8 +183,21 @@ def test_a_node_that_never_answers_times_out_naming_it(cluster, ssh, tmp_path):
     spec = tmp_path / "spec.yaml"
     spec.write_text(spec_text(cluster, split=["pve1", "pve2"]))
     try:
-        res = cli("cluster", "plan", "--sim", str(cluster.dir), "--ssh-config", str(ssh.config), "--ssh-timeout", "1",
-                  "--timeout", "20", "--spec", str(spec), timeout=120)
+        res = cli(
+            "cluster",
+            "plan",
+            "--sim",
+            str(cluster.dir),
+            "--ssh-config",
+            str(ssh.config),
+            "--ssh-timeout",
+            "1",
+            "--timeout",
+            "20",
+            "--spec",
+            str(spec),
+            timeout=120,
+        )
     finally:
         stop.set()
         t.join()
@@ -160,29 +206,45 @@ def test_a_node_that_never_answers_times_out_naming_it(cluster, ssh, tmp_path):
         silent.close()
     assert res.returncode == 2
     lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("gputopo: error: node pve2: unreachable over SSH: "), res.stderr
+    assert len(lines) == 1 and lines[0].startswith("gputopo: error: node pve2: unreachable over SSH: "), (
+        res.stderr
+    )
     assert re.search(r"timed out|no answer within", lines[0])
 
 
 def test_a_node_running_another_version_is_refused_with_both(cluster, keys, tmp_path):
     other = tmp_path / "other-install"
-    shutil.copytree(Path(gputopo.__file__).parent, other / "gputopo",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        Path(gputopo.__file__).parent, other / "gputopo", ignore=shutil.ignore_patterns("__pycache__")
+    )
     init = other / "gputopo" / "__init__.py"
-    init.write_text(init.read_text().replace(f'__version__ = "{gputopo.__version__}"', '__version__ = "0.0.9"'))
+    init.write_text(
+        init.read_text().replace(f'__version__ = "{gputopo.__version__}"', '__version__ = "0.0.9"')
+    )
     nodes = SshNodes(cluster, tmp_path, keys)
     try:
         nodes.start(env={"pve2": {"PYTHONPATH": str(other)}})
         spec = tmp_path / "spec.yaml"
         spec.write_text(spec_text(cluster, split=["pve1", "pve2"]))
         before = fingerprints(cluster)
-        res = cli("cluster", "apply", "--yes", "--sim", str(cluster.dir), "--ssh-config", str(nodes.config),
-                  "--spec", str(spec))
+        res = cli(
+            "cluster",
+            "apply",
+            "--yes",
+            "--sim",
+            str(cluster.dir),
+            "--ssh-config",
+            str(nodes.config),
+            "--spec",
+            str(spec),
+        )
     finally:
         nodes.stop()
     assert res.returncode == 2
-    assert res.stderr.strip() == (f"gputopo: error: node pve2 runs gputopo 0.0.9, this is gputopo {gputopo.__version__}: "
-                                  f"install gputopo {gputopo.__version__} on every node first; nothing was changed")
+    assert res.stderr.strip() == (
+        f"gputopo: error: node pve2 runs gputopo 0.0.9, this is gputopo {gputopo.__version__}: "
+        f"install gputopo {gputopo.__version__} on every node first; nothing was changed"
+    )
     after = fingerprints(cluster)
     assert {n: fp_diff(before[n], after[n]) for n in cluster.nodes} == {n: [] for n in cluster.nodes}
 
@@ -195,10 +257,28 @@ def test_plan_through_the_https_api_of_any_node(cluster, ssh, tmp_path):
         spec = tmp_path / "spec.yaml"
         spec.write_text(spec_text(cluster, split=["pve1", "pve3"], whole=["pve2"]))
         env = dict(os.environ, GPUTOPO_PVE_PASSWORD=host.credentials()["password"])
-        res = subprocess.run([sys.executable, "-m", "gputopo", "cluster", "plan", "--api-url",
-                              f"https://127.0.0.1:{host.api.port}", "--ca-bundle", str(host.api.ca_cert_path),
-                              "--ssh-config", str(ssh.config), "--spec", str(spec), "--json"],
-                             capture_output=True, text=True, timeout=600, env=env)
+        res = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "gputopo",
+                "cluster",
+                "plan",
+                "--api-url",
+                f"https://127.0.0.1:{host.api.port}",
+                "--ca-bundle",
+                str(host.api.ca_cert_path),
+                "--ssh-config",
+                str(ssh.config),
+                "--spec",
+                str(spec),
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=env,
+        )
     finally:
         cluster.stop()
     assert res.returncode == 0, res.stderr
@@ -208,7 +288,19 @@ def test_plan_through_the_https_api_of_any_node(cluster, ssh, tmp_path):
     assert [e.split("node=")[1].split(",")[0] for e in vm_lines] == ["pve1"] * 4 + ["pve3"] * 4
     # each node's plan is the one its own apply makes (the same signature)
     for n in ("pve1", "pve2"):
-        own = cli("apply", "--dry-run", "--json", "--sim", str(cluster.node_dir(n)), "--node", n, "--spec", str(spec))
+        own = cli(
+            "apply",
+            "--dry-run",
+            "--json",
+            "--sim",
+            str(cluster.node_dir(n)),
+            "--node",
+            n,
+            "--spec",
+            str(spec),
+        )
         assert own.returncode == 0, own.stderr
-        assert json.loads(own.stdout)["signature"] == next(x["signature"] for x in data["nodes"] if x["node"] == n)
+        assert json.loads(own.stdout)["signature"] == next(
+            x["signature"] for x in data["nodes"] if x["node"] == n
+        )
     assert data["ha_release"] == 8 and {c["id"] for c in data["ha"]} >= {"gputopo-vm201", "gputopo-vm203"}

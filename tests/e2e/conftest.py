@@ -19,7 +19,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import harness  # noqa: E402
+import harness
 
 CHECKS = Path(__file__).resolve().parent / "guest" / "checks.py"
 

@@ -62,9 +62,19 @@ GUEST_DIR = HERE / "guest"
 REPO = HERE.parent.parent
 
 MODULES = [
-    "vfio", "vfio_iommu_type1", "vfio-pci", "pci-stub",
-    "e1000e", "nvme", "virtio_pci", "9p", "9pnet_virtio",
-    "bochs", "virtio-gpu", "snd-hda-intel", "e1000",
+    "vfio",
+    "vfio_iommu_type1",
+    "vfio-pci",
+    "pci-stub",
+    "e1000e",
+    "nvme",
+    "virtio_pci",
+    "9p",
+    "9pnet_virtio",
+    "bochs",
+    "virtio-gpu",
+    "snd-hda-intel",
+    "e1000",
 ]
 
 # Files that go into the initramfs; their content is part of the cache key.
@@ -123,15 +133,19 @@ def _is_static_elf(path: str) -> bool:
     phnum = int.from_bytes(data[0x38:0x3A], "little")
     for i in range(phnum):
         off = phoff + i * phentsize
-        if int.from_bytes(data[off:off + 4], "little") == 3:  # PT_INTERP
+        if int.from_bytes(data[off : off + 4], "little") == 3:  # PT_INTERP
             return False
     return True
 
 
 def find_busybox() -> str:
     """A statically linked busybox. Raises :class:`E2EUnavailable` when there is none."""
-    for cand in (os.environ.get("GPUTOPO_E2E_BUSYBOX"), "/bin/busybox", "/usr/bin/busybox",
-                 shutil.which("busybox")):
+    for cand in (
+        os.environ.get("GPUTOPO_E2E_BUSYBOX"),
+        "/bin/busybox",
+        "/usr/bin/busybox",
+        shutil.which("busybox"),
+    ):
         if cand and os.path.isfile(cand) and _is_static_elf(cand):
             return cand
     raise E2EUnavailable("no statically linked busybox (apt-get install busybox-static)")
@@ -141,7 +155,11 @@ def parse_apt_depends(text: str) -> str | None:
     """The ``linux-image-<ver>`` package that ``apt-cache depends linux-image-amd64`` names."""
     for line in text.splitlines():
         parts = line.split()
-        if len(parts) >= 2 and parts[0] in ("Depends:", "|Depends:") and parts[1][len("linux-image-"):][:1].isdigit():
+        if (
+            len(parts) >= 2
+            and parts[0] in ("Depends:", "|Depends:")
+            and parts[1][len("linux-image-") :][:1].isdigit()
+        ):
             return parts[1]
     return None
 
@@ -154,8 +172,9 @@ def kernel_package() -> str:
     if os.environ.get("GPUTOPO_E2E_KPKG"):
         return os.environ["GPUTOPO_E2E_KPKG"]
     try:
-        out = subprocess.run(["apt-cache", "depends", "linux-image-amd64"], capture_output=True,
-                             text=True, timeout=60).stdout
+        out = subprocess.run(
+            ["apt-cache", "depends", "linux-image-amd64"], capture_output=True, text=True, timeout=60
+        ).stdout
     except (OSError, subprocess.TimeoutExpired) as e:
         raise E2EUnavailable(f"apt-cache depends linux-image-amd64: {e}") from e
     pkg = parse_apt_depends(out)
@@ -235,8 +254,14 @@ def _download_deb(kpkg: str, debs: Path) -> Path:
         return found[-1]
     with tempfile.TemporaryDirectory(dir=debs) as tmp:
         try:
-            subprocess.run(["apt-get", "download", kpkg], cwd=tmp, check=True,
-                           capture_output=True, text=True, timeout=900)
+            subprocess.run(
+                ["apt-get", "download", kpkg],
+                cwd=tmp,
+                check=True,
+                capture_output=True,
+                text=True,
+                timeout=900,
+            )
         except (OSError, subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
             detail = getattr(e, "stderr", "") or str(e)
             raise E2EUnavailable(f"apt-get download {kpkg} failed: {detail.strip()[-300:]}") from e
@@ -300,8 +325,19 @@ def build_image(cache: Path | None = None, log=lambda s: None) -> GuestImage:
         if not (mods / "modules.dep").is_file():
             _run([depmod, "-b", str(kx), kver])
         root = t / "root"
-        for d in ("bin", "sbin", "dev", "proc", "sys", "tmp", "run", "etc", "e2e", "usr",
-                  f"lib/modules/{kver}"):
+        for d in (
+            "bin",
+            "sbin",
+            "dev",
+            "proc",
+            "sys",
+            "tmp",
+            "run",
+            "etc",
+            "e2e",
+            "usr",
+            f"lib/modules/{kver}",
+        ):
             (root / d).mkdir(parents=True, exist_ok=True)
         for f in _module_files(modprobe, kx, kver):
             rel = f.relative_to(kx)
@@ -399,8 +435,7 @@ def python_shares() -> list[str]:
     ``/usr`` first (libc, the loader), then the interpreter's prefixes, then the repository;
     a path inside one already shared is left out.
     """
-    wanted = ["/usr", os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix),
-              str(REPO.resolve())]
+    wanted = ["/usr", os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix), str(REPO.resolve())]
     out: list[str] = []
     for p in wanted:
         if not _covered(p, out):
@@ -433,8 +468,16 @@ def guest_python() -> str:
     return sys.executable
 
 
-def boot(image: GuestImage, script: str, out_dir: Path, *, ro_shares: list[str] | None = None,
-         full: bool = True, timeout: float = 600.0, mem_mb: int = 1024) -> GuestRun:
+def boot(
+    image: GuestImage,
+    script: str,
+    out_dir: Path,
+    *,
+    ro_shares: list[str] | None = None,
+    full: bool = True,
+    timeout: float = 600.0,
+    mem_mb: int = 1024,
+) -> GuestRun:
     """Boot the guest, run ``script`` (busybox sh) in it, wait for power-off.
 
     ``ro_shares`` are host directories mounted read-only at the same path in the guest
@@ -457,21 +500,46 @@ def boot(image: GuestImage, script: str, out_dir: Path, *, ro_shares: list[str] 
         initrd.write_bytes(image.initrd.read_bytes() + cw.gz(1))
         half = mem_mb // 2
         cmd = [
-            qemu, "-machine", "q35,kernel-irqchip=split", "-accel", "tcg,thread=multi", "-cpu", "max",
-            "-smp", "2,sockets=2,cores=1,threads=1", "-m", f"{mem_mb}M",
-            "-object", f"memory-backend-ram,id=mem0,size={half}M",
-            "-object", f"memory-backend-ram,id=mem1,size={mem_mb - half}M",
-            "-numa", "node,nodeid=0,cpus=0,memdev=mem0",
-            "-numa", "node,nodeid=1,cpus=1,memdev=mem1",
-            "-nodefaults", "-display", "none", "-no-reboot",
-            "-device", "intel-iommu,intremap=on",
-            "-kernel", str(image.kernel), "-initrd", str(initrd),
-            "-append", "console=ttyS0 intel_iommu=on iommu=pt panic=-1 quiet loglevel=4",
+            qemu,
+            "-machine",
+            "q35,kernel-irqchip=split",
+            "-accel",
+            "tcg,thread=multi",
+            "-cpu",
+            "max",
+            "-smp",
+            "2,sockets=2,cores=1,threads=1",
+            "-m",
+            f"{mem_mb}M",
+            "-object",
+            f"memory-backend-ram,id=mem0,size={half}M",
+            "-object",
+            f"memory-backend-ram,id=mem1,size={mem_mb - half}M",
+            "-numa",
+            "node,nodeid=0,cpus=0,memdev=mem0",
+            "-numa",
+            "node,nodeid=1,cpus=1,memdev=mem1",
+            "-nodefaults",
+            "-display",
+            "none",
+            "-no-reboot",
+            "-device",
+            "intel-iommu,intremap=on",
+            "-kernel",
+            str(image.kernel),
+            "-initrd",
+            str(initrd),
+            "-append",
+            "console=ttyS0 intel_iommu=on iommu=pt panic=-1 quiet loglevel=4",
         ] + topology_args(full)
         for i, (tag, path, mode) in enumerate(mounts):
             ro = ",readonly=on" if mode == "ro" else ""
-            cmd += ["-fsdev", f"local,id=fs{i},path={path},security_model=none,multidevs=remap{ro}",
-                    "-device", f"virtio-9p-pci,fsdev=fs{i},mount_tag={tag},bus=pcie.0,addr={0x0a + i:02x}.0"]
+            cmd += [
+                "-fsdev",
+                f"local,id=fs{i},path={path},security_model=none,multidevs=remap{ro}",
+                "-device",
+                f"virtio-9p-pci,fsdev=fs{i},mount_tag={tag},bus=pcie.0,addr={0x0A + i:02x}.0",
+            ]
         console, output = t / "console.log", t / "out.log"
         cmd += ["-serial", f"file:{console}", "-serial", f"file:{output}"]
         t0 = time.monotonic()
@@ -479,7 +547,12 @@ def boot(image: GuestImage, script: str, out_dir: Path, *, ro_shares: list[str] 
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
             qrc, qerr = proc.returncode, proc.stderr
         except subprocess.TimeoutExpired as e:
-            qrc, qerr = None, (e.stderr or b"").decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+            qrc, qerr = (
+                None,
+                (e.stderr or b"").decode(errors="replace")
+                if isinstance(e.stderr, bytes)
+                else (e.stderr or ""),
+            )
         wall = time.monotonic() - t0
         con = console.read_text(errors="replace") if console.exists() else ""
         out = output.read_text(errors="replace") if output.exists() else ""
@@ -487,11 +560,14 @@ def boot(image: GuestImage, script: str, out_dir: Path, *, ro_shares: list[str] 
     if "E2E_INIT_UP" not in con:
         raise E2EUnavailable(
             f"the guest never reached /init (qemu rc={qrc}, {wall:.0f} s): "
-            f"{_tail(qerr, 3)} | console: {_tail(con, 5)}")
+            f"{_tail(qerr, 3)} | console: {_tail(con, 5)}"
+        )
     if rc is None:
         why = "timed out" if qrc is None else f"qemu exited {qrc}"
-        raise GuestFailed(f"guest run {why} without an exit marker after {wall:.0f} s\n"
-                          f"--- output\n{_tail(out, 40)}\n--- console\n{_tail(con, 40)}\n--- qemu\n{_tail(qerr, 10)}")
+        raise GuestFailed(
+            f"guest run {why} without an exit marker after {wall:.0f} s\n"
+            f"--- output\n{_tail(out, 40)}\n--- console\n{_tail(con, 40)}\n--- qemu\n{_tail(qerr, 10)}"
+        )
     return GuestRun(rc, strip_exit_marker(out), con, out_dir, wall, cmd)
 
 
@@ -501,7 +577,7 @@ def parse_exit_marker(text: str) -> int | None:
     for line in text.splitlines():
         if line.startswith("E2E_EXIT="):
             try:
-                rc = int(line[len("E2E_EXIT="):].strip())
+                rc = int(line[len("E2E_EXIT=") :].strip())
             except ValueError:
                 pass
     return rc
@@ -519,9 +595,14 @@ def python_script(argv: list[str], env: dict[str, str] | None = None) -> str:
     """A guest shell script that runs this interpreter with ``argv`` on the shared repository."""
     import shlex
 
-    base = {"PYTHONPATH": str(REPO.resolve()), "PYTHONDONTWRITEBYTECODE": "1",
-            "PYTHONUNBUFFERED": "1", "HOME": "/tmp", "LANG": "C.UTF-8",
-            "PATH": f"{os.path.dirname(guest_python())}:/usr/bin:/bin:/sbin"}
+    base = {
+        "PYTHONPATH": str(REPO.resolve()),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONUNBUFFERED": "1",
+        "HOME": "/tmp",
+        "LANG": "C.UTF-8",
+        "PATH": f"{os.path.dirname(guest_python())}:/usr/bin:/bin:/sbin",
+    }
     base.update(env or {})
     exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in base.items())
     return f"#!/bin/sh\n{exports}exec {shlex.join([guest_python(), *argv])}\n"

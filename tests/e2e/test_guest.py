@@ -51,8 +51,9 @@ def test_discover_reports_what_the_kernel_shows(guest):
     facts = json.loads(d["stdout"])
     table, groups, nodes = d["table"], d["groups"], d["nodes"]
 
-    want_gpus = sorted(a for a, t in table.items()
-                       if t["vendor"] == "0x1234" and t["class"].startswith("0x03"))
+    want_gpus = sorted(
+        a for a, t in table.items() if t["vendor"] == "0x1234" and t["class"].startswith("0x03")
+    )
     assert len(want_gpus) == 3  # VGA on the root bus + two bochs-display cards
     assert [g["address"] for g in facts["gpus"]] == want_gpus
 
@@ -78,14 +79,21 @@ def test_discover_reports_what_the_kernel_shows(guest):
         assert sorted(members) == sorted(m for m in groups[t["iommu_group"]] if m != a), where
         for m, info in members.items():
             mt = table[m]
-            role = ("function" if _slot(m) == _slot(a)
-                    else "bridge" if mt["class"].startswith("0x0604") else "foreign")
+            role = (
+                "function"
+                if _slot(m) == _slot(a)
+                else "bridge"
+                if mt["class"].startswith("0x0604")
+                else "foreign"
+            )
             assert info["role"] == role, f"{where} member {m}"
             assert info["driver"] == mt["driver"], f"{where} member {m}"
             assert (info["vendor"], info["device"], info["class"]) == (
-                mt["vendor"], mt["device"], mt["class"]), f"{where} member {m}"
-        assert sorted(g["functions"]) == sorted(
-            x for x in table if _slot(x) == _slot(a) and x != a), where
+                mt["vendor"],
+                mt["device"],
+                mt["class"],
+            ), f"{where} member {m}"
+        assert sorted(g["functions"]) == sorted(x for x in table if _slot(x) == _slot(a) and x != a), where
 
     # the stand-in GPU pairs: display + HD audio in one group, on the NUMA node of their bridge
     pairs = {g["address"]: g for g in facts["gpus"] if g["class"] == "0x038000"}
@@ -166,15 +174,18 @@ def test_half_moved_group_is_not_viable(guest):
 # --- kernel errors -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("case, want", [
-    ("bind_unloaded", "ENOENT"),
-    ("bind_ghost", "ENODEV"),
-    ("override_ghost", "ENOENT"),
-    ("probe_ghost", "ENODEV"),
-    ("unbind_unbound", "ENODEV"),
-    ("unbind_other", "ENODEV"),
-    ("bind_unclaimed", "ENODEV"),
-])
+@pytest.mark.parametrize(
+    "case, want",
+    [
+        ("bind_unloaded", "ENOENT"),
+        ("bind_ghost", "ENODEV"),
+        ("override_ghost", "ENOENT"),
+        ("probe_ghost", "ENODEV"),
+        ("unbind_unbound", "ENODEV"),
+        ("unbind_other", "ENODEV"),
+        ("bind_unclaimed", "ENODEV"),
+    ],
+)
 def test_failed_writes_raise_sysfs_write_error_with_the_kernels_errno(guest, case, want):
     d = guest.data("failures")[case]
     assert d["kernel_errno"] == want, f"{case}: the kernel itself gave {d['kernel_errno']}"
@@ -248,13 +259,17 @@ def test_sim_kernel_replays_raw_writes_like_the_real_one(guest, guest_checks, tm
     sim = SimKernel(root)
     diffs, compared = [], []
     for real in d["steps"]:
-        got = {"path": real["path"], "value": real["value"],
-               "result": _errno_name(sim.write, real["path"], real["value"]),
-               **guest_checks.replay_observe(root, d["roles"], sim.group_viable)}
+        got = {
+            "path": real["path"],
+            "value": real["value"],
+            "result": _errno_name(sim.write, real["path"], real["value"]),
+            **guest_checks.replay_observe(root, d["roles"], sim.group_viable),
+        }
         compared.append(f"{real['path']} <- {real['value']!r}: {real['result']}")
         if got != real:
-            diffs.append(f"after writing {real['value']!r} to {real['path']}:\n"
-                         f"    real: {real}\n    sim:  {got}")
+            diffs.append(
+                f"after writing {real['value']!r} to {real['path']}:\n    real: {real}\n    sim:  {got}"
+            )
     print("compared raw writes:\n  " + "\n  ".join(compared))
     assert not diffs, "simulated kernel differs from the real one:\n" + "\n".join(diffs)
 
@@ -272,8 +287,11 @@ def test_conformance_steps_match_the_simulated_kernel(guest, tmp_path):
     real_steps = d["steps"]
     assert [s[0] for s in sim_steps] == [s[0] for s in real_steps]
     print("compared conformance steps: " + ", ".join(s[0] for s in real_steps))
-    diffs = [f"step {r[0]}:\n    real: {r[1]}\n    sim:  {s[1]}"
-             for r, s in zip(real_steps, sim_steps) if r[1] != s[1]]
+    diffs = [
+        f"step {r[0]}:\n    real: {r[1]}\n    sim:  {s[1]}"
+        for r, s in zip(real_steps, sim_steps)
+        if r[1] != s[1]
+    ]
     assert not diffs, "simulated kernel differs from the real one:\n" + "\n".join(diffs)
 
 

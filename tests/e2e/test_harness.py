@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import gzip
 import os
-import subprocess
 import shutil
-
-import pytest
+import subprocess
 
 import harness
+import pytest
 
 
 def test_parse_apt_depends_picks_the_versioned_image():
-    text = ("linux-image-amd64\n"
-            "  Depends: linux-image-6.1.0-57-amd64\n"
-            "  Depends: linux-base\n")
+    text = "linux-image-amd64\n  Depends: linux-image-6.1.0-57-amd64\n  Depends: linux-base\n"
     assert harness.parse_apt_depends(text) == "linux-image-6.1.0-57-amd64"
     assert harness.parse_apt_depends("linux-image-amd64\n  Depends: linux-base\n") is None
 

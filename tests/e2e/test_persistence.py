@@ -58,11 +58,18 @@ def test_guest_ran_the_rendered_files_through_real_kmod_and_udevd(guest):
     steps = d["steps"]
     late = steps["rescan_udev_late"]
     assert late["kernel"][pinned][1] == NULL, "udev ran before the kernel probed: the queue was not held"
-    for name, st in [("coldplug", steps["coldplug"]), ("rescan", steps["rescan"]["after"]),
-                     ("rescan_udev_late", late["after"])]:
+    for name, st in [
+        ("coldplug", steps["coldplug"]),
+        ("rescan", steps["rescan"]["after"]),
+        ("rescan_udev_late", late["after"]),
+    ]:
         assert st[pinned][1] == "vfio-pci", f"{name}: udevd did not apply the rendered rule"
-    for name, st in [("coldplug", steps["coldplug"]), ("modprobe", steps["modprobe"]),
-                     ("rescan", steps["rescan"]["after"]), ("rescan_udev_late", late["after"])]:
+    for name, st in [
+        ("coldplug", steps["coldplug"]),
+        ("modprobe", steps["modprobe"]),
+        ("rescan", steps["rescan"]["after"]),
+        ("rescan_udev_late", late["after"]),
+    ]:
         assert st[twin] == [STAND_IN, NULL], f"{name}: the twin left its native driver"
 
 

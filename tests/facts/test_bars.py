@@ -21,15 +21,20 @@ REAL = (
     "0x0000000000000000 0x0000000000000000 0x0000000000000000\n"
     "0x000000000000e000 0x000000000000e07f 0x0000000000040101\n"
     "0x00000000f8000000 0x00000000f807ffff 0x0000000000046200\n"
-    + "0x0000000000000000 0x0000000000000000 0x0000000000000000\n" * 6
+    + "0x0000000000000000 0x0000000000000000 0x0000000000000000\n"
+    * 6
 )
 
 
 def test_parse_resource_sizes_kinds_and_flags():
     bars = parse_resource(REAL)
     assert [(b.index, b.kind, b.prefetchable, format_size(b.size)) for b in bars] == [
-        (0, "mem32", False, "64M"), (1, "mem64", True, "128G"), (3, "mem64", True, "32M"),
-        (5, "io", False, "128"), (6, "rom", True, "512K")]
+        (0, "mem32", False, "64M"),
+        (1, "mem64", True, "128G"),
+        (3, "mem64", True, "32M"),
+        (5, "io", False, "128"),
+        (6, "rom", True, "512K"),
+    ]
     assert bars[1].start == 0x20000000000 and bars[1].size == 128 << 30
     assert bars[1].flags == 0x14220C
 
@@ -58,8 +63,12 @@ LSPCI = shutil.which("lspci")
 @pytest.mark.skipif(LSPCI is None, reason="lspci (pciutils) is not installed")
 def test_lspci_reads_the_fixture_bars_like_a_real_card(materialized):
     root = materialized("seed")
-    out = subprocess.run([LSPCI, "-A", "linux-sysfs", "-O", f"sysfs.path={root}/sys/bus/pci", "-v", "-s", "81:00.0"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [LSPCI, "-A", "linux-sysfs", "-O", f"sysfs.path={root}/sys/bus/pci", "-v", "-s", "81:00.0"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert "(64-bit, prefetchable) [size=128G]" in out
     assert "(64-bit, prefetchable) [size=32M]" in out
     assert "(32-bit, non-prefetchable) [size=64M]" in out

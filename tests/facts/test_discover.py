@@ -12,11 +12,23 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from gputopo.facts.discover import discover, parse_gpu_match, parse_nvidia_information
-from gputopo.facts.host import numa_from_cpulist, parse_bool_param, parse_iommu_mode, parse_modules, parse_nvidia_version
-from gputopo.facts.names import hwdb_modalias, parse_pci_ids, udev_hwdb_names
-from gputopo.facts.pci import list_pci_functions, parse_hex_id, parse_reset_method, parse_subsystem_id, read_pci_function
 from gputopo.errors import InputError, RootError
+from gputopo.facts.discover import discover, parse_gpu_match, parse_nvidia_information
+from gputopo.facts.host import (
+    numa_from_cpulist,
+    parse_bool_param,
+    parse_iommu_mode,
+    parse_modules,
+    parse_nvidia_version,
+)
+from gputopo.facts.names import hwdb_modalias, parse_pci_ids, udev_hwdb_names
+from gputopo.facts.pci import (
+    list_pci_functions,
+    parse_hex_id,
+    parse_reset_method,
+    parse_subsystem_id,
+    read_pci_function,
+)
 from gputopo.model.facts import MemberRole, address_key, format_cpulist, parse_cpulist
 
 # --- parsers -------------------------------------------------------------------------------
@@ -42,8 +54,13 @@ def test_cpulist_and_address_helpers():
     text = "0-63,128-191"
     assert format_cpulist(parse_cpulist(text)) == text
     addrs = ["10000:00:01.0", "0001:00:00.0", "0000:81:00.0", "0000:0a:1f.7", "0000:0a:02.0"]
-    assert sorted(addrs, key=address_key) == ["0000:0a:02.0", "0000:0a:1f.7", "0000:81:00.0",
-                                              "0001:00:00.0", "10000:00:01.0"]
+    assert sorted(addrs, key=address_key) == [
+        "0000:0a:02.0",
+        "0000:0a:1f.7",
+        "0000:81:00.0",
+        "0001:00:00.0",
+        "10000:00:01.0",
+    ]
 
 
 def test_parse_cpulist():
@@ -54,22 +71,27 @@ def test_parse_cpulist():
         parse_cpulist("a-b")
 
 
-@pytest.mark.parametrize("cmdline, mode", [
-    ("BOOT_IMAGE=/vmlinuz ro quiet amd_iommu=on", None),
-    ("ro quiet amd_iommu=on iommu=pt", "pt"),
-    ("ro intel_iommu=on,pt", "pt"),
-    ("ro amd_iommu=pt", "pt"),
-    ("ro iommu=off", "off"),
-    ("ro intel_iommu=off iommu=pt", "off"),
-    ("ro myiommu=pt", None),
-])
+@pytest.mark.parametrize(
+    "cmdline, mode",
+    [
+        ("BOOT_IMAGE=/vmlinuz ro quiet amd_iommu=on", None),
+        ("ro quiet amd_iommu=on iommu=pt", "pt"),
+        ("ro intel_iommu=on,pt", "pt"),
+        ("ro amd_iommu=pt", "pt"),
+        ("ro iommu=off", "off"),
+        ("ro intel_iommu=off iommu=pt", "off"),
+        ("ro myiommu=pt", None),
+    ],
+)
 def test_parse_iommu_mode(cmdline, mode):
     assert parse_iommu_mode(cmdline) == mode
 
 
 def test_parse_modules_and_params():
-    text = ("nvidia_uvm 1961984 0 - Live 0x0000000000000000 (PO)\n"
-            "nvidia 60960768 2 nvidia_uvm,nvidia_modeset, Live 0x0000000000000000 (POE)\n\n")
+    text = (
+        "nvidia_uvm 1961984 0 - Live 0x0000000000000000 (PO)\n"
+        "nvidia 60960768 2 nvidia_uvm,nvidia_modeset, Live 0x0000000000000000 (POE)\n\n"
+    )
     assert parse_modules(text) == {"nvidia_uvm", "nvidia"}
     assert parse_bool_param("Y\n") is True and parse_bool_param("0") is False
     assert parse_bool_param("maybe") is None and parse_bool_param(None) is None
@@ -78,8 +100,10 @@ def test_parse_modules_and_params():
 
 
 def test_parse_nvidia_version_and_information():
-    open_mod = ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.133.20  Release Build  "
-                "(dvs-builder@U16-I3-B03-4-3)  Fri Mar 14 21:19:51 UTC 2025\nGCC version:  gcc 12\n")
+    open_mod = (
+        "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.133.20  Release Build  "
+        "(dvs-builder@U16-I3-B03-4-3)  Fri Mar 14 21:19:51 UTC 2025\nGCC version:  gcc 12\n"
+    )
     legacy = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024\n"
     assert parse_nvidia_version(open_mod) == "570.133.20"
     assert parse_nvidia_version(legacy) == "550.54.15"
@@ -87,19 +111,24 @@ def test_parse_nvidia_version_and_information():
     info = parse_nvidia_information(
         "Model: \t\t NVIDIA RTX PRO 6000 Blackwell Server Edition\nIRQ:   \t\t 45\n"
         "GPU UUID: \t GPU-63a7bec0-1fd4-4bff-b151-64588dfc84b8\nBus Location: \t 0000:61:00.0\n"
-        "Device Minor: \t 3\nGPU Excluded:\t No\n")
+        "Device Minor: \t 3\nGPU Excluded:\t No\n"
+    )
     assert info["Device Minor"] == "3"
     assert info["GPU UUID"] == "GPU-63a7bec0-1fd4-4bff-b151-64588dfc84b8"
     assert info["Bus Location"] == "0000:61:00.0"
 
 
 def test_parse_pci_ids_and_gpu_match():
-    db = ("# comment\n10de  NVIDIA Corporation\n\t2bb5  GB202GL [RTX PRO 6000 Blackwell Server Edition]\n"
-          "\t\t10de 204e  RTX PRO 6000 Blackwell Server Edition\n\t26b1  AD102GL [RTX 6000 Ada Generation]\n"
-          "1a03  ASPEED\n\t2000  ASPEED Graphics Family\nC 03  Display controller\n\t00  VGA\n")
+    db = (
+        "# comment\n10de  NVIDIA Corporation\n\t2bb5  GB202GL [RTX PRO 6000 Blackwell Server Edition]\n"
+        "\t\t10de 204e  RTX PRO 6000 Blackwell Server Edition\n\t26b1  AD102GL [RTX 6000 Ada Generation]\n"
+        "1a03  ASPEED\n\t2000  ASPEED Graphics Family\nC 03  Display controller\n\t00  VGA\n"
+    )
     got = parse_pci_ids(db, {("10de", "2bb5"), ("1a03", "2000"), ("10de", "ffff")})
-    assert got == {("10de", "2bb5"): "GB202GL [RTX PRO 6000 Blackwell Server Edition]",
-                   ("1a03", "2000"): "ASPEED Graphics Family"}
+    assert got == {
+        ("10de", "2bb5"): "GB202GL [RTX PRO 6000 Blackwell Server Edition]",
+        ("1a03", "2000"): "ASPEED Graphics Family",
+    }
     assert parse_gpu_match("0x1234:0x03") == ("0x1234", "0x03")
     assert parse_gpu_match("1af4") == ("0x1af4", None)
     assert parse_gpu_match(":0302") == (None, "0x0302")
@@ -135,19 +164,25 @@ def _udev_hwdb_available() -> bool:
     return True
 
 
-@pytest.mark.skipif(not _udev_hwdb_available(), reason="no udev hwdb here (pyudev, libudev or hwdb.bin missing)")
+@pytest.mark.skipif(
+    not _udev_hwdb_available(), reason="no udev hwdb here (pyudev, libudev or hwdb.bin missing)"
+)
 def test_udev_hwdb_names_through_pyudev():
     # Ids that every hwdb since 2017 names; 10de:fffe names nothing.
     got = udev_hwdb_names({("8086", "1521"), ("10de", "1db4"), ("10de", "fffe")})
-    assert got == {("8086", "1521"): "I350 Gigabit Network Connection",
-                   ("10de", "1db4"): "GV100GL [Tesla V100 PCIe 16GB]"}
+    assert got == {
+        ("8086", "1521"): "I350 Gigabit Network Connection",
+        ("10de", "1db4"): "GV100GL [Tesla V100 PCIe 16GB]",
+    }
 
 
 def test_live_root_asks_hwdb_only_for_what_pci_ids_lacks(monkeypatch, materialized):
     from gputopo.facts import names
 
     asked = []
-    monkeypatch.setattr(names, "udev_hwdb_names", lambda w: asked.append(set(w)) or {p: "from hwdb" for p in w})
+    monkeypatch.setattr(
+        names, "udev_hwdb_names", lambda w: asked.append(set(w)) or {p: "from hwdb" for p in w}
+    )
     got = names.load_pci_names("/", {("10de", "fffe")})
     assert asked == [{("10de", "fffe")}] and got == {("10de", "fffe"): "from hwdb"}
     # A fixture or snapshot root is not this host: its names come from its own pci.ids only.
@@ -161,12 +196,36 @@ def test_live_root_asks_hwdb_only_for_what_pci_ids_lacks(monkeypatch, materializ
 
 def test_seed(materialized):
     f = discover(materialized("seed"))
-    assert [g.address for g in f.gpus] == ["0000:01:00.0", "0000:11:00.0", "0000:61:00.0", "0000:71:00.0",
-                                           "0000:81:00.0", "0000:91:00.0", "0000:e1:00.0", "0000:f1:00.0"]
+    assert [g.address for g in f.gpus] == [
+        "0000:01:00.0",
+        "0000:11:00.0",
+        "0000:61:00.0",
+        "0000:71:00.0",
+        "0000:81:00.0",
+        "0000:91:00.0",
+        "0000:e1:00.0",
+        "0000:f1:00.0",
+    ]
     assert {g.address[5:7]: g.numa_node for g in f.gpus} == {
-        "01": 0, "11": 0, "61": 0, "71": 0, "81": 1, "91": 1, "e1": 1, "f1": 1}
+        "01": 0,
+        "11": 0,
+        "61": 0,
+        "71": 0,
+        "81": 1,
+        "91": 1,
+        "e1": 1,
+        "f1": 1,
+    }
     assert {g.address[5:7]: g.minor for g in f.gpus} == {
-        "01": 0, "11": 1, "61": 3, "71": 2, "81": 4, "91": 5, "e1": 7, "f1": 6}
+        "01": 0,
+        "11": 1,
+        "61": 3,
+        "71": 2,
+        "81": 4,
+        "91": 5,
+        "e1": 7,
+        "f1": 6,
+    }
     g = f.gpu("0000:61:00.0")
     assert g.model == "GB202GL [RTX PRO 6000 Blackwell Server Edition]"
     assert (g.vendor, g.device, g.class_, g.subsystem_device) == ("0x10de", "0x2bb5", "0x030200", "0x204e")
@@ -192,7 +251,8 @@ def test_esc8000a_functions_and_all_vendors(materialized):
     g = f.gpus[0]
     assert g.functions == ["0000:01:00.1"]
     assert [(m.address, m.role, m.driver) for m in g.iommu_members] == [
-        ("0000:01:00.1", MemberRole.FUNCTION, "snd_hda_intel")]
+        ("0000:01:00.1", MemberRole.FUNCTION, "snd_hda_intel")
+    ]
     assert g.companions == ["0000:01:00.1"]
     assert g.link.current_speed == "2.5 GT/s PCIe" and g.link.max_speed == "16.0 GT/s PCIe"
     assert f.host.iommu_mode == "pt" and f.host.sev_snp is False and not f.host.modules.vfio
@@ -207,9 +267,13 @@ def test_shared_group_roles(materialized):
     f = discover(materialized("shared-group"))
     g = f.gpu("0000:03:00.0")
     roles = {m.address: m.role for m in g.iommu_members}
-    assert roles == {"0000:01:00.0": MemberRole.BRIDGE, "0000:02:00.0": MemberRole.BRIDGE,
-                     "0000:02:01.0": MemberRole.BRIDGE, "0000:03:00.1": MemberRole.FUNCTION,
-                     "0000:04:00.0": MemberRole.FOREIGN}
+    assert roles == {
+        "0000:01:00.0": MemberRole.BRIDGE,
+        "0000:02:00.0": MemberRole.BRIDGE,
+        "0000:02:01.0": MemberRole.BRIDGE,
+        "0000:03:00.1": MemberRole.FUNCTION,
+        "0000:04:00.0": MemberRole.FOREIGN,
+    }
     assert [m.address for m in g.foreign_members] == ["0000:04:00.0"]
     assert f.gpu("0000:04:00.0") is None
     vf = f.gpu("0000:06:00.0")
@@ -220,8 +284,12 @@ def test_shared_group_roles(materialized):
 def test_numa_unknown(materialized):
     f = discover(materialized("numa-unknown"))
     got = {g.address: (g.numa_node, g.numa_source) for g in f.gpus}
-    assert got == {"0000:01:00.0": (0, "cpulist"), "0000:02:00.0": (0, "cpulist"),
-                   "0000:81:00.0": (None, None), "0000:82:00.0": (None, None)}
+    assert got == {
+        "0000:01:00.0": (0, "cpulist"),
+        "0000:02:00.0": (0, "cpulist"),
+        "0000:81:00.0": (None, None),
+        "0000:82:00.0": (None, None),
+    }
     assert sum("NUMA node unknown" in w for w in f.warnings) == 2
 
 
@@ -245,8 +313,14 @@ def test_large(materialized):
     assert len(f.nvswitches) == 2 and all(s.is_nvswitch for s in f.nvswitches)
     assert not {s.address for s in f.nvswitches} & {g.address for g in f.gpus}
     assert {g.address.split(":")[0] for g in f.gpus} == {"0000", "0001"}
-    assert {n.id: n.has_cpus for n in f.host.numa_nodes} == {0: True, 1: True, 2: False, 3: False,
-                                                              4: True, 5: True}
+    assert {n.id: n.has_cpus for n in f.host.numa_nodes} == {
+        0: True,
+        1: True,
+        2: False,
+        3: False,
+        4: True,
+        5: True,
+    }
     assert {g.numa_node for g in f.gpus} == {0, 1, 4, 5}
     assert any("0000:08:00.0" in w and "unreadable" in w for w in f.warnings)
     fns = list_pci_functions(r)
@@ -336,7 +410,8 @@ def test_ids_reading_all_ones_or_zero_are_reported_not_gpus(fresh_host, value):
     assert f.gpu("0000:11:00.0") is None and len(f.gpus) == 7
     assert [w for w in f.warnings if w.startswith("0000:11:00.0:")] == [
         "0000:11:00.0: vendor/device ids unreadable (0xffff, 0x0000 or missing); "
-        "the device may have fallen off the bus"]
+        "the device may have fallen off the bus"
+    ]
     fn = read_pci_function(r, "0000:11:00.0")
     assert (fn.readable, fn.vendor, fn.device, fn.class_) == (False, None, None, "0x030200")
 
@@ -389,7 +464,11 @@ def test_nonzero_and_five_digit_domains(tmp_path):
     assert (a.numa_node, a.minor, a.functions) == (0, 1, ["0001:41:00.1"])
     assert [(m.address, m.role) for m in a.iommu_members] == [("0001:41:00.1", MemberRole.FUNCTION)]
     assert (b.numa_node, b.minor, b.driver, b.model) == (
-        1, 0, "nvidia", "GB202GL [RTX PRO 6000 Blackwell Server Edition]")
+        1,
+        0,
+        "nvidia",
+        "GB202GL [RTX PRO 6000 Blackwell Server Edition]",
+    )
     assert b.iommu_group is not None and b.iommu_group != a.iommu_group
     assert read_pci_function(r, "10000:01:00.0").address == "10000:01:00.0"
     assert f.warnings == []
@@ -405,7 +484,10 @@ def test_cpu_less_numa_nodes(fresh_host):
     (d / "0000:91:00.0/numa_node").write_text("-1\n")
     f = discover(r)
     assert [(n.id, n.cpulist, n.has_cpus) for n in f.host.numa_nodes] == [
-        (0, "0-63,128-191", True), (1, "64-127,192-255", True), (2, "", False)]
+        (0, "0-63,128-191", True),
+        (1, "64-127,192-255", True),
+        (2, "", False),
+    ]
     assert (f.gpu("0000:81:00.0").numa_node, f.gpu("0000:81:00.0").numa_source) == (2, "sysfs")
     assert (f.gpu("0000:91:00.0").numa_node, f.gpu("0000:91:00.0").numa_source) == (1, "cpulist")
     assert f.warnings == []
@@ -461,12 +543,17 @@ def test_cli_discover_json_and_table(materialized):
 @pytest.mark.parametrize("kind", ["empty dir", "missing", "plain file", "junk tarball"])
 @pytest.mark.slow
 def test_cli_bad_root_is_one_line_exit_2(tmp_path, kind):
-    root = {"empty dir": tmp_path, "missing": tmp_path / "nope", "plain file": tmp_path / "f",
-            "junk tarball": tmp_path / "snap.tar.gz"}[kind]
+    root = {
+        "empty dir": tmp_path,
+        "missing": tmp_path / "nope",
+        "plain file": tmp_path / "f",
+        "junk tarball": tmp_path / "snap.tar.gz",
+    }[kind]
     if kind in ("plain file", "junk tarball"):
         root.write_text("not a host\n")
-    p = subprocess.run([sys.executable, "-m", "gputopo", "discover", "--root", str(root)],
-                       capture_output=True, text=True)
+    p = subprocess.run(
+        [sys.executable, "-m", "gputopo", "discover", "--root", str(root)], capture_output=True, text=True
+    )
     assert p.returncode == 2, p.stderr
     assert p.stdout == "" and p.stderr.strip().count("\n") == 0 and "Traceback" not in p.stderr
     assert p.stderr.startswith(f"gputopo: error: {root}: ")
@@ -539,17 +626,22 @@ HEAVY = ("pydantic", "rich", "yaml", "jinja2", "proxmoxer", "requests", "pyudev"
 
 
 def test_version_start_up_imports_no_heavy_module():
-    probe = ("import sys\nsys.argv = ['gputopo', '--version']\nfrom gputopo.cli import main\n"
-             "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
-             f"heavy = {HEAVY!r}\n"
-             "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy), file=sys.stderr)\n")
+    probe = (
+        "import sys\nsys.argv = ['gputopo', '--version']\nfrom gputopo.cli import main\n"
+        "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+        f"heavy = {HEAVY!r}\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy), file=sys.stderr)\n"
+    )
     p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     assert p.stdout.startswith("gputopo, version")
     assert p.stderr.strip() == "[]"
     # The probe sees them once a command that needs them runs, so it can tell.
-    p = subprocess.run([sys.executable, "-c", probe.replace("'--version'", "'schema', 'facts'")],
-                       capture_output=True, text=True)
+    p = subprocess.run(
+        [sys.executable, "-c", probe.replace("'--version'", "'schema', 'facts'")],
+        capture_output=True,
+        text=True,
+    )
     assert "pydantic" in p.stderr.splitlines()[-1]
 
 

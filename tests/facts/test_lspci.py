@@ -15,15 +15,23 @@ pytestmark = pytest.mark.skipif(LSPCI is None, reason="lspci (pciutils) is not i
 
 
 def test_tree_parser_on_literal_output():
-    text = ("-+-[0000:00]-+-00.0\n"
-            " |           +-01.1-[01-02]----00.0-[02]--+-00.0\n"
-            " |           |                            \\-00.1\n"
-            " |           \\-14.0\n"
-            " \\-[0001:80]---01.1-[81]----00.0\n")
+    text = (
+        "-+-[0000:00]-+-00.0\n"
+        " |           +-01.1-[01-02]----00.0-[02]--+-00.0\n"
+        " |           |                            \\-00.1\n"
+        " |           \\-14.0\n"
+        " \\-[0001:80]---01.1-[81]----00.0\n"
+    )
     assert parse_lspci_tree(text) == {
-        "0000:00:00.0": None, "0000:00:01.1": None, "0000:01:00.0": "0000:00:01.1",
-        "0000:02:00.0": "0000:01:00.0", "0000:02:00.1": "0000:01:00.0", "0000:00:14.0": None,
-        "0001:80:01.1": None, "0001:81:00.0": "0001:80:01.1"}
+        "0000:00:00.0": None,
+        "0000:00:01.1": None,
+        "0000:01:00.0": "0000:00:01.1",
+        "0000:02:00.0": "0000:01:00.0",
+        "0000:02:00.1": "0000:01:00.0",
+        "0000:00:14.0": None,
+        "0001:80:01.1": None,
+        "0001:81:00.0": "0001:80:01.1",
+    }
 
 
 @pytest.mark.parametrize("host", host_params())
@@ -63,12 +71,21 @@ def parse_lspci_vmm(text: str) -> dict[str, dict[str, str]]:
 
 
 def test_vmm_parser_on_literal_output():
-    text = ("Slot:\t0000:01:00.0\nClass:\tClass [0300]\nDevice:\tAD102GL [RTX 6000 Ada Generation] [26b1]\n"
-            "Driver:\tnvidia\nNUMANode:\t0\nIOMMUGroup:\t5\n\nSlot:\t0000:01:00.1\nRev:\ta1\n")
+    text = (
+        "Slot:\t0000:01:00.0\nClass:\tClass [0300]\nDevice:\tAD102GL [RTX 6000 Ada Generation] [26b1]\n"
+        "Driver:\tnvidia\nNUMANode:\t0\nIOMMUGroup:\t5\n\nSlot:\t0000:01:00.1\nRev:\ta1\n"
+    )
     assert parse_lspci_vmm(text) == {
-        "0000:01:00.0": {"Slot": "0000:01:00.0", "Class": "Class [0300]", "Driver": "nvidia", "NUMANode": "0",
-                         "Device": "AD102GL [RTX 6000 Ada Generation] [26b1]", "IOMMUGroup": "5"},
-        "0000:01:00.1": {"Slot": "0000:01:00.1", "Rev": "a1"}}
+        "0000:01:00.0": {
+            "Slot": "0000:01:00.0",
+            "Class": "Class [0300]",
+            "Driver": "nvidia",
+            "NUMANode": "0",
+            "Device": "AD102GL [RTX 6000 Ada Generation] [26b1]",
+            "IOMMUGroup": "5",
+        },
+        "0000:01:00.1": {"Slot": "0000:01:00.1", "Rev": "a1"},
+    }
 
 
 @pytest.mark.parametrize("host", host_params())

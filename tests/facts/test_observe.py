@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from helpers.applysim import copy_host, seed_spec, template  # noqa: F401 - fixture
 from gputopo.adapters.pvefiles import PveFiles
 from gputopo.errors import ProxmoxError, SpecError
 from gputopo.facts.current import read_current
@@ -15,10 +14,11 @@ from gputopo.model.reads import EVERY_GUEST, ContainerRead, Reads
 from gputopo.model.state import CurrentState
 from gputopo.plan.reads import spec_reads
 from gputopo.ports import ProxmoxPort, ProxmoxReadPort
+from helpers.applysim import copy_host, seed_spec, template  # noqa: F401 (fixtures)
 
 
 @pytest.fixture
-def host(template, tmp_path):  # noqa: F811 - the fixture imported above
+def host(template, tmp_path):
     h = copy_host(template, tmp_path / "sim")
     h.start()
     yield h
@@ -48,7 +48,9 @@ def test_a_stopped_guest_read_from_files_counts_as_running(host):
     ports.proxmox.guest_action("lxc", 101, "stop", 30)
     reads = Reads(containers=(ContainerRead(101),))
     assert read_current(reads, proxmox=ports.proxmox).containers[101].status == "stopped"
-    assert read_current(reads, proxmox=PveFiles(host.paths.pve, host.node)).containers[101].status == "running"
+    assert (
+        read_current(reads, proxmox=PveFiles(host.paths.pve, host.node)).containers[101].status == "running"
+    )
 
 
 def test_a_container_that_does_not_exist_is_left_out_by_both_sources(host):
@@ -88,6 +90,7 @@ class Recording:
         def call(*args, **kwargs):
             self.calls.append(name)
             return {} if name == "version" else []
+
         return call
 
 

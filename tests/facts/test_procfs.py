@@ -41,13 +41,18 @@ def test_parse_cmdline():
 
 
 def test_match_fd_links():
-    links = {100: ["/dev/nvidia3", "/dev/nvidiactl", "/dev/null", "socket:[77]"],
-             200: ["/dev/nvidia3", "/dev/./nvidia3"],
-             300: ["pipe:[1234]", "dev/nvidia3"],
-             400: ["/srv/sim/root/dev/nvidia5"]}
+    links = {
+        100: ["/dev/nvidia3", "/dev/nvidiactl", "/dev/null", "socket:[77]"],
+        200: ["/dev/nvidia3", "/dev/./nvidia3"],
+        300: ["pipe:[1234]", "dev/nvidia3"],
+        400: ["/srv/sim/root/dev/nvidia5"],
+    }
     paths = ["/dev/nvidia3", "/dev/nvidiactl", "/dev/nvidia5", "/dev/nvidia0"]
     assert match_fd_links(links, paths, "/srv/sim/root") == {
-        "/dev/nvidia3": [100, 200], "/dev/nvidiactl": [100], "/dev/nvidia5": [400]}
+        "/dev/nvidia3": [100, 200],
+        "/dev/nvidiactl": [100],
+        "/dev/nvidia5": [400],
+    }
     # on the live root a link into another tree is not a device node
     assert match_fd_links(links, paths) == {"/dev/nvidia3": [100, 200], "/dev/nvidiactl": [100]}
     assert match_fd_links({}, paths) == {}
@@ -56,8 +61,14 @@ def test_match_fd_links():
 # --- readers on a real /proc layout ----------------------------------------------------------
 
 
-def _process(root: Path, pid: int, targets: list[str], comm: str | None = None, argv: tuple[str, ...] | None = None,
-             cgroup: str | None = None) -> None:
+def _process(
+    root: Path,
+    pid: int,
+    targets: list[str],
+    comm: str | None = None,
+    argv: tuple[str, ...] | None = None,
+    cgroup: str | None = None,
+) -> None:
     """``<root>/proc/<pid>`` as the kernel shows it: comm (with its newline), cmdline
     (NUL-ended arguments), cgroup, and ``fd/<n>`` links to what the process has open."""
     proc = root / "proc" / str(pid)
@@ -73,11 +84,22 @@ def _process(root: Path, pid: int, targets: list[str], comm: str | None = None, 
 
 
 def test_read_holders(tmp_path):
-    _process(tmp_path, 100, ["/dev/nvidia3", "/dev/nvidiactl", "/dev/null"], "python3",
-             ("/opt/sglang/bin/python", "-m", "sglang.launch_server", "--tp", "4"),
-             "0::/lxc/101/ns/system.slice/sglang.service")
-    _process(tmp_path, 200, ["/dev/nvidia3"], "nvidia-persiste", ("/usr/bin/nvidia-persistenced",),
-             "0::/system.slice/nvidia-persistenced.service")
+    _process(
+        tmp_path,
+        100,
+        ["/dev/nvidia3", "/dev/nvidiactl", "/dev/null"],
+        "python3",
+        ("/opt/sglang/bin/python", "-m", "sglang.launch_server", "--tp", "4"),
+        "0::/lxc/101/ns/system.slice/sglang.service",
+    )
+    _process(
+        tmp_path,
+        200,
+        ["/dev/nvidia3"],
+        "nvidia-persiste",
+        ("/usr/bin/nvidia-persistenced",),
+        "0::/system.slice/nvidia-persistenced.service",
+    )
     _process(tmp_path, 300, ["/dev/pts/0", "pipe:[1234]"], "bash", ("-bash",), "0::/user.slice")
     # a process that is exiting: its comm is still there, cmdline and cgroup are gone
     _process(tmp_path, 400, [str(tmp_path / "dev/nvidia5")], "python3")
@@ -88,20 +110,30 @@ def test_read_holders(tmp_path):
 
     assert sorted(read_fd_links(tmp_path)[300]) == ["/dev/pts/0", "pipe:[1234]"]  # in directory order
     assert sorted(read_fd_links(tmp_path)) == [100, 200, 300, 400, 500]
-    assert read_cmdline(tmp_path, 200) == "/usr/bin/nvidia-persistenced" and read_cmdline(tmp_path, 400) is None
+    assert (
+        read_cmdline(tmp_path, 200) == "/usr/bin/nvidia-persistenced" and read_cmdline(tmp_path, 400) is None
+    )
     assert read_container(tmp_path, 100) == 101 and read_container(tmp_path, 200) is None
     assert read_container(tmp_path, 999) is None
 
     got = read_holders(tmp_path, ["/dev/nvidia3", "/dev/nvidiactl", "/dev/nvidia5", "/dev/nvidia0"])
-    sglang = Holder(100, "python3", "/opt/sglang/bin/python -m sglang.launch_server --tp 4", 101, "sglang.service")
+    sglang = Holder(
+        100, "python3", "/opt/sglang/bin/python -m sglang.launch_server --tp 4", 101, "sglang.service"
+    )
     assert got == {
-        "/dev/nvidia3": [sglang, Holder(200, "nvidia-persiste", "/usr/bin/nvidia-persistenced", None,
-                                        "nvidia-persistenced.service")],
+        "/dev/nvidia3": [
+            sglang,
+            Holder(
+                200, "nvidia-persiste", "/usr/bin/nvidia-persistenced", None, "nvidia-persistenced.service"
+            ),
+        ],
         "/dev/nvidiactl": [sglang],
         "/dev/nvidia5": [Holder(400, "python3", None, None), Holder(500, "?", None, None)],
     }
     assert find_holders(tmp_path, ["/dev/nvidia3", "/dev/nvidia5"]) == {
-        "/dev/nvidia3": [(100, "python3"), (200, "nvidia-persiste")], "/dev/nvidia5": [(400, "python3"), (500, "?")]}
+        "/dev/nvidia3": [(100, "python3"), (200, "nvidia-persiste")],
+        "/dev/nvidia5": [(400, "python3"), (500, "?")],
+    }
     assert read_holders(tmp_path / "nowhere", ["/dev/nvidia0"]) == {}
     assert find_holders(tmp_path / "nowhere", ["/dev/nvidia0"]) == {}
 

@@ -10,11 +10,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from gputopo.errors import RootError, SnapshotError
 from gputopo.facts.discover import discover
-from gputopo.errors import RootError
-from gputopo.sim.hostroot import list_hosts
 from gputopo.facts.snapshot import extract, opened_root, snapshot
-from gputopo.errors import SnapshotError
+from gputopo.sim.hostroot import list_hosts
 
 
 def _facts(root) -> dict:
@@ -52,11 +51,15 @@ def test_snapshot_keeps_links_and_skips_bars_secrets(fresh_host, tmp_path):
         names = {m.name: m for m in t.getmembers()}
         cfg = t.extractfile(names[os.path.relpath(dev / "config", r)]).read()
     assert len(cfg) == 256
-    assert not any(n.endswith(("resource0", "/rom", "/vpd", "environ")) or n.startswith(("etc", "proc/4242"))
-                   for n in names)
+    assert not any(
+        n.endswith(("resource0", "/rom", "/vpd", "environ")) or n.startswith(("etc", "proc/4242"))
+        for n in names
+    )
     link = names["sys/bus/pci/devices/0000:01:00.0"]
     assert link.issym() and link.linkname == "../../../devices/pci0000:00/0000:00:01.1/0000:01:00.0"
-    assert names["sys/bus/pci/devices/0000:01:00.0".replace("devices/0000:01:00.0", "drivers/nvidia/0000:01:00.0")].issym()
+    assert names[
+        "sys/bus/pci/devices/0000:01:00.0".replace("devices/0000:01:00.0", "drivers/nvidia/0000:01:00.0")
+    ].issym()
     assert names["dev/nvidia3"].size == 0
     assert json.loads(t_read(out, "dev/.devices.json"))["nvidia3"] == ["c", 195, 3]
     assert "proc/cmdline" in names and "usr/share/misc/pci.ids" in names
@@ -132,7 +135,9 @@ def test_snapshot_never_opens_bars_rom_or_for_writing(fresh_host, tmp_path, monk
 
 
 @pytest.mark.slow
-def test_a_snapshot_carries_its_discovery_and_a_cluster_plan_reads_only_that(materialized, tmp_path, monkeypatch):
+def test_a_snapshot_carries_its_discovery_and_a_cluster_plan_reads_only_that(
+    materialized, tmp_path, monkeypatch
+):
     """The first member is discovery's result when the snapshot was taken: the same facts as
     discovering the unpacked tree, read without unpacking it. Another gputopo version's record
     is not trusted: the tree is discovered again."""
@@ -146,6 +151,7 @@ def test_a_snapshot_carries_its_discovery_and_a_cluster_plan_reads_only_that(mat
         first = t.next()
         assert first.name == ".gputopo-facts.json"
         assert json.loads(t.extractfile(first).read())["gputopo"] == gputopo.__version__
+
     def data(facts) -> dict:
         return {k: v for k, v in json.loads(facts.to_json()).items() if k != "root"}
 

@@ -29,36 +29,46 @@ def _config(port_type: int | None, *, cap_at: int = 0x40, chain: bool = False) -
     else:
         cfg[0x34] = cap_at
     cfg[cap_at] = 0x10
-    cfg[cap_at + 2:cap_at + 4] = (0x0002 | (port_type << 4)).to_bytes(2, "little")
+    cfg[cap_at + 2 : cap_at + 4] = (0x0002 | (port_type << 4)).to_bytes(2, "little")
     return bytes(cfg)
 
 
-@pytest.mark.parametrize("rel, want", [
-    ("pci0000:00/0000:00:01.1/0000:01:00.0", ("0000:00", ["0000:00:01.1", "0000:01:00.0"])),
-    ("pci0000:80/0000:80:01.1/0000:81:00.0/0000:82:00.0/0000:83:00.0",
-     ("0000:80", ["0000:80:01.1", "0000:81:00.0", "0000:82:00.0", "0000:83:00.0"])),
-    ("pci10000:00/10000:00:01.0/10000:01:00.0", ("10000:00", ["10000:00:01.0", "10000:01:00.0"])),
-    # a VMD domain nested under a PCI device keeps the outer host bridge
-    ("pci0000:00/0000:00:0e.0/pci10000:00/10000:00:02.0/10000:01:00.0",
-     ("0000:00", ["0000:00:0e.0", "10000:00:02.0", "10000:01:00.0"])),
-    ("platform/ACPI0016:00/pci0002:00/0002:00:00.0", ("0002:00", ["0002:00:00.0"])),
-    ("virtual/net/lo", (None, [])),
-])
+@pytest.mark.parametrize(
+    "rel, want",
+    [
+        ("pci0000:00/0000:00:01.1/0000:01:00.0", ("0000:00", ["0000:00:01.1", "0000:01:00.0"])),
+        (
+            "pci0000:80/0000:80:01.1/0000:81:00.0/0000:82:00.0/0000:83:00.0",
+            ("0000:80", ["0000:80:01.1", "0000:81:00.0", "0000:82:00.0", "0000:83:00.0"]),
+        ),
+        ("pci10000:00/10000:00:01.0/10000:01:00.0", ("10000:00", ["10000:00:01.0", "10000:01:00.0"])),
+        # a VMD domain nested under a PCI device keeps the outer host bridge
+        (
+            "pci0000:00/0000:00:0e.0/pci10000:00/10000:00:02.0/10000:01:00.0",
+            ("0000:00", ["0000:00:0e.0", "10000:00:02.0", "10000:01:00.0"]),
+        ),
+        ("platform/ACPI0016:00/pci0002:00/0002:00:00.0", ("0002:00", ["0002:00:00.0"])),
+        ("virtual/net/lo", (None, [])),
+    ],
+)
 def test_parse_device_path(rel, want):
     assert parse_device_path(rel) == want
 
 
-@pytest.mark.parametrize("cfg, want", [
-    (_config(4), 4),
-    (_config(5, cap_at=0x68), 5),
-    (_config(6, chain=True), 6),
-    (_config(0), 0),
-    (_config(None), None),  # no capability list
-    (_config(4)[:64], None),  # a non-root reader sees 64 bytes: the capability is beyond
-    (b"\xff" * 256, None),  # fell off the bus
-    (b"", None),
-    (None, None),
-])
+@pytest.mark.parametrize(
+    "cfg, want",
+    [
+        (_config(4), 4),
+        (_config(5, cap_at=0x68), 5),
+        (_config(6, chain=True), 6),
+        (_config(0), 0),
+        (_config(None), None),  # no capability list
+        (_config(4)[:64], None),  # a non-root reader sees 64 bytes: the capability is beyond
+        (b"\xff" * 256, None),  # fell off the bus
+        (b"", None),
+        (None, None),
+    ],
+)
 def test_parse_pcie_port_type(cfg, want):
     assert parse_pcie_port_type(cfg) == want
 
@@ -69,15 +79,20 @@ def test_parse_pcie_port_type_survives_a_capability_loop():
     assert parse_pcie_port_type(bytes(cfg)) is None
 
 
-@pytest.mark.parametrize("types, want", [
-    ([4, 5, 6], ["root_port", "switch_upstream", "switch_downstream"]),
-    ([None, None, None], ["root_port", "switch_upstream", "switch_downstream"]),
-    ([None, None, None, None, None],
-     ["root_port", "switch_upstream", "switch_downstream", "switch_upstream", "switch_downstream"]),
-    ([4, 7], ["root_port", "pcie_to_pci"]),
-    ([4, 7, None], ["root_port", "pcie_to_pci", "bridge"]),
-    ([], []),
-])
+@pytest.mark.parametrize(
+    "types, want",
+    [
+        ([4, 5, 6], ["root_port", "switch_upstream", "switch_downstream"]),
+        ([None, None, None], ["root_port", "switch_upstream", "switch_downstream"]),
+        (
+            [None, None, None, None, None],
+            ["root_port", "switch_upstream", "switch_downstream", "switch_upstream", "switch_downstream"],
+        ),
+        ([4, 7], ["root_port", "pcie_to_pci"]),
+        ([4, 7, None], ["root_port", "pcie_to_pci", "bridge"]),
+        ([], []),
+    ],
+)
 def test_bridge_kinds(types, want):
     assert bridge_kinds(types) == want
 
@@ -87,7 +102,10 @@ def test_large_host_chains(materialized):
     g = facts.gpu("0000:04:00.0")
     assert g.host_bridge == "0000:00"
     assert [(b.address, b.kind) for b in g.upstream] == [
-        ("0000:00:01.1", "root_port"), ("0000:01:00.0", "switch_upstream"), ("0000:02:01.0", "switch_downstream")]
+        ("0000:00:01.1", "root_port"),
+        ("0000:01:00.0", "switch_upstream"),
+        ("0000:02:01.0", "switch_downstream"),
+    ]
     assert g.upstream[1].model == "PEX890xx PCIe Gen 5 Switch"
     assert g.local_cpulist == "0-47,192-239"
     assert len(facts.nvswitches) == 2
@@ -100,14 +118,20 @@ def test_large_host_chains(materialized):
 def test_seed_host_one_root_port_per_gpu(materialized):
     facts = discover(materialized("seed"))
     assert [(g.address, g.host_bridge, [b.address for b in g.upstream]) for g in facts.gpus][:2] == [
-        ("0000:01:00.0", "0000:00", ["0000:00:01.1"]), ("0000:11:00.0", "0000:10", ["0000:10:01.1"])]
+        ("0000:01:00.0", "0000:00", ["0000:00:01.1"]),
+        ("0000:11:00.0", "0000:10", ["0000:10:01.1"]),
+    ]
     assert all(len(g.upstream) == 1 and g.upstream[0].kind == "root_port" for g in facts.gpus)
 
 
 def test_facts_json_carries_the_chain_and_stays_valid(materialized):
     facts = discover(materialized("shared-group"))
     back = Facts.model_validate_json(facts.to_json())
-    assert [b.kind for b in back.gpu("0000:03:00.0").upstream] == ["root_port", "switch_upstream", "switch_downstream"]
+    assert [b.kind for b in back.gpu("0000:03:00.0").upstream] == [
+        "root_port",
+        "switch_upstream",
+        "switch_downstream",
+    ]
     assert back.gpu("0000:05:00.0").upstream[0].address == "0000:00:03.1"
 
 
@@ -152,11 +176,19 @@ def test_chains_agree_with_lspci(materialized, host):
             chain.insert(0, a)
             a = parents.get(a)
         assert [b.address for b in d.upstream] == chain, d.address
-    names = {"root_port": "Root Port", "switch_upstream": "Upstream Port", "switch_downstream": "Downstream Port"}
+    names = {
+        "root_port": "Root Port",
+        "switch_upstream": "Upstream Port",
+        "switch_downstream": "Downstream Port",
+    }
     seen = {b.address: b.kind for d in facts.gpus for b in d.upstream}
     for addr, kind in list(seen.items())[:10]:
-        out = subprocess.run([LSPCI, "-A", "linux-sysfs", "-O", f"sysfs.path={root}/sys/bus/pci", "-vv", "-s", addr],
-                             capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            [LSPCI, "-A", "linux-sysfs", "-O", f"sysfs.path={root}/sys/bus/pci", "-vv", "-s", addr],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         assert f"Express (v2) {names[kind]}" in out, (addr, out)
 
 
@@ -170,5 +202,11 @@ def test_a_snapshot_keeps_the_chains(materialized, tmp_path):
     with opened_root(str(tmp_path / "host.tar.gz")) as r:
         again = discover(r)
     want = discover(root)
-    assert [(g.host_bridge, g.upstream) for g in again.gpus] == [(g.host_bridge, g.upstream) for g in want.gpus]
-    assert [b.kind for b in again.gpu("0000:03:00.0").upstream] == ["root_port", "switch_upstream", "switch_downstream"]
+    assert [(g.host_bridge, g.upstream) for g in again.gpus] == [
+        (g.host_bridge, g.upstream) for g in want.gpus
+    ]
+    assert [b.kind for b in again.gpu("0000:03:00.0").upstream] == [
+        "root_port",
+        "switch_upstream",
+        "switch_downstream",
+    ]

@@ -13,9 +13,9 @@ import re
 import tokenize
 from pathlib import Path
 
-from helpers import REPO
-
 import pytest
+
+from helpers import REPO
 
 PACKAGE = REPO / "gputopo"
 FORMATS = PACKAGE / "formats"
@@ -32,13 +32,22 @@ def offences(source: str) -> list[str]:
         if tok.type == tokenize.STRING and _KEY_REGEX.search(tok.string):
             found.append(f"{tok.start[0]}: key regex {tok.string}")
     for node in ast.walk(ast.parse(source)):
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "startswith"
-                and node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value in _PREFIXES):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "startswith"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and node.args[0].value in _PREFIXES
+        ):
             found.append(f"{node.lineno}: startswith({node.args[0].value!r})")
         if isinstance(node, ast.JoinedStr):
             for part, nxt in zip(node.values, node.values[1:]):
-                if (isinstance(part, ast.Constant) and isinstance(nxt, ast.FormattedValue)
-                        and re.search(r"(?:^|[^\w/])(?:hostpci|dev)$", str(part.value))):
+                if (
+                    isinstance(part, ast.Constant)
+                    and isinstance(nxt, ast.FormattedValue)
+                    and re.search(r"(?:^|[^\w/])(?:hostpci|dev)$", str(part.value))
+                ):
                     found.append(f"{node.lineno}: f-string builds a key after {part.value!r}")
     return found
 
@@ -53,41 +62,61 @@ def test_key_helpers_only_in_formats():
     assert not bad, f"use gputopo.formats.hostpci / gputopo.formats.devn instead: {bad}"
 
 
-@pytest.mark.parametrize("planted", [
-    'KEY = re.compile(r"^hostpci(\\d+)$")',
-    'ok = re.fullmatch(r"hostpci\\d+", k)',
-    'ok = re.match(r"^dev\\d+$", key)',
-    'ok = re.fullmatch(r"dev[0-9]+", key)',
-    'ANY = re.compile(r"^(numa|hostpci|net)\\d+$")',
-    'ok = k.startswith("hostpci") and k[7:].isdigit()',
-    'ok = any(k.startswith("dev") for k in keys)',
-    'key = f"hostpci{i}"',
-    'free = [f"dev{i}" for i in range(256)]',
-])
+@pytest.mark.parametrize(
+    "planted",
+    [
+        'KEY = re.compile(r"^hostpci(\\d+)$")',
+        'ok = re.fullmatch(r"hostpci\\d+", k)',
+        'ok = re.match(r"^dev\\d+$", key)',
+        'ok = re.fullmatch(r"dev[0-9]+", key)',
+        'ANY = re.compile(r"^(numa|hostpci|net)\\d+$")',
+        'ok = k.startswith("hostpci") and k[7:].isdigit()',
+        'ok = any(k.startswith("dev") for k in keys)',
+        'key = f"hostpci{i}"',
+        'free = [f"dev{i}" for i in range(256)]',
+    ],
+)
 def test_scanner_finds_planted_key_handling(planted):
     assert offences(planted + "\n")
 
 
-@pytest.mark.parametrize("clean", [
-    'MINOR = re.compile(r"^/dev/nvidia(\\d+)$")',
-    'path = f"/dev/nvidia{minor}"',
-    'ok = is_hostpci_key(k) or is_devn_key(k)',
-    'ok = text.startswith("/dev/nvidia") or text.startswith("devices")',
-    'NET = re.compile(r"^net\\d+$")',
-    'msg = f"needs {n} hostpci line(s)"',
-])
+@pytest.mark.parametrize(
+    "clean",
+    [
+        'MINOR = re.compile(r"^/dev/nvidia(\\d+)$")',
+        'path = f"/dev/nvidia{minor}"',
+        "ok = is_hostpci_key(k) or is_devn_key(k)",
+        'ok = text.startswith("/dev/nvidia") or text.startswith("devices")',
+        'NET = re.compile(r"^net\\d+$")',
+        'msg = f"needs {n} hostpci line(s)"',
+    ],
+)
 def test_scanner_leaves_other_code_alone(clean):
     assert offences(clean + "\n") == []
 
 
 def test_the_helpers():
     from gputopo.formats.devn import devn_key, is_devn_key
-    from gputopo.formats.hostpci import hostpci_index, hostpci_key, hostpci_keys, hostpci_number, is_hostpci_key
+    from gputopo.formats.hostpci import (
+        hostpci_index,
+        hostpci_key,
+        hostpci_keys,
+        hostpci_number,
+        is_hostpci_key,
+    )
 
     assert is_hostpci_key("hostpci0") and is_hostpci_key("hostpci17") and not is_hostpci_key("hostpcix")
     assert not is_hostpci_key("hostpci") and not is_hostpci_key("xhostpci1")
     assert hostpci_number("hostpci17") == 17 and hostpci_index("hostpci17") is None  # past MAX_HOSTPCI
     assert hostpci_keys({"hostpci10": "", "numa0": "", "hostpci2": "", "hostpci0": ""}) == [
-        "hostpci0", "hostpci2", "hostpci10"]
+        "hostpci0",
+        "hostpci2",
+        "hostpci10",
+    ]
     assert hostpci_key(3) == "hostpci3" and is_hostpci_key(hostpci_key(3))
-    assert is_devn_key("dev0") and is_devn_key(devn_key(255)) and not is_devn_key("device") and not is_devn_key("dev")
+    assert (
+        is_devn_key("dev0")
+        and is_devn_key(devn_key(255))
+        and not is_devn_key("device")
+        and not is_devn_key("dev")
+    )

@@ -2,9 +2,14 @@
 
 import pytest
 
-from gputopo.errors import AddressError, GputopoError
-from gputopo.formats.nvsmi import header_cell, normalize_bus_id, parse_list_gpus, parse_nvidia_smi_q, parse_query_gpu
-from gputopo.errors import NvsmiParseError
+from gputopo.errors import AddressError, GputopoError, NvsmiParseError
+from gputopo.formats.nvsmi import (
+    header_cell,
+    normalize_bus_id,
+    parse_list_gpus,
+    parse_nvidia_smi_q,
+    parse_query_gpu,
+)
 from helpers import REPO
 
 REAL = REPO / "fixtures" / "real"
@@ -59,8 +64,11 @@ def test_header_cells_match_nvidia_smi():
 
 @pytest.mark.parametrize(
     "text",
-    ["0, 79043 MiB, 97887 MiB\n", "index, memory.total [MiB], memory.used [MiB], utilization.gpu [%]\n",
-     "0, lots, 97887 MiB, 0 %\n"],
+    [
+        "0, 79043 MiB, 97887 MiB\n",
+        "index, memory.total [MiB], memory.used [MiB], utilization.gpu [%]\n",
+        "0, lots, 97887 MiB, 0 %\n",
+    ],
 )
 def test_malformed_query_output_is_one_line_error(text):
     with pytest.raises(NvsmiParseError) as e:
@@ -83,8 +91,14 @@ def test_normalize_bus_id():
 def test_q_h100_capture():
     gpus = parse_nvidia_smi_q((REAL / "thamada-H100SXMx8_nvidia-smi-q.txt").read_text())
     assert [g["address"] for g in gpus] == [
-        "0000:18:00.0", "0000:2a:00.0", "0000:3a:00.0", "0000:5d:00.0",
-        "0000:9a:00.0", "0000:ab:00.0", "0000:ba:00.0", "0000:db:00.0",
+        "0000:18:00.0",
+        "0000:2a:00.0",
+        "0000:3a:00.0",
+        "0000:5d:00.0",
+        "0000:9a:00.0",
+        "0000:ab:00.0",
+        "0000:ba:00.0",
+        "0000:db:00.0",
     ]
     assert [g["minor"] for g in gpus] == list(range(8))
     first = gpus[0]

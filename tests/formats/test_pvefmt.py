@@ -1,21 +1,44 @@
 """Proxmox file formats: the parser rules of docs proxmox.md, good and bad examples, round trips."""
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
-from gputopo.errors import GputopoError
-from gputopo.formats.lxcconf import LxcConf, LxcSection, format_dev_value, parse_dev_value, parse_lxc_conf, validate_lxc_conf, write_lxc_conf
-from gputopo.formats.pcicfg import MapEntry, PciMapping, format_map_entry, parse_map_entry, parse_pci_cfg, validate_pci_cfg, write_pci_cfg
+from gputopo.errors import GputopoError, PveFormatError
+from gputopo.formats.lxcconf import (
+    LxcConf,
+    LxcSection,
+    format_dev_value,
+    parse_dev_value,
+    parse_lxc_conf,
+    validate_lxc_conf,
+    write_lxc_conf,
+)
+from gputopo.formats.pcicfg import (
+    MapEntry,
+    PciMapping,
+    format_map_entry,
+    parse_map_entry,
+    parse_pci_cfg,
+    validate_pci_cfg,
+    write_pci_cfg,
+)
 from gputopo.formats.propstring import decode_text, encode_text, sha1_digest
-from gputopo.errors import PveFormatError
 
 # --- devN ----------------------------------------------------------------------------------
 
 
 def test_parse_dev_value_implicit_and_explicit_path():
-    assert parse_dev_value("/dev/nvidia0,gid=44,mode=0666") == {"path": "/dev/nvidia0", "gid": 44, "mode": "0666"}
+    assert parse_dev_value("/dev/nvidia0,gid=44,mode=0666") == {
+        "path": "/dev/nvidia0",
+        "gid": 44,
+        "mode": "0666",
+    }
     assert parse_dev_value("path=/dev/nvidia-uvm,deny-write=1,uid=0") == {
-        "path": "/dev/nvidia-uvm", "deny-write": True, "uid": 0}
+        "path": "/dev/nvidia-uvm",
+        "deny-write": True,
+        "uid": 0,
+    }
 
 
 @pytest.mark.parametrize(
@@ -44,7 +67,10 @@ def test_parse_dev_value_rejects(bad, culprit):
 
 def test_format_dev_value_canonical_order():
     assert format_dev_value("/dev/nvidia0", mode="0666", gid=44) == "/dev/nvidia0,gid=44,mode=0666"
-    assert format_dev_value("/dev/nvidia1", uid=0, deny_write=True, mode="0660") == "/dev/nvidia1,deny-write=1,mode=0660,uid=0"
+    assert (
+        format_dev_value("/dev/nvidia1", uid=0, deny_write=True, mode="0660")
+        == "/dev/nvidia1,deny-write=1,mode=0660,uid=0"
+    )
     assert format_dev_value("/dev/nvidiactl") == "/dev/nvidiactl"
     assert format_dev_value("/dev/nvidiactl", gid=None) == "/dev/nvidiactl"
     with pytest.raises(PveFormatError):
@@ -249,7 +275,10 @@ def test_write_pci_cfg_round_trip_is_canonical():
 
 def test_write_pci_cfg_puts_map_first_and_sorts_rest():
     mp = PciMapping(id="gpu", maps=["id=10de:2bb5,node=pve1,path=0000:01:00.0"], description="d", mdev=True)
-    assert write_pci_cfg([mp]) == "gpu\n\tmap id=10de:2bb5,node=pve1,path=0000:01:00.0\n\tdescription d\n\tmdev 1\n"
+    assert (
+        write_pci_cfg([mp])
+        == "gpu\n\tmap id=10de:2bb5,node=pve1,path=0000:01:00.0\n\tdescription d\n\tmdev 1\n"
+    )
     with pytest.raises(PveFormatError, match="map"):
         write_pci_cfg([PciMapping(id="gpu")])
     with pytest.raises(PveFormatError, match="ID"):
@@ -266,12 +295,15 @@ def test_parse_pci_cfg_drops_comments_and_unparseable_lines():
 def test_map_entry_round_trip_and_order():
     text = "id=10de:2bb5,iommugroup=40,node=pve1,path=0000:81:00.0,subsystem-id=10de:204e"
     e = parse_map_entry(text)
-    assert e == MapEntry(id="10de:2bb5", node="pve1", path="0000:81:00.0", iommugroup=40, subsystem_id="10de:204e")
+    assert e == MapEntry(
+        id="10de:2bb5", node="pve1", path="0000:81:00.0", iommugroup=40, subsystem_id="10de:204e"
+    )
     assert format_map_entry(e) == text
     reordered = parse_map_entry("node=pve1,path=0000:81:00.0,id=10de:2bb5")
     assert format_map_entry(reordered) == "id=10de:2bb5,node=pve1,path=0000:81:00.0"
-    assert format_map_entry(MapEntry(id="10de:2bb5", node="pve1", path="0000:81:00.0", description="left")) == (
-        "id=10de:2bb5,node=pve1,path=0000:81:00.0,description=left")
+    assert format_map_entry(
+        MapEntry(id="10de:2bb5", node="pve1", path="0000:81:00.0", description="left")
+    ) == ("id=10de:2bb5,node=pve1,path=0000:81:00.0,description=left")
 
 
 @pytest.mark.parametrize(
@@ -313,12 +345,24 @@ def test_validate_pci_cfg_accepts_canonical():
         ("gpu\n    map id=10de:2bb5,node=pve1,path=0000:01:00.0\n", "tab"),
         ("gpu\n\tdescription only\n", "required option 'map'"),
         ("gpu\n\tmap id=10de:2bb5,node=pve1,path=0000:01:00.0\n\tmdev true\n", "mdev"),
-        ("gpu\n\tmap id=10de:2bb5,node=pve1,path=0000:01:00.0\n\tlive-migration-capable yes\n", "live-migration-capable"),
+        (
+            "gpu\n\tmap id=10de:2bb5,node=pve1,path=0000:01:00.0\n\tlive-migration-capable yes\n",
+            "live-migration-capable",
+        ),
         ("gpu\n\tmap id=10de:2bb5,node=pve1,path=0000:01:00.0\n\tnuma 1\n", "numa"),
         ("# generated\ngpu\n\tmap id=10de:2bb5,node=pve1,path=0000:01:00.0\n", "dropped"),
-        ("gpu\n\tmap id=10de:2bb5,node=pve1,path=0000:01:00.0\n\tdescription a\n\tdescription b\n", "duplicate attribute"),
-        ("gpu\n\tmap id=10de:2bb5,node=pve1,path=0000:01:00.0\nvm\n\tmap id=10de:2bb5,node=pve1,path=0000:81:00.0\n", "no blank line"),
-        ("gpu\n\tmap id=10de:2bb5,node=pve1,path=0000:01:00.0\n\ngpu\n\tmap id=10de:2bb5,node=pve1,path=0000:81:00.0\n", "duplicate section"),
+        (
+            "gpu\n\tmap id=10de:2bb5,node=pve1,path=0000:01:00.0\n\tdescription a\n\tdescription b\n",
+            "duplicate attribute",
+        ),
+        (
+            "gpu\n\tmap id=10de:2bb5,node=pve1,path=0000:01:00.0\nvm\n\tmap id=10de:2bb5,node=pve1,path=0000:81:00.0\n",
+            "no blank line",
+        ),
+        (
+            "gpu\n\tmap id=10de:2bb5,node=pve1,path=0000:01:00.0\n\ngpu\n\tmap id=10de:2bb5,node=pve1,path=0000:81:00.0\n",
+            "duplicate section",
+        ),
         ("gpu\n\tmap\n", "without a value"),
     ],
 )
@@ -329,7 +373,9 @@ def test_validate_pci_cfg_rejects(text, needle):
 
 
 _hex4 = st.from_regex(r"\A[0-9a-f]{4}\Z")
-_addr = st.builds(lambda b, d, f: f"0000:{b:02x}:{d:02x}.{f}", st.integers(0, 255), st.integers(0, 31), st.integers(0, 7))
+_addr = st.builds(
+    lambda b, d, f: f"0000:{b:02x}:{d:02x}.{f}", st.integers(0, 255), st.integers(0, 31), st.integers(0, 7)
+)
 
 
 @given(

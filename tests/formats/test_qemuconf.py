@@ -74,7 +74,10 @@ memory: 131072
 def test_round_trip_is_qemu_server_canonical():
     conf = parse_qemu_conf(REAL_VM)
     assert conf.description == "GPU VM: four RTX PRO 6000"
-    assert conf.options["args"] == "-fw_cfg name=opt/ovmf/X-PciMmio64Mb,string=1048576 -smbios 'type=0,vendor=FOO'"
+    assert (
+        conf.options["args"]
+        == "-fw_cfg name=opt/ovmf/X-PciMmio64Mb,string=1048576 -smbios 'type=0,vendor=FOO'"
+    )
     assert conf.pending == {"affinity": "64-127,192-255", "delete": "hostpci5"}
     assert conf.pending_delete == ["hostpci5"]
     assert list(conf.snapshots) == ["before-gpus"]
@@ -90,28 +93,40 @@ def test_writer_sorts_keys_as_strings_and_puts_the_description_first():
 def test_parser_skips_what_qemu_server_warns_about():
     conf = parse_qemu_conf("cores: 2\ndelete: hostpci0\naffinity:\n[weird section]\nmemory: 4\n")
     assert conf.options == {"cores": "2"}
-    assert conf.problems == ["property 'delete' is only allowed in [PENDING]", "unable to parse config: affinity:",
-                             "skipping unknown section: 'weird section'"]
+    assert conf.problems == [
+        "property 'delete' is only allowed in [PENDING]",
+        "unable to parse config: affinity:",
+        "skipping unknown section: 'weird section'",
+    ]
 
 
 def test_hostpci_property_string():
     assert parse_hostpci("mapping=pro6000-vm,pcie=1") == {"mapping": "pro6000-vm", "pcie": "1"}
-    assert parse_hostpci("0000:81:00.0;0000:81:00.1,x-vga=1") == {"host": "0000:81:00.0;0000:81:00.1", "x-vga": "1"}
+    assert parse_hostpci("0000:81:00.0;0000:81:00.1,x-vga=1") == {
+        "host": "0000:81:00.0;0000:81:00.1",
+        "x-vga": "1",
+    }
     assert parse_hostpci("host=81:00,rombar=0") == {"host": "81:00", "rombar": "0"}
-    assert format_hostpci({"x-vga": "1", "pcie": "1", "mapping": "m1", "rombar": "0"}) == "mapping=m1,pcie=1,rombar=0,x-vga=1"
+    assert (
+        format_hostpci({"x-vga": "1", "pcie": "1", "mapping": "m1", "rombar": "0"})
+        == "mapping=m1,pcie=1,rombar=0,x-vga=1"
+    )
     assert format_hostpci({"host": "0000:81:00.0", "pcie": "1"}) == "0000:81:00.0,pcie=1"
 
 
-@pytest.mark.parametrize("value, needle", [
-    ("0000:81:00.0,mapping=m1", "either 'host' or 'mapping'"),
-    ("pcie=1", "either 'host' or 'mapping'"),
-    ("0000:C1:00.0", "lower-case"),
-    ("host=0000:81:00.0,speed=16", "not defined in schema"),
-    ("mapping=m1,pcie=maybe", "boolean"),
-    ("mapping=9gpu", "configuration ID"),
-    ("mapping=m1,vendor-id=10de", "hex id"),
-    ("mapping=m1,,pcie=1", "empty element"),
-])
+@pytest.mark.parametrize(
+    "value, needle",
+    [
+        ("0000:81:00.0,mapping=m1", "either 'host' or 'mapping'"),
+        ("pcie=1", "either 'host' or 'mapping'"),
+        ("0000:C1:00.0", "lower-case"),
+        ("host=0000:81:00.0,speed=16", "not defined in schema"),
+        ("mapping=m1,pcie=maybe", "boolean"),
+        ("mapping=9gpu", "configuration ID"),
+        ("mapping=m1,vendor-id=10de", "hex id"),
+        ("mapping=m1,,pcie=1", "empty element"),
+    ],
+)
 def test_hostpci_refused(value, needle):
     with pytest.raises(PveFormatError) as e:
         parse_hostpci(value)
@@ -139,7 +154,11 @@ def test_numa_node():
 
 
 def test_args_split_like_a_shell():
-    assert split_args("-smbios 'type=0,vendor=FOO' -no-reboot") == ["-smbios", "type=0,vendor=FOO", "-no-reboot"]
+    assert split_args("-smbios 'type=0,vendor=FOO' -no-reboot") == [
+        "-smbios",
+        "type=0,vendor=FOO",
+        "-no-reboot",
+    ]
     with pytest.raises(PveFormatError) as e:
         split_args("-smbios 'type=0,vendor=FOO -no-reboot")
     assert "none of its arguments" in str(e.value)
@@ -151,7 +170,10 @@ def test_mmio_window_in_args():
     assert args == "-smbios 'type=0,vendor=FOO' -fw_cfg name=opt/ovmf/X-PciMmio64Mb,string=1048576"
     assert mmio64_mb(args) == 1048576
     # an existing setting is changed where it stands; the other arguments keep their spelling
-    assert with_mmio64_mb(args, 65536) == "-smbios 'type=0,vendor=FOO' -fw_cfg name=opt/ovmf/X-PciMmio64Mb,string=65536"
+    assert (
+        with_mmio64_mb(args, 65536)
+        == "-smbios 'type=0,vendor=FOO' -fw_cfg name=opt/ovmf/X-PciMmio64Mb,string=65536"
+    )
     assert with_mmio64_mb(None, 65536) == "-fw_cfg name=opt/ovmf/X-PciMmio64Mb,string=65536"
     # a broken line: QEMU gets none of it, so it sets no window either
     assert mmio64_mb("-fw_cfg name=opt/ovmf/X-PciMmio64Mb,string=65536 -smbios 'x") is None
@@ -164,17 +186,23 @@ def test_machine_and_memory():
     assert memory_mib({}) == 512 and memory_mib({"memory": "current=4096"}) == 4096
 
 
-@pytest.mark.parametrize("lines, needle", [
-    ("hostpci0: mapping=m1,pcie=1\n", "needs machine q35"),
-    ("machine: pc-i440fx-9.0\nhostpci0: mapping=m1,pcie=1\n", "needs machine q35"),
-    ("machine: q35\nbios: ovmf\nhostpci0: mapping=m1,x-vga=1\n", "x-vga=1 is dropped with bios ovmf"),
-    ("affinity: \n", "unable to parse cpuset option"),  # qemu-server's parser drops it
-    ("args: -smbios 'type=0\n", "unbalanced quote"),
-    ("hugepages: 1024\nmemory: 4096\n", "hugepages needs numa: 1"),
-    ("numa: 1\nhugepages: 1024\nmemory: 4096\nnuma0: cpus=0-3,memory=4096\n", "hostnodes need to be defined"),
-    ("numa: 1\nmemory: 4096\nnuma0: cpus=0-3,hostnodes=1,memory=4096\n", "need a policy"),
-    ("numa: 1\nmemory: 8192\nnuma0: cpus=0-3,hostnodes=1,memory=4096,policy=bind\n", "must be equal"),
-])
+@pytest.mark.parametrize(
+    "lines, needle",
+    [
+        ("hostpci0: mapping=m1,pcie=1\n", "needs machine q35"),
+        ("machine: pc-i440fx-9.0\nhostpci0: mapping=m1,pcie=1\n", "needs machine q35"),
+        ("machine: q35\nbios: ovmf\nhostpci0: mapping=m1,x-vga=1\n", "x-vga=1 is dropped with bios ovmf"),
+        ("affinity: \n", "unable to parse cpuset option"),  # qemu-server's parser drops it
+        ("args: -smbios 'type=0\n", "unbalanced quote"),
+        ("hugepages: 1024\nmemory: 4096\n", "hugepages needs numa: 1"),
+        (
+            "numa: 1\nhugepages: 1024\nmemory: 4096\nnuma0: cpus=0-3,memory=4096\n",
+            "hostnodes need to be defined",
+        ),
+        ("numa: 1\nmemory: 4096\nnuma0: cpus=0-3,hostnodes=1,memory=4096\n", "need a policy"),
+        ("numa: 1\nmemory: 8192\nnuma0: cpus=0-3,hostnodes=1,memory=4096,policy=bind\n", "must be equal"),
+    ],
+)
 def test_what_only_a_vm_start_finds(lines, needle):
     problems = validate_qemu_conf(lines)
     assert any(needle in p for p in problems), problems
@@ -186,10 +214,14 @@ def test_an_empty_affinity_set_through_the_api_fails_at_start():
 
 
 def test_a_whole_gpu_vm_passes():
-    text = ("affinity: 64-127,192-255\nagent: 1\nargs: -fw_cfg name=opt/ovmf/X-PciMmio64Mb,string=1048576\nbios: ovmf\n"
-            "cores: 32\n" + "".join(f"hostpci{i}: mapping=pro6000-vm,pcie=1\n" for i in range(4))
-            + "hugepages: 1024\nmachine: q35\nmemory: 131072\nnuma: 1\n"
-            "numa0: cpus=0-31,hostnodes=1,memory=131072,policy=bind\nsockets: 1\n")
+    text = (
+        "affinity: 64-127,192-255\nagent: 1\nargs: -fw_cfg name=opt/ovmf/X-PciMmio64Mb,string=1048576\nbios: ovmf\n"
+        "cores: 32\n"
+        + "".join(f"hostpci{i}: mapping=pro6000-vm,pcie=1\n" for i in range(4))
+        + "hugepages: 1024\nmachine: q35\nmemory: 131072\nnuma: 1\n"
+        "numa0: cpus=0-31,hostnodes=1,memory=131072,policy=bind\nsockets: 1\n"
+    )
     assert validate_qemu_conf(text, allow_description=False) == []
     assert validate_qemu_conf("#note\n" + text, allow_description=False) == [
-        "'#' lines are the VM's description to Proxmox, not comments"]
+        "'#' lines are the VM's description to Proxmox, not comments"
+    ]

@@ -15,20 +15,22 @@ from pathlib import Path
 
 import pytest
 
+from gputopo.actions import Timeouts
 from gputopo.facts.discover import discover
+from gputopo.plan.spec import parse_spec
+from gputopo.plan.starter import init_spec
 from gputopo.sim import state
 from gputopo.sim.container import SimExec
 from gputopo.sim.host import SimHost
 from gputopo.sim.kernel import SimKernel
-from gputopo.plan.starter import init_spec
-from gputopo.plan.spec import parse_spec
-from gputopo.actions import Timeouts
 
 SCALE = 0.01  # kernel latencies: nvidia unbind 2 s -> 20 ms
 
 
 def fast_tmp() -> str:
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+    return (
+        "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+    )
 
 
 def make_template() -> Path:
@@ -112,8 +114,11 @@ def fingerprint(host: SimHost, vmid: int = 101, unit: str = "sglang.service") ->
     vfio = root / "dev/vfio"
     out["dev/vfio"] = sorted(p.name for p in vfio.iterdir()) if vfio.is_dir() else []
     out["dev/nvidia"] = sorted(p.name for p in (root / "dev").iterdir() if p.name.startswith("nvidia"))
-    for base, label in ((host.paths.pve, "pve"), (root / "etc", "etc"),
-                        (host.paths.rootfs(vmid) / "etc/systemd", "ct")):
+    for base, label in (
+        (host.paths.pve, "pve"),
+        (root / "etc", "etc"),
+        (host.paths.rootfs(vmid) / "etc/systemd", "ct"),
+    ):
         if not base.exists():
             continue
         for p in sorted(base.rglob("*")):
@@ -140,8 +145,15 @@ def cleanup(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def fake_process(root: Path, pid: int, node: str, comm: str = "python3", argv: tuple[str, ...] = (),
-                 cgroup: str | None = None, fd: int = 5) -> None:
+def fake_process(
+    root: Path,
+    pid: int,
+    node: str,
+    comm: str = "python3",
+    argv: tuple[str, ...] = (),
+    cgroup: str | None = None,
+    fd: int = 5,
+) -> None:
     """A host process in ``<root>/proc/<pid>`` holding ``node`` (e.g. /dev/nvidia4) open, the
     way the kernel shows one: comm, cmdline (NUL-separated), cgroup and an fd link."""
     proc = Path(root) / "proc" / str(pid)

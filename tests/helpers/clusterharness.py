@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers.applysim import SCALE, cleanup, fast_tmp  # noqa: F401 - the cluster tests import them from here too
 from gputopo.sim.cluster import SimCluster, create_cluster
 from gputopo.sim.kernel import SimKernel
+from helpers.applysim import SCALE, cleanup, fast_tmp
 
 SSHD = "/usr/sbin/sshd"
 REQUIRE_SSH = os.environ.get("GPUTOPO_REQUIRE_SSH") == "1"
@@ -126,7 +126,9 @@ def require_sshd() -> None:
 
 def keygen(path: Path) -> str:
     """Make an ed25519 key pair at ``path``; returns the public key line."""
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", path.name, "-f", str(path)], check=True)
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", path.name, "-f", str(path)], check=True
+    )
     return Path(f"{path}.pub").read_text().strip()
 
 
@@ -161,7 +163,7 @@ class SshNodes:
         self.known_hosts = workdir / "known_hosts"
         self.env: dict[str, dict[str, str]] = {}
 
-    def start(self, env: dict[str, dict[str, str]] | None = None) -> "SshNodes":
+    def start(self, env: dict[str, dict[str, str]] | None = None) -> SshNodes:
         Path("/run/sshd").mkdir(parents=True, exist_ok=True)  # sshd's privilege separation directory
         self.env = env or {}
         hosts, known = [], []
@@ -172,10 +174,12 @@ class SshNodes:
             self._start_one(node, address, port)
             hostkey = (self.keys / f"host-{node}.pub").read_text().split()
             known.append(f"{node} {hostkey[0]} {hostkey[1]}")
-            hosts.append(f"Host {node}\n  HostName {address}\n  Port {port}\n  HostKeyAlias {node}\n"
-                         f"  IdentityFile {self.keys / 'user'}\n  IdentitiesOnly yes\n"
-                         f"  UserKnownHostsFile {self.known_hosts}\n  GlobalKnownHostsFile /dev/null\n"
-                         f"  StrictHostKeyChecking yes\n")
+            hosts.append(
+                f"Host {node}\n  HostName {address}\n  Port {port}\n  HostKeyAlias {node}\n"
+                f"  IdentityFile {self.keys / 'user'}\n  IdentitiesOnly yes\n"
+                f"  UserKnownHostsFile {self.known_hosts}\n  GlobalKnownHostsFile /dev/null\n"
+                f"  StrictHostKeyChecking yes\n"
+            )
         self.known_hosts.write_text("\n".join(known) + "\n")
         self.config.write_text("\n".join(hosts))
         for node in self.cluster.nodes:
@@ -186,16 +190,23 @@ class SshNodes:
         node_dir = self.cluster.node_dir(node).resolve()
         conf = self.dir / f"sshd-{node}.conf"
         lines = [
-            f"ListenAddress {address}:{port}", f"HostKey {self.keys / f'host-{node}'}",
-            f"PidFile {self.dir / f'sshd-{node}.pid'}", f"AuthorizedKeysFile {self.keys / 'authorized_keys'}",
-            "PermitRootLogin prohibit-password", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
-            "UsePAM no", "StrictModes no", "PrintMotd no", "LogLevel ERROR",
+            f"ListenAddress {address}:{port}",
+            f"HostKey {self.keys / f'host-{node}'}",
+            f"PidFile {self.dir / f'sshd-{node}.pid'}",
+            f"AuthorizedKeysFile {self.keys / 'authorized_keys'}",
+            "PermitRootLogin prohibit-password",
+            "PasswordAuthentication no",
+            "KbdInteractiveAuthentication no",
+            "UsePAM no",
+            "StrictModes no",
+            "PrintMotd no",
+            "LogLevel ERROR",
             f"ForceCommand {sys.executable} -m gputopo.sim.cluster.nodeshell {node_dir}",
         ]
         for k, v in self.env.get(node, {}).items():
             lines.append(f"SetEnv {k}={v}")
         conf.write_text("\n".join(lines) + "\n")
-        log = open(self.dir / f"sshd-{node}.log", "w")  # noqa: SIM115 - lives as long as the server
+        log = open(self.dir / f"sshd-{node}.log", "w")
         self.procs[node] = subprocess.Popen([SSHD, "-D", "-e", "-f", str(conf)], stdout=log, stderr=log)
 
     def stop(self, node: str | None = None) -> None:

@@ -21,8 +21,12 @@ import signal
 import sys
 import threading
 
-MUTATING_COMMANDS = {("systemctl", "start"), ("systemctl", "stop"), ("systemctl", "restart"),
-                     ("systemctl", "daemon-reload")}
+MUTATING_COMMANDS = {
+    ("systemctl", "start"),
+    ("systemctl", "stop"),
+    ("systemctl", "restart"),
+    ("systemctl", "daemon-reload"),
+}
 MUTATING_PROGRAMS = {"rm", "mkdir", "rmdir"}
 
 _lock = threading.Lock()

@@ -7,7 +7,7 @@ import pytest
 
 from gputopo.facts.discover import discover
 from gputopo.formats.devn import format_dev
-from gputopo.model.facts import Facts, GroupMember, Gpu, HostFacts, MemberRole, Modules, NumaNode
+from gputopo.model.facts import Facts, Gpu, GroupMember, HostFacts, MemberRole, Modules, NumaNode
 from gputopo.model.state import ContainerState, CurrentState, GuestState, MappingState, ServiceState
 from gputopo.plan.mappings import map_entry
 from gputopo.plan.spec import Spec, parse_spec
@@ -18,7 +18,9 @@ SEED_MINOR = {"01": 0, "11": 1, "61": 3, "71": 2, "81": 4, "91": 5, "e1": 7, "f1
 SEED_CMD = "/usr/bin/python3 -m sglang.launch_server --model-path /models/qwen --tp 8 --port 30000"
 
 
-def gpu(bus: str, numa: int | None, minor: int | None, group: int, *, driver="nvidia", members=(), **kw) -> Gpu:
+def gpu(
+    bus: str, numa: int | None, minor: int | None, group: int, *, driver="nvidia", members=(), **kw
+) -> Gpu:
     return Gpu(
         address=f"0000:{bus}:00.0",
         vendor="0x10de",
@@ -37,22 +39,42 @@ def gpu(bus: str, numa: int | None, minor: int | None, group: int, *, driver="nv
 
 
 def audio(bus: str, driver="snd_hda_intel") -> GroupMember:
-    return GroupMember(address=f"0000:{bus}:00.1", role=MemberRole.FUNCTION, vendor="0x10de",
-                       device="0x22ba", **{"class": "0x040300"}, driver=driver)
+    return GroupMember(
+        address=f"0000:{bus}:00.1",
+        role=MemberRole.FUNCTION,
+        vendor="0x10de",
+        device="0x22ba",
+        **{"class": "0x040300"},
+        driver=driver,
+    )
 
 
 def host(gpus: list[Gpu], **kw) -> Facts:
-    h = dict(hostname="pve1", iommu_enabled=True, iommu_group_count=100, iommu_mode="translated",
-             modules=Modules(vfio=True, vfio_pci=True, vfio_iommu_type1=True, nvidia=True),
-             sev_snp=True, numa_nodes=[NumaNode(id=0), NumaNode(id=1)])
+    h = dict(
+        hostname="pve1",
+        iommu_enabled=True,
+        iommu_group_count=100,
+        iommu_mode="translated",
+        modules=Modules(vfio=True, vfio_pci=True, vfio_iommu_type1=True, nvidia=True),
+        sev_snp=True,
+        numa_nodes=[NumaNode(id=0), NumaNode(id=1)],
+    )
     h.update(kw)
     return Facts(gpus=sorted(gpus, key=lambda g: g.address), host=HostFacts(**h))
 
 
 def seed_facts() -> Facts:
     gpus = [gpu(b, SEED_NUMA[b], SEED_MINOR[b], 10 + i) for i, b in enumerate(SEED_NUMA)]
-    vga = Gpu(address="0000:c2:00.0", vendor="0x1a03", device="0x2000", **{"class": "0x030000"},
-              driver="ast", iommu_group=90, numa_node=1, boot_vga=True)
+    vga = Gpu(
+        address="0000:c2:00.0",
+        vendor="0x1a03",
+        device="0x2000",
+        **{"class": "0x030000"},
+        driver="ast",
+        iommu_group=90,
+        numa_node=1,
+        boot_vga=True,
+    )
     return host(gpus + [vga])
 
 
@@ -60,15 +82,32 @@ def seed_current(tp: int = 8, dropin: str | None = None) -> CurrentState:
     """Container 101 running with all eight GPUs, service at --tp 8, nothing for VMs yet."""
     cfg = {"arch": "amd64", "hostname": "infer", "digest": "d0"}
     paths = [f"/dev/nvidia{SEED_MINOR[b]}" for b in SEED_NUMA] + [
-        "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset",
-        "/dev/nvidia-caps/nvidia-cap1", "/dev/nvidia-caps/nvidia-cap2"]
+        "/dev/nvidiactl",
+        "/dev/nvidia-uvm",
+        "/dev/nvidia-uvm-tools",
+        "/dev/nvidia-modeset",
+        "/dev/nvidia-caps/nvidia-cap1",
+        "/dev/nvidia-caps/nvidia-cap2",
+    ]
     for i, p in enumerate(paths):
         cfg[f"dev{i}"] = format_dev(p, None, "0666")
     return CurrentState(
-        containers={101: ContainerState(config=cfg, status="running", service=ServiceState(
-            unit="sglang.service", active=True, exec_start=SEED_CMD, tp=tp, dropin=dropin))},
-        mappings={"pro6000": MappingState(map=[map_entry(g, "pve1") for g in seed_facts().gpus if g.vendor == "0x10de"],
-                                          description="all eight", digest="m0")},
+        containers={
+            101: ContainerState(
+                config=cfg,
+                status="running",
+                service=ServiceState(
+                    unit="sglang.service", active=True, exec_start=SEED_CMD, tp=tp, dropin=dropin
+                ),
+            )
+        },
+        mappings={
+            "pro6000": MappingState(
+                map=[map_entry(g, "pve1") for g in seed_facts().gpus if g.vendor == "0x10de"],
+                description="all eight",
+                digest="m0",
+            )
+        },
         guests={200: GuestState(status="running", hostpci=["mapping=pro6000-vm,pcie=1"])},
     )
 
@@ -99,8 +138,10 @@ def seed_spec(text: str = SEED_SPEC) -> Spec:
 def cli_spec(node: str, ct: str, vm: str | None) -> str:
     """A one-node spec of CT 101 with GPUs ``ct`` (and a VM mapping with ``vm``), as YAML text."""
     vms = f"    vms:\n      mappings:\n        - name: vm-gpus\n          gpus: {vm}\n" if vm else ""
-    return (f"apiVersion: gputopo/v1\nkind: GpuTopology\nnodes:\n  - name: {node}\n    containers:\n"
-            f"      - vmid: 101\n        gpus: {ct}\n{vms}")
+    return (
+        f"apiVersion: gputopo/v1\nkind: GpuTopology\nnodes:\n  - name: {node}\n    containers:\n"
+        f"      - vmid: 101\n        gpus: {ct}\n{vms}"
+    )
 
 
 def converged_seed(root, tmp_path):
@@ -108,11 +149,18 @@ def converged_seed(root, tmp_path):
     CT 101, whose config lists them by their real minors."""
     facts = discover(root)
     paths = [f"/dev/nvidia{g.minor}" for g in facts.gpus if g.minor is not None] + [
-        "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset",
-        "/dev/nvidia-caps/nvidia-cap1", "/dev/nvidia-caps/nvidia-cap2"]
+        "/dev/nvidiactl",
+        "/dev/nvidia-uvm",
+        "/dev/nvidia-uvm-tools",
+        "/dev/nvidia-modeset",
+        "/dev/nvidia-caps/nvidia-cap1",
+        "/dev/nvidia-caps/nvidia-cap2",
+    ]
     conf = tmp_path / "pve/nodes/pve1/lxc/101.conf"
     conf.parent.mkdir(parents=True)
-    conf.write_text("arch: amd64\n" + "".join(f"dev{i}: {format_dev(p, None, '0666')}\n" for i, p in enumerate(paths)))
+    conf.write_text(
+        "arch: amd64\n" + "".join(f"dev{i}: {format_dev(p, None, '0666')}\n" for i, p in enumerate(paths))
+    )
     spec = tmp_path / "spec.yaml"
     spec.write_text(cli_spec("pve1", "{numa: [0, 1]}", None) + "policy: {allow_cross_numa: true}\n")
     return spec, tmp_path / "pve"

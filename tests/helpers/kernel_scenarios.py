@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from gputopo.errors import SysfsWriteError
 from gputopo.ports import SysfsPort
@@ -128,8 +128,11 @@ def restore(b: KernelBackend) -> None:
     """Every device the scenarios use back on its native driver, no override, no dynamic id."""
     vendor, device = ids(b, b.gpu)
     write(b, f"sys/bus/pci/drivers/{VFIO}/remove_id", f"{vendor} {device}")
-    for addr, native in ((b.gpu, b.gpu_driver), (b.gpu_companion, b.companion_driver),
-                         (b.other_gpu, b.gpu_driver)):
+    for addr, native in (
+        (b.gpu, b.gpu_driver),
+        (b.gpu_companion, b.companion_driver),
+        (b.other_gpu, b.gpu_driver),
+    ):
         write(b, dev(addr, "driver_override"), "\n")
         if driver(b, addr) != native:
             unbind(b, addr)
@@ -344,8 +347,10 @@ CONFORMANCE_STEPS: list[tuple[str, Callable[[KernelBackend], str]]] = [
     ("override", _step(lambda b: dev(b.gpu, "driver_override"), lambda b: VFIO)),
     ("probe-while-bound", _step(lambda b: "sys/bus/pci/drivers_probe", lambda b: b.gpu)),
     ("unbind", _step(lambda b: f"sys/bus/pci/drivers/{b.gpu_driver}/unbind", lambda b: b.gpu)),
-    ("bind-native-despite-override",
-     _step(lambda b: f"sys/bus/pci/drivers/{b.gpu_driver}/bind", lambda b: b.gpu)),
+    (
+        "bind-native-despite-override",
+        _step(lambda b: f"sys/bus/pci/drivers/{b.gpu_driver}/bind", lambda b: b.gpu),
+    ),
     ("probe", _step(lambda b: "sys/bus/pci/drivers_probe", lambda b: b.gpu)),
     ("bind-while-bound", _step(lambda b: f"sys/bus/pci/drivers/{VFIO}/bind", lambda b: b.gpu)),
     ("unbind-via-driver-link", _step(lambda b: dev(b.gpu, "driver/unbind"), lambda b: b.gpu)),
@@ -354,13 +359,19 @@ CONFORMANCE_STEPS: list[tuple[str, Callable[[KernelBackend], str]]] = [
     ("unbind-unbound-via-driver-link", _step(lambda b: dev(b.gpu, "driver/unbind"), lambda b: b.gpu)),
     ("bind-vfio-without-override", _step(lambda b: f"sys/bus/pci/drivers/{VFIO}/bind", lambda b: b.gpu)),
     ("bind", _step(lambda b: f"sys/bus/pci/drivers/{b.gpu_driver}/bind", lambda b: b.gpu)),
-    ("bind-not-loaded-driver",
-     _step(lambda b: f"sys/bus/pci/drivers/{b.missing_driver}/bind", lambda b: b.gpu)),
-    ("bind-nonexistent-address",
-     _step(lambda b: f"sys/bus/pci/drivers/{b.gpu_driver}/bind", lambda b: b.absent_address)),
+    (
+        "bind-not-loaded-driver",
+        _step(lambda b: f"sys/bus/pci/drivers/{b.missing_driver}/bind", lambda b: b.gpu),
+    ),
+    (
+        "bind-nonexistent-address",
+        _step(lambda b: f"sys/bus/pci/drivers/{b.gpu_driver}/bind", lambda b: b.absent_address),
+    ),
     ("probe-nonexistent-address", _step(lambda b: "sys/bus/pci/drivers_probe", lambda b: b.absent_address)),
-    ("override-nonexistent-address",
-     _step(lambda b: dev(b.absent_address, "driver_override"), lambda b: VFIO)),
+    (
+        "override-nonexistent-address",
+        _step(lambda b: dev(b.absent_address, "driver_override"), lambda b: VFIO),
+    ),
 ]
 
 

@@ -8,15 +8,23 @@ import subprocess
 
 LSPCI = shutil.which("lspci")
 
-LINE_RE = re.compile(r"^(?P<addr>[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]) .*?\[(?P<cls>[0-9a-f]{4})\]: "
-                     r".*\[(?P<ven>[0-9a-f]{4}):(?P<dev>[0-9a-f]{4})\]")
-TOKEN_RE = re.compile(r"\[(?P<hdr>[0-9a-f]{4,}:[0-9a-f]{2})\]"
-                      r"|(?P<df>[0-9a-f]{2}\.[0-7])(?:-\[(?P<sec>[0-9a-f]{2})(?:-[0-9a-f]{2})?\])?")
+LINE_RE = re.compile(
+    r"^(?P<addr>[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]) .*?\[(?P<cls>[0-9a-f]{4})\]: "
+    r".*\[(?P<ven>[0-9a-f]{4}):(?P<dev>[0-9a-f]{4})\]"
+)
+TOKEN_RE = re.compile(
+    r"\[(?P<hdr>[0-9a-f]{4,}:[0-9a-f]{2})\]"
+    r"|(?P<df>[0-9a-f]{2}\.[0-7])(?:-\[(?P<sec>[0-9a-f]{2})(?:-[0-9a-f]{2})?\])?"
+)
 
 
 def lspci(root, *args: str) -> str:
-    return subprocess.run([LSPCI, "-A", "linux-sysfs", "-O", f"sysfs.path={root}/sys/bus/pci", *args],
-                          capture_output=True, text=True, check=True).stdout
+    return subprocess.run(
+        [LSPCI, "-A", "linux-sysfs", "-O", f"sysfs.path={root}/sys/bus/pci", *args],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
 
 
 def parse_lspci_nn(text: str) -> dict[str, tuple[str, str, str]]:

@@ -22,7 +22,7 @@ PSP = "0000:e2:00.1"  # bound to ccp, which the built-in match table does not kn
 def root_port(addr: str) -> str:
     """The root port a card at ``addr`` hangs from in :func:`host_spec`."""
     bus = int(addr[5:7], 16)
-    return f"0000:00:{(bus % 0x1f) or 1:02x}.1"
+    return f"0000:00:{(bus % 0x1F) or 1:02x}.1"
 
 
 def host_spec() -> HostSpec:
@@ -47,9 +47,12 @@ def host_spec() -> HostSpec:
     card(PSP, "amd-psp")
     card(DUMMY, "amd-dummy-function")
     return HostSpec(
-        hostname="pve-test", cmdline="BOOT_IMAGE=/boot/vmlinuz root=/dev/sda1 amd_iommu=on",
-        nvidia_driver="570.124.06", numa=[NumaSpec(id=0, cpus="0-15")],
-        modules=["nvidia", "vfio_pci", "snd_hda_intel", "ccp"], devices=devices,
+        hostname="pve-test",
+        cmdline="BOOT_IMAGE=/boot/vmlinuz root=/dev/sda1 amd_iommu=on",
+        nvidia_driver="570.124.06",
+        numa=[NumaSpec(id=0, cpus="0-15")],
+        modules=["nvidia", "vfio_pci", "snd_hda_intel", "ccp"],
+        devices=devices,
     )
 
 

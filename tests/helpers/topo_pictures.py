@@ -38,15 +38,18 @@ def owned_state(facts: Facts) -> CurrentState:
     node = (facts.host.hostname or "pve").split(".")[0]
     cfg = {f"dev{i}": f"/dev/nvidia{g.minor}" for i, g in enumerate(nv[: max(1, len(nv) // 2)])}
     maps = [map_entry(g, node) for g in facts.gpus if g.driver == "vfio-pci"]
-    return CurrentState(containers={101: ContainerState(config=cfg)},
-                        mappings={"gpu-vm": MappingState(map=maps)} if maps else {})
+    return CurrentState(
+        containers={101: ContainerState(config=cfg)},
+        mappings={"gpu-vm": MappingState(map=maps)} if maps else {},
+    )
 
 
 def host_picture(root, name: str) -> Picture:
     facts = discover(root)
     owners = owners_now(facts, owned_state(facts))
-    return Picture(name, render_svg(build_report(facts, owners)), facts,
-                   {a: o.key for a, o in owners.items()}, set(), 1)
+    return Picture(
+        name, render_svg(build_report(facts, owners)), facts, {a: o.key for a, o in owners.items()}, set(), 1
+    )
 
 
 def plan_picture(root, name: str, vm_mapping: str) -> Picture:
@@ -54,8 +57,11 @@ def plan_picture(root, name: str, vm_mapping: str) -> Picture:
 
     facts = discover(root)
     nv = [g for g in facts.gpus if g.driver == "nvidia" and g.minor is not None]
-    current = CurrentState(containers={101: ContainerState(
-        config={f"dev{i}": f"/dev/nvidia{g.minor}" for i, g in enumerate(nv)})})
+    current = CurrentState(
+        containers={
+            101: ContainerState(config={f"dev{i}": f"/dev/nvidia{g.minor}" for i, g in enumerate(nv)})
+        }
+    )
     p = plan(facts, spec_from_split(facts, container=101, vm_mapping=vm_mapping), current)
     before = owners_now(facts, current)
     after = {t.address: str(t.owner) if t.owner != Owner.host() else before[t.address].key for t in p.target}

@@ -8,12 +8,11 @@ import ast
 import json
 import re
 
-from helpers import REPO
-
 from gputopo.cluster.rolling import apply_node, read_apply_doc
 from gputopo.cluster.verify import node_report
 from gputopo.model.documents import ApplyDoc, Check, VerifyReport, versioned
 from gputopo.ports import ExecResult
+from helpers import REPO
 
 PKG = REPO / "gputopo"
 MODULE = REPO / "ansible_collections/gputopo/proxmox/plugins/modules/topology.py"
@@ -30,10 +29,13 @@ class Shell:
 
 
 def _verify_doc() -> dict:
-    report = VerifyReport(node="pve2", checks=[
-        Check(name="converged", status="PASS", summary="the plan is empty"),
-        Check(name="memory", status="WARN", summary="2 GiB left", details={"free_gib": 2}),
-    ])
+    report = VerifyReport(
+        node="pve2",
+        checks=[
+            Check(name="converged", status="PASS", summary="the plan is empty"),
+            Check(name="memory", status="WARN", summary="2 GiB left", details={"free_gib": 2}),
+        ],
+    )
     return versioned(report.to_data())
 
 
@@ -63,11 +65,33 @@ def test_the_cluster_refuses_a_verify_document_of_another_version():
 
 
 def _apply_doc() -> dict:
-    return versioned({"status": "applied", "exit_code": 0, "node": "pve2", "changed": True, "signature": "abc",
-                      "journal": "/var/lib/gputopo/journal/x.jsonl", "wall_s": 1.0, "stop_window_s": 0.5,
-                      "steps": [{"step": 1, "phase": "stop", "kind": "stop_guest", "description": "stop CT 101",
-                                 "status": "done", "seconds": 0.5, "warnings": []}],
-                      "warnings": [], "plan": ["stop CT 101"], "verify": _verify_doc(), "boot": None})
+    return versioned(
+        {
+            "status": "applied",
+            "exit_code": 0,
+            "node": "pve2",
+            "changed": True,
+            "signature": "abc",
+            "journal": "/var/lib/gputopo/journal/x.jsonl",
+            "wall_s": 1.0,
+            "stop_window_s": 0.5,
+            "steps": [
+                {
+                    "step": 1,
+                    "phase": "stop",
+                    "kind": "stop_guest",
+                    "description": "stop CT 101",
+                    "status": "done",
+                    "seconds": 0.5,
+                    "warnings": [],
+                }
+            ],
+            "warnings": [],
+            "plan": ["stop CT 101"],
+            "verify": _verify_doc(),
+            "boot": None,
+        }
+    )
 
 
 def test_a_rolling_apply_reads_a_nodes_apply_document_strictly():
@@ -93,7 +117,9 @@ def test_check_and_status_are_declared_once():
                 found.append((path.relative_to(PKG).as_posix(), node.name))
             if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "Status" for t in node.targets):
                 found.append((path.relative_to(PKG).as_posix(), "Status"))
-    assert sorted(found) == [("model/documents.py", n) for n in ("ApplyDoc", "Check", "Status", "VerifyReport")]
+    assert sorted(found) == [
+        ("model/documents.py", n) for n in ("ApplyDoc", "Check", "Status", "VerifyReport")
+    ]
 
 
 def test_the_ansible_module_reads_only_keys_the_apply_document_has():

@@ -23,11 +23,12 @@ def test_constructors_and_kinds():
     assert Owner.host() is HOST and HOST.kind == OwnerKind.HOST
     assert Owner.container(101).label == "container 101"
     with pytest.raises(ValueError):
-        Owner.vm("a").vmid
+        _ = Owner.vm("a").vmid
 
 
-@pytest.mark.parametrize("text", ["", "container", "container:", "container:abc", "vm:", "host:1", "lxc:101",
-                                  "free"])
+@pytest.mark.parametrize(
+    "text", ["", "container", "container:", "container:abc", "vm:", "host:1", "lxc:101", "free"]
+)
 def test_not_an_owner(text):
     with pytest.raises(ValueError):
         Owner.parse(text)

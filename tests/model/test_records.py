@@ -34,10 +34,25 @@ def test_the_json_of_every_fixture_is_pydantics(materialized, host):
 
 
 def test_the_json_of_odd_text_is_pydantics():
-    odd = "Ünïcode ✓ \"quoted\" back\\slash\ttab\x01\x7f\u2028 end"
-    facts = Facts(gpus=[Gpu(**GPU, model=odd, iommu_members=[GroupMember(
-        address="0000:01:00.1", role=MemberRole.FUNCTION, vendor=None, device=None, **{"class": None})])],
-        warnings=[odd, ""])
+    odd = 'Ünïcode ✓ "quoted" back\\slash\ttab\x01\x7f\u2028 end'
+    facts = Facts(
+        gpus=[
+            Gpu(
+                **GPU,
+                model=odd,
+                iommu_members=[
+                    GroupMember(
+                        address="0000:01:00.1",
+                        role=MemberRole.FUNCTION,
+                        vendor=None,
+                        device=None,
+                        **{"class": None},
+                    )
+                ],
+            )
+        ],
+        warnings=[odd, ""],
+    )
     text = facts.to_json()
     assert mirror(Facts).model_validate_json(text).model_dump_json(by_alias=True, indent=2) == text
     assert facts.model_dump_json() == mirror(Facts).model_validate_json(text).model_dump_json()
@@ -61,8 +76,11 @@ def test_a_record_is_built_by_name_alias_or_position_and_refuses_what_pydantic_w
 
 def test_defaults_are_fresh_for_every_record():
     a, b = Gpu(**GPU), Gpu(**GPU)
-    a.iommu_members.append(GroupMember(address="0000:01:00.1", role=MemberRole.FUNCTION, vendor=None,
-                                       device=None, **{"class": None}))
+    a.iommu_members.append(
+        GroupMember(
+            address="0000:01:00.1", role=MemberRole.FUNCTION, vendor=None, device=None, **{"class": None}
+        )
+    )
     a.link.current_width = 16
     assert b.iommu_members == [] and b.link.current_width is None
 
@@ -93,8 +111,14 @@ def test_equality_hash_copy_and_frozen():
 
 
 def test_dump_modes():
-    g = Gpu(**GPU, iommu_members=[GroupMember(address="0000:01:00.1", role=MemberRole.FUNCTION, vendor=None,
-                                              device=None, **{"class": None})])
+    g = Gpu(
+        **GPU,
+        iommu_members=[
+            GroupMember(
+                address="0000:01:00.1", role=MemberRole.FUNCTION, vendor=None, device=None, **{"class": None}
+            )
+        ],
+    )
     assert g.model_dump()["class_"] == "0x030200" and g.model_dump(by_alias=True)["class"] == "0x030200"
     assert g.model_dump()["iommu_members"][0]["role"] is MemberRole.FUNCTION
     assert g.model_dump(mode="json")["iommu_members"][0]["role"] == "function"
@@ -136,12 +160,17 @@ def test_discover_json_imports_none_of_the_heavy_modules(materialized):
     # what keeps gputopo discover --json at lspci's pace (benchmarks/bench_discover.py times it)
     # modules the interpreter itself loaded before gputopo (a site .pth may import typing or
     # pathlib on some installs) are not gputopo's doing, so only what appeared after counts
-    probe = ("import sys\nbefore = set(sys.modules)\nfrom gputopo.cli import main\n"
-             "try:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
-             f"print(sorted(m for m in set(sys.modules) - before if m.split('.')[0] in {HEAVY!r}),"
-             " file=sys.stderr)\n")
-    p = subprocess.run([sys.executable, "-c", probe, "discover", "--json", "--root", str(materialized("seed"))],
-                       capture_output=True, text=True)
+    probe = (
+        "import sys\nbefore = set(sys.modules)\nfrom gputopo.cli import main\n"
+        "try:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+        f"print(sorted(m for m in set(sys.modules) - before if m.split('.')[0] in {HEAVY!r}),"
+        " file=sys.stderr)\n"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", probe, "discover", "--json", "--root", str(materialized("seed"))],
+        capture_output=True,
+        text=True,
+    )
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["gpus"]
     assert p.stderr.strip().splitlines()[-1] == "[]"

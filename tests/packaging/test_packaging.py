@@ -19,6 +19,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+
 from helpers import REPO
 
 SRC = REPO
@@ -42,7 +43,9 @@ def run_gputopo(args: list[str], cwd: Path, block_cryptography: bool = False) ->
 def test_version_names_the_python_and_the_directory_it_runs_from(tmp_path):
     import gputopo
 
-    p = subprocess.run([sys.executable, "-m", "gputopo", "--version"], capture_output=True, text=True, cwd=tmp_path)
+    p = subprocess.run(
+        [sys.executable, "-m", "gputopo", "--version"], capture_output=True, text=True, cwd=tmp_path
+    )
     assert p.returncode == 0, p.stderr
     assert p.stdout.splitlines() == [
         f"gputopo, version {gputopo.__version__}",
@@ -68,7 +71,11 @@ def test_version_keeps_a_percent_sign_in_the_path(monkeypatch):
 def test_cryptography_is_only_in_the_sim_extra():
     import tomllib
 
-    project = tomllib.loads((SRC / "pyproject.toml").read_text())["project"] if (SRC / "pyproject.toml").is_file() else None
+    project = (
+        tomllib.loads((SRC / "pyproject.toml").read_text())["project"]
+        if (SRC / "pyproject.toml").is_file()
+        else None
+    )
     if project is None:
         pytest.skip("not a source checkout: no pyproject.toml")
     assert not any(d.lower().startswith("cryptography") for d in project["dependencies"])
@@ -76,7 +83,9 @@ def test_cryptography_is_only_in_the_sim_extra():
     assert "gputopo[sim]" in project["optional-dependencies"]["test"]
 
 
-@pytest.mark.parametrize("args", [["demo"], ["sim", "create", "{tmp}/host"], ["sim", "serve", "--dir", "{tmp}/host"]])
+@pytest.mark.parametrize(
+    "args", [["demo"], ["sim", "create", "{tmp}/host"], ["sim", "serve", "--dir", "{tmp}/host"]]
+)
 def test_simulator_commands_without_cryptography_say_what_to_install(tmp_path, args):
     args = [a.format(tmp=tmp_path) for a in args]
     p = run_gputopo(args, tmp_path, block_cryptography=True)
@@ -84,7 +93,11 @@ def test_simulator_commands_without_cryptography_say_what_to_install(tmp_path, a
     assert p.stdout == ""
     (line,) = p.stderr.splitlines()
     assert line.startswith(f"gputopo: error: command '{args[0]}' is unavailable: ")
-    assert "'cryptography'" in line and "pip install 'gputopo[sim]'" in line and "pipx inject gputopo cryptography" in line
+    assert (
+        "'cryptography'" in line
+        and "pip install 'gputopo[sim]'" in line
+        and "pipx inject gputopo cryptography" in line
+    )
     assert not (tmp_path / "host").exists()
 
 
@@ -93,11 +106,17 @@ def test_sim_option_without_cryptography_says_what_to_install(tmp_path):
     from gputopo.sim.host import SimHost
 
     SimHost.create(tmp_path / "host")  # made here, used where cryptography is missing
-    p = run_gputopo(["plan", "--sim", str(tmp_path / "host"), "--split", "numa", "--container", "101"], tmp_path,
-                    block_cryptography=True)
+    p = run_gputopo(
+        ["plan", "--sim", str(tmp_path / "host"), "--split", "numa", "--container", "101"],
+        tmp_path,
+        block_cryptography=True,
+    )
     assert p.returncode == 1 and p.stdout == "", p.stderr
     (line,) = p.stderr.splitlines()
-    assert line.startswith("gputopo: error: command '--sim' is unavailable: ") and "pip install 'gputopo[sim]'" in line
+    assert (
+        line.startswith("gputopo: error: command '--sim' is unavailable: ")
+        and "pip install 'gputopo[sim]'" in line
+    )
 
 
 @pytest.mark.slow
@@ -106,8 +125,23 @@ def test_node_commands_run_without_cryptography(tmp_path, materialized):
     p = run_gputopo(["discover", "--root", str(root)], tmp_path, block_cryptography=True)
     assert p.returncode == 0, p.stderr
     assert "0000:81:00.0" in p.stdout
-    p = run_gputopo(["plan", "--root", str(root), "--pve-root", str(tmp_path / "no-pve"), "--split", "numa",
-                     "--container", "101", "--vm-mapping", "pro6000-vm"], tmp_path, block_cryptography=True)
+    p = run_gputopo(
+        [
+            "plan",
+            "--root",
+            str(root),
+            "--pve-root",
+            str(tmp_path / "no-pve"),
+            "--split",
+            "numa",
+            "--container",
+            "101",
+            "--vm-mapping",
+            "pro6000-vm",
+        ],
+        tmp_path,
+        block_cryptography=True,
+    )
     assert p.returncode == 0, p.stderr
     assert "rebind 0000:81:00.0: nvidia -> vfio-pci" in p.stdout
     p = run_gputopo(["sim", "--help"], tmp_path, block_cryptography=True)
@@ -134,21 +168,33 @@ def test_a_man_page_for_every_command_with_its_options(tmp_path):
     assert gen_docs().main(["--man", str(out), "--bash", str(tmp_path / "gputopo")]) == 0
     pages = {p.name: p.read_text() for p in out.glob("*.1")}
     want = {"gputopo.1"} | {f"gputopo-{name}.1" for name in COMMANDS}
-    want |= {"gputopo-sim-create.1", "gputopo-sim-serve.1", "gputopo-fixtures-build.1", "gputopo-fixtures-list.1",
-             "gputopo-history-show.1"}
+    want |= {
+        "gputopo-sim-create.1",
+        "gputopo-sim-serve.1",
+        "gputopo-fixtures-build.1",
+        "gputopo-fixtures-list.1",
+        "gputopo-history-show.1",
+    }
     want |= {f"gputopo-cluster-{sub}.1" for sub in ("plan", "diff", "apply", "verify")}
     assert set(pages) == want
     root = pages["gputopo.1"]
     for name in COMMANDS:
         assert f"\\fB{name}\\fP" in root and f"gputopo-{name}(1)" in root
     # the NAME line carries the command's whole first sentence, for whatis and apropos
-    assert "gputopo\\-verify \\- Check the host against the spec from fresh facts: converged" in pages["gputopo-verify.1"]
+    assert (
+        "gputopo\\-verify \\- Check the host against the spec from fresh facts: converged"
+        in pages["gputopo-verify.1"]
+    )
     assert "\\-\\-spec" in pages["gputopo-apply.1"] and "\\-\\-from" in pages["gputopo-sim-serve.1"]
     if shutil.which("man") is None:
         pytest.skip("man (man-db) is not installed: the pages' troff is not checked")
     for name in sorted(pages):
-        p = subprocess.run(["man", "--warnings", "-l", str(out / name)], capture_output=True, text=True,
-                           env={**os.environ, "MANWIDTH": "100", "LC_ALL": "C.UTF-8"})
+        p = subprocess.run(
+            ["man", "--warnings", "-l", str(out / name)],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "MANWIDTH": "100", "LC_ALL": "C.UTF-8"},
+        )
         assert p.returncode == 0 and p.stderr == "", (name, p.stderr)
         assert "NAME" in p.stdout and "SYNOPSIS" in p.stdout
 
@@ -162,7 +208,7 @@ def test_the_bash_completion_script_completes_commands_and_options(tmp_path):
     # The script runs 'gputopo' from PATH to complete; this interpreter's gputopo answers.
     bindir = tmp_path / "bin"
     bindir.mkdir()
-    (bindir / "gputopo").write_text(f"#!/bin/sh\nexec {sys.executable} -m gputopo \"$@\"\n")
+    (bindir / "gputopo").write_text(f'#!/bin/sh\nexec {sys.executable} -m gputopo "$@"\n')
     (bindir / "gputopo").chmod(0o755)
     probe = f"""
         source {script}
@@ -176,7 +222,9 @@ def test_the_bash_completion_script_completes_commands_and_options(tmp_path):
         done
     """
     env = {**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"}
-    p = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    p = subprocess.run(
+        ["bash", "-c", probe], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120
+    )
     assert p.returncode == 0, p.stderr
     assert p.stdout.splitlines() == [
         "complete -o nosort -F _gputopo_completion gputopo",
@@ -247,16 +295,26 @@ def test_deb_is_a_venv_for_the_releases_python(debs, tmp_path, release):
     assert not [p for p in tmp_path.rglob("*") if p.name == "__pycache__" or p.suffix == ".pyc"]
     # Extension modules are built for the release's CPython (or its stable ABI).
     tag = f"cpython-{py.replace('.', '')}-x86_64-linux-gnu"
-    wrong = [p.name for p in site.rglob("*.so") if not (p.name.endswith(f".{tag}.so") or p.name.endswith(".abi3.so"))]
+    wrong = [
+        p.name
+        for p in site.rglob("*.so")
+        if not (p.name.endswith(f".{tag}.so") or p.name.endswith(".abi3.so"))
+    ]
     assert not wrong, wrong
     assert any(site.rglob(f"*.{tag}.so"))
     # Nothing refers to the machine or directory it was built in.
-    leaks = [str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file() and not p.is_symlink()
-             and b"gputopo-deb." in p.read_bytes()]
+    leaks = [
+        str(p.relative_to(tmp_path))
+        for p in tmp_path.rglob("*")
+        if p.is_file() and not p.is_symlink() and b"gputopo-deb." in p.read_bytes()
+    ]
     assert not leaks, leaks
     man = tmp_path / "usr/share/man/man1"
     assert (man / "gputopo.1.gz").is_file() and (man / "gputopo-apply.1.gz").is_file()
-    assert "_GPUTOPO_COMPLETE=bash_complete" in (tmp_path / "usr/share/bash-completion/completions/gputopo").read_text()
+    assert (
+        "_GPUTOPO_COMPLETE=bash_complete"
+        in (tmp_path / "usr/share/bash-completion/completions/gputopo").read_text()
+    )
 
 
 @pytest.mark.deb
@@ -275,9 +333,17 @@ def test_deb_holds_everything_gputopo_needs_on_the_releases_python(debs, tmp_pat
     unpack(debs[release], tmp_path)
     site = tmp_path / f"usr/lib/gputopo/lib/python{py}/site-packages"
     bundled = {canonicalize_name(d.metadata["Name"]): d for d in md.distributions(path=[str(site)])}
-    env = {**default_environment(), "python_version": py, "python_full_version": f"{py}.0",
-           "implementation_name": "cpython", "platform_python_implementation": "CPython",
-           "sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64", "os_name": "posix"}
+    env = {
+        **default_environment(),
+        "python_version": py,
+        "python_full_version": f"{py}.0",
+        "implementation_name": "cpython",
+        "platform_python_implementation": "CPython",
+        "sys_platform": "linux",
+        "platform_system": "Linux",
+        "platform_machine": "x86_64",
+        "os_name": "posix",
+    }
     todo, seen, missing = [("gputopo", {"sim"})], set(), []
     while todo:
         name, extras = todo.pop()
@@ -288,18 +354,23 @@ def test_deb_holds_everything_gputopo_needs_on_the_releases_python(debs, tmp_pat
         dist = bundled[key[0]]
         for text in dist.requires or []:
             req = Requirement(text)
-            wanted = req.marker is None or any(req.marker.evaluate({**env, "extra": e}) for e in (extras or {""}))
+            wanted = req.marker is None or any(
+                req.marker.evaluate({**env, "extra": e}) for e in (extras or {""})
+            )
             if not wanted:
                 continue
             have = bundled.get(canonicalize_name(req.name))
             if have is None or not req.specifier.contains(have.version, prereleases=True):
-                missing.append(f"{dist.metadata['Name']} needs {req} (bundled: {have.version if have else 'none'})")
+                missing.append(
+                    f"{dist.metadata['Name']} needs {req} (bundled: {have.version if have else 'none'})"
+                )
             else:
                 todo.append((req.name, set(req.extras)))
     assert not missing, missing
     listed = (tmp_path / "usr/share/doc/gputopo/bundled.txt").read_text().split("\n")
     assert sorted(f"{n} {d.version}" for n, d in bundled.items()) == sorted(
-        f"{canonicalize_name(line.split()[0])} {line.split()[1]}" for line in listed if line)
+        f"{canonicalize_name(line.split()[0])} {line.split()[1]}" for line in listed if line
+    )
 
 
 @pytest.mark.deb
@@ -307,7 +378,9 @@ def test_deb_holds_everything_gputopo_needs_on_the_releases_python(debs, tmp_pat
 def test_deb_maintainer_scripts_are_plain_sh(debs):
     p = subprocess.run(["dpkg-deb", "--ctrl-tarfile", str(debs["bookworm"])], check=True, capture_output=True)
     with tarfile.open(fileobj=io.BytesIO(p.stdout)) as t:
-        scripts = {m.name.removeprefix("./"): t.extractfile(m).read().decode() for m in t.getmembers() if m.isfile()}
+        scripts = {
+            m.name.removeprefix("./"): t.extractfile(m).read().decode() for m in t.getmembers() if m.isfile()
+        }
     assert set(scripts) == {"control", "postinst", "prerm"}
     for name in ("postinst", "prerm"):
         assert scripts[name].startswith("#!/bin/sh\n")

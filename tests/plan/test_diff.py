@@ -7,18 +7,18 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from gputopo.actions import UpdateContainer
+from gputopo.adapters.hostfiles import RealHostFiles
 from gputopo.adapters.pvefiles import PveFiles
 from gputopo.facts.observe import observe
+from gputopo.formats.lxcconf import parse_lxc_conf, write_lxc_conf
 from gputopo.formats.pveview import config_from_lxc_text
-from gputopo.plan.reads import spec_reads
 from gputopo.formats.systemd import parse_systemctl_show
 from gputopo.plan.diff import diff
-from gputopo.adapters.hostfiles import RealHostFiles
-from gputopo.actions import UpdateContainer
 from gputopo.plan.planner import expected_after, plan
-from gputopo.ports import ExecResult
-from gputopo.formats.lxcconf import parse_lxc_conf, write_lxc_conf
+from gputopo.plan.reads import spec_reads
 from gputopo.plan.render import PERSISTENCE_PATHS, render
+from gputopo.ports import ExecResult
 from helpers.cli import run_cli
 from helpers.hosts import SEED_CMD, SEED_SPEC, converged_seed, seed_current, seed_facts, seed_spec
 
@@ -40,8 +40,10 @@ def test_parse_systemctl_show():
 
 
 def test_config_from_lxc_text_merges_pending():
-    text = ("arch: amd64\ndev0: /dev/nvidia0,mode=0666\ndev1: /dev/nvidia1\nlxc.mount.entry: /dev/fuse dev/fuse none bind\n"
-            "\n[pve:pending]\ndev2: /dev/nvidia2\ndelete: dev1\n")
+    text = (
+        "arch: amd64\ndev0: /dev/nvidia0,mode=0666\ndev1: /dev/nvidia1\nlxc.mount.entry: /dev/fuse dev/fuse none bind\n"
+        "\n[pve:pending]\ndev2: /dev/nvidia2\ndelete: dev1\n"
+    )
     cfg = config_from_lxc_text(text)
     assert cfg["dev0"] == "/dev/nvidia0,mode=0666" and cfg["dev2"] == "/dev/nvidia2" and "dev1" not in cfg
     assert cfg["lxc"] == [["lxc.mount.entry", "/dev/fuse dev/fuse none bind"]]
@@ -58,8 +60,11 @@ class FakeExec:
 
     def run(self, vmid, argv, timeout, input=None):
         if argv[:2] == ["systemctl", "show"]:
-            return ExecResult(0, f"ExecStart={{ path=x ; argv[]={self.exec_start} ; ignore_errors=no }}\n"
-                                 f"ActiveState={'active' if self.active else 'inactive'}\n")
+            return ExecResult(
+                0,
+                f"ExecStart={{ path=x ; argv[]={self.exec_start} ; ignore_errors=no }}\n"
+                f"ActiveState={'active' if self.active else 'inactive'}\n",
+            )
         if argv[0] == "cat":
             if argv[1] in self.files:
                 return ExecResult(0, self.files[argv[1]])
@@ -91,13 +96,21 @@ def test_diff_from_files_then_converged(tmp_path):
     assert cur.containers[101].service.tp == 8 and cur.containers[101].service.dropin is None
     report = diff(facts, spec, cur)
     assert not report.is_empty
-    assert set(report.areas) == {"driver bindings", "container devices", "mappings", "service", "persistence files"}
+    assert set(report.areas) == {
+        "driver bindings",
+        "container devices",
+        "mappings",
+        "service",
+        "persistence files",
+    }
     assert "0000:81:00.0: nvidia -> vfio-pci" in report.areas["driver bindings"].lines
     devdiff = report.areas["container devices"].files["pve/lxc/101.devices.conf"]
     assert "-dev4: /dev/nvidia4,mode=0666" in devdiff and "+dev" not in devdiff
     assert "CT 101 sglang.service: tensor parallel 8 -> 4" in report.areas["service"].lines
-    assert "+++ b/etc/udev/rules.d/90-gputopo-vfio.rules" in report.areas["persistence files"].files[
-        "etc/udev/rules.d/90-gputopo-vfio.rules"]
+    assert (
+        "+++ b/etc/udev/rules.d/90-gputopo-vfio.rules"
+        in report.areas["persistence files"].files["etc/udev/rules.d/90-gputopo-vfio.rules"]
+    )
     text = report.to_text()
     assert "== mappings" in text and "+pro6000-vm" in text
 
@@ -116,7 +129,8 @@ def test_diff_from_files_then_converged(tmp_path):
     for rel in PERSISTENCE_PATHS:
         RealHostFiles(root).write(rel, files[rel])
     ex.files["/etc/systemd/system/sglang.service.d/gputopo.conf"] = files[
-        "ct/101/etc/systemd/system/sglang.service.d/gputopo.conf"]
+        "ct/101/etc/systemd/system/sglang.service.d/gputopo.conf"
+    ]
     ex.exec_start = cur2.containers[101].service.exec_start
     cur3 = read_files(spec, facts2, pve, exec=ex, files=RealHostFiles(root))
     report = diff(facts2, spec, cur3)
@@ -143,7 +157,16 @@ def _cli(args):
 def test_cli_diff_exit_codes(tmp_path, seed_root, capsys):
     spec = tmp_path / "spec.yaml"
     spec.write_text(SEED_SPEC)
-    args = ["diff", "--spec", str(spec), "--root", str(seed_root), "--pve-root", str(tmp_path / "pve"), "--exit-code"]
+    args = [
+        "diff",
+        "--spec",
+        str(spec),
+        "--root",
+        str(seed_root),
+        "--pve-root",
+        str(tmp_path / "pve"),
+        "--exit-code",
+    ]
     code, out, err = run_cli(args, capsys)
     assert code == 2, err
     assert "== driver bindings" in out and "0000:81:00.0: nvidia -> vfio-pci" in out
@@ -153,8 +176,10 @@ def test_cli_diff_exit_codes(tmp_path, seed_root, capsys):
     spec.write_text(SEED_SPEC.replace("vmid: 101", "vmid: 1"))
     code, out, err = run_cli(args, capsys)
     assert (code, out) == (1, "")
-    assert err == (f"gputopo: error: {spec}: nodes[0].containers[0].vmid: "
-                   "Input should be greater than or equal to 100 (got 1)\n")
+    assert err == (
+        f"gputopo: error: {spec}: nodes[0].containers[0].vmid: "
+        "Input should be greater than or equal to 100 (got 1)\n"
+    )
     # a refused plan is an error too
     spec.write_text(SEED_SPEC.replace("gpus: {numa: [0]}", "gpus: {numa: [0, 1]}"))
     code, out, err = run_cli(args, capsys)
@@ -163,14 +188,18 @@ def test_cli_diff_exit_codes(tmp_path, seed_root, capsys):
 
 def test_cli_diff_exit_code_0_when_the_host_matches(tmp_path, seed_root, capsys):
     spec, pve = converged_seed(seed_root, tmp_path)
-    code, out, err = run_cli(["diff", "--spec", str(spec), "--root", str(seed_root), "--pve-root", str(pve),
-                              "--exit-code"], capsys)
+    code, out, err = run_cli(
+        ["diff", "--spec", str(spec), "--root", str(seed_root), "--pve-root", str(pve), "--exit-code"], capsys
+    )
     assert (code, out, err) == (0, "Node pve1: no differences\n", "")
     # one device entry gone from the container: a difference again
     conf = pve / "nodes/pve1/lxc/101.conf"
-    conf.write_text("".join(ln for ln in conf.read_text().splitlines(keepends=True) if not ln.startswith("dev3:")))
-    code, out, err = run_cli(["diff", "--spec", str(spec), "--root", str(seed_root), "--pve-root", str(pve),
-                              "--exit-code"], capsys)
+    conf.write_text(
+        "".join(ln for ln in conf.read_text().splitlines(keepends=True) if not ln.startswith("dev3:"))
+    )
+    code, out, err = run_cli(
+        ["diff", "--spec", str(spec), "--root", str(seed_root), "--pve-root", str(pve), "--exit-code"], capsys
+    )
     assert code == 2 and "== container devices" in out
     assert "+dev3: /dev/nvidia2,mode=0666" in out
 
@@ -180,8 +209,19 @@ def test_cli_diff_json_shape(tmp_path, seed_root, capsys):
 
     spec = tmp_path / "spec.yaml"
     spec.write_text(SEED_SPEC)
-    code, out, err = run_cli(["diff", "--spec", str(spec), "--root", str(seed_root), "--pve-root", str(tmp_path / "pve"),
-                              "--json"], capsys)
+    code, out, err = run_cli(
+        [
+            "diff",
+            "--spec",
+            str(spec),
+            "--root",
+            str(seed_root),
+            "--pve-root",
+            str(tmp_path / "pve"),
+            "--json",
+        ],
+        capsys,
+    )
     assert code == 0, err
     data = json.loads(out)
     assert data["node"] == "pve1" and data["is_empty"] is False
@@ -196,9 +236,24 @@ def test_cli_diff_json_shape(tmp_path, seed_root, capsys):
 
 
 def test_cli_plan_quick_mode(seed_root, tmp_path, capsys):
-    code, out, err = run_cli(["plan", "--split", "numa", "--container", "101", "--vm-mapping", "pro6000-vm",
-                              "--service-unit", "sglang.service", "--root", str(seed_root),
-                              "--pve-root", str(tmp_path / "none")], capsys)
+    code, out, err = run_cli(
+        [
+            "plan",
+            "--split",
+            "numa",
+            "--container",
+            "101",
+            "--vm-mapping",
+            "pro6000-vm",
+            "--service-unit",
+            "sglang.service",
+            "--root",
+            str(seed_root),
+            "--pve-root",
+            str(tmp_path / "none"),
+        ],
+        capsys,
+    )
     assert code == 0, err
     rows = {ln.split()[0]: ln for ln in out.splitlines() if ln.startswith("0000:")}
     for addr in ("0000:01:00.0", "0000:11:00.0", "0000:61:00.0", "0000:71:00.0"):
@@ -207,7 +262,10 @@ def test_cli_plan_quick_mode(seed_root, tmp_path, capsys):
         assert rows[addr].split()[1] == "1" and rows[addr].endswith("nvidia -> vfio-pci     vm:pro6000-vm")
     assert "Container 101: 4 GPU(s), tp 4, devN, sglang.service tp 4" in out
     assert "Mapping pro6000-vm: 4 device(s)" in out
-    assert "[prepare] create PCI mapping pro6000-vm: 4 device(s) 0000:81:00.0, 0000:91:00.0, 0000:e1:00.0, 0000:f1:00.0" in out
+    assert (
+        "[prepare] create PCI mapping pro6000-vm: 4 device(s) 0000:81:00.0, 0000:91:00.0, 0000:e1:00.0, 0000:f1:00.0"
+        in out
+    )
     assert "[switch] rebind 0000:f1:00.0: nvidia -> vfio-pci" in out
 
 
@@ -215,7 +273,19 @@ def test_cli_render_writes_files(seed_root, tmp_path):
     spec = tmp_path / "spec.yaml"
     spec.write_text(SEED_SPEC)
     out = tmp_path / "out"
-    r = _cli(["render", "--spec", str(spec), "--root", str(seed_root), "--pve-root", str(tmp_path / "none"), "--out", str(out)])
+    r = _cli(
+        [
+            "render",
+            "--spec",
+            str(spec),
+            "--root",
+            str(seed_root),
+            "--pve-root",
+            str(tmp_path / "none"),
+            "--out",
+            str(out),
+        ]
+    )
     assert r.exit_code == 0, r.output
     assert (out / "pve/mapping/pci.cfg").read_text().startswith("pro6000\n")
     assert (out / "etc/modules-load.d/gputopo-vfio.conf").is_file()
@@ -224,8 +294,11 @@ def test_cli_render_writes_files(seed_root, tmp_path):
 def test_container_diff_keeps_lines_of_the_specs_legacy_majors():
     # The current file must be read with the majors the planner manages, or an unchanged
     # "c 508:* rwm" line shows up as added.
-    text = SEED_SPEC.replace("mapping: pro6000\n", "mapping: pro6000\n        device_mode: legacy\n"
-                             "        legacy_majors: {nvidia-uvm: 508, nvidia-caps: 236}\n")
+    text = SEED_SPEC.replace(
+        "mapping: pro6000\n",
+        "mapping: pro6000\n        device_mode: legacy\n"
+        "        legacy_majors: {nvidia-uvm: 508, nvidia-caps: 236}\n",
+    )
     spec, facts = seed_spec(text), seed_facts()
     p = plan(facts, spec, seed_current())
     facts2, cur2 = expected_after(p, facts, seed_current())

@@ -13,32 +13,34 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
-from gputopo.facts.discover import discover
 from gputopo.errors import PlanRefused
-from gputopo.model.facts import Facts
-from gputopo.model.state import ContainerState, CurrentState, GuestState, MappingState, ServiceState
-from gputopo.plan.planner import expected_after, plan
+from gputopo.facts.discover import discover
 from gputopo.formats.devn import format_dev
-from gputopo.plan.mappings import map_entry
 from gputopo.formats.lxcconf import validate_lxc_conf
 from gputopo.formats.pcicfg import validate_pci_cfg
 from gputopo.formats.qemuconf import QemuConf, validate_qemu_conf, write_qemu_conf
+from gputopo.model.facts import Facts
+from gputopo.model.state import ContainerState, CurrentState, GuestState, MappingState, ServiceState
+from gputopo.plan.mappings import map_entry
+from gputopo.plan.planner import expected_after, plan
 from gputopo.plan.render import render
 from gputopo.plan.spec import parse_spec
 from gputopo.plan.starter import spec_from_split
-from helpers.hosts import SEED_CMD, SEED_SPEC
 from helpers import TESTS
+from helpers.hosts import SEED_CMD, SEED_SPEC
 
 GOLDEN = TESTS / "golden"
 UPDATE = os.environ.get("GPUTOPO_UPDATE_GOLDEN") == "1"
 if UPDATE and "CI" in os.environ:
-    pytest.fail("GPUTOPO_UPDATE_GOLDEN=1 is refused where CI is set: CI compares golden files, it never "
-                "writes them", pytrace=False)
+    pytest.fail(
+        "GPUTOPO_UPDATE_GOLDEN=1 is refused where CI is set: CI compares golden files, it never writes them",
+        pytrace=False,
+    )
 
 # scenario name -> function of the hosts fixture returning {path under golden/<name>: text}
 SCENARIOS: dict[str, Callable[..., dict[str, str]]] = {}
@@ -105,7 +107,9 @@ def rewrite(d: Path, produced: dict[str, str]) -> list[str]:
 def compare(d: Path, produced: dict[str, str]) -> list[str]:
     """Every way ``d`` differs from ``produced``, GOT and WANT shown."""
     want = on_disk(d) if d.is_dir() else {}
-    problems = [f"{rel}: no scenario output produces it any more" for rel in sorted(want.keys() - produced.keys())]
+    problems = [
+        f"{rel}: no scenario output produces it any more" for rel in sorted(want.keys() - produced.keys())
+    ]
     for rel, got in sorted(produced.items()):
         if rel not in want:
             problems.append(f"{rel}: missing golden file\n--- GOT ---\n{got}")
@@ -121,20 +125,35 @@ def seed_current(facts) -> CurrentState:
     """Container 101 with all eight GPUs, sglang at --tp 8, one mapping pro6000 of all eight."""
     cfg = {"arch": "amd64", "hostname": "infer", "digest": "0" * 40}
     paths = [f"/dev/nvidia{g.minor}" for g in facts.gpus] + [
-        "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset",
-        "/dev/nvidia-caps/nvidia-cap1", "/dev/nvidia-caps/nvidia-cap2"]
+        "/dev/nvidiactl",
+        "/dev/nvidia-uvm",
+        "/dev/nvidia-uvm-tools",
+        "/dev/nvidia-modeset",
+        "/dev/nvidia-caps/nvidia-cap1",
+        "/dev/nvidia-caps/nvidia-cap2",
+    ]
     cfg.update({f"dev{i}": format_dev(p, None, "0666") for i, p in enumerate(paths)})
     return CurrentState(
-        containers={101: ContainerState(config=cfg, status="running", service=ServiceState(
-            unit="sglang.service", active=True, exec_start=SEED_CMD, tp=8))},
-        mappings={"pro6000": MappingState(map=[map_entry(g, "pve1") for g in facts.gpus],
-                                          description="RTX PRO 6000", digest="1" * 40)},
+        containers={
+            101: ContainerState(
+                config=cfg,
+                status="running",
+                service=ServiceState(unit="sglang.service", active=True, exec_start=SEED_CMD, tp=8),
+            )
+        },
+        mappings={
+            "pro6000": MappingState(
+                map=[map_entry(g, "pve1") for g in facts.gpus], description="RTX PRO 6000", digest="1" * 40
+            )
+        },
     )
 
 
 def node_spec(facts, body: str):
     """A spec for the one node of ``facts``; ``body`` is the node's YAML below its name."""
-    return parse_spec(f"apiVersion: gputopo/v1\nkind: GpuTopology\nnodes:\n  - name: {facts.host.hostname}\n{body}")
+    return parse_spec(
+        f"apiVersion: gputopo/v1\nkind: GpuTopology\nnodes:\n  - name: {facts.host.hostname}\n{body}"
+    )
 
 
 @scenario("seed-numa-split")
@@ -166,12 +185,15 @@ def esc8000a_audio_functions(hosts):
 def shared_group_refused(hosts):
     # a refused plan has no Plan to dump: its refusals are the golden text
     facts = hosts("shared-group")
-    spec = node_spec(facts, """\
+    spec = node_spec(
+        facts,
+        """\
     vms:
       mappings:
         - name: vm-gpus
           gpus: rest
-""")
+""",
+    )
     with pytest.raises(PlanRefused) as e:
         plan(facts, spec, CurrentState())
     assert any(r.code == "shared-group" for r in e.value.refusals)
@@ -181,7 +203,9 @@ def shared_group_refused(hosts):
 @scenario("numa-unknown")
 def numa_unknown(hosts):
     facts = hosts("numa-unknown")
-    spec = node_spec(facts, """\
+    spec = node_spec(
+        facts,
+        """\
     containers:
       - vmid: 101
         gpus: {numa: [0]}
@@ -189,7 +213,8 @@ def numa_unknown(hosts):
       mappings:
         - name: vm-gpus
           gpus: {numa: [1]}
-""")
+""",
+    )
     p = plan(facts, spec, CurrentState())
     assert sum("NUMA node unknown" in w for w in p.warnings) == 2
     return planned(p, spec, facts)
@@ -197,11 +222,24 @@ def numa_unknown(hosts):
 
 # --- VMs as consumers of a mapping ----------------------------------------------------------------
 
-VM_201 = {"agent": "1", "bios": "ovmf", "boot": "order=scsi0", "cores": "32", "cpu": "host",
-          "efidisk0": "local-lvm:vm-201-disk-1,efitype=4m,pre-enrolled-keys=1,size=4M",
-          "hostpci0": "mapping=pro6000-vm,pcie=1", "hostpci1": "0000:22:00.0", "machine": "q35", "memory": "131072",
-          "name": "gpu-vm", "numa": "1", "ostype": "l26", "scsi0": "local-lvm:vm-201-disk-0,iothread=1,size=100G",
-          "scsihw": "virtio-scsi-single", "sockets": "1"}
+VM_201 = {
+    "agent": "1",
+    "bios": "ovmf",
+    "boot": "order=scsi0",
+    "cores": "32",
+    "cpu": "host",
+    "efidisk0": "local-lvm:vm-201-disk-1,efitype=4m,pre-enrolled-keys=1,size=4M",
+    "hostpci0": "mapping=pro6000-vm,pcie=1",
+    "hostpci1": "0000:22:00.0",
+    "machine": "q35",
+    "memory": "131072",
+    "name": "gpu-vm",
+    "numa": "1",
+    "ostype": "l26",
+    "scsi0": "local-lvm:vm-201-disk-0,iothread=1,size=100G",
+    "scsihw": "virtio-scsi-single",
+    "sockets": "1",
+}
 CONSUMER = """      consumers:
         - vmid: 201
           mapping: pro6000-vm
@@ -213,8 +251,9 @@ CONSUMER = """      consumers:
 
 def vm_current(facts, status: str = "stopped") -> CurrentState:
     cur = seed_current(facts)
-    cur.guests[201] = GuestState(status=status, config={**VM_201, "digest": "2" * 40},
-                                 hostpci=[VM_201["hostpci0"], VM_201["hostpci1"]])
+    cur.guests[201] = GuestState(
+        status=status, config={**VM_201, "digest": "2" * 40}, hostpci=[VM_201["hostpci0"], VM_201["hostpci1"]]
+    )
     return cur
 
 
@@ -222,8 +261,9 @@ def whole_vm_config(p, facts, cur, vmid: int = 201) -> dict[str, str]:
     """The VM's whole config once ``p`` is applied, written as qemu-server writes it, checked
     with everything qemu-server would refuse (at the VM's start too)."""
     _, after = expected_after(p, facts, cur)
-    text = write_qemu_conf(QemuConf(options={k: str(v) for k, v in after.guests[vmid].config.items()
-                                             if k != "digest"}))
+    text = write_qemu_conf(
+        QemuConf(options={k: str(v) for k, v in after.guests[vmid].config.items() if k != "digest"})
+    )
     assert validate_qemu_conf(text) == [], text
     return {f"after/pve/qemu-server/{vmid}.conf": text}
 
@@ -244,7 +284,9 @@ def seed_vm_reverse(hosts):
     split = parse_spec(SEED_SPEC + CONSUMER)
     cur = vm_current(facts, status="running")
     f2, c2 = expected_after(plan(facts, split, cur), facts, cur)
-    back = parse_spec(SEED_SPEC.replace("{numa: [0]}", "{numa: [0, 1]}").replace("{numa: [1]}", "rest") + CONSUMER)
+    back = parse_spec(
+        SEED_SPEC.replace("{numa: [0]}", "{numa: [0, 1]}").replace("{numa: [1]}", "rest") + CONSUMER
+    )
     p = plan(f2, back, c2)
     return {**planned(p, back, f2), **whole_vm_config(p, f2, c2)}
 
@@ -255,8 +297,10 @@ def seed_vm_refused(hosts):
     cur = vm_current(facts)
     cur.guests[202] = GuestState(config={**VM_201, "bios": "seabios", "machine": "pc-i440fx-9.0"})
     cur.guests[203] = GuestState(config={**VM_201, "args": "-smbios 'type=0"})
-    consumers = "".join(f"        - {{vmid: {v}, mapping: pro6000-vm, gpus: {n}}}\n"
-                        for v, n in ((202, 1), (203, 4), (204, 1), (201, 5)))
+    consumers = "".join(
+        f"        - {{vmid: {v}, mapping: pro6000-vm, gpus: {n}}}\n"
+        for v, n in ((202, 1), (203, 4), (204, 1), (201, 5))
+    )
     spec = parse_spec(SEED_SPEC + "      consumers:\n" + consumers)
     with pytest.raises(PlanRefused) as e:
         plan(facts, spec, cur)
@@ -269,8 +313,10 @@ def facts_json(hosts):
     # without pydantic, their schema pydantic's (tests/model/test_records.py checks the two agree)
     facts = hosts("seed").model_copy(deep=True)
     facts.root = "/"
-    return {"seed.json": facts.to_json() + "\n",
-            "schema.json": json.dumps(Facts.model_json_schema(by_alias=True), indent=2) + "\n"}
+    return {
+        "seed.json": facts.to_json() + "\n",
+        "schema.json": json.dumps(Facts.model_json_schema(by_alias=True), indent=2) + "\n",
+    }
 
 
 # --- the tests ------------------------------------------------------------------------------------
@@ -282,11 +328,16 @@ def test_golden(hosts, name):
     produced = SCENARIOS[name](hosts)
     if UPDATE:
         changes = rewrite(d, produced)
-        pytest.fail(f"GPUTOPO_UPDATE_GOLDEN=1: golden/{name}: {'; '.join(changes) or 'unchanged'}; review "
-                    "the diff, then run again without it", pytrace=False)
+        pytest.fail(
+            f"GPUTOPO_UPDATE_GOLDEN=1: golden/{name}: {'; '.join(changes) or 'unchanged'}; review "
+            "the diff, then run again without it",
+            pytrace=False,
+        )
     problems = compare(d, produced)
     if problems:
-        pytest.fail(f"golden/{name} (GPUTOPO_UPDATE_GOLDEN=1 rewrites it):\n" + "\n".join(problems), pytrace=False)
+        pytest.fail(
+            f"golden/{name} (GPUTOPO_UPDATE_GOLDEN=1 rewrites it):\n" + "\n".join(problems), pytrace=False
+        )
 
 
 def test_every_golden_directory_has_a_scenario():

@@ -59,8 +59,14 @@ def test_more_than_a_switch_fills_whole_switches_under_one_host_bridge(large):
     pfs = [g for g in large.gpus if g.address.endswith(".0")]
     got = choose(pfs[1:], 6)
     # a full switch of four, then two from the switch with three: all under host bridge 0000:00
-    assert _addrs(got) == ["0000:04:00.0", "0000:05:00.0", "0000:0c:00.0", "0000:0d:00.0",
-                           "0000:0e:00.0", "0000:0f:00.0"]
+    assert _addrs(got) == [
+        "0000:04:00.0",
+        "0000:05:00.0",
+        "0000:0c:00.0",
+        "0000:0d:00.0",
+        "0000:0e:00.0",
+        "0000:0f:00.0",
+    ]
     assert farthest(got) == "PHB"
     # sixteen sit under one host bridge; seventeen must cross to another NUMA node
     assert farthest(choose(pfs, 16)) == "PHB"
@@ -75,7 +81,9 @@ def test_nested_switches_prefer_pix_then_pxb(nested):
     assert farthest(four) == "PXB"
     # without 05, two still come from one switch (09, 0a), not 06 and a cousin
     assert _addrs(choose([g for g in gpus if not g.address.startswith("0000:05")], 2)) == [
-        "0000:09:00.0", "0000:0a:00.0"]
+        "0000:09:00.0",
+        "0000:0a:00.0",
+    ]
     assert farthest(choose(gpus, 5)) == "PHB"
 
 
@@ -83,7 +91,12 @@ def test_flat_host_keeps_lowest_addresses(materialized):
     # the seed host: every GPU alone behind its root port; NUMA node 0 first, lowest first
     facts = discover(materialized("seed"))
     assert _addrs(choose(facts.gpus, 3)) == ["0000:01:00.0", "0000:11:00.0", "0000:61:00.0"]
-    assert _addrs(choose(facts.gpus[1:], 4)) == ["0000:81:00.0", "0000:91:00.0", "0000:e1:00.0", "0000:f1:00.0"]
+    assert _addrs(choose(facts.gpus[1:], 4)) == [
+        "0000:81:00.0",
+        "0000:91:00.0",
+        "0000:e1:00.0",
+        "0000:f1:00.0",
+    ]
     assert _addrs(choose(facts.gpus, 99)) == _addrs(facts.gpus)
     assert choose(facts.gpus, 0) == []
 
@@ -96,15 +109,23 @@ def test_clusters_are_connected_components(large):
 
 
 def _gpu(addr: str, numa: int | None) -> Gpu:
-    return Gpu(address=addr, vendor="0x10de", device="0x2bb5", **{"class": "0x030200"}, numa_node=numa,
-               host_bridge=addr[:7], upstream=[Bridge(address=addr[:7] + ":01.1", kind="root_port")])
+    return Gpu(
+        address=addr,
+        vendor="0x10de",
+        device="0x2bb5",
+        **{"class": "0x030200"},
+        numa_node=numa,
+        host_bridge=addr[:7],
+        upstream=[Bridge(address=addr[:7] + ":01.1", kind="root_port")],
+    )
 
 
 def test_spread_warning():
     a, b, c = _gpu("0000:01:00.0", 0), _gpu("0000:81:00.0", 1), _gpu("0000:91:00.0", None)
     assert spread_warning(101, [a, b, c]) == (
         "container 101: GPUs span NUMA nodes [0, 1] (cross-socket traffic: "
-        "0000:01:00.0 and 0000:81:00.0 are SYS apart)")
+        "0000:01:00.0 and 0000:81:00.0 are SYS apart)"
+    )
     assert spread_warning(101, [a, c]) is None  # unknown is not another node
     assert spread_warning(101, [a]) is None
 

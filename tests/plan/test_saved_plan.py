@@ -9,20 +9,21 @@ import re
 
 import pytest
 
-from helpers import applysim
-from helpers.applysim import copy_host, fingerprint, seed_spec_text, template  # noqa: F401 - fixture
 from gputopo.errors import SpecError
 from gputopo.facts.discover import discover
 from gputopo.model.state import ContainerState, CurrentState, MappingState
-from gputopo.plan.saved import changes, fingerprint as fp, parse_saved_plan, state_items
+from gputopo.plan.saved import changes, parse_saved_plan, state_items
+from gputopo.plan.saved import fingerprint as fp
 from gputopo.sim.kernel import SimKernel
+from helpers import applysim
+from helpers.applysim import copy_host, fingerprint, seed_spec_text, template  # noqa: F401 (fixtures)
 from helpers.cli import one_line, run
 
 pytestmark = pytest.mark.slow  # every test applies on a simulated host (seconds each); the full run only
 
 
 @pytest.fixture
-def sim(template, tmp_path):  # noqa: F811 - the session fixture from applysim
+def sim(template, tmp_path):
     return copy_host(template, tmp_path / "sim")
 
 
@@ -42,7 +43,9 @@ def restarting_spec(sim):
 
 
 def _save(capsys, sim, spec, out, *extra):
-    code, stdout, err = run(capsys, "plan", "--sim", str(sim.dir), "--spec", str(spec), "-o", str(out), *extra)
+    code, stdout, err = run(
+        capsys, "plan", "--sim", str(sim.dir), "--spec", str(spec), "-o", str(out), *extra
+    )
     assert code == 0, err
     return stdout, err
 
@@ -80,10 +83,11 @@ def test_a_host_that_moved_since_the_plan_is_refused_naming_what_moved(capsys, s
 
 def test_stale_names_each_item_and_checked_returns_the_saved_plan(sim):
     facts = discover(str(sim.paths.root))
-    current = CurrentState(containers={101: ContainerState(config={"dev0": "/dev/nvidia0", "digest": "a"},
-                                                           status="running")},
-                           mappings={"m": MappingState(map=["id=10de:2bb5,node=pve1,path=0000:81:00.0"], digest="x")},
-                           files={"etc/modprobe.d/gputopo-vfio.conf": None})
+    current = CurrentState(
+        containers={101: ContainerState(config={"dev0": "/dev/nvidia0", "digest": "a"}, status="running")},
+        mappings={"m": MappingState(map=["id=10de:2bb5,node=pve1,path=0000:81:00.0"], digest="x")},
+        files={"etc/modprobe.d/gputopo-vfio.conf": None},
+    )
     items = state_items(facts, current)
     assert items["ct/101/config/dev0"] == "/dev/nvidia0" and "ct/101/config/digest" not in items
     assert items["file/etc/modprobe.d/gputopo-vfio.conf"] == "absent"
@@ -107,16 +111,30 @@ def test_plan_o_refuses_an_existing_file_and_a_source_apply_cannot_read(capsys, 
     assert out.read_text() == "mine\n"
     _save(capsys, sim, spec, out, "--force")
     assert parse_saved_plan(out.read_text(), str(out)).plan.actions
-    code, _, err = run(capsys, "plan", "--root", str(sim.paths.root), "--pve-root", str(sim.paths.pve),
-                       "--spec", str(spec), "-o", str(tmp_path / "other.json"))
+    code, _, err = run(
+        capsys,
+        "plan",
+        "--root",
+        str(sim.paths.root),
+        "--pve-root",
+        str(sim.paths.pve),
+        "--spec",
+        str(spec),
+        "-o",
+        str(tmp_path / "other.json"),
+    )
     assert code == 2 and "not from --pve-root" in one_line(err)
 
 
-@pytest.mark.parametrize("text, field", [
-    ("not json", ""), ('{"kind": "something"}', "kind"),
-    ('{"kind": "gputopo-saved-plan", "schema_version": 9}', "schema_version"),
-    ('{"kind": "gputopo-saved-plan", "schema_version": 1}', "gputopo_version"),
-])
+@pytest.mark.parametrize(
+    "text, field",
+    [
+        ("not json", ""),
+        ('{"kind": "something"}', "kind"),
+        ('{"kind": "gputopo-saved-plan", "schema_version": 9}', "schema_version"),
+        ('{"kind": "gputopo-saved-plan", "schema_version": 1}', "gputopo_version"),
+    ],
+)
 def test_a_file_that_is_not_a_saved_plan_is_refused_by_name(text, field):
     with pytest.raises(SpecError) as e:
         parse_saved_plan(text, "p.json")
@@ -133,7 +151,9 @@ def test_apply_takes_a_plan_or_a_spec_not_both(capsys, sim, spec, tmp_path):
 # --- the summary line and the step timeouts ---------------------------------------------------------
 
 
-def test_the_summary_counts_what_changes_and_bounds_the_stop_window_by_the_timeouts(sim, spec, restarting_spec):
+def test_the_summary_counts_what_changes_and_bounds_the_stop_window_by_the_timeouts(
+    sim, spec, restarting_spec
+):
     from gputopo.actions import Timeouts
     from gputopo.apply.run import read_and_plan
     from gputopo.plan.spec import load_spec
@@ -151,17 +171,32 @@ def test_the_summary_counts_what_changes_and_bounds_the_stop_window_by_the_timeo
     assert s.counts == {"rebind": 4, "mapping change": 1, "service restart": 1, "boot file": 3}
     assert s.bound_s == 60 + 30 + 900
     s = summarize(p, Timeouts())
-    assert s.counts == {"rebind": 4, "mapping change": 1, "guest restart": 1, "service restart": 1, "boot file": 3}
+    assert s.counts == {
+        "rebind": 4,
+        "mapping change": 1,
+        "guest restart": 1,
+        "service restart": 1,
+        "boot file": 3,
+    }
     # service stop (exec 60) + CT stop (guest 300) + the rebinds at once (sysfs 30) + CT start (300)
     # + service start (service 900); the devN update in between does not wait
     assert s.bound_s == 60 + 300 + 30 + 300 + 900 and s.expected_s is None
-    assert s.to_text().startswith("4 rebinds, 1 mapping change, 1 guest restart, 1 service restart, 3 boot files; ")
+    assert s.to_text().startswith(
+        "4 rebinds, 1 mapping change, 1 guest restart, 1 service restart, 3 boot files; "
+    )
     assert summarize(p, Timeouts(guest=10)).bound_s == 60 + 10 + 30 + 10 + 900
     # the last apply's times: the same step by its text, else its kind's mean; parallel steps once
     rebinds = [a for a in p.actions if a.kind == "rebind"]
-    measured = Measured.of([(a.kind, a.describe(), 1.0 + i) for i, a in enumerate(rebinds)]
-                           + [("stop_guest", "x", 4.0), ("start_guest", "y", 6.0), ("stop_service", "z", 3.0),
-                              ("start_service", "w", 20.0), ("update_container", "v", 0.5)])
+    measured = Measured.of(
+        [(a.kind, a.describe(), 1.0 + i) for i, a in enumerate(rebinds)]
+        + [
+            ("stop_guest", "x", 4.0),
+            ("start_guest", "y", 6.0),
+            ("stop_service", "z", 3.0),
+            ("start_service", "w", 20.0),
+            ("update_container", "v", 0.5),
+        ]
+    )
     assert summarize(p, Timeouts(), measured).expected_s == 3.0 + 4.0 + 4.0 + 0.5 + 6.0 + 20.0
 
 
@@ -172,7 +207,9 @@ def test_plan_prints_the_summary_with_the_last_apply_times(capsys, sim, restarti
 
     code, out, err = run(capsys, "plan", "--sim", str(sim.dir), "--spec", str(spec))
     assert code == 0, err
-    assert "length unknown (no apply measured yet), at most 1590 s (the step timeouts)" in out.splitlines()[-1]
+    assert (
+        "length unknown (no apply measured yet), at most 1590 s (the step timeouts)" in out.splitlines()[-1]
+    )
     code, _, err = run(capsys, "apply", "--sim", str(sim.dir), "--spec", str(spec), "--yes", "--no-verify")
     assert code == 0, err
     reverse = spec.parent / "r.yaml"
@@ -188,9 +225,9 @@ def test_plan_prints_the_summary_with_the_last_apply_times(capsys, sim, restarti
 
 def test_step_timeouts_come_from_the_spec_and_the_command_line(capsys, sim, restarting_spec, tmp_path):
     spec = restarting_spec
+    from gputopo.actions import Timeouts
     from gputopo.apply.estimate import step_timeouts
     from gputopo.cli.params import TIMEOUT_KINDS
-    from gputopo.actions import Timeouts
     from gputopo.plan.spec import parse_spec
 
     assert TIMEOUT_KINDS == Timeouts.KINDS
@@ -202,8 +239,18 @@ def test_step_timeouts_come_from_the_spec_and_the_command_line(capsys, sim, rest
     assert code == 2 and "'bogus' is not a kind of step" in one_line(err)
     # the values reach the steps: each waiting step shows its own when it begins
     spec.write_text(text)
-    code, out, err = run(capsys, "apply", "--sim", str(sim.dir), "--spec", str(spec), "--yes", "--no-verify",
-                         "--timeout", "service=456")
+    code, out, err = run(
+        capsys,
+        "apply",
+        "--sim",
+        str(sim.dir),
+        "--spec",
+        str(spec),
+        "--yes",
+        "--no-verify",
+        "--timeout",
+        "service=456",
+    )
     assert code == 0, err
     assert re.search(r"^\[ 7/14\] stop    stop CT 101 \.\.\. \(timeout 50 s\)$", out, re.M), out
     assert re.search(r"^\[14/14\] start   CT 101: start sglang.service .* \(timeout 456 s\)$", out, re.M), out

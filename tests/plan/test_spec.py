@@ -10,7 +10,8 @@ from gputopo.errors import SpecError
 from gputopo.plan.spec import Spec, load_spec, parse_spec
 from gputopo.plan.starter import init_spec, spec_from_split
 from helpers.cli import run_cli
-from helpers.hosts import SPLIT_SPEC as BASE, gpu, host, seed_facts
+from helpers.hosts import SPLIT_SPEC as BASE
+from helpers.hosts import gpu, host, seed_facts
 
 
 def err(text: str) -> str:
@@ -24,22 +25,62 @@ def err(text: str) -> str:
 @pytest.mark.parametrize(
     "old, new, want",
     [
-        ("gpus: {numa: [0]}", "gpus: {numa: [0]}\n        colour: red", "s.yaml: nodes[0].containers[0].colour: unknown key"),
-        ("numa: [0]", "numa: [zero]", "s.yaml: nodes[0].containers[0].gpus.numa[0]: Input should be a valid integer"),
-        ("{numa: [0]}", "{numa: [0], count: 2}",
-         "s.yaml: nodes[0].containers[0].gpus: exactly one of numa, addresses, count expected (got numa, count)"),
-        ("gpus: {numa: [1]}", "gpus: all",
-         "s.yaml: nodes[0].vms.mappings[0].gpus: 'rest' or a selector with numa, addresses or count expected (got 'all')"),
-        ("gpus: {numa: [1]}", "gpus: {numa: [1], foo: 1}", "s.yaml: nodes[0].vms.mappings[0].gpus.foo: unknown key"),
-        ("{numa: [0]}", "{addresses: ['zz:00.0']}", "s.yaml: nodes[0].containers[0].gpus.addresses: not a PCI address: 'zz:00.0'"),
-        ("gpus: {numa: [0]}", "gpus: {numa: [0]}\n        mode: '666'", "s.yaml: nodes[0].containers[0].mode: String should match"),
+        (
+            "gpus: {numa: [0]}",
+            "gpus: {numa: [0]}\n        colour: red",
+            "s.yaml: nodes[0].containers[0].colour: unknown key",
+        ),
+        (
+            "numa: [0]",
+            "numa: [zero]",
+            "s.yaml: nodes[0].containers[0].gpus.numa[0]: Input should be a valid integer",
+        ),
+        (
+            "{numa: [0]}",
+            "{numa: [0], count: 2}",
+            "s.yaml: nodes[0].containers[0].gpus: exactly one of numa, addresses, count expected (got numa, count)",
+        ),
+        (
+            "gpus: {numa: [1]}",
+            "gpus: all",
+            "s.yaml: nodes[0].vms.mappings[0].gpus: 'rest' or a selector with numa, addresses or count expected (got 'all')",
+        ),
+        (
+            "gpus: {numa: [1]}",
+            "gpus: {numa: [1], foo: 1}",
+            "s.yaml: nodes[0].vms.mappings[0].gpus.foo: unknown key",
+        ),
+        (
+            "{numa: [0]}",
+            "{addresses: ['zz:00.0']}",
+            "s.yaml: nodes[0].containers[0].gpus.addresses: not a PCI address: 'zz:00.0'",
+        ),
+        (
+            "gpus: {numa: [0]}",
+            "gpus: {numa: [0]}\n        mode: '666'",
+            "s.yaml: nodes[0].containers[0].mode: String should match",
+        ),
         ("gputopo/v1", "gputopo/v2", "s.yaml: apiVersion: 'gputopo/v1' expected (got 'gputopo/v2')"),
-        ("vmid: 101", "vmid: 5", "s.yaml: nodes[0].containers[0].vmid: Input should be greater than or equal to 100"),
-        ("    vms:", "      - vmid: 101\n        gpus: {count: 1}\n    vms:",
-         "s.yaml: nodes[0].containers[1].vmid: container 101 is listed twice"),
-        ("name: pro6000-vm", "name: 9bad", "s.yaml: nodes[0].vms.mappings[0].name: String should match pattern"),
-        ("gpus: {numa: [0]}", "gpus: {numa: [0]}\n        service: {unit: sglang, tp_flag: 'tp 4'}",
-         "s.yaml: nodes[0].containers[0].service.tp_flag: String should match pattern"),
+        (
+            "vmid: 101",
+            "vmid: 5",
+            "s.yaml: nodes[0].containers[0].vmid: Input should be greater than or equal to 100",
+        ),
+        (
+            "    vms:",
+            "      - vmid: 101\n        gpus: {count: 1}\n    vms:",
+            "s.yaml: nodes[0].containers[1].vmid: container 101 is listed twice",
+        ),
+        (
+            "name: pro6000-vm",
+            "name: 9bad",
+            "s.yaml: nodes[0].vms.mappings[0].name: String should match pattern",
+        ),
+        (
+            "gpus: {numa: [0]}",
+            "gpus: {numa: [0]}\n        service: {unit: sglang, tp_flag: 'tp 4'}",
+            "s.yaml: nodes[0].containers[0].service.tp_flag: String should match pattern",
+        ),
     ],
 )
 def test_errors_name_the_field(old, new, want):
@@ -49,7 +90,8 @@ def test_errors_name_the_field(old, new, want):
 
 def test_yaml_syntax_error_has_line():
     assert err(BASE.replace("gpus: {numa: [0]}", "gpus: {numa: [0]")).startswith(
-        "s.yaml: YAML syntax error at line 8, column 5:")
+        "s.yaml: YAML syntax error at line 8, column 5:"
+    )
 
 
 def test_load_spec_missing_file(tmp_path):
@@ -142,9 +184,25 @@ def test_cli_init_writes_a_commented_spec_that_loads(materialized, tmp_path):
     import yaml
 
     out = tmp_path / "spec.yaml"
-    r = _cli(["init", "--root", str(materialized("seed")), "--split", "numa", "--container", "101",
-              "--vm-mapping", "pro6000-vm", "--container-mapping", "pro6000", "--service-unit", "sglang.service",
-              "-o", str(out)])
+    r = _cli(
+        [
+            "init",
+            "--root",
+            str(materialized("seed")),
+            "--split",
+            "numa",
+            "--container",
+            "101",
+            "--vm-mapping",
+            "pro6000-vm",
+            "--container-mapping",
+            "pro6000",
+            "--service-unit",
+            "sglang.service",
+            "-o",
+            str(out),
+        ]
+    )
     assert r.exit_code == 0, r.output
     text = out.read_text()
     assert isinstance(yaml.safe_load(text), dict)
@@ -158,14 +216,36 @@ def test_cli_init_writes_a_commented_spec_that_loads(materialized, tmp_path):
     lines = text.splitlines()
     # the discovered GPUs by NUMA node head the file
     assert "#   NUMA 0: 0000:01:00.0, 0000:11:00.0, 0000:61:00.0, 0000:71:00.0" in lines
-    for key in ("apiVersion", "name", "vmid", "gpus", "mapping", "device_mode", "mode", "service", "tp_flag",
-                "keep_driver_override", "tp_check", "allow_cross_numa", "memory_spread_pct"):
+    for key in (
+        "apiVersion",
+        "name",
+        "vmid",
+        "gpus",
+        "mapping",
+        "device_mode",
+        "mode",
+        "service",
+        "tp_flag",
+        "keep_driver_override",
+        "tp_check",
+        "allow_cross_numa",
+        "memory_spread_pct",
+    ):
         assert _comment_before(lines, key), key
 
 
 def test_cli_init_vllm_flag_and_stdout(materialized):
-    r = _cli(["init", "--root", str(materialized("seed")), "--service-unit", "vllm",
-              "--tp-flag", "--tensor-parallel-size"])
+    r = _cli(
+        [
+            "init",
+            "--root",
+            str(materialized("seed")),
+            "--service-unit",
+            "vllm",
+            "--tp-flag",
+            "--tensor-parallel-size",
+        ]
+    )
     assert r.exit_code == 0, r.output
     svc = parse_spec(r.output).nodes[0].containers[0].service
     assert (svc.unit, svc.tp_flag) == ("vllm.service", "--tensor-parallel-size")
@@ -173,16 +253,21 @@ def test_cli_init_vllm_flag_and_stdout(materialized):
 
 def test_cli_init_refuses_a_host_it_cannot_split(materialized, capsys):
     # numa-unknown has GPUs on NUMA 0 only (the others are unknown): nothing to split by NUMA
-    code, out, err_text = run_cli(["init", "--root", str(materialized("numa-unknown")), "--split", "numa"], capsys)
+    code, out, err_text = run_cli(
+        ["init", "--root", str(materialized("numa-unknown")), "--split", "numa"], capsys
+    )
     assert (code, out) == (2, "")
     assert err_text == "gputopo: error: --split: numa: all GPUs are on NUMA node 0; use --split half\n"
 
 
-@pytest.mark.parametrize("option, value, field", [
-    ("vm_mapping", "bad name", "nodes[0].vms.mappings[0].name"),
-    ("container", 5, "nodes[0].containers[0].vmid"),
-    ("tp_flag", "x", "nodes[0].containers[0].service.tp_flag"),
-])
+@pytest.mark.parametrize(
+    "option, value, field",
+    [
+        ("vm_mapping", "bad name", "nodes[0].vms.mappings[0].name"),
+        ("container", 5, "nodes[0].containers[0].vmid"),
+        ("tp_flag", "x", "nodes[0].containers[0].service.tp_flag"),
+    ],
+)
 def test_init_spec_refuses_what_the_spec_would_refuse(option, value, field):
     # the starter must parse: a name the spec refuses is an error here, not a broken file later
     with pytest.raises(SpecError) as e:

@@ -17,12 +17,24 @@ from gputopo.plan.spec import parse_spec
 NUMA0 = ["0000:01:00.0", "0000:11:00.0", "0000:61:00.0", "0000:71:00.0"]
 NUMA1 = ["0000:81:00.0", "0000:91:00.0", "0000:e1:00.0", "0000:f1:00.0"]
 NODE1_CPUS = "64-127,192-255"
-VM201 = {"agent": "1", "bios": "ovmf", "cores": "32", "cpu": "host", "hostpci0": "mapping=pro6000-vm,pcie=1",
-         "hostpci1": "0000:22:00.0", "machine": "q35", "memory": "131072", "numa": "1", "sockets": "1",
-         "digest": "2" * 40}
+VM201 = {
+    "agent": "1",
+    "bios": "ovmf",
+    "cores": "32",
+    "cpu": "host",
+    "hostpci0": "mapping=pro6000-vm,pcie=1",
+    "hostpci1": "0000:22:00.0",
+    "machine": "q35",
+    "memory": "131072",
+    "numa": "1",
+    "sockets": "1",
+    "digest": "2" * 40,
+}
 
 
-def spec_text(consumer: str = "", container: str = "numa: [0]", vm_gpus: str = "numa: [1]", extra: str = "") -> str:
+def spec_text(
+    consumer: str = "", container: str = "numa: [0]", vm_gpus: str = "numa: [1]", extra: str = ""
+) -> str:
     text = f"""\
 apiVersion: gputopo/v1
 kind: GpuTopology
@@ -80,7 +92,8 @@ def test_one_line_per_gpu_and_unrelated_lines_keep_their_index(facts):
     u = vm_update(p)
     # hostpci0 already names the mapping; hostpci1 is another device and keeps its index
     assert {k: v for k, v in u.set.items() if k.startswith("hostpci")} == {
-        f"hostpci{i}": "mapping=pro6000-vm,pcie=1" for i in (2, 3, 4)}
+        f"hostpci{i}": "mapping=pro6000-vm,pcie=1" for i in (2, 3, 4)
+    }
     assert u.delete == [] and "hostpci1" not in u.set
     (t,) = p.vms
     assert t.gpus == 4 and t.mapping == "pro6000-vm" and t.numa_nodes == [1]
@@ -89,7 +102,9 @@ def test_one_line_per_gpu_and_unrelated_lines_keep_their_index(facts):
 
 def test_fewer_gpus_delete_only_its_own_extra_lines(facts):
     vm = {**VM201, **{f"hostpci{i}": "mapping=pro6000-vm,pcie=1" for i in (2, 3, 4)}}
-    u = vm_update(plan(facts, parse_spec(spec_text("vmid: 201\nmapping: pro6000-vm\ngpus: 2")), current(facts, vm)))
+    u = vm_update(
+        plan(facts, parse_spec(spec_text("vmid: 201\nmapping: pro6000-vm\ngpus: 2")), current(facts, vm))
+    )
     assert sorted(u.delete) == ["hostpci3", "hostpci4"] and not any(k.startswith("hostpci") for k in u.set)
 
 
@@ -109,23 +124,52 @@ def test_no_free_index_is_refused(facts):
 # --- bad input: exit 2, one line each -----------------------------------------------------------
 
 
-@pytest.mark.parametrize("consumer, vm, want", [
-    ("vmid: 299\nmapping: pro6000-vm", VM201, "VM 299 does not exist on node pve1"),
-    ("vmid: 201\nmapping: gpus-x", VM201, "VM 201: mapping gpus-x is not a mapping of this cluster (have: pro6000, pro6000-vm)"),
-    ("vmid: 201\nmapping: pro6000-vm\ngpus: 6", VM201, "VM 201 asks 6 GPU(s) of mapping pro6000-vm, which has 4 on node pve1"),
-    ("vmid: 201\nmapping: pro6000-vm", {**VM201, "machine": "pc-i440fx-9.0"},
-     "VM 201 is i440fx (machine: pc-i440fx-9.0) but pcie=1 needs machine q35: set machine: q35 or pcie: false"),
-    ("vmid: 201\nmapping: pro6000-vm\nx-vga: true", VM201,
-     "VM 201: x-vga=1 is dropped with bios ovmf (qemu-server passes it to SeaBIOS only): set x-vga: false"),
-    ("vmid: 201\nmapping: pro6000-vm", {**VM201, "bios": "seabios"},
-     "VM 201 boots SeaBIOS, which cannot map 512.1 GiB of 64-bit BARs (4 GPU(s), largest BAR 128 GiB): set bios: ovmf (with an efidisk0)"),
-    ("vmid: 201\nmapping: pro6000-vm\nmmio64_mb: 65536", VM201,
-     "VM 201: mmio64_mb 65536 is smaller than its GPUs' 512.1 GiB of 64-bit BARs"),
-    ("vmid: 201\nmapping: pro6000-vm", {**VM201, "args": "-smbios 'type=0,vendor=FOO"},
-     "VM 201: args: unbalanced quote in \"-smbios 'type=0,vendor=FOO -fw_cfg name=opt/ovmf/X-PciMmio64Mb,string=1048576\": QEMU would get none of its arguments"),
-    ("vmid: 201\nmapping: pro6000-vm", {**VM201, "hostpci1": "0000:C1:00.0"},
-     "VM 201: unable to parse value of 'hostpci1' - hostpci host: '0000:C1:00.0' is not a PCI id (lower-case hex, e.g. 0000:81:00.0)"),
-])
+@pytest.mark.parametrize(
+    "consumer, vm, want",
+    [
+        ("vmid: 299\nmapping: pro6000-vm", VM201, "VM 299 does not exist on node pve1"),
+        (
+            "vmid: 201\nmapping: gpus-x",
+            VM201,
+            "VM 201: mapping gpus-x is not a mapping of this cluster (have: pro6000, pro6000-vm)",
+        ),
+        (
+            "vmid: 201\nmapping: pro6000-vm\ngpus: 6",
+            VM201,
+            "VM 201 asks 6 GPU(s) of mapping pro6000-vm, which has 4 on node pve1",
+        ),
+        (
+            "vmid: 201\nmapping: pro6000-vm",
+            {**VM201, "machine": "pc-i440fx-9.0"},
+            "VM 201 is i440fx (machine: pc-i440fx-9.0) but pcie=1 needs machine q35: set machine: q35 or pcie: false",
+        ),
+        (
+            "vmid: 201\nmapping: pro6000-vm\nx-vga: true",
+            VM201,
+            "VM 201: x-vga=1 is dropped with bios ovmf (qemu-server passes it to SeaBIOS only): set x-vga: false",
+        ),
+        (
+            "vmid: 201\nmapping: pro6000-vm",
+            {**VM201, "bios": "seabios"},
+            "VM 201 boots SeaBIOS, which cannot map 512.1 GiB of 64-bit BARs (4 GPU(s), largest BAR 128 GiB): set bios: ovmf (with an efidisk0)",
+        ),
+        (
+            "vmid: 201\nmapping: pro6000-vm\nmmio64_mb: 65536",
+            VM201,
+            "VM 201: mmio64_mb 65536 is smaller than its GPUs' 512.1 GiB of 64-bit BARs",
+        ),
+        (
+            "vmid: 201\nmapping: pro6000-vm",
+            {**VM201, "args": "-smbios 'type=0,vendor=FOO"},
+            'VM 201: args: unbalanced quote in "-smbios \'type=0,vendor=FOO -fw_cfg name=opt/ovmf/X-PciMmio64Mb,string=1048576": QEMU would get none of its arguments',
+        ),
+        (
+            "vmid: 201\nmapping: pro6000-vm",
+            {**VM201, "hostpci1": "0000:C1:00.0"},
+            "VM 201: unable to parse value of 'hostpci1' - hostpci host: '0000:C1:00.0' is not a PCI id (lower-case hex, e.g. 0000:81:00.0)",
+        ),
+    ],
+)
 def test_refused_before_anything_is_written(facts, consumer, vm, want):
     assert refused(facts, spec_text(consumer), current(facts, vm)) == [want]
 
@@ -150,15 +194,22 @@ def test_pinned_to_the_gpus_node_with_memory_bound_there_and_an_mmio_window(fact
     # 4 x (128 GiB + 32 MiB) of 64-bit BARs: the next power of two, 1 TiB
     assert u.set["args"] == "-fw_cfg name=opt/ovmf/X-PciMmio64Mb,string=1048576"
     notes = " ".join(p.vms[0].notes)
-    for needle in ("affinity 64-127,192-255: the CPUs of NUMA node 1", "numa0 hostnodes=1,policy=bind",
-                   "hugepages 1024: guest memory in 1 GiB pages", "do not fit OVMF's default 32 GiB"):
+    for needle in (
+        "affinity 64-127,192-255: the CPUs of NUMA node 1",
+        "numa0 hostnodes=1,policy=bind",
+        "hugepages 1024: guest memory in 1 GiB pages",
+        "do not fit OVMF's default 32 GiB",
+    ):
         assert needle in notes
     assert "VM 201: 4 GPU(s) from pro6000-vm, NUMA node 1" in p.to_text()
 
 
 def test_gpus_across_numa_nodes_are_a_warning_naming_them(facts):
-    spec = spec_text("vmid: 201\nmapping: pro6000-vm\ngpus: 2", container="numa: [0]",
-                     vm_gpus='addresses: ["0000:71:00.0", "0000:81:00.0"]').replace("numa: [0]", 'addresses: ["0000:01:00.0"]')
+    spec = spec_text(
+        "vmid: 201\nmapping: pro6000-vm\ngpus: 2",
+        container="numa: [0]",
+        vm_gpus='addresses: ["0000:71:00.0", "0000:81:00.0"]',
+    ).replace("numa: [0]", 'addresses: ["0000:01:00.0"]')
     cur = current(facts)
     p = plan(facts, parse_spec(spec), cur)
     (w,) = [w for w in p.warnings if w.startswith("VM 201")]
@@ -182,7 +233,11 @@ def test_guest_cpu_without_the_address_bits_is_a_warning(facts):
 def test_a_running_consumer_is_stopped_for_its_config_and_started_again(facts):
     p = plan(facts, parse_spec(spec_text("vmid: 201\nmapping: pro6000-vm")), current(facts, status="running"))
     kinds = [(a.kind, getattr(a, "vmid", None)) for a in p.actions]
-    assert kinds.index(("stop_guest", 201)) < kinds.index(("update_vm_config", 201)) < kinds.index(("start_guest", 201))
+    assert (
+        kinds.index(("stop_guest", 201))
+        < kinds.index(("update_vm_config", 201))
+        < kinds.index(("start_guest", 201))
+    )
 
 
 def test_start_true_starts_a_stopped_vm_and_converges(facts):
@@ -207,19 +262,26 @@ def test_reverse_split_with_the_vm_running_on_the_mapping_is_refused_naming_vm_a
     split = spec_text(extra="      guests: [201]\n")
     f2, c2 = split_then(facts, split, current(facts, status="running"))
     back = spec_text(container="numa: [0, 1]", vm_gpus="numa: [1]", extra="      guests: [201]\n").replace(
-        "gpus: {numa: [1]}", "gpus: rest")
+        "gpus: {numa: [1]}", "gpus: rest"
+    )
     (r,) = refused(f2, back, c2)
-    assert r.startswith("VM 201 is running with mapping pro6000-vm (hostpci0), whose GPU(s) go to a container "
-                        "(0000:81:00.0, 0000:91:00.0, 0000:e1:00.0, 0000:f1:00.0 to container 101)")
+    assert r.startswith(
+        "VM 201 is running with mapping pro6000-vm (hostpci0), whose GPU(s) go to a container "
+        "(0000:81:00.0, 0000:91:00.0, 0000:e1:00.0, 0000:f1:00.0 to container 101)"
+    )
 
 
 def test_read_from_files_a_vm_may_be_running_and_the_plan_says_so(facts):
     f2, c2 = split_then(facts, spec_text(extra="      guests: [201]\n"), current(facts, status="running"))
     c2.guest_status_known = False  # Proxmox's files cannot tell: every guest counts as running
-    back = spec_text(container="numa: [0, 1]", extra="      guests: [201]\n").replace("gpus: {numa: [1]}", "gpus: rest")
+    back = spec_text(container="numa: [0, 1]", extra="      guests: [201]\n").replace(
+        "gpus: {numa: [1]}", "gpus: rest"
+    )
     (r,) = refused(f2, back, c2)
-    assert r.startswith("VM 201 may be running (Proxmox's files cannot tell: plan with --local or --api-url to know) "
-                        "with mapping pro6000-vm (hostpci0)")
+    assert r.startswith(
+        "VM 201 may be running (Proxmox's files cannot tell: plan with --local or --api-url to know) "
+        "with mapping pro6000-vm (hostpci0)"
+    )
 
 
 def test_reverse_split_removes_the_consumers_lines_and_never_starts_it_on_container_gpus(facts):
@@ -233,7 +295,11 @@ def test_reverse_split_removes_the_consumers_lines_and_never_starts_it_on_contai
     u = vm_update(p)
     assert sorted(u.delete) == ["hostpci0", "hostpci2", "hostpci3", "hostpci4"] and "hostpci1" not in u.delete
     # it ran: it is stopped, changed, and started again without the GPUs
-    assert kinds.index(("stop_guest", 201)) < kinds.index(("update_vm_config", 201)) < kinds.index(("start_guest", 201))
+    assert (
+        kinds.index(("stop_guest", 201))
+        < kinds.index(("update_vm_config", 201))
+        < kinds.index(("start_guest", 201))
+    )
     assert any("their hostpci lines are removed" in n for n in p.vms[0].notes)
     f3, c3 = expected_after(p, f2, c2)
     assert plan(f3, parse_spec(back), c3).actions == []
@@ -252,8 +318,10 @@ def test_a_vm_is_never_started_on_a_mapping_listing_container_gpus(facts):
     # pro6000 would still list the container's four GPUs afterwards
     vm202 = {"machine": "q35", "hostpci0": "mapping=pro6000,pcie=1", "digest": "4" * 40}
     (r,) = refused(facts, spec_text(), current(facts, vm_202=("running", vm202)))
-    assert r.startswith("VM 202 would be started, but its hostpci0 names mapping pro6000, which lists container "
-                        "GPU(s) (0000:01:00.0, 0000:11:00.0, 0000:61:00.0, 0000:71:00.0 to container 101)")
+    assert r.startswith(
+        "VM 202 would be started, but its hostpci0 names mapping pro6000, which lists container "
+        "GPU(s) (0000:01:00.0, 0000:11:00.0, 0000:61:00.0, 0000:71:00.0 to container 101)"
+    )
 
 
 def test_other_mappings_shrink_removes_container_gpus_from_mappings_the_spec_does_not_manage(facts):
@@ -261,7 +329,9 @@ def test_other_mappings_shrink_removes_container_gpus_from_mappings_the_spec_doe
     p = plan(facts, parse_spec(spec), current(facts))
     (s,) = [a for a in p.actions if isinstance(a, SetMapping) and a.id == "pro6000"]
     assert [e.split("path=")[1].split(",")[0] for e in s.map] == NUMA1
-    back = spec_text(container="numa: [0, 1]", extra="      other_mappings: shrink\n").replace("gpus: {numa: [1]}", "gpus: rest")
+    back = spec_text(container="numa: [0, 1]", extra="      other_mappings: shrink\n").replace(
+        "gpus: {numa: [1]}", "gpus: rest"
+    )
     f2, c2 = expected_after(p, facts, current(facts))
     p2 = plan(f2, parse_spec(back), c2)
     assert {a.id for a in p2.actions if isinstance(a, DeleteMapping)} == {"pro6000", "pro6000-vm"}
@@ -271,6 +341,8 @@ def test_a_stopped_vm_on_a_deleted_mapping_is_a_warning(facts):
     f2, c2 = split_then(facts, spec_text(), current(facts))
     back = spec_text(container="numa: [0, 1]").replace("gpus: {numa: [1]}", "gpus: rest")
     p = plan(f2, parse_spec(back), c2)
-    assert "VM 201 (stopped) cannot start safely after the plan: its hostpci0 names mapping pro6000-vm, which " \
-           "does not exist after the plan" in p.warnings
+    assert (
+        "VM 201 (stopped) cannot start safely after the plan: its hostpci0 names mapping pro6000-vm, which "
+        "does not exist after the plan" in p.warnings
+    )
     assert not [a for a in p.actions if isinstance(a, (StopGuest, StartGuest)) and a.guest == "qemu"]

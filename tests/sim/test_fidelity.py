@@ -11,14 +11,16 @@ import pytest
 import requests
 
 from gputopo.errors import ExecError, SysfsWriteError
-from gputopo.sim.hostroot import materialize
 from gputopo.sim import state
 from gputopo.sim.container import SimExec, write_unit
+from gputopo.sim.hostroot import materialize
 from gputopo.sim.kernel import SimKernel
 from gputopo.sim.pveapi import PveApiServer, PveshSim
 
-CT = ("arch: amd64\nhostname: llm\nmemory: 4096\ndev0: /dev/nvidia0,gid=44,mode=0666\n"
-      "\n[before-split]\narch: amd64\nhostname: llm-old\nmemory: 1024\n")
+CT = (
+    "arch: amd64\nhostname: llm\nmemory: 4096\ndev0: /dev/nvidia0,gid=44,mode=0666\n"
+    "\n[before-split]\narch: amd64\nhostname: llm-old\nmemory: 1024\n"
+)
 
 
 @pytest.fixture(scope="module")
@@ -45,17 +47,26 @@ def _token(s: PveApiServer) -> dict:
 def test_json_body_repeating_the_uri_vmid_is_not_a_conflict(srv):
     # wire 0: "JSON bodies accepted"; the duplicate check compares the values Perl sees, and
     # JSON 101 and the URI's "101" are the same value
-    r = requests.put(f"{srv.url}/nodes/pve1/lxc/101/config", json={"vmid": 101, "memory": 2048}, headers=_token(srv))
+    r = requests.put(
+        f"{srv.url}/nodes/pve1/lxc/101/config", json={"vmid": 101, "memory": 2048}, headers=_token(srv)
+    )
     assert r.status_code == 200, r.text
-    r = requests.put(f"{srv.url}/nodes/pve1/lxc/101/config", json={"vmid": 102, "memory": 2048}, headers=_token(srv))
+    r = requests.put(
+        f"{srv.url}/nodes/pve1/lxc/101/config", json={"vmid": 102, "memory": 2048}, headers=_token(srv)
+    )
     assert r.status_code == 400
-    assert r.json()["errors"] == {"vmid": "duplicate parameter (already defined in URI) with conflicting values!"}
+    assert r.json()["errors"] == {
+        "vmid": "duplicate parameter (already defined in URI) with conflicting values!"
+    }
 
 
 def test_json_body_that_is_not_an_object_gets_an_answer(srv):
     # a malformed body must be answered (the real daemon answers every request), not dropped
-    r = requests.put(f"{srv.url}/nodes/pve1/lxc/101/config", data="[1, 2]",
-                     headers={**_token(srv), "Content-Type": "application/json"})
+    r = requests.put(
+        f"{srv.url}/nodes/pve1/lxc/101/config",
+        data="[1, 2]",
+        headers={**_token(srv), "Content-Type": "application/json"},
+    )
     assert r.status_code == 400
     assert r.reason and "\n" not in r.reason
 
@@ -63,8 +74,11 @@ def test_json_body_that_is_not_an_object_gets_an_answer(srv):
 def test_map_array_errors_are_keyed_per_item(srv):
     # wire 2: "for array items the key is map[0] and so on"
     good = "id=10de:2bb5,iommugroup=40,node=pve1,path=0000:81:00.0,subsystem-id=10de:204e"
-    r = requests.post(f"{srv.url}/cluster/mapping/pci", data={"id": "gpu", "map": [good, "node=pve1,path=zz"]},
-                      headers=_token(srv))
+    r = requests.post(
+        f"{srv.url}/cluster/mapping/pci",
+        data={"id": "gpu", "map": [good, "node=pve1,path=zz"]},
+        headers=_token(srv),
+    )
     assert r.status_code == 400
     errors = r.json()["errors"]
     assert set(errors) == {"map[1]"}
@@ -78,7 +92,9 @@ def test_get_config_of_a_snapshot_returns_that_snapshot(srv):
     # wire 4: "snapshot=<name> returns that snapshot's config plus the main digest"
     h = _token(srv)
     main = requests.get(f"{srv.url}/nodes/pve1/lxc/101/config", headers=h).json()["data"]
-    snap = requests.get(f"{srv.url}/nodes/pve1/lxc/101/config", params={"snapshot": "before-split"}, headers=h).json()["data"]
+    snap = requests.get(
+        f"{srv.url}/nodes/pve1/lxc/101/config", params={"snapshot": "before-split"}, headers=h
+    ).json()["data"]
     assert snap["hostname"] == "llm-old" and snap["memory"] == 1024 and "dev0" not in snap
     assert snap["digest"] == main["digest"]
 
@@ -110,7 +126,9 @@ def test_pvesh_takes_boolean_words_only_for_boolean_parameters(srv):
     # wire 6: "Booleans accept 1|0|yes|no|on|off|true|false" (JS:parse_boolean, boolean
     # parameters only); a string parameter keeps the word
     pvesh = PveshSim(srv)
-    out, err, rc = pvesh(["pvesh", "set", "/nodes/pve1/lxc/101/config", "--description", "yes", "--onboot", "yes"], 5)
+    out, err, rc = pvesh(
+        ["pvesh", "set", "/nodes/pve1/lxc/101/config", "--description", "yes", "--onboot", "yes"], 5
+    )
     assert (rc, err) == (0, "")
     out, err, rc = pvesh(["pvesh", "get", "/nodes/pve1/lxc/101/config", "--output-format", "json"], 5)
     cfg = json.loads(out)

@@ -11,12 +11,20 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gputopo.sim.hostroot import HostSpec, list_hosts, load_host, materialize
 from gputopo.errors import FixtureError
+from gputopo.sim.hostroot import HostSpec, list_hosts, load_host, materialize
 from helpers import REPO
 
-SEED_GPUS = ["0000:01:00.0", "0000:11:00.0", "0000:61:00.0", "0000:71:00.0",
-             "0000:81:00.0", "0000:91:00.0", "0000:e1:00.0", "0000:f1:00.0"]
+SEED_GPUS = [
+    "0000:01:00.0",
+    "0000:11:00.0",
+    "0000:61:00.0",
+    "0000:71:00.0",
+    "0000:81:00.0",
+    "0000:91:00.0",
+    "0000:e1:00.0",
+    "0000:f1:00.0",
+]
 
 
 def test_list_hosts_has_the_required_hosts():
@@ -76,15 +84,29 @@ def test_iommu_groups_links_and_absence(materialized):
 def test_shared_group_puts_switch_gpu_and_nvme_together(materialized):
     r = materialized("shared-group")
     gdir = os.readlink(r / "sys/bus/pci/devices/0000:03:00.0/iommu_group")
-    members = sorted(os.listdir((r / "sys/bus/pci/devices/0000:03:00.0" / gdir).resolve().parent
-                                / gdir.rsplit("/", 1)[1] / "devices"))
-    assert members == ["0000:01:00.0", "0000:02:00.0", "0000:02:01.0", "0000:03:00.0",
-                       "0000:03:00.1", "0000:04:00.0"]
+    members = sorted(
+        os.listdir(
+            (r / "sys/bus/pci/devices/0000:03:00.0" / gdir).resolve().parent
+            / gdir.rsplit("/", 1)[1]
+            / "devices"
+        )
+    )
+    assert members == [
+        "0000:01:00.0",
+        "0000:02:00.0",
+        "0000:02:01.0",
+        "0000:03:00.0",
+        "0000:03:00.1",
+        "0000:04:00.0",
+    ]
 
 
 def test_attribute_files_have_sysfs_format(materialized):
     d = materialized("seed") / "sys/bus/pci/devices/0000:e1:00.0"
-    rd = lambda n: (d / n).read_text()  # noqa: E731
+
+    def rd(n):
+        return (d / n).read_text()
+
     assert rd("vendor") == "0x10de\n" and rd("device") == "0x2bb5\n"
     assert rd("subsystem_vendor") == "0x10de\n" and rd("subsystem_device") == "0x204e\n"
     assert rd("class") == "0x030200\n"
@@ -121,14 +143,33 @@ def test_proc_and_dev(materialized):
         assert re.fullmatch(r"\w+ \d+ \d+ (-|(\w+,)+) Live 0x[0-9a-f]{16}( \(\w+\))?", line), line
     info = (r / "proc/driver/nvidia/gpus/0000:61:00.0/information").read_text()
     keys = [ln.split(":", 1)[0] for ln in info.splitlines()]
-    assert keys == ["Model", "IRQ", "GPU UUID", "Video BIOS", "Bus Type", "DMA Size", "DMA Mask",
-                    "Bus Location", "Device Minor", "GPU Excluded"]
+    assert keys == [
+        "Model",
+        "IRQ",
+        "GPU UUID",
+        "Video BIOS",
+        "Bus Type",
+        "DMA Size",
+        "DMA Mask",
+        "Bus Location",
+        "Device Minor",
+        "GPU Excluded",
+    ]
     assert re.search(r"Device Minor:\s+3\n", info)
     assert (r / "proc/sys/kernel/hostname").read_text() == "pve1\n"
     assert "amd_iommu=on" in (r / "proc/cmdline").read_text()
     assert (r / "sys/module/kvm_amd/parameters/sev_snp").read_text() == "Y\n"
-    for n in ["nvidia0", "nvidia7", "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset",
-              "nvidia-caps/nvidia-cap1", "nvidia-caps/nvidia-cap2", "vfio/vfio"]:
+    for n in [
+        "nvidia0",
+        "nvidia7",
+        "nvidiactl",
+        "nvidia-uvm",
+        "nvidia-uvm-tools",
+        "nvidia-modeset",
+        "nvidia-caps/nvidia-cap1",
+        "nvidia-caps/nvidia-cap2",
+        "vfio/vfio",
+    ]:
         assert (r / "dev" / n).is_file(), n
     majors = json.loads((r / "dev/.devices.json").read_text())
     assert majors["nvidia3"] == ["c", 195, 3]
@@ -148,16 +189,24 @@ def test_large_host_shape(materialized):
     assert len(addrs) >= 2000
     assert {a.split(":")[0] for a in addrs} >= {"0000", "0001", "10000"}
     assert (r / "sys/devices/pci10000:00").is_dir()
-    gpus = [a for a in addrs if (r / "sys/bus/pci/devices" / a / "class").read_text().startswith("0x03")
-            and (r / "sys/bus/pci/devices" / a / "vendor").read_text() == "0x10de\n"]
+    gpus = [
+        a
+        for a in addrs
+        if (r / "sys/bus/pci/devices" / a / "class").read_text().startswith("0x03")
+        and (r / "sys/bus/pci/devices" / a / "vendor").read_text() == "0x10de\n"
+    ]
     assert len(gpus) >= 64
     nvsw = [a for a in addrs if (r / "sys/bus/pci/devices" / a / "class").read_text() == "0x068000\n"]
     assert len(nvsw) == 2
     broken = [a for a in addrs if (r / "sys/bus/pci/devices" / a / "vendor").read_text() == "0xffff\n"]
     assert len(broken) == 1
     assert (r / "sys/devices/system/node/node2/cpulist").read_text() == "\n"
-    pf = [a for a in gpus if (r / "sys/bus/pci/devices" / a / "sriov_numvfs").exists()
-          and (r / "sys/bus/pci/devices" / a / "sriov_numvfs").read_text() != "0\n"]
+    pf = [
+        a
+        for a in gpus
+        if (r / "sys/bus/pci/devices" / a / "sriov_numvfs").exists()
+        and (r / "sys/bus/pci/devices" / a / "sriov_numvfs").read_text() != "0\n"
+    ]
     assert len(pf) == 1
     vf = (r / "sys/bus/pci/devices" / pf[0] / "virtfn0").resolve()
     assert (vf / "physfn").resolve() == (r / "sys/bus/pci/devices" / pf[0]).resolve()
@@ -169,13 +218,18 @@ def _write_host(tmp_path: Path, devices: str) -> Path:
     return p
 
 
-@pytest.mark.parametrize("devices, problem", [
-    ("  - {addr: '00:01.0', preset: no-such}\n", "unknown preset 'no-such'"),
-    ("  - {addr: '00:01.0', preset: nvme}\n  - {addr: '01:00.0', parent: '00:01.0', preset: nvme}\n",
-     "parent 0000:00:01.0 is not a bridge"),
-    ("  - {addr: '01:00.0', parent: '00:01.1', preset: nvme}\n", "parent 0000:00:01.1 is not listed"),
-    ("  - {addr: '00:01.0', preset: nvme, bogus: 1}\n", "bogus"),
-])
+@pytest.mark.parametrize(
+    "devices, problem",
+    [
+        ("  - {addr: '00:01.0', preset: no-such}\n", "unknown preset 'no-such'"),
+        (
+            "  - {addr: '00:01.0', preset: nvme}\n  - {addr: '01:00.0', parent: '00:01.0', preset: nvme}\n",
+            "parent 0000:00:01.0 is not a bridge",
+        ),
+        ("  - {addr: '01:00.0', parent: '00:01.1', preset: nvme}\n", "parent 0000:00:01.1 is not listed"),
+        ("  - {addr: '00:01.0', preset: nvme, bogus: 1}\n", "bogus"),
+    ],
+)
 def test_bad_descriptions_are_refused_in_one_line(tmp_path, devices, problem):
     with pytest.raises(FixtureError) as e:
         materialize(_write_host(tmp_path, devices), tmp_path / "root")
@@ -212,12 +266,18 @@ def test_wheel_ships_templates_and_fixtures_and_resources_find_them(tmp_path):
     import sys
     import zipfile
 
-    pytest.importorskip("hatchling", reason="hatchling (the build backend, in the [test] extra) is not installed")
+    pytest.importorskip(
+        "hatchling", reason="hatchling (the build backend, in the [test] extra) is not installed"
+    )
     if not (SRC / "pyproject.toml").is_file():
         pytest.skip("not a source checkout: no pyproject.toml next to tests/")
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", str(SRC), "-w", str(tmp_path / "w")],
-                   check=True, capture_output=True, cwd=tmp_path)
+    subprocess.run(
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", str(SRC), "-w", str(tmp_path / "w")],
+        check=True,
+        capture_output=True,
+        cwd=tmp_path,
+    )
     (wheel,) = (tmp_path / "w").glob("gputopo-*.whl")
     shipped = {}
     for top in ("templates", "fixtures"):
@@ -230,13 +290,19 @@ def test_wheel_ships_templates_and_fixtures_and_resources_find_them(tmp_path):
         assert set(shipped) <= names, sorted(set(shipped) - names)
         assert all(z.read(n) == data for n, data in shipped.items())
     target = tmp_path / "site"
-    subprocess.run([*pip, "install", "--no-deps", "--no-index", "--target", str(target), str(wheel)],
-                   check=True, capture_output=True, cwd=tmp_path)
+    subprocess.run(
+        [*pip, "install", "--no-deps", "--no-index", "--target", str(target), str(wheel)],
+        check=True,
+        capture_output=True,
+        cwd=tmp_path,
+    )
     # Run from tmp_path with the install first on the path, so the checkout cannot answer.
     env = {**os.environ, "PYTHONPATH": str(target)}
-    probe = ("import json, gputopo, gputopo.resources as r, gputopo.sim.hostroot as f, gputopo.plan.render as t\n"
-             "print(json.dumps([gputopo.__file__, str(r.templates_dir()), str(r.fixtures_dir()),\n"
-             "                  f.list_hosts(), t.render_udev_rules(['0000:81:00.0'])]))\n")
+    probe = (
+        "import json, gputopo, gputopo.resources as r, gputopo.sim.hostroot as f, gputopo.plan.render as t\n"
+        "print(json.dumps([gputopo.__file__, str(r.templates_dir()), str(r.fixtures_dir()),\n"
+        "                  f.list_hosts(), t.render_udev_rules(['0000:81:00.0'])]))\n"
+    )
     p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert p.returncode == 0, p.stderr
     pkg, templates, fixtures, hosts, rules = json.loads(p.stdout)
@@ -246,8 +312,13 @@ def test_wheel_ships_templates_and_fixtures_and_resources_find_them(tmp_path):
     assert hosts == list_hosts()
     assert "0000:81:00.0" in rules and "vfio-pci" in rules
     out = tmp_path / "seed-root"
-    p = subprocess.run([sys.executable, "-m", "gputopo", "fixtures", "build", "seed", str(out)],
-                       capture_output=True, text=True, cwd=tmp_path, env=env)
+    p = subprocess.run(
+        [sys.executable, "-m", "gputopo", "fixtures", "build", "seed", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+    )
     assert p.returncode == 0, p.stderr
     assert (out / "sys/bus/pci/devices/0000:f1:00.0/vendor").read_text() == "0x10de\n"
 
@@ -259,11 +330,19 @@ def test_unquoted_addresses_are_addresses_not_base_60_numbers(tmp_path):
     assert load_host(path).devices[0].addr == "01:00.0"
 
 
-@pytest.mark.parametrize("text, problem", [
-    ("hostname: h\ncmdline: 'q\n", "h.yaml: YAML syntax error at line 3, column 1: found unexpected end of stream"),
-    ("hostname: h\ncmdline: q\ndevices:\n  - {addr: 01:00.0, presett: x}\n",
-     "h.yaml: devices[0].preset: required key is missing (+1 more)"),
-])
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        (
+            "hostname: h\ncmdline: 'q\n",
+            "h.yaml: YAML syntax error at line 3, column 1: found unexpected end of stream",
+        ),
+        (
+            "hostname: h\ncmdline: q\ndevices:\n  - {addr: 01:00.0, presett: x}\n",
+            "h.yaml: devices[0].preset: required key is missing (+1 more)",
+        ),
+    ],
+)
 def test_bad_yaml_names_the_line_or_the_field(tmp_path, text, problem):
     path = tmp_path / "h.yaml"
     path.write_text(text)

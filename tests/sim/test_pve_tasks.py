@@ -20,9 +20,11 @@ pytestmark = pytest.mark.slow  # guest tasks that wait out their timeouts (secon
 CT = "arch: amd64\nhostname: llm\nmemory: 4096\nostype: ubuntu\n"
 VM = "bios: ovmf\nmemory: 8192\nname: gpuvm\nostype: l26\n"
 EFI = "efidisk0: local-lvm:vm-200-disk-1,efitype=4m,pre-enrolled-keys=1,size=4M\n"
-UBUNTU_WARNING = ("The container's Ubuntu version '27.04' is not in the known version list. As it's newer than "
-                  "the minimum supported version it's likely to work OK, but full compatibility cannot be "
-                  "guaranteed. Please check for PVE system updates.")
+UBUNTU_WARNING = (
+    "The container's Ubuntu version '27.04' is not in the known version list. As it's newer than "
+    "the minimum supported version it's likely to work OK, but full compatibility cannot be "
+    "guaranteed. Please check for PVE system updates."
+)
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +46,9 @@ def _server(tmp_path, root, version="8.4.1", release="27.04") -> PveApiServer:
     rootfs = tmp_path / "rootfs"
     (rootfs / "etc").mkdir(parents=True)
     (rootfs / "etc/lsb-release").write_text(lsb_release(release))
-    s = PveApiServer(tmp_path / "pve", tmp_path / "run", root, version=version, hooks=Hooks(rootfs),
-                     auth_fail_delay=0.0)
+    s = PveApiServer(
+        tmp_path / "pve", tmp_path / "run", root, version=version, hooks=Hooks(rootfs), auth_fail_delay=0.0
+    )
     s.write_conf("lxc", 101, CT)
     s.write_conf("qemu", 200, VM)
     return s.start()
@@ -53,9 +56,12 @@ def _server(tmp_path, root, version="8.4.1", release="27.04") -> PveApiServer:
 
 def _client(s: PveApiServer, backend: str) -> ProxmoxClient:
     if backend == "local":
-        return ProxmoxClient.from_config(ApiConfig(backend="local", timeout=10, poll_interval=0.02), env={},
-                                         runner=PveshSim(s))
-    cfg = ApiConfig(host="127.0.0.1", port=s.port, ca_bundle=str(s.ca_cert_path), timeout=10, poll_interval=0.02)
+        return ProxmoxClient.from_config(
+            ApiConfig(backend="local", timeout=10, poll_interval=0.02), env={}, runner=PveshSim(s)
+        )
+    cfg = ApiConfig(
+        host="127.0.0.1", port=s.port, ca_bundle=str(s.ca_cert_path), timeout=10, poll_interval=0.02
+    )
     return ProxmoxClient.from_config(cfg, env={"GPUTOPO_PVE_PASSWORD": s.root_password})
 
 
@@ -84,7 +90,9 @@ def test_a_container_start_that_warns_succeeded_and_returns_its_warnings(srv, ba
 
 
 def test_pvesh_prints_the_warnings_of_a_task_and_exits_0(srv):
-    out, err, rc = PveshSim(srv)(["pvesh", "create", "/nodes/pve1/lxc/101/status/start", "--output-format", "json"], 10)
+    out, err, rc = PveshSim(srv)(
+        ["pvesh", "create", "/nodes/pve1/lxc/101/status/start", "--output-format", "json"], 10
+    )
     # RESTEnvironment.pm fork_worker in the cli environment: the worker's output (its WARN lines
     # too) on stdout before the UPID, "Task finished with N warning(s)!" on stderr
     assert rc == 0 and err == "Task finished with 1 warning(s)!\n"
@@ -104,19 +112,25 @@ def test_a_known_release_starts_without_warnings_and_an_ancient_one_fails(tmp_pa
         with pytest.raises(TaskFailed) as ei:
             _client(s, backend).guest_action("lxc", 101, "start", timeout=10)
         assert ei.value.exitstatus == "unsupported ancient Ubuntu version '13.10'"
-        assert str(ei.value).startswith("CT 101 start: failed: unsupported ancient Ubuntu version '13.10' (task UPID:")
+        assert str(ei.value).startswith(
+            "CT 101 start: failed: unsupported ancient Ubuntu version '13.10' (task UPID:"
+        )
     finally:
         s.stop()
 
 
-@pytest.mark.parametrize("version, efidisk, warned", [
-    ("9.1.2", EFI, True),
-    ("9.1.2", EFI.replace("size=4M", "ms-cert=2023k,size=4M"), False),
-    ("9.1.2", EFI.replace("pre-enrolled-keys=1", "pre-enrolled-keys=0"), False),
-    ("8.4.1", EFI, False),  # the check came with qemu-server 9
-])
+@pytest.mark.parametrize(
+    "version, efidisk, warned",
+    [
+        ("9.1.2", EFI, True),
+        ("9.1.2", EFI.replace("size=4M", "ms-cert=2023k,size=4M"), False),
+        ("9.1.2", EFI.replace("pre-enrolled-keys=1", "pre-enrolled-keys=0"), False),
+        ("8.4.1", EFI, False),  # the check came with qemu-server 9
+    ],
+)
 def test_a_vm_start_with_an_efi_disk_without_the_2023_certificates_warns_on_pve_9(
-        tmp_path, seed_root, backend, version, efidisk, warned):
+    tmp_path, seed_root, backend, version, efidisk, warned
+):
     s = _server(tmp_path, seed_root, version=version)
     try:
         s.write_conf("qemu", 200, VM + efidisk)
@@ -124,7 +138,9 @@ def test_a_vm_start_with_an_efi_disk_without_the_2023_certificates_warns_on_pve_
         if warned:
             # qemu-server QemuServer.pm check_efi_vars: one log_warn whose message spans two lines
             assert res.exitstatus == "WARNINGS: 1"
-            assert res.warnings == ["EFI disk without 'ms-cert=2023k' option, suggesting that not all UEFI 2023"]
+            assert res.warnings == [
+                "EFI disk without 'ms-cert=2023k' option, suggesting that not all UEFI 2023"
+            ]
         else:
             assert (res.exitstatus, res.warnings) == ("OK", [])
     finally:
@@ -150,8 +166,9 @@ def test_qemu_start_of_a_running_vm_fails_in_its_task_and_stop_of_a_stopped_vm_s
 
 
 def test_pvesh_warns_when_it_shuts_down_a_stopped_vm_and_still_succeeds(srv):
-    out, err, rc = PveshSim(srv)(["pvesh", "create", "/nodes/pve1/qemu/200/status/shutdown", "--output-format",
-                                  "json"], 10)
+    out, err, rc = PveshSim(srv)(
+        ["pvesh", "create", "/nodes/pve1/qemu/200/status/shutdown", "--output-format", "json"], 10
+    )
     # API2/Qemu.pm vm_shutdown -> vm_is_paused warns what the query-status failed with
     assert rc == 0 and err == "VM 200 not running\n\n" and out.startswith('"UPID:pve1:')
 
@@ -175,8 +192,10 @@ def test_a_container_that_does_not_shut_down_in_time(srv, backend):
     assert ei.value.exitstatus == "container did not stop"
     assert time.monotonic() - t0 >= (2 * 2 + 5) * 0.05
     assert c.guest_status("lxc", 101) == "running"
-    assert c.task_log(ei.value.upid) == ["command 'lxc-stop -n 101 --nokill --timeout 2' failed: exit code 1",
-                                         "TASK ERROR: container did not stop"]
+    assert c.task_log(ei.value.upid) == [
+        "command 'lxc-stop -n 101 --nokill --timeout 2' failed: exit code 1",
+        "TASK ERROR: container did not stop",
+    ]
     # one that takes a little longer than the timeout still goes down in the polling after it
     srv.set_latency("vzshutdown", 1.5, vmid=101)  # more than 20 s at 0.05, less than (2 * 20 + 5) s
     res = c.guest_action("lxc", 101, "shutdown", timeout=30, shutdown_timeout=20, force=False)
@@ -214,8 +233,15 @@ def test_the_shutdown_sends_its_timeout_and_force_only_when_asked(srv):
     c.guest_action("lxc", 101, "start", timeout=10)
     c.guest_action("lxc", 101, "shutdown", timeout=10, shutdown_timeout=45)
     shutdown = next(a for a in reversed(pvesh.calls) if a[2].endswith("/status/shutdown"))
-    assert shutdown == ["pvesh", "create", "/nodes/pve1/lxc/101/status/shutdown", "--timeout", "45",
-                        "--output-format", "json"]
+    assert shutdown == [
+        "pvesh",
+        "create",
+        "/nodes/pve1/lxc/101/status/shutdown",
+        "--timeout",
+        "45",
+        "--output-format",
+        "json",
+    ]
     c.guest_action("lxc", 101, "start", timeout=10)
     c.guest_action("lxc", 101, "shutdown", timeout=10, shutdown_timeout=45, force=True)
     shutdown = next(a for a in reversed(pvesh.calls) if a[2].endswith("/status/shutdown"))
@@ -250,8 +276,9 @@ def test_pvesh_waiting_for_a_cfs_lock_prints_it_and_the_call_still_succeeds(srv,
     m = f"id=10de:2bb5,iommugroup={group},node=pve1,path=0000:81:00.0,subsystem-id=10de:204e"
     srv.hold_cfs_lock("file-mapping_pci_cfg", 0.3)
     pvesh = PveshSim(srv)
-    out, err, rc = pvesh(["pvesh", "create", "/cluster/mapping/pci", "--id", "gpu", "--map", m,
-                          "--output-format", "json"], 10)
+    out, err, rc = pvesh(
+        ["pvesh", "create", "/cluster/mapping/pci", "--id", "gpu", "--map", m, "--output-format", "json"], 10
+    )
     # pve-cluster Cluster.pm $cfs_lock prints this while another holder has the lock
     assert (out, rc) == ("", 0) and err == "trying to acquire cfs lock 'file-mapping_pci_cfg' ...\n"
     srv.hold_cfs_lock("file-mapping_pci_cfg", 0.3)

@@ -50,13 +50,20 @@ def srv(tmp_path, seed_root):
 
 def _token_api(s: PveApiServer, secret: str | None = None) -> ProxmoxAPI:
     user, tid = s.root_token_id.split("!")
-    return ProxmoxAPI("127.0.0.1", port=s.port, user=user, token_name=tid,
-                      token_value=secret or s.root_token_secret, verify_ssl=str(s.ca_cert_path))
+    return ProxmoxAPI(
+        "127.0.0.1",
+        port=s.port,
+        user=user,
+        token_name=tid,
+        token_value=secret or s.root_token_secret,
+        verify_ssl=str(s.ca_cert_path),
+    )
 
 
 def _ticket_api(s: PveApiServer) -> ProxmoxAPI:
-    return ProxmoxAPI("127.0.0.1", port=s.port, user="root@pam", password=s.root_password,
-                      verify_ssl=str(s.ca_cert_path))
+    return ProxmoxAPI(
+        "127.0.0.1", port=s.port, user="root@pam", password=s.root_password, verify_ssl=str(s.ca_cert_path)
+    )
 
 
 def _err(fn) -> ResourceException:
@@ -98,9 +105,16 @@ def test_a_401_is_answered_after_3_s_by_default_and_after_the_configured_delay(t
 
 
 def _form_put(s: PveApiServer, path: str, body: str) -> requests.Response:
-    return requests.put(f"{s.url}{path}", data=body.encode(), timeout=10, verify=str(s.ca_cert_path),
-                        headers={"Content-Type": "application/x-www-form-urlencoded",
-                                 "Authorization": f"PVEAPIToken={s.root_token_id}={s.root_token_secret}"})
+    return requests.put(
+        f"{s.url}{path}",
+        data=body.encode(),
+        timeout=10,
+        verify=str(s.ca_cert_path),
+        headers={
+            "Content-Type": "application/x-www-form-urlencoded",
+            "Authorization": f"PVEAPIToken={s.root_token_id}={s.root_token_secret}",
+        },
+    )
 
 
 def test_an_unencoded_semicolon_in_a_form_body_separates_parameters(srv):
@@ -112,9 +126,12 @@ def test_an_unencoded_semicolon_in_a_form_body_separates_parameters(srv):
     r = _form_put(srv, "/nodes/pve1/lxc/101/config", "description=GPUs;for the VM")
     assert r.status_code == 400
     assert r.json()["errors"] == {
-        "for the VM": "property is not defined in schema and the schema does not allow additional properties"}
+        "for the VM": "property is not defined in schema and the schema does not allow additional properties"
+    }
     # encoded, the same text is one value
-    assert _form_put(srv, "/nodes/pve1/lxc/101/config", "description=GPUs%3Bfor%20the%20VM").status_code == 200
+    assert (
+        _form_put(srv, "/nodes/pve1/lxc/101/config", "description=GPUs%3Bfor%20the%20VM").status_code == 200
+    )
 
 
 # --- delete and set together -----------------------------------------------------------------
@@ -128,7 +145,9 @@ def test_deleting_and_setting_one_mapping_property_together_is_a_500(srv, seed_r
     api.cluster.mapping.pci.post(id="gpu", map=[m], description="old")
     e = _err(lambda: api.cluster.mapping.pci("gpu").put(map=[m], description="new", delete="description"))
     assert (e.status_code, e.content) == (
-        500, "update hardware mapping failed: cannot set and delete property 'description' at the same time!")
+        500,
+        "update hardware mapping failed: cannot set and delete property 'description' at the same time!",
+    )
     e = _err(lambda: api.cluster.mapping.pci("gpu").put(map=[m], delete="bogus"))
     assert (e.status_code, e.content) == (500, "update hardware mapping failed: no such option 'bogus'")
     # check_config runs before delete_from_config: without map, the missing map is what fails
@@ -140,7 +159,9 @@ def test_deleting_and_setting_one_mapping_property_together_is_a_500(srv, seed_r
     assert mp.description == "old"
     # a container option: pve-container API2/LXC/Config.pm update_vm raises a parameter error
     e = _err(lambda: api.nodes("pve1").lxc(101).config.put(memory=2048, delete="memory"))
-    assert e.status_code == 400 and e.errors == {"delete": "you can't use '-memory' and -delete memory' at the same time"}
+    assert e.status_code == 400 and e.errors == {
+        "delete": "you can't use '-memory' and -delete memory' at the same time"
+    }
 
 
 # --- deleting what is not set ------------------------------------------------------------
@@ -159,11 +180,14 @@ def test_deleting_an_unset_key_warns_and_is_skipped(srv, running):
     assert api.nodes("pve1").lxc(101).config.get()["digest"] == before
     assert parse_lxc_conf((srv.pve_root / "lxc/101.conf").read_text()).pending.is_empty()
     pvesh = PveshSim(srv)
-    out, err, rc = pvesh(["pvesh", "set", "/nodes/pve1/lxc/101/config", "--delete", "dev7,dev8",
-                          "--output-format", "json"], 10)
+    out, err, rc = pvesh(
+        ["pvesh", "set", "/nodes/pve1/lxc/101/config", "--delete", "dev7,dev8", "--output-format", "json"], 10
+    )
     assert (out, rc) == ("", 0)
-    assert err == ("cannot delete 'dev7' - not set in current configuration!\n"
-                   "cannot delete 'dev8' - not set in current configuration!\n")
+    assert err == (
+        "cannot delete 'dev7' - not set in current configuration!\n"
+        "cannot delete 'dev8' - not set in current configuration!\n"
+    )
     # gputopo's local backend: the exit code decides, the warning is not a failure
     local = ProxmoxClient.from_config(ApiConfig(backend="local", timeout=10), env={}, runner=pvesh)
     local.lxc_update(101, {}, ["dev7"], before)
@@ -177,7 +201,7 @@ def test_nodes_reports_the_certificates_sha256_fingerprint_and_the_certificate_n
     pem = ssl.get_server_certificate(("127.0.0.1", srv.port))
     der = ssl.PEM_cert_to_DER_cert(pem)
     digest = hashlib.sha256(der).hexdigest().upper()
-    want = ":".join(digest[i:i + 2] for i in range(0, 64, 2))
+    want = ":".join(digest[i : i + 2] for i in range(0, 64, 2))
     # pve-manager API2/Nodes.pm index -> PVE::Cluster::get_node_fingerprint -> pve-common
     # Certificate.pm get_certificate_fingerprint (Net::SSLeay X509_get_fingerprint sha256)
     (node,) = _token_api(srv).nodes.get()
@@ -188,14 +212,17 @@ def test_nodes_reports_the_certificates_sha256_fingerprint_and_the_certificate_n
     assert "pve1" in san.get_values_for_type(x509.DNSName)
     assert "localhost" in san.get_values_for_type(x509.DNSName)
     assert {ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address("::1")} <= set(
-        san.get_values_for_type(x509.IPAddress))
+        san.get_values_for_type(x509.IPAddress)
+    )
 
 
 def test_the_certificate_of_another_node_names_that_node(tmp_path, seed_root):
     s = _server(tmp_path, seed_root, node="pve7")
     try:
         der = ssl.PEM_cert_to_DER_cert(ssl.get_server_certificate(("127.0.0.1", s.port)))
-        san = x509.load_der_x509_certificate(der).extensions.get_extension_for_class(x509.SubjectAlternativeName)
+        san = x509.load_der_x509_certificate(der).extensions.get_extension_for_class(
+            x509.SubjectAlternativeName
+        )
         assert "pve7" in san.value.get_values_for_type(x509.DNSName)
         ctx = ssl.create_default_context(cafile=str(s.ca_cert_path))
         with socket.create_connection(("127.0.0.1", s.port), timeout=5) as raw:
@@ -213,8 +240,10 @@ def test_mapping_ids_are_pve_configids_of_either_case_and_are_looked_up_exactly(
     # pve-common JSONSchema.pm $CONFIGID_RE = qr/[a-z][a-z0-9_-]+/i; pve-guest-common
     # Mapping/PCI.pm keeps the section id as the key of $cfg->{ids}: lookups and the
     # "already defined" check are exact
-    c = ProxmoxClient.from_config(ApiConfig(host="127.0.0.1", port=srv.port, ca_bundle=str(srv.ca_cert_path)),
-                                  env={"GPUTOPO_PVE_PASSWORD": srv.root_password})
+    c = ProxmoxClient.from_config(
+        ApiConfig(host="127.0.0.1", port=srv.port, ca_bundle=str(srv.ca_cert_path)),
+        env={"GPUTOPO_PVE_PASSWORD": srv.root_password},
+    )
     m = MAP.format(g=_group(seed_root, "0000:81:00.0"))
     c.mapping_create("GPU-vm", [m], None)
     c.mapping_create("gpu-vm", [m], None)

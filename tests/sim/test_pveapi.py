@@ -8,11 +8,11 @@ import requests
 from proxmoxer import ProxmoxAPI
 from proxmoxer.core import AuthenticationError, ResourceException
 
-from gputopo.sim.hostroot import materialize
 from gputopo.formats.lxcconf import parse_lxc_conf, validate_lxc_conf
 from gputopo.formats.pcicfg import parse_pci_cfg, validate_pci_cfg
 from gputopo.formats.propstring import sha1_digest
 from gputopo.sim import state
+from gputopo.sim.hostroot import materialize
 from gputopo.sim.pveapi import PveApiServer
 
 CT = "arch: amd64\nhostname: llm\nmemory: 4096\ndev0: /dev/nvidia0,gid=44,mode=0666\nlxc.cgroup2.devices.allow: c 195:* rwm\n"
@@ -25,7 +25,9 @@ def seed_root(tmp_path_factory):
 
 
 def _server(tmp_path: Path, root: Path, version: str = "8.4.1", hooks=None) -> PveApiServer:
-    srv = PveApiServer(tmp_path / "pve", tmp_path / "run", root, version=version, hooks=hooks, auth_fail_delay=0.0)
+    srv = PveApiServer(
+        tmp_path / "pve", tmp_path / "run", root, version=version, hooks=hooks, auth_fail_delay=0.0
+    )
     srv.write_conf("lxc", 101, CT)
     srv.write_conf("qemu", 200, "name: gpuvm\nmemory: 8192\nhostpci0: mapping=pro6000-vm,pcie=1\n")
     return srv.start()
@@ -39,13 +41,21 @@ def srv(tmp_path, seed_root):
 
 
 def _ticket_api(s: PveApiServer) -> ProxmoxAPI:
-    return ProxmoxAPI("127.0.0.1", port=s.port, user="root@pam", password=s.root_password, verify_ssl=str(s.ca_cert_path))
+    return ProxmoxAPI(
+        "127.0.0.1", port=s.port, user="root@pam", password=s.root_password, verify_ssl=str(s.ca_cert_path)
+    )
 
 
 def _token_api(s: PveApiServer, token_id=None, secret=None) -> ProxmoxAPI:
     user, tid = (token_id or s.root_token_id).split("!")
-    return ProxmoxAPI("127.0.0.1", port=s.port, user=user, token_name=tid,
-                      token_value=secret or s.root_token_secret, verify_ssl=str(s.ca_cert_path))
+    return ProxmoxAPI(
+        "127.0.0.1",
+        port=s.port,
+        user=user,
+        token_name=tid,
+        token_value=secret or s.root_token_secret,
+        verify_ssl=str(s.ca_cert_path),
+    )
 
 
 def _err(fn) -> ResourceException:
@@ -83,23 +93,45 @@ def test_bad_token_is_401_without_body(srv):
 
 
 def test_bad_password_is_authentication_failure(srv):
-    r = requests.post(srv.url + "/access/ticket", data={"username": "root@pam", "password": "nope"},
-                      verify=str(srv.ca_cert_path), timeout=5)
+    r = requests.post(
+        srv.url + "/access/ticket",
+        data={"username": "root@pam", "password": "nope"},
+        verify=str(srv.ca_cert_path),
+        timeout=5,
+    )
     assert r.status_code == 401 and r.reason == "authentication failure"
     assert r.json() == {"data": None, "message": "authentication failure\n"}
     with pytest.raises(AuthenticationError):
-        ProxmoxAPI("127.0.0.1", port=srv.port, user="root@pam", password="nope", verify_ssl=str(srv.ca_cert_path))
+        ProxmoxAPI(
+            "127.0.0.1", port=srv.port, user="root@pam", password="nope", verify_ssl=str(srv.ca_cert_path)
+        )
 
 
 def test_ticket_put_needs_csrf(srv):
     v = str(srv.ca_cert_path)
-    t = requests.post(srv.url + "/access/ticket", data={"username": "root@pam", "password": srv.root_password}, verify=v, timeout=5).json()["data"]
+    t = requests.post(
+        srv.url + "/access/ticket",
+        data={"username": "root@pam", "password": srv.root_password},
+        verify=v,
+        timeout=5,
+    ).json()["data"]
     cookies = {"PVEAuthCookie": t["ticket"]}
-    assert requests.get(srv.url + "/nodes/pve1/lxc/101/config", cookies=cookies, verify=v, timeout=5).status_code == 200
-    r = requests.put(srv.url + "/nodes/pve1/lxc/101/config", data={"memory": "8192"}, cookies=cookies, verify=v, timeout=5)
+    assert (
+        requests.get(srv.url + "/nodes/pve1/lxc/101/config", cookies=cookies, verify=v, timeout=5).status_code
+        == 200
+    )
+    r = requests.put(
+        srv.url + "/nodes/pve1/lxc/101/config", data={"memory": "8192"}, cookies=cookies, verify=v, timeout=5
+    )
     assert (r.status_code, r.reason, r.content) == (401, "Permission denied - invalid csrf token", b"")
-    r = requests.put(srv.url + "/nodes/pve1/lxc/101/config", data={"memory": "8192"}, cookies=cookies,
-                     headers={"CSRFPreventionToken": t["CSRFPreventionToken"]}, verify=v, timeout=5)
+    r = requests.put(
+        srv.url + "/nodes/pve1/lxc/101/config",
+        data={"memory": "8192"},
+        cookies=cookies,
+        headers={"CSRFPreventionToken": t["CSRFPreventionToken"]},
+        verify=v,
+        timeout=5,
+    )
     assert r.status_code == 200 and r.json() == {"data": None}
 
 
@@ -146,8 +178,10 @@ def test_digest_conflict(srv):
 def test_dev_with_token_is_403(srv):
     api = _token_api(srv)
     msg = "Permission check failed (configuring device passthrough is only allowed for root@pam)"
-    for call in (lambda: api.nodes("pve1").lxc(101).config.put(dev1="/dev/nvidia1"),
-                 lambda: api.nodes("pve1").lxc(101).config.put(delete="dev0")):
+    for call in (
+        lambda: api.nodes("pve1").lxc(101).config.put(dev1="/dev/nvidia1"),
+        lambda: api.nodes("pve1").lxc(101).config.put(delete="dev0"),
+    ):
         e = _err(call)
         assert (e.status_code, e.content) == (403, msg)
     assert "dev0" in parse_lxc_conf((srv.pve_root / "lxc/101.conf").read_text()).options
@@ -169,7 +203,9 @@ def test_dev_for_missing_node_is_refused(srv):
 def test_stopped_ct_change_applies_and_file_stays_valid(srv):
     api = _ticket_api(srv)
     digest = api.nodes("pve1").lxc(101).config.get()["digest"]
-    api.nodes("pve1").lxc(101).config.put(dev1="/dev/nvidia1,gid=44,mode=0666", delete="dev0", onboot=1, digest=digest)
+    api.nodes("pve1").lxc(101).config.put(
+        dev1="/dev/nvidia1,gid=44,mode=0666", delete="dev0", onboot=1, digest=digest
+    )
     text = (srv.pve_root / "lxc/101.conf").read_text()
     conf = parse_lxc_conf(text)
     assert "dev0" not in conf.options and conf.options["dev1"] == "/dev/nvidia1,gid=44,mode=0666"
@@ -242,6 +278,7 @@ def test_start_task_applies_pending_and_calls_hooks(tmp_path, seed_root):
         conf = parse_lxc_conf(CT)
         conf.pending.options["dev1"] = "/dev/nvidia1"
         from gputopo.formats.lxcconf import write_lxc_conf
+
         s.write_conf("lxc", 101, write_lxc_conf(conf))
         upid = api.nodes("pve1").lxc(101).status.start.post()
         assert upid.startswith("UPID:pve1:") and upid.endswith(":vzstart:101:root@pam:")
@@ -283,7 +320,11 @@ def test_mapping_crud_and_errors(srv, seed_root):
     m91 = GOOD_MAP.format(g=_group(seed_root, "0000:91:00.0"), p="0000:91:00.0")
     e = _err(lambda: api.cluster.mapping.pci.post(id="pro6000-vm"))
     assert e.errors == {"map": "property is missing and it is not optional"}
-    e = _err(lambda: api.cluster.mapping.pci.post(id="pro6000-vm", map=["id=0x10de:2bb5,node=pve1,path=0000:81:00.0"]))
+    e = _err(
+        lambda: api.cluster.mapping.pci.post(
+            id="pro6000-vm", map=["id=0x10de:2bb5,node=pve1,path=0000:81:00.0"]
+        )
+    )
     assert e.status_code == 400 and "map[0].id" in e.errors["map[0]"]
     api.cluster.mapping.pci.post(id="pro6000-vm", map=[m81, m91], description="NUMA 1")
     text = (srv.pve_root / "mapping/pci.cfg").read_text()
@@ -299,7 +340,11 @@ def test_mapping_crud_and_errors(srv, seed_root):
     e = _err(lambda: api.cluster.mapping.pci("nope").put(map=[m81]))
     assert e.content == "update hardware mapping failed: pci ID 'nope' does not exist"
     api.cluster.mapping.pci("pro6000-vm").put(map=[m91], digest=item["digest"], delete="description")
-    assert api.cluster.mapping.pci("pro6000-vm").get() == {"type": "pci", "map": [m91], "digest": sha1_digest((srv.pve_root / "mapping/pci.cfg").read_text())}
+    assert api.cluster.mapping.pci("pro6000-vm").get() == {
+        "type": "pci",
+        "map": [m91],
+        "digest": sha1_digest((srv.pve_root / "mapping/pci.cfg").read_text()),
+    }
     api.cluster.mapping.pci("pro6000-vm").delete()
     api.cluster.mapping.pci("pro6000-vm").delete()  # unknown id: silent
     e = _err(lambda: api.cluster.mapping.pci("pro6000-vm").get())
@@ -312,13 +357,23 @@ def test_mapping_check_node(srv, seed_root):
     g = _group(seed_root, "0000:81:00.0")
     api.cluster.mapping.pci.post(id="good", map=[GOOD_MAP.format(g=g, p="0000:81:00.0")])
     api.cluster.mapping.pci.post(id="nosub", map=[f"id=10de:2bb5,iommugroup={g},node=pve1,path=0000:81:00.0"])
-    api.cluster.mapping.pci.post(id="wrongid", map=[f"id=10de:1eb8,iommugroup={g},node=pve1,path=0000:81:00.0,subsystem-id=10de:204e"])
+    api.cluster.mapping.pci.post(
+        id="wrongid", map=[f"id=10de:1eb8,iommugroup={g},node=pve1,path=0000:81:00.0,subsystem-id=10de:204e"]
+    )
     api.cluster.mapping.pci.post(id="gone", map=["id=10de:2bb5,node=pve1,path=0000:c1:00.0"])
     api.cluster.mapping.pci.post(id="other", map=["id=10de:2bb5,node=pve2,path=0000:81:00.0"])
     checks = {m["id"]: m["checks"] for m in api.cluster.mapping.pci.get(**{"check-node": "pve1"})}
     assert checks["good"] == []
-    assert checks["nosub"] == [{"severity": "error", "message": "Invalid configuration: missing expected property 'subsystem-id' for device '0000:81:00.0'\n"}]
-    assert checks["wrongid"][0]["message"] == "Invalid configuration: 'id' does not match for 'wrongid' (10de:2bb5 != 10de:1eb8)\n"
+    assert checks["nosub"] == [
+        {
+            "severity": "error",
+            "message": "Invalid configuration: missing expected property 'subsystem-id' for device '0000:81:00.0'\n",
+        }
+    ]
+    assert (
+        checks["wrongid"][0]["message"]
+        == "Invalid configuration: 'id' does not match for 'wrongid' (10de:2bb5 != 10de:1eb8)\n"
+    )
     assert checks["gone"][0]["message"] == "Invalid configuration: pci device '0000:c1:00.0' not found\n"
     assert checks["other"] == [{"severity": "warning", "message": "No mapping for node pve1."}]
     e = _err(lambda: api.cluster.mapping.pci.get(**{"check-node": "pve9"}))
@@ -363,12 +418,15 @@ def _canonical(text: str) -> bool:
 
 def test_stopped_ct_file_is_written_like_pct(srv):
     api = _ticket_api(srv)
-    api.nodes("pve1").lxc(101).config.put(dev1="/dev/nvidia1,gid=44,mode=0666", delete="dev0", onboot=1,
-                                          description="GPU box")
+    api.nodes("pve1").lxc(101).config.put(
+        dev1="/dev/nvidia1,gid=44,mode=0666", delete="dev0", onboot=1, description="GPU box"
+    )
     text = (srv.pve_root / "lxc/101.conf").read_text()
     # description first as comment lines, keys sorted, raw lxc.* lines kept last and in order
-    assert text == ("#GPU box\narch: amd64\ndev1: /dev/nvidia1,gid=44,mode=0666\nhostname: llm\nmemory: 4096\n"
-                    "onboot: 1\nlxc.cgroup2.devices.allow: c 195:* rwm\n")
+    assert text == (
+        "#GPU box\narch: amd64\ndev1: /dev/nvidia1,gid=44,mode=0666\nhostname: llm\nmemory: 4096\n"
+        "onboot: 1\nlxc.cgroup2.devices.allow: c 195:* rwm\n"
+    )
     assert _canonical(text)
     api.nodes("pve1").lxc(101).config.put(delete="description")
     assert not (srv.pve_root / "lxc/101.conf").read_text().startswith("#")
@@ -385,16 +443,20 @@ def test_running_ct_file_has_the_pending_section_like_pct(tmp_path, seed_root, v
         main = "arch: amd64\ndev0: /dev/nvidia0,gid=44,mode=0666\n"
         main += "dev1: /dev/nvidia1\n" if main_dev1 else ""
         pending = "delete: dev0\n" + ("" if main_dev1 else "dev1: /dev/nvidia1\n")
-        assert text == (main + "hostname: llm\nmemory: 8192\nlxc.cgroup2.devices.allow: c 195:* rwm\n"
-                        "\n[pve:pending]\n" + pending)
+        assert text == (
+            main + "hostname: llm\nmemory: 8192\nlxc.cgroup2.devices.allow: c 195:* rwm\n"
+            "\n[pve:pending]\n" + pending
+        )
         assert _canonical(text) and validate_lxc_conf(text) == []
         # a start applies the pending section and leaves no empty section behind
         api = _ticket_api(s)
         _wait(api, api.nodes("pve1").lxc(101).status.stop.post())
         _wait(api, api.nodes("pve1").lxc(101).status.start.post())
         text = (s.pve_root / "lxc/101.conf").read_text()
-        assert text == ("arch: amd64\ndev1: /dev/nvidia1\nhostname: llm\nmemory: 8192\n"
-                        "lxc.cgroup2.devices.allow: c 195:* rwm\n")
+        assert text == (
+            "arch: amd64\ndev1: /dev/nvidia1\nhostname: llm\nmemory: 8192\n"
+            "lxc.cgroup2.devices.allow: c 195:* rwm\n"
+        )
     finally:
         s.stop()
 
@@ -409,8 +471,9 @@ def test_mapping_file_is_written_like_proxmox(srv, seed_root):
     api.cluster.mapping.pci.post(id="pro6000", map=[m81])
     text = (srv.pve_root / "mapping/pci.cfg").read_text()
     # bare id line, tab-indented properties, map lines first, others sorted, blank line between
-    assert text == (f"pro6000-vm\n\tmap {m81}\n\tmap {m91}\n\tdescription NUMA 1\n\tmdev 0\n\n"
-                    f"pro6000\n\tmap {m81}\n")
+    assert text == (
+        f"pro6000-vm\n\tmap {m81}\n\tmap {m91}\n\tdescription NUMA 1\n\tmdev 0\n\npro6000\n\tmap {m81}\n"
+    )
     assert write_pci_cfg(parse_pci_cfg(text)) == text and validate_pci_cfg(text) == []
 
 
@@ -431,18 +494,22 @@ def test_check_node_reads_live_sysfs_both_ways(tmp_path):
         api.cluster.mapping.pci.post(id="ok91", map=[GOOD_MAP.format(g=g91, p="0000:91:00.0")])
 
         def checks():
-            return {m["id"]: [c["message"] for c in m["checks"]]
-                    for m in api.cluster.mapping.pci.get(**{"check-node": "pve1"})}
+            return {
+                m["id"]: [c["message"] for c in m["checks"]]
+                for m in api.cluster.mapping.pci.get(**{"check-node": "pve1"})
+            }
 
         got = checks()
         assert got["ok81"] == [] and got["ok91"] == []
-        assert got["group"] == [f"Invalid configuration: 'iommugroup' does not match for 'group' "
-                                f"({g81} != {g81 + 1000})\n"]
+        assert got["group"] == [
+            f"Invalid configuration: 'iommugroup' does not match for 'group' ({g81} != {g81 + 1000})\n"
+        ]
         # the map has a property the hardware does not: a board without subsystem ids
         for name in ("subsystem_vendor", "subsystem_device"):
             (root / "sys/bus/pci/devices/0000:91:00.0" / name).unlink()
-        assert checks()["ok91"] == ["Invalid configuration: unexpected property 'subsystem-id' configured "
-                                    "for device '0000:91:00.0'\n"]
+        assert checks()["ok91"] == [
+            "Invalid configuration: unexpected property 'subsystem-id' configured for device '0000:91:00.0'\n"
+        ]
         # a device that falls off the bus is gone for the check at once
         SimKernel(root, time_scale=0.0).fall_off("0000:81:00.0")
         assert checks()["ok81"] == ["Invalid configuration: pci device '0000:81:00.0' not found\n"]

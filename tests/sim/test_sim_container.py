@@ -1,8 +1,8 @@
 """Simulated containers: nvidia-smi layout, the device view, systemd units, the endpoint, faults."""
 
 import http.client
-import os
 import json
+import os
 import time
 import urllib.request
 from pathlib import Path
@@ -22,13 +22,24 @@ from helpers import REPO
 
 REAL = REPO / "fixtures" / "real"
 # the seed host's NUMA-0 GPUs plus two more; minors deliberately not in bus order
-GPUS = [("0000:01:00.0", 2), ("0000:11:00.0", 0), ("0000:61:00.0", 1), ("0000:71:00.0", 3),
-        ("0000:81:00.0", 4), ("0000:91:00.0", 5)]
-SGLANG = ("[Unit]\nDescription=SGLang\n[Service]\nType=simple\n"
-          "ExecStart=/opt/sglang/bin/python -m sglang.launch_server --model-path /models/qwen "
-          "--served-model-name qwen --tp 4 --port 30000\n[Install]\nWantedBy=multi-user.target\n")
-QUERY = ["nvidia-smi", "--query-gpu=index,pci.bus_id,memory.used,memory.total,utilization.gpu",
-         "--format=csv,noheader"]
+GPUS = [
+    ("0000:01:00.0", 2),
+    ("0000:11:00.0", 0),
+    ("0000:61:00.0", 1),
+    ("0000:71:00.0", 3),
+    ("0000:81:00.0", 4),
+    ("0000:91:00.0", 5),
+]
+SGLANG = (
+    "[Unit]\nDescription=SGLang\n[Service]\nType=simple\n"
+    "ExecStart=/opt/sglang/bin/python -m sglang.launch_server --model-path /models/qwen "
+    "--served-model-name qwen --tp 4 --port 30000\n[Install]\nWantedBy=multi-user.target\n"
+)
+QUERY = [
+    "nvidia-smi",
+    "--query-gpu=index,pci.bus_id,memory.used,memory.total,utilization.gpu",
+    "--format=csv,noheader",
+]
 
 
 def make_host(tmp: Path, gpus=GPUS, grant=None, extra_conf=""):
@@ -48,16 +59,22 @@ def make_host(tmp: Path, gpus=GPUS, grant=None, extra_conf=""):
         (info / "information").write_text(
             "Model: \t\t NVIDIA RTX PRO 6000 Blackwell Server Edition\n"
             f"GPU UUID: \t GPU-0000000{minor}-aaaa-bbbb-cccc-dddddddddddd\n"
-            f"Bus Location: \t {addr}\nDevice Minor: \t {minor}\n")
+            f"Bus Location: \t {addr}\nDevice Minor: \t {minor}\n"
+        )
         (root / "dev").mkdir(exist_ok=True)
         (root / f"dev/nvidia{minor}").write_text("")
     for n in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"):
         (root / "dev" / n).write_text("")
     (root / "proc/driver/nvidia/version").write_text(
-        "NVRM version: NVIDIA UNIX x86_64 Kernel Module  575.57.08  Sat May 24 07:21:13 UTC 2025\n")
+        "NVRM version: NVIDIA UNIX x86_64 Kernel Module  575.57.08  Sat May 24 07:21:13 UTC 2025\n"
+    )
     grant = [m for _, m in gpus] if grant is None else grant
     lines = ["arch: amd64", "hostname: llm"]
-    nodes = [f"/dev/nvidia{m}" for m in grant] + ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+    nodes = [f"/dev/nvidia{m}" for m in grant] + [
+        "/dev/nvidiactl",
+        "/dev/nvidia-uvm",
+        "/dev/nvidia-uvm-tools",
+    ]
     lines += [f"dev{i}: {p},gid=44,mode=0666" for i, p in enumerate(nodes)]
     conf = tmp / "pve/nodes/pve1/lxc/101.conf"
     conf.parent.mkdir(parents=True)
@@ -101,24 +118,39 @@ def test_stopped_container_fails_like_pct(tmp_path):
 
 
 def test_seed_memory_pattern_byte_exact(sx):
-    r = sx.run(101, ["nvidia-smi", "--query-gpu=index,memory.used,memory.total,utilization.gpu",
-                     "--format=csv,noheader"], timeout=5)
+    r = sx.run(
+        101,
+        ["nvidia-smi", "--query-gpu=index,memory.used,memory.total,utilization.gpu", "--format=csv,noheader"],
+        timeout=5,
+    )
     assert r.rc == 0
     assert r.stdout == (REAL / "seed-query-gpu.csv").read_text()
 
 
 def test_query_header_units_bus_ids_and_order(sx):
-    r = sx.run(101, ["nvidia-smi", "--query-gpu=index,pci.bus_id,minor_number,memory.used",
-                     "--format=csv"], timeout=5)
+    r = sx.run(
+        101,
+        ["nvidia-smi", "--query-gpu=index,pci.bus_id,minor_number,memory.used", "--format=csv"],
+        timeout=5,
+    )
     lines = r.stdout.splitlines()
     assert lines[0] == "index, pci.bus_id, minor_number, memory.used [MiB]"
     # indices follow PCI bus order, not the minors
-    assert lines[1:] == ["0, 00000000:01:00.0, 2, 79043 MiB", "1, 00000000:11:00.0, 0, 78369 MiB",
-                         "2, 00000000:61:00.0, 1, 78369 MiB", "3, 00000000:71:00.0, 3, 78193 MiB"]
-    r = sx.run(101, ["nvidia-smi", "--query-gpu=memory.used,memory.free,driver_version",
-                     "--format=csv,nounits"], timeout=5)
-    assert r.stdout.splitlines()[:2] == ["memory.used [MiB], memory.free [MiB], driver_version",
-                                         "79043, 18844, 575.57.08"]
+    assert lines[1:] == [
+        "0, 00000000:01:00.0, 2, 79043 MiB",
+        "1, 00000000:11:00.0, 0, 78369 MiB",
+        "2, 00000000:61:00.0, 1, 78369 MiB",
+        "3, 00000000:71:00.0, 3, 78193 MiB",
+    ]
+    r = sx.run(
+        101,
+        ["nvidia-smi", "--query-gpu=memory.used,memory.free,driver_version", "--format=csv,nounits"],
+        timeout=5,
+    )
+    assert r.stdout.splitlines()[:2] == [
+        "memory.used [MiB], memory.free [MiB], driver_version",
+        "79043, 18844, 575.57.08",
+    ]
 
 
 def test_bus_id_layout_matches_real_capture(sx):
@@ -132,8 +164,17 @@ def test_bus_id_layout_matches_real_capture(sx):
 
 
 def test_output_round_trips_through_parser(sx):
-    fields = ["index", "pci.bus_id", "name", "memory.used", "memory.total", "memory.free",
-              "utilization.gpu", "uuid", "minor_number"]
+    fields = [
+        "index",
+        "pci.bus_id",
+        "name",
+        "memory.used",
+        "memory.total",
+        "memory.free",
+        "utilization.gpu",
+        "uuid",
+        "minor_number",
+    ]
     r = sx.run(101, ["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv"], timeout=5)
     rows = parse_query_gpu(r.stdout, fields)
     assert [x["minor_number"] for x in rows] == [2, 0, 1, 3]
@@ -150,8 +191,12 @@ def test_bad_field_and_format(sx):
 
 def test_device_view_follows_config_and_host(tmp_path):
     # lxc.mount.entry grants too; a granted node missing on the host is not seen
-    s = make_host(tmp_path, grant=[2], extra_conf="lxc.mount.entry: /dev/nvidia0 dev/nvidia0 none bind,optional,create=file\n"
-                  "lxc.mount.entry: /dev/nvidia9 dev/nvidia9 none bind,optional,create=file\n")
+    s = make_host(
+        tmp_path,
+        grant=[2],
+        extra_conf="lxc.mount.entry: /dev/nvidia0 dev/nvidia0 none bind,optional,create=file\n"
+        "lxc.mount.entry: /dev/nvidia9 dev/nvidia9 none bind,optional,create=file\n",
+    )
     boot(s)
     ls = s.run(101, ["ls", "/dev"], timeout=5).stdout.split()
     assert {"nvidia2", "nvidia0", "nvidiactl", "nvidia-uvm", "null"} <= set(ls)
@@ -191,20 +236,28 @@ def test_no_gpus_and_no_control_node(tmp_path):
 
 
 def test_missing_devices_reports_devN_only(tmp_path):
-    s = make_host(tmp_path, grant=[2, 7], extra_conf="lxc.mount.entry: /dev/nvidia9 dev/nvidia9 none bind,optional,create=file\n")
+    s = make_host(
+        tmp_path,
+        grant=[2, 7],
+        extra_conf="lxc.mount.entry: /dev/nvidia9 dev/nvidia9 none bind,optional,create=file\n",
+    )
     assert missing_devices(s.sim_dir, 101) == ["/dev/nvidia7"]
     assert parse_granted_devices(s.paths.lxc_conf(101).read_text())[:2] == ["/dev/nvidia2", "/dev/nvidia7"]
 
 
 def test_systemctl_show_real_format(sx):
-    r = sx.run(101, ["systemctl", "show", "-p", "ActiveState", "-p", "ExecStart", "-p", "MainPID",
-                     "sglang.service"], timeout=5)
+    r = sx.run(
+        101,
+        ["systemctl", "show", "-p", "ActiveState", "-p", "ExecStart", "-p", "MainPID", "sglang.service"],
+        timeout=5,
+    )
     lines = r.stdout.splitlines()
     assert [l.split("=", 1)[0] for l in lines] == ["MainPID", "ExecStart", "ActiveState"]
     assert lines[2] == "ActiveState=active"
     assert int(lines[0].split("=")[1]) > 0
-    assert lines[1].startswith("ExecStart={ path=/opt/sglang/bin/python ; argv[]=/opt/sglang/bin/python -m "
-                               "sglang.launch_server ")
+    assert lines[1].startswith(
+        "ExecStart={ path=/opt/sglang/bin/python ; argv[]=/opt/sglang/bin/python -m sglang.launch_server "
+    )
     assert "--tp 4" in lines[1] and lines[1].endswith("code=(null) ; status=0/0 }")
     r = sx.run(101, ["systemctl", "show", "-p", "ActiveState", "nope.service"], timeout=5)
     assert (r.rc, r.stdout) == (0, "ActiveState=inactive\n")
@@ -214,14 +267,19 @@ def test_drop_in_reset_and_daemon_reload(sx):
     d = sx.paths.rootfs(101) / "etc/systemd/system/sglang.service.d"
     unit = load_unit(sx.paths.rootfs(101), "sglang.service")
     assert parse_tp(unit.argv) == 4
-    push_dropin(sx, "/etc/systemd/system/sglang.service.d/10-tp.conf",
-            "[Service]\nExecStart=\nExecStart=/opt/sglang/bin/python -m sglang.launch_server "
-            "--model-path /models/qwen --tp=2\n")
+    push_dropin(
+        sx,
+        "/etc/systemd/system/sglang.service.d/10-tp.conf",
+        "[Service]\nExecStart=\nExecStart=/opt/sglang/bin/python -m sglang.launch_server "
+        "--model-path /models/qwen --tp=2\n",
+    )
     assert (d / "10-tp.conf").stat().st_mode & 0o777 == 0o644
     # without daemon-reload the old command runs, with systemd's warning
     r = sx.run(101, ["systemctl", "restart", "sglang.service"], timeout=5)
     assert r.rc == 0 and "Run 'systemctl daemon-reload'" in r.stderr
-    assert "--tp 4" in sx.run(101, ["systemctl", "show", "-p", "ExecStart", "sglang.service"], timeout=5).stdout
+    assert (
+        "--tp 4" in sx.run(101, ["systemctl", "show", "-p", "ExecStart", "sglang.service"], timeout=5).stdout
+    )
     assert sx.run(101, ["systemctl", "daemon-reload"], timeout=5).rc == 0
     r = sx.run(101, ["systemctl", "restart", "sglang.service"], timeout=5)
     assert (r.rc, r.stderr) == (0, "")
@@ -230,18 +288,26 @@ def test_drop_in_reset_and_daemon_reload(sx):
 
 
 def test_drop_in_without_reset_is_a_bad_setting(sx):
-    push_dropin(sx, "/etc/systemd/system/sglang.service.d/20-bad.conf",
-            "[Service]\nExecStart=/usr/bin/python3 -m sglang.launch_server --tp 4\n")
+    push_dropin(
+        sx,
+        "/etc/systemd/system/sglang.service.d/20-bad.conf",
+        "[Service]\nExecStart=/usr/bin/python3 -m sglang.launch_server --tp 4\n",
+    )
     sx.run(101, ["systemctl", "daemon-reload"], timeout=5)
     r = sx.run(101, ["systemctl", "restart", "sglang.service"], timeout=5)
     assert r.rc == 1 and "bad unit file setting" in r.stderr
 
 
-@pytest.mark.parametrize("flag,ok", [("--tp 8", False), ("--tensor-parallel-size 3", False),
-                                     ("--tp 4", True), ("--tp-size=1", True)])
+@pytest.mark.parametrize(
+    "flag,ok",
+    [("--tp 8", False), ("--tensor-parallel-size 3", False), ("--tp 4", True), ("--tp-size=1", True)],
+)
 def test_service_tp_check(sx, flag, ok):
-    push_dropin(sx, "/etc/systemd/system/sglang.service.d/tp.conf",
-            f"[Service]\nExecStart=\nExecStart=python3 -m sglang.launch_server --model-path m {flag}\n")
+    push_dropin(
+        sx,
+        "/etc/systemd/system/sglang.service.d/tp.conf",
+        f"[Service]\nExecStart=\nExecStart=python3 -m sglang.launch_server --model-path m {flag}\n",
+    )
     sx.run(101, ["systemctl", "daemon-reload"], timeout=5)
     r = sx.run(101, ["systemctl", "restart", "sglang.service"], timeout=5)
     active = sx.run(101, ["systemctl", "is-active", "sglang.service"], timeout=5)
@@ -271,7 +337,10 @@ def test_memory_scales_with_total(tmp_path):
     write_unit(tmp_path, 101, "sglang.service", SGLANG.replace("--tp 4", "--tp 2"))
     boot(s)
     r = s.run(101, ["nvidia-smi", "--query-gpu=memory.used,memory.total", "--format=csv,noheader"], timeout=5)
-    assert r.stdout == f"{round(79043 * 81559 / 97887)} MiB, 81559 MiB\n{round(78369 * 81559 / 97887)} MiB, 81559 MiB\n"
+    assert (
+        r.stdout
+        == f"{round(79043 * 81559 / 97887)} MiB, 81559 MiB\n{round(78369 * 81559 / 97887)} MiB, 81559 MiB\n"
+    )
 
 
 def test_cat_and_test(sx):
@@ -310,9 +379,12 @@ def _get(url, timeout=2):
 
 
 def _chat(url, q, timeout=2):
-    req = urllib.request.Request(url + "/v1/chat/completions", method="POST",
-                                 data=json.dumps({"model": "qwen", "messages": [{"role": "user", "content": q}]}).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url + "/v1/chat/completions",
+        method="POST",
+        data=json.dumps({"model": "qwen", "messages": [{"role": "user", "content": q}]}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(req, timeout=timeout) as r:
         return json.loads(r.read())["choices"][0]["message"]["content"]
 
@@ -331,13 +403,16 @@ def test_endpoint_answers(sx, endpoint):
 
 
 def test_endpoint_vllm_metrics(sx, endpoint):
-    push_dropin(sx, "/etc/systemd/system/sglang.service.d/vllm.conf",
-            "[Service]\nExecStart=\nExecStart=/usr/local/bin/vllm serve Qwen/Qwen3-32B --tensor-parallel-size 4\n")
+    push_dropin(
+        sx,
+        "/etc/systemd/system/sglang.service.d/vllm.conf",
+        "[Service]\nExecStart=\nExecStart=/usr/local/bin/vllm serve Qwen/Qwen3-32B --tensor-parallel-size 4\n",
+    )
     sx.run(101, ["systemctl", "daemon-reload"], timeout=5)
     sx.run(101, ["systemctl", "restart", "sglang.service"], timeout=5)
     text = _get(endpoint.url + "/metrics")[1].decode()
     line = next(l for l in text.splitlines() if l.startswith("vllm:cache_config_info{"))
-    assert 'num_gpu_blocks="' in line and not 'num_gpu_blocks="0"' in line
+    assert 'num_gpu_blocks="' in line and 'num_gpu_blocks="0"' not in line
     assert json.loads(_get(endpoint.url + "/v1/models")[1])["data"][0]["id"] == "Qwen/Qwen3-32B"
 
 
@@ -405,9 +480,12 @@ def _host_procs(root: Path) -> dict[int, dict]:
     out = {}
     for d in sorted((root / "proc").glob("[0-9]*")):
         fds = sorted(((d / "fd").iterdir()), key=lambda p: int(p.name))
-        out[int(d.name)] = {"comm": (d / "comm").read_text(), "cgroup": (d / "cgroup").read_text(),
-                            "cmdline": (d / "cmdline").read_bytes().split(b"\0")[:-1],
-                            "fds": [os.readlink(f) for f in fds]}
+        out[int(d.name)] = {
+            "comm": (d / "comm").read_text(),
+            "cgroup": (d / "cgroup").read_text(),
+            "cmdline": (d / "cmdline").read_bytes().split(b"\0")[:-1],
+            "fds": [os.readlink(f) for f in fds],
+        }
     return out
 
 
@@ -423,11 +501,27 @@ def test_service_processes_show_in_host_proc(sx):
     main = procs[min(procs)]
     assert main["cmdline"][:3] == [b"/opt/sglang/bin/python", b"-m", b"sglang.launch_server"]
     # the four granted GPUs are minors 2, 0, 1, 3; the workers hold them and the control nodes
-    held = find_holders(str(root), ["/dev/nvidia0", "/dev/nvidia1", "/dev/nvidia2", "/dev/nvidia3",
-                                    "/dev/nvidia4", "/dev/nvidiactl", "/dev/nvidia-uvm"])
+    held = find_holders(
+        str(root),
+        [
+            "/dev/nvidia0",
+            "/dev/nvidia1",
+            "/dev/nvidia2",
+            "/dev/nvidia3",
+            "/dev/nvidia4",
+            "/dev/nvidiactl",
+            "/dev/nvidia-uvm",
+        ],
+    )
     workers = sorted(procs)[1:]
-    assert set(held) == {"/dev/nvidia0", "/dev/nvidia1", "/dev/nvidia2", "/dev/nvidia3",
-                         "/dev/nvidiactl", "/dev/nvidia-uvm"}
+    assert set(held) == {
+        "/dev/nvidia0",
+        "/dev/nvidia1",
+        "/dev/nvidia2",
+        "/dev/nvidia3",
+        "/dev/nvidiactl",
+        "/dev/nvidia-uvm",
+    }
     assert [pid for pid, _ in held["/dev/nvidia2"]] == workers
     assert sx.run(101, ["systemctl", "stop", "sglang.service"], timeout=5).rc == 0
     assert _host_procs(root) == {} and sx.container(101).host_pids() == []
@@ -435,8 +529,11 @@ def test_service_processes_show_in_host_proc(sx):
 
 def test_processes_follow_tp_and_vanish_with_the_container(sx):
     root = sx.paths.root
-    push_dropin(sx, "/etc/systemd/system/sglang.service.d/tp.conf",
-            "[Service]\nExecStart=\nExecStart=/usr/bin/python3 -m sglang.launch_server --model-path m --tp 2\n")
+    push_dropin(
+        sx,
+        "/etc/systemd/system/sglang.service.d/tp.conf",
+        "[Service]\nExecStart=\nExecStart=/usr/bin/python3 -m sglang.launch_server --model-path m --tp 2\n",
+    )
     sx.run(101, ["systemctl", "daemon-reload"], timeout=5)
     sx.run(101, ["systemctl", "restart", "sglang.service"], timeout=5)
     procs = _host_procs(root)

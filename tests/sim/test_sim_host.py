@@ -7,22 +7,29 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 import requests
 from proxmoxer import ProxmoxAPI
 from proxmoxer.tools import Tasks
 
-from gputopo.formats.nvsmi import normalize_bus_id, parse_query_gpu
+from gputopo.errors import SimHostError, TaskFailed
 from gputopo.formats.lxcconf import parse_dev_value, parse_lxc_conf
+from gputopo.formats.nvsmi import normalize_bus_id, parse_query_gpu
 from gputopo.formats.pcicfg import parse_pci_cfg
 from gputopo.sim import state
 from gputopo.sim.container import SimExec
 from gputopo.sim.host import SimHost
-from gputopo.errors import SimHostError
+from gputopo.sim.passthrough import PassthroughError, hostpci_props, parse_host_ids
+from helpers import applysim
+from helpers.applysim import template  # noqa: F401 (fixtures)
 
-pytestmark = pytest.mark.slow  # the simulated host served over HTTPS and started as a process; the full run only
+pytestmark = (
+    pytest.mark.slow
+)  # the simulated host served over HTTPS and started as a process; the full run only
 
 SEED_MINORS = {"0000:01:00.0": 0, "0000:11:00.0": 1, "0000:61:00.0": 3, "0000:71:00.0": 2}
 
@@ -34,7 +41,9 @@ def seed(tmp_path_factory):
 
 
 def _used(sx):
-    r = sx.run(101, ["nvidia-smi", "--query-gpu=index,pci.bus_id,memory.used", "--format=csv,noheader"], timeout=5)
+    r = sx.run(
+        101, ["nvidia-smi", "--query-gpu=index,pci.bus_id,memory.used", "--format=csv,noheader"], timeout=5
+    )
     assert r.rc == 0, r
     return parse_query_gpu(r.stdout, ["index", "pci.bus_id", "memory.used"])
 
@@ -59,9 +68,13 @@ def test_seed_container_serves_on_all_gpus(seed):
     sx = SimExec(seed.dir)
     rows = _used(sx)
     assert len(rows) == 8 and all(r["memory.used"] > 78000 for r in rows)
-    minors = sx.run(101, ["nvidia-smi", "--query-gpu=pci.bus_id,minor_number", "--format=csv,noheader"], timeout=5)
-    got = {normalize_bus_id(r["pci.bus_id"]): r["minor_number"]
-           for r in parse_query_gpu(minors.stdout, ["pci.bus_id", "minor_number"])}
+    minors = sx.run(
+        101, ["nvidia-smi", "--query-gpu=pci.bus_id,minor_number", "--format=csv,noheader"], timeout=5
+    )
+    got = {
+        normalize_bus_id(r["pci.bus_id"]): r["minor_number"]
+        for r in parse_query_gpu(minors.stdout, ["pci.bus_id", "minor_number"])
+    }
     assert {a: got[a] for a in SEED_MINORS} == SEED_MINORS  # real minors, not bus order
     show = sx.run(101, ["systemctl", "show", "-p", "ExecStart", "sglang.service"], timeout=5).stdout
     assert "--tp 8 " in show
@@ -81,8 +94,14 @@ def test_open_and_refusals(seed, tmp_path):
 def _api(host):
     creds = host.credentials()
     port = int(re.search(r":(\d+)/", host.url).group(1))
-    return ProxmoxAPI("127.0.0.1", port=port, user=creds["user"], password=creds["password"],
-                      verify_ssl=str(host.api.ca_cert_path), timeout=10)
+    return ProxmoxAPI(
+        "127.0.0.1",
+        port=port,
+        user=creds["user"],
+        password=creds["password"],
+        verify_ssl=str(host.api.ca_cert_path),
+        timeout=10,
+    )
 
 
 def _wait(api, upid):
@@ -107,8 +126,11 @@ def test_stop_start_through_real_api(tmp_path):
         r = sx.run(101, ["systemctl", "is-active", "sglang.service"], timeout=5)
         assert (r.rc, r.stdout) == (0, "active\n")
         assert len(_used(sx)) == 8
-        resp = requests.post(host.endpoint.url + "/v1/chat/completions", timeout=5,
-                             json={"model": "qwen3", "messages": [{"role": "user", "content": "What is 7 x 13?"}]})
+        resp = requests.post(
+            host.endpoint.url + "/v1/chat/completions",
+            timeout=5,
+            json={"model": "qwen3", "messages": [{"role": "user", "content": "What is 7 x 13?"}]},
+        )
         assert "91" in resp.json()["choices"][0]["message"]["content"]
 
 
@@ -138,8 +160,12 @@ def test_ports_bundle(tmp_path, auth, who):
 
 def _serve(args: list[str]) -> tuple[subprocess.Popen, list[str]]:
     """Start ``gputopo sim serve ARGS`` and return it with its announcement (up to "Ctrl-C")."""
-    proc = subprocess.Popen([sys.executable, "-m", "gputopo", "sim", "serve", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gputopo", "sim", "serve", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     lines: list[str] = []
     while True:
         line = proc.stdout.readline()
@@ -166,9 +192,10 @@ def _curl(command: str, token: bool = True) -> tuple[int, str]:
         return r.status_code, r.text
     if not token:
         i = argv.index("-H")
-        del argv[i:i + 2]
-    out = subprocess.run(argv[:1] + ["-sS", "-w", "\n%{http_code}"] + argv[1:], capture_output=True, text=True,
-                         timeout=20)
+        del argv[i : i + 2]
+    out = subprocess.run(
+        argv[:1] + ["-sS", "-w", "\n%{http_code}"] + argv[1:], capture_output=True, text=True, timeout=20
+    )
     body, _, code = out.stdout.rpartition("\n")
     return int(code), body
 
@@ -209,8 +236,8 @@ def test_sim_serve_from_a_fixture_answers_curl_and_stops_on_sigint(tmp_path):
 
 
 def test_sim_serve_from_a_snapshot_on_a_fixed_port_stops_on_sigterm(tmp_path):
-    from gputopo.sim.hostroot import materialize
     from gputopo.facts.snapshot import snapshot
+    from gputopo.sim.hostroot import materialize
 
     snap = tmp_path / "coyote2.tar.gz"
     snapshot(materialize("esc8000a", tmp_path / "real"), snap)
@@ -226,8 +253,9 @@ def test_sim_serve_from_a_snapshot_on_a_fixed_port_stops_on_sigterm(tmp_path):
         # the container is granted exactly the snapshot's GPUs on nvidia
         host = SimHost.open(tmp_path / "sim")
         infos = list((host.paths.root / "proc/driver/nvidia/gpus").glob("*/information"))
-        assert infos and sum(1 for k, v in conf.items() if re.fullmatch(r"dev\d+", k)
-                             and re.match(r"/dev/nvidia\d+,", v)) == len(infos)
+        assert infos and sum(
+            1 for k, v in conf.items() if re.fullmatch(r"dev\d+", k) and re.match(r"/dev/nvidia\d+,", v)
+        ) == len(infos)
     except BaseException:
         proc.kill()
         raise
@@ -257,8 +285,12 @@ def test_sim_serve_root_and_pve_root(tmp_path, seed):
 
 
 def test_sim_serve_refuses_bad_options(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "gputopo", "sim", "serve", "--pve-root", str(tmp_path)],
-                       capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        [sys.executable, "-m", "gputopo", "sim", "serve", "--pve-root", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 2 and r.stderr == "gputopo: error: --pve-root needs --root\n"
 
 
@@ -290,8 +322,9 @@ def test_unbind_waits_for_the_running_container_to_stop(tmp_path):
         cgroups = {parse_cgroup_container((root / f"proc/{pid}/cgroup").read_text()) for pid, _ in held}
         assert len(held) == 8 and cgroups == {101}  # one worker per rank of --tp 8
         kernel = SimKernel(str(root), time_scale=0.0)
-        t = threading.Thread(target=kernel.write, args=("sys/bus/pci/drivers/nvidia/unbind", "0000:81:00.0"),
-                             daemon=True)
+        t = threading.Thread(
+            target=kernel.write, args=("sys/bus/pci/drivers/nvidia/unbind", "0000:81:00.0"), daemon=True
+        )
         t.start()
         t.join(0.2)
         assert t.is_alive()
@@ -345,7 +378,9 @@ def test_new_dev_on_a_running_container_pending_or_hotplugged(tmp_path, version,
         assert gpus() == 7
         ct.config.put(dev20="/dev/nvidia7,mode=0666")
         assert gpus() == (8 if seen_at_once else 7)
-        assert ("dev20" in parse_lxc_conf(host.paths.lxc_conf(101).read_text()).pending.options) is not seen_at_once
+        assert (
+            "dev20" in parse_lxc_conf(host.paths.lxc_conf(101).read_text()).pending.options
+        ) is not seen_at_once
         _wait(api, ct.status.stop.post())
         _wait(api, ct.status.start.post())
         assert gpus() == 8  # a restart applies what was pending
@@ -364,15 +399,6 @@ def test_sim_create_takes_the_proxmox_release(tmp_path):
 
 # --- PCI passthrough at VM start, as Proxmox does it -------------------------------------------
 
-import tempfile  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-from helpers import applysim  # noqa: E402
-from helpers.applysim import template  # noqa: E402,F401  (a fixture)
-
-from gputopo.errors import TaskFailed  # noqa: E402
-from gputopo.sim.passthrough import PassthroughError, hostpci_props, parse_host_ids  # noqa: E402
-
 CT_GPUS = ["0000:01:00.0", "0000:11:00.0", "0000:61:00.0", "0000:71:00.0"]
 VM_GPUS = ["0000:81:00.0", "0000:91:00.0", "0000:e1:00.0", "0000:f1:00.0"]
 
@@ -388,7 +414,8 @@ def _reserved(host):
 
 def _write_vm(host, vmid, hostpci):
     (host.paths.pve / f"nodes/pve1/qemu-server/{vmid}.conf").write_text(
-        f"{hostpci}\nmachine: q35\nmemory: 8192\nname: vm{vmid}\n")
+        f"{hostpci}\nmachine: q35\nmemory: 8192\nname: vm{vmid}\n"
+    )
 
 
 @pytest.fixture
@@ -463,13 +490,17 @@ def test_vm_start_fails_with_the_mapping_check_message(sim_copy):
     cfg = host.paths.pve / "mapping/pci.cfg"
     text = cfg.read_text()
     assert "subsystem-id=10de:204e" in text
-    cfg.write_text(text.replace("path=0000:91:00.0,subsystem-id=10de:204e", "path=0000:91:00.0,subsystem-id=10de:1234"))
+    cfg.write_text(
+        text.replace("path=0000:91:00.0,subsystem-id=10de:204e", "path=0000:91:00.0,subsystem-id=10de:1234")
+    )
     px = host.ports().proxmox
     with pytest.raises(TaskFailed) as ei:
         px.guest_action("qemu", 201, "start", 30)
     # every entry of the mapping is checked, not only the one the VM would take
-    assert ei.value.exitstatus == ("PCI device mapping invalid (hardware probably changed): "
-                                   "'subsystem-id' does not match for 'pro6000-vm' (10de:204e != 10de:1234)")
+    assert ei.value.exitstatus == (
+        "PCI device mapping invalid (hardware probably changed): "
+        "'subsystem-id' does not match for 'pro6000-vm' (10de:204e != 10de:1234)"
+    )
     assert px.guest_status("qemu", 201) == "stopped" and _reserved(host) == {}
 
 

@@ -12,20 +12,38 @@ from pathlib import Path
 
 import pytest
 
-from helpers import kernel_scenarios as ks
 from gputopo.errors import SysfsWriteError
 from gputopo.sim.hostroot import load_host, materialize
 from gputopo.sim.kernel import SimKernel
 from gputopo.sim.kernel.nvidia import nvidia_information, parse_minor
 from gputopo.sim.kernel.parse import parse_id_fields, parse_override
-from helpers.simkernel import ADA, ADA2, ADA_AUDIO, DUMMY, PRO, PSP, SPARE, build_root, overlap_all, root_port
-from helpers.simkernel import kern, root  # noqa: F401 (fixtures)
+from helpers import kernel_scenarios as ks
+from helpers.simkernel import (
+    ADA,
+    ADA2,
+    ADA_AUDIO,
+    DUMMY,
+    PRO,
+    PSP,
+    SPARE,
+    build_root,
+    kern,  # noqa: F401 (fixtures)
+    overlap_all,
+    root,  # noqa: F401 (fixtures)
+    root_port,
+)
 
 
 def backend(k: SimKernel) -> ks.KernelBackend:
     return ks.KernelBackend(
-        port=k, root=k.root, gpu=ADA, gpu_driver="nvidia", gpu_companion=ADA_AUDIO,
-        companion_driver="snd_hda_intel", other_gpu=ADA2, unbound_device=DUMMY,
+        port=k,
+        root=k.root,
+        gpu=ADA,
+        gpu_driver="nvidia",
+        gpu_companion=ADA_AUDIO,
+        companion_driver="snd_hda_intel",
+        other_gpu=ADA2,
+        unbound_device=DUMMY,
     )
 
 
@@ -83,11 +101,18 @@ def test_shared_scenarios_on_the_shipped_esc8000a_fixture(tmp_path: Path) -> Non
     spec.modules.append("vfio_pci")  # the scenarios need vfio-pci loaded; the capture has not
     r = materialize(spec, tmp_path / "root")
     k = SimKernel(r, time_scale=0.0)
-    gpus = sorted(a for a in os.listdir(r / "sys/bus/pci/devices")
-                  if driver(r, a) == "nvidia" and a.endswith(".0"))
-    b = ks.KernelBackend(port=k, root=str(r), gpu=gpus[0], gpu_driver="nvidia",
-                         gpu_companion=gpus[0][:-1] + "1", companion_driver="snd_hda_intel",
-                         other_gpu=gpus[1])
+    gpus = sorted(
+        a for a in os.listdir(r / "sys/bus/pci/devices") if driver(r, a) == "nvidia" and a.endswith(".0")
+    )
+    b = ks.KernelBackend(
+        port=k,
+        root=str(r),
+        gpu=gpus[0],
+        gpu_driver="nvidia",
+        gpu_companion=gpus[0][:-1] + "1",
+        companion_driver="snd_hda_intel",
+        other_gpu=gpus[1],
+    )
     for scenario in ks.SCENARIOS:
         scenario(b)
 
@@ -109,8 +134,15 @@ SEED_MINORS = {"01": 0, "11": 1, "61": 3, "71": 2, "81": 4, "91": 5, "e1": 7, "f
 def test_seed_split_keeps_every_minor(fresh_host) -> None:
     r = fresh_host("seed")
     k = SimKernel(r, time_scale=0.0)
-    b = ks.KernelBackend(port=k, root=str(r), gpu="0000:81:00.0", gpu_driver="nvidia",
-                         gpu_companion="0000:81:00.0", companion_driver="nvidia", other_gpu="0000:91:00.0")
+    b = ks.KernelBackend(
+        port=k,
+        root=str(r),
+        gpu="0000:81:00.0",
+        gpu_driver="nvidia",
+        gpu_companion="0000:81:00.0",
+        companion_driver="nvidia",
+        other_gpu="0000:91:00.0",
+    )
 
     def minor(bus: str) -> int | None:
         info = r / f"proc/driver/nvidia/gpus/0000:{bus}:00.0/information"
@@ -124,7 +156,12 @@ def test_seed_split_keeps_every_minor(fresh_host) -> None:
     for t in threads:
         t.join()
     assert [driver(r, f"0000:{bus}:00.0") for bus in vm] == ["vfio-pci"] * 4
-    assert sorted(p.name for p in (r / "dev").glob("nvidia[0-9]*")) == ["nvidia0", "nvidia1", "nvidia2", "nvidia3"]
+    assert sorted(p.name for p in (r / "dev").glob("nvidia[0-9]*")) == [
+        "nvidia0",
+        "nvidia1",
+        "nvidia2",
+        "nvidia3",
+    ]
     for bus in vm:
         ks.to_native(b, f"0000:{bus}:00.0", "nvidia")
     assert {bus: minor(bus) for bus in SEED_MINORS} == SEED_MINORS
@@ -207,8 +244,14 @@ def test_vfio_refuses_a_bridge(kern: SimKernel, root: Path) -> None:
 
 def test_new_id_edge_cases(kern: SimKernel) -> None:
     # the id the fake device is matched with carries the written class (0 when left out)
-    assert err_of(kern, "sys/bus/pci/drivers/nvidia/new_id", "10de 2bb5 ffffffff ffffffff 030200 ff0000") == errno.EEXIST
-    assert err_of(kern, "sys/bus/pci/drivers/vfio-pci/new_id", "10de 2bb5 ffffffff ffffffff 0 0 1") == errno.EINVAL
+    assert (
+        err_of(kern, "sys/bus/pci/drivers/nvidia/new_id", "10de 2bb5 ffffffff ffffffff 030200 ff0000")
+        == errno.EEXIST
+    )
+    assert (
+        err_of(kern, "sys/bus/pci/drivers/vfio-pci/new_id", "10de 2bb5 ffffffff ffffffff 0 0 1")
+        == errno.EINVAL
+    )
     assert err_of(kern, "sys/bus/pci/drivers/vfio-pci/remove_id", "10de") == errno.EINVAL
 
 

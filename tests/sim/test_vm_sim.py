@@ -10,31 +10,36 @@ from pathlib import Path
 
 import pytest
 
-from helpers import applysim
-from helpers.applysim import template  # noqa: F401  (a fixture)
 from gputopo.adapters.credentials import ApiConfig
 from gputopo.adapters.proxmox import ProxmoxClient
+from gputopo.apply import apply
 from gputopo.errors import ProxmoxError, TaskFailed
 from gputopo.formats.qemuconf import parse_qemu_conf
 from gputopo.plan.spec import parse_spec
-from gputopo.apply import apply
 from gputopo.sim import state
 from gputopo.sim.pveapi import PveshSim
 from gputopo.sim.qemu import hang_agent
+from helpers import applysim
+from helpers.applysim import template  # noqa: F401 (fixtures)
 
-pytestmark = pytest.mark.slow  # VMs started and stopped through the simulated API (seconds each); the full run only
+pytestmark = (
+    pytest.mark.slow
+)  # VMs started and stopped through the simulated API (seconds each); the full run only
 
 T = applysim.FAST_TIMEOUTS
 LINES = "".join(f"hostpci{i}: mapping=pro6000-vm,pcie=1\n" for i in range(4))
 
 
 @pytest.fixture
-def split(template):  # noqa: F811  (the fixture)
+def split(template):
     """The seed host after the NUMA split: pro6000-vm lists the four GPUs of node 1 (vfio-pci)."""
     base = Path(tempfile.mkdtemp(prefix="gputopo-vmsim-", dir=applysim.fast_tmp()))
     h = applysim.copy_host(template, base / "sim")
     ports = h.ports()
-    assert apply(parse_spec(applysim.seed_spec_text(h)), ports, root=str(h.paths.root), timeouts=T).status == "applied"
+    assert (
+        apply(parse_spec(applysim.seed_spec_text(h)), ports, root=str(h.paths.root), timeouts=T).status
+        == "applied"
+    )
     state.write_state(h.paths.run, "latencies", {"agent.timeout": 0.05})
     yield h, ports.proxmox
     h.stop()
@@ -73,15 +78,23 @@ def test_a_running_vm_keeps_passthrough_changes_pending_until_its_next_start(spl
     h, px = split
     write_vm(h, 210, VM + "name: a\n")
     px.guest_action("qemu", 210, "start", 30)
-    px.qemu_update(210, {"hostpci0": "mapping=pro6000-vm,pcie=1", "name": "b"}, ["cores"], px.qemu_config(210)["digest"])
+    px.qemu_update(
+        210, {"hostpci0": "mapping=pro6000-vm,pcie=1", "name": "b"}, ["cores"], px.qemu_config(210)["digest"]
+    )
     conf = parse_qemu_conf((h.paths.pve / "nodes/pve1/qemu-server/210.conf").read_text())
     assert conf.options["name"] == "b"  # a fast-plug key
     assert conf.pending == {"hostpci0": "mapping=pro6000-vm,pcie=1", "delete": "cores"}
-    assert px.qemu_config(210)["hostpci0"] == "mapping=pro6000-vm,pcie=1" and "cores" not in px.qemu_config(210)
+    assert px.qemu_config(210)["hostpci0"] == "mapping=pro6000-vm,pcie=1" and "cores" not in px.qemu_config(
+        210
+    )
     px.guest_action("qemu", 210, "stop", 30)
     px.guest_action("qemu", 210, "start", 30)
     conf = parse_qemu_conf((h.paths.pve / "nodes/pve1/qemu-server/210.conf").read_text())
-    assert conf.pending == {} and conf.options["hostpci0"] == "mapping=pro6000-vm,pcie=1" and "cores" not in conf.options
+    assert (
+        conf.pending == {}
+        and conf.options["hostpci0"] == "mapping=pro6000-vm,pcie=1"
+        and "cores" not in conf.options
+    )
 
 
 def test_config_api_errors_as_qemu_server_words_them(split):
@@ -105,24 +118,37 @@ def test_config_api_errors_as_qemu_server_words_them(split):
 def test_only_root_may_pass_a_host_device(split):
     h, _ = split
     write_vm(h, 210, VM)
-    cfg = ApiConfig(backend="https", host="127.0.0.1", port=h.api.port, node="pve1", user=h.api.operator_user,
-                    verify_ssl=True, ca_bundle=str(h.api.ca_cert_path), timeout=30.0)
+    cfg = ApiConfig(
+        backend="https",
+        host="127.0.0.1",
+        port=h.api.port,
+        node="pve1",
+        user=h.api.operator_user,
+        verify_ssl=True,
+        ca_bundle=str(h.api.ca_cert_path),
+        timeout=30.0,
+    )
     ops = ProxmoxClient.from_config(cfg, env={"GPUTOPO_PVE_PASSWORD": h.api.operator_password})
     with pytest.raises(ProxmoxError) as e:
         ops.qemu_update(210, {"hostpci0": "0000:22:00.0"}, [], ops.qemu_config(210)["digest"])
     assert e.value.pve_message == "only root can set 'hostpci0' config for non-mapped devices"
-    ops.qemu_update(210, {"hostpci0": "mapping=pro6000-vm"}, [], ops.qemu_config(210)["digest"])  # Mapping.Use
+    ops.qemu_update(
+        210, {"hostpci0": "mapping=pro6000-vm"}, [], ops.qemu_config(210)["digest"]
+    )  # Mapping.Use
 
 
 # --- what a start does -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("extra, message", [
-    ("hostpci0: mapping=pro6000-vm,pcie=1\n", "q35 machine model is not enabled"),
-    ("hostpci0: mapping=nope,pcie=1\n", "PCI device mapping not found for 'nope'"),
-    ("hugepages: 1024\n", "numa needs to be enabled to use hugepages"),
-    ("affinity: 300-301\n", "taskset: failed to set pid 4452's affinity: Invalid argument"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ("hostpci0: mapping=pro6000-vm,pcie=1\n", "q35 machine model is not enabled"),
+        ("hostpci0: mapping=nope,pcie=1\n", "PCI device mapping not found for 'nope'"),
+        ("hugepages: 1024\n", "numa needs to be enabled to use hugepages"),
+        ("affinity: 300-301\n", "taskset: failed to set pid 4452's affinity: Invalid argument"),
+    ],
+)
 def test_a_start_fails_as_qemu_server_fails_it(split, extra, message):
     h, px = split
     write_vm(h, 210, VM.replace("machine: q35\n", "") + extra)
@@ -143,12 +169,15 @@ def test_devices_held_by_a_running_vm(split):
     px.guest_action("qemu", 203, "start", 30)
 
 
-@pytest.mark.parametrize("args, usable", [
-    ("", 0),  # OVMF's default 32 GiB: no 128 GiB BAR fits
-    ("args: -fw_cfg name=opt/ovmf/X-PciMmio64Mb,string=262144\n", 1),  # 256 GiB: one GPU
-    ("args: -fw_cfg name=opt/ovmf/X-PciMmio64Mb,string=1048576\n", 4),
-    ("args: -fw_cfg name=opt/ovmf/X-PciMmio64Mb,string=1048576 -smbios 'type=0\n", 0),  # none of the args
-])
+@pytest.mark.parametrize(
+    "args, usable",
+    [
+        ("", 0),  # OVMF's default 32 GiB: no 128 GiB BAR fits
+        ("args: -fw_cfg name=opt/ovmf/X-PciMmio64Mb,string=262144\n", 1),  # 256 GiB: one GPU
+        ("args: -fw_cfg name=opt/ovmf/X-PciMmio64Mb,string=1048576\n", 4),
+        ("args: -fw_cfg name=opt/ovmf/X-PciMmio64Mb,string=1048576 -smbios 'type=0\n", 0),  # none of the args
+    ],
+)
 def test_gpus_get_their_bars_only_inside_the_window(split, args, usable):
     h, px = split
     write_vm(h, 201, VM + args + LINES)
@@ -193,7 +222,9 @@ def test_agent_endpoints_answer_as_qemu_server(split):
     pid = px.agent_exec(201, ["nvidia-smi", "--query-gpu=index,pci.bus_id,name", "--format=csv,noheader"])
     st = px.agent_exec_status(201, pid)
     assert st["exited"] == 1 and st["exitcode"] == 0
-    assert st["out-data"].splitlines()[0] == "0, 00000000:01:00.0, NVIDIA RTX PRO 6000 Blackwell Server Edition"
+    assert (
+        st["out-data"].splitlines()[0] == "0, 00000000:01:00.0, NVIDIA RTX PRO 6000 Blackwell Server Edition"
+    )
     with pytest.raises(ProxmoxError) as e:
         px.agent_exec(201, ["lspci"])
     assert e.value.pve_message.startswith("Agent error: Guest agent command failed")
@@ -206,7 +237,9 @@ def test_agent_endpoints_answer_as_qemu_server(split):
 def test_config_and_agent_through_pvesh(split):
     h, _ = split
     write_vm(h, 201, VM + LINES)
-    local = ProxmoxClient.from_config(ApiConfig(backend="local", node="pve1", timeout=30), runner=PveshSim(h.api))
+    local = ProxmoxClient.from_config(
+        ApiConfig(backend="local", node="pve1", timeout=30), runner=PveshSim(h.api)
+    )
     args = "-fw_cfg name=opt/ovmf/X-PciMmio64Mb,string=1048576"
     local.qemu_update(201, {"args": args, "affinity": "64-127"}, ["agent"], local.qemu_config(201)["digest"])
     assert local.qemu_config(201)["args"] == args and "agent" not in local.qemu_config(201)

@@ -25,7 +25,16 @@ pytestmark = pytest.mark.slow  # a real headless Chromium draws every picture; t
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 REQUIRE = os.environ.get("GPUTOPO_REQUIRE_CHROMIUM") == "1"
 VIEW_WIDTH = 1600
-NAMES = ["esc8000a", "iommu-off", "large", "numa-unknown", "seed", "shared-group", "seed-split", "large-split"]
+NAMES = [
+    "esc8000a",
+    "iommu-off",
+    "large",
+    "numa-unknown",
+    "seed",
+    "shared-group",
+    "seed-split",
+    "large-split",
+]
 
 
 @pytest.fixture(scope="module")
@@ -52,19 +61,32 @@ def screenshot(browser: str, svg: str, workdir: Path) -> tuple[Path, float, int]
     (workdir / "page.html").write_text(
         '<!DOCTYPE html><html><body style="margin:0;background:#ffffff">'
         f'<img src="picture.svg" style="display:block;width:{w * scale:.2f}px;height:{h * scale:.2f}px">'
-        "</body></html>")
+        "</body></html>"
+    )
     png = workdir / "shot.png"
-    cmd = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-           "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars",
-           f"--user-data-dir={workdir / 'profile'}", f"--screenshot={png}", f"--window-size={VIEW_WIDTH},{height}",
-           (workdir / "page.html").as_uri()]
+    cmd = [
+        browser,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--hide-scrollbars",
+        f"--user-data-dir={workdir / 'profile'}",
+        f"--screenshot={png}",
+        f"--window-size={VIEW_WIDTH},{height}",
+        (workdir / "page.html").as_uri(),
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert png.is_file(), f"chromium wrote no screenshot (rc {res.returncode}): {res.stderr[-2000:]}"
     return png, scale, height
 
 
 def _near(a: tuple[int, ...], b: str, tol: int = 14) -> bool:
-    want = tuple(int(b[i:i + 2], 16) for i in (1, 3, 5))
+    want = tuple(int(b[i : i + 2], 16) for i in (1, 3, 5))
     return all(abs(x - y) <= tol for x, y in zip(a[:3], want))
 
 
@@ -85,7 +107,9 @@ def test_picture_in_chromium(chromium, pictures, tmp_path, name):
     inked = sum(1 for p in sample if min(p) < 250)
     assert inked / len(sample) > 0.2, f"{name}: only {inked} of {len(sample)} sampled pixels drawn"
     # ... and nothing beyond it
-    assert all(px[x, y] == (255, 255, 255) for x in range(shown + 2, img.width, 16) for y in range(0, img.height, 16))
+    assert all(
+        px[x, y] == (255, 255, 255) for x in range(shown + 2, img.width, 16) for y in range(0, img.height, 16)
+    )
     colours = {}
     for g, rect, (x, y, w, h) in boxes(root):
         if g.get("class") != "gpu":
@@ -93,13 +117,24 @@ def test_picture_in_chromium(chromium, pictures, tmp_path, name):
         colours.setdefault(g.get("data-owner"), rect.get("fill"))
         # the box's fill, inside its bottom-right corner (below the text, clear of the outline)
         cx, cy = int((x + w - 7) * scale), int((y + h - 3.5) * scale)
-        assert _near(px[cx, cy], rect.get("fill")), (name, g.get("data-address"), px[cx, cy], rect.get("fill"))
+        assert _near(px[cx, cy], rect.get("fill")), (
+            name,
+            g.get("data-address"),
+            px[cx, cy],
+            rect.get("fill"),
+        )
         # text is drawn in it: dark pixels inside the box
-        dark = sum(1 for yy in range(int(y * scale) + 3, int((y + h) * scale) - 3)
-                   for xx in range(int(x * scale) + 3, int((x + w) * scale) - 3, 2) if sum(px[xx, yy]) < 300)
+        dark = sum(
+            1
+            for yy in range(int(y * scale) + 3, int((y + h) * scale) - 3)
+            for xx in range(int(x * scale) + 3, int((x + w) * scale) - 3, 2)
+            if sum(px[xx, yy]) < 300
+        )
         assert dark > 40, (name, g.get("data-address"), dark)
     # every owner is there (a before/after picture also has the owners the plan replaces)
     assert set(pic.owners.values()) <= set(colours)
     assert pic.sides == 2 or set(colours) == set(pic.owners.values())
     assert len(set(colours.values())) == len(colours)  # each owner its own colour
-    assert all(c in {p.fill for p in (*palette.CONTAINERS, *palette.VMS, palette.FREE)} for c in colours.values())
+    assert all(
+        c in {p.fill for p in (*palette.CONTAINERS, *palette.VMS, palette.FREE)} for c in colours.values()
+    )

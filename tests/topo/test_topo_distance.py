@@ -22,11 +22,11 @@ def parse_topo_m(text: str) -> tuple[list[str], dict[str, list[str]], dict[str, 
     cols = [c for c in lines[start].split() if re.fullmatch(r"(GPU|NIC)\d+", c)]
     rows: dict[str, list[str]] = {}
     affinity: dict[str, tuple[str, str]] = {}
-    for ln in lines[start + 1:]:
+    for ln in lines[start + 1 :]:
         parts = ln.split()
         if not parts or not re.fullmatch(r"(GPU|NIC)\d+", parts[0]):
             break
-        rows[parts[0]] = parts[1:1 + len(cols)]
+        rows[parts[0]] = parts[1 : 1 + len(cols)]
         if len(parts) > 1 + len(cols):
             affinity[parts[0]] = (parts[1 + len(cols)], parts[2 + len(cols)])
     return cols, rows, affinity
@@ -94,8 +94,15 @@ def test_unknown_numa_is_sys_across_host_bridges_and_noted(materialized):
 
 
 def _gpu(addr: str, host: str | None, chain: list[tuple[str, str]], numa: int | None = 0) -> Gpu:
-    return Gpu(address=addr, vendor="0x10de", device="0x2330", **{"class": "0x030200"}, numa_node=numa,
-               host_bridge=host, upstream=[Bridge(address=a, kind=k) for a, k in chain])
+    return Gpu(
+        address=addr,
+        vendor="0x10de",
+        device="0x2330",
+        **{"class": "0x030200"},
+        numa_node=numa,
+        host_bridge=host,
+        upstream=[Bridge(address=a, kind=k) for a, k in chain],
+    )
 
 
 def test_functions_behind_one_root_port_are_pix():
@@ -111,6 +118,8 @@ def test_unknown_place_is_node_or_sys():
     assert "PCI path unknown for 0000:01:00.0" in matrix([a, b]).notes[0]
 
 
-@pytest.mark.parametrize("levels, want", [(["PIX", "SYS", "NODE"], "SYS"), (["PIX", "PXB"], "PXB"), ([], "X")])
+@pytest.mark.parametrize(
+    "levels, want", [(["PIX", "SYS", "NODE"], "SYS"), (["PIX", "PXB"], "PXB"), ([], "X")]
+)
 def test_worst(levels, want):
     assert worst(levels) == want

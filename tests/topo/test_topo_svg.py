@@ -22,7 +22,16 @@ def pictures(materialized):
     return {p.name: p for p in all_pictures(materialized)}
 
 
-NAMES = ["esc8000a", "iommu-off", "large", "numa-unknown", "seed", "shared-group", "seed-split", "large-split"]
+NAMES = [
+    "esc8000a",
+    "iommu-off",
+    "large",
+    "numa-unknown",
+    "seed",
+    "shared-group",
+    "seed-split",
+    "large-split",
+]
 
 
 def test_every_fixture_host_is_drawn(pictures):
@@ -51,7 +60,7 @@ def test_no_two_boxes_overlap(pictures, name):
     rects = sorted((r for _, _, r in boxes(parse(pictures[name].svg))), key=lambda r: r[0])
     assert len(rects) > 3
     for i, (x, y, w, h) in enumerate(rects):
-        for x2, y2, w2, h2 in rects[i + 1:]:
+        for x2, y2, w2, h2 in rects[i + 1 :]:
             if x2 >= x + w:
                 break  # sorted by x: nothing further right can overlap this one
             assert y2 >= y + h or y >= y2 + h2, f"boxes overlap: {(x, y, w, h)} and {(x2, y2, w2, h2)}"
@@ -67,7 +76,9 @@ def test_boxes_inside_the_picture_and_readable_at_1600px(pictures, name):
     assert 12 * min(1.0, 1600 / width) >= 9, f"{name}: {width} px wide"
 
 
-@pytest.mark.skipif(not os.path.isfile(f"{FONTS}/DejaVuSansMono.ttf"), reason="DejaVu Sans Mono not installed")
+@pytest.mark.skipif(
+    not os.path.isfile(f"{FONTS}/DejaVuSansMono.ttf"), reason="DejaVu Sans Mono not installed"
+)
 @pytest.mark.parametrize("name", ["seed-split", "shared-group", "esc8000a", "large"])
 def test_text_fits_its_box_in_the_real_font(pictures, name):
     from PIL import ImageFont

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from gputopo.facts.discover import discover
 from gputopo.adapters.pvefiles import PveFiles
 from gputopo.facts.current import read_current
+from gputopo.facts.discover import discover
+from gputopo.model.owner import Owner
 from gputopo.model.reads import EVERY_GUEST
 from gputopo.model.state import ContainerState, CurrentState, GuestState, MappingState
-from gputopo.model.owner import Owner
 from gputopo.topo.model import OwnerView, TopoReport
 from gputopo.topo.owners import (
     container_minors,
@@ -26,28 +26,42 @@ MAP81 = "id=10de:2bb5,iommugroup=25,node=pve1,path=0000:81:00.0,subsystem-id=10d
 
 def test_container_minors_from_devn_and_legacy_lines():
     config = {
-        "dev0": "/dev/nvidia0,gid=44,mode=0666", "dev1": "path=/dev/nvidia12", "dev2": "/dev/nvidiactl",
-        "dev3": "/dev/nvidia-caps/nvidia-cap1", "dev4": "not a dev value,bogus=1", "net0": "/dev/nvidia9",
-        "lxc": [["lxc.mount.entry", "/dev/nvidia3 dev/nvidia3 none bind,optional,create=file"],
-                ["lxc.cgroup2.devices.allow", "c 195:* rwm"], ["lxc.mount.entry", ""]],
+        "dev0": "/dev/nvidia0,gid=44,mode=0666",
+        "dev1": "path=/dev/nvidia12",
+        "dev2": "/dev/nvidiactl",
+        "dev3": "/dev/nvidia-caps/nvidia-cap1",
+        "dev4": "not a dev value,bogus=1",
+        "net0": "/dev/nvidia9",
+        "lxc": [
+            ["lxc.mount.entry", "/dev/nvidia3 dev/nvidia3 none bind,optional,create=file"],
+            ["lxc.cgroup2.devices.allow", "c 195:* rwm"],
+            ["lxc.mount.entry", ""],
+        ],
     }
     assert container_minors(config) == {0, 3, 12}
 
 
 def test_mapping_addresses_per_node():
-    maps = [MAP81, "id=10de:2bb5,node=pve2,path=0000:91:00.0",
-            "id=10de:2bb5,node=pve1,path=0000:e1:00.0;0000:e1:00.1", "garbage"]
+    maps = [
+        MAP81,
+        "id=10de:2bb5,node=pve2,path=0000:91:00.0",
+        "id=10de:2bb5,node=pve1,path=0000:e1:00.0;0000:e1:00.1",
+        "garbage",
+    ]
     assert mapping_addresses(maps, "pve1") == {"0000:81:00.0", "0000:e1:00.0", "0000:e1:00.1"}
     assert "0000:91:00.0" in mapping_addresses(maps, None)
 
 
-@pytest.mark.parametrize("value, want", [
-    ("mapping=pro6000-vm,pcie=1", ("pro6000-vm", set())),
-    ("0000:81:00.0,pcie=1,x-vga=1", (None, {"0000:81:00.0"})),
-    ("81:00.0;81:00.1", (None, {"0000:81:00.0", "0000:81:00.1"})),
-    ("host=0000:81:00,pcie=1", (None, {"0000:81:00"})),
-    ("81:00", (None, {"0000:81:00"})),
-])
+@pytest.mark.parametrize(
+    "value, want",
+    [
+        ("mapping=pro6000-vm,pcie=1", ("pro6000-vm", set())),
+        ("0000:81:00.0,pcie=1,x-vga=1", (None, {"0000:81:00.0"})),
+        ("81:00.0;81:00.1", (None, {"0000:81:00.0", "0000:81:00.1"})),
+        ("host=0000:81:00,pcie=1", (None, {"0000:81:00"})),
+        ("81:00", (None, {"0000:81:00"})),
+    ],
+)
 def test_hostpci_targets(value, want):
     assert hostpci_targets(value) == want
 
@@ -61,7 +75,10 @@ def _state(seed_facts) -> CurrentState:
             102: ContainerState(config={"dev0": "/dev/nvidia2"}),
         },
         mappings={"pro6000-vm": MappingState(map=[MAP81, MAP81.replace("81:00", "91:00")])},
-        guests={201: GuestState(hostpci=["mapping=pro6000-vm,pcie=1"]), 202: GuestState(hostpci=["0000:e1:00.0"])},
+        guests={
+            201: GuestState(hostpci=["mapping=pro6000-vm,pcie=1"]),
+            202: GuestState(hostpci=["0000:e1:00.0"]),
+        },
     )
 
 
@@ -98,7 +115,9 @@ def test_a_mapped_gpu_still_on_nvidia_is_not_the_vms(seed):
 def test_owner_from_target(seed):
     before = OwnerView(kind="container", containers=[101])
     users = mapping_users(_state(seed))
-    assert owner_from_target(Owner.vm("pro6000-vm"), before, users) == OwnerView(kind="vm", mapping="pro6000-vm", vms=[201])
+    assert owner_from_target(Owner.vm("pro6000-vm"), before, users) == OwnerView(
+        kind="vm", mapping="pro6000-vm", vms=[201]
+    )
     assert owner_from_target(Owner.container(102), before, users).containers == [102]
     assert owner_from_target(Owner.host(), before, users) is before
 
@@ -115,7 +134,12 @@ def test_tree_keeps_identical_gpus_apart(seed):
     rp = numa0.children[0].children[0]
     assert (rp.kind, rp.id, rp.children[0].id) == ("root_port", "0000:00:01.1", "0000:01:00.0")
     assert {(o.key, o.gpus) for o in report.owners} == {
-        ("container:101", 3), ("container:101,102", 1), ("vm:pro6000-vm", 2), ("vm:#202", 1), ("free", 1)}
+        ("container:101", 3),
+        ("container:101,102", 1),
+        ("vm:pro6000-vm", 2),
+        ("vm:#202", 1),
+        ("free", 1),
+    }
     assert TopoReport.model_validate_json(report.model_dump_json(by_alias=True)) == report
 
 
@@ -124,7 +148,12 @@ def test_large_tree_switches_and_nvswitches(materialized):
     report = build_report(facts, {})
     kinds = [n.kind for r in report.tree for n in r.walk()]
     assert kinds.count("gpu") == len(facts.gpus) and kinds.count("nvswitch") == 2
-    assert [r.id for r in report.tree] == ["numa:0", "numa:1", "numa:4", "numa:5"]  # CPU-less 2, 3 hold nothing
+    assert [r.id for r in report.tree] == [
+        "numa:0",
+        "numa:1",
+        "numa:4",
+        "numa:5",
+    ]  # CPU-less 2, 3 hold nothing
     sw = report.tree[0].children[0].children[0].children[0]
     assert (sw.kind, sw.id, sw.detail) == ("switch", "0000:01:00.0", "PEX890xx PCIe Gen 5 Switch")
     # downstream ports are part of their switch: the GPUs hang from it directly
@@ -137,7 +166,10 @@ def test_large_tree_switches_and_nvswitches(materialized):
 def test_companions_shown_with_roles(materialized):
     facts = discover(materialized("shared-group"))
     v = next(v for v in gpu_views(build_report(facts, {}).tree) if v.address == "0000:03:00.0")
-    assert [(c.address, c.role) for c in v.companions] == [("0000:03:00.1", "function"), ("0000:04:00.0", "foreign")]
+    assert [(c.address, c.role) for c in v.companions] == [
+        ("0000:03:00.1", "function"),
+        ("0000:04:00.0", "foreign"),
+    ]
     off = discover(materialized("iommu-off"))
     assert all(v.companions == [] and v.iommu_group is None for v in gpu_views(build_report(off, {}).tree))
 

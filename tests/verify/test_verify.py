@@ -11,13 +11,13 @@ import pytest
 
 from gputopo.errors import VerifyFailed
 from gputopo.facts.observe import observe
-from gputopo.plan.reads import spec_reads
 from gputopo.formats.nvsmi import parse_nvidia_smi_q, parse_query_gpu
+from gputopo.formats.systemd import parse_show_properties
 from gputopo.plan.planner import plan as make_plan
+from gputopo.plan.reads import spec_reads
 from gputopo.plan.spec import parse_spec
 from gputopo.verify import CHECKS, FAIL, PASS, WARN, Check, VerifyReport, verify
 from gputopo.verify.memory import assess_memory
-from gputopo.formats.systemd import parse_show_properties
 from gputopo.verify.parse import (
     GpuRow,
     answer_matches,
@@ -67,8 +67,16 @@ def _seed_rows() -> list[GpuRow]:
     """The seed host's four lines (fixtures/real/seed-query-gpu.csv) with the container's bus ids."""
     fields = ["index", "memory.used", "memory.total", "utilization.gpu"]
     raw = parse_query_gpu((REAL / "seed-query-gpu.csv").read_text(), fields)
-    return [GpuRow(index=r["index"], address=a, used=r["memory.used"], total=r["memory.total"],
-                   utilization=r["utilization.gpu"]) for r, a in zip(raw, CT_GPUS)]
+    return [
+        GpuRow(
+            index=r["index"],
+            address=a,
+            used=r["memory.used"],
+            total=r["memory.total"],
+            utilization=r["utilization.gpu"],
+        )
+        for r, a in zip(raw, CT_GPUS)
+    ]
 
 
 def test_seed_numbers_pass_with_default_thresholds():
@@ -117,8 +125,10 @@ def test_query_rows_from_real_captures(capture, units):
     assert gpus
     mib = " MiB" if units else ""
     pct = " %" if units else ""
-    text = "".join(f"{i}, {g['bus_id']}, {g['memory_used']}{mib}, {g['memory_total']}{mib}, 0{pct}\n"
-                   for i, g in enumerate(gpus))
+    text = "".join(
+        f"{i}, {g['bus_id']}, {g['memory_used']}{mib}, {g['memory_total']}{mib}, 0{pct}\n"
+        for i, g in enumerate(gpus)
+    )
     rows = parse_gpu_rows(text)
     assert [r.address for r in rows] == [g["address"] for g in gpus]
     assert all(r.address.startswith("0000:") and r.address == r.address.lower() for r in rows)
@@ -129,8 +139,10 @@ def test_query_rows_from_real_captures(capture, units):
 
 
 def test_query_rows_with_a_header_line():
-    text = ("index, pci.bus_id, memory.used [MiB], memory.total [MiB], utilization.gpu [%]\n"
-            "0, 00000000:2A:00.0, 1 MiB, 81559 MiB, 0 %\n")
+    text = (
+        "index, pci.bus_id, memory.used [MiB], memory.total [MiB], utilization.gpu [%]\n"
+        "0, 00000000:2A:00.0, 1 MiB, 81559 MiB, 0 %\n"
+    )
     (row,) = parse_gpu_rows(text)
     assert row.address == "0000:2a:00.0" and row.headroom == 81558
 
@@ -147,7 +159,8 @@ def test_show_properties_and_environment():
         "ExecStart={ path=/usr/bin/python3 ; argv[]=/usr/bin/python3 -m sglang.launch_server --tp 4 ; "
         "ignore_errors=no ; start_time=[n/a] ; stop_time=[n/a] ; pid=0 ; code=(null) ; status=0/0 }\n"
         "ActiveState=active\n"
-        'Environment=CUDA_DEVICE_ORDER=PCI_BUS_ID NCCL_P2P_DISABLE=1 "NOTE=two words"\n')
+        'Environment=CUDA_DEVICE_ORDER=PCI_BUS_ID NCCL_P2P_DISABLE=1 "NOTE=two words"\n'
+    )
     assert props["ActiveState"] == "active"
     env = parse_environment(props["Environment"])
     assert env == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "NCCL_P2P_DISABLE": "1", "NOTE": "two words"}
@@ -178,17 +191,23 @@ def test_kv_cache_parsers():
     assert parse_sglang_kv_tokens({"internal_states": [{"max_total_num_tokens": 500}]}) == 500
     assert parse_sglang_kv_tokens({"tp_size": 4}) is None
     assert parse_sglang_kv_tokens([1, 2]) is None
-    metrics = ('# TYPE vllm:cache_config_info gauge\n'
-               'vllm:cache_config_info{block_size="16",cache_dtype="auto",num_gpu_blocks="74176"} 1.0\n')
+    metrics = (
+        "# TYPE vllm:cache_config_info gauge\n"
+        'vllm:cache_config_info{block_size="16",cache_dtype="auto",num_gpu_blocks="74176"} 1.0\n'
+    )
     assert parse_vllm_kv_tokens(metrics) == 74176 * 16
     assert parse_vllm_kv_tokens("vllm:num_requests_running 0.0\n") is None
 
 
 def test_mapping_checks_flatten_messages():
-    items = [{"id": "pro6000-vm", "checks": [{"severity": "error", "message": "Invalid configuration: x\n"}]},
-             {"id": "pro6000"}]
-    assert mapping_checks(items) == {"pro6000-vm": [{"severity": "error", "message": "Invalid configuration: x"}],
-                                     "pro6000": []}
+    items = [
+        {"id": "pro6000-vm", "checks": [{"severity": "error", "message": "Invalid configuration: x\n"}]},
+        {"id": "pro6000"},
+    ]
+    assert mapping_checks(items) == {
+        "pro6000-vm": [{"severity": "error", "message": "Invalid configuration: x"}],
+        "pro6000": [],
+    }
 
 
 def test_endpoint_parts_from_the_command_and_the_url():
@@ -438,9 +457,12 @@ def _restart_with_dropin(ports, text: str) -> None:
 @pytest.mark.slow
 def test_service_on_the_wrong_tp_fails(demo):
     host, ports = demo
-    _restart_with_dropin(ports, "[Service]\nExecStart=\nExecStart=/opt/sglang/.venv/bin/python -m "
-                         "sglang.launch_server --model-path /m --served-model-name qwen3 --tp 2\n"
-                         "Environment=NCCL_P2P_DISABLE=1\n")
+    _restart_with_dropin(
+        ports,
+        "[Service]\nExecStart=\nExecStart=/opt/sglang/.venv/bin/python -m "
+        "sglang.launch_server --model-path /m --served-model-name qwen3 --tp 2\n"
+        "Environment=NCCL_P2P_DISABLE=1\n",
+    )
     report = _verify(host, ports, only=["service", "memory"])
     svc = report.check("service")
     assert svc.status == FAIL and "tp 2, planned tp 4" in svc.summary
@@ -459,9 +481,12 @@ def test_service_not_active_fails(demo):
 @pytest.mark.slow
 def test_sev_snp_with_p2p_enabled_warns(demo):
     host, ports = demo
-    _restart_with_dropin(ports, "[Service]\nExecStart=\nExecStart=/opt/sglang/.venv/bin/python -m "
-                         "sglang.launch_server --model-path /m --served-model-name qwen3 --tp 4\n"
-                         "Environment=CUDA_DEVICE_ORDER=PCI_BUS_ID\n")
+    _restart_with_dropin(
+        ports,
+        "[Service]\nExecStart=\nExecStart=/opt/sglang/.venv/bin/python -m "
+        "sglang.launch_server --model-path /m --served-model-name qwen3 --tp 4\n"
+        "Environment=CUDA_DEVICE_ORDER=PCI_BUS_ID\n",
+    )
     report = _verify(host, ports, only=["platform", "service"])
     plat = report.check("platform")
     assert plat.status == WARN, plat.summary
@@ -546,7 +571,9 @@ def test_cli_verify_warn_passes_unless_strict_and_the_json_shape(applied, tmp_pa
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     assert set(data) == {"schema_version", "node", "strict", "checks", "ok", "exit_code", "summary"}
-    assert data["node"] == "pve1" and data["strict"] is False and data["ok"] is True and data["exit_code"] == 0
+    assert (
+        data["node"] == "pve1" and data["strict"] is False and data["ok"] is True and data["exit_code"] == 0
+    )
     for c in data["checks"]:
         assert set(c) == {"name", "status", "summary", "details"} and "\n" not in c["summary"]
         assert c["status"] in (PASS, WARN, FAIL) and isinstance(c["details"], dict)
@@ -566,7 +593,9 @@ def test_cli_connection_options_conflict(tmp_path):
 
     spec = tmp_path / "spec.yaml"
     spec.write_text(SPEC)
-    res = CliRunner().invoke(cli, ["verify", "--spec", str(spec), "--sim", str(tmp_path), "--root", str(tmp_path)])
+    res = CliRunner().invoke(
+        cli, ["verify", "--spec", str(spec), "--sim", str(tmp_path), "--root", str(tmp_path)]
+    )
     assert res.exit_code != 0
     assert "--root and --sim exclude each other" in str(res.exception) + res.output
 
@@ -579,12 +608,17 @@ def test_http_reasons():
     refused = requests.ConnectionError(
         "HTTPConnectionPool(host='10.0.0.5', port=30000): Max retries exceeded with url: /v1/models "
         "(Caused by NewConnectionError('<urllib3.connection.HTTPConnection object at 0x7f>: Failed to "
-        "establish a new connection: [Errno 111] Connection refused'))")
+        "establish a new connection: [Errno 111] Connection refused'))"
+    )
     assert http_reason(refused) == "Connection refused"
     closed = requests.ConnectionError(
-        "('Connection aborted.', RemoteDisconnected('Remote end closed connection without response'))")
+        "('Connection aborted.', RemoteDisconnected('Remote end closed connection without response'))"
+    )
     assert http_reason(closed) == "connection closed without a reply"
-    assert http_reason(requests.ReadTimeout("HTTPConnectionPool(...): Read timed out. (read timeout=0.5)")) == "timed out"
+    assert (
+        http_reason(requests.ReadTimeout("HTTPConnectionPool(...): Read timed out. (read timeout=0.5)"))
+        == "timed out"
+    )
     assert http_reason(ValueError("x")) == "ValueError"
 
 
@@ -608,9 +642,13 @@ def test_endpoint_from_the_spec_health_url(healthy):
     from gputopo.ports import Ports
 
     host, ports = healthy
-    bare = Ports(sysfs=ports.sysfs, proxmox=ports.proxmox, exec=ports.exec, files=ports.files, http=RequestsHttp())
+    bare = Ports(
+        sysfs=ports.sysfs, proxmox=ports.proxmox, exec=ports.exec, files=ports.files, http=RequestsHttp()
+    )
     url = host.endpoint.url
-    spec = SPEC.replace("service: {unit: sglang.service}", f"service: {{unit: sglang.service, health_url: '{url}/health'}}")
+    spec = SPEC.replace(
+        "service: {unit: sglang.service}", f"service: {{unit: sglang.service, health_url: '{url}/health'}}"
+    )
     c = _verify(host, bare, spec, only=["inference"]).check("inference")
     assert c.status == PASS and c.details[str(CT)]["url"] == url, c.summary
     # the container's address on a network this machine cannot reach: no reply within the timeout
@@ -644,9 +682,13 @@ def test_endpoint_not_listening_fails(healthy):
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()  # nothing listens there now
-    bare = Ports(sysfs=ports.sysfs, proxmox=ports.proxmox, exec=ports.exec, files=ports.files, http=RequestsHttp())
-    spec = SPEC.replace("service: {unit: sglang.service}",
-                        f"service: {{unit: sglang.service, health_url: 'http://127.0.0.1:{port}/health'}}")
+    bare = Ports(
+        sysfs=ports.sysfs, proxmox=ports.proxmox, exec=ports.exec, files=ports.files, http=RequestsHttp()
+    )
+    spec = SPEC.replace(
+        "service: {unit: sglang.service}",
+        f"service: {{unit: sglang.service, health_url: 'http://127.0.0.1:{port}/health'}}",
+    )
     c = _verify(host, bare, spec, only=["inference"]).check("inference")
     assert c.status == FAIL and "Connection refused" in c.summary
 
@@ -654,8 +696,10 @@ def test_endpoint_not_listening_fails(healthy):
 @pytest.mark.slow
 def test_a_wrong_port_on_the_container_is_refused(healthy):
     host, ports = healthy
-    spec = SPEC.replace("service: {unit: sglang.service}",
-                        "service: {unit: sglang.service, health_url: 'http://10.0.0.101:8000'}")
+    spec = SPEC.replace(
+        "service: {unit: sglang.service}",
+        "service: {unit: sglang.service, health_url: 'http://10.0.0.101:8000'}",
+    )
     c = _verify(host, ports, spec, only=["inference"]).check("inference")
     assert c.status == FAIL and "Connection refused" in c.summary
 
@@ -690,8 +734,9 @@ def test_build_ports_for_a_real_api(healthy):
     from gputopo.cli.connect import Connection, build_ports
 
     host, _ = healthy
-    conn = Connection(root=str(host.paths.root), api_url=host.url, node="pve1",
-                      ca_bundle=str(host.api.ca_cert_path))
+    conn = Connection(
+        root=str(host.paths.root), api_url=host.url, node="pve1", ca_bundle=str(host.api.ca_cert_path)
+    )
     ports = build_ports(conn, env={"GPUTOPO_PVE_PASSWORD": host.credentials()["password"]})
     try:
         assert isinstance(ports.sysfs, RealSysfs) and isinstance(ports.exec, PctExec)

@@ -17,7 +17,14 @@ from typing import Any
 from gputopo.actions import UpdateVmConfig
 from gputopo.errors import PveFormatError
 from gputopo.formats.hostpci import (
-    MAX_HOSTPCI, NUMA_KEY, format_hostpci, hostpci_index, hostpci_key, hostpci_keys, parse_hostpci, with_mmio64_mb,
+    MAX_HOSTPCI,
+    NUMA_KEY,
+    format_hostpci,
+    hostpci_index,
+    hostpci_key,
+    hostpci_keys,
+    parse_hostpci,
+    with_mmio64_mb,
 )
 from gputopo.formats.qemuconf import check_qemu_option, is_q35, memory_mib, start_problems
 from gputopo.model.facts import Facts
@@ -38,7 +45,9 @@ class VmPlan:
     configs: dict[int, dict[str, Any]] = field(default_factory=dict)  # each consumer's config after the plan
 
 
-def _lines(c: VmConsumer, mid: str, cfg: dict[str, str], n: int) -> tuple[dict[str, str], list[str], str | None]:
+def _lines(
+    c: VmConsumer, mid: str, cfg: dict[str, str], n: int
+) -> tuple[dict[str, str], list[str], str | None]:
     """(the hostpciN lines to have, the ones to delete, why it cannot) for ``n`` GPUs of ``mid``."""
     props = {"mapping": mid}
     if c.pcie:
@@ -63,12 +72,16 @@ def _lines(c: VmConsumer, mid: str, cfg: dict[str, str], n: int) -> tuple[dict[s
     slots = (sorted(owned) + free)[:n]
     if len(slots) < n:
         return {}, [], f"needs {n} hostpci line(s), but only {len(slots)} of {MAX_HOSTPCI} indices are free"
-    return ({hostpci_key(i): value for i in slots},
-            [hostpci_key(i) for i in sorted(owned) if i not in slots], None)
+    return (
+        {hostpci_key(i): value for i in slots},
+        [hostpci_key(i) for i in sorted(owned) if i not in slots],
+        None,
+    )
 
 
-def _consumer(c: VmConsumer, facts: Facts, current: CurrentState, view: MapView,
-              found: Findings, out: VmPlan) -> None:
+def _consumer(
+    c: VmConsumer, facts: Facts, current: CurrentState, view: MapView, found: Findings, out: VmPlan
+) -> None:
     vm = f"VM {c.vmid}"
     g = current.guests.get(c.vmid)
     if g is None:
@@ -80,36 +93,51 @@ def _consumer(c: VmConsumer, facts: Facts, current: CurrentState, view: MapView,
     mid = view.find(c.mapping) or view.find(c.mapping, after=False) or managed
     if mid is None:
         have = ", ".join(sorted(set(view.after) | view.managed)) or "none"
-        found.refuse(None, f"{vm}: mapping {c.mapping} is not a mapping of this cluster (have: {have})",
-                     "no-such-mapping")
+        found.refuse(
+            None,
+            f"{vm}: mapping {c.mapping} is not a mapping of this cluster (have: {have})",
+            "no-such-mapping",
+        )
         return
     leaving, dirty = view.leaving(mid), view.container_gpus(mid) if view.find(mid) else {}
     gone = {**leaving, **dirty}
     target, avail = view.find(mid) or mid, [a for a in view.paths(mid) if a not in dirty]
     notes: list[str] = []
     if gone and c.when_gpus_leave == "refuse":
-        found.refuse(None, (
-            f"{vm} uses mapping {mid}, whose GPU(s) go to a container ({owners_text(gone)}): set "
-            f"when_gpus_leave (remove or repoint) for {vm} in vms.consumers"), "vm-mapping")
+        found.refuse(
+            None,
+            (
+                f"{vm} uses mapping {mid}, whose GPU(s) go to a container ({owners_text(gone)}): set "
+                f"when_gpus_leave (remove or repoint) for {vm} in vms.consumers"
+            ),
+            "vm-mapping",
+        )
         return
     if c.when_gpus_leave == "repoint" and (gone or not avail):
         rid = view.find(c.repoint_to or "")
         if rid is None or view.container_gpus(rid):
             why = "does not exist" if rid is None else "lists container GPUs too"
-            found.refuse(None, f"{vm}: cannot repoint to mapping {c.repoint_to}, which {why}",
-                         "vm-mapping")
+            found.refuse(None, f"{vm}: cannot repoint to mapping {c.repoint_to}, which {why}", "vm-mapping")
             return
         target, avail = rid, view.paths(rid)
-        notes.append(f"mapping {mid} has no GPU left for it: its lines name {rid}" if not gone else
-                     f"GPU(s) of {mid} go to a container ({owners_text(gone)}): its lines now name {rid}")
+        notes.append(
+            f"mapping {mid} has no GPU left for it: its lines name {rid}"
+            if not gone
+            else f"GPU(s) of {mid} go to a container ({owners_text(gone)}): its lines now name {rid}"
+        )
     elif gone:
         avail = [] if dirty else avail
-        notes.append(f"GPU(s) of {mid} go to a container ({owners_text(gone)}): their hostpci lines are removed")
+        notes.append(
+            f"GPU(s) of {mid} go to a container ({owners_text(gone)}): their hostpci lines are removed"
+        )
     n = c.gpus or len(avail)
     if n > len(avail):
         if c.when_gpus_leave == "refuse":
-            found.refuse(None, f"{vm} asks {n} GPU(s) of mapping {target}, which has {len(avail)} on "
-                               f"node {view.node}", "vm-gpus")
+            found.refuse(
+                None,
+                f"{vm} asks {n} GPU(s) of mapping {target}, which has {len(avail)} on node {view.node}",
+                "vm-gpus",
+            )
             return
         found.warn(f"{vm} gets {len(avail)} of the {n} GPU(s) it asks from mapping {target}")
         n = len(avail)
@@ -120,26 +148,45 @@ def _consumer(c: VmConsumer, facts: Facts, current: CurrentState, view: MapView,
         return
     want: dict[str, str] = dict(hostpci)
     if n:
-        notes.insert(0, f"{', '.join(hostpci_keys(hostpci))}: mapping={target}; Proxmox gives "
-                        "each line a free GPU of the mapping when the VM starts")
+        notes.insert(
+            0,
+            f"{', '.join(hostpci_keys(hostpci))}: mapping={target}; Proxmox gives "
+            "each line a free GPU of the mapping when the VM starts",
+        )
     gpus = [gg for a in avail if (gg := facts.gpu(a)) is not None]
     bios = cfg.get("bios", "seabios")
     if c.pcie and n and not is_q35(cfg):
-        found.refuse(None, f"{vm} is i440fx (machine: {cfg.get('machine', 'default')}) but pcie=1 needs "
-                           "machine q35: set machine: q35 or pcie: false", "vm-machine")
+        found.refuse(
+            None,
+            f"{vm} is i440fx (machine: {cfg.get('machine', 'default')}) but pcie=1 needs "
+            "machine q35: set machine: q35 or pcie: false",
+            "vm-machine",
+        )
     if c.x_vga and n and bios == "ovmf":
-        found.refuse(None, f"{vm}: x-vga=1 is dropped with bios ovmf (qemu-server passes it to SeaBIOS "
-                           "only): set x-vga: false", "vm-x-vga")
+        found.refuse(
+            None,
+            f"{vm}: x-vga=1 is dropped with bios ovmf (qemu-server passes it to SeaBIOS "
+            "only): set x-vga: false",
+            "vm-x-vga",
+        )
     if n:
         _place(c, facts, cfg, gpus, want, notes, found)
         m = mmio(gpus, n, cfg.get("args"), c.mmio64_mb)
         if not m.fits_default() and bios != "ovmf":
-            found.refuse(None, (
-                f"{vm} boots SeaBIOS, which cannot map {gib(m.need)} of 64-bit BARs ({n} GPU(s), largest BAR "
-                f"{gib(m.largest)}): set bios: ovmf (with an efidisk0)"), "vm-seabios")
+            found.refuse(
+                None,
+                (
+                    f"{vm} boots SeaBIOS, which cannot map {gib(m.need)} of 64-bit BARs ({n} GPU(s), largest BAR "
+                    f"{gib(m.largest)}): set bios: ovmf (with an efidisk0)"
+                ),
+                "vm-seabios",
+            )
         elif c.mmio64_mb is not None and m.need > c.mmio64_mb << 20:
-            found.refuse(None, f"{vm}: mmio64_mb {c.mmio64_mb} is smaller than its GPUs' "
-                               f"{gib(m.need)} of 64-bit BARs", "vm-mmio")
+            found.refuse(
+                None,
+                f"{vm}: mmio64_mb {c.mmio64_mb} is smaller than its GPUs' {gib(m.need)} of 64-bit BARs",
+                "vm-mmio",
+            )
         elif bios == "ovmf":
             if m.set_mb is not None:
                 want["args"] = with_mmio64_mb(cfg.get("args"), m.set_mb)
@@ -152,43 +199,72 @@ def _consumer(c: VmConsumer, facts: Facts, current: CurrentState, view: MapView,
     sets = {k: v for k, v in want.items() if cfg.get(k) != v}
     after = {**{k: v for k, v in cfg.items() if k not in deletes}, **want}
     # every key: a line Proxmox cannot parse is dropped on its next write of the config
-    problems = [f"unable to parse value of '{k}' - {w}" for k, v in sorted(after.items())
-                if (w := check_qemu_option(k, v))] + start_problems(after)
+    problems = [
+        f"unable to parse value of '{k}' - {w}"
+        for k, v in sorted(after.items())
+        if (w := check_qemu_option(k, v))
+    ] + start_problems(after)
     if problems:
         for p in problems:
             found.refuse(None, f"{vm}: {p}", "vm-config")
         return
     out.configs[c.vmid] = after
-    out.targets.append(VmTarget(vmid=c.vmid, mapping=target, gpus=n, numa_nodes=placement(facts, gpus).nodes,
-                                mmio64_need=mmio(gpus, n, None, None).need if n else 0, config=want, notes=notes))
+    out.targets.append(
+        VmTarget(
+            vmid=c.vmid,
+            mapping=target,
+            gpus=n,
+            numa_nodes=placement(facts, gpus).nodes,
+            mmio64_need=mmio(gpus, n, None, None).need if n else 0,
+            config=want,
+            notes=notes,
+        )
+    )
     if sets or deletes:
-        out.updates.append(UpdateVmConfig(vmid=c.vmid, set=sets, delete=deletes, digest=g.config.get("digest")))
+        out.updates.append(
+            UpdateVmConfig(vmid=c.vmid, set=sets, delete=deletes, digest=g.config.get("digest"))
+        )
         if g.status == "running":
             out.restart.append(c.vmid)
     if c.start and g.status != "running":
         out.start.append(c.vmid)
 
 
-def _place(c: VmConsumer, facts: Facts, cfg: dict[str, str], gpus: list[Any], want: dict[str, str],
-           notes: list[str], found: Findings) -> None:
+def _place(
+    c: VmConsumer,
+    facts: Facts,
+    cfg: dict[str, str],
+    gpus: list[Any],
+    want: dict[str, str],
+    notes: list[str],
+    found: Findings,
+) -> None:
     """Add the affinity, numa, numa0 and hugepages keys (with their reasons) to ``want``."""
     vm = f"VM {c.vmid}"
     pl = placement(facts, gpus)
     if len(pl.nodes) > 1:
         where = ", ".join(f"{g.address} on {g.numa_node}" for g in gpus if g.numa_node is not None)
-        found.warn(f"{vm}: its GPUs span NUMA nodes {', '.join(map(str, pl.nodes))} ({where}): "
-                   "its memory and half its GPU traffic cross sockets")
+        found.warn(
+            f"{vm}: its GPUs span NUMA nodes {', '.join(map(str, pl.nodes))} ({where}): "
+            "its memory and half its GPU traffic cross sockets"
+        )
     if pl.unknown:
         found.warn(f"{vm}: NUMA node unknown for {', '.join(pl.unknown)}; its CPUs are not pinned")
     nodes = ",".join(map(str, pl.nodes))
     if c.affinity and pl.affinity is not None:
         if not pl.affinity:
-            found.refuse(None, f"{vm}: NUMA node {nodes} has no CPUs, and an empty affinity fails at VM "
-                               "start: set affinity: false", "vm-affinity")
+            found.refuse(
+                None,
+                f"{vm}: NUMA node {nodes} has no CPUs, and an empty affinity fails at VM "
+                "start: set affinity: false",
+                "vm-affinity",
+            )
             return
         want["affinity"] = pl.affinity
-        notes.append(f"affinity {pl.affinity}: the CPUs of NUMA node {nodes}, where its GPUs are; its vCPUs and "
-                     "QEMU's threads stay on that socket")
+        notes.append(
+            f"affinity {pl.affinity}: the CPUs of NUMA node {nodes}, where its GPUs are; its vCPUs and "
+            "QEMU's threads stay on that socket"
+        )
     if c.numa:
         want["numa"] = "1"
         custom = sorted(k for k in cfg if NUMA_KEY.match(k) and k != "numa0")
@@ -198,20 +274,25 @@ def _place(c: VmConsumer, facts: Facts, cfg: dict[str, str], gpus: list[Any], wa
             vcpus = sockets * cores
             cpus = "0" if vcpus == 1 else f"0-{vcpus - 1}"
             want["numa0"] = f"cpus={cpus},hostnodes={nodes},memory={memory_mib(cfg)},policy=bind"
-            notes.append(f"numa: 1, numa0 hostnodes={nodes},policy=bind: its memory comes from node {nodes} "
-                         "(qemu-server otherwise takes guest memory and hugepages from host node 0 upwards)")
+            notes.append(
+                f"numa: 1, numa0 hostnodes={nodes},policy=bind: its memory comes from node {nodes} "
+                "(qemu-server otherwise takes guest memory and hugepages from host node 0 upwards)"
+            )
         elif custom or hotplug:
             why = f"its own NUMA topology ({', '.join(custom)})" if custom else "memory hotplug"
             found.warn(f"{vm} has {why}; numa0 is left alone, its memory is not bound to node {nodes or '?'}")
     if c.hugepages:
         want["hugepages"] = c.hugepages
         size = {"2": "2 MiB", "1024": "1 GiB", "any": "1 GiB where possible, else 2 MiB"}[c.hugepages]
-        notes.append(f"hugepages {c.hugepages}: guest memory in {size} pages, taken on node {nodes or '?'} at "
-                     "start (they must be free there)")
+        notes.append(
+            f"hugepages {c.hugepages}: guest memory in {size} pages, taken on node {nodes or '?'} at "
+            "start (they must be free there)"
+        )
 
 
-def plan_consumers(consumers: list[VmConsumer], facts: Facts, current: CurrentState, view: MapView,
-                   found: Findings) -> VmPlan:
+def plan_consumers(
+    consumers: list[VmConsumer], facts: Facts, current: CurrentState, view: MapView, found: Findings
+) -> VmPlan:
     """The :class:`VmPlan` of ``consumers``; refusals and warnings are added to ``found``."""
     out = VmPlan()
     for c in consumers:

@@ -51,8 +51,10 @@ class Placement:
 def placement(facts: Facts, gpus: list[Gpu]) -> Placement:
     """The NUMA nodes of ``gpus`` and the CPUs of those nodes (``affinity``; empty text when the
     nodes have no CPUs). Unknown nodes leave the affinity unset."""
-    out = Placement(nodes=sorted({g.numa_node for g in gpus if g.numa_node is not None}),
-                    unknown=[g.address for g in gpus if g.numa_node is None])
+    out = Placement(
+        nodes=sorted({g.numa_node for g in gpus if g.numa_node is not None}),
+        unknown=[g.address for g in gpus if g.numa_node is None],
+    )
     if out.unknown or not out.nodes:
         return out
     cpus: set[int] = set()
@@ -98,9 +100,11 @@ def mmio_note(m: Mmio) -> str:
     """Why the window is what it is, for the plan."""
     bars = f"{m.count} GPU(s) with {gib(m.need)} of 64-bit BARs (largest {gib(m.largest)})"
     if m.set_mb is not None:
-        return (f"{bars} do not fit OVMF's default 32 GiB 64-bit MMIO window: args gets "
-                f"-fw_cfg name=opt/ovmf/X-PciMmio64Mb,string={m.set_mb} ({gib(m.set_mb << 20)}); "
-                "without it the firmware gives a GPU no BAR and the guest driver cannot use it")
+        return (
+            f"{bars} do not fit OVMF's default 32 GiB 64-bit MMIO window: args gets "
+            f"-fw_cfg name=opt/ovmf/X-PciMmio64Mb,string={m.set_mb} ({gib(m.set_mb << 20)}); "
+            "without it the firmware gives a GPU no BAR and the guest driver cannot use it"
+        )
     if m.now_mb is not None:
         return f"{bars} fit the window args already sets ({gib(m.now_mb << 20)})"
     return f"{bars} fit OVMF's default 32 GiB 64-bit MMIO window"
@@ -113,9 +117,13 @@ def phys_bits_note(window_mb: int, memory_mib: int, cpu: str | None) -> str | No
     words = (cpu or "").split(",")
     if words[0] == "host" or any(w in ("phys-bits=host",) for w in words):
         return None
-    bits = next((int(w.split("=", 1)[1]) for w in words if w.startswith("phys-bits=") and w[10:].isdigit()), 40)
+    bits = next(
+        (int(w.split("=", 1)[1]) for w in words if w.startswith("phys-bits=") and w[10:].isdigit()), 40
+    )
     if (window_mb << 20) + (memory_mib << 20) + (4 * GIB) <= 1 << bits:
         return None
-    return (f"the guest CPU addresses {gib(1 << bits)} ({bits} phys-bits) but needs room for a "
-            f"{gib(window_mb << 20)} MMIO window above {gib(memory_mib << 20)} of RAM: set cpu: host "
-            "or add phys-bits=host to the VM's cpu")
+    return (
+        f"the guest CPU addresses {gib(1 << bits)} ({bits} phys-bits) but needs room for a "
+        f"{gib(window_mb << 20)} MMIO window above {gib(memory_mib << 20)} of RAM: set cpu: host "
+        "or add phys-bits=host to the VM's cpu"
+    )

@@ -36,7 +36,7 @@ class MapView:
 
     def find(self, name: str, after: bool = True) -> str | None:
         """The id of mapping ``name`` (ids are case-insensitive), or None when there is none."""
-        for mid in (self.after if after else self.before):
+        for mid in self.after if after else self.before:
             if mid.lower() == name.lower():
                 return mid
         return None
@@ -58,8 +58,11 @@ class MapView:
         """address -> container owner of every GPU ``mid`` lists now that a container gets
         (``moving``: only those this plan moves to the container's driver)."""
         found = self.find(mid, after=False)
-        return {a: self.owner_of[a] for a in (self.paths(found, after=False) if found else [])
-                if a in self.to_container or (not moving and self._to_container(a))}
+        return {
+            a: self.owner_of[a]
+            for a in (self.paths(found, after=False) if found else [])
+            if a in self.to_container or (not moving and self._to_container(a))
+        }
 
 
 def mapping_lines(config: dict[str, Any]) -> list[tuple[str, str]]:
@@ -94,13 +97,16 @@ def unsafe_start(config: dict[str, Any], view: MapView) -> str | None:
             return f"{key} names mapping {name}, which does not exist after the plan"
         taken = view.container_gpus(mid)
         if taken:
-            return (f"{key} names mapping {mid}, which lists container GPU(s) ({owners_text(taken)}): "
-                    "Proxmox could give it one of them")
+            return (
+                f"{key} names mapping {mid}, which lists container GPU(s) ({owners_text(taken)}): "
+                "Proxmox could give it one of them"
+            )
     return None
 
 
-def check_guests(current: CurrentState, view: MapView, handled: set[int], restarts: set[int],
-                 found: Findings) -> set[int]:
+def check_guests(
+    current: CurrentState, view: MapView, handled: set[int], restarts: set[int], found: Findings
+) -> set[int]:
     """Refuse running VMs (outside ``handled``, the consumers) whose mappings' GPUs this plan
     moves to a container, and warn about stopped ones whose next start is unsafe. Returns the
     VMs refused."""
@@ -114,12 +120,20 @@ def check_guests(current: CurrentState, view: MapView, handled: set[int], restar
             if g.status == "running" and leaving:
                 refused.add(vmid)
                 verb = "would be stopped and could not start again" if vmid in restarts else "holds them"
-                runs = ("is running" if current.guest_status_known else
-                        "may be running (Proxmox's files cannot tell: plan with --local or --api-url to know)")
-                found.refuse(None, (
-                    f"VM {vmid} {runs} with mapping {mid} ({key}), whose GPU(s) go to a container "
-                    f"({owners_text(leaving)}): it {verb}; list it in vms.consumers with when_gpus_leave: "
-                    "remove or repoint, or shut it down and change its hostpci lines"), "vm-mapping")
+                runs = (
+                    "is running"
+                    if current.guest_status_known
+                    else "may be running (Proxmox's files cannot tell: plan with --local or --api-url to know)"
+                )
+                found.refuse(
+                    None,
+                    (
+                        f"VM {vmid} {runs} with mapping {mid} ({key}), whose GPU(s) go to a container "
+                        f"({owners_text(leaving)}): it {verb}; list it in vms.consumers with when_gpus_leave: "
+                        "remove or repoint, or shut it down and change its hostpci lines"
+                    ),
+                    "vm-mapping",
+                )
                 break
             if g.status != "running":
                 why = unsafe_start({key: f"mapping={name}"}, view)
@@ -128,11 +142,15 @@ def check_guests(current: CurrentState, view: MapView, handled: set[int], restar
     return refused
 
 
-def check_restarts(starts: list[int], configs: dict[int, dict[str, Any]], view: MapView,
-                   found: Findings) -> None:
+def check_restarts(
+    starts: list[int], configs: dict[int, dict[str, Any]], view: MapView, found: Findings
+) -> None:
     """Refuse the plan when a VM it starts (again) has a mapping line that is unsafe after it."""
     for vmid in starts:
         why = unsafe_start(configs.get(vmid, {}), view)
         if why:
-            found.refuse(None, f"VM {vmid} would be started, but its {why}; the plan never "
-                               "starts such a VM", "vm-restart")
+            found.refuse(
+                None,
+                f"VM {vmid} would be started, but its {why}; the plan never starts such a VM",
+                "vm-restart",
+            )

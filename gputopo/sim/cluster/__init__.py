@@ -15,7 +15,12 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_NAMES = {"create_cluster": "build", "node_names": "build", "SimCluster": "cluster", "LocalNodeShell": "cluster"}
+_NAMES = {
+    "create_cluster": "build",
+    "node_names": "build",
+    "SimCluster": "cluster",
+    "LocalNodeShell": "cluster",
+}
 __all__ = sorted(_NAMES)
 
 

@@ -27,8 +27,8 @@ from gputopo.formats.corosync import CorosyncNode, write_corosync_conf
 from gputopo.formats.hacfg import Section, write_section_config
 from gputopo.formats.pcicfg import PciMapping, parse_pci_cfg, write_pci_cfg
 from gputopo.sim import state
-from gputopo.sim.files import PMXCFS_MODE, atomic_write
 from gputopo.sim.cluster.peers import CLUSTER
+from gputopo.sim.files import PMXCFS_MODE, atomic_write
 from gputopo.sim.host import SimHost
 
 ADDRESS_BASE = 10  # node i answers on 127.0.0.<10 + i>
@@ -39,8 +39,14 @@ def node_names(count: int, prefix: str = "pve") -> list[str]:
     return [f"{prefix}{i}" for i in range(1, count + 1)]
 
 
-def create_cluster(dir: str | os.PathLike, count: int = 3, source: str = "seed", service: str = "sglang",
-                   pve_version: str = "8.4.1", prefix: str = "pve") -> Path:
+def create_cluster(
+    dir: str | os.PathLike,
+    count: int = 3,
+    source: str = "seed",
+    service: str = "sglang",
+    pve_version: str = "8.4.1",
+    prefix: str = "pve",
+) -> Path:
     """Create a simulated cluster of ``count`` nodes in ``dir`` (absent or empty); returns ``dir``.
 
     Raises SimHostError for a non-empty ``dir`` or fewer than 2 nodes (one node is a simulated
@@ -73,8 +79,15 @@ def _build(dir: Path, names: list[str], source: str, service: str, pve_version: 
     mappings: dict[str, PciMapping] = {}
     for i, name in enumerate(names, 1):
         node_dir = dir / "nodes" / name
-        host = SimHost.create(node_dir, source=source, node=name, container=100 + i, vm=200 + i, service=service,
-                              pve_version=pve_version)
+        host = SimHost.create(
+            node_dir,
+            source=source,
+            node=name,
+            container=100 + i,
+            vm=200 + i,
+            service=service,
+            pve_version=pve_version,
+        )
         own = host.paths.pve
         shutil.move(str(own / "nodes" / name), str(shared / "nodes" / name))
         for m in parse_pci_cfg(_read(own / "mapping" / "pci.cfg")):
@@ -86,19 +99,37 @@ def _build(dir: Path, names: list[str], source: str, service: str, pve_version: 
         own.symlink_to(Path("..") / ".." / "pve")
         info = dict(host.info, cluster=os.path.join("..", ".."))
         state.write_state(host.paths.run, "host", info)
-        members[name] = {"address": f"127.0.0.{ADDRESS_BASE + i}", "nodeid": i, "container": 100 + i, "vm": 200 + i}
+        members[name] = {
+            "address": f"127.0.0.{ADDRESS_BASE + i}",
+            "nodeid": i,
+            "container": 100 + i,
+            "vm": 200 + i,
+        }
     for link in ("lxc", "qemu-server"):
         # pmxcfs shows each node its own; one tree shared by all can show only one node's
         (shared / link).symlink_to(f"nodes/{names[0]}/{link}")
     (shared / "local").symlink_to(f"nodes/{names[0]}")
     atomic_write(shared / "mapping" / "pci.cfg", write_pci_cfg(list(mappings.values())), PMXCFS_MODE)
-    atomic_write(shared / "corosync.conf", write_corosync_conf(
-        "gputopo-sim", [CorosyncNode(n, m["nodeid"], m["address"]) for n, m in members.items()]), PMXCFS_MODE)
+    atomic_write(
+        shared / "corosync.conf",
+        write_corosync_conf(
+            "gputopo-sim", [CorosyncNode(n, m["nodeid"], m["address"]) for n, m in members.items()]
+        ),
+        PMXCFS_MODE,
+    )
     (shared / "ha").mkdir()
-    atomic_write(shared / "ha" / "resources.cfg", write_section_config(
-        [Section(type="vm", id=str(m["vm"]), props={"state": "stopped"}) for m in members.values()]), PMXCFS_MODE)
-    state.write_state(dir / "run", CLUSTER, {"nodes": members, "pve_version": pve_version, "service": service,
-                                              "source": source})
+    atomic_write(
+        shared / "ha" / "resources.cfg",
+        write_section_config(
+            [Section(type="vm", id=str(m["vm"]), props={"state": "stopped"}) for m in members.values()]
+        ),
+        PMXCFS_MODE,
+    )
+    state.write_state(
+        dir / "run",
+        CLUSTER,
+        {"nodes": members, "pve_version": pve_version, "service": service, "source": source},
+    )
 
 
 def _read(path: Path) -> str:

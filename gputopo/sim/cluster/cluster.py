@@ -28,8 +28,11 @@ class SimCluster:
         self.dir = Path(dir)
         info = cluster_info(self.dir)
         if not info.get("nodes"):
-            raise SimHostError(str(self.dir), "not a simulated cluster (no run/cluster.json); create one with "
-                                              "'gputopo sim create --nodes N DIR'")
+            raise SimHostError(
+                str(self.dir),
+                "not a simulated cluster (no run/cluster.json); create one with "
+                "'gputopo sim create --nodes N DIR'",
+            )
         self.info = info
         self.nodes: list[str] = list(info["nodes"])
         self.addresses: dict[str, str] = {n: m["address"] for n, m in info["nodes"].items()}
@@ -74,7 +77,7 @@ class SimCluster:
             self.host.stop()
             self.host = None
 
-    def shell(self, env: dict[str, str] | None = None) -> "LocalNodeShell":
+    def shell(self, env: dict[str, str] | None = None) -> LocalNodeShell:
         return LocalNodeShell(self, env)
 
 
@@ -94,8 +97,15 @@ class LocalNodeShell:
         env = dict(os.environ if self.env is None else self.env)
         env.pop("SSH_ORIGINAL_COMMAND", None)
         try:
-            p = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout, env=env,
-                               stdin=subprocess.DEVNULL if input is None else None)
+            p = subprocess.run(
+                cmd,
+                input=input,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                env=env,
+                stdin=subprocess.DEVNULL if input is None else None,
+            )
         except subprocess.TimeoutExpired:
             raise NodeUnreachable(node, f"no answer within {timeout:g} s") from None
         return ExecResult(p.returncode, p.stdout, p.stderr)

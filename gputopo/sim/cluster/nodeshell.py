@@ -35,7 +35,7 @@ def with_node(args: list[str], node_dir: Path) -> list[str]:
         i += 1  # global options (--debug, --version)
     if i >= len(args):
         return args
-    cmd, rest = args[i], args[i + 1:]
+    cmd, rest = args[i], args[i + 1 :]
     rest = [a for a in rest if a != "--local"]  # the node's own API is the simulated one
     if cmd in SIM_COMMANDS and "--sim" not in rest:
         rest = ["--sim", str(node_dir)] + rest
@@ -81,8 +81,10 @@ def _pct(node_dir: Path, args: list[str]) -> int:
         sys.stderr.write("400 not enough arguments\npct exec <vmid> [<extra-args>]\n")
         return 255
     vmid = int(args[1])
-    argv = args[args.index("--") + 1:]
-    res = SimExec(node_dir).run(vmid, argv, timeout=60.0, input=None if sys.stdin.isatty() else sys.stdin.read())
+    argv = args[args.index("--") + 1 :]
+    res = SimExec(node_dir).run(
+        vmid, argv, timeout=60.0, input=None if sys.stdin.isatty() else sys.stdin.read()
+    )
     sys.stdout.write(res.stdout)
     sys.stderr.write(res.stderr)
     return res.rc

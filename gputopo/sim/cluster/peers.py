@@ -36,5 +36,12 @@ def attach_peers(api: Any, host: Any) -> None:
         if name == host.node:
             continue
         node_dir = cdir / "nodes" / name
-        api.peers[name] = PveApiServer(host.paths.pve, node_dir / "run", node_dir / "root", name, host.version,
-                                       tls=False, hooks=Hooks(node_dir))
+        api.peers[name] = PveApiServer(
+            host.paths.pve,
+            node_dir / "run",
+            node_dir / "root",
+            name,
+            host.version,
+            tls=False,
+            hooks=Hooks(node_dir),
+        )

@@ -25,5 +25,12 @@ from gputopo.sim.container.paths import SimPaths
 from gputopo.sim.container.pct import SimExec
 from gputopo.sim.container.units import write_unit
 
-__all__ = ["Container", "EndpointServer", "SimExec", "SimPaths", "break_container", "heal_container",
-           "write_unit"]
+__all__ = [
+    "Container",
+    "EndpointServer",
+    "SimExec",
+    "SimPaths",
+    "break_container",
+    "heal_container",
+    "write_unit",
+]

@@ -8,16 +8,38 @@ from gputopo.sim.container.paths import inside, read_text
 from gputopo.sim.container.shell import container_file, result
 
 # What an LXC container's /dev holds besides the passed-through nodes.
-BASE_DEV = ("console", "core", "fd", "full", "hugepages", "initctl", "log", "lxc", "mqueue", "net",
-            "null", "ptmx", "pts", "random", "shm", "stderr", "stdin", "stdout", "tty", "tty1",
-            "tty2", "urandom", "zero")
+BASE_DEV = (
+    "console",
+    "core",
+    "fd",
+    "full",
+    "hugepages",
+    "initctl",
+    "log",
+    "lxc",
+    "mqueue",
+    "net",
+    "null",
+    "ptmx",
+    "pts",
+    "random",
+    "shm",
+    "stderr",
+    "stdin",
+    "stdout",
+    "tty",
+    "tty1",
+    "tty2",
+    "urandom",
+    "zero",
+)
 
 
 def ls_dev(ct: Container) -> ExecResult:
     """``ls /dev``: the base nodes of an LXC container and the passed-through ones."""
     names = set(BASE_DEV)
     for d in ct.devices():
-        names.add(d[len("/dev/"):].split("/", 1)[0])
+        names.add(d[len("/dev/") :].split("/", 1)[0])
     return result(0, "".join(n + "\n" for n in sorted(names)))
 
 

@@ -18,11 +18,36 @@ from pathlib import Path
 from gputopo.errors import ContainerStartError
 
 # LXC/Setup/Ubuntu.pm $known_versions
-UBUNTU_KNOWN = frozenset({
-    "26.10", "26.04", "25.10", "25.04", "24.10", "24.04", "23.10", "23.04", "22.10", "22.04", "21.10", "21.04",
-    "20.10", "20.04", "19.10", "19.04", "18.10", "18.04", "17.10", "17.04", "16.10", "16.04", "15.10", "15.04",
-    "14.04", "12.04",
-})
+UBUNTU_KNOWN = frozenset(
+    {
+        "26.10",
+        "26.04",
+        "25.10",
+        "25.04",
+        "24.10",
+        "24.04",
+        "23.10",
+        "23.04",
+        "22.10",
+        "22.04",
+        "21.10",
+        "21.04",
+        "20.10",
+        "20.04",
+        "19.10",
+        "19.04",
+        "18.10",
+        "18.04",
+        "17.10",
+        "17.04",
+        "16.10",
+        "16.04",
+        "15.10",
+        "15.04",
+        "14.04",
+        "12.04",
+    }
+)
 # LXC/Setup/Debian.pm DEBIAN_MINIMUM_RELEASE / DEBIAN_MAXIMUM_RELEASE (the latter a soft limit)
 DEBIAN_MIN, DEBIAN_MAX = 4, 14
 
@@ -38,9 +63,11 @@ def ubuntu_warnings(lsb_release: str) -> list[str]:
         return []
     if int(version.split(".")[0]) < 17:
         raise ContainerStartError(f"unsupported ancient Ubuntu version '{version}'")
-    return [f"The container's Ubuntu version '{version}' is not in the known version list. As it's newer "
-            "than the minimum supported version it's likely to work OK, but full compatibility cannot be "
-            "guaranteed. Please check for PVE system updates."]
+    return [
+        f"The container's Ubuntu version '{version}' is not in the known version list. As it's newer "
+        "than the minimum supported version it's likely to work OK, but full compatibility cannot be "
+        "guaranteed. Please check for PVE system updates."
+    ]
 
 
 def debian_warnings(debian_version: str) -> list[str]:
@@ -54,9 +81,11 @@ def debian_warnings(debian_version: str) -> list[str]:
     if version < DEBIAN_MIN:
         raise ContainerStartError(f"Container Debian version '{version}' is too old")
     if version >= DEBIAN_MAX + 1:
-        return [f"The container's Debian version '{version}' is newer than the tested version '{DEBIAN_MAX}'. "
-                "While everything may work fine, full compatibility cannot be guaranteed. Please check for "
-                "PVE system updates."]
+        return [
+            f"The container's Debian version '{version}' is newer than the tested version '{DEBIAN_MAX}'. "
+            "While everything may work fine, full compatibility cannot be guaranteed. Please check for "
+            "PVE system updates."
+        ]
     return []
 
 
@@ -72,4 +101,4 @@ def start_warnings(rootfs: Path, ostype: str | None) -> list[str]:
 
 def lsb_release(version: str) -> str:
     """An Ubuntu ``/etc/lsb-release`` naming ``version``."""
-    return f"DISTRIB_ID=Ubuntu\nDISTRIB_RELEASE={version}\nDISTRIB_DESCRIPTION=\"Ubuntu {version}\"\n"
+    return f'DISTRIB_ID=Ubuntu\nDISTRIB_RELEASE={version}\nDISTRIB_DESCRIPTION="Ubuntu {version}"\n'

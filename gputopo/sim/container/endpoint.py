@@ -23,8 +23,10 @@ from gputopo.sim.container.lifecycle import Container
 from gputopo.sim.container.paths import SimPaths
 from gputopo.sim.container.server_args import served_model, service_flavor
 
-_ARITH_RE = re.compile(r"(-?\d+(?:\.\d+)?)\s*(x|\*|×|times|multiplied by|\+|plus|-|minus|/|divided by)\s*(-?\d+(?:\.\d+)?)",
-                       re.IGNORECASE)
+_ARITH_RE = re.compile(
+    r"(-?\d+(?:\.\d+)?)\s*(x|\*|×|times|multiplied by|\+|plus|-|minus|/|divided by)\s*(-?\d+(?:\.\d+)?)",
+    re.IGNORECASE,
+)
 
 
 def answer_arithmetic(question: str) -> str | None:
@@ -82,9 +84,13 @@ class EndpointServer:
         return f"http://{host}:{port}"
 
     def start(self) -> EndpointServer:
-        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self._thread = threading.Thread(
+            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
         self._thread.start()
-        state.write_state(SimPaths(self.sim_dir).run, f"endpoint-{self.vmid}", {"url": self.url, "vmid": self.vmid})
+        state.write_state(
+            SimPaths(self.sim_dir).run, f"endpoint-{self.vmid}", {"url": self.url, "vmid": self.vmid}
+        )
         return self
 
     def stop(self) -> None:
@@ -117,15 +123,35 @@ class EndpointServer:
         if method == "GET" and path == "/health":
             return self._send(req, 200, b"", None)
         if method == "GET" and path == "/v1/models":
-            return self._json(req, 200, {"object": "list", "data": [{
-                "id": model, "object": "model", "created": int(svc.get("started", 0)),
-                "owned_by": flavor, "root": model}]})
+            return self._json(
+                req,
+                200,
+                {
+                    "object": "list",
+                    "data": [
+                        {
+                            "id": model,
+                            "object": "model",
+                            "created": int(svc.get("started", 0)),
+                            "owned_by": flavor,
+                            "root": model,
+                        }
+                    ],
+                },
+            )
         if method == "POST" and path == "/v1/chat/completions":
             return self._chat(req, body, model)
         if flavor == "sglang" and method == "GET" and path == "/get_server_info":
-            return self._json(req, 200, {
-                "model_path": model, "tp_size": svc.get("tp", 1),
-                "max_total_num_tokens": self._kv_tokens(ct, svc), "version": "0.4.6"})
+            return self._json(
+                req,
+                200,
+                {
+                    "model_path": model,
+                    "tp_size": svc.get("tp", 1),
+                    "max_total_num_tokens": self._kv_tokens(ct, svc),
+                    "version": "0.4.6",
+                },
+            )
         if flavor == "vllm" and method == "GET" and path == "/metrics":
             blocks = self._kv_tokens(ct, svc) // 16
             text = (
@@ -138,7 +164,8 @@ class EndpointServer:
                 f'vllm:num_gpu_blocks{{model_name="{model}"}} {float(blocks)}\n'
                 "# HELP vllm:num_requests_running Number of requests currently running on GPU.\n"
                 "# TYPE vllm:num_requests_running gauge\n"
-                f'vllm:num_requests_running{{model_name="{model}"}} 0.0\n')
+                f'vllm:num_requests_running{{model_name="{model}"}} 0.0\n'
+            )
             return self._send(req, 200, text.encode(), "text/plain; version=0.0.4; charset=utf-8")
         return self._json(req, 404, {"detail": "Not Found"})
 
@@ -155,22 +182,46 @@ class EndpointServer:
             messages = payload["messages"]
             question = next(m["content"] for m in reversed(messages) if m.get("role") == "user")
         except (ValueError, KeyError, TypeError, StopIteration):
-            return self._json(req, 400, {"object": "error", "message": "messages with a user turn are required",
-                                         "type": "BadRequestError", "code": 400})
+            return self._json(
+                req,
+                400,
+                {
+                    "object": "error",
+                    "message": "messages with a user turn are required",
+                    "type": "BadRequestError",
+                    "code": 400,
+                },
+            )
         answer = answer_arithmetic(str(question))
         wrong = faults_of(self.sim_dir, self.vmid).get("wrong_answer")
         if wrong is not None:
-            answer = str(wrong.get("answer", int(answer) + 1 if answer and answer.lstrip("-").isdigit() else "42"))
+            answer = str(
+                wrong.get("answer", int(answer) + 1 if answer and answer.lstrip("-").isdigit() else "42")
+            )
         content = f"The answer is {answer}." if answer is not None else "I can only do arithmetic."
         now = int(time.time())
-        return self._json(req, 200, {
-            "id": f"chatcmpl-{_uuid.uuid4().hex}", "object": "chat.completion", "created": now,
-            "model": payload.get("model") or model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
-                         "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": len(str(question).split()), "completion_tokens": len(content.split()),
-                      "total_tokens": len(str(question).split()) + len(content.split())},
-        })
+        return self._json(
+            req,
+            200,
+            {
+                "id": f"chatcmpl-{_uuid.uuid4().hex}",
+                "object": "chat.completion",
+                "created": now,
+                "model": payload.get("model") or model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": content},
+                        "finish_reason": "stop",
+                    }
+                ],
+                "usage": {
+                    "prompt_tokens": len(str(question).split()),
+                    "completion_tokens": len(content.split()),
+                    "total_tokens": len(str(question).split()) + len(content.split()),
+                },
+            },
+        )
 
     def _json(self, req, status: int, data: Any) -> None:
         self._send(req, status, json.dumps(data).encode(), "application/json")

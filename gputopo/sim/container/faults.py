@@ -17,8 +17,14 @@ from typing import Any
 from gputopo.sim import state
 from gputopo.sim.container.paths import SimPaths
 
-FAULTS = ("gpu_missing", "unbalanced_memory", "wrong_answer", "hung_endpoint",
-          "nvidia_smi_fails", "service_fails")
+FAULTS = (
+    "gpu_missing",
+    "unbalanced_memory",
+    "wrong_answer",
+    "hung_endpoint",
+    "nvidia_smi_fails",
+    "service_fails",
+)
 
 
 def break_container(sim_dir: str | os.PathLike, vmid: int, what: str, **params: Any) -> None:

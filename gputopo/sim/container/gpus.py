@@ -72,12 +72,14 @@ def host_nvidia_gpus(root: Path) -> list[HostGpu]:
         link = dev / "driver"
         driver = os.path.basename(os.readlink(link)) if link.is_symlink() else None
         device_id = (read_text(dev / "device") or "").strip() or None
-        out.append(HostGpu(
-            address=address,
-            minor=int(minor) if minor.isdigit() else None,
-            name=fields.get("Model") or "NVIDIA Graphics Device",
-            uuid=fields.get("GPU UUID") or f"GPU-{_uuid.uuid5(_uuid.NAMESPACE_URL, address)}",
-            driver=driver,
-            device_id=device_id,
-        ))
+        out.append(
+            HostGpu(
+                address=address,
+                minor=int(minor) if minor.isdigit() else None,
+                name=fields.get("Model") or "NVIDIA Graphics Device",
+                uuid=fields.get("GPU UUID") or f"GPU-{_uuid.uuid5(_uuid.NAMESPACE_URL, address)}",
+                driver=driver,
+                device_id=device_id,
+            )
+        )
     return out

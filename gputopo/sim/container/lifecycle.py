@@ -107,7 +107,11 @@ class Container:
         the host lacks or a container never booted is left as it is."""
         with state.locked(self.paths.run, self.state_name):
             st = self._state()
-            if "devices" in st and path not in st["devices"] and os.path.lexists(inside(self.paths.root, path)):
+            if (
+                "devices" in st
+                and path not in st["devices"]
+                and os.path.lexists(inside(self.paths.root, path))
+            ):
                 st["devices"].append(path)
                 self._save(st)
 
@@ -123,8 +127,11 @@ class Container:
         that minor is bound to nvidia; the ``gpu_missing`` fault hides one more.
         """
         view = set(self.devices())
-        gpus = [g for g in host_nvidia_gpus(self.paths.root)
-                if g.driver == "nvidia" and g.minor is not None and f"/dev/nvidia{g.minor}" in view]
+        gpus = [
+            g
+            for g in host_nvidia_gpus(self.paths.root)
+            if g.driver == "nvidia" and g.minor is not None and f"/dev/nvidia{g.minor}" in view
+        ]
         gpus.sort(key=lambda g: tuple(int(x, 16) for x in re.split(r"[:.]", g.address)))
         fault = faults_of(self.sim_dir, self.vmid).get("gpu_missing")
         if fault is not None and gpus:
@@ -179,8 +186,14 @@ class Container:
         unit, stale = self.effective_unit(name)
         if unit is None:
             return 5, f"Failed to {verb} {name}: Unit {name} not found.\n"
-        warn = (f"Warning: The unit file, source configuration file or drop-ins of {name} changed on "
-                f"disk. Run 'systemctl daemon-reload' to reload units.\n") if stale else ""
+        warn = (
+            (
+                f"Warning: The unit file, source configuration file or drop-ins of {name} changed on "
+                f"disk. Run 'systemctl daemon-reload' to reload units.\n"
+            )
+            if stale
+            else ""
+        )
         problem = unit.problem()
         if problem:
             return 1, warn + f"Failed to {verb} {name}: Unit {name} has a bad unit file setting.\n"
@@ -189,19 +202,28 @@ class Container:
             return 0, warn
         reason = self._start_problem(unit)
         argv = unit.argv
-        svc = {"state": "active", "pid": 0, "argv": argv, "result": "success", "message": "",
-               "started": time.time()}
+        svc = {
+            "state": "active",
+            "pid": 0,
+            "argv": argv,
+            "result": "success",
+            "message": "",
+            "started": time.time(),
+        }
         if reason:
             svc.update(state="failed", result="exit-code", message=reason, code=1)
             self._set_service(name, svc, unit)
             return 1, warn + (
                 f"Job for {name} failed because the control process exited with error code.\n"
-                f"See \"systemctl status {name}\" and \"journalctl -xeu {name}\" for details.\n")
+                f'See "systemctl status {name}" and "journalctl -xeu {name}" for details.\n'
+            )
         svc["ready_at"] = time.time() + service_latency(self.sim_dir, "start")
         svc["tp"] = parse_tp(argv)
         gpus = self.gpus()[: svc["tp"]]
         svc["gpus"] = [g.address for g in gpus]
-        svc["host_pids"] = spawn(self.paths.root, self.vmid, name, argv, svc["tp"], [f"/dev/nvidia{g.minor}" for g in gpus])
+        svc["host_pids"] = spawn(
+            self.paths.root, self.vmid, name, argv, svc["tp"], [f"/dev/nvidia{g.minor}" for g in gpus]
+        )
         svc["pid"] = svc["host_pids"][0]  # MainPID: the server's main process
         self._set_service(name, svc, unit)
         return 0, warn
@@ -216,7 +238,12 @@ class Container:
                 if int(fault["count"]) <= 1:
                     heal_container(self.sim_dir, self.vmid, "service_fails")
                 else:
-                    break_container(self.sim_dir, self.vmid, "service_fails", **{**fault, "count": int(fault["count"]) - 1})
+                    break_container(
+                        self.sim_dir,
+                        self.vmid,
+                        "service_fails",
+                        **{**fault, "count": int(fault["count"]) - 1},
+                    )
             return fault.get("message", "RuntimeError: server crashed during startup")
         if service_flavor(argv) is None:
             return None
@@ -230,8 +257,10 @@ class Container:
         if tp > n:
             return f"RuntimeError: tensor parallel size {tp} needs {tp} GPUs, {n} available"
         if ATTENTION_HEADS % tp:
-            return (f"ValueError: Total number of attention heads ({ATTENTION_HEADS}) must be "
-                    f"divisible by tensor parallel size ({tp}).")
+            return (
+                f"ValueError: Total number of attention heads ({ATTENTION_HEADS}) must be "
+                f"divisible by tensor parallel size ({tp})."
+            )
         return None
 
     def stop_service(self, name: str) -> tuple[int, str]:

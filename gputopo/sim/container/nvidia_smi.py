@@ -14,11 +14,24 @@ from gputopo.sim.container.lifecycle import Container
 from gputopo.sim.container.paths import read_text
 from gputopo.sim.container.shell import result
 
-NVSMI_NO_DRIVER = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
-                   "Make sure that the latest NVIDIA driver is installed and running.\n")
+NVSMI_NO_DRIVER = (
+    "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+    "Make sure that the latest NVIDIA driver is installed and running.\n"
+)
 NVSMI_NO_DEVICES = "No devices were found\n"
-QUERY_FIELDS = ("index", "pci.bus_id", "name", "memory.used", "memory.total", "memory.free",
-                "utilization.gpu", "uuid", "minor_number", "driver_version", "count")
+QUERY_FIELDS = (
+    "index",
+    "pci.bus_id",
+    "name",
+    "memory.used",
+    "memory.total",
+    "memory.free",
+    "utilization.gpu",
+    "uuid",
+    "minor_number",
+    "driver_version",
+    "count",
+)
 
 
 def nvidia_smi(ct: Container, args: list[str]) -> ExecResult:
@@ -33,12 +46,22 @@ def nvidia_smi(ct: Container, args: list[str]) -> ExecResult:
         return result(6, NVSMI_NO_DEVICES)
     used = ct.gpu_memory_used()
     driver = parse_nvidia_version(read_text(ct.paths.root / "proc/driver/nvidia/version")) or "[N/A]"
-    rows = [{
-        "index": idx, "pci.bus_id": g.nvml_bus_id, "name": g.name,
-        "memory.used": used[g.address], "memory.total": g.memory_total,
-        "memory.free": g.memory_total - used[g.address], "utilization.gpu": 0,
-        "uuid": g.uuid, "minor_number": g.minor, "driver_version": driver, "count": len(gpus),
-    } for idx, g in enumerate(gpus)]
+    rows = [
+        {
+            "index": idx,
+            "pci.bus_id": g.nvml_bus_id,
+            "name": g.name,
+            "memory.used": used[g.address],
+            "memory.total": g.memory_total,
+            "memory.free": g.memory_total - used[g.address],
+            "utilization.gpu": 0,
+            "uuid": g.uuid,
+            "minor_number": g.minor,
+            "driver_version": driver,
+            "count": len(gpus),
+        }
+        for idx, g in enumerate(gpus)
+    ]
     return answer(args, rows)
 
 
@@ -68,7 +91,7 @@ def answer(args: list[str], rows: list[dict]) -> ExecResult:
         return result(2, "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n")
     opts = (fmt or "").split(",")
     if not fmt or opts[0] != "csv" or any(o not in ("csv", "noheader", "nounits") for o in opts):
-        return result(2, f'"{fmt}" is not a valid format. Please run \'nvidia-smi -h\' for help.\n')
+        return result(2, f"\"{fmt}\" is not a valid format. Please run 'nvidia-smi -h' for help.\n")
     fields = [f.strip() for f in query.split(",")]
     for f in fields:
         if canonical_field(f) not in QUERY_FIELDS:

@@ -85,7 +85,7 @@ class SimExec:
             return mkdir(ct, args)
         if cmd == "rmdir":
             return rmdir(ct, args)
-        return result(127, err=f"lxc-attach: {vmid}: Failed to exec \"{argv[0]}\": No such file or directory\n")
+        return result(127, err=f'lxc-attach: {vmid}: Failed to exec "{argv[0]}": No such file or directory\n')
 
     def push(self, vmid: int, path: str, content: str, mode: int = 0o644) -> None:
         """Write ``path`` inside container ``vmid`` as ``pct push --perms`` would.

@@ -18,8 +18,11 @@ from pathlib import Path
 # Host PIDs of simulated container processes start here, clear of a fixture's own proc entries.
 HOST_PID_BASE = 200000
 # Python's multiprocessing "spawn" start method: how each tensor-parallel worker's cmdline reads.
-SPAWN_ARGS = ("-c", "from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5, pipe_handle=7)",
-              "--multiprocessing-fork")
+SPAWN_ARGS = (
+    "-c",
+    "from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5, pipe_handle=7)",
+    "--multiprocessing-fork",
+)
 
 
 def container_cgroup(vmid: int, unit: str) -> str:
@@ -44,8 +47,14 @@ def host_process_plan(vmid: int, unit: str, argv: list[str], tp: int, nodes: lis
     gpu_fds = ["/dev/nvidiactl", "/dev/nvidia-uvm"] + list(nodes)
     procs = [{"comm": comm, "cmdline": list(argv), "cgroup": cgroup, "fds": []}]
     for _ in range(tp):
-        procs.append({"comm": comm, "cmdline": [argv[0] if argv else "python3", *SPAWN_ARGS],
-                      "cgroup": cgroup, "fds": gpu_fds})
+        procs.append(
+            {
+                "comm": comm,
+                "cmdline": [argv[0] if argv else "python3", *SPAWN_ARGS],
+                "cgroup": cgroup,
+                "fds": gpu_fds,
+            }
+        )
     return procs
 
 

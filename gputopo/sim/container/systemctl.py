@@ -28,8 +28,10 @@ def _exec_start_prop(svc: dict, unit: Unit) -> str:
         code, status = "exited", f"{svc.get('code', 1)}/FAILURE"
     else:
         code, status = "(null)", "0/0"
-    return (f"{{ path={path} ; argv[]={' '.join(argv)} ; ignore_errors=no ; start_time=[{start_time}] ; "
-            f"stop_time=[n/a] ; pid={svc.get('pid', 0)} ; code={code} ; status={status} }}")
+    return (
+        f"{{ path={path} ; argv[]={' '.join(argv)} ; ignore_errors=no ; start_time=[{start_time}] ; "
+        f"stop_time=[n/a] ; pid={svc.get('pid', 0)} ; code={code} ; status={status} }}"
+    )
 
 
 def systemctl(ct: Container, args: list[str]) -> ExecResult:
@@ -129,8 +131,18 @@ def _list(ct: Container, verb: str, opts: list[str]) -> ExecResult:
     files = sorted(p.name for p in base.glob("*.service")) if base.is_dir() else []
     enabled = set(ct.enabled_units())
     if verb == "list-unit-files":
-        rows = [[n, "enabled" if n in enabled else "disabled" if (ct.unit(n) and ct.unit(n).wanted_by) else "static",
-                 "enabled"] for n in files]
+        rows = [
+            [
+                n,
+                "enabled"
+                if n in enabled
+                else "disabled"
+                if (ct.unit(n) and ct.unit(n).wanted_by)
+                else "static",
+                "enabled",
+            ]
+            for n in files
+        ]
         out = _table(rows, ["UNIT FILE", "STATE", "PRESET"] if legend else None)
         return result(0, out + (f"\n{len(rows)} unit files listed.\n" if legend else ""))
     # loaded units: the enabled ones and every one that was started since boot
@@ -141,8 +153,15 @@ def _list(ct: Container, verb: str, opts: list[str]) -> ExecResult:
         state = _ready_state(ct.service(n))
         if state == "inactive" and "--all" not in opts:
             continue
-        rows.append([n, "loaded" if unit else "not-found", state, _SUB.get(state, "dead"),
-                     (unit.description if unit and unit.description else n)])
+        rows.append(
+            [
+                n,
+                "loaded" if unit else "not-found",
+                state,
+                _SUB.get(state, "dead"),
+                (unit.description if unit and unit.description else n),
+            ]
+        )
     out = _table(rows, ["UNIT", "LOAD", "ACTIVE", "SUB", "DESCRIPTION"] if legend else None)
     return result(0, out + (f"\n{len(rows)} loaded units listed.\n" if legend else ""))
 

@@ -38,8 +38,10 @@ class Unit:
         if not self.exec_start:
             return f"Service {self.name} has no ExecStart=, ExecStop=, or SuccessAction=. Refusing."
         if len(self.exec_start) > 1 and self.service_type != "oneshot":
-            return ("Service has more than one ExecStart= setting, which is only allowed for "
-                    "Type=oneshot services. Refusing.")
+            return (
+                "Service has more than one ExecStart= setting, which is only allowed for "
+                "Type=oneshot services. Refusing."
+            )
         return None
 
 

@@ -64,8 +64,10 @@ class TreeChanges:
         # nvidia keeps a GPU's minor when it is free again, else hands out the lowest free one
         in_use = {m for a, m in st["minors"].items() if a != addr and self._driver(a) == "nvidia"}
         previous = st["minors"].get(addr)
-        minor = previous if previous is not None and previous not in in_use else next(
-            i for i in range(len(in_use) + 1) if i not in in_use
+        minor = (
+            previous
+            if previous is not None and previous not in in_use
+            else next(i for i in range(len(in_use) + 1) if i not in in_use)
         )
         st["minors"][addr] = minor
         text = st["nv_info"].get(addr)
@@ -102,8 +104,13 @@ class TreeChanges:
         cfg = base / "config"
         size = cfg.stat().st_size if cfg.exists() else 256
         cfg.write_bytes(b"\xff" * max(size, 64))
-        for name, value in (("vendor", "0xffff"), ("device", "0xffff"), ("subsystem_vendor", "0xffff"),
-                            ("subsystem_device", "0xffff"), ("class", "0xffffff")):
+        for name, value in (
+            ("vendor", "0xffff"),
+            ("device", "0xffff"),
+            ("subsystem_vendor", "0xffff"),
+            ("subsystem_device", "0xffff"),
+            ("class", "0xffffff"),
+        ):
             if (base / name).exists():
                 (base / name).write_text(value + "\n")
 

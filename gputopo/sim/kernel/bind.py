@@ -107,8 +107,8 @@ class SimKernel(StateFile, Faults, PciTree, TreeChanges, Matching, EventLog):
                 raise Fail(errno.ENOENT)
             return
         drivers = "sys/bus/pci/drivers/"
-        if prel.startswith(drivers) and "/" not in prel[len(drivers):]:
-            drv = prel[len(drivers):]
+        if prel.startswith(drivers) and "/" not in prel[len(drivers) :]:
+            drv = prel[len(drivers) :]
             if name == "bind":
                 return self._bind(drv, bus_name(value))
             if name == "unbind":
@@ -220,8 +220,9 @@ class SimKernel(StateFile, Faults, PciTree, TreeChanges, Matching, EventLog):
                 candidates = [d for d in self._loaded_drivers() if self._matches(st, d, addr)]
                 # dynamic ids are what the user asked for; among static matches the driver the
                 # device had at first sight stands in for the real module load order
-                candidates.sort(key=lambda d: (not self._dynid_match(st, d, ids),
-                                               st["original"].get(addr) != d))
+                candidates.sort(
+                    key=lambda d: (not self._dynid_match(st, d, ids), st["original"].get(addr) != d)
+                )
                 chosen = next((d for d in candidates if self._probe_error(st, d, addr) is None), None)
             if chosen is not None:
                 self._try_attach(chosen, addr, explicit=False)
@@ -252,8 +253,13 @@ class SimKernel(StateFile, Faults, PciTree, TreeChanges, Matching, EventLog):
         with self._state() as st:
             ids = st["dynids"].get(drv, [])
             for rule in ids:
-                if (rule[0] == v and rule[1] == d and (sv == ANY or rule[2] == sv)
-                        and (sd == ANY or rule[3] == sd) and not ((rule[4] ^ c) & cm)):
+                if (
+                    rule[0] == v
+                    and rule[1] == d
+                    and (sv == ANY or rule[2] == sv)
+                    and (sd == ANY or rule[3] == sd)
+                    and not ((rule[4] ^ c) & cm)
+                ):
                     ids.remove(rule)
                     return
         raise Fail(errno.ENODEV)
@@ -273,5 +279,5 @@ def _id_rule(fields: list[int]) -> tuple[int, int, int, int, int, int]:
     the kernel's defaults for fields left out (PCI_ANY_ID, 0); EINVAL without vendor and device."""
     if len(fields) < 2:
         raise Fail(errno.EINVAL)
-    padded = fields[:6] + [ANY, ANY, 0, 0][max(0, len(fields) - 2):]
+    padded = fields[:6] + [ANY, ANY, 0, 0][max(0, len(fields) - 2) :]
     return tuple(padded[:6])  # type: ignore[return-value]

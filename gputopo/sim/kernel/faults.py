@@ -54,7 +54,9 @@ class Faults:
                 for a, ops in address_latency.items():
                     st["address_latency"].setdefault(a, {}).update(ops)
 
-    def inject(self, address: str, op: str, kind: str, err: int | None = None, times: int | None = None) -> int:
+    def inject(
+        self, address: str, op: str, kind: str, err: int | None = None, times: int | None = None
+    ) -> int:
         """Add a fault for ``address`` (or ``"*"``) on ``op`` and return its id.
 
         ``op``: override, unbind, bind (any attach: bind, drivers_probe, new_id), probe
@@ -73,8 +75,14 @@ class Faults:
             fid = st["next_fault"]
             st["next_fault"] = fid + 1
             st["faults"].append(
-                {"id": fid, "address": address, "op": op, "kind": kind,
-                 "errno": err if err is not None else errno.EBUSY, "times": times}
+                {
+                    "id": fid,
+                    "address": address,
+                    "op": op,
+                    "kind": kind,
+                    "errno": err if err is not None else errno.EBUSY,
+                    "times": times,
+                }
             )
             return fid
 
@@ -82,7 +90,8 @@ class Faults:
         """Let hung writes for ``address`` (all addresses when None) return; they then act."""
         with self._state() as st:
             st["faults"] = [
-                f for f in st["faults"]
+                f
+                for f in st["faults"]
                 if not (f["kind"] == "hang" and (address is None or f["address"] in (address, "*")))
             ]
 
@@ -151,4 +160,3 @@ class Faults:
         if delay > 0:
             time.sleep(delay)
         return delay
-

@@ -23,7 +23,7 @@ class IdRule:
     cls: int = 0
     class_mask: int = 0
 
-    def matches(self, dev: "DevIds") -> bool:
+    def matches(self, dev: DevIds) -> bool:
         return (
             (self.vendor is None or self.vendor == dev.vendor)
             and (self.device is None or self.device == dev.device)
@@ -71,9 +71,13 @@ class Matching:
     @staticmethod
     def _dynid_match(st: dict, drv: str, ids: DevIds) -> bool:
         for v, d, sv, sd, c, cm in st["dynids"].get(drv, []):
-            if ((v == ANY or v == ids.vendor) and (d == ANY or d == ids.device)
-                    and (sv == ANY or sv == ids.subvendor) and (sd == ANY or sd == ids.subdevice)
-                    and not ((c ^ ids.cls) & cm)):
+            if (
+                (v == ANY or v == ids.vendor)
+                and (d == ANY or d == ids.device)
+                and (sv == ANY or sv == ids.subvendor)
+                and (sd == ANY or sd == ids.subdevice)
+                and not ((c ^ ids.cls) & cm)
+            ):
                 return True
         return False
 

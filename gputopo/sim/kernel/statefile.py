@@ -10,8 +10,9 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from gputopo.sim.kernel.faults import DEFAULT_LATENCY
 from gputopo.sim.kernel.nvidia import parse_minor
@@ -89,4 +90,3 @@ class StateFile:
             "faults": [],
             "next_fault": 1,
         }
-

@@ -57,8 +57,13 @@ class PciTree:
             v = parse_hex_attr(text) if text is not None else None
             return default if v is None else v
 
-        return DevIds(attr("vendor", 0xFFFF), attr("device", 0xFFFF), attr("subsystem_vendor", ANY),
-                      attr("subsystem_device", ANY), attr("class", 0xFFFFFF))
+        return DevIds(
+            attr("vendor", 0xFFFF),
+            attr("device", 0xFFFF),
+            attr("subsystem_vendor", ANY),
+            attr("subsystem_device", ANY),
+            attr("class", 0xFFFFFF),
+        )
 
     def _loaded(self, drv: str) -> bool:
         return self._p(f"sys/bus/pci/drivers/{drv}").is_dir()
@@ -129,7 +134,7 @@ class PciTree:
                     except OSError:
                         continue
                     if target.startswith(self.root.rstrip("/") + "/"):
-                        target = target[len(self.root.rstrip("/")):]
+                        target = target[len(self.root.rstrip("/")) :]
                     if target in want:
                         found.append(int(pid))
                         break
@@ -141,4 +146,3 @@ class PciTree:
         # The real drivers wait in their remove callback for the last user; so do we.
         while nodes and self.holders(nodes):
             time.sleep(self.poll)
-

@@ -20,8 +20,16 @@ from gputopo.sim.pveapi.routes import NO_AUTH
 ROOT_PRIVS = None  # root@pam has every privilege
 OPERATOR_PRIVS = frozenset(
     {
-        "VM.Audit", "VM.PowerMgmt", "VM.Config.Disk", "VM.Config.CPU", "VM.Config.Memory",
-        "VM.Config.Network", "VM.Config.Options", "Mapping.Audit", "Mapping.Modify", "Mapping.Use",
+        "VM.Audit",
+        "VM.PowerMgmt",
+        "VM.Config.Disk",
+        "VM.Config.CPU",
+        "VM.Config.Memory",
+        "VM.Config.Network",
+        "VM.Config.Options",
+        "Mapping.Audit",
+        "Mapping.Modify",
+        "Mapping.Use",
         "Sys.Audit",
     }
 )
@@ -48,7 +56,10 @@ class Auth:
         m = re.match(r"^PVEAPIToken[= ](?P<user>[^!]+)!(?P<tid>[^=]+)=(?P<secret>.+)$", auth)
         if m:
             token = f"{m['user']}!{m['tid']}"
-            known = {self.root_token_id: self.root_token_secret, self.operator_token_id: self.operator_token_secret}
+            known = {
+                self.root_token_id: self.root_token_secret,
+                self.operator_token_id: self.operator_token_secret,
+            }
             if known.get(token) is None or not secrets.compare_digest(known[token], m["secret"]):
                 raise AuthFailed("Authentication failed!")
             return Caller(token, "token")
@@ -91,7 +102,10 @@ class Auth:
         if pw in self._tickets and self._tickets[pw][0] == user:
             ok = True  # renewal: the old ticket serves as the password
         else:
-            ok = (user, pw) in ((self.root_user, self.root_password), (self.operator_user, self.operator_password))
+            ok = (user, pw) in (
+                (self.root_user, self.root_password),
+                (self.operator_user, self.operator_password),
+            )
         if not ok:
             if self.auth_fail_delay:
                 time.sleep(self.auth_fail_delay)
@@ -103,6 +117,16 @@ class Auth:
         self._tickets[ticket] = (user, csrf)
         privs = {"VM.Audit": 1, "VM.PowerMgmt": 1}
         return {
-            "username": user, "ticket": ticket, "CSRFPreventionToken": csrf,
-            "cap": {"vms": privs, "access": {}, "storage": {}, "nodes": {"Sys.Audit": 1}, "sdn": {}, "dc": {}, "mapping": {"Mapping.Modify": 1}},
+            "username": user,
+            "ticket": ticket,
+            "CSRFPreventionToken": csrf,
+            "cap": {
+                "vms": privs,
+                "access": {},
+                "storage": {},
+                "nodes": {"Sys.Audit": 1},
+                "sdn": {},
+                "dc": {},
+                "mapping": {"Mapping.Modify": 1},
+            },
         }

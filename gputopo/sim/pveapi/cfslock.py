@@ -16,8 +16,8 @@ from __future__ import annotations
 import contextlib
 import re
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 from gputopo.sim.pveapi.answers import die
 
@@ -31,8 +31,13 @@ def file_lock_id(filename: str) -> str:
 
 
 @contextlib.contextmanager
-def cfs_lock(pve_root: Path, lockid: str, what: str, timeout: float = ACQUIRE_TIMEOUT,
-             on_wait: Callable[[str], None] | None = None) -> Iterator[None]:
+def cfs_lock(
+    pve_root: Path,
+    lockid: str,
+    what: str,
+    timeout: float = ACQUIRE_TIMEOUT,
+    on_wait: Callable[[str], None] | None = None,
+) -> Iterator[None]:
     """Hold the cluster lock ``lockid`` for the block.
 
     While another holds it, ``on_wait`` gets ``trying to acquire cfs lock '<lockid>' ...`` at

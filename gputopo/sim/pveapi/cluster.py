@@ -47,9 +47,20 @@ class ClusterHandlers:
         return peers.get(node)
 
     def _node_item(self, name: str) -> dict[str, Any]:
-        item = {"id": f"node/{name}", "node": name, "type": "node", "status": "online", "uptime": 86400,
-                "cpu": 0.01, "mem": 8 << 30, "maxmem": 512 << 30, "disk": 10 << 30, "maxdisk": 100 << 30,
-                "maxcpu": 128, "level": ""}
+        item = {
+            "id": f"node/{name}",
+            "node": name,
+            "type": "node",
+            "status": "online",
+            "uptime": 86400,
+            "cpu": 0.01,
+            "mem": 8 << 30,
+            "maxmem": 512 << 30,
+            "disk": 10 << 30,
+            "maxdisk": 100 << 30,
+            "maxcpu": 128,
+            "level": "",
+        }
         # ssl_fingerprint: pve-manager API2/Nodes.pm index -> PVE::Cluster::get_node_fingerprint,
         # the SHA-256 of the node's certificate as Net::SSLeay prints it (AA:BB:..., upper case);
         # absent when it cannot be read (eval): over plain HTTP, and for the other simulated
@@ -66,13 +77,41 @@ class ClusterHandlers:
         try:
             nodes = parse_corosync_nodes((self.pve_root / "corosync.conf").read_text())
         except FileNotFoundError:
-            return [{"type": "node", "id": f"node/{self.node}", "name": self.node, "nodeid": 0, "ip": "127.0.0.1",
-                     "local": 1, "online": 1, "level": ""}]
-        out: list[dict[str, Any]] = [{"type": "cluster", "id": "cluster", "name": "gputopo-sim", "nodes": len(nodes),
-                                      "quorate": 1, "version": len(nodes)}]
+            return [
+                {
+                    "type": "node",
+                    "id": f"node/{self.node}",
+                    "name": self.node,
+                    "nodeid": 0,
+                    "ip": "127.0.0.1",
+                    "local": 1,
+                    "online": 1,
+                    "level": "",
+                }
+            ]
+        out: list[dict[str, Any]] = [
+            {
+                "type": "cluster",
+                "id": "cluster",
+                "name": "gputopo-sim",
+                "nodes": len(nodes),
+                "quorate": 1,
+                "version": len(nodes),
+            }
+        ]
         for n in nodes:
-            out.append({"type": "node", "id": f"node/{n.name}", "name": n.name, "nodeid": n.nodeid,
-                        "ip": members[n.name], "local": int(n.name == self.node), "online": 1, "level": ""})
+            out.append(
+                {
+                    "type": "node",
+                    "id": f"node/{n.name}",
+                    "name": n.name,
+                    "nodeid": n.nodeid,
+                    "ip": members[n.name],
+                    "local": int(n.name == self.node),
+                    "online": 1,
+                    "level": "",
+                }
+            )
         return out
 
     def h_qemu_migrate_check(self, caller: Caller, p: dict) -> Any:
@@ -81,7 +120,9 @@ class ClusterHandlers:
         try:
             conf = parse_lxc_conf(path.read_text()).options
         except FileNotFoundError:
-            raise die(f"Configuration file 'nodes/{self.node}/qemu-server/{vmid}.conf' does not exist") from None
+            raise die(
+                f"Configuration file 'nodes/{self.node}/qemu-server/{vmid}.conf' does not exist"
+            ) from None
         running = state.guest_status(self.run_dir, "qemu", vmid) == "running"
         try:
             pci = {m.id: m for m in parse_pci_cfg((self.pve_root / "mapping" / "pci.cfg").read_text())}

@@ -12,7 +12,14 @@ import re
 from typing import Any
 
 from gputopo.formats.devn import is_devn_key
-from gputopo.formats.lxcconf import LxcConf, LxcSection, check_lxc_option, parse_dev_value, parse_lxc_conf, write_lxc_conf
+from gputopo.formats.lxcconf import (
+    LxcConf,
+    LxcSection,
+    check_lxc_option,
+    parse_dev_value,
+    parse_lxc_conf,
+    write_lxc_conf,
+)
 from gputopo.formats.propstring import sha1_digest
 from gputopo.sim import state
 from gputopo.sim.addresses import container_address
@@ -23,7 +30,17 @@ from gputopo.sim.pveapi.params import BOOL_KEYS, INT_KEYS
 
 # Keys a running container takes at once (fast-plug) or hot-plugs (pve-container
 # LXC/Config.pm:update_pct_config); anything else on a running CT stays pending.
-FASTPLUG = {"description", "onboot", "startup", "protection", "hostname", "hookscript", "cores", "tags", "lock"}
+FASTPLUG = {
+    "description",
+    "onboot",
+    "startup",
+    "protection",
+    "hostname",
+    "hookscript",
+    "cores",
+    "tags",
+    "lock",
+}
 HOTPLUG = {"cpulimit", "cpuunits", "memory", "swap"}
 
 
@@ -39,7 +56,9 @@ class GuestConfigHandlers:
         except FileNotFoundError:
             raise die(f"Configuration file '{self._config_rel(kind, vmid)}' does not exist") from None
 
-    def _guest_view(self, kind: str, vmid: int, text: str, current: bool, snapshot: str | None = None) -> dict:
+    def _guest_view(
+        self, kind: str, vmid: int, text: str, current: bool, snapshot: str | None = None
+    ) -> dict:
         conf = parse_lxc_conf(text)
         if snapshot:
             # AbstractConfig load_current_config: that snapshot's keys, the file's digest
@@ -72,9 +91,17 @@ class GuestConfigHandlers:
             if not self._has_any(caller, ("VM.Audit",)):
                 continue
             opts = parse_lxc_conf(f.read_text()).options
-            name = opts.get("hostname" if kind == "lxc" else "name") or f"{'CT' if kind == 'lxc' else 'VM'}{vmid}"
-            item = {"vmid": vmid, "status": state.guest_status(self.run_dir, kind, vmid), "name": name,
-                    "maxmem": int(opts.get("memory", 512)) << 20, "cpus": int(opts.get("cores", 1) or 1)}
+            name = (
+                opts.get("hostname" if kind == "lxc" else "name")
+                or f"{'CT' if kind == 'lxc' else 'VM'}{vmid}"
+            )
+            item = {
+                "vmid": vmid,
+                "status": state.guest_status(self.run_dir, kind, vmid),
+                "name": name,
+                "maxmem": int(opts.get("memory", 512)) << 20,
+                "cpus": int(opts.get("cores", 1) or 1),
+            }
             if kind == "lxc":
                 item["type"] = "lxc"
             out.append(item)
@@ -99,10 +126,19 @@ class GuestConfigHandlers:
         net0 = dict(kv.split("=", 1) for kv in str(opts.get("net0", "")).split(",") if "=" in kv)
         mac = net0.get("hwaddr", "bc:24:11:00:00:00").lower()
         out = []
-        for name, addr, prefix, hw in (("lo", "127.0.0.1", 8, "00:00:00:00:00:00"),
-                                       (net0.get("name", "eth0"), container_address(vmid), 24, mac)):
-            out.append({"name": name, "hwaddr": hw, "hardware-address": hw, "inet": f"{addr}/{prefix}",
-                        "ip-addresses": [{"ip-address-type": "inet", "ip-address": addr, "prefix": prefix}]})
+        for name, addr, prefix, hw in (
+            ("lo", "127.0.0.1", 8, "00:00:00:00:00:00"),
+            (net0.get("name", "eth0"), container_address(vmid), 24, mac),
+        ):
+            out.append(
+                {
+                    "name": name,
+                    "hwaddr": hw,
+                    "hardware-address": hw,
+                    "inet": f"{addr}/{prefix}",
+                    "ip-addresses": [{"ip-address-type": "inet", "ip-address": addr, "prefix": prefix}],
+                }
+            )
         return out
 
     def h_lxc_put(self, caller: Caller, p: dict) -> Any:
@@ -165,7 +201,11 @@ class GuestConfigHandlers:
             for k in deletes:
                 # LXC/Config.pm update_pct_config: a key set neither now nor pending is skipped
                 # with a Perl warn, on a running container too (no pending delete is queued)
-                if k not in conf.options and k not in pend.options and not (k == "description" and conf.description):
+                if (
+                    k not in conf.options
+                    and k not in pend.options
+                    and not (k == "description" and conf.description)
+                ):
                     self.print_stderr(f"cannot delete '{k}' - not set in current configuration!")
                     continue
                 if not running or k in FASTPLUG:

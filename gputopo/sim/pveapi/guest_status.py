@@ -17,8 +17,12 @@ from gputopo.sim.pveapi.answers import die
 from gputopo.sim.pveapi.auth import Caller
 
 TASK_TYPES = {
-    ("lxc", "start"): "vzstart", ("lxc", "stop"): "vzstop", ("lxc", "shutdown"): "vzshutdown",
-    ("qemu", "start"): "qmstart", ("qemu", "stop"): "qmstop", ("qemu", "shutdown"): "qmshutdown",
+    ("lxc", "start"): "vzstart",
+    ("lxc", "stop"): "vzstop",
+    ("lxc", "shutdown"): "vzshutdown",
+    ("qemu", "start"): "qmstart",
+    ("qemu", "stop"): "qmstop",
+    ("qemu", "shutdown"): "qmshutdown",
 }
 
 
@@ -30,12 +34,28 @@ class GuestStatusHandlers:
         opts = parse_lxc_conf(self._load(kind, vmid)).options
         status = state.guest_status(self.run_dir, kind, vmid)
         out: dict[str, Any] = {
-            "vmid": vmid, "status": status, "uptime": 0, "cpu": 0, "cpus": int(opts.get("cores", 1) or 1),
-            "maxmem": int(opts.get("memory", 512)) << 20, "mem": 0, "disk": 0, "maxdisk": 0, "netin": 0,
-            "netout": 0, "diskread": 0, "diskwrite": 0, "ha": {"managed": 0},
+            "vmid": vmid,
+            "status": status,
+            "uptime": 0,
+            "cpu": 0,
+            "cpus": int(opts.get("cores", 1) or 1),
+            "maxmem": int(opts.get("memory", 512)) << 20,
+            "mem": 0,
+            "disk": 0,
+            "maxdisk": 0,
+            "netin": 0,
+            "netout": 0,
+            "diskread": 0,
+            "diskwrite": 0,
+            "ha": {"managed": 0},
         }
         if kind == "lxc":
-            out.update(type="lxc", name=opts.get("hostname") or f"CT{vmid}", swap=0, maxswap=int(opts.get("swap", 512)) << 20)
+            out.update(
+                type="lxc",
+                name=opts.get("hostname") or f"CT{vmid}",
+                swap=0,
+                maxswap=int(opts.get("swap", 512)) << 20,
+            )
         else:
             out.update(name=opts.get("name") or f"VM{vmid}", qmpstatus=status)
         if status == "running":
@@ -59,8 +79,9 @@ class GuestStatusHandlers:
             # what that query died of: "VM 201 not running" (QemuServer/Monitor.pm qmp_cmd)
             self.print_stderr(f"VM {vmid} not running\n\n")  # Perl: warn "$@\n", $@ ending in \n
         params = {k: p[k] for k in ("timeout", "forceStop") if p.get(k) is not None}
-        return self._new_task(TASK_TYPES[(kind, action)], kind, vmid, action,
-                              caller.user if caller else "root@pam", params)
+        return self._new_task(
+            TASK_TYPES[(kind, action)], kind, vmid, action, caller.user if caller else "root@pam", params
+        )
 
     def h_guest_start(self, caller: Caller, p: dict) -> Any:
         return self._guest_action(caller, p, "start")

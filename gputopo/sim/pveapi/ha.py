@@ -18,7 +18,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from gputopo.formats.hacfg import Section, format_node_list, node_list, parse_section_config, resource_list, write_section_config
+from gputopo.formats.hacfg import (
+    Section,
+    format_node_list,
+    node_list,
+    parse_section_config,
+    resource_list,
+    write_section_config,
+)
 from gputopo.formats.propstring import sha1_digest
 from gputopo.sim.files import PMXCFS_MODE, atomic_write
 from gputopo.sim.pveapi.answers import ApiError, die
@@ -70,8 +77,11 @@ class HaHandlers:
     def h_ha_rules(self, caller: Caller, p: dict) -> Any:
         self._need_rules("GET", "/cluster/ha/rules")
         text, rules = self._ha_read("rules.cfg")
-        return [self._rule_item(s, sha1_digest(text), i) for i, s in enumerate(rules, 1)
-                if p.get("type") in (None, s.type)]
+        return [
+            self._rule_item(s, sha1_digest(text), i)
+            for i, s in enumerate(rules, 1)
+            if p.get("type") in (None, s.type)
+        ]
 
     def h_ha_rule_get(self, caller: Caller, p: dict) -> Any:
         self._need_rules("GET", f"/cluster/ha/rules/{p['rule']}")
@@ -101,8 +111,11 @@ class HaHandlers:
                     continue
                 both = sorted(set(sids) & set(resource_list(other.props.get("resources", ""))))
                 if both:
-                    raise ApiError(400, f"Rule '{s.id}' is invalid.\n", {
-                        "resources": f"resource '{both[0]}' is already used in another node affinity rule"})
+                    raise ApiError(
+                        400,
+                        f"Rule '{s.id}' is invalid.\n",
+                        {"resources": f"resource '{both[0]}' is already used in another node affinity rule"},
+                    )
 
     def _rule_props(self, p: dict, s: Section) -> None:
         for key in RULE_KEYS:
@@ -136,8 +149,10 @@ class HaHandlers:
         with self._lock, self._ha_lock("update HA rules failed"):
             text, rules = self._ha_read("rules.cfg")
             if p.get("digest") and p["digest"] != sha1_digest(text):
-                raise die("update HA rules failed: detected modified configuration - file changed by other user? "
-                          "Try again.")
+                raise die(
+                    "update HA rules failed: detected modified configuration - file changed by other user? "
+                    "Try again."
+                )
             s = next((r for r in rules if r.id == p["rule"]), None)
             if s is None:
                 raise die(f"update HA rules failed: HA rule '{p['rule']}' does not exist")
@@ -162,9 +177,16 @@ class HaHandlers:
             raise die("cannot index groups: ha groups have been migrated to rules")
         text, groups = self._ha_read("groups.cfg")
         digest = sha1_digest(text)
-        return [{"group": g.id, "type": "group", "digest": digest,
-                 **{k: int(v) if k in ("restricted", "nofailback") else v for k, v in g.props.items()}}
-                for g in groups if g.type == "group"]
+        return [
+            {
+                "group": g.id,
+                "type": "group",
+                "digest": digest,
+                **{k: int(v) if k in ("restricted", "nofailback") else v for k, v in g.props.items()},
+            }
+            for g in groups
+            if g.type == "group"
+        ]
 
     def _group_props(self, p: dict, g: Section) -> None:
         for key in GROUP_KEYS:
@@ -194,8 +216,10 @@ class HaHandlers:
         with self._lock, self._ha_lock("update ha group failed"):
             text, groups = self._ha_read("groups.cfg")
             if p.get("digest") and p["digest"] != sha1_digest(text):
-                raise die("update ha group failed: detected modified configuration - file changed by other user? "
-                          "Try again.")
+                raise die(
+                    "update ha group failed: detected modified configuration - file changed by other user? "
+                    "Try again."
+                )
             g = next((x for x in groups if x.id == p["group"]), None)
             if g is None:
                 raise die(f"update ha group failed: no such ha group '{p['group']}'")
@@ -228,7 +252,9 @@ class HaHandlers:
     def _parse_sid(self, sid: str) -> tuple[str, str]:
         kind, _, vmid = sid.partition(":") if ":" in sid else ("vm", "", sid)
         if kind not in ("vm", "ct") or not vmid.isdigit():
-            raise ApiError(400, "Parameter verification failed.\n", {"sid": f"unable to parse HA resource id '{sid}'"})
+            raise ApiError(
+                400, "Parameter verification failed.\n", {"sid": f"unable to parse HA resource id '{sid}'"}
+            )
         return kind, vmid
 
     def h_ha_resource_create(self, caller: Caller, p: dict) -> Any:
@@ -247,8 +273,10 @@ class HaHandlers:
         with self._lock, self._ha_lock("update resource failed"):
             text, resources = self._ha_read("resources.cfg")
             if p.get("digest") and p["digest"] != sha1_digest(text):
-                raise die("update resource failed: detected modified configuration - file changed by other user? "
-                          "Try again.")
+                raise die(
+                    "update resource failed: detected modified configuration - file changed by other user? "
+                    "Try again."
+                )
             r = next((x for x in resources if x.sid == f"{kind}:{vmid}"), None)
             if r is None:
                 raise die(f"update resource failed: service '{kind}:{vmid}' is not managed by ha")

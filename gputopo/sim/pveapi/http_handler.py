@@ -103,7 +103,7 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
             return self._send(400, str(e), {"data": None, "message": str(e) + "\n"})
         if not path.startswith(API_PREFIX + "/"):
             return self._send(501, f"Method '{method} {path}' not implemented", None)
-        rel = path[len(API_PREFIX):].rstrip("/") or "/"
+        rel = path[len(API_PREFIX) :].rstrip("/") or "/"
         try:
             caller = srv.authenticate(method, rel, self.headers)
         except AuthFailed as e:

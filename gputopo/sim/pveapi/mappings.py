@@ -53,7 +53,9 @@ class MappingHandlers:
         digest = sha1_digest(text)
         out = []
         for mp in maps:
-            if caller is not None and not self._has_any(caller, ("Mapping.Audit", "Mapping.Use", "Mapping.Modify")):
+            if caller is not None and not self._has_any(
+                caller, ("Mapping.Audit", "Mapping.Use", "Mapping.Modify")
+            ):
                 continue
             item = self._mapping_item(mp, digest)
             if check is not None:
@@ -89,10 +91,14 @@ class MappingHandlers:
                 info = None
             if info is None:
                 return f"pci device '{path}' not found"
-            expected = {"id": f"{info.vendor}:{info.device}".replace("0x", ""),
-                        "iommugroup": str(info.iommu_group if info.iommu_group is not None else -1)}
+            expected = {
+                "id": f"{info.vendor}:{info.device}".replace("0x", ""),
+                "iommugroup": str(info.iommu_group if info.iommu_group is not None else -1),
+            }
             if info.subsystem_vendor and info.subsystem_device:
-                expected["subsystem-id"] = f"{info.subsystem_vendor}:{info.subsystem_device}".replace("0x", "")
+                expected["subsystem-id"] = f"{info.subsystem_vendor}:{info.subsystem_device}".replace(
+                    "0x", ""
+                )
             configured = {k: cfg[k] for k in ("id", "iommugroup", "subsystem-id") if k in cfg}
             for prop in sorted(set(expected) | set(configured)):
                 if prop == "iommugroup" and idx > 0:

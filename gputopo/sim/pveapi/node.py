@@ -13,7 +13,11 @@ class NodeHandlers:
     """Node handlers of :class:`gputopo.sim.pveapi.PveApiServer` (a mixin)."""
 
     def h_version(self, caller: Caller | None, p: dict) -> Any:
-        return {"version": self.version, "release": ".".join(self.version.split(".")[:2]), "repoid": "5a6b8c9d0e1f2a3b"}
+        return {
+            "version": self.version,
+            "release": ".".join(self.version.split(".")[:2]),
+            "repoid": "5a6b8c9d0e1f2a3b",
+        }
 
     def h_hardware_pci(self, caller: Caller, p: dict) -> Any:
         from gputopo.facts.pci import list_pci_functions
@@ -29,8 +33,13 @@ class NodeHandlers:
             klass = f.class_ or "0x000000"
             if any(klass[2:].startswith(b.lower()) for b in blacklist):
                 continue
-            item: dict[str, Any] = {"id": f.address, "class": klass, "vendor": f.vendor, "device": f.device,
-                                    "iommugroup": f.iommu_group if f.iommu_group is not None else -1}
+            item: dict[str, Any] = {
+                "id": f.address,
+                "class": klass,
+                "vendor": f.vendor,
+                "device": f.device,
+                "iommugroup": f.iommu_group if f.iommu_group is not None else -1,
+            }
             if verbose:
                 if f.subsystem_vendor:
                     item["subsystem_vendor"] = f.subsystem_vendor

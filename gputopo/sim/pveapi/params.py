@@ -6,8 +6,9 @@ Each format returns the converted value or raises ValueError with Proxmox's mess
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from gputopo.formats.pcicfg import map_entry_problems
 

@@ -17,8 +17,8 @@ from gputopo.sim import state
 from gputopo.sim.pveapi.answers import ApiError, Result, die, param_error, perm_error
 from gputopo.sim.pveapi.auth import Caller
 from gputopo.sim.pveapi.cfslock import release
-from gputopo.sim.pveapi.qemu_config import qemu_key_known, qemu_param_problem
 from gputopo.sim.pveapi.params import BOOL_KEYS, ItemErrors, fmt_bool, perl_str
+from gputopo.sim.pveapi.qemu_config import qemu_key_known, qemu_param_problem
 from gputopo.sim.pveapi.routes import Route, find_route
 
 API_FAULTS = "api-faults"
@@ -28,13 +28,17 @@ _printed = threading.local()  # what the running handler printed on stderr (one 
 class Pipeline:
     """Routing, checks and dispatch of :class:`gputopo.sim.pveapi.PveApiServer` (a mixin)."""
 
-    def inject_api_fault(self, method: str, path: str, message: str, status: int = 500, count: int = 1) -> None:
+    def inject_api_fault(
+        self, method: str, path: str, message: str, status: int = 500, count: int = 1
+    ) -> None:
         """Make the next ``count`` ``method`` calls whose API path (below ``/api2/json``) matches
         the regex ``path`` fail with ``status`` and ``message``, as a node answers when pmxcfs
         cannot take its lock (``cfs-lock 'file-pci_mapping' error: got lock request timeout``)."""
         with state.locked(self.run_dir, API_FAULTS):
             faults = state.read_state(self.run_dir, API_FAULTS, []) or []
-            faults.append({"method": method, "path": path, "message": message, "status": status, "count": count})
+            faults.append(
+                {"method": method, "path": path, "message": message, "status": status, "count": count}
+            )
             state.write_state(self.run_dir, API_FAULTS, faults)
 
     def _take_api_fault(self, method: str, path: str) -> ApiError | None:
@@ -75,13 +79,17 @@ class Pipeline:
         route, uri = self.route(method, path)
         for k, v in uri.items():
             if k in params and perl_str(params[k]) != v:
-                raise param_error({k: "duplicate parameter (already defined in URI) with conflicting values!"})
+                raise param_error(
+                    {k: "duplicate parameter (already defined in URI) with conflicting values!"}
+                )
             params[k] = v
         if route.perm and caller is not None:
             acl, privs = route.perm
             if not self._has_any(caller, privs):
                 # an any-of check on a single object reports no detail (RPCEnvironment check_any)
-                raise perm_error(None if route.handler == "mapping_get" else f"{acl.format(**uri)}, {'|'.join(privs)}")
+                raise perm_error(
+                    None if route.handler == "mapping_get" else f"{acl.format(**uri)}, {'|'.join(privs)}"
+                )
         peer = self.forward_to(uri.get("node"))
         if peer is not None:
             # pveproxy proxies a node's method to that node after its own permission check
@@ -103,19 +111,30 @@ class Pipeline:
             if name in route.params or name == "_dc":
                 continue
             if route.extra == "lxc":
-                if value is None and re.match(r"^[a-z][a-z_]*\d*$", name) and not (
-                        (check_lxc_option(name, "") or "").startswith("unknown setting")):
+                if (
+                    value is None
+                    and re.match(r"^[a-z][a-z_]*\d*$", name)
+                    and not ((check_lxc_option(name, "") or "").startswith("unknown setting"))
+                ):
                     continue  # an undef value of an optional option: check_prop skips it
-                why = check_lxc_option(name, str(value)) if re.match(r"^[a-z][a-z_]*\d*$", name) else "unknown setting"
+                why = (
+                    check_lxc_option(name, str(value))
+                    if re.match(r"^[a-z][a-z_]*\d*$", name)
+                    else "unknown setting"
+                )
                 if why is None and name in BOOL_KEYS:
                     try:  # the wire takes only 0/1 (JSONSchema check_type), the file parser more
                         value = int(fmt_bool(value))
                     except ValueError as e:
                         why = str(e)
                 if why and why.startswith("unknown setting"):
-                    errors[name] = "property is not defined in schema and the schema does not allow additional properties"
+                    errors[name] = (
+                        "property is not defined in schema and the schema does not allow additional properties"
+                    )
                 elif why:
-                    errors[name] = why if why.startswith(("type check", "value ")) else f"invalid format - {why}\n"
+                    errors[name] = (
+                        why if why.startswith(("type check", "value ")) else f"invalid format - {why}\n"
+                    )
                 else:
                     values[name] = str(value)
             elif route.extra == "qemu":
@@ -130,11 +149,15 @@ class Pipeline:
                 else:
                     values[name] = str(value)
             else:
-                errors[name] = "property is not defined in schema and the schema does not allow additional properties"
+                errors[name] = (
+                    "property is not defined in schema and the schema does not allow additional properties"
+                )
         if errors:
             raise param_error(errors)
         if "node" in values and values["node"] != self.node:
-            raise die(f"hostname lookup '{values['node']}' failed - failed to get address info for: {values['node']}: Name or service not known")
+            raise die(
+                f"hostname lookup '{values['node']}' failed - failed to get address info for: {values['node']}: Name or service not known"
+            )
         fault = self._take_api_fault(method, path)
         if fault is not None:
             raise fault

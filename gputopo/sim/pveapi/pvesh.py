@@ -13,9 +13,8 @@ from gputopo.sim import state
 from gputopo.sim.pveapi.answers import ApiError
 from gputopo.sim.pveapi.auth import Caller
 from gputopo.sim.pveapi.params import BOOL_KEYS, fmt_bool
-from gputopo.sim.pveapi.routes import Route
-
 from gputopo.sim.pveapi.qemu_config import qemu_param_problem
+from gputopo.sim.pveapi.routes import Route
 
 if TYPE_CHECKING:
     from gputopo.sim.pveapi.server import PveApiServer
@@ -81,8 +80,12 @@ class PveshSim:
                 continue
             if _cli_boolean(route, k):
                 # JS:parse_boolean, for boolean parameters only
-                v = {"yes": "1", "on": "1", "true": "1", "no": "0", "off": "0", "false": "0"}.get(v.lower(), v)
-            params[k] = (params[k] if isinstance(params[k], list) else [params[k]]) + [v] if k in params else v
+                v = {"yes": "1", "on": "1", "true": "1", "no": "0", "off": "0", "false": "0"}.get(
+                    v.lower(), v
+                )
+            params[k] = (
+                (params[k] if isinstance(params[k], list) else [params[k]]) + [v] if k in params else v
+            )
         try:
             result = self.server.dispatch(method, path, params, Caller("root@pam", "cli"))
         except ApiError as e:

@@ -23,14 +23,60 @@ from gputopo.sim.files import PMXCFS_MODE, atomic_write
 from gputopo.sim.pveapi.answers import die, param_error, perm_error
 from gputopo.sim.pveapi.auth import Caller
 
-FAST_PLUG = {"description", "hookscript", "lock", "migrate_downtime", "migrate_speed", "name", "onboot",
-             "protection", "shares", "startup", "tags", "vmstatestorage"}
+FAST_PLUG = {
+    "description",
+    "hookscript",
+    "lock",
+    "migrate_downtime",
+    "migrate_speed",
+    "name",
+    "onboot",
+    "protection",
+    "shares",
+    "startup",
+    "tags",
+    "vmstatestorage",
+}
 # the part of qemu-server's config schema the simulator knows; anything else is not in the schema
-_KEYS = {"acpi", "affinity", "agent", "args", "balloon", "bios", "boot", "cores", "cpu", "cpulimit", "cpuunits",
-         "description", "hotplug", "hugepages", "keephugepages", "kvm", "lock", "machine", "memory", "name",
-         "numa", "onboot", "ostype", "protection", "scsihw", "shares", "sockets", "startup", "tablet", "tags",
-         "vcpus", "vga", "vmgenid", "meta"}
-_INDEXED = re.compile(r"^(numa|net|scsi|virtio|sata|ide|efidisk|tpmstate|unused|usb|serial|ipconfig)\d+$")  # and hostpciN
+_KEYS = {
+    "acpi",
+    "affinity",
+    "agent",
+    "args",
+    "balloon",
+    "bios",
+    "boot",
+    "cores",
+    "cpu",
+    "cpulimit",
+    "cpuunits",
+    "description",
+    "hotplug",
+    "hugepages",
+    "keephugepages",
+    "kvm",
+    "lock",
+    "machine",
+    "memory",
+    "name",
+    "numa",
+    "onboot",
+    "ostype",
+    "protection",
+    "scsihw",
+    "shares",
+    "sockets",
+    "startup",
+    "tablet",
+    "tags",
+    "vcpus",
+    "vga",
+    "vmgenid",
+    "meta",
+}
+_INDEXED = re.compile(
+    r"^(numa|net|scsi|virtio|sata|ide|efidisk|tpmstate|unused|usb|serial|ipconfig)\d+$"
+)  # and hostpciN
 _INT_KEYS = {"cores", "sockets", "memory", "vcpus", "balloon", "cpuunits"}
 _BOOL_KEYS = {"numa", "onboot", "protection", "acpi", "kvm", "tablet"}
 

@@ -46,7 +46,9 @@ class QemuVmHandlers:
 
     def h_agent_exec(self, caller: Caller, p: dict) -> Any:
         try:
-            return guest.exec_command(self.run_dir, p["vmid"], self._agent_config(p["vmid"]), p.get("command") or [])
+            return guest.exec_command(
+                self.run_dir, p["vmid"], self._agent_config(p["vmid"]), p.get("command") or []
+            )
         except guest.AgentError as e:
             raise die(str(e)) from None
 

@@ -46,8 +46,19 @@ from gputopo.sim.pveapi.tasks import TaskHandlers
 AUTH_FAIL_DELAY = 3.0
 
 
-class PveApiServer(Auth, Pipeline, NodeHandlers, GuestConfigHandlers, GuestStatusHandlers, TaskHandlers,
-                   MappingHandlers, QemuConfigHandlers, QemuVmHandlers, ClusterHandlers, HaHandlers):
+class PveApiServer(
+    Auth,
+    Pipeline,
+    NodeHandlers,
+    GuestConfigHandlers,
+    GuestStatusHandlers,
+    TaskHandlers,
+    MappingHandlers,
+    QemuConfigHandlers,
+    QemuVmHandlers,
+    ClusterHandlers,
+    HaHandlers,
+):
     """The simulated API server of one PVE node.
 
     Credentials are attributes: ``root_password`` (ticket login as root@pam),
@@ -110,13 +121,17 @@ class PveApiServer(Auth, Pipeline, NodeHandlers, GuestConfigHandlers, GuestStatu
         for sub in ("lxc", "qemu-server"):
             (nd / sub).mkdir(parents=True, exist_ok=True)
         (self.pve_root / "mapping").mkdir(parents=True, exist_ok=True)
-        for name, target in (("lxc", f"nodes/{self.node}/lxc"), ("qemu-server", f"nodes/{self.node}/qemu-server"), ("local", f"nodes/{self.node}")):
+        for name, target in (
+            ("lxc", f"nodes/{self.node}/lxc"),
+            ("qemu-server", f"nodes/{self.node}/qemu-server"),
+            ("local", f"nodes/{self.node}"),
+        ):
             link = self.pve_root / name
             if not link.is_symlink() and not link.exists():
                 link.symlink_to(target)
         self.run_dir.mkdir(parents=True, exist_ok=True)
 
-    def start(self) -> "PveApiServer":
+    def start(self) -> PveApiServer:
         """Listen on 127.0.0.1 (``port`` 0: an ephemeral port) in a background thread; returns self."""
         handler = type("Handler", (ApiRequestHandler,), {"server_obj": self})
         httpd = ThreadingHTTPServer(("127.0.0.1", self.listen_port), handler)
@@ -131,7 +146,9 @@ class PveApiServer(Auth, Pipeline, NodeHandlers, GuestConfigHandlers, GuestStatu
             self.ca_cert_path = ca
             self.cert_fingerprint = cert_fingerprint(cert)
         self._httpd = httpd
-        self._thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="pveapi", daemon=True)
+        self._thread = threading.Thread(
+            target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="pveapi", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -144,7 +161,7 @@ class PveApiServer(Auth, Pipeline, NodeHandlers, GuestConfigHandlers, GuestStatu
             self._httpd.server_close()
             self._httpd = None
 
-    def __enter__(self) -> "PveApiServer":
+    def __enter__(self) -> PveApiServer:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:

@@ -59,8 +59,9 @@ class TaskHandlers:
             faults.append({"type": task_type, "vmid": str(vmid), "message": message, "count": count})
             state.write_state(self.run_dir, TASK_FAULTS, faults)
 
-    def _new_task(self, ttype: str, kind: str, vmid: int, action: str, user: str,
-                  params: dict[str, Any] | None = None) -> str:
+    def _new_task(
+        self, ttype: str, kind: str, vmid: int, action: str, user: str, params: dict[str, Any] | None = None
+    ) -> str:
         params = params or {}
         lat = self._latency(ttype, vmid)
         outcome = None
@@ -79,12 +80,27 @@ class TaskHandlers:
             # the status answer splits that (pve-manager API2/Tasks.pm $convert_token_task)
             upid = f"UPID:{self.node}:{pid:08X}:{pstart:08X}:{start:08X}:{ttype}:{vmid}:{user}:"
             tasks[upid] = {
-                "upid": upid, "node": self.node, "pid": pid, "pstart": pstart, "starttime": start,
-                "type": ttype, "id": str(vmid), "user": user.split("!")[0], "status": "running",
-                "kind": kind, "vmid": vmid, "action": action, "due": time.time() + lat, "log": [],
+                "upid": upid,
+                "node": self.node,
+                "pid": pid,
+                "pstart": pstart,
+                "starttime": start,
+                "type": ttype,
+                "id": str(vmid),
+                "user": user.split("!")[0],
+                "status": "running",
+                "kind": kind,
+                "vmid": vmid,
+                "action": action,
+                "due": time.time() + lat,
+                "log": [],
             }
             if outcome is not None:
-                tasks[upid]["outcome"] = {"stopped": outcome.stopped, "log": outcome.log, "error": outcome.error}
+                tasks[upid]["outcome"] = {
+                    "stopped": outcome.stopped,
+                    "log": outcome.log,
+                    "error": outcome.error,
+                }
             if "!" in user:
                 tasks[upid]["tokenid"] = user.split("!", 1)[1]
             state.write_state(self.run_dir, "tasks", tasks)
@@ -197,12 +213,18 @@ class TaskHandlers:
             return 0
         if efi.get("pre-enrolled-keys") != "1" or efi.get("ms-cert") == "2023k":
             return 0
-        _warn(log, "EFI disk without 'ms-cert=2023k' option, suggesting that not all UEFI 2023\n"
-                   "certificates from Microsoft are enrolled yet.")
-        log += ["The UEFI 2011 certificates expire in June 2026! The new certificates are required",
-                "for secure boot update for Windows and common Linux distributions.",
-                "Use 'Disk Action > Enroll Updated Certificates' in the UI or, while the VM is",
-                f"shut down, run 'qm enroll-efi-keys {vmid}' to enroll the new certificates.", ""]
+        _warn(
+            log,
+            "EFI disk without 'ms-cert=2023k' option, suggesting that not all UEFI 2023\n"
+            "certificates from Microsoft are enrolled yet.",
+        )
+        log += [
+            "The UEFI 2011 certificates expire in June 2026! The new certificates are required",
+            "for secure boot update for Windows and common Linux distributions.",
+            "Use 'Disk Action > Enroll Updated Certificates' in the UI or, while the VM is",
+            f"shut down, run 'qm enroll-efi-keys {vmid}' to enroll the new certificates.",
+            "",
+        ]
         return 1
 
     def _passthrough(self) -> Any:
@@ -215,12 +237,15 @@ class TaskHandlers:
                 raise RuntimeError("no simulated sysfs root")
             SimKernel(str(self.sysfs_root)).write(path, value)
 
-        return Passthrough(self.sysfs_root or Path("/nonexistent"), self.run_dir, self.node, write,
-                           self._assert_valid)
+        return Passthrough(
+            self.sysfs_root or Path("/nonexistent"), self.run_dir, self.node, write, self._assert_valid
+        )
 
     def _task(self, p: dict) -> dict:
         upid = p["upid"]
-        if not re.match(r"^UPID:[a-zA-Z0-9-]+:[0-9A-F]{8}:[0-9A-F]{8,9}:[0-9A-F]{8}:[^:\s]+:[^:\s]*:[^:\s]+:$", upid):
+        if not re.match(
+            r"^UPID:[a-zA-Z0-9-]+:[0-9A-F]{8}:[0-9A-F]{8,9}:[0-9A-F]{8}:[^:\s]+:[^:\s]*:[^:\s]+:$", upid
+        ):
             raise param_error({"upid": "unable to parse worker upid"})
         task = (state.read_state(self.run_dir, "tasks", {}) or {}).get(upid)
         if task is None:
@@ -243,7 +268,9 @@ class TaskHandlers:
         start, limit = p.get("start", 0), p.get("limit", 50)
         if not lines:
             return Result([{"n": 1, "t": "no content"}], total=1)
-        return Result([{"n": i + 1, "t": t} for i, t in enumerate(lines)][start : start + limit], total=len(lines))
+        return Result(
+            [{"n": i + 1, "t": t} for i, t in enumerate(lines)][start : start + limit], total=len(lines)
+        )
 
 
 def _warn(log: list[str], message: str) -> int:

@@ -21,7 +21,7 @@ from typing import Any
 
 from gputopo.ports import ExecResult
 from gputopo.sim import state
-from gputopo.sim.container.gpus import MEMORY_TOTAL_MIB, DEFAULT_TOTAL_MIB, IDLE_MIB
+from gputopo.sim.container.gpus import DEFAULT_TOTAL_MIB, IDLE_MIB, MEMORY_TOTAL_MIB
 from gputopo.sim.container.nvidia_smi import NVSMI_NO_DEVICES, answer
 from gputopo.sim.qemu.runtime import runtime_of
 
@@ -99,22 +99,34 @@ def _run(rt: dict[str, Any], argv: list[str]) -> ExecResult:
         return nvidia_smi(rt, argv[1:])
     if prog == "true":
         return ExecResult(0)
-    raise AgentError(f"Agent error: Guest agent command failed, error was 'Failed to execute child process "
-                     f"\"{argv[0]}\" (No such file or directory)'")
+    raise AgentError(
+        f"Agent error: Guest agent command failed, error was 'Failed to execute child process "
+        f'"{argv[0]}" (No such file or directory)\''
+    )
 
 
 def nvidia_smi(rt: dict[str, Any], args: list[str]) -> ExecResult:
     """``nvidia-smi`` in the guest: the GPUs that got their BARs, at their guest addresses."""
     rows = []
-    for dev in sorted((d for d in rt["devices"] if d["bars"] and d.get("gpu", True)), key=lambda d: d["guest"]):
+    for dev in sorted(
+        (d for d in rt["devices"] if d["bars"] and d.get("gpu", True)), key=lambda d: d["guest"]
+    ):
         device_id = dev.get("device_id") or "0x2bb5"
         total = MEMORY_TOTAL_MIB.get(device_id, DEFAULT_TOTAL_MIB)
         dom, bus, rest = dev["guest"].split(":")
-        rows.append({
-            "pci.bus_id": f"{int(dom, 16):08X}:{bus.upper()}:{rest.upper()}", "name": dev.get("name", "NVIDIA GPU"),
-            "memory.used": IDLE_MIB, "memory.total": total, "memory.free": total - IDLE_MIB, "utilization.gpu": 0,
-            "uuid": dev.get("uuid", ""), "minor_number": len(rows), "driver_version": DRIVER,
-        })
+        rows.append(
+            {
+                "pci.bus_id": f"{int(dom, 16):08X}:{bus.upper()}:{rest.upper()}",
+                "name": dev.get("name", "NVIDIA GPU"),
+                "memory.used": IDLE_MIB,
+                "memory.total": total,
+                "memory.free": total - IDLE_MIB,
+                "utilization.gpu": 0,
+                "uuid": dev.get("uuid", ""),
+                "minor_number": len(rows),
+                "driver_version": DRIVER,
+            }
+        )
     if not rows:
         return ExecResult(6, NVSMI_NO_DEVICES)
     for i, r in enumerate(rows):

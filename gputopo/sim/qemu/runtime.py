@@ -30,9 +30,9 @@ from gputopo.formats.hostpci import hostpci_number, is_hostpci_key
 from gputopo.formats.qemuconf import QemuConf
 from gputopo.model.facts import format_cpulist, parse_cpulist
 from gputopo.sim import state
-from gputopo.sim.state import load_json
 from gputopo.sim.passthrough import Passthrough, PassthroughError, hostpci_props, parse_map_entry
 from gputopo.sim.qemu.firmware import bar64, place, window
+from gputopo.sim.state import load_json
 
 RUNTIME = "qemu-runtime"
 PID_BASE = 4242  # status/current reports 4242 + vmid for a running VM
@@ -65,14 +65,17 @@ def guest_address(key: str, pcie: bool) -> str:
     return f"0000:00:{slot:02x}.0" if slot is not None else f"0000:02:{0x0D + n - 4:02x}.0"
 
 
-def start(vmid: int, conf: QemuConf, root: Path, run_dir: Path, passthrough: Passthrough,
-          mappings: list[Any]) -> None:
+def start(
+    vmid: int, conf: QemuConf, root: Path, run_dir: Path, passthrough: Passthrough, mappings: list[Any]
+) -> None:
     """Start VM ``vmid`` with ``conf`` (pending already applied). Raises PassthroughError with
     qemu-server's message when the start fails (nothing of it is left behind then)."""
     opts = conf.options
     q35 = "q35" in opts.get("machine", "")
     pcie: dict[str, bool] = {}
-    node_maps = {m.id for m in mappings if any(parse_map_entry(e).get("node") == passthrough.node for e in m.maps)}
+    node_maps = {
+        m.id for m in mappings if any(parse_map_entry(e).get("node") == passthrough.node for e in m.maps)
+    }
     for key, value in sorted(opts.items(), key=lambda kv: (len(kv[0]), kv[0])):
         if is_hostpci_key(key):
             # the value parsed (the mapping looked up) comes before the q35 check, line by line
@@ -103,10 +106,20 @@ def start(vmid: int, conf: QemuConf, root: Path, run_dir: Path, passthrough: Pas
     need = {a: bar64(root, a) for _, a in devices}
     mapped = place([a for _, a in devices], need, window(args, opts.get("bios", "seabios")))
     runtime = {
-        "pid": pid, "started": time.time(), "agent": "agent" in opts,
+        "pid": pid,
+        "started": time.time(),
+        "agent": "agent" in opts,
         "affinity": format_cpulist(parse_cpulist(affinity)) if affinity else format_cpulist(host_cpus(root)),
-        "devices": [{"key": key, "address": a, "bars": mapped[a], "guest": guest_address(key, pcie.get(key, False)),
-                     **_identity(root, a)} for key, a in devices],
+        "devices": [
+            {
+                "key": key,
+                "address": a,
+                "bars": mapped[a],
+                "guest": guest_address(key, pcie.get(key, False)),
+                **_identity(root, a),
+            }
+            for key, a in devices
+        ],
     }
     _spawn(root, vmid, opts, args or [], runtime)
     with state.locked(run_dir, RUNTIME):
@@ -127,10 +140,16 @@ def _identity(root: Path, address: str) -> dict[str, Any]:
         except OSError:
             return ""
 
-    info_text = ((load_json(root / ".gputopo-sim/kernel.json", {}) or {}).get("nv_info") or {}).get(address, "")
+    info_text = ((load_json(root / ".gputopo-sim/kernel.json", {}) or {}).get("nv_info") or {}).get(
+        address, ""
+    )
     info = parse_nvidia_information(info_text)
-    return {"gpu": attr("vendor") == "0x10de" and attr("class").startswith("0x03"), "device_id": attr("device"),
-            "name": info.get("Model") or "NVIDIA Graphics Device", "uuid": info.get("GPU UUID") or ""}
+    return {
+        "gpu": attr("vendor") == "0x10de" and attr("class").startswith("0x03"),
+        "device_id": attr("device"),
+        "name": info.get("Model") or "NVIDIA Graphics Device",
+        "uuid": info.get("GPU UUID") or "",
+    }
 
 
 def stop(vmid: int, root: Path, run_dir: Path, passthrough: Passthrough) -> None:
@@ -162,7 +181,9 @@ def _spawn(root: Path, vmid: int, opts: dict[str, str], args: list[str], runtime
     (d / "comm").write_text("kvm\n")
     (d / "cmdline").write_bytes(b"".join(a.encode() + b"\0" for a in argv))
     (d / "cgroup").write_text(f"0::/qemu.slice/{vmid}.scope\n")
-    (d / "status").write_text(f"Name:\tkvm\nPid:\t{runtime['pid']}\nCpus_allowed_list:\t{runtime['affinity']}\n")
+    (d / "status").write_text(
+        f"Name:\tkvm\nPid:\t{runtime['pid']}\nCpus_allowed_list:\t{runtime['affinity']}\n"
+    )
     groups = set()
     for dev in runtime["devices"]:
         link = root / "sys/bus/pci/devices" / dev["address"] / "iommu_group"
@@ -171,5 +192,7 @@ def _spawn(root: Path, vmid: int, opts: dict[str, str], args: list[str], runtime
     pidfile = root / "run/qemu-server" / f"{vmid}.pid"
     pidfile.parent.mkdir(parents=True, exist_ok=True)
     pidfile.write_text(f"{runtime['pid']}\n")
-    for n, target in enumerate(["/dev/null"] * 3 + ["/dev/vfio/vfio"] + [f"/dev/vfio/{g}" for g in sorted(groups)]):
+    for n, target in enumerate(
+        ["/dev/null"] * 3 + ["/dev/vfio/vfio"] + [f"/dev/vfio/{g}" for g in sorted(groups)]
+    ):
         os.symlink(target, d / "fd" / str(n))

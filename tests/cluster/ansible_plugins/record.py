@@ -33,8 +33,14 @@ class CallbackModule(CallbackBase):
     def _add(self, result, status):
         data = dict(result._result)
         data.pop("invocation", None)
-        self.results.append({"host": result._host.get_name(), "task": result._task.get_name(),
-                             "status": status, "result": data})
+        self.results.append(
+            {
+                "host": result._host.get_name(),
+                "task": result._task.get_name(),
+                "status": status,
+                "result": data,
+            }
+        )
 
     def v2_runner_on_ok(self, result):
         self._add(result, "ok")

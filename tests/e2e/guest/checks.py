@@ -53,11 +53,15 @@ def pci_table() -> dict[str, dict]:
     for a in sorted(os.listdir(SYS_PCI)):
         d = f"{SYS_PCI}/{a}"
         out[a] = {
-            "vendor": rd(f"{d}/vendor"), "device": rd(f"{d}/device"), "class": rd(f"{d}/class"),
+            "vendor": rd(f"{d}/vendor"),
+            "device": rd(f"{d}/device"),
+            "class": rd(f"{d}/class"),
             "subsystem_vendor": rd(f"{d}/subsystem_vendor"),
             "subsystem_device": rd(f"{d}/subsystem_device"),
-            "numa_node": rd(f"{d}/numa_node"), "local_cpulist": rd(f"{d}/local_cpulist"),
-            "iommu_group": link_name(f"{d}/iommu_group"), "driver": link_name(f"{d}/driver"),
+            "numa_node": rd(f"{d}/numa_node"),
+            "local_cpulist": rd(f"{d}/local_cpulist"),
+            "iommu_group": link_name(f"{d}/iommu_group"),
+            "driver": link_name(f"{d}/driver"),
             "driver_override": rd(f"{d}/driver_override"),
         }
     return out
@@ -65,8 +69,10 @@ def pci_table() -> dict[str, dict]:
 
 def driver_table() -> dict[str, list]:
     """address -> [driver link, driver_override text]: the state a rollback must restore."""
-    return {a: [link_name(f"{SYS_PCI}/{a}/driver"), rd(f"{SYS_PCI}/{a}/driver_override")]
-            for a in sorted(os.listdir(SYS_PCI))}
+    return {
+        a: [link_name(f"{SYS_PCI}/{a}/driver"), rd(f"{SYS_PCI}/{a}/driver_override")]
+        for a in sorted(os.listdir(SYS_PCI))
+    }
 
 
 def iommu_groups() -> dict[str, list[str]]:
@@ -76,8 +82,11 @@ def iommu_groups() -> dict[str, list[str]]:
 
 
 def node_cpus() -> dict[str, str | None]:
-    return {n[4:]: rd(f"{NODES}/{n}/cpulist") for n in sorted(os.listdir(NODES))
-            if n.startswith("node") and n[4:].isdigit()}
+    return {
+        n[4:]: rd(f"{NODES}/{n}/cpulist")
+        for n in sorted(os.listdir(NODES))
+        if n.startswith("node") and n[4:].isdigit()
+    }
 
 
 def raw_write(path: str, value: str) -> int:
@@ -162,10 +171,17 @@ def caught(fn, *args, **kw) -> dict:
     try:
         return {"ok": jsonable(fn(*args, **kw))}
     except Exception as e:
-        return {"raised": [c.__name__ for c in type(e).__mro__], "errno": getattr(e, "errno", None),
-                "message": str(e), "module": type(e).__module__,
-                "attrs": {k: jsonable(v) for k, v in vars(e).items()
-                          if k in ("path", "value", "address", "wanted", "got", "errno")}}
+        return {
+            "raised": [c.__name__ for c in type(e).__mro__],
+            "errno": getattr(e, "errno", None),
+            "message": str(e),
+            "module": type(e).__module__,
+            "attrs": {
+                k: jsonable(v)
+                for k, v in vars(e).items()
+                if k in ("path", "value", "address", "wanted", "got", "errno")
+            },
+        }
 
 
 def gputopo_cli(*args: str) -> dict:
@@ -211,8 +227,12 @@ def check_discover(out: str) -> dict:
     """``gputopo discover --json --gpu-match`` next to an independent reading of /sys."""
     res = {"before": driver_table()}
     res |= gputopo_cli("discover", "--json", "--gpu-match", GPU_MATCH)
-    res.update(table=pci_table(), groups=iommu_groups(), nodes=node_cpus(),
-               vfio=sorted(os.listdir("/dev/vfio")) if os.path.isdir("/dev/vfio") else [])
+    res.update(
+        table=pci_table(),
+        groups=iommu_groups(),
+        nodes=node_cpus(),
+        vfio=sorted(os.listdir("/dev/vfio")) if os.path.isdir("/dev/vfio") else [],
+    )
     return res
 
 
@@ -227,8 +247,13 @@ def check_bind_pair(out: str) -> dict:
     """Move the NUMA-0 stand-in GPU + its audio function to vfio-pci as one group and back."""
     gpu, audio, group = stand_in_pair("0")
     port, b = binder()
-    obs: dict = {"gpu": gpu, "audio": audio, "group": group, "members": iommu_groups().get(group),
-                 "before": driver_table()}
+    obs: dict = {
+        "gpu": gpu,
+        "audio": audio,
+        "group": group,
+        "members": iommu_groups().get(group),
+        "before": driver_table(),
+    }
     obs["to_vfio"] = caught(b.move_group, [gpu, audio], "vfio-pci", True)
     obs["on_vfio"] = {
         "links": {a: link_name(f"{SYS_PCI}/{a}/driver") for a in (gpu, audio)},
@@ -287,8 +312,10 @@ def check_failures(out: str) -> dict:
         obs[name]["kernel_errno"] = errno.errorcode.get(raw_write("/" + path, value))
     obs["after_writes"] = driver_table()
     obs["move_unloaded"] = caught(b.move, nic, "nvidia", False)
-    obs["move_unloaded_state"] = {"driver": link_name(f"{SYS_PCI}/{nic}/driver"),
-                                  "override": rd(f"{SYS_PCI}/{nic}/driver_override")}
+    obs["move_unloaded_state"] = {
+        "driver": link_name(f"{SYS_PCI}/{nic}/driver"),
+        "override": rd(f"{SYS_PCI}/{nic}/driver_override"),
+    }
     obs["move_unloaded_restore"] = caught(b.move, nic, "e1000e", False)
     obs["move_ghost"] = caught(b.move, ghost, "vfio-pci", False)
     obs["after"] = driver_table()
@@ -322,8 +349,14 @@ def scenario_roles() -> dict:
     gpu, audio, _ = stand_in_pair("0")
     other, _, _ = stand_in_pair("1")
     edu = next(a for a, d in pci_table().items() if (d["vendor"], d["device"]) == ("0x1234", "0x11e8"))
-    return {"gpu": gpu, "gpu_driver": "bochs-drm", "gpu_companion": audio,
-            "companion_driver": "snd_hda_intel", "other_gpu": other, "unbound_device": edu}
+    return {
+        "gpu": gpu,
+        "gpu_driver": "bochs-drm",
+        "gpu_companion": audio,
+        "companion_driver": "snd_hda_intel",
+        "other_gpu": other,
+        "unbound_device": edu,
+    }
 
 
 def _kernel_scenarios():
@@ -414,8 +447,14 @@ def check_replay(out: str) -> dict:
     steps = []
     for path, value in replay_steps(roles):
         rc = raw_write("/" + path, value)
-        steps.append({"path": path, "value": value, "result": errno.errorcode.get(rc, "ok"),
-                      **replay_observe("", roles, lambda g: vfio_status(g)["viable"])})
+        steps.append(
+            {
+                "path": path,
+                "value": value,
+                "result": errno.errorcode.get(rc, "ok"),
+                **replay_observe("", roles, lambda g: vfio_status(g)["viable"]),
+            }
+        )
     return {"roles": roles, "before": before, "steps": steps, "after": driver_table()}
 
 
@@ -452,8 +491,11 @@ def main(argv: list[str]) -> int:
         except BaseException:
             results[name] = {"error": traceback.format_exc()}
         results[name]["seconds"] = round(time.monotonic() - t0, 2)
-        print(f"check {name}: {'error' if 'error' in results[name] else 'done'} "
-              f"in {results[name]['seconds']} s", flush=True)
+        print(
+            f"check {name}: {'error' if 'error' in results[name] else 'done'} "
+            f"in {results[name]['seconds']} s",
+            flush=True,
+        )
         tmp = f"{out}/results.json.tmp"
         with open(tmp, "w") as f:
             json.dump(results, f, indent=1, default=repr)

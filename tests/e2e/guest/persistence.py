@@ -53,8 +53,11 @@ def _write(path: str, value: str) -> None:
 
 def twins() -> list[str]:
     """The stand-in cards' addresses, sorted: the first is pinned, the second its twin."""
-    return sorted(a for a in os.listdir(SYS_PCI)
-                  if (_rd(f"{SYS_PCI}/{a}/vendor"), _rd(f"{SYS_PCI}/{a}/device")) == STAND_IN)
+    return sorted(
+        a
+        for a in os.listdir(SYS_PCI)
+        if (_rd(f"{SYS_PCI}/{a}/vendor"), _rd(f"{SYS_PCI}/{a}/device")) == STAND_IN
+    )
 
 
 def state(addrs: list[str]) -> dict[str, list]:
@@ -79,16 +82,20 @@ class Tools:
         self.log = log
 
     def missing(self) -> str | None:
-        for env, path in (("GPUTOPO_E2E_KMOD", self.kmod_path), ("GPUTOPO_E2E_UDEVD", self.udevd_path),
-                          ("GPUTOPO_E2E_UDEVADM", self.udevadm_path)):
+        for env, path in (
+            ("GPUTOPO_E2E_KMOD", self.kmod_path),
+            ("GPUTOPO_E2E_UDEVD", self.udevd_path),
+            ("GPUTOPO_E2E_UDEVADM", self.udevadm_path),
+        ):
             if not path or not os.access(path, os.X_OK):
                 return f"{env}={path!r}: no such program in the guest (install kmod and udev on the host)"
         return None
 
     def run(self, exe: str, name: str, *args: str) -> subprocess.CompletedProcess:
         p = subprocess.run([name, *args], executable=exe, capture_output=True, text=True, timeout=120)
-        self.log.append({"argv": [name, *args], "rc": p.returncode,
-                         "out": (p.stdout + p.stderr).strip()[-2000:]})
+        self.log.append(
+            {"argv": [name, *args], "rc": p.returncode, "out": (p.stdout + p.stderr).strip()[-2000:]}
+        )
         return p
 
     def modprobe(self, *args: str) -> subprocess.CompletedProcess:
@@ -154,14 +161,18 @@ def check_persistence(out: str) -> dict:
     # the hook runs /sbin/modprobe: in this guest that is busybox until it points at kmod
     os.replace(_symlink(tools.kmod_path, "/sbin/.modprobe.new"), "/sbin/modprobe")
     try:
-        obs["kmod_config"] = [l for l in tools.modprobe("--show-config").stdout.splitlines()
-                              if l.split()[:2] in (["install", DRIVER], ["softdep", DRIVER])]
-        obs["udevd"] = tools.run(tools.udevd_path, "systemd-udevd", "--daemon", "--resolve-names=never").returncode
+        obs["kmod_config"] = [
+            l
+            for l in tools.modprobe("--show-config").stdout.splitlines()
+            if l.split()[:2] in (["install", DRIVER], ["softdep", DRIVER])
+        ]
+        obs["udevd"] = tools.run(
+            tools.udevd_path, "systemd-udevd", "--daemon", "--resolve-names=never"
+        ).returncode
         obs["steps"] = steps = {}
         t0 = time.monotonic()
         _unload(tools, addrs)
-        modules = [l.strip() for l in files[MODULES_PATH].splitlines()
-                   if l.strip() and not l.startswith("#")]
+        modules = [l.strip() for l in files[MODULES_PATH].splitlines() if l.strip() and not l.startswith("#")]
         tools.modprobe("-a", *modules)  # what systemd-modules-load does with the file
         tools.udevadm("trigger", "--action=add", *(f"{SYS_PCI}/{a}" for a in addrs))
         tools.settle()

@@ -101,7 +101,7 @@ def one_line(stderr, stdout, rc):
     lines = [ln.strip() for ln in (stderr or "").splitlines() if ln.strip()]
     for ln in reversed(lines):
         if ln.startswith("gputopo: error: "):
-            return ln[len("gputopo: error: "):]
+            return ln[len("gputopo: error: ") :]
     refused = [ln for ln in lines if ln.startswith("refused: ")]
     if refused:
         return "; ".join(refused)
@@ -127,7 +127,9 @@ def run_json(module, argv, allowed=(0,)):
     try:
         return rc, json.loads(out)
     except ValueError:
-        module.fail_json(msg="%s printed no JSON" % " ".join(argv[:2]), rc=rc, stdout=out, stderr=err, cmd=argv)
+        module.fail_json(
+            msg="%s printed no JSON" % " ".join(argv[:2]), rc=rc, stdout=out, stderr=err, cmd=argv
+        )
 
 
 def file_diffs(changes):
@@ -135,12 +137,14 @@ def file_diffs(changes):
     out = []
     for path in sorted(changes):
         c = changes[path]
-        out.append({
-            "before_header": path if c.get("before") is not None else "%s (absent)" % path,
-            "after_header": path if c.get("after") is not None else "%s (removed)" % path,
-            "before": c.get("before") or "",
-            "after": c.get("after") or "",
-        })
+        out.append(
+            {
+                "before_header": path if c.get("before") is not None else "%s (absent)" % path,
+                "after_header": path if c.get("after") is not None else "%s (removed)" % path,
+                "before": c.get("before") or "",
+                "after": c.get("after") or "",
+            }
+        )
     return out
 
 
@@ -161,7 +165,9 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
-    exe = module.get_bin_path(p["executable"], required=True) if "/" not in p["executable"] else p["executable"]
+    exe = (
+        module.get_bin_path(p["executable"], required=True) if "/" not in p["executable"] else p["executable"]
+    )
     tmp = None
     spec = p["spec"]
     if p["spec_content"] is not None:
@@ -174,8 +180,11 @@ def main():
         result = dict(changed=False)
         if module.check_mode or module._diff:
             _, plan = run_json(module, [exe, "plan", "--json"] + common)
-            result.update(actions=[a.get("description", a.get("kind")) for a in plan.get("actions", [])],
-                          signature=None, status="check")
+            result.update(
+                actions=[a.get("description", a.get("kind")) for a in plan.get("actions", [])],
+                signature=None,
+                status="check",
+            )
             if module._diff:
                 _, report = run_json(module, [exe, "diff", "--json"] + common)
                 result["diff"] = file_diffs(report.get("changes", {}))
@@ -192,13 +201,25 @@ def main():
         except ValueError:
             data = None
         if rc != 0:
-            module.fail_json(msg=one_line(err, out, rc), rc=rc, stdout=out, stderr=err, cmd=argv,
-                             changed=bool(data and data.get("changed")), **({"result": data} if data else {}))
+            module.fail_json(
+                msg=one_line(err, out, rc),
+                rc=rc,
+                stdout=out,
+                stderr=err,
+                cmd=argv,
+                changed=bool(data and data.get("changed")),
+                **({"result": data} if data else {}),
+            )
         if not isinstance(data, dict):
             module.fail_json(msg="gputopo apply printed no JSON", rc=rc, stdout=out, stderr=err, cmd=argv)
-        result.update(changed=data.get("status") == "applied", status=data.get("status"),
-                      actions=data.get("plan", []), signature=data.get("signature"),
-                      steps=data.get("steps", []), verify=data.get("verify"))
+        result.update(
+            changed=data.get("status") == "applied",
+            status=data.get("status"),
+            actions=data.get("plan", []),
+            signature=data.get("signature"),
+            steps=data.get("steps", []),
+            verify=data.get("verify"),
+        )
         if not result["changed"]:
             result.pop("diff", None)
         module.exit_json(**result)
