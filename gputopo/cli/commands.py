@@ -36,7 +36,7 @@ COMMANDS: dict[str, str] = {
 }
 
 # command name -> its line in 'gputopo --help': what click makes of the command's docstring at
-# 80 columns, kept here so that listing the commands imports none (tests/test_cli_help.py
+# 80 columns, kept here so that listing the commands imports none (tests/cli/test_cli_quick.py
 # checks each against its command).
 SUMMARIES: dict[str, str] = {
     "discover": "Show the GPUs of a host: NUMA node, IOMMU group, driver,...",
