@@ -24,12 +24,10 @@ applied host), except with ``rollback_on_verify_failure``, where a failed verifi
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, NoReturn
 
 from gputopo.actions import RunningBefore, Timeouts
@@ -65,7 +63,7 @@ from gputopo.model.state import CurrentState
 from gputopo.plan.model import Plan
 from gputopo.plan.planner import plan as make_plan
 from gputopo.plan.reads import spec_reads
-from gputopo.plan.saved import SavedPlan
+from gputopo.plan.saved import SavedPlan, spec_digest
 from gputopo.plan.spec import Spec
 from gputopo.ports import Ports
 
@@ -93,12 +91,6 @@ def _diff_text(a: Plan, b: Plan) -> str:
     if gone:
         return f"no longer: {gone[0]}"
     return "the actions' details differ"
-
-
-def _spec_hash(spec: Spec, spec_path: str | None) -> str:
-    if spec_path and os.path.isfile(spec_path):
-        return hashlib.sha256(Path(spec_path).read_bytes()).hexdigest()
-    return hashlib.sha256(spec.model_dump_json().encode()).hexdigest()
 
 
 def _facts_summary(facts: Facts) -> dict[str, Any]:
@@ -265,7 +257,7 @@ def apply(
                 started=time.time(),
                 argv=list(sys.argv),
                 spec=os.path.abspath(spec_path) if spec_path else None,
-                spec_sha256=expected.spec_sha256 if expected else _spec_hash(spec, spec_path),
+                spec_sha256=expected.spec_sha256 if expected else spec_digest(spec, spec_path),
                 node=p.node,
                 actions=list(p.actions),
                 facts=_facts_summary(facts),

@@ -50,17 +50,10 @@ def _saving_conn(conn: Connection) -> Connection:
 
 
 def _save(path: str, force: bool, conn: Connection, quick: dict, spec, facts, p, current) -> None:
-    import hashlib
-
     from gputopo import __version__
-    from gputopo.plan.saved import save_plan
+    from gputopo.plan.saved import save_plan, spec_digest
 
     spec_file = quick.get("spec_file")
-    sha = (
-        hashlib.sha256(Path(spec_file).read_bytes()).hexdigest()
-        if spec_file
-        else hashlib.sha256(spec.model_dump_json().encode()).hexdigest()
-    )
     source = f"sim {conn.sim}" if conn.sim else f"api {conn.api_url}" if conn.api_url else "local"
     saved = save_plan(
         p,
@@ -69,7 +62,7 @@ def _save(path: str, force: bool, conn: Connection, quick: dict, spec, facts, p,
         current,
         version=__version__,
         spec_file=spec_file,
-        spec_sha256=sha,
+        spec_sha256=spec_digest(spec, spec_file),
         node=conn.node,
         source=source,
     )

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field
@@ -137,6 +139,14 @@ class SavedPlan(Strict):
         if moved:
             raise SavedPlanStale(path, moved)
         return self.plan
+
+
+def spec_digest(spec: Spec, spec_file: str | None) -> str:
+    """SHA-256 of the spec file's bytes, what ``history`` and a saved plan show; of the spec's
+    JSON when there is no regular file to read again (quick mode, ``--spec /dev/stdin``)."""
+    if spec_file and os.path.isfile(spec_file):
+        return hashlib.sha256(Path(spec_file).read_bytes()).hexdigest()
+    return hashlib.sha256(spec.model_dump_json().encode()).hexdigest()
 
 
 def save_plan(
