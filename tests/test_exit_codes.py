@@ -4,7 +4,7 @@ is seen: here, by running the command into it, or by the test named for it."""
 
 from __future__ import annotations
 
-import importlib
+import ast
 import inspect
 import re
 import sys
@@ -16,6 +16,7 @@ import pytest
 
 from gputopo import errors, exitcodes
 from gputopo.cli import COMMANDS
+from helpers import TESTS
 from helpers.applysim import copy_host, seed_spec_text, template  # noqa: F401 (fixtures)
 from helpers.cli import run
 
@@ -23,36 +24,39 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 
 # (command, code) -> the test that sees it, where it takes a scenario too long to repeat here
 WITNESSES = {
-    ("apply", 1): "test_apply.py::test_cli_apply_ends_with_verify_and_rolls_back_on_its_failure",
+    ("apply", 1): "apply/test_apply.py::test_cli_apply_ends_with_verify_and_rolls_back_on_its_failure",
     (
         "apply",
         3,
-    ): "test_apply_scenarios.py::test_holder_appearing_after_preflight_times_out_naming_the_device",
-    ("apply", 4): "test_apply.py::test_concurrent_apply_refused_naming_the_first",
-    ("apply", 129): "test_apply_scenarios.py::test_signal_mid_switch_through_the_cli_rolls_back",
-    ("apply", 130): "test_apply_scenarios.py::test_signal_mid_switch_through_the_cli_rolls_back",
-    ("apply", 143): "test_apply_scenarios.py::test_signal_mid_switch_through_the_cli_rolls_back",
+    ): "apply/test_apply_scenarios.py::test_holder_appearing_after_preflight_times_out_naming_the_device",
+    ("apply", 4): "apply/test_apply.py::test_concurrent_apply_refused_naming_the_first",
+    ("apply", 129): "apply/test_apply_scenarios.py::test_signal_mid_switch_through_the_cli_rolls_back",
+    ("apply", 130): "apply/test_apply_scenarios.py::test_signal_mid_switch_through_the_cli_rolls_back",
+    ("apply", 143): "apply/test_apply_scenarios.py::test_signal_mid_switch_through_the_cli_rolls_back",
     (
         "recover",
         3,
-    ): "test_apply_scenarios.py::test_gpu_falling_off_the_bus_is_named_for_a_human_and_the_rest_rolled_back",
-    ("verify", 0): "test_verify.py::test_cli_verify_on_a_simulated_host",
-    ("verify", 1): "test_verify.py::test_cli_verify_on_a_simulated_host",
-    ("demo", 0): "test_demo.py::test_demo_ends_split_verified_and_converged",
+    ): "apply/test_apply_scenarios.py::test_gpu_falling_off_the_bus_is_named_for_a_human_and_the_rest_rolled_back",
+    ("verify", 0): "verify/test_verify.py::test_cli_verify_on_a_simulated_host",
+    ("verify", 1): "verify/test_verify.py::test_cli_verify_on_a_simulated_host",
+    ("demo", 0): "cli/test_demo.py::test_demo_ends_split_verified_and_converged",
     (
         "cluster",
         0,
-    ): "test_cluster_apply.py::test_canary_first_then_the_rest_in_batches_and_a_second_run_changes_nothing",
-    ("cluster", 1): "test_cluster_apply.py::test_the_first_failure_stops_the_run_and_names_what_is_done",
-    ("cluster", 2): "test_cluster_apply.py::test_a_spec_node_outside_the_cluster_is_refused",
+    ): "cluster/test_cluster_apply.py::test_canary_first_then_the_rest_in_batches_and_a_second_run_changes_nothing",
+    (
+        "cluster",
+        1,
+    ): "cluster/test_cluster_apply.py::test_the_first_failure_stops_the_run_and_names_what_is_done",
+    ("cluster", 2): "cluster/test_cluster_apply.py::test_a_spec_node_outside_the_cluster_is_refused",
     (
         "cluster",
         3,
-    ): "test_cluster_apply.py::test_a_node_whose_gpu_falls_off_the_bus_stops_the_run_with_exit_3",
-    ("cluster", 4): "test_cluster_apply.py::test_a_node_whose_lock_is_held_stops_the_run_with_exit_4",
+    ): "cluster/test_cluster_apply.py::test_a_node_whose_gpu_falls_off_the_bus_stops_the_run_with_exit_3",
+    ("cluster", 4): "cluster/test_cluster_apply.py::test_a_node_whose_lock_is_held_stops_the_run_with_exit_4",
 }
 # every command: Ctrl-C anywhere is 130 (main turns KeyboardInterrupt into it)
-GENERIC = {130: "test_cli_errors.py::test_ctrl_c_exits_130_with_one_line"}
+GENERIC = {130: "cli/test_cli_errors.py::test_ctrl_c_exits_130_with_one_line"}
 
 
 def _help_codes(capsys, *command: str) -> dict[int, str]:
@@ -89,9 +93,11 @@ def test_every_error_exits_with_a_code_of_the_table():
 
 
 def _witness(ref: str) -> None:
-    module, name = ref.split("::")
-    mod = importlib.import_module(module.removesuffix(".py"))
-    assert callable(getattr(mod, name, None)), f"{ref}: no such test"
+    """``ref`` (a path under tests/ and a test's name) names a test function that exists."""
+    path, name = ref.split("::")
+    tree = ast.parse((TESTS / path).read_text())
+    tests = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+    assert name in tests, f"{ref}: no such test"
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,8 @@ create --nodes 3 DIR``; without ``--ssh-config`` its nodes' shells run here). ``
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -50,8 +52,28 @@ def _nodes_option(value: str | None) -> list[str] | None:
     return [n.strip() for n in value.split(",") if n.strip()] if value else None
 
 
-def cluster_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    """The spec, the node selection and how nodes are reached (SSH, timeouts)."""
+@dataclass(frozen=True)
+class Reach:
+    """The spec, the node selection and how nodes are reached: what every cluster command takes."""
+
+    spec_file: str
+    nodes: str | None
+    ssh_config: str | None
+    ssh_user: str
+    ssh_options: tuple[str, ...]
+    ssh_timeout: float
+    timeout: float
+
+
+def cluster_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The spec, the node selection and how nodes are reached (SSH, timeouts), handed to the
+    command as one ``reach`` (:class:`Reach`)."""
+    names = [fl.name for fl in dataclasses.fields(Reach)]
+
+    @functools.wraps(command)
+    def f(*args: Any, **kwargs: Any) -> Any:
+        return command(*args, reach=Reach(**{n: kwargs.pop(n) for n in names}), **kwargs)
+
     f = click.option(
         "--timeout",
         "timeout",
@@ -91,16 +113,7 @@ def cluster_options(f: Callable[..., Any]) -> Callable[..., Any]:
     return f
 
 
-def _open(
-    conn: Connection,
-    spec_file: str,
-    nodes: str | None,
-    ssh_config: str | None,
-    ssh_user: str,
-    ssh_options: tuple[str, ...],
-    ssh_timeout: float,
-    facts_dir: str | None = None,
-) -> _Cluster:
+def _open(conn: Connection, reach: Reach, facts_dir: str | None = None) -> _Cluster:
     """Load the spec and reach the cluster as the options say. Raises ConfigError, SpecError,
     UnknownNode, ProxmoxError, SimHostError."""
     from gputopo.adapters.ssh import SshRunner
@@ -108,15 +121,20 @@ def _open(
     from gputopo.errors import ConfigError
     from gputopo.plan.spec import parse_spec, read_spec_text
 
-    text = read_spec_text(spec_file)  # once: the nodes are sent this text, and it may be a pipe
-    spec = parse_spec(text, spec_file)
-    wanted = _nodes_option(nodes)
+    text = read_spec_text(reach.spec_file)  # once: the nodes are sent this text, and it may be a pipe
+    spec = parse_spec(text, reach.spec_file)
+    wanted = _nodes_option(reach.nodes)
     if conn.live and conn.pve_root is not None:
         raise ConfigError(
             "--pve-root reads Proxmox's files; --sim, --api-url and --local read the API instead"
         )
     c = _Cluster(spec=spec, spec_text=text, nodes=[])
-    ssh = SshRunner(user=ssh_user, config_file=ssh_config, options=ssh_options, connect_timeout=ssh_timeout)
+    ssh = SshRunner(
+        user=reach.ssh_user,
+        config_file=reach.ssh_config,
+        options=reach.ssh_options,
+        connect_timeout=reach.ssh_timeout,
+    )
     if conn.sim is not None:
         if conn.api_url is not None or conn.local:
             raise ConfigError(
@@ -128,7 +146,7 @@ def _open(
         require_sim_extra("cluster")
         sim = SimCluster(conn.sim)
         c.ports = sim.ports()
-        c.shell = ssh if ssh_config else sim.shell()
+        c.shell = ssh if reach.ssh_config else sim.shell()
     elif conn.live:
         c.ports = build_ports(conn, default_node=spec.nodes[0].name)
         c.shell = ssh
@@ -200,13 +218,7 @@ def cluster() -> None:
 @click.option("--json", "as_json", is_flag=True, help="The cluster plan as JSON.")
 def plan_cmd(
     conn: Connection,
-    spec_file,
-    nodes,
-    ssh_config,
-    ssh_user,
-    ssh_options,
-    ssh_timeout,
-    timeout,
+    reach: Reach,
     facts_dir,
     as_json,
 ):
@@ -215,9 +227,9 @@ def plan_cmd(
     Exit codes: 0 a plan (or no changes), 2 bad input, a refused plan, an unreachable node or a
     node running another gputopo version (nothing was changed anywhere).
     """
-    c = _open(conn, spec_file, nodes, ssh_config, ssh_user, ssh_options, ssh_timeout, facts_dir)
+    c = _open(conn, reach, facts_dir)
     try:
-        _read(c, conn, timeout, facts_dir)
+        _read(c, conn, reach.timeout, facts_dir)
         cplan = _plan(c)
     finally:
         c.close()
@@ -245,13 +257,7 @@ def plan_cmd(
 @click.option("--json", "as_json", is_flag=True, help="The differences as JSON.")
 def diff_cmd(
     conn: Connection,
-    spec_file,
-    nodes,
-    ssh_config,
-    ssh_user,
-    ssh_options,
-    ssh_timeout,
-    timeout,
+    reach: Reach,
     facts_dir,
     exit_code,
     as_json,
@@ -265,9 +271,9 @@ def diff_cmd(
     from gputopo.errors import GputopoError
 
     try:
-        c = _open(conn, spec_file, nodes, ssh_config, ssh_user, ssh_options, ssh_timeout, facts_dir)
+        c = _open(conn, reach, facts_dir)
         try:
-            _read(c, conn, timeout, facts_dir)
+            _read(c, conn, reach.timeout, facts_dir)
             cplan = _plan(c)
             report = diff_cluster(c.spec, c.inputs, c.nodes, cplan.ha, c.ha)
         finally:
@@ -311,13 +317,7 @@ def diff_cmd(
 @click.option("--no-ha", is_flag=True, help="Leave the HA placement alone.")
 def apply_cmd(
     conn: Connection,
-    spec_file,
-    nodes,
-    ssh_config,
-    ssh_user,
-    ssh_options,
-    ssh_timeout,
-    timeout,
+    reach: Reach,
     serial,
     canary,
     node_timeout,
@@ -336,9 +336,9 @@ def apply_cmd(
     from gputopo.cluster.rolling import batches, rolling_apply
     from gputopo.errors import ConfigError
 
-    c = _open(conn, spec_file, nodes, ssh_config, ssh_user, ssh_options, ssh_timeout)
+    c = _open(conn, reach)
     try:
-        _read(c, conn, timeout, None, with_ha=not no_ha)
+        _read(c, conn, reach.timeout, None, with_ha=not no_ha)
         cplan = _plan(c)
         batches(c.nodes, serial, canary)  # a bad --canary or --serial is refused before anything runs
         click.echo(cplan.to_text(), nl=False)
@@ -382,9 +382,7 @@ def apply_cmd(
 @cluster_options
 @connection_options(node=False, root=False)
 @click.option("--json", "as_json", is_flag=True, help="The report as JSON.")
-def verify_cmd(
-    conn: Connection, spec_file, nodes, ssh_config, ssh_user, ssh_options, ssh_timeout, timeout, as_json
-):
+def verify_cmd(conn: Connection, reach: Reach, as_json):
     """Every node's own verify (Proxmox's mapping check for that node included) and the
     cluster's checks: converged, offline migration to nodes without the mapping.
 
@@ -393,9 +391,9 @@ def verify_cmd(
     from gputopo.cluster.verify import verify_cluster
     from gputopo.errors import VerifyFailed
 
-    c = _open(conn, spec_file, nodes, ssh_config, ssh_user, ssh_options, ssh_timeout)
+    c = _open(conn, reach)
     try:
-        _read(c, conn, timeout, None)
+        _read(c, conn, reach.timeout, None)
         cplan = _plan(c)
         vms = [(n, vmid) for n in c.nodes for vmid in c.inputs[n].current.guests]
         # a node's verify waits for its inference probe (verify.timeout) on top of its checks
@@ -406,7 +404,7 @@ def verify_cmd(
             c.api,
             c.ha,
             vms,
-            max(timeout, c.spec.verify.timeout + DEFAULT_TIMEOUT),
+            max(reach.timeout, c.spec.verify.timeout + DEFAULT_TIMEOUT),
         )
     finally:
         c.close()
