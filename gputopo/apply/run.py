@@ -273,40 +273,34 @@ def apply(
             _roll_back_and_raise(runner, j, exc, running_before)
         window = runner.stop_window()
         report = None
+
+        def _finished(outcome: str, steps: list) -> ApplyResult:
+            res = ApplyResult(
+                outcome,
+                plan=p,
+                steps=steps,
+                wall_s=time.monotonic() - t_start,
+                stop_window_s=window,
+                journal=str(j.path),
+                verify=report,
+            )
+            progress.summary(res)
+            return res
+
         if verify is not None and rollback_on_verify_failure:
             j.append(Verifying())
             report = verify()
             if not getattr(report, "ok", True):
                 progress.note("verification failed; rolling back")
                 _roll_back(runner, j, running_before, reason="verify")
-                res = ApplyResult(
-                    "rolled-back",
-                    plan=p,
-                    steps=runner.results,
-                    wall_s=time.monotonic() - t_start,
-                    stop_window_s=window,
-                    journal=str(j.path),
-                    verify=report,
-                )
-                progress.summary(res)
-                return res
+                return _finished("rolled-back", runner.results)
             j.append(End(result="applied", verify="passed"))
         else:
             # every step is done: the apply is finished whatever the verification finds
             j.append(End(result="applied"))
             if verify is not None:
                 report = verify()
-    res = ApplyResult(
-        "applied",
-        plan=p,
-        steps=sorted(runner.results, key=lambda r: r.index),
-        wall_s=time.monotonic() - t_start,
-        stop_window_s=window,
-        journal=str(j.path),
-        verify=report,
-    )
-    progress.summary(res)
-    return res
+    return _finished("applied", sorted(runner.results, key=lambda r: r.index))
 
 
 def recover(
