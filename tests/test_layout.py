@@ -22,14 +22,38 @@ def _imported(path) -> set[str]:
     return names
 
 
-def test_no_test_module_imports_another():
-    bad = [
-        f"{p.relative_to(TESTS)} imports {name}"
-        for p in sorted(TESTS.rglob("*.py"))
+def _test_imports(root) -> list[str]:
+    """``<file> imports <module>`` for each import of a test module under ``root``."""
+    return [
+        f"{p.relative_to(root)} imports {name}"
+        for p in sorted(root.rglob("*.py"))
         for name in sorted(_imported(p))
         if any(part.startswith("test_") for part in name.split("."))
     ]
+
+
+def test_no_test_module_imports_another():
+    assert len(list(TESTS.rglob("test_*.py"))) > 50  # the scan reads the real tree
+    bad = _test_imports(TESTS)
     assert not bad, "shared code belongs in tests/helpers:\n" + "\n".join(bad)
+
+
+def test_the_scan_sees_a_test_module_imported(tmp_path):
+    (tmp_path / "plan").mkdir()
+    (tmp_path / "plan" / "test_a.py").write_text("from test_b import run\nimport helpers.cli\n")
+    (tmp_path / "test_c.py").write_text("def f():\n    import plan.test_a\n")
+    assert _test_imports(tmp_path) == [
+        "plan/test_a.py imports test_b",
+        "plan/test_a.py imports test_b.run",
+        "test_c.py imports plan.test_a",
+    ]
+
+
+def test_no_two_test_modules_share_a_name():
+    """Without packages, pytest imports a test module by its basename: two test_x.py in different
+    folders would collide."""
+    names = [p.name for p in TESTS.rglob("test_*.py")]
+    assert len(names) == len(set(names)), sorted({n for n in names if names.count(n) > 1})
 
 
 def test_each_test_folder_is_a_layer_of_the_package():

@@ -1,6 +1,12 @@
 """What planning finds against a spec, as one value: refusals (the plan is refused) and warnings
-(it goes ahead, the plan prints them). Every check of the planner adds to one :class:`Findings`
-instead of threading two lists through each function. Pure.
+(it goes ahead, the plan prints them). Pure.
+
+:func:`gputopo.plan.planner.plan` makes one :class:`Findings` per plan and hands it to each of its
+checks, which add to it; the planner then raises its refusals (``PlanRefused``) or returns its
+warnings as the plan's ``warnings``. The checks add to the one value rather than each returning
+its own to be merged: the operator reads refusals and warnings in the order the checks found
+them, and a check that also computes something (the GPUs it selected, the VMs it plans) keeps a
+plain return value.
 """
 
 from __future__ import annotations

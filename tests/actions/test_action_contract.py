@@ -247,7 +247,7 @@ def _journal_round_trip(where: Path, a: ActionModel, before: Any) -> tuple[Journ
 @pytest.mark.parametrize("kind,case", _params())
 def test_action_contract(kind: str, case: Case | None, template, work: Path, request):
     assert case is not None, (
-        f"action kind {kind!r} has no case in tests/test_action_contract.py: add one to CASES"
+        f"action kind {kind!r} has no case in tests/actions/test_action_contract.py: add one to CASES"
     )
     # the applied host is made only when a case selected to run needs it
     source = template if case.host == "seed" else request.getfixturevalue("applied")
@@ -305,6 +305,8 @@ def test_action_contract(kind: str, case: Case | None, template, work: Path, req
             if ct.status == "running" and ct.service is not None
         }
         want, got = view(world.facts, world.current, services), view(facts1, current1, services)
+        # not vacuous: what expect() says is a change, so an expect() that did nothing would fail here
+        assert view(facts0, current0, services) != want, f"{text}: expect() changed nothing that is compared"
         unchanged(want, got, f"{text}: expect() (left) differs from the host (right)")
 
         # 5. undo (from the journaled before-state, then the restart of what ran before) restores
