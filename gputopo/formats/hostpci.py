@@ -171,14 +171,6 @@ def _pci_ref(text: str) -> str | None:
         return None
 
 
-def hostpci_targets(value: str) -> tuple[str | None, set[str]]:
-    """(mapping, addresses) of a ``hostpciN`` value, as :func:`hostpci_refs` reads it:
-    ``mapping=NAME,pcie=1`` -> (NAME, set()); ``0000:81:00.0;0000:81:00.1,pcie=1`` -> (None,
-    {both}); a slot ``81:00`` comes back as ``0000:81:00``."""
-    hosts, mapping = hostpci_refs(value)
-    return mapping, set(hosts)
-
-
 def parse_cpuset(text: str) -> set[int]:
     """The CPUs of a cpuset (``0-3,8``), as pve-common ``CpuSet::parse_cpuset`` reads it: an
     empty text is an empty set. Raises PveFormatError ("unable to parse cpuset option")."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from gputopo.formats.hostpci import hostpci_refs, hostpci_targets
+from gputopo.formats.hostpci import hostpci_refs
 
 
 @pytest.mark.parametrize(
@@ -40,8 +40,3 @@ from gputopo.formats.hostpci import hostpci_refs, hostpci_targets
 )
 def test_hostpci_refs(value, hosts, mapping):
     assert hostpci_refs(value) == (hosts, mapping)
-
-
-def test_hostpci_targets_reads_through_hostpci_refs():
-    assert hostpci_targets("x-vga=1,host=81:00.0") == (None, {"0000:81:00.0"})
-    assert hostpci_targets("pcie=1,mapping=vmgpus") == ("vmgpus", set())
