@@ -14,7 +14,7 @@ from pydantic import RootModel
 
 from gputopo.actions.base import ActionModel, DiffContext, Phase, PreflightContext, StepContext, World
 from gputopo.errors import BindError, GputopoError, ProxmoxError
-from gputopo.formats.hostpci import is_hostpci_key
+from gputopo.formats.hostpci import hostpci_refs, is_hostpci_key
 from gputopo.formats.mapline import map_paths
 from gputopo.model.strict import Strict
 
@@ -240,16 +240,14 @@ def _running_vm_configs(ctx: PreflightContext) -> dict[int, dict[str, Any]]:
 
 
 def hostpci_addresses(value: str, mapping_paths: dict[str, set[str]]) -> set[str]:
-    """The host devices a VM's ``hostpciN`` value passes: a mapping's paths, or ``host=`` devices
-    (a bare slot ``81:00`` means every function of the card)."""
-    first = value.split(",", 1)[0]
-    if first.startswith("mapping="):
-        return set(mapping_paths.get(first[8:], set()))
-    host = first[5:] if first.startswith("host=") else first
-    out = set()
-    for h in host.split(";"):
-        h = h if h.count(":") >= 2 else f"0000:{h}"
-        out.add(h)
-        if "." not in h.rsplit(":", 1)[-1]:  # a whole slot: every function
+    """The host devices a VM's ``hostpciN`` value passes: its mapping's paths and its ``host``
+    devices, as :func:`gputopo.formats.hostpci.hostpci_refs` reads them (a slot ``81:00`` means
+    every function of the card)."""
+    hosts, mapping = hostpci_refs(value)
+    out = set(mapping_paths.get(mapping, set())) if mapping is not None else set()
+    for h in hosts:
+        if "." in h:
+            out.add(h)
+        else:  # a whole slot: every function
             out.update(f"{h}.{f}" for f in range(8))
     return out

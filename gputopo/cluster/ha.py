@@ -31,7 +31,7 @@ from gputopo.formats.hacfg import (
     vm_sid,
     write_section_config,
 )
-from gputopo.formats.hostpci import hostpci_targets
+from gputopo.formats.hostpci import hostpci_refs
 from gputopo.formats.mapline import map_node
 from gputopo.model.strict import Strict
 from gputopo.plan.model import MappingTarget
@@ -139,7 +139,7 @@ def placements(
         per_node[mid] = Counter(map_node(e) for e in target.map)
     out = []
     for vmid, (node, hostpci) in sorted(vms.items()):
-        needs = Counter(m for m in (hostpci_targets(h)[0] for h in hostpci) if m)
+        needs = Counter(m for m in (hostpci_refs(h)[1] for h in hostpci) if m)
         if not needs:
             continue
         nodes = [n for n in order if all(per_node.get(m, Counter())[n] >= k for m, k in needs.items())]

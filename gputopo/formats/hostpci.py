@@ -20,9 +20,9 @@ import re
 import shlex
 from collections.abc import Iterable
 
-from gputopo.errors import PveFormatError
+from gputopo.errors import AddressError, PveFormatError
 from gputopo.formats.propstring import CONFIGID_RE, bool_check, split_property_string
-from gputopo.model.facts import normalize_address
+from gputopo.model.facts import normalize_address, slot_of
 
 MAX_HOSTPCI = 16  # $MAX_HOSTPCI_DEVICES
 MAX_NUMA = 8  # PVE::QemuServer::Memory::$MAX_NUMA
@@ -126,34 +126,49 @@ def hostpci_keys(keys: Iterable[str]) -> list[str]:
     return [k for _, k in numbered]
 
 
-def hostpci_targets(value: str) -> tuple[str | None, set[str]]:
-    """(mapping, raw addresses) of a ``hostpciN`` value: ``mapping=NAME,pcie=1`` -> (NAME, {});
-    ``0000:81:00.0;0000:81:00.1,pcie=1`` -> (None, {both}); a slot ``81:00`` stands for all its
-    functions and comes back as ``0000:81:00`` (compare with :func:`gputopo.model.facts.slot_of`).
-    Lenient where :func:`parse_hostpci` is strict: a value Proxmox would refuse still shows what
-    it names, so a picture of a broken host does not fail."""
-    first, *rest = value.split(",")
-    opts = dict(p.split("=", 1) for p in rest if "=" in p)
-    if first.startswith("mapping="):
-        return first.split("=", 1)[1], set()
-    host = first.split("=", 1)[1] if first.startswith("host=") else first
-    if "mapping" in opts:
-        return opts["mapping"], set()
-    out: set[str] = set()
-    for part in host.split(";"):
-        part = part.strip()
-        if not part:
-            continue
-        if part.count(":") == 1 and "." not in part:
-            part = "0000:" + part
-        if "." in part:
-            try:
-                out.add(normalize_address(part))
-            except Exception:
-                continue
-        else:
-            out.add(part.lower())
-    return None, out
+def hostpci_refs(value: str) -> tuple[list[str], str | None]:
+    """(host ids, mapping id or None) of a ``hostpciN`` value, read leniently.
+
+    The value is a property string as pve-common's ``parse_property_string`` splits it: items
+    ``key=value`` in any order, empty items skipped, one item without ``=`` standing for the
+    default key ``host``. ``host`` lists ids joined by ``;``: a function (``81:00.0``,
+    ``0000:81:00.0``) comes back normalised (``0000:81:00.0``), a slot (``81:00``: every
+    function of the card) as ``0000:81:00`` (compare with :func:`gputopo.model.facts.slot_of`).
+
+    Lenient where :func:`parse_hostpci` is strict: unknown keys and ids that are not PCI
+    addresses are ignored, and a value naming both ``host`` and ``mapping`` (Proxmox refuses
+    it) returns both, so that a safety check or a picture of a broken host still sees what a
+    line names.
+    """
+    hosts: list[str] = []
+    mapping: str | None = None
+    for part in value.split(","):
+        key, eq, val = part.strip().partition("=")
+        if not eq:
+            key, val = "host", key
+        key = key.strip()
+        if key == "mapping" and mapping is None and val.strip():
+            mapping = val.strip()
+        elif key == "host":
+            for text in val.split(";"):
+                addr = _pci_ref(text)
+                if addr is not None and addr not in hosts:
+                    hosts.append(addr)
+    return hosts, mapping
+
+
+def _pci_ref(text: str) -> str | None:
+    """``text`` as a normalised function (``0000:81:00.0``) or slot (``0000:81:00``); None when
+    it is not a PCI id."""
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        if "." in text:
+            return normalize_address(text)
+        return slot_of(normalize_address(text + ".0"))
+    except AddressError:
+        return None
 
 
 def parse_cpuset(text: str) -> set[int]:

@@ -25,7 +25,7 @@ from typing import Any
 
 from gputopo.errors import PveFormatError
 from gputopo.formats.devn import is_devn_key
-from gputopo.formats.hostpci import hostpci_targets
+from gputopo.formats.hostpci import hostpci_refs
 from gputopo.formats.lxcconf import parse_dev_value
 from gputopo.formats.systemctl import InferenceUnit
 from gputopo.model.facts import Facts, nvidia_gpus
@@ -145,7 +145,7 @@ def export_spec(
             notes.append(f"mapping {mid} mixes GPUs of both sides (or of another mapping): left as it is")
     names = {m["name"] for m in mappings}
     guests = sorted(
-        vmid for vmid, g in state.guests.items() if any(hostpci_targets(v)[0] in names for v in g.hostpci)
+        vmid for vmid, g in state.guests.items() if any(hostpci_refs(v)[1] in names for v in g.hostpci)
     )
     raw = sorted(a for a in vfio - taken)
     if raw:

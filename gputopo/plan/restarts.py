@@ -14,11 +14,11 @@ from gputopo.actions import (
     UpdateContainer,
     WriteServiceDropin,
 )
-from gputopo.errors import AddressError
 from gputopo.formats.devn import dev_path, is_devn_key
-from gputopo.formats.mapline import map_fields, map_node, map_paths
+from gputopo.formats.hostpci import hostpci_refs
+from gputopo.formats.mapline import map_node, map_paths
 from gputopo.formats.systemctl import parse_tp
-from gputopo.model.facts import Facts, normalize_address, slot_of
+from gputopo.model.facts import Facts, slot_of
 from gputopo.model.state import ContainerState, CurrentState, ServiceState
 from gputopo.plan.findings import Findings
 from gputopo.plan.model import MappingTarget, ServiceTarget
@@ -181,25 +181,6 @@ def container_restarts(
     return stops, starts
 
 
-def hostpci_devices(value: str) -> tuple[str | None, list[str]]:
-    """(mapping id, host devices) of a VM's ``hostpciN`` value.
-
-    ``mapping=ID[,...]`` names a mapping; ``host=A;B[,...]`` or a bare ``A;B[,...]`` names
-    devices, each a full address (``0000:81:00.0``) or a slot (``81:00``: every function of the
-    card), returned normalised (``0000:81:00.0``, ``0000:81:00``). Devices that are not PCI
-    addresses are left out (Proxmox refuses such a value).
-    """
-    first = value.split(",")[0]
-    fields = map_fields(value if "=" in first else f"host={value}")
-    hosts: list[str] = []
-    for text in filter(None, fields.get("host", "").split(";")):
-        try:
-            hosts.append(normalize_address(text) if "." in text else slot_of(normalize_address(text + ".0")))
-        except AddressError:
-            continue
-    return fields.get("mapping"), hosts
-
-
 def guest_restarts(
     spec_node: Node,
     current: CurrentState,
@@ -224,7 +205,7 @@ def guest_restarts(
             continue
         hit = False
         for value in gs.hostpci:
-            mapping, hosts = hostpci_devices(value)
+            hosts, mapping = hostpci_refs(value)
             hit = hit or mapping in affected or any(a in hosts or slot_of(a) in hosts for a in rebinding)
         if hit:
             stops.append(StopGuest(guest="qemu", vmid=vmid))

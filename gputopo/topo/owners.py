@@ -15,7 +15,7 @@ from typing import Any
 
 from gputopo.errors import PveFormatError
 from gputopo.formats.devn import is_devn_key
-from gputopo.formats.hostpci import hostpci_targets
+from gputopo.formats.hostpci import hostpci_refs
 from gputopo.formats.lxcconf import parse_dev_value
 from gputopo.formats.pcicfg import parse_map_entry
 from gputopo.model.facts import Facts, Gpu, normalize_address, slot_of
@@ -68,7 +68,7 @@ def mapping_users(state: CurrentState) -> dict[str, list[int]]:
     out: dict[str, list[int]] = {}
     for vmid, guest in sorted(state.guests.items()):
         for value in guest.hostpci:
-            mapping = hostpci_targets(value)[0]
+            mapping = hostpci_refs(value)[1]
             if mapping and vmid not in out.setdefault(mapping, []):
                 out[mapping].append(vmid)
     return out
@@ -86,7 +86,7 @@ def owners_now(facts: Facts, state: CurrentState, node: str | None = None) -> di
     vm_raw: dict[int, set[str]] = {}
     for vmid, guest in sorted(state.guests.items()):
         for value in guest.hostpci:
-            vm_raw.setdefault(vmid, set()).update(hostpci_targets(value)[1])
+            vm_raw.setdefault(vmid, set()).update(hostpci_refs(value)[0])
     out: dict[str, OwnerView] = {}
     for g in facts.gpus:
         out[g.address] = _owner(g, minors_of, mapped, vm_maps, vm_raw)

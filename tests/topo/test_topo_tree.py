@@ -7,13 +7,13 @@ import pytest
 from gputopo.adapters.pvefiles import PveFiles
 from gputopo.facts.current import read_current
 from gputopo.facts.discover import discover
+from gputopo.formats.hostpci import hostpci_refs
 from gputopo.model.owner import Owner
 from gputopo.model.reads import EVERY_GUEST
 from gputopo.model.state import ContainerState, CurrentState, GuestState, MappingState
 from gputopo.topo.model import OwnerView, TopoReport
 from gputopo.topo.owners import (
     container_minors,
-    hostpci_targets,
     mapping_addresses,
     mapping_users,
     owner_from_target,
@@ -55,15 +55,15 @@ def test_mapping_addresses_per_node():
 @pytest.mark.parametrize(
     "value, want",
     [
-        ("mapping=pro6000-vm,pcie=1", ("pro6000-vm", set())),
-        ("0000:81:00.0,pcie=1,x-vga=1", (None, {"0000:81:00.0"})),
-        ("81:00.0;81:00.1", (None, {"0000:81:00.0", "0000:81:00.1"})),
-        ("host=0000:81:00,pcie=1", (None, {"0000:81:00"})),
-        ("81:00", (None, {"0000:81:00"})),
+        ("mapping=pro6000-vm,pcie=1", ([], "pro6000-vm")),
+        ("0000:81:00.0,pcie=1,x-vga=1", (["0000:81:00.0"], None)),
+        ("81:00.0;81:00.1", (["0000:81:00.0", "0000:81:00.1"], None)),
+        ("host=0000:81:00,pcie=1", (["0000:81:00"], None)),
+        ("81:00", (["0000:81:00"], None)),
     ],
 )
-def test_hostpci_targets(value, want):
-    assert hostpci_targets(value) == want
+def test_hostpci_refs_as_owners_read_them(value, want):
+    assert hostpci_refs(value) == want
 
 
 def _state(seed_facts) -> CurrentState:
