@@ -174,7 +174,8 @@ def _child(parent: TreeNode, node: TreeNode) -> TreeNode:
 
 
 def owner_counts(views: list[GpuView]) -> list[OwnerCount]:
-    """Each owner with its GPU count: containers, then VMs, then free; in a kind by key."""
+    """Each owner with its GPU count: containers, then VMs, then free;
+    within a kind by key text."""
     counts: dict[str, tuple[OwnerView, OwnerCount]] = {}
     for v in views:
         _, c = counts.setdefault(
