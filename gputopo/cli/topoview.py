@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from gputopo.topo import palette
 from gputopo.topo.model import TopoReport, TreeNode
+from gputopo.topo.tree import gpu_views
 
 WIDTH = 80
 
@@ -62,7 +63,7 @@ def print_tree(report: TopoReport, console) -> None:
     from rich.text import Text
     from rich.tree import Tree
 
-    colours = palette.assign(o.key for o in report.owners)
+    colours = palette.assign(v.owner for v in gpu_views(report.tree))
     n = sum(o.gpus for o in report.owners)
     head = Text(f"{report.hostname or 'host'} · {n} GPU{'s' if n != 1 else ''}:", style="bold")
     for o in report.owners:

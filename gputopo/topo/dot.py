@@ -10,6 +10,7 @@ from __future__ import annotations
 from gputopo.topo import palette
 from gputopo.topo.model import TopoReport, TreeNode
 from gputopo.topo.svg import gpu_lines, node_lines
+from gputopo.topo.tree import gpu_views
 
 
 def quote(text: str) -> str:
@@ -25,8 +26,7 @@ def _label(lines) -> str:
 
 def render_dot(report: TopoReport) -> str:
     """``report``'s tree as a DOT digraph (text)."""
-    owners = [o.key for o in report.owners]
-    colours = palette.assign(owners)
+    colours = palette.assign(v.owner for v in gpu_views(report.tree))
     ids: dict[int, str] = {}
     out = [
         f"digraph {quote(report.hostname or 'host')} {{",

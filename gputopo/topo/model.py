@@ -10,9 +10,9 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field
 
+from gputopo.model.documents import VERSION
+from gputopo.model.owner import Owner
 from gputopo.model.strict import Strict
-
-TOPO_SCHEMA_VERSION = 1
 
 # nvidia-smi topo -m's legend, closest first (NV# needs NVML: sysfs cannot show NVLinks).
 LEVELS: tuple[str, ...] = ("X", "PIX", "PXB", "PHB", "NODE", "SYS")
@@ -39,14 +39,55 @@ class OwnerView(Strict):
         default_factory=list, description="VMs whose hostpci uses the mapping or the address"
     )
 
+    @classmethod
+    def of(cls, owner: Owner, vms: list[int] | None = None) -> OwnerView:
+        """A plan's container or VM mapping (``vms``: the VMs using the mapping) as the picture
+        shows it. Raises ValueError for the host, which leaves a GPU as it is: the picture shows
+        what it has now."""
+        if owner.is_container:
+            return cls(kind="container", containers=[owner.vmid])
+        if owner.is_vm:
+            return cls(kind="vm", mapping=owner.name, vms=list(vms or []))
+        raise ValueError(f"{owner} leaves a GPU as it is; the picture shows its owner now")
+
+    @property
+    def owner(self) -> Owner | None:
+        """The plan's :class:`Owner` this is: one container or a VM mapping; None for free,
+        several containers, or VMs that name the GPU by address."""
+        if self.kind == "container" and len(self.containers) == 1:
+            return Owner.container(self.containers[0])
+        if self.kind == "vm" and self.mapping:
+            return Owner.vm(self.mapping)
+        return None
+
     @property
     def key(self) -> str:
-        """A stable identity: ``container:101``, ``vm:pro6000-vm``, ``vm:#201`` or ``free``."""
+        """A stable identity, the JSON's and the SVG's: the :attr:`owner`'s text
+        (``container:101``, ``vm:pro6000-vm``), else ``container:101,102``, ``vm:#201`` or
+        ``free``."""
+        owner = self.owner
+        if owner is not None:
+            return str(owner)
         if self.kind == "container":
             return "container:" + ",".join(map(str, self.containers))
         if self.kind == "vm":
-            return f"vm:{self.mapping}" if self.mapping else "vm:#" + ",".join(map(str, self.vms))
+            return "vm:#" + ",".join(map(str, self.vms))
         return "free"
+
+    @property
+    def rank(self) -> int:
+        """Containers first, then VMs, then free."""
+        return _RANK[self.kind]
+
+    @property
+    def sort_key(self) -> tuple[int, str, tuple[int, ...]]:
+        """Containers by vmid, then VMs named by address (by vmid), then VM mappings by name,
+        then free."""
+        if self.kind == "container":
+            return self.rank, "", tuple(self.containers)
+        if self.kind == "vm":
+            return (self.rank, self.mapping, ()) if self.mapping else (self.rank, "", tuple(self.vms))
+        return self.rank, "", ()
 
     @property
     def label(self) -> str:
@@ -62,6 +103,8 @@ class OwnerView(Strict):
             return "VM " + ", ".join(map(str, self.vms))
         return "free"
 
+
+_RANK = {"container": 0, "vm": 1, "free": 2}
 
 FREE = OwnerView(kind="free")
 
@@ -138,7 +181,7 @@ class OwnerCount(Strict):
 class TopoReport(Strict):
     """``gputopo topo --json``: the tree and the matrix of one host."""
 
-    schema_version: int = TOPO_SCHEMA_VERSION
+    schema_version: int = VERSION
     hostname: str | None = None
     owners: list[OwnerCount] = Field(default_factory=list, description="Each owner and how many GPUs it has")
     tree: list[TreeNode] = Field(default_factory=list, description="One root per NUMA node with devices")

@@ -119,8 +119,6 @@ def owner_from_target(
 ) -> OwnerView:
     """A plan target's owner as the picture shows it; the host (left untouched) keeps ``before``.
     ``users``: :func:`mapping_users` of the state."""
-    if owner.kind == OwnerKind.CONTAINER:
-        return OwnerView(kind="container", containers=[owner.vmid])
-    if owner.kind == OwnerKind.VM:
-        return OwnerView(kind="vm", mapping=owner.name, vms=(users or {}).get(owner.name, []))
-    return before
+    if owner.kind == OwnerKind.HOST:
+        return before
+    return OwnerView.of(owner, (users or {}).get(owner.name, []))

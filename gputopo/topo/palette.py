@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from gputopo.topo.model import OwnerView
+
 
 @dataclass(frozen=True)
 class Colour:
@@ -46,24 +48,17 @@ MOVE = "#dc2626"  # outline of a GPU that the plan moves
 FOREIGN = "#b91c1c"  # a foreign device in a GPU's IOMMU group
 
 
-def assign(keys: Iterable[str]) -> dict[str, Colour]:
-    """owner key (``container:101``, ``vm:NAME``, ``free``) -> its colour; containers and VMs in
-    sorted order take the next colour of their palette."""
+def assign(owners: Iterable[OwnerView]) -> dict[str, Colour]:
+    """Each owner's colour by its :attr:`~OwnerView.key`: containers and VMs in their
+    :attr:`~OwnerView.sort_key` order take the next colour of their palette, free is grey."""
+    unique = {o.key: o for o in owners}
     out: dict[str, Colour] = {}
     counters = {"container": 0, "vm": 0}
-    for key in sorted(set(keys), key=order):
-        kind = key.split(":", 1)[0]
-        if kind == "free":
-            out[key] = FREE
+    for o in sorted(unique.values(), key=lambda o: o.sort_key):
+        if o.kind == "free":
+            out[o.key] = FREE
             continue
-        palette = CONTAINERS if kind == "container" else VMS
-        out[key] = palette[counters[kind] % len(palette)]
-        counters[kind] += 1
+        palette = CONTAINERS if o.kind == "container" else VMS
+        out[o.key] = palette[counters[o.kind] % len(palette)]
+        counters[o.kind] += 1
     return out
-
-
-def order(key: str) -> tuple[int, int, str]:
-    """Sort key of owner keys: containers by vmid, then VMs, then free."""
-    kind, _, name = key.partition(":")
-    first = name.split(",")[0]
-    return ({"container": 0, "vm": 1}.get(kind, 2), int(first) if first.isdigit() else 0, name)

@@ -28,7 +28,7 @@ from gputopo.topo.layout import (
     text_width,
     widen,
 )
-from gputopo.topo.model import GpuView, TopoReport, TreeNode
+from gputopo.topo.model import GpuView, OwnerView, TopoReport, TreeNode
 from gputopo.topo.tree import gpu_views
 
 MAX_WIDTH = 1600
@@ -156,29 +156,37 @@ def _document(body: list[str], width: float, height: float, title: str) -> str:
     )
 
 
-def _owner_items(counts: dict[str, tuple[str, list[int]]], colours: dict[str, palette.Colour]) -> list:
+def _owner_items(counts: dict[str, tuple[OwnerView, list[int]]], colours: dict[str, palette.Colour]) -> list:
+    """The legend's owners in their sort order: owner key -> (owner, GPUs on each side)."""
     items = []
-    for key in sorted(counts, key=palette.order):
-        label, ns = counts[key]
+    for owner, ns in sorted(counts.values(), key=lambda c: c[0].sort_key):
         n = " → ".join(str(c) for c in ns)
-        items.append(
-            (f"{label}: {n} GPU{'s' if ns[-1] != 1 else ''}", colours[key].fill, colours[key].stroke, False)
-        )
+        c = colours[owner.key]
+        items.append((f"{owner.label}: {n} GPU{'s' if ns[-1] != 1 else ''}", c.fill, c.stroke, False))
     return items
+
+
+def _counts(sides: list[list[GpuView]]) -> dict[str, tuple[OwnerView, list[int]]]:
+    """owner key -> (owner, how many GPUs it has on each side)."""
+    counts: dict[str, tuple[OwnerView, list[int]]] = {}
+    for side, views in enumerate(sides):
+        for v in views:
+            _, ns = counts.setdefault(v.owner.key, (v.owner, [0] * len(sides)))
+            ns[side] += 1
+    return counts
 
 
 def render_svg(report: TopoReport, title: str | None = None, max_width: float = MAX_WIDTH) -> str:
     """One host's tree as an SVG document (text)."""
     views = gpu_views(report.tree)
-    colours = palette.assign(v.owner.key for v in views)
+    colours = palette.assign(v.owner for v in views)
     title = title or f"{report.hostname or 'host'} · PCIe topology · {len(views)} GPUs"
     inner = max_width - 2 * MARGIN
     cols = [
         column(r, lambda n: gpu_lines(n.gpu, colours[n.gpu.owner.key]) if n.gpu else node_lines(n))
         for r in report.tree
     ]
-    counts = {o.key: (o.label, [o.gpus]) for o in report.owners}
-    items = _owner_items(counts, colours)
+    items = _owner_items(_counts([views]), colours)
     if any(n.kind == "nvswitch" for r in report.tree for n in r.walk()):
         items.append(("NVSwitch", *palette.NODE_COLOURS["nvswitch"], False))
     legend, lw, lh = _legend(items, MARGIN, MARGIN + TITLE + 10, inner)
@@ -216,7 +224,7 @@ def render_plan_svg(
     is outlined in dashed red on both sides and says where it goes."""
     moved = moves(before, after)
     views_b, views_a = gpu_views(before.tree), gpu_views(after.tree)
-    colours = palette.assign([v.owner.key for v in views_b] + [v.owner.key for v in views_a])
+    colours = palette.assign(v.owner for v in [*views_b, *views_a])
     half = (max_width - 2 * MARGIN - PANEL_GAP) / 2
     title = title or (
         f"{before.hostname or 'host'} · PCIe topology · {len(views_b)} GPUs · "
@@ -233,12 +241,7 @@ def render_plan_svg(
     cols_a = [column(r, lambda n: lines(n, 1)) for r in after.tree]
     for cb, ca in zip(cols_b, cols_a):
         widen([cb, ca], max(cb.width, ca.width))
-    counts: dict[str, tuple[str, list[int]]] = {}
-    for side, views in enumerate((views_b, views_a)):
-        for v in views:
-            label, ns = counts.setdefault(v.owner.key, (v.owner.label, [0, 0]))
-            ns[side] += 1
-    items = _owner_items(counts, colours)
+    items = _owner_items(_counts([views_b, views_a]), colours)
     items.append(("moves (dashed)", "#ffffff", palette.MOVE, True))
     if any(n.kind == "nvswitch" for r in before.tree for n in r.walk()):
         items.append(("NVSwitch", *palette.NODE_COLOURS["nvswitch"], False))

@@ -174,13 +174,15 @@ def _child(parent: TreeNode, node: TreeNode) -> TreeNode:
 
 
 def owner_counts(views: list[GpuView]) -> list[OwnerCount]:
-    """Each owner with its GPU count: containers, then VMs, then free."""
-    counts: dict[str, OwnerCount] = {}
+    """Each owner with its GPU count: containers, then VMs, then free;
+    within a kind by key text."""
+    counts: dict[str, tuple[OwnerView, OwnerCount]] = {}
     for v in views:
-        c = counts.setdefault(v.owner.key, OwnerCount(key=v.owner.key, label=v.owner.label, gpus=0))
+        _, c = counts.setdefault(
+            v.owner.key, (v.owner, OwnerCount(key=v.owner.key, label=v.owner.label, gpus=0))
+        )
         c.gpus += 1
-    order = {"container": 0, "vm": 1, "free": 2}
-    return sorted(counts.values(), key=lambda c: (order[c.key.split(":")[0]], c.key))
+    return [c for o, c in sorted(counts.values(), key=lambda oc: (oc[0].rank, oc[0].key))]
 
 
 def gpu_views(tree: list[TreeNode]) -> list[GpuView]:

@@ -8,13 +8,13 @@ from xml.etree import ElementTree as ET
 
 from gputopo.facts.discover import discover
 from gputopo.model.facts import Facts
-from gputopo.model.owner import Owner
 from gputopo.model.state import ContainerState, CurrentState, MappingState
 from gputopo.plan.mappings import map_entry
 from gputopo.plan.planner import plan
 from gputopo.plan.starter import spec_from_split
 from gputopo.sim.hostroot import list_hosts
-from gputopo.topo.owners import owners_now
+from gputopo.topo.model import OwnerView
+from gputopo.topo.owners import owner_from_target, owners_now
 from gputopo.topo.svg import render_svg
 from gputopo.topo.tree import build_report
 
@@ -26,9 +26,13 @@ class Picture:
     name: str
     svg: str
     facts: Facts
-    owners: dict[str, str]  # address -> owner key (after the plan, for a plan picture)
+    owners: dict[str, OwnerView]  # address -> owner (after the plan, for a plan picture)
     moved: set[str]
     sides: int  # 1, or 2 for before/after
+
+    def owner_keys(self) -> dict[str, str]:
+        """address -> the owner's key, as the picture's ``data-owner`` names it."""
+        return {a: o.key for a, o in self.owners.items()}
 
 
 def owned_state(facts: Facts) -> CurrentState:
@@ -47,9 +51,7 @@ def owned_state(facts: Facts) -> CurrentState:
 def host_picture(root, name: str) -> Picture:
     facts = discover(root)
     owners = owners_now(facts, owned_state(facts))
-    return Picture(
-        name, render_svg(build_report(facts, owners)), facts, {a: o.key for a, o in owners.items()}, set(), 1
-    )
+    return Picture(name, render_svg(build_report(facts, owners)), facts, owners, set(), 1)
 
 
 def plan_picture(root, name: str, vm_mapping: str) -> Picture:
@@ -64,8 +66,8 @@ def plan_picture(root, name: str, vm_mapping: str) -> Picture:
     )
     p = plan(facts, spec_from_split(facts, container=101, vm_mapping=vm_mapping), current)
     before = owners_now(facts, current)
-    after = {t.address: str(t.owner) if t.owner != Owner.host() else before[t.address].key for t in p.target}
-    moved = {a for a in after if after[a] != before[a].key}
+    after = {t.address: owner_from_target(t.owner, before[t.address]) for t in p.target}
+    moved = {a for a in after if after[a].key != before[a].key}
     return Picture(name, plan_svg(facts, current, p), facts, after, moved, 2)
 
 

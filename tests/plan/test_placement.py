@@ -6,6 +6,7 @@ import pytest
 
 from gputopo.facts.discover import discover
 from gputopo.model.facts import Bridge, Gpu
+from gputopo.model.owner import Owner
 from gputopo.model.state import CurrentState
 from gputopo.plan.placement import choose, clusters, farthest, spread_warning
 from gputopo.plan.planner import plan
@@ -133,9 +134,9 @@ def test_spread_warning():
 def test_planner_count_uses_placement(large):
     spec = parse_spec(LARGE_SPEC.replace("COUNT", "4"), "large.yaml")
     p = plan(large, spec, CurrentState())
-    owners = {t.address: str(t.owner) for t in p.target}
-    ct = [a for a, o in owners.items() if o == "container:101"]
-    vms = [a for a, o in owners.items() if o == "vm:h100-vm"]
+    owners = {t.address: t.owner for t in p.target}
+    ct = [a for a, o in owners.items() if o == Owner.container(101)]
+    vms = [a for a, o in owners.items() if o == Owner.vm("h100-vm")]
     # the first switch holds the PF with its four VFs (8 GPUs to discovery): the container gets
     # the next whole switch of four, and the VM the one after it, each PIX within
     assert ct == ["0000:0c:00.0", "0000:0d:00.0", "0000:0e:00.0", "0000:0f:00.0"]

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from gputopo.actions import Rebind, SetMapping, StopGuest, UpdateContainer, WriteServiceDropin
 from gputopo.errors import PlanRefused
 from gputopo.model.facts import GroupMember, MemberRole
-from gputopo.model.owner import Owner
+from gputopo.model.owner import Owner, OwnerKind
 from gputopo.model.state import ContainerState, CurrentState, GuestState, MappingState
 from gputopo.plan.mappings import map_entry
 from gputopo.plan.planner import expected_after, plan
@@ -35,20 +35,20 @@ from helpers.hosts import (
 
 def test_seed_split_owners_drivers_and_tp():
     p = plan(seed_facts(), seed_spec(), seed_current())
-    owners = {t.address: str(t.owner) for t in p.target}
-    assert [a for a, o in owners.items() if o == "container:101"] == [
+    owners = {t.address: t.owner for t in p.target}
+    assert [a for a, o in owners.items() if o == Owner.container(101)] == [
         "0000:01:00.0",
         "0000:11:00.0",
         "0000:61:00.0",
         "0000:71:00.0",
     ]
-    assert [a for a, o in owners.items() if o == "vm:pro6000-vm"] == [
+    assert [a for a, o in owners.items() if o == Owner.vm("pro6000-vm")] == [
         "0000:81:00.0",
         "0000:91:00.0",
         "0000:e1:00.0",
         "0000:f1:00.0",
     ]
-    assert owners["0000:c2:00.0"] == "host"
+    assert owners["0000:c2:00.0"] == Owner.host()
     rebinds = [a for a in p.actions if isinstance(a, Rebind)]
     assert sorted(r.address for r in rebinds) == [
         "0000:81:00.0",
@@ -238,7 +238,7 @@ def test_tp_check_error_or_warning():
     assert r == "container 101: tensor parallel 3 is not a power of two"
     p = plan(seed_facts(), seed_spec(text + "policy: {tp_check: warn}\n"), seed_current())
     assert "container 101: tensor parallel 3 is not a power of two" in p.warnings
-    assert len([t for t in p.target if str(t.owner) == "vm:pro6000-vm"]) == 5
+    assert len([t for t in p.target if t.owner == Owner.vm("pro6000-vm")]) == 5
 
 
 def test_heads_must_divide():
@@ -373,8 +373,8 @@ def one_owner_and_convergence(case) -> bool:
     assert gpu_nodes == ct_minors
     for a in p.actions:
         if isinstance(a, Rebind):
-            owner = {t.address: str(t.owner) for t in p.target}[a.address]
-            assert owner.startswith("vm:" if a.to_driver == "vfio-pci" else "container:")
+            owner = {t.address: t.owner for t in p.target}[a.address]
+            assert owner.kind == (OwnerKind.VM if a.to_driver == "vfio-pci" else OwnerKind.CONTAINER)
     assert ct.devices.get("dev0") == "/dev/dri/renderD128"
     f2, c2 = expected_after(p, facts, cur)
     p2 = plan(f2, spec, c2)
@@ -598,7 +598,7 @@ def test_unknown_numa_warns_for_container_and_for_unmatched():
     p = plan(facts, seed_spec(text), seed_current())
     assert "0000:01:00.0: NUMA node unknown (container 101)" in p.warnings
     assert "0000:81:00.0: NUMA node unknown; no numa selector matches it (left with the host)" in p.warnings
-    assert {t.address: str(t.owner) for t in p.target}["0000:81:00.0"] == "host"
+    assert {t.address: t.owner for t in p.target}["0000:81:00.0"] == Owner.host()
     assert not any("span NUMA" in w for w in p.warnings)  # unknown is not another node
 
 

@@ -49,7 +49,7 @@ def test_every_gpu_once_per_side_with_its_owner(pictures, name):
     assert set(seen) == {g.address for g in pic.facts.gpus}
     assert set(seen.values()) == {pic.sides}
     last = {g.get("data-address"): g.get("data-owner") for g in gpus}  # the after side comes last
-    assert last == pic.owners
+    assert last == pic.owner_keys()
     switches = Counter(g.get("data-id") for g, _, _ in boxes(root) if g.get("data-kind") == "nvswitch")
     assert set(switches) == {s.address for s in pic.facts.nvswitches}
     assert set(switches.values()) <= {pic.sides}
@@ -108,12 +108,13 @@ def test_self_contained(pictures, name):
 
 
 def test_legend_names_every_owner_and_colours_match(pictures):
-    root = parse(pictures["shared-group"].svg)
+    pic = pictures["shared-group"]
+    root = parse(pic.svg)
     legend = root.find(f"{SVG_NS}g[@class='legend']")
     labels = [t.text for t in legend.iter(f"{SVG_NS}text")]
     assert labels == ["container 101: 1 GPU", "VM mapping gpu-vm: 1 GPU", "free: 1 GPU"]
     fills = {g.get("data-owner"): r.get("fill") for g, r, _ in boxes(root) if g.get("class") == "gpu"}
-    colours = palette.assign(fills)
+    colours = palette.assign(pic.owners.values())
     assert fills == {k: c.fill for k, c in colours.items()}
     assert len(set(fills.values())) == 3
 

@@ -11,7 +11,8 @@ from gputopo.formats.hostpci import hostpci_refs
 from gputopo.model.owner import Owner
 from gputopo.model.reads import EVERY_GUEST
 from gputopo.model.state import ContainerState, CurrentState, GuestState, MappingState
-from gputopo.topo.model import OwnerView, TopoReport
+from gputopo.topo import palette
+from gputopo.topo.model import GpuView, OwnerView, TopoReport
 from gputopo.topo.owners import (
     container_minors,
     mapping_addresses,
@@ -19,7 +20,7 @@ from gputopo.topo.owners import (
     owner_from_target,
     owners_now,
 )
-from gputopo.topo.tree import build_report, gpu_views, link_text, unplaced
+from gputopo.topo.tree import build_report, gpu_views, link_text, owner_counts, unplaced
 
 MAP81 = "id=10de:2bb5,iommugroup=25,node=pve1,path=0000:81:00.0,subsystem-id=10de:204e"
 
@@ -120,6 +121,60 @@ def test_owner_from_target(seed):
     )
     assert owner_from_target(Owner.container(102), before, users).containers == [102]
     assert owner_from_target(Owner.host(), before, users) is before
+
+
+CT101 = OwnerView(kind="container", containers=[101])
+CT1000 = OwnerView(kind="container", containers=[1000])
+CTS = OwnerView(kind="container", containers=[101, 102])
+MAPPED = OwnerView(kind="vm", mapping="pro6000-vm", vms=[201])
+RAW201 = OwnerView(kind="vm", vms=[201])
+RAW1000 = OwnerView(kind="vm", vms=[1000])
+FREE = OwnerView(kind="free")
+
+
+def test_owner_view_is_the_plans_owner_where_there_is_one():
+    assert CT101.owner == Owner.container(101) and MAPPED.owner == Owner.vm("pro6000-vm")
+    assert CTS.owner is None and RAW201.owner is None and FREE.owner is None
+    # a plan's container or mapping and back; the host leaves the picture's owner as it is
+    for owner in (Owner.container(101), Owner.vm("pro6000-vm")):
+        assert OwnerView.of(owner).owner == owner and OwnerView.of(owner).key == str(owner)
+    assert OwnerView.of(Owner.vm("pro6000-vm"), [201]) == MAPPED
+    with pytest.raises(ValueError):
+        OwnerView.of(Owner.host())
+    assert [o.key for o in (CTS, RAW201, FREE)] == ["container:101,102", "vm:#201", "free"]
+
+
+def test_owner_view_sort_key():
+    """Containers by vmid, VMs named by address by vmid, then mappings by name, then free."""
+    shuffled = [FREE, MAPPED, RAW1000, CT1000, RAW201, CTS, CT101]
+    assert sorted(shuffled, key=lambda o: o.sort_key) == [CT101, CTS, CT1000, RAW201, RAW1000, MAPPED, FREE]
+
+
+def test_palette_follows_the_sort_key():
+    colours = palette.assign([FREE, MAPPED, RAW1000, CT1000, RAW201, CT101, CT101])
+    assert colours == {
+        "container:101": palette.CONTAINERS[0],
+        "container:1000": palette.CONTAINERS[1],
+        "vm:#201": palette.VMS[0],
+        "vm:#1000": palette.VMS[1],
+        "vm:pro6000-vm": palette.VMS[2],
+        "free": palette.FREE,
+    }
+
+
+def test_owner_counts_by_kind_then_key():
+    """The JSON's ``owners``: containers, VMs, free; within a kind by key text, as it always was."""
+    views = [
+        GpuView(index=i, address=f"0000:{i:02x}:00.0", owner=o)
+        for i, o in enumerate([FREE, MAPPED, CT101, RAW201, CT1000, CT101])
+    ]
+    assert [(c.key, c.label, c.gpus) for c in owner_counts(views)] == [
+        ("container:1000", "container 1000", 1),
+        ("container:101", "container 101", 2),
+        ("vm:#201", "VM 201", 1),
+        ("vm:pro6000-vm", "VM mapping pro6000-vm · VM 201", 1),
+        ("free", "free", 1),
+    ]
 
 
 def test_tree_keeps_identical_gpus_apart(seed):
