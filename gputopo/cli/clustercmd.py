@@ -286,7 +286,7 @@ def diff_cmd(
     if as_json:
         from gputopo.cli.output import print_json
 
-        print_json({**report.model_dump(mode="json"), "is_empty": report.is_empty})
+        print_json(report.to_data())
     else:
         sys.stdout.write(report.to_text())
     if exit_code:
@@ -409,7 +409,9 @@ def verify_cmd(conn: Connection, reach: Reach, as_json):
     finally:
         c.close()
     if as_json:
-        sys.stdout.write(report.model_dump_json(indent=2) + "\n")
+        from gputopo.cli.output import print_json
+
+        print_json(report)
     else:
         _print_report(report)
     if not report.ok:

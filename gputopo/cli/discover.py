@@ -89,14 +89,12 @@ def snapshot(out: str, conn: Connection, force: bool, as_json: bool) -> None:
     counts = run(host_root(conn), out)
     if as_json:
         from gputopo.cli.output import print_json
+        from gputopo.model.documents import SnapshotDoc
 
         print_json(
-            {
-                "path": out,
-                "pci_functions": counts["pci_functions"],
-                "files": counts["files"],
-                "links": counts["links"],
-            }
+            SnapshotDoc(
+                path=out, pci_functions=counts["pci_functions"], files=counts["files"], links=counts["links"]
+            )
         )
         return
     click.echo(

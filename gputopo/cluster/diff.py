@@ -2,15 +2,19 @@
 
 A node's part is :func:`gputopo.plan.diff.diff` on that node's facts and state (so it is empty
 exactly when the node's plan is); the HA part shows ``rules.cfg`` (PVE 9) or ``groups.cfg`` and
-``resources.cfg`` (PVE 8) before and after the placement changes.
+``resources.cfg`` (PVE 8) before and after the placement changes. Its document
+(``gputopo cluster diff --json``) holds each node's as ``gputopo diff --json`` prints it.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from pydantic import Field
 
 from gputopo.cluster.gather import NodeInput
 from gputopo.cluster.ha import HaChange, HaState, ha_files
+from gputopo.model.documents import ClusterDiffDoc
 from gputopo.model.strict import Strict
 from gputopo.plan.diff import DiffReport, FileChange, diff, unified
 from gputopo.plan.spec import Spec
@@ -24,6 +28,19 @@ class ClusterDiff(Strict):
     @property
     def is_empty(self) -> bool:
         return not self.ha and all(n.is_empty for n in self.nodes)
+
+    def to_data(self) -> dict[str, Any]:
+        """The cluster diff document (``gputopo schema cluster-diff``) without ``schema_version``:
+        each node's entry is that node's diff document (:meth:`DiffReport.to_data`, what
+        ``gputopo diff --json`` prints there)."""
+        data = {
+            "nodes": [n.to_data() for n in self.nodes],
+            "ha": list(self.ha),
+            "ha_files": {k: v.model_dump() for k, v in self.ha_files.items()},
+            "is_empty": self.is_empty,
+        }
+        ClusterDiffDoc.model_validate(data)  # what it declares, and nothing else
+        return data
 
     def to_text(self) -> str:
         out = [n.to_text().rstrip("\n") for n in self.nodes]

@@ -8,6 +8,8 @@
   (``GET /nodes/{node}/qemu/{vmid}/migrate``): a node where a mapping has no device would fail
   an offline migration there. That is a WARN, or a FAIL when the VM's HA placement allows that
   node (an HA recovery would try it).
+
+The report (``gputopo cluster verify --json``) is :class:`gputopo.model.documents.ClusterReport`.
 """
 
 from __future__ import annotations
@@ -15,42 +17,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pydantic import Field
-
 from gputopo.cluster.gather import error_line, parallel
 from gputopo.cluster.ha import HaState
 from gputopo.cluster.plan import ClusterPlan
 from gputopo.formats.hacfg import node_list, resource_list, vm_sid
-from gputopo.model.documents import Check, VerifyReport
-from gputopo.model.strict import Strict
+from gputopo.model.documents import Check, ClusterReport, NodeReport, VerifyReport
 from gputopo.ports import ClusterApiPort, NodeShellPort
-
-
-class NodeReport(Strict):
-    """A node's own verify report (``gputopo verify --json``), or one FAIL saying why none came."""
-
-    node: str
-    checks: list[Check] = Field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not any(c.status == "FAIL" for c in self.checks)
-
-
-class ClusterReport(Strict):
-    nodes: list[NodeReport] = Field(default_factory=list)
-    checks: list[Check] = Field(default_factory=list, description="The cluster's own checks")
-
-    @property
-    def ok(self) -> bool:
-        return all(n.ok for n in self.nodes) and not any(c.status == "FAIL" for c in self.checks)
-
-    def summary_line(self) -> str:
-        bad = [n.node for n in self.nodes if not n.ok] + [c.name for c in self.checks if c.status == "FAIL"]
-        warn = [c.name for c in self.checks if c.status == "WARN"]
-        warn += [f"{n.node}/{c.name}" for n in self.nodes for c in n.checks if c.status == "WARN"]
-        head = "all clear" if not bad else f"verification failed: {', '.join(bad)}"
-        return head + f" ({len(self.nodes)} node(s)" + (f"; WARN: {', '.join(warn)}" if warn else "") + ")"
 
 
 def node_report(shell: NodeShellPort, node: str, spec_text: str, timeout: float) -> NodeReport:

@@ -35,6 +35,28 @@ def versioned(data: dict[str, Any]) -> dict[str, Any]:
     return {"schema_version": VERSION, **{k: v for k, v in data.items() if k != "schema_version"}}
 
 
+def schema_of(model: Any) -> dict[str, Any]:
+    """The JSON Schema of the document ``model`` declares (``gputopo schema NAME``),
+    ``schema_version`` first: its ``document_schema()`` where the document adds keys to the
+    model's own (plan, verify), else the model's."""
+    if hasattr(model, "document_schema"):
+        schema = model.document_schema()
+    else:
+        schema = model.model_json_schema(by_alias=True, mode="serialization")
+    props = dict(schema.get("properties", {}))
+    props.pop("schema_version", None)
+    schema["properties"] = {
+        "schema_version": {
+            "const": VERSION,
+            "type": "integer",
+            "description": "Raised when a change would break a script",
+        },
+        **props,
+    }
+    schema["required"] = ["schema_version", *[r for r in schema.get("required", []) if r != "schema_version"]]
+    return schema
+
+
 # --- diff, apply, snapshot, sim serve, render -------------------------------------------------
 
 
@@ -100,6 +122,18 @@ class ApplyDoc(_Doc):
     verify: dict[str, Any] | None = Field(None, description="The verify document (gputopo schema verify)")
     boot: BootDoc | None = Field(None, description="Boot persistence changed: what must run before a reboot")
     warnings: list[str] = Field(default_factory=list, description="Every step's warnings as 'step N: text'")
+
+
+class ClusterDiffDoc(_Doc):
+    """``gputopo cluster diff --json``: each node's diff document, as ``gputopo diff --json`` prints
+    it on that node (``gputopo schema diff``, without its ``schema_version``), and the HA placement's."""
+
+    nodes: list[DiffDoc] = Field(description="Each node's diff document, in the cluster's order")
+    ha: list[str] = Field(description="One line per HA change")
+    ha_files: dict[str, FileChangeDoc] = Field(
+        description="path -> the HA file (rules.cfg, or groups.cfg and resources.cfg) before and after"
+    )
+    is_empty: bool = Field(description="No difference on any node, nor in the HA placement")
 
 
 class SnapshotDoc(_Doc):
@@ -214,6 +248,16 @@ class VerifyReport(Strict):
         return json.dumps(self.to_data(), indent=2, default=str)
 
     @classmethod
+    def document_schema(cls) -> dict[str, Any]:
+        """The JSON Schema of :meth:`to_data`'s document (``gputopo schema verify``) without
+        ``schema_version``: the report's, with the keys worked out from its checks."""
+        schema = cls.model_json_schema()
+        schema["properties"].update(
+            {"ok": {"type": "boolean"}, "exit_code": {"type": "integer"}, "summary": {"type": "string"}}
+        )
+        return schema
+
+    @classmethod
     def read(cls, data: Any) -> VerifyReport:
         """The report in a verify document (``verify --json``, or apply's ``verify``).
 
@@ -238,6 +282,38 @@ class VerifyReport(Strict):
     def to_text(self) -> str:
         lines = [f"{c.status:<4}  {c.name:<10} {c.summary}" for c in self.checks]
         return "\n".join(lines + [self.summary_line()]) + "\n"
+
+
+# --- cluster verify ------------------------------------------------------------------------------
+
+
+class NodeReport(Strict):
+    """A node's own verify report (``gputopo verify --json``), or one FAIL saying why none came."""
+
+    node: str
+    checks: list[Check] = Field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not any(c.status == FAIL for c in self.checks)
+
+
+class ClusterReport(_Doc):
+    """``gputopo cluster verify --json``: each node's checks, then the cluster's own."""
+
+    nodes: list[NodeReport] = Field(default_factory=list)
+    checks: list[Check] = Field(default_factory=list, description="The cluster's own checks")
+
+    @property
+    def ok(self) -> bool:
+        return all(n.ok for n in self.nodes) and not any(c.status == FAIL for c in self.checks)
+
+    def summary_line(self) -> str:
+        bad = [n.node for n in self.nodes if not n.ok] + [c.name for c in self.checks if c.status == FAIL]
+        warn = [c.name for c in self.checks if c.status == WARN]
+        warn += [f"{n.node}/{c.name}" for n in self.nodes for c in n.checks if c.status == WARN]
+        head = "all clear" if not bad else f"verification failed: {', '.join(bad)}"
+        return head + f" ({len(self.nodes)} node(s)" + (f"; WARN: {', '.join(warn)}" if warn else "") + ")"
 
 
 # --- history -------------------------------------------------------------------------------------

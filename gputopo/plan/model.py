@@ -112,6 +112,36 @@ class Plan(Strict):
             data["summary"] = summary
         return data
 
+    @classmethod
+    def document_schema(cls) -> dict[str, Any]:
+        """The JSON Schema of :meth:`to_data`'s document (``gputopo schema plan``) without
+        ``schema_version``: the plan's, each action with its description, and the keys
+        :meth:`to_data` adds (the summary's are :meth:`gputopo.plan.summary.PlanSummary.to_data`'s)."""
+        schema = cls.model_json_schema(mode="serialization")
+        for d in schema.get("$defs", {}).values():
+            if "kind" in d.get("properties", {}):  # an action kind: the JSON adds its one-line description
+                d["properties"]["description"] = {"type": "string"}
+        schema["properties"]["no_changes"] = {"type": "boolean"}
+        schema["properties"]["signature"] = {
+            "type": "string",
+            "description": "What apply --expect-plan takes",
+        }
+        schema["properties"]["summary"] = {
+            "type": "object",
+            "description": "The plan's one-line summary and its numbers",
+            "properties": {
+                "counts": {"type": "object", "additionalProperties": {"type": "integer"}},
+                "stop_window_steps": {"type": "integer"},
+                "expected_stop_window_s": {"type": ["number", "null"]},
+                "max_stop_window_s": {"type": ["number", "null"]},
+                "text": {"type": "string"},
+            },
+            "required": ["counts", "text"],
+            "additionalProperties": False,
+        }
+        schema["required"] = sorted(set(schema.get("required", [])) | {"no_changes", "signature"})
+        return schema
+
     def vfio_addresses(self) -> list[str]:
         """Every address that the target puts on vfio-pci (VM GPUs and their companions)."""
         out: set[str] = set()

@@ -18,10 +18,12 @@ import pytest
 from gputopo.cli.schema import DOCUMENTS
 from helpers.applysim import copy_host, seed_spec_text, template  # noqa: F401 (fixtures)
 from helpers.cli import run
+from helpers.clusterharness import cleanup, copy_cluster, make_template, spec_text
 
 pytestmark = pytest.mark.slow  # every test applies on a simulated host (seconds each); the full run only
 
 BIN = Path(sys.executable).parent
+CLUSTER = ("cluster-diff", "cluster-verify")  # made on a simulated cluster (the test after the first)
 
 
 def _walk(value, path="$"):
@@ -94,12 +96,46 @@ def test_every_document_validates_against_its_schema(capsys, sim, tmp_path):
     code, out, _ = run(capsys, "apply", str(saved), "--sim", s, "--yes", "--json")
     assert code == 2 and json.loads(out)["status"] == "error" and json.loads(out)["exit_code"] == 2
     check(capsys, "apply", json.loads(out))
-    assert set(made) == set(DOCUMENTS), "a document without a test"
+    assert set(made) | set(CLUSTER) == set(DOCUMENTS), "a document without a test"
     from gputopo.cli.schema import NAMES
 
     assert NAMES == ["spec", *DOCUMENTS]
     for name, doc in made.items():
         check(capsys, name, doc)
+
+
+@pytest.fixture
+def sim_cluster(tmp_path):
+    template = make_template()
+    c = copy_cluster(template, tmp_path / "cluster")
+    try:
+        yield c
+    finally:
+        c.stop()
+        cleanup(template.parent)
+
+
+def test_the_cluster_documents_validate_and_hold_each_nodes_diff_document(capsys, sim_cluster, tmp_path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(spec_text(sim_cluster, split=["pve1", "pve2"], whole=["pve3"]))
+    s = str(sim_cluster.dir)
+    made = {"cluster-diff": _json(capsys, "cluster", "diff", "--sim", s, "--spec", str(spec), "--json")}
+    code, out, err = run(capsys, "cluster", "verify", "--sim", s, "--spec", str(spec), "--json")
+    assert code == 1, err  # not converged: the plan has actions
+    made["cluster-verify"] = json.loads(out)
+    assert set(made) == set(CLUSTER)
+    for name, doc in made.items():
+        check(capsys, name, doc)
+    diff = made["cluster-diff"]
+    assert not diff["is_empty"] and diff["ha"] and diff["ha_files"]
+    assert [n["node"] for n in diff["nodes"]] == ["pve1", "pve2", "pve3"]
+    # each node's entry is the document ``gputopo diff --json`` prints on that node
+    for entry in diff["nodes"]:
+        check(capsys, "diff", {"schema_version": 1, **entry})
+    assert diff["nodes"][0]["areas"]["driver_bindings"]["title"] == "driver bindings"
+    converged = {c["name"]: c for c in made["cluster-verify"]["checks"]}["converged"]
+    assert converged["status"] == "FAIL"
+    assert [n["node"] for n in made["cluster-verify"]["nodes"]] == ["pve1", "pve2", "pve3"]
 
 
 def _render(capsys, s, spec, out: Path) -> dict:
