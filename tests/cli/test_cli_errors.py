@@ -617,6 +617,20 @@ def test_recover_with_no_open_journal_never_asks_the_api(capsys, monkeypatch, tm
     assert code == 0 and json.loads(out)["status"] == "nothing-to-recover", err
 
 
+def test_apply_where_the_api_cannot_be_used_is_a_failed_preflight_in_one_line(
+    capsys, monkeypatch, tmp_path, own_seed, spec_file
+):
+    monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))
+    code, out, err = run(
+        capsys, "apply", "--root", str(own_seed), "--spec", str(spec_file), "--yes", "--json"
+    )
+    assert code == 2
+    assert one_line(err) == (
+        f"gputopo: error: cannot use the Proxmox API via pvesh (--local) ({NO_PVESH}); nothing was changed"
+    )
+    assert json.loads(out)["status"] == "error"
+
+
 def test_recover_without_the_api_goes_on_only_for_a_journal_of_this_host(
     capsys, monkeypatch, tmp_path, own_seed
 ):
