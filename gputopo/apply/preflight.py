@@ -3,8 +3,8 @@ stops. Changes nothing.
 
 :func:`refuse_other_node` comes first, before anything is read: the Proxmox API must act on the
 node whose sysfs and containers this process changes (recover: :func:`check_recover_node`, which
-compares without the API first and goes on without it when the journal proves the node). What the plan as a whole needs is checked
-here too (its containers exist, the Proxmox API answers);
+compares without the API first and goes on without it when the journal proves the node). What
+the plan as a whole needs is checked here too (its containers exist, the Proxmox API answers);
 everything else is each step's own ``preflight`` (:mod:`gputopo.actions`): IOMMU and drivers for
 rebinds, processes holding a moving GPU (from ``<root>/proc``), running VMs outside the plan that
 use a moving device, the login's right to change ``devN``, a running container for a drop-in.
