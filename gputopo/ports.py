@@ -162,6 +162,11 @@ class ProxmoxPort(ProxmoxReadPort, Protocol):
         """The names of the nodes this API serves (GET /nodes: the cluster's, or this node)."""
         ...
 
+    @property
+    def address(self) -> str:
+        """Where the API is reached, for messages: its URL, or ``pvesh (--local)``."""
+        ...
+
     def qemu_update(self, vmid: int, set: dict[str, str], delete: list[str], digest: str) -> None:
         """PUT .../qemu/{vmid}/config: ``set`` keys, ``delete`` keys, guarded by ``digest``."""
         ...

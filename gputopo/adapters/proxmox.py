@@ -56,6 +56,11 @@ class ProxmoxClient(ABC):
         ``_timeout`` replaces the per-call timeout (pvesh: a task runs to its end within the
         call). Raises ProxmoxError when Proxmox refuses the call or cannot be reached."""
 
+    @property
+    @abstractmethod
+    def address(self) -> str:
+        """Where the API is reached, for messages: its URL, or ``pvesh (--local)``."""
+
     @abstractmethod
     def identity(self) -> str:
         """The authenticated user id, e.g. ``root@pam`` or ``root@pam!gputopo`` for a token."""
@@ -267,6 +272,10 @@ class LocalClient(ProxmoxClient):
     def __repr__(self) -> str:
         return f"LocalClient(root@pam at local pvesh, node {self.node})"
 
+    @property
+    def address(self) -> str:
+        return "pvesh (--local)"
+
     __str__ = __repr__
 
     def _call(self, method: str, path: str, _timeout: float | None = None, **params: Any) -> Any:
@@ -305,6 +314,13 @@ class HttpsClient(ProxmoxClient):
         )
 
     __str__ = __repr__
+
+    @property
+    def address(self) -> str:
+        host = self._cfg.host
+        if ":" in host:  # an IPv6 address
+            host = f"[{host}]"
+        return f"https://{host}:{self._cfg.port}"
 
     @classmethod
     def connect(cls, cfg: ApiConfig, env: dict[str, str]) -> HttpsClient:

@@ -14,7 +14,7 @@ import os
 from typing import Any
 
 from gputopo.apply.boot import BootRefresh
-from gputopo.apply.history import own_journal
+from gputopo.apply.history import own_journal, settled_journal
 from gputopo.apply.journal import Journal
 from gputopo.apply.progress import ApplyResult
 from gputopo.errors import GputopoError, VerifyFailed
@@ -86,14 +86,17 @@ def result_document(result: ApplyResult, boot: BootRefresh | None = None) -> dic
     )
 
 
-def error_document(
-    error: GputopoError, root: str | os.PathLike | None = None, journal: str | None = None
-) -> dict[str, Any]:
-    """The document of an apply or recover that raised ``error``. With ``root``: the journal this
-    process wrote there and each of its steps as the journal recorded it (an apply refused
-    before its journal began has none); else ``journal`` names the journal, without steps."""
+def error_document(error: GputopoError, root: str | os.PathLike, recover: bool = False) -> dict[str, Any]:
+    """The document of an apply or recover under ``root`` that raised ``error``.
+
+    An apply's names the journal this process wrote and each of its steps as the journal
+    recorded it (an apply refused before its journal began has none). A recover's (``recover``)
+    names the journal it was settling (:func:`gputopo.apply.history.settled_journal`), without
+    steps."""
     steps: list[dict[str, Any]] = []
-    if root is not None:
+    if recover:
+        journal = settled_journal(root)
+    else:
         journal, records = own_journal(root)
         steps = [
             {

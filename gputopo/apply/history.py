@@ -16,9 +16,11 @@ from gputopo.apply.journal import (
     End,
     Failed,
     Journal,
+    Recover,
     UndoDone,
     UndoFailed,
     UndoIncomplete,
+    find_unfinished,
     list_journals,
 )
 from gputopo.errors import HistoryError, JournalError
@@ -35,6 +37,9 @@ __all__ = [
     "last_measured",
     "own_journal",
     "record_of",
+    "recover_node",
+    "settled_journal",
+    "unfinished_warning",
 ]
 
 
@@ -136,6 +141,45 @@ def own_journal(root: str | os.PathLike, pid: int | None = None) -> tuple[str | 
             continue
         return str(p), list(record_of(j, with_steps=True).steps or [])
     return None, []
+
+
+def recover_node(root: str | os.PathLike, default: str | None) -> str | None:
+    """The node a recover under ``root`` acts on: the one the open journal's apply changed, else
+    ``default``. Raises JournalError when the open journal cannot be read."""
+    j = find_unfinished(root)
+    return j.header.node if j is not None else default
+
+
+def settled_journal(root: str | os.PathLike, pid: int | None = None) -> str | None:
+    """The journal a recover in process ``pid`` (default: this one) was settling: the newest one
+    it wrote its ``recover`` record to, else the newest open one (a recover refused before it
+    wrote anything); None when there is neither. Journals that cannot be read are skipped."""
+    pid = os.getpid() if pid is None else pid
+    for p in reversed(list_journals(root)):
+        try:
+            j = Journal.load(p)
+        except JournalError:
+            continue
+        if any(isinstance(r, Recover) and r.pid == pid for r in j.records):
+            return str(p)
+    try:
+        j = find_unfinished(root)
+    except JournalError:
+        return None
+    return str(j.path) if j is not None else None
+
+
+def unfinished_warning(root: str | os.PathLike) -> str | None:
+    """What plan, diff and verify warn while an apply's journal under ``root`` is still open (the
+    host may be half-changed, and what they show is a middle state), or when the journals cannot
+    be read; None when every apply finished."""
+    try:
+        j = find_unfinished(root)
+    except Exception as e:  # an unreadable journal is worth a warning too, never a failure there
+        return f"cannot read the apply journals under {root} ({e})"
+    if j is None:
+        return None
+    return f"an apply did not finish: {j.describe()}; the host may be half-changed: run 'gputopo recover'"
 
 
 def history(root: str | os.PathLike) -> list[ApplyRecord]:

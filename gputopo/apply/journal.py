@@ -252,9 +252,11 @@ class Journal:
         """Read a journal file. Raises JournalError when it cannot be read or parsed."""
         p = Path(path)
         try:
-            text = p.read_text()
+            text = p.read_text(encoding="utf-8")
         except OSError as e:
             raise JournalError(f"{p}: cannot read journal ({e.strerror})") from None
+        except UnicodeDecodeError as e:
+            raise JournalError(f"{p}: not a journal (byte {e.start} is not UTF-8 text)") from None
         recs = parse_journal(text, str(p))
         if not recs:
             raise JournalError(f"{p}: empty journal")
@@ -266,7 +268,7 @@ class Journal:
         """Append one record durably (write, flush, fsync) and return it. Thread-safe."""
         line = rec.model_dump_json() + "\n"
         with self._lock:
-            with open(self.path, "a") as f:
+            with open(self.path, "a", encoding="utf-8") as f:
                 f.write(line)
                 f.flush()
                 os.fsync(f.fileno())

@@ -2,8 +2,9 @@
 stops. Changes nothing.
 
 :func:`refuse_other_node` comes first, before anything is read: the Proxmox API must act on the
-node whose sysfs and containers this process changes. What the plan as a whole needs is checked
-here too (its containers exist, the Proxmox API answers);
+node whose sysfs and containers this process changes (recover: :func:`check_recover_node`, which
+compares without the API first and goes on without it when the journal proves the node). What
+the plan as a whole needs is checked here too (its containers exist, the Proxmox API answers);
 everything else is each step's own ``preflight`` (:mod:`gputopo.actions`): IOMMU and drivers for
 rebinds, processes holding a moving GPU (from ``<root>/proc``), running VMs outside the plan that
 use a moving device, the login's right to change ``devN``, a running container for a drop-in.
@@ -11,10 +12,11 @@ use a moving device, the login's right to change ``devN``, a running container f
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from gputopo.actions import PreflightContext
-from gputopo.errors import PreflightError, ProxmoxError
+from gputopo.errors import ConfigError, PreflightError, ProxmoxError
 from gputopo.facts.host import node_name
 from gputopo.facts.pci import read_drm_nodes
 from gputopo.facts.procfs import read_holders
@@ -25,24 +27,88 @@ from gputopo.plan.select import pick_node
 from gputopo.plan.spec import Spec
 from gputopo.ports import Ports
 
+# what talking to the API may raise besides its refusals: pvesh not installed (not a Proxmox node)
+API_ERRORS = (ProxmoxError, ConfigError)
+
+
+def _cannot_use(ports: Ports, e: Exception) -> PreflightError:
+    return PreflightError(
+        f"cannot use the Proxmox API via {ports.proxmox.address} ({e}); nothing was changed"
+    )
+
+
+def _other_node(ports: Ports, host: str, served: list[str] | None = None) -> PreflightError:
+    """The refusal of an API that would act on another node than ``host`` (this one), or that
+    does not serve it (``served``: the nodes it serves; None: not asked)."""
+    node, where = ports.proxmox.node, ports.proxmox.address
+    if served is None:
+        said = f"gputopo would act on node {node} (the Proxmox API via {where}), "
+    else:
+        said = f"the Proxmox API via {where} serves node(s) {', '.join(served) or 'none'}, "
+        if node != host:
+            said += f"and gputopo would act on node {node}, "
+    return PreflightError(
+        f"{said}but this host is {host}: sysfs and pct act on this machine only; run it on the node itself "
+        "(nothing was changed)"
+    )
+
 
 def refuse_other_node(ports: Ports, root: str) -> None:
     """Raises PreflightError (exit 2, nothing changed) unless the node the API calls name is this
-    host and the API serves it. sysfs writes, host files and ``pct`` always act on the machine
-    whose root is ``root``; a node elsewhere would get its guests stopped and configured for GPUs
-    this host moves. Checked by apply and recover themselves, whoever calls them."""
+    host and the API serves it, or when the API does not answer. sysfs writes, host files and
+    ``pct`` always act on the machine whose root is ``root``; a node elsewhere would get its guests
+    stopped and configured for GPUs this host moves. Checked by apply itself, whoever calls it;
+    recover checks with :func:`refuse_other_node_here` and :func:`check_recover_node`."""
     host = node_name(root)
-    node = ports.proxmox.node
     try:
         served = ports.proxmox.nodes()
-    except ProxmoxError as e:
-        raise PreflightError(f"cannot use the Proxmox API ({e}); nothing was changed") from None
-    if node != host or host not in served:
+    except API_ERRORS as e:
+        raise _cannot_use(ports, e) from None
+    if ports.proxmox.node != host or host not in served:
+        raise _other_node(ports, host, served)
+
+
+def refuse_other_node_here(ports: Ports, root: str) -> None:
+    """Raises PreflightError (exit 2, nothing changed) when the node the API calls name is not
+    this host. Compared here, without asking the API: recover checks this before anything else."""
+    host = node_name(root)
+    if ports.proxmox.node != host:
+        raise _other_node(ports, host)
+
+
+def check_recover_node(ports: Ports, root: str, changed: str | None, warn: Callable[[str], None]) -> None:
+    """recover's node check, once it holds the lock and found an open journal whose apply
+    changed node ``changed`` (None: the journal does not say).
+
+    What can be compared without the API is compared first: the journal's node, this host and
+    the node the API calls name must be one node, else PreflightError. Then the API must serve
+    this host, as for apply. An API that does not answer (pmxcfs or pveproxy down after a
+    crash) does not stop recover when the journal names this host: the journal itself proves
+    which node was changed, and undoing sysfs and host files needs no API. ``warn`` then says
+    the check was skipped; the undo steps that need the API fail on their own, recover names
+    them and the journal stays open for the next recover. An API that does not answer while
+    the journal names no node is a PreflightError, as for apply.
+    """
+    host = node_name(root)
+    refuse_other_node_here(ports, root)
+    if changed is not None and changed != host:
         raise PreflightError(
-            f"the Proxmox API serves node(s) {', '.join(served) or 'none'}, and gputopo would act on node {node}, "
-            f"but this host is {host}: sysfs and pct act on this machine only; run it on the node itself "
-            "(nothing was changed)"
+            f"the interrupted apply changed node {changed}, but this host is {host}: recover it on "
+            f"{changed} (nothing was changed)"
         )
+    try:
+        served = ports.proxmox.nodes()
+    except API_ERRORS as e:
+        if changed != host:
+            raise _cannot_use(ports, e) from None
+        warn(
+            f"warning: cannot use the Proxmox API via {ports.proxmox.address} ({e}); the journal shows "
+            f"the apply changed this host ({host}), so recover goes on: the undo steps that need the API "
+            "will fail and be named"
+        )
+        return
+    if host not in served:
+        raise _other_node(ports, host, served)
 
 
 def preflight(

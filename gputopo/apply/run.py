@@ -44,7 +44,7 @@ from gputopo.apply.journal import (
     find_unfinished,
 )
 from gputopo.apply.lock import HostLock
-from gputopo.apply.preflight import preflight, refuse_other_node
+from gputopo.apply.preflight import check_recover_node, preflight, refuse_other_node, refuse_other_node_here
 from gputopo.apply.progress import ApplyResult, Progress, Quiet
 from gputopo.apply.runner import Runner, running_before_of, step_context
 from gputopo.errors import (
@@ -323,13 +323,23 @@ def recover(
     tried again, under the timeout); when all succeed the journal ends ``rolled-back``, else a
     new ``NeedsHuman`` record keeps it open. A journal whose steps were all done and only the
     verification ran is closed as applied: verification is not part of the transaction.
+
+    Nothing is asked of the Proxmox API before the journal is found: the node the API calls name
+    is compared with this host first (no API call), then, under the lock, a host without an open
+    journal returns ``nothing-to-recover`` whether or not the API answers. With a journal, the
+    API must serve this host (:func:`gputopo.apply.preflight.check_recover_node`); one that does
+    not answer (pmxcfs or pveproxy down after a crash) is warned about and recover goes on when
+    the journal names this host: the undo steps on sysfs and host files run, those that need the
+    API fail and are named (ApplyFailed, the journal stays open for a recover once it answers).
+
     Returns an ApplyResult (``nothing-to-recover``, ``recovered``, ``finished``, ``applied``).
-    Raises PreflightError (an API whose node is not this host), LockHeld, JournalError
+    Raises PreflightError (an API whose node is not this host, or that does not answer while
+    the journal does not name this host), LockHeld, JournalError
     (``finish`` on a journal whose rollback began), ApplyFailed (exit 3 naming the devices still
     stuck; the journal stays open).
     """
     root = str(root)
-    refuse_other_node(ports, root)
+    refuse_other_node_here(ports, root)
     t = timeouts or Timeouts()
     progress = Quiet(progress or Progress())
     t0 = time.monotonic()
@@ -337,6 +347,7 @@ def recover(
         j = find_unfinished(root)
         if j is None:
             return ApplyResult("nothing-to-recover")
+        check_recover_node(ports, root, j.header.node, progress.note)
         progress.note(f"recovering {j.describe()}")
         runner = Runner(step_context(ports, root, t, progress), j, progress)
         rb = RunningBefore(

@@ -11,8 +11,10 @@ force) shows them after its line. With ``--json`` the steps go to stderr and one
 (``gputopo schema apply``, every step's warnings included) to stdout.
 
 Both write sysfs and run ``pct`` on this machine: the library refuses (exit 2, nothing changed)
-an API whose node is not this host (:func:`gputopo.apply.preflight.refuse_other_node`). The
-JSON document is the library's too (:mod:`gputopo.apply.document`).
+an API whose node is not this host (:func:`gputopo.apply.preflight.refuse_other_node`, recover's
+:func:`gputopo.apply.preflight.check_recover_node`). The JSON document and which node a recover
+acts on (the open journal's) are the library's too (:mod:`gputopo.apply.document`,
+:func:`gputopo.apply.history.recover_node`).
 """
 
 from __future__ import annotations
@@ -230,19 +232,22 @@ def recover(conn: Connection, finish: bool, timeouts, as_json: bool) -> None:
     An apply whose rollback needed a human (a write hung, a GPU fell off the bus) leaves its
     journal open; once the device is fixed, recover retries the undo steps that did not
     complete and closes it, or keeps it open and names what is still stuck (exit 3).
+
+    With no open journal it changes nothing and says so, whether or not the Proxmox API
+    answers. An API that does not answer after a crash is warned about when the journal names
+    this host: the sysfs and host-file steps are undone, the steps that need the API are named
+    and the journal stays open for a recover once it answers (over --api-url the login itself
+    needs the API: use --local on the node).
     """
     from gputopo.apply import recover as run_recover
-    from gputopo.apply.journal import find_unfinished
+    from gputopo.apply.estimate import step_timeouts
+    from gputopo.apply.history import recover_node
     from gputopo.errors import GputopoError
 
     root = host_root(conn)
-    unfinished = find_unfinished(root)
-    from gputopo.apply.estimate import step_timeouts
-
     t = step_timeouts(None, timeouts)
-    ports = _preflight_ports(
-        conn, unfinished.header.node if unfinished else node_for(conn, None, this_host(root))
-    )
+    # the node the open journal's apply changed: the API acts on it
+    ports = _preflight_ports(conn, recover_node(root, node_for(conn, None, this_host(root))))
     try:
         try:
             result = run_recover(
@@ -259,7 +264,7 @@ def recover(conn: Connection, finish: bool, timeouts, as_json: bool) -> None:
             from gputopo.apply.document import error_document
             from gputopo.cli.output import print_json
 
-            print_json(error_document(e, journal=str(unfinished.path) if unfinished else None))
+            print_json(error_document(e, root, recover=True))
         raise
     if as_json:
         from gputopo.apply.document import result_document

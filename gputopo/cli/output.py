@@ -65,17 +65,13 @@ def print_refused(e) -> None:
 
 
 def warn_unfinished(root: str) -> None:
-    """Warn when an apply's journal under ``root`` is still open: the host may be half-changed,
-    and what a plan or a check shows is a middle state."""
-    try:
-        from gputopo.apply.journal import find_unfinished
+    """Warn when an apply's journal under ``root`` is still open or cannot be read
+    (:func:`gputopo.apply.history.unfinished_warning`)."""
+    from gputopo.apply.history import unfinished_warning
 
-        j = find_unfinished(root)
-    except Exception as e:  # an unreadable journal is worth a warning too, never a failure here
-        warn(f"cannot read the apply journals under {root} ({e})")
-        return
-    if j is not None:
-        warn(f"an apply did not finish: {j.describe()}; the host may be half-changed: run 'gputopo recover'")
+    text = unfinished_warning(root)
+    if text is not None:
+        warn(text)
 
 
 def print_report(report) -> None:

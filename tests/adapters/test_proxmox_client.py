@@ -219,3 +219,19 @@ def test_local_backend_errors_and_null_results(srv):
     with pytest.raises(ProxmoxError) as ei:
         c.qemu_config(999)
     assert ei.value.call == "GET /nodes/pve1/qemu/999/config" and "999" in str(ei.value)
+
+
+def test_the_address_messages_name_the_api_by():
+    from gputopo.adapters.credentials import Credentials
+    from gputopo.adapters.proxmox import HttpsClient
+
+    def https(host: str) -> str:
+        cfg = ApiConfig(backend="https", host=host, port=8006, node="pve1")
+        return HttpsClient(None, cfg, Credentials(user="root@pam")).address
+
+    assert https("pve1.example") == "https://pve1.example:8006"
+    assert https("fd00::1") == "https://[fd00::1]:8006"
+    local = ProxmoxClient.from_config(
+        ApiConfig(backend="local", node="pve1"), runner=lambda a, t: ("", "", 0)
+    )
+    assert local.address == "pvesh (--local)"

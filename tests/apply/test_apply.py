@@ -507,10 +507,15 @@ def test_the_library_refuses_an_api_whose_node_is_not_this_host(host, tmp_path):
             ports = dataclasses.replace(own, proxmox=px)
             with pytest.raises(PreflightError) as e:
                 apply(applysim.seed_spec(host), ports, root=root)
+            assert str(e.value).startswith(f"the Proxmox API via {px.address} serves node(s) "), name
             assert "would act on node pve2, but this host is pve1" in str(e.value), name
             assert str(e.value).endswith("(nothing was changed)")
-            with pytest.raises(PreflightError):
+            with pytest.raises(PreflightError) as e:  # compared without asking the API
                 recover(ports, root=root)
+            assert str(e.value).startswith(
+                f"gputopo would act on node pve2 (the Proxmox API via {px.address})"
+            )
+            assert px.address.startswith("https://127.0.0.1:"), name
     finally:
         other.stop()
     assert applysim.fingerprint(host) == before and list_journals(root) == []

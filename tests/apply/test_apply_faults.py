@@ -7,6 +7,7 @@ an action kind without a way to make it fail here fails the test.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import signal
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from gputopo.apply import Timeouts, apply, read_and_plan
+from gputopo.apply import Progress, Timeouts, apply, read_and_plan
 from gputopo.apply.journal import find_unfinished, list_journals, parse_journal
 from gputopo.errors import ApplyFailed, ExecError, UnfinishedApply
 from gputopo.ports import ExecResult
@@ -377,4 +378,54 @@ def test_sigkill_after_every_step_while_verifying_leaves_an_applied_host(templat
     )
     assert find_unfinished(host.paths.root) is None
     assert applysim.diff(applied, applysim.fingerprint(host)) == []
+    host.stop()
+
+
+class _Notes(Progress):
+    def __init__(self):
+        self.notes: list[str] = []
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+
+def test_sigkill_in_config_then_recover_without_the_api_undoes_sysfs_and_names_the_rest(template, new_host):
+    """After a crash the API may not answer (pmxcfs down: pvesh fails). The journal names this
+    host, so recover warns and goes on: the GPUs go back to their drivers, the steps that need
+    the API are named and the journal stays open; a recover once the API answers completes."""
+    from gputopo.adapters.credentials import ApiConfig
+    from gputopo.adapters.proxmox import ProxmoxClient
+    from gputopo.apply import recover
+
+    firsts = _first_begin_per_phase(template)
+    host = new_host()
+    before = applysim.fingerprint(host)
+    res = _drive(host, *_apply_args(host), at=f"record:{firsts['config']}")
+    assert res.returncode == -signal.SIGKILL, res.stderr
+    journal = find_unfinished(host.paths.root).path
+    moved = [k for k in before if k.startswith("pci:") and applysim.fingerprint(host)[k] != before[k]]
+    assert moved  # the switch was done: GPUs are on other drivers
+
+    def pmxcfs_down(argv, timeout):
+        return "", "ipcc_send_rec[1] failed: Connection refused\n", 255
+
+    down = ProxmoxClient.from_config(
+        ApiConfig(backend="local", node=host.node, timeout=5), runner=pmxcfs_down
+    )
+    ports = dataclasses.replace(host.ports(), proxmox=down)
+    notes = _Notes()
+    with pytest.raises(ApplyFailed) as e:
+        recover(ports, root=str(host.paths.root), progress=notes, timeouts=T_HANG)
+    assert f"{journal} stays open" in str(e.value) and "\n" not in str(e.value)
+    assert notes.notes[0].startswith("warning: cannot use the Proxmox API via pvesh (--local) (")
+    assert "ipcc_send_rec" in notes.notes[0]
+    after = applysim.fingerprint(host)
+    assert {k: after[k] for k in moved} == {k: before[k] for k in moved}  # sysfs undone without the API
+    recs = parse_journal(journal.read_text())
+    assert recs[-1].type == "needs-human" and [r for r in recs if r.type == "undo-failed"]
+    assert find_unfinished(host.paths.root).path == journal
+    # the API answers again: the next recover completes the rollback
+    assert recover(host.ports(), root=str(host.paths.root), timeouts=T_HANG).status == "recovered"
+    assert find_unfinished(host.paths.root) is None
+    assert applysim.diff(before, applysim.fingerprint(host)) == []
     host.stop()

@@ -14,7 +14,7 @@ import pytest
 
 from gputopo.apply import apply
 from gputopo.apply.history import find, history, last_measured
-from gputopo.apply.journal import Header, Journal
+from gputopo.apply.journal import JOURNAL_DIR, Header, Journal
 from gputopo.errors import HistoryError
 from helpers import applysim
 from helpers.applysim import copy_host, seed_spec, seed_spec_text, template  # noqa: F401 (fixtures)
@@ -117,3 +117,22 @@ def test_plan_diff_and_verify_warn_while_an_apply_is_unfinished(capsys, applied,
         ]
         assert len(warning) == 1, (argv, err)
         assert "run 'gputopo recover'" in warning[0], argv
+
+
+def test_which_journal_a_recover_settles_and_the_node_it_acts_on(tmp_path):
+    from gputopo.apply.history import recover_node, settled_journal, unfinished_warning
+    from gputopo.apply.journal import End, Recover
+
+    assert recover_node(tmp_path, "pve1") == "pve1" and settled_journal(tmp_path) is None
+    assert unfinished_warning(tmp_path) is None
+    j = Journal.create(tmp_path, Header(pid=1, started=1.0e9, node="pve2"))
+    assert recover_node(tmp_path, "pve1") == "pve2"  # the node the open journal's apply changed
+    assert settled_journal(tmp_path) == str(j.path)  # open: the one a recover is to settle
+    assert unfinished_warning(tmp_path).startswith(f"an apply did not finish: {j.path} (pid 1, ")
+    j.append(Recover(mode="rollback", pid=os.getpid()))
+    j.append(End(result="rolled-back"))
+    assert settled_journal(tmp_path) == str(j.path)  # closed, by this process's recover
+    assert settled_journal(tmp_path, pid=os.getpid() + 1) is None
+    assert recover_node(tmp_path, "pve1") == "pve1" and unfinished_warning(tmp_path) is None
+    (tmp_path / JOURNAL_DIR / "29990101T000000Z-1.jsonl").write_bytes(b"\xff\n")
+    assert unfinished_warning(tmp_path).startswith(f"cannot read the apply journals under {tmp_path} (")

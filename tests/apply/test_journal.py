@@ -162,3 +162,14 @@ def test_what_a_later_process_must_still_do_is_written_down(tmp_path):
     assert loaded.hung_devices() == {"0000:81:00.0"}
     assert loaded.services_to_restart() == {101}
     assert loaded.verifying and not loaded.finished
+
+
+def test_a_journal_that_is_not_utf8_is_a_journal_error_naming_the_file(tmp_path):
+    j = Journal.create(tmp_path, _header(1))
+    with open(j.path, "ab") as f:
+        f.write(b'{"type": "verifying", "t": 0}\xff\xfe\n')
+    with pytest.raises(JournalError) as e:
+        Journal.load(j.path)
+    assert str(e.value) == f"{j.path}: not a journal (byte {len(j.path.read_bytes()) - 3} is not UTF-8 text)"
+    with pytest.raises(JournalError):
+        find_unfinished(tmp_path)

@@ -8,9 +8,11 @@ from __future__ import annotations
 import hashlib
 import socket
 import ssl
+import time
 
 import pytest
 
+from gputopo.apply.journal import End, Header, Journal
 from gputopo.sim import state
 from gputopo.sim.pveapi import PveApiServer
 from helpers.applysim import copy_host, fingerprint, seed_spec_text, template  # noqa: F401 (fixtures)
@@ -96,22 +98,21 @@ def test_apply_refuses_an_api_whose_node_is_not_this_host(capsys, sim, spec, env
     try:
         env.setenv("GPUTOPO_PVE_PASSWORD", other.root_password)
         before = fingerprint(sim)
+        url = f"https://127.0.0.1:{other.port}"
+        conn = ["--api-url", url, "--root", str(sim.paths.root), "--ca-bundle", str(other.ca_cert_path)]
+        # recover with no open journal has nothing to do: it says so before it asks the API
+        code, out, err = run(capsys, "recover", *conn)
+        assert code == 0 and "nothing to recover" in out, err
+        # an open journal of this host's apply: recover would change the host, and is refused
+        journal = Journal.create(sim.paths.root, Header(pid=1, started=time.time(), node="pve1"))
         for argv in (["apply", "--spec", str(spec), "--yes"], ["recover"]):
-            code, _, err = run(
-                capsys,
-                *argv,
-                "--api-url",
-                f"https://127.0.0.1:{other.port}",
-                "--root",
-                str(sim.paths.root),
-                "--ca-bundle",
-                str(other.ca_cert_path),
-            )
+            code, _, err = run(capsys, *argv, *conn)
             assert code == 2, err
             line = one_line(err)
-            assert line.startswith("gputopo: error: the Proxmox API serves node(s) pve2")
+            assert line.startswith(f"gputopo: error: the Proxmox API via {url} serves node(s) pve2, ")
             assert "this host is pve1" in line and line.endswith("(nothing was changed)")
-        assert fingerprint(sim) == before
+        assert fingerprint(sim) == before and len(Journal.load(journal.path).records) == 1
+        journal.append(End(result="rolled-back"))
     finally:
         other.stop()
     # the host's own API passes that check (a dry run, which changes nothing)

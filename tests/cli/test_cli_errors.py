@@ -4,6 +4,8 @@ traceback, and an apply that is refused leaves the simulated host exactly as it 
 
 from __future__ import annotations
 
+import json
+import shutil
 import socket
 import time
 from pathlib import Path
@@ -592,6 +594,73 @@ def test_an_unreachable_api_fails_fast_in_one_line_and_apply_changes_nothing(
         capsys, "plan", "--api-url", "https://127.0.0.1:1", "--root", str(seed), "--spec", str(spec_file)
     )
     assert code != 0 and "Connection refused" in one_line(err)
+
+
+@pytest.fixture
+def own_seed(seed, tmp_path) -> Path:
+    """A copy of the seed root that a command may write to (its lock, journals)."""
+    root = tmp_path / "root"
+    shutil.copytree(seed, root, symlinks=True)
+    return root
+
+
+NO_PVESH = "pvesh: not found (the local backend runs on the Proxmox node itself)"
+
+
+def test_recover_with_no_open_journal_never_asks_the_api(capsys, monkeypatch, tmp_path, own_seed):
+    """--local (the default) where the API cannot be used (here no pvesh at all, as on a node
+    whose pmxcfs is down after a crash): with no apply left open there is nothing to recover."""
+    monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))
+    code, out, err = run(capsys, "recover", "--root", str(own_seed))
+    assert (code, out, err) == (0, "No unfinished apply: nothing to recover\n", "")
+    code, out, err = run(capsys, "recover", "--root", str(own_seed), "--json")
+    assert code == 0 and json.loads(out)["status"] == "nothing-to-recover", err
+
+
+def test_apply_where_the_api_cannot_be_used_is_a_failed_preflight_in_one_line(
+    capsys, monkeypatch, tmp_path, own_seed, spec_file
+):
+    monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))
+    code, out, err = run(
+        capsys, "apply", "--root", str(own_seed), "--spec", str(spec_file), "--yes", "--json"
+    )
+    assert code == 2
+    assert one_line(err) == (
+        f"gputopo: error: cannot use the Proxmox API via pvesh (--local) ({NO_PVESH}); nothing was changed"
+    )
+    assert json.loads(out)["status"] == "error"
+
+
+def test_recover_without_the_api_goes_on_only_for_a_journal_of_this_host(
+    capsys, monkeypatch, tmp_path, own_seed
+):
+    """After a crash the API may not answer: recover warns and goes on when the open journal's
+    apply changed this host (the journal proves it); a journal of another node is refused
+    without asking the API, one that does not name its node is refused naming the API; both
+    refusals leave the journal as it was."""
+    from gputopo.apply.journal import End, Header, Journal
+
+    monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))
+    for node, error in (
+        (
+            "pve9",
+            "gputopo would act on node pve9 (the Proxmox API via pvesh (--local)), but this host is pve1: ",
+        ),
+        (None, f"cannot use the Proxmox API via pvesh (--local) ({NO_PVESH}); nothing was changed"),
+    ):
+        j = Journal.create(own_seed, Header(pid=1, started=time.time(), node=node))
+        code, out, err = run(capsys, "recover", "--root", str(own_seed), "--json")
+        assert code == 2 and one_line(err).startswith(f"gputopo: error: {error}"), err
+        doc = json.loads(out)
+        assert doc["status"] == "error" and doc["journal"] == str(j.path), doc
+        assert len(Journal.load(j.path).records) == 1
+        j.append(End(result="rolled-back"))
+    j = Journal.create(own_seed, Header(pid=1, started=time.time(), node="pve1"))
+    code, out, err = run(capsys, "recover", "--root", str(own_seed))
+    assert code == 0, err
+    assert f"warning: cannot use the Proxmox API via pvesh (--local) ({NO_PVESH}); " in out + err
+    assert out.splitlines()[-1] == f"recovered: {j.path}"
+    assert Journal.load(j.path).result == "rolled-back"
 
 
 def test_credentials_missing_or_in_a_file_others_can_read(capsys, monkeypatch, tmp_path, seed, spec_file):

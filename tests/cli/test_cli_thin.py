@@ -35,3 +35,15 @@ def test_the_rule_sees_an_import_inside_a_function(tmp_path):
     p = tmp_path / "x.py"
     p.write_text("def f():\n    from gputopo.cli.plancmd import planned\n")
     assert _cli_imports(p) == {"plancmd"}
+
+
+def test_no_cli_module_reads_a_journal():
+    """Which apply is unfinished, what its journal says and which node a recover acts on are
+    the library's (gputopo.apply.history): no module of the CLI imports the journal."""
+    readers = sorted(
+        p.name
+        for p in CLI.glob("*.py")
+        for node in ast.walk(ast.parse(p.read_text()))
+        if isinstance(node, ast.ImportFrom) and node.module == "gputopo.apply.journal"
+    )
+    assert readers == []
