@@ -267,6 +267,7 @@ def diff_cmd(
     Exit codes: 0, or 2 for bad input; with --exit-code 0 no difference anywhere, 2 differences,
     1 any error.
     """
+    from gputopo.cli.output import exit_with_error, print_diff
     from gputopo.cluster.diff import diff_cluster
     from gputopo.errors import GputopoError
 
@@ -281,16 +282,8 @@ def diff_cmd(
     except GputopoError as e:
         if not exit_code:
             raise
-        click.echo(f"gputopo: error: {e}", err=True)
-        sys.exit(1)
-    if as_json:
-        from gputopo.cli.output import print_json
-
-        print_json(report.to_data())
-    else:
-        sys.stdout.write(report.to_text())
-    if exit_code:
-        sys.exit(0 if report.is_empty else 2)
+        exit_with_error(e, 1)
+    print_diff(report, as_json, exit_code)
 
 
 @cluster.command("apply")

@@ -89,3 +89,22 @@ def print_report(report) -> None:
     out.print(table)
     line = report.summary_line()
     out.print(Text(line, style="bold green" if report.ok else "bold red"))
+
+
+def exit_with_error(e: BaseException, code: int) -> None:
+    """Print ``e`` as ``gputopo: error: <line>`` lines on stderr and exit with ``code``: a diff's
+    ``--exit-code`` keeps 2 for "differences", so any error there, bad input included, is 1."""
+    for line in str(e).splitlines() or [type(e).__name__]:
+        sys.stderr.write(f"gputopo: error: {line}\n")
+    sys.exit(code)
+
+
+def print_diff(report, as_json: bool, exit_code: bool) -> None:
+    """A diff report (``diff``, ``cluster diff``) as text or as its JSON document; with
+    ``--exit-code`` the exit says whether anything differs (0 nothing, 2 differences)."""
+    if as_json:
+        print_json(report.to_data())
+    else:
+        sys.stdout.write(report.to_text())
+    if exit_code:
+        sys.exit(0 if report.is_empty else 2)

@@ -131,7 +131,7 @@ def plan(conn: Connection, templates, as_json, svg, save_to, force, **quick):
 @with_exit_codes("diff")
 def diff(conn: Connection, templates, exit_code, as_json, **quick):
     """Show how the host differs from the spec, by area, files as unified diffs."""
-    from gputopo.cli.output import print_json
+    from gputopo.cli.output import exit_with_error, print_diff
     from gputopo.plan.diff import diff as make_diff
 
     try:
@@ -141,15 +141,7 @@ def diff(conn: Connection, templates, exit_code, as_json, **quick):
         print_refused(e)
         sys.exit(1 if exit_code else e.exit_code)
     except GputopoError as e:
-        # --exit-code keeps 2 for "differences": any error, bad input included, is 1
         if not exit_code:
             raise
-        for line in str(e).splitlines() or [type(e).__name__]:
-            click.echo(f"gputopo: error: {line}", err=True)
-        sys.exit(1)
-    if as_json:
-        print_json(report.to_data())
-    else:
-        sys.stdout.write(report.to_text())
-    if exit_code:
-        sys.exit(0 if report.is_empty else 2)
+        exit_with_error(e, 1)
+    print_diff(report, as_json, exit_code)
