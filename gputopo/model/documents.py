@@ -31,8 +31,10 @@ class _Doc(Strict):
 
 
 def versioned(data: dict[str, Any]) -> dict[str, Any]:
-    """``data`` with ``schema_version`` first."""
-    return {"schema_version": VERSION, **{k: v for k, v in data.items() if k != "schema_version"}}
+    """``data`` with ``schema_version`` first: the document's own where it carries one (the facts
+    document has its own version), else this module's."""
+    version = data.get("schema_version", VERSION)
+    return {"schema_version": version, **{k: v for k, v in data.items() if k != "schema_version"}}
 
 
 def schema_of(model: Any) -> dict[str, Any]:

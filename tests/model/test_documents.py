@@ -141,3 +141,10 @@ def test_the_ansible_module_reads_only_keys_the_plan_and_diff_documents_have():
     assert plan_keys == {"actions", "no_changes"} and diff_keys == {"changes"}
     assert plan_keys <= set(schema_of("plan")["properties"])
     assert diff_keys <= set(DiffDoc.model_fields)
+
+
+def test_versioned_puts_the_version_first_and_keeps_a_documents_own():
+    assert list(versioned({"a": 1})) == ["schema_version", "a"] and versioned({"a": 1})["schema_version"] == 1
+    # a document with a version of its own (the facts document) is not given this module's
+    assert versioned({"a": 1, "schema_version": 2}) == {"schema_version": 2, "a": 1}
+    assert list(versioned({"a": 1, "schema_version": 2})) == ["schema_version", "a"]
