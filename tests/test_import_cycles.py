@@ -23,7 +23,7 @@ import ast
 from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
-from helpers import REPO
+from helpers import REPO, planted_package
 
 PKG = REPO / "gputopo"
 
@@ -116,17 +116,8 @@ def test_the_detector_reports_every_cycle_of_a_graph():
         assert c[0] == c[-1] and all(b in graph[a] for a, b in zip(c, c[1:]))
 
 
-def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
-    pkg = tmp_path / "gputopo"
-    for rel, text in files.items():
-        p = pkg / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(text)
-    return pkg
-
-
 def test_the_graph_sees_relative_function_level_and_type_checking_imports(tmp_path):
-    pkg = _tree(
+    pkg = planted_package(
         tmp_path,
         {
             "__init__.py": "__version__ = '1'\n",
@@ -160,7 +151,7 @@ def test_the_graph_sees_relative_function_level_and_type_checking_imports(tmp_pa
 
 
 def test_a_package_importing_its_submodules_is_no_cycle(tmp_path):
-    pkg = _tree(
+    pkg = planted_package(
         tmp_path,
         {
             "__init__.py": "",

@@ -12,7 +12,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PKG = Path(__file__).resolve().parent.parent / "gputopo"
+from helpers import REPO, planted_package
+
+PKG = REPO / "gputopo"
 
 # Lower ranks are imported by higher ones. Equal ranks do not import each other (siblings).
 RANK: dict[str, int] = {
@@ -109,17 +111,8 @@ def test_imports_point_down():
     assert not bad, "imports that point up or sideways, or unplaced modules:\n" + "\n".join(bad)
 
 
-def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
-    pkg = tmp_path / "gputopo"
-    for rel, text in files.items():
-        p = pkg / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(text)
-    return pkg
-
-
 def test_the_rule_catches_an_upward_relative_import(tmp_path):
-    pkg = _tree(
+    pkg = planted_package(
         tmp_path,
         {
             "__init__.py": "",
@@ -138,7 +131,7 @@ def test_the_rule_catches_an_upward_relative_import(tmp_path):
 
 
 def test_the_rule_catches_a_sideways_import_and_an_unplaced_module(tmp_path):
-    pkg = _tree(
+    pkg = planted_package(
         tmp_path,
         {
             "__init__.py": "",
@@ -153,7 +146,7 @@ def test_the_rule_catches_a_sideways_import_and_an_unplaced_module(tmp_path):
 
 
 def test_the_rule_accepts_downward_imports(tmp_path):
-    pkg = _tree(
+    pkg = planted_package(
         tmp_path,
         {
             "__init__.py": "__version__ = '1'\n",
@@ -168,7 +161,7 @@ def test_the_rule_accepts_downward_imports(tmp_path):
 
 
 def test_reading_the_host_does_not_import_planning(tmp_path):
-    pkg = _tree(
+    pkg = planted_package(
         tmp_path,
         {
             "__init__.py": "",

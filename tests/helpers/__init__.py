@@ -11,3 +11,14 @@ from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent.parent  # the tests/ directory
 REPO = TESTS.parent  # the source checkout (pyproject.toml, fixtures/, README.md)
+
+
+def planted_package(where: Path, files: dict[str, str]) -> Path:
+    """A ``gputopo`` package under ``where`` holding ``files`` (relative path -> text): the trees
+    the source-scanning tests plant a violation in, to show their check can fail."""
+    pkg = where / "gputopo"
+    for rel, text in files.items():
+        p = pkg / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    return pkg
