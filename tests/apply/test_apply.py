@@ -306,29 +306,9 @@ def test_concurrent_apply_refused_naming_the_first(host):
     the test releases it), the second is refused naming the first. No timing window: the test
     waits for the first apply's journal to show the rebind began."""
     from gputopo.apply.journal import Begin, Journal, list_journals
-    from gputopo.sim.kernel import SimKernel
 
-    kernel = SimKernel(host.paths.root)
-    kernel.inject("0000:81:00.0", "unbind", "hang")
-    spec_file = host.dir / "spec.yaml"
-    spec_file.write_text(applysim.seed_spec_text(host))
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     # the hung unbind must outlast the second apply, however slow this machine is
-    cmd = [
-        sys.executable,
-        "-m",
-        "gputopo",
-        "apply",
-        "--spec",
-        str(spec_file),
-        "--sim",
-        str(host.dir),
-        "--yes",
-        "--no-verify",
-        "--timeout",
-        "600",
-    ]
-    first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    kernel, first = applysim.held_apply(host, stderr=subprocess.STDOUT)
     try:
 
         def rebind_begun() -> bool:
@@ -341,7 +321,7 @@ def test_concurrent_apply_refused_naming_the_first(host):
         while not rebind_begun() and first.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         assert first.poll() is None, first.stdout.read()
-        second = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+        second = subprocess.run(first.args, capture_output=True, text=True, timeout=120)
         assert second.returncode == 4, second.stderr
         assert f"pid {first.pid} " in second.stderr and "another apply holds" in second.stderr
     finally:

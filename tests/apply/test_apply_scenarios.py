@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -465,31 +463,7 @@ def test_signal_mid_switch_through_the_cli_rolls_back(new_host, sig):
     host = new_host()
     host.ports()
     before = applysim.fingerprint(host)
-    spec_file = host.dir / "spec.yaml"
-    spec_file.write_text(applysim.seed_spec_text(host))
-    kernel = SimKernel(host.paths.root)
-    kernel.inject("0000:81:00.0", "unbind", "hang", times=1)
-    cmd = [
-        sys.executable,
-        "-m",
-        "gputopo",
-        "apply",
-        "--spec",
-        str(spec_file),
-        "--sim",
-        str(host.dir),
-        "--yes",
-        "--no-verify",
-        "--timeout",
-        "600",
-    ]
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+    kernel, proc = applysim.held_apply(host)
     try:
         deadline = time.monotonic() + 120  # a bound on a broken test, not a measured window
         while time.monotonic() < deadline and proc.poll() is None:

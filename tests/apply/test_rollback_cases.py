@@ -6,10 +6,8 @@ only the files that describe it.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -169,34 +167,10 @@ def test_a_hang_during_the_rollback_then_recover_gives_the_container_all_its_gpu
 def test_signals_during_a_rollback_wait_until_it_ends(host):
     """Ctrl-C starts a rollback; a second and a third Ctrl-C during it do not abort it: the
     terminal says so, the rollback ends, the host is as before and the journal closed."""
-    kernel = SimKernel(host.paths.root)
     before = applysim.fingerprint(host)
-    spec_file = host.dir / "spec.yaml"
-    spec_file.write_text(applysim.seed_spec_text(host))
     # held in the switch phase by an unbind that blocks until released: the first signal lands
     # there; the rollback's write to another group then blocks (a second hang) while two more arrive
-    kernel.inject("0000:81:00.0", "unbind", "hang", times=1)
-    cmd = [
-        sys.executable,
-        "-m",
-        "gputopo",
-        "apply",
-        "--spec",
-        str(spec_file),
-        "--sim",
-        str(host.dir),
-        "--yes",
-        "--no-verify",
-        "--timeout",
-        "600",
-    ]
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+    kernel, proc = applysim.held_apply(host, stderr=subprocess.STDOUT)
 
     def journal_has(pred) -> bool:
         js = list_journals(host.paths.root)

@@ -10,6 +10,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -164,3 +165,23 @@ def fake_process(
     if cgroup is not None:
         (proc / "cgroup").write_text(cgroup + "\n")
     os.symlink(node, proc / "fd" / str(fd))
+
+
+def held_apply(host: SimHost, stderr=subprocess.PIPE) -> tuple[SimKernel, subprocess.Popen]:
+    """``gputopo apply`` of the seed spec in its own process, held in its switch phase: the
+    unbind of 0000:81:00.0 blocks until the test calls ``kernel.release()``. Returns (kernel,
+    process); ``stderr=subprocess.STDOUT`` joins the two streams."""
+    kernel = SimKernel(host.paths.root)
+    kernel.inject("0000:81:00.0", "unbind", "hang", times=1)
+    spec_file = host.dir / "spec.yaml"
+    spec_file.write_text(seed_spec_text(host))
+    argv = ["apply", "--spec", str(spec_file), "--sim", str(host.dir), "--yes", "--no-verify"]
+    # --timeout 600: the held write must outlast whatever the test does meanwhile
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gputopo", *argv, "--timeout", "600"],
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    return kernel, proc
