@@ -12,19 +12,20 @@ from pydantic import Field, TypeAdapter
 
 from gputopo.actions.base import (
     PHASES,
-    UNDO_RANK,
     ActionModel,
     DiffArea,
     DiffContext,
     Holder,
     Phase,
     PreflightContext,
+    Resource,
     RunningBefore,
     StepContext,
     Timeouts,
     World,
     action_class,
     action_kinds,
+    undo_order,
 )
 from gputopo.actions.container import UpdateContainer
 from gputopo.actions.dropin import WriteServiceDropin
@@ -42,7 +43,6 @@ __all__ = [
     "ACTION",
     "NVIDIA",
     "PHASES",
-    "UNDO_RANK",
     "VFIO",
     "Action",
     "ActionModel",
@@ -54,6 +54,7 @@ __all__ = [
     "PreflightContext",
     "Rebind",
     "RemoveHostFile",
+    "Resource",
     "RunningBefore",
     "SetMapping",
     "StartGuest",
@@ -69,4 +70,5 @@ __all__ = [
     "WriteServiceDropin",
     "action_class",
     "action_kinds",
+    "undo_order",
 ]

@@ -13,6 +13,8 @@ model whose class holds the kind's whole meaning, in one place:
 * ``expect(world)`` -- what the host looks like after it (rehearsing a plan, ``expected_after``);
 * ``diff(ctx)`` -- its lines (and file diffs) in ``gputopo diff``;
 * ``was_running(current, out)`` -- what ran before it that a rollback must start again;
+* ``undo_restores()`` / ``undo_needs()`` -- the resources its undo puts back and those that must
+  be back before it can run (see *Undo order* below);
 * ``signature()`` -- what must not change between the plan an operator confirmed and the one made
   under the lock (digests, read again before each write, are left out).
 
@@ -20,11 +22,37 @@ Every kind registers itself by subclassing :class:`ActionModel` with a ``kind`` 
 recover, dry-run, ``expected_after`` and diff only ever call these methods, and
 :func:`action_class` turns a journaled ``kind`` back into its class. Nothing else switches on
 action types.
+
+Undo order
+----------
+A rollback (and ``gputopo recover``, which runs the same one) undoes every begun step whose
+undo has not completed, in the order :func:`undo_order` computes from what each kind declares:
+
+* ``undo_restores()`` -- what its undo puts back as it was before the apply, each a
+  :class:`Resource`: ``driver:<address>`` (a PCI function on its driver, with its
+  driver_override), ``mapping:<id>``, ``config:lxc/<vmid>`` or ``config:qemu/<vmid>`` (a guest's
+  config), ``file:<path>`` (a host file), ``dropin:<vmid>/<unit>``, ``running:<guest>`` (a guest
+  that ran before runs again: the undo of a stop) and ``stopped:<guest or vmid/unit>`` (a guest
+  or service the apply started is stopped again: the undo of a start);
+* ``undo_needs()`` -- what must be back before its undo can run; a need named ``*`` (``mapping:*``)
+  is every resource of that kind, for a step that cannot know which one (a VM's start needs the
+  mappings its restored config names). A guest's start (the undo of its stop) needs its config,
+  every GPU on its driver (a container's devN nodes exist only on nvidia, a VM's devices must be
+  on vfio-pci) and, for a VM, every mapping; a container's devN entries need their /dev nodes
+  (every GPU on its driver); a rebind needs the guests and services the apply started stopped
+  again (they hold its GPUs); a drop-in needs its container running (``pct push``).
+
+An undo runs after every other pending undo that restores something it needs, and two undos
+that restore the same resource run newest first (each puts back what it found). Among the undos
+free to run, the newest runs first, except that one that starts a guest waits while anything
+else can run: a guest that ran before starts last, once everything it needs is back. A need
+nobody pending restores is met already (undone by an earlier process, or never changed).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import graphlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,10 +69,26 @@ from gputopo.ports import ExecResult, Ports
 
 Phase = Literal["prepare", "stop", "switch", "config", "start"]
 PHASES: tuple[str, ...] = ("prepare", "stop", "switch", "config", "start")
-# Rollback order: GPUs go back to their drivers (switch) before a container's devN entries are
-# restored (config): Proxmox refuses a devN whose /dev node does not exist, and the nodes of GPUs
-# coming back from vfio-pci appear only once nvidia has them again.
-UNDO_RANK = {"start": 0, "switch": 1, "config": 2, "stop": 3, "prepare": 4}
+
+ResourceKind = Literal["driver", "mapping", "config", "file", "dropin", "running", "stopped"]
+EVERY = "*"
+
+
+@dataclass(frozen=True, order=True)
+class Resource:
+    """Something an undo puts back as it was before the apply (see *Undo order* above):
+    ``kind`` and ``name``; in a need, ``name`` ``*`` stands for every resource of the kind."""
+
+    kind: ResourceKind
+    name: str = EVERY
+
+    def covers(self, other: Resource) -> bool:
+        """Whether this need is met only once ``other`` is back."""
+        return self.kind == other.kind and self.name in (EVERY, other.name)
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.name}"
+
 
 _KINDS: dict[str, type[ActionModel]] = {}
 
@@ -107,6 +151,14 @@ class ActionModel(Strict):
     def was_running(self, current: CurrentState, out: RunningBefore) -> None:
         """Record in ``out`` what ran before this step and must run again after a rollback."""
 
+    def undo_restores(self) -> set[Resource]:
+        """What :meth:`undo` puts back as it was before the apply (see *Undo order*)."""
+        return set()
+
+    def undo_needs(self) -> set[Resource]:
+        """What must be back before :meth:`undo` can run (see *Undo order*)."""
+        return set()
+
     def devices(self) -> list[str]:
         """PCI addresses this step writes to (a step whose device hung is left alone)."""
         return []
@@ -139,6 +191,41 @@ def action_class(kind: str) -> type[ActionModel]:
 def action_kinds() -> dict[str, type[ActionModel]]:
     """Every registered kind -> its class (in registration order)."""
     return dict(_KINDS)
+
+
+def undo_order(pending: list[tuple[int, ActionModel]]) -> list[int]:
+    """The order in which to undo ``pending`` (step index, action), given newest first: each
+    undo after every other one that restores what it needs, two undos of the same resource
+    newest first, and among those free to run the newest, a guest's start only when nothing
+    else can run. Raises ValueError naming the steps whose needs form a cycle."""
+    age = {n: i for i, (n, _) in enumerate(pending)}  # 0: the newest
+    restores = {n: a.undo_restores() for n, a in pending}
+    starts = {n for n, r in restores.items() if any(x.kind == "running" for x in r)}
+    graph: dict[int, set[int]] = {n: set() for n, _ in pending}
+    for n, a in pending:
+        needs = a.undo_needs()
+        for m, theirs in restores.items():
+            if m == n:
+                continue
+            if any(need.covers(r) for need in needs for r in theirs):
+                graph[n].add(m)
+            if age[m] < age[n] and restores[n] & theirs:
+                graph[n].add(m)  # the same resource: the newer undo first
+    ts = graphlib.TopologicalSorter(graph)
+    try:
+        ts.prepare()
+    except graphlib.CycleError as e:
+        steps = ", ".join(str(n + 1) for n in sorted(set(e.args[1])))
+        raise ValueError(f"the undo steps {steps} need each other") from None
+    ready: set[int] = set()
+    order: list[int] = []
+    while ts.is_active():
+        ready.update(ts.get_ready())
+        n = min(ready, key=lambda k: (k in starts, age[k]))
+        ready.discard(n)
+        order.append(n)
+        ts.done(n)
+    return order
 
 
 # --- contexts --------------------------------------------------------------------------------

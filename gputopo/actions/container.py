@@ -12,7 +12,15 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from gputopo.actions.base import ActionModel, DiffContext, Phase, PreflightContext, StepContext, World
+from gputopo.actions.base import (
+    ActionModel,
+    DiffContext,
+    Phase,
+    PreflightContext,
+    Resource,
+    StepContext,
+    World,
+)
 from gputopo.actions.guestconfig import ConfigBefore, GuestConfig
 from gputopo.errors import BindError
 from gputopo.formats.devn import by_dev_index, dev_sort, is_devn_key, resolve_devices
@@ -108,6 +116,14 @@ class UpdateContainer(ActionModel):
         ):
             return ""
         return f"CT {self.vmid}: restored its configuration"
+
+    def undo_restores(self) -> set[Resource]:
+        return {Resource("config", f"lxc/{self.vmid}")}
+
+    def undo_needs(self) -> set[Resource]:
+        # Proxmox refuses a devN whose /dev node does not exist, and the nodes of GPUs coming
+        # back from vfio-pci appear only once nvidia has them again
+        return {Resource("driver")}
 
     def expect(self, world: World) -> None:
         world.settle()

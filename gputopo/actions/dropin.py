@@ -10,6 +10,7 @@ from gputopo.actions.base import (
     DiffContext,
     Phase,
     PreflightContext,
+    Resource,
     RunningBefore,
     StepContext,
     World,
@@ -89,6 +90,12 @@ class WriteServiceDropin(ActionModel):
             ctx.exec(self.vmid, ["rmdir", "--ignore-fail-on-non-empty", _dir(self.path)])
             done = done or f"CT {self.vmid}: removed {_dir(self.path)}"
         return done
+
+    def undo_restores(self) -> set[Resource]:
+        return {Resource("dropin", f"{self.vmid}/{self.unit}")}
+
+    def undo_needs(self) -> set[Resource]:
+        return {Resource("running", f"lxc/{self.vmid}")}  # pct push needs it running
 
     def expect(self, world: World) -> None:
         ct = world.current.containers.setdefault(self.vmid, ContainerState())

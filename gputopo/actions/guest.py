@@ -11,7 +11,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-from gputopo.actions.base import ActionModel, DiffContext, Phase, RunningBefore, StepContext, World
+from gputopo.actions.base import (
+    ActionModel,
+    DiffContext,
+    Phase,
+    Resource,
+    RunningBefore,
+    StepContext,
+    World,
+)
 from gputopo.actions.dropin import load_dropin
 from gputopo.model.state import CurrentState
 from gputopo.model.strict import Strict
@@ -85,6 +93,11 @@ class _GuestStep(ActionModel):
     def was_running(self, current: CurrentState, out: RunningBefore) -> None:
         _record(current, self.guest, self.vmid, out)
 
+    @property
+    def key(self) -> str:
+        """``lxc/101``, ``qemu/201``: the guest as resources name it."""
+        return f"{self.guest}/{self.vmid}"
+
 
 class StopGuest(_GuestStep):
     """Shut the guest down: Proxmox waits ``shutdown_timeout`` s for it, then stops it by
@@ -114,6 +127,18 @@ class StopGuest(_GuestStep):
             return f"started {self.guest} {self.vmid}"
         return ""
 
+    def undo_restores(self) -> set[Resource]:
+        return {Resource("running", self.key)}
+
+    def undo_needs(self) -> set[Resource]:
+        # its undo starts it: a start of this apply undone first, its config back, every GPU on
+        # its driver (a container's devN nodes exist only on nvidia; Proxmox refuses a missing
+        # one) and, for a VM, the mappings its hostpciN lines name (a start looks each one up)
+        needs = {Resource("stopped", self.key), Resource("config", self.key), Resource("driver")}
+        if self.guest == "qemu":
+            needs.add(Resource("mapping"))
+        return needs
+
     def expect(self, world: World) -> None:
         _set_status(world, self.guest, self.vmid, "stopped")
 
@@ -135,6 +160,9 @@ class StartGuest(_GuestStep):
             power(ctx, self.guest, self.vmid, "shutdown")
             return f"stopped {self.guest} {self.vmid}"
         return ""
+
+    def undo_restores(self) -> set[Resource]:
+        return {Resource("stopped", self.key)}
 
     def expect(self, world: World) -> None:
         _set_status(world, self.guest, self.vmid, "running")

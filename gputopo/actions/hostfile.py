@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from gputopo.actions.base import ActionModel, DiffContext, Phase, StepContext, World
+from gputopo.actions.base import ActionModel, DiffContext, Phase, Resource, StepContext, World
 from gputopo.errors import HostFileError
 from gputopo.model.filemode import FileMode
 from gputopo.model.strict import Strict
@@ -74,6 +74,9 @@ class _FileStep(ActionModel):
 
     def undo(self, before: FileBefore, ctx: StepContext) -> str:
         return _restore(ctx, self.path, before)
+
+    def undo_restores(self) -> set[Resource]:
+        return {Resource("file", self.path)}
 
     def expect(self, world: World) -> None:
         world.current.files[self.path] = self.after()

@@ -19,7 +19,15 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from gputopo.actions.base import ActionModel, DiffContext, Phase, PreflightContext, StepContext, World
+from gputopo.actions.base import (
+    ActionModel,
+    DiffContext,
+    Phase,
+    PreflightContext,
+    Resource,
+    StepContext,
+    World,
+)
 from gputopo.errors import MappingConflict, ProxmoxError
 from gputopo.formats.mapline import map_fields, map_node, normalize_map_entry
 from gputopo.model.state import MappingState
@@ -151,6 +159,9 @@ class _MappingStep(ActionModel):
             before.description if before.exists else None,
         )
         return f"restored node {self.node}'s lines of mapping {self.id}" if wrote else ""
+
+    def undo_restores(self) -> set[Resource]:
+        return {Resource("mapping", self.id)}
 
     def own(self) -> list[str]:
         return []

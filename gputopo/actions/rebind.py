@@ -12,7 +12,15 @@ from typing import Any, Literal
 
 from pydantic import RootModel
 
-from gputopo.actions.base import ActionModel, DiffContext, Phase, PreflightContext, StepContext, World
+from gputopo.actions.base import (
+    ActionModel,
+    DiffContext,
+    Phase,
+    PreflightContext,
+    Resource,
+    StepContext,
+    World,
+)
 from gputopo.errors import BindError, GputopoError, ProxmoxError
 from gputopo.formats.hostpci import hostpci_refs, is_hostpci_key
 from gputopo.formats.mapline import map_paths
@@ -208,6 +216,14 @@ class Rebind(ActionModel):
             else f"rebound {', '.join(prev)} back"
         )
         return back + (f"; {left}" if left else "")
+
+    def undo_restores(self) -> set[Resource]:
+        return {Resource("driver", m) for m in self.members}
+
+    def undo_needs(self) -> set[Resource]:
+        # what this apply started (a guest, a service) holds the GPUs it moved: stopped first,
+        # or the unbind blocks
+        return {Resource("stopped")}
 
     # -- expect, diff ---------------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from gputopo.actions.base import ActionModel, DiffContext, Phase, RunningBefore, StepContext, World
+from gputopo.actions.base import ActionModel, DiffContext, Phase, Resource, RunningBefore, StepContext, World
 from gputopo.actions.dropin import load_dropin, record_service
 from gputopo.model.state import ContainerState, CurrentState
 from gputopo.model.strict import Strict
@@ -77,6 +77,9 @@ class StartService(_ServiceStep):
             return ""
         ctx.exec(self.vmid, ["systemctl", "stop", self.unit])
         return f"CT {self.vmid}: stopped {self.unit}"
+
+    def undo_restores(self) -> set[Resource]:
+        return {Resource("stopped", f"{self.vmid}/{self.unit}")}
 
     def expect(self, world: World) -> None:
         ct = world.current.containers.setdefault(self.vmid, ContainerState())

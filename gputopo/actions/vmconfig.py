@@ -13,7 +13,15 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from gputopo.actions.base import ActionModel, DiffContext, Phase, PreflightContext, StepContext, World
+from gputopo.actions.base import (
+    ActionModel,
+    DiffContext,
+    Phase,
+    PreflightContext,
+    Resource,
+    StepContext,
+    World,
+)
 from gputopo.actions.guestconfig import ConfigBefore, GuestConfig
 from gputopo.formats.hostpci import hostpci_index, hostpci_keys, hostpci_number, is_hostpci_key, parse_hostpci
 from gputopo.model.state import GuestState
@@ -74,6 +82,9 @@ class UpdateVmConfig(ActionModel):
         ):
             return ""
         return f"VM {self.vmid}: restored its configuration"
+
+    def undo_restores(self) -> set[Resource]:
+        return {Resource("config", f"qemu/{self.vmid}")}
 
     def expect(self, world: World) -> None:
         g = world.current.guests.setdefault(self.vmid, GuestState())

@@ -2,9 +2,11 @@
 
 Forward, every step is journaled (``Begin`` with its before-state, then ``Done`` or ``Failed``);
 consecutive steps of a parallel kind (rebinds: one IOMMU group each) run at once. Backward, every
-begun step whose undo has not completed is undone from its journaled before-state, newest first
-(but GPUs go back to their drivers before a container's devN entries are restored), then what ran
-before runs again. Everything a later process needs to finish a rollback is in the journal.
+begun step whose undo has not completed is undone from its journaled before-state, in the order
+:func:`gputopo.actions.undo_order` computes from what each undo needs and restores (newest first
+where nothing forces another order; a guest's start waits until its config, mappings and GPUs
+are back), then what ran before runs again. Everything a later process needs to finish a
+rollback is in the journal, and a recover computes the same order from it.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from gputopo.actions import UNDO_RANK, ActionModel, RunningBefore, StepContext, Timeouts
+from gputopo.actions import ActionModel, RunningBefore, StepContext, Timeouts, undo_order
 from gputopo.actions.guest import power
 from gputopo.adapters.sysfs import Binder
 from gputopo.apply import signals
@@ -161,8 +163,8 @@ class Runner:
     # --- backward ------------------------------------------------------------------------------
 
     def backward(self, running_before: RunningBefore, retry: bool = False) -> tuple[bool, list[str]]:
-        """Undo every begun step whose undo has not completed (newest first, GPUs before devN),
-        then restart what ran before. ``retry`` (a recover after a human fixed the host) tries the
+        """Undo every begun step whose undo has not completed, in :meth:`undo_order`, then restart
+        what ran before. ``retry`` (a recover after a human fixed the host) tries the
         devices on which an earlier write hung again instead of leaving them alone.
 
         Returns (complete, needs_human): ``complete`` is False when an undo failed or had to leave
@@ -170,9 +172,7 @@ class Runner:
         """
         ctx = self.ctx
         steps = self.j.steps()
-        order = sorted(
-            dict.fromkeys(reversed(self.j.begun())), key=lambda n: UNDO_RANK.get(steps[n].action.phase, 5)
-        )
+        order = self.undo_order()
         ctx.stuck = set(ctx.binder.stuck) | ctx.gone
         if not retry:
             ctx.stuck |= self.j.hung_devices()  # a worker of this process may still be blocked there
@@ -180,8 +180,6 @@ class Runner:
         complete = True
         for n in order:
             st = steps[n]
-            if st.status == "undo-done":
-                continue
             a = st.action
             self.j.append(UndoBegin(step=n))
             try:
@@ -206,6 +204,22 @@ class Runner:
                 self.progress.note(f"undo {n + 1}: {what}")
         complete = self._restart(running_before, journaled) and complete
         return complete, sorted(ctx.stuck | ctx.gone | set(ctx.binder.stuck))
+
+    def undo_order(self) -> list[int]:
+        """The begun steps whose undo has not completed, in the order to undo them
+        (:func:`gputopo.actions.undo_order`; an undo done by an earlier process has put its
+        resources back already)."""
+        steps = self.j.steps()
+        pending = [
+            (n, steps[n].action)
+            for n in dict.fromkeys(reversed(self.j.begun()))
+            if steps[n].status != "undo-done"
+        ]
+        try:
+            return undo_order(pending)
+        except ValueError as e:  # a kind declared needs that contradict another's
+            self.progress.note(f"warning: {e}; undoing newest first")
+            return [n for n, _ in pending]
 
     def _missing_devices(self, vmid: int) -> list[str]:
         """The device nodes container ``vmid``'s config passes that it does not see: a container
