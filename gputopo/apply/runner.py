@@ -139,17 +139,21 @@ class Runner:
                 k += 1
             todo = [n for n in range(i, k) if n not in skip]
             if todo:
-                with ThreadPoolExecutor(max_workers=len(todo), thread_name_prefix=a.kind) as pool:
-                    # an interrupt between starting a worker thread and the pool recording it
-                    # would let the pool's exit skip waiting for it, and the rollback race it
-                    with signals.held():
-                        futures = [pool.submit(self._one, n, actions[n], total) for n in todo]
+                # a signal waits until every worker ended: a rollback begun while one still
+                # writes to sysfs would race it, and the group would end on whichever driver
+                # the last write chose (an interrupt between starting a worker thread and the
+                # pool recording it would also let the pool's exit skip waiting for it)
+                with (
+                    signals.held(self.progress.note),
+                    ThreadPoolExecutor(max_workers=len(todo), thread_name_prefix=a.kind) as pool,
+                ):
+                    futures = [pool.submit(self._one, n, actions[n], total) for n in todo]
                     errors = [f.exception() for f in futures]
-                failures = [(n, e) for n, e in zip(todo, errors) if e is not None]
-                if failures:
-                    hung = [f for f in failures if isinstance(f[1], SysfsTimeout)]
-                    self.failed_at, first = (hung or failures)[0]
-                    raise first
+                    failures = [(n, e) for n, e in zip(todo, errors) if e is not None]
+                    if failures:  # outranks a signal that came meanwhile (both roll back)
+                        hung = [f for f in failures if isinstance(f[1], SysfsTimeout)]
+                        self.failed_at, first = (hung or failures)[0]
+                        raise first
             i = k
 
     def stop_window(self) -> float | None:

@@ -1,5 +1,9 @@
 """Signals during an apply: Ctrl-C, SIGTERM and SIGHUP roll back instead of killing the process
-between two steps; once a rollback runs, further signals wait until it ends."""
+between two steps. Only the first one interrupts: a rollback follows it, so the ones after it
+(an operator pressing Ctrl-C again) are noted and wait until the rollback ends. While steps run
+in worker threads (the rebinds of a switch phase) a signal waits until every worker ended
+(:func:`held`): a rollback that began while a worker still wrote to sysfs would race it, and
+the group would end on whichever driver the last write chose."""
 
 from __future__ import annotations
 
@@ -12,7 +16,16 @@ from typing import Any
 
 from gputopo.errors import Interrupted
 
-_HOLD: dict[str, Any] = {"depth": 0, "pending": None, "deferring": False, "notice": None}  # main thread only
+# main thread only: held() depth, the signal it keeps, whether one interrupted already, the
+# rollback's notice
+_HOLD: dict[str, Any] = {
+    "depth": 0,
+    "pending": None,
+    "deferring": False,
+    "raised": False,
+    "notice": None,
+    "held_notice": None,
+}
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
@@ -32,47 +45,77 @@ def as_error(e: BaseException) -> BaseException:
 
 @contextlib.contextmanager
 def interruptible() -> Iterator[None]:
-    """While inside, Ctrl-C, SIGTERM and SIGHUP raise :class:`Signalled` (a KeyboardInterrupt) in
-    the main thread, so a polite kill (systemd, a dropped ssh session) rolls back instead of
-    ending the process between two steps. Inside :func:`deferred` they are only noted. Elsewhere
-    than in the main thread (where no handler can be set) it changes nothing."""
+    """While inside, the first Ctrl-C, SIGTERM or SIGHUP raises :class:`Signalled` (a
+    KeyboardInterrupt) in the main thread, so a polite kill (systemd, a dropped ssh session) rolls
+    back instead of ending the process between two steps; later ones, and any inside
+    :func:`deferred`, are only noted (the rollback the first one started must not be cut short,
+    not even before it began). Elsewhere than in the main thread (where no handler can be set) it
+    changes nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def handler(signum: int, frame: Any) -> None:
-        if _HOLD["deferring"]:
-            notice = _HOLD["notice"]
-            if notice is not None:
-                notice(
-                    f"{signal.Signals(signum).name} received: the rollback continues so that "
-                    "nothing is left half-done; it ends by itself"
-                )
+        name = signal.Signals(signum).name
+        if _HOLD["deferring"] or _HOLD["raised"]:
+            _say(
+                _HOLD["notice"] or _stderr,
+                f"{name} received: the rollback continues so that nothing is left half-done; it ends by itself",
+            )
             return
         if _HOLD["depth"]:
+            if _HOLD["pending"] is None and _HOLD["held_notice"] is not None:
+                _say(_HOLD["held_notice"], f"{name} received: rolling back once the steps running now end")
             _HOLD["pending"] = signum
             return
+        _HOLD["raised"] = True
         raise Signalled(signum)
 
+    raised = _HOLD["raised"]
+    _HOLD["raised"] = False
     old = {s: signal.signal(s, handler) for s in SIGNALS}
     try:
         yield
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+        _HOLD["raised"] = raised
+
+
+def _stderr(text: str) -> None:
+    print(text, file=sys.stderr)
+
+
+def _say(notice: Callable[[str], None], text: str) -> None:
+    """``notice(text)`` from a signal handler, in a thread of its own: the handler runs in the main
+    thread between any two of its instructions, maybe while it holds the display's lock in the
+    middle of a line, and taking that lock again there would wait for ever."""
+    threading.Thread(target=notice, args=(text,), name="signal notice", daemon=True).start()
 
 
 @contextlib.contextmanager
-def held() -> Iterator[None]:
-    """A signal of :func:`interruptible` that arrives inside is raised when the block ends."""
+def held(notice: Callable[[str], None] | None = None) -> Iterator[None]:
+    """A signal of :func:`interruptible` that arrives inside is raised when the block ends
+    (``notice`` says so when it arrives), unless the block raises an error of its own: the
+    rollback that error starts is what the signal asks for."""
+    before = _HOLD["held_notice"]
     _HOLD["depth"] += 1
+    if notice is not None:
+        _HOLD["held_notice"] = notice
+    failed = False
     try:
         yield
+    except BaseException:
+        failed = True
+        raise
     finally:
         _HOLD["depth"] -= 1
+        _HOLD["held_notice"] = before
         if not _HOLD["depth"] and _HOLD["pending"] is not None:
             signum, _HOLD["pending"] = _HOLD["pending"], None
-            raise Signalled(signum)
+            if not failed:
+                _HOLD["raised"] = True
+                raise Signalled(signum)
 
 
 @contextlib.contextmanager
@@ -81,7 +124,7 @@ def deferred(notice: Callable[[str], None] | None = None) -> Iterator[None]:
     its end (as terraform does on a second Ctrl-C), and ``notice`` says so on the terminal.
     A SIGKILL still ends the process; the journal then sends the next command to recover."""
     before = (_HOLD["deferring"], _HOLD["notice"])
-    _HOLD["deferring"], _HOLD["notice"] = True, notice or (lambda text: print(text, file=sys.stderr))
+    _HOLD["deferring"], _HOLD["notice"] = True, notice or _stderr
     try:
         yield
     finally:
