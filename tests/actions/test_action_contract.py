@@ -16,7 +16,8 @@ host in the state an apply leaves it right before that step (the plan's earlier 
    ``expect``, equal the facts and state read from the host after ``do()``;
 5. undo restores: the rollback of the journaled step (``undo`` from the journaled before-state,
    then the restart of what ran before, as :meth:`gputopo.apply.runner.Runner.backward` does)
-   gives back the host of before ``do()``, and a second ``undo`` changes nothing.
+   gives back the host of before ``do()``, and a second ``undo`` changes nothing; an undo that
+   changed something declares what it restores (``undo_restores()``, the rollback's order).
 
 A kind registered without a case here fails its own parameter (and the coverage test).
 """
@@ -314,6 +315,9 @@ def test_action_contract(kind: str, case: Case | None, template, work: Path, req
         complete, stuck = runner.backward(running_before_of([a], current0))
         assert complete and not stuck, [r for r in journal.records if r.type.startswith("undo")]
         assert [type(r) for r in journal.records if getattr(r, "step", None) == 0][-1] is UndoDone
+        # an undo that changed something names what it put back (the rollback orders by it)
+        what = [r.what for r in journal.records if isinstance(r, UndoDone) and r.step == 0][-1]
+        assert not what or a.undo_restores(), f"{text}: undo did '{what}' but undo_restores() is empty"
         unchanged(fp0, host_view(host, ports), f"{text}: undo did not restore the host")
         assert a.undo(again, ctx) == ""
         unchanged(fp0, host_view(host, ports), f"{text}: a second undo changed the host")
