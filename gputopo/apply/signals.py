@@ -113,8 +113,8 @@ def held(notice: Callable[[str], None] | None = None) -> Iterator[None]:
         _HOLD["held_notice"] = before
         if not _HOLD["depth"] and _HOLD["pending"] is not None:
             signum, _HOLD["pending"] = _HOLD["pending"], None
+            _HOLD["raised"] = True  # a rollback follows either way: later signals wait for it
             if not failed:
-                _HOLD["raised"] = True
                 raise Signalled(signum)
 
 
