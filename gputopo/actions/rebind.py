@@ -245,15 +245,24 @@ class Rebind(ActionModel):
             stopped.append(f"CT {vmid}: stopped {unit} (it held {self.address})")
         if units:
             held = ctx.holders(sorted(nodes))
-        who: dict[tuple[int, str, int | None], list[str]] = {}
+        # one entry per program (the workers of one server share its command line), as preflight
+        who: dict[tuple[int | None, str | None, str], tuple[list[int], list[str]]] = {}
         for path, hs in sorted(held.items()):
             for h in hs:
-                who.setdefault((h.pid, h.cmdline or h.comm, h.container), []).append(path)
+                pids, paths = who.setdefault((h.container, h.unit, h.cmdline or h.comm), ([], []))
+                if h.pid not in pids:
+                    pids.append(h.pid)
+                if path not in paths:
+                    paths.append(path)
         if not who:
             return stopped, ""
         named = "; ".join(
-            f"PID {pid} ({cmd})" + (f" in CT {ct}" if ct is not None else "") + f" holds {', '.join(paths)}"
-            for (pid, cmd, ct), paths in sorted(who.items())
+            (f"PID {pids[0]}" if len(pids) == 1 else f"PIDs {', '.join(map(str, sorted(pids)))}")
+            + f" ({cmd})"
+            + (f" of {unit}" if unit else "")
+            + (f" in CT {ct}" if ct is not None else "")
+            + f" {'holds' if len(pids) == 1 else 'hold'} {', '.join(paths)}"
+            for (ct, unit, cmd), (pids, paths) in who.items()
         )
         return stopped, (
             f"left IOMMU group of {self.address} on nvidia (its unbind would hang until released): "
