@@ -13,6 +13,8 @@ model whose class holds the kind's whole meaning, in one place:
 * ``expect(world)`` -- what the host looks like after it (rehearsing a plan, ``expected_after``);
 * ``diff(ctx)`` -- its lines (and file diffs) in ``gputopo diff``;
 * ``was_running(current, out)`` -- what ran before it that a rollback must start again;
+* ``container_view(before)`` -- the GPU nodes a container it changes live saw before it (a
+  rollback restarts one that sees others);
 * ``signature()`` -- what must not change between the plan an operator confirmed and the one made
   under the lock (digests, read again before each write, are left out).
 

@@ -88,8 +88,9 @@ class UpdateContainer(ActionModel):
     def before(self, ctx: StepContext) -> ContainerBefore:
         cfg = GuestConfig.lxc(ctx.ports.proxmox, self.vmid).before()
         seen = None
-        if self.live and ctx.running("lxc", self.vmid):
-            # what a running container sees is fixed at its start, plus what was hot-plugged
+        if self.live and (self.set or self.resolve) and ctx.running("lxc", self.vmid):
+            # what a running container sees is fixed at its start, plus what was hot-plugged;
+            # only an addition can be hot-plugged (a removal waits for its next start)
             seen = sorted(gpu_nodes(ctx.exec(self.vmid, ["ls", "/dev"]).stdout.split()))
         return ContainerBefore(config=cfg.config, seen=seen)
 

@@ -4,7 +4,9 @@ Forward, every step is journaled (``Begin`` with its before-state, then ``Done``
 consecutive steps of a parallel kind (rebinds: one IOMMU group each) run at once. Backward, every
 begun step whose undo has not completed is undone from its journaled before-state, newest first
 (but GPUs go back to their drivers before a container's devN entries are restored), then what ran
-before runs again. Everything a later process needs to finish a rollback is in the journal.
+before runs again, and a running container that still sees GPUs hot-plugged during the apply is
+restarted. An undo that takes a GPU from nvidia stops the plan's service that holds it first.
+Everything a later process needs to finish a rollback is in the journal.
 """
 
 from __future__ import annotations
