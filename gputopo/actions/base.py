@@ -15,6 +15,8 @@ model whose class holds the kind's whole meaning, in one place:
 * ``was_running(current, out)`` -- what ran before it that a rollback must start again;
 * ``undo_restores()`` / ``undo_needs()`` -- the resources its undo puts back and those that must
   be back before it can run (see *Undo order* below);
+* ``container_view(before)`` -- the GPU nodes a container it changes live saw before it (a
+  rollback restarts one that sees others);
 * ``signature()`` -- what must not change between the plan an operator confirmed and the one made
   under the lock (digests, read again before each write, are left out).
 
@@ -171,6 +173,12 @@ class ActionModel(Strict):
         """(container vmid, unit) of the service this step stops, if it stops one."""
         return None
 
+    def container_view(self, before: Any) -> tuple[int, list[str]] | None:
+        """(vmid, the GPU device nodes the running container saw before this step) for a step
+        that changes a running container's devices (``before`` is its journaled before-state);
+        None otherwise. A rollback restarts a container that sees other GPU nodes afterwards."""
+        return None
+
     def load_before(self, data: dict[str, Any]) -> BaseModel:
         return self.Before.model_validate(data)
 
@@ -300,6 +308,12 @@ class StepContext:
     stuck: set[str] = field(default_factory=set)  # devices an undo must leave alone
     gone: set[str] = field(default_factory=set)  # devices a rollback found gone from the bus
     service_changed: set[int] = field(default_factory=set)  # containers whose drop-in an undo restored
+    # the processes that hold device nodes open: node -> its holders (``/proc/<pid>/fd``)
+    holders: Callable[[list[str]], dict[str, list[Holder]]] = lambda paths: {}
+    drm_nodes: Callable[[str], list[str]] = lambda address: []  # the /dev/dri names of a PCI device
+    # (container vmid, unit) of the services the plan stops, starts or starts again after a
+    # rollback: an undo may stop one that holds a GPU it takes back (it started during the apply)
+    services: set[tuple[int, str]] = field(default_factory=set)
 
     def exec(self, vmid: int, argv: list[str], check: bool = True) -> ExecResult:
         """Run ``argv`` in container ``vmid``. Raises ExecError when it fails and ``check``."""
@@ -312,9 +326,14 @@ class StepContext:
         return self.ports.proxmox.guest_status(kind, vmid) == "running"
 
     def service_active(self, vmid: int, unit: str) -> bool:
+        return self.service_state(vmid, unit) == "active"
+
+    def service_state(self, vmid: int, unit: str) -> str:
+        """What ``systemctl is-active`` says of ``unit`` (``active``, ``activating`` while it
+        starts, ``failed``...); ``inactive`` when its container is not running."""
         if not self.running("lxc", vmid):
-            return False
-        return self.exec(vmid, ["systemctl", "is-active", unit], check=False).stdout.strip() == "active"
+            return "inactive"
+        return self.exec(vmid, ["systemctl", "is-active", unit], check=False).stdout.strip() or "unknown"
 
     def wait_active(self, vmid: int, unit: str) -> None:
         """Wait until ``unit`` is active. Raises ExecError when it fails or the service timeout passes."""

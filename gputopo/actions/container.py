@@ -23,8 +23,18 @@ from gputopo.actions.base import (
 )
 from gputopo.actions.guestconfig import ConfigBefore, GuestConfig
 from gputopo.errors import BindError
-from gputopo.formats.devn import by_dev_index, dev_sort, is_devn_key, resolve_devices
+from gputopo.formats.devn import by_dev_index, dev_sort, gpu_nodes, is_devn_key, resolve_devices
 from gputopo.model.state import ContainerState
+
+
+class ContainerBefore(ConfigBefore):
+    """The config, and for a live change the GPU device nodes the running container saw."""
+
+    seen: list[str] | None = Field(
+        None,
+        description="/dev/nvidiaN nodes in the running container's /dev before a live change "
+        "(None: not a live change, or the container was not running)",
+    )
 
 
 class UpdateContainer(ActionModel):
@@ -49,7 +59,7 @@ class UpdateContainer(ActionModel):
         "next restart, an addition is hot-plugged (PVE 9)",
     )
 
-    Before = ConfigBefore
+    Before = ContainerBefore
 
     def describe(self) -> str:
         parts = []
@@ -83,8 +93,20 @@ class UpdateContainer(ActionModel):
             )
         return problems
 
-    def before(self, ctx: StepContext) -> ConfigBefore:
-        return GuestConfig.lxc(ctx.ports.proxmox, self.vmid).before()
+    def before(self, ctx: StepContext) -> ContainerBefore:
+        cfg = GuestConfig.lxc(ctx.ports.proxmox, self.vmid).before()
+        seen = None
+        if self.live and (self.set or self.resolve) and ctx.running("lxc", self.vmid):
+            # what a running container sees is fixed at its start, plus what was hot-plugged;
+            # only an addition can be hot-plugged (a removal waits for its next start)
+            seen = sorted(gpu_nodes(ctx.exec(self.vmid, ["ls", "/dev"]).stdout.split()))
+        return ContainerBefore(config=cfg.config, seen=seen)
+
+    def container_view(self, before: ContainerBefore) -> tuple[int, list[str]] | None:
+        # a devN hot-plugged into a running container stays in its /dev when the config is
+        # restored: Proxmox cannot unplug one (pve-container's vmconfig_hotplug_pending skips
+        # every devN delete), only the container's next start drops it
+        return (self.vmid, before.seen) if before.seen is not None else None
 
     def do(self, ctx: StepContext) -> None:
         GuestConfig.lxc(ctx.ports.proxmox, self.vmid).change(
@@ -109,7 +131,7 @@ class UpdateContainer(ActionModel):
                 f"no /dev/nvidia minor for CT {self.vmid} (proc/driver/nvidia/gpus/{address} missing)",
             ) from None
 
-    def undo(self, before: ConfigBefore, ctx: StepContext) -> str:
+    def undo(self, before: ContainerBefore, ctx: StepContext) -> str:
         # every devN key: entries resolved at apply time are not in the journaled action
         if not GuestConfig.lxc(ctx.ports.proxmox, self.vmid).restore(
             before.config, set(self.set) | set(self.delete), also=is_devn_key

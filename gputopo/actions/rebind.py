@@ -209,13 +209,73 @@ class Rebind(ActionModel):
         now = {m: ctx.binder.state_of(m) for m in prev}
         if all((now[m].driver, now[m].override) == (s.driver, s.override) for m, s in prev.items()):
             return left
+        leaving = [m for m in prev if now[m].driver == NVIDIA and prev[m].driver != NVIDIA]
+        stopped, held = self._free(ctx, leaving)
+        if held:
+            # its unbind would block until the holder lets go: the group stays on nvidia, whole
+            ctx.stuck.update(self.members)
+            return "; ".join([*stopped, held, *([left] if left else [])])
         ctx.binder.restore(prev)
         back = (
             f"rebound {self.address} back to {prev[self.address].driver or 'none'}"
             if self.address in prev
             else f"rebound {', '.join(prev)} back"
         )
-        return back + (f"; {left}" if left else "")
+        return "; ".join([*stopped, back, *([left] if left else [])])
+
+    def _free(self, ctx: StepContext, leaving: list[str]) -> tuple[list[str], str]:
+        """Stop what holds the device nodes of ``leaving`` (GPUs this undo takes from nvidia),
+        as the forward path stops the service before the switch: nvidia's unbind waits for the
+        last process that holds its GPU, so unbinding a held GPU hangs. A service of the plan
+        (one that started, or was starting, with the GPUs the apply gave it) is stopped; anything
+        else is not the rollback's to stop. Returns (what was stopped, one line naming what
+        still holds them; '' when nothing does)."""
+        minors = ctx.read_minors() if leaving else {}
+        nodes: dict[str, str] = {}
+        for m in leaving:
+            if minors.get(m) is not None:
+                nodes[f"/dev/nvidia{minors[m]}"] = m
+            nodes.update({f"/dev/dri/{name}": m for name in ctx.drm_nodes(m)})
+        if not nodes:
+            return [], ""
+        held = ctx.holders(sorted(nodes))
+        units = sorted(
+            {
+                (h.container, h.unit)
+                for hs in held.values()
+                for h in hs
+                if (h.container, h.unit) in ctx.services
+            }
+        )
+        stopped = []
+        for vmid, unit in units:
+            ctx.exec(vmid, ["systemctl", "stop", unit])
+            stopped.append(f"CT {vmid}: stopped {unit} (it held {self.address})")
+        if units:
+            held = ctx.holders(sorted(nodes))
+        # one entry per program (the workers of one server share its command line), as preflight
+        who: dict[tuple[int | None, str | None, str], tuple[list[int], list[str]]] = {}
+        for path, hs in sorted(held.items()):
+            for h in hs:
+                pids, paths = who.setdefault((h.container, h.unit, h.cmdline or h.comm), ([], []))
+                if h.pid not in pids:
+                    pids.append(h.pid)
+                if path not in paths:
+                    paths.append(path)
+        if not who:
+            return stopped, ""
+        named = "; ".join(
+            (f"PID {pids[0]}" if len(pids) == 1 else f"PIDs {', '.join(map(str, sorted(pids)))}")
+            + f" ({cmd})"
+            + (f" of {unit}" if unit else "")
+            + (f" in CT {ct}" if ct is not None else "")
+            + f" {'holds' if len(pids) == 1 else 'hold'} {', '.join(paths)}"
+            for (ct, unit, cmd), (pids, paths) in who.items()
+        )
+        return stopped, (
+            f"left IOMMU group of {self.address} on nvidia (its unbind would hang until released): "
+            f"{named}; stop it, then run 'gputopo recover'"
+        )
 
     def undo_restores(self) -> set[Resource]:
         return {Resource("driver", m) for m in self.members}

@@ -14,6 +14,9 @@ from gputopo.actions.dropin import load_dropin, record_service
 from gputopo.model.state import ContainerState, CurrentState
 from gputopo.model.strict import Strict
 
+# what ``systemctl is-active`` says of a unit that has no process left to stop
+STOPPED = ("inactive", "failed")
+
 
 class ServiceBefore(Strict):
     active: bool
@@ -72,11 +75,17 @@ class StartService(_ServiceStep):
 
     def undo(self, before: ServiceBefore, ctx: StepContext) -> str:
         # a service that was stopped before it stops again; one that ran before the apply is
-        # started again by the final restart (RunningBefore), with the drop-in put back
-        if before.active or not ctx.service_active(self.vmid, self.unit):
+        # started again by the final restart (RunningBefore), with the drop-in put back. One
+        # still starting (``activating``: the apply was stopped while it loaded its model) holds
+        # its GPUs already, and a GPU that is held cannot leave nvidia: its start job is
+        # cancelled by the stop (systemd replaces a unit's start job with the stop job)
+        if before.active:
+            return ""
+        state = ctx.service_state(self.vmid, self.unit)
+        if state in STOPPED:
             return ""
         ctx.exec(self.vmid, ["systemctl", "stop", self.unit])
-        return f"CT {self.vmid}: stopped {self.unit}"
+        return f"CT {self.vmid}: stopped {self.unit}" + (f" (it was {state})" if state != "active" else "")
 
     def undo_restores(self) -> set[Resource]:
         return {Resource("stopped", f"{self.vmid}/{self.unit}")}

@@ -56,7 +56,9 @@ from gputopo.errors import (
     JournalError,
     PreflightFailed,
     SysfsTimeout,
+    VerifyFailed,
 )
+from gputopo.exitcodes import NEEDS_HUMAN
 from gputopo.facts.observe import observe
 from gputopo.model.facts import Facts
 from gputopo.model.state import CurrentState
@@ -292,7 +294,14 @@ def apply(
             report = verify()
             if not getattr(report, "ok", True):
                 progress.note("verification failed; rolling back")
-                _roll_back(runner, j, running_before, reason="verify")
+                complete, stuck = _roll_back(runner, j, running_before, reason="verify")
+                if not (complete and not stuck):
+                    # the journal ends needs-human: never reported as a completed rollback
+                    summary = getattr(report, "summary_line", lambda: "")()
+                    cause = VerifyFailed(summary.removeprefix("verification failed: ") or "a check failed")
+                    err = ApplyFailed("verify", cause, complete, stuck)
+                    err.exit_code = NEEDS_HUMAN
+                    raise err
                 return _finished("rolled-back", runner.results)
             j.append(End(result="applied", verify="passed"))
         else:

@@ -5,8 +5,10 @@ consecutive steps of a parallel kind (rebinds: one IOMMU group each) run at once
 begun step whose undo has not completed is undone from its journaled before-state, in the order
 :func:`gputopo.actions.undo_order` computes from what each undo needs and restores (newest first
 where nothing forces another order; a guest's start waits until its config, mappings and GPUs
-are back), then what ran before runs again. Everything a later process needs to finish a
-rollback is in the journal, and a recover computes the same order from it.
+are back), then what ran before runs again, and a running container that still sees GPUs
+hot-plugged during the apply is restarted. An undo that takes a GPU from nvidia stops the plan's
+service that holds it first. Everything a later process needs to finish a rollback is in the
+journal, and a recover computes the same order from it.
 """
 
 from __future__ import annotations
@@ -37,7 +39,9 @@ from gputopo.apply.progress import Progress, StepResult
 from gputopo.errors import ExecError, GputopoError, SysfsTimeout
 from gputopo.facts.discover import discover
 from gputopo.facts.modalias import native_driver
-from gputopo.formats.devn import dev_entries, dev_path
+from gputopo.facts.pci import read_drm_nodes
+from gputopo.facts.procfs import read_holders
+from gputopo.formats.devn import dev_entries, dev_path, gpu_nodes
 from gputopo.ports import Ports
 
 
@@ -52,6 +56,8 @@ def step_context(ports: Ports, root: str, timeouts: Timeouts, progress: Progress
         device_present=lambda address: (Path(root) / "sys/bus/pci/devices" / address).exists(),
         native_driver=lambda address: native_driver(root, address),
         note=progress.note,
+        holders=lambda paths: read_holders(root, paths),
+        drm_nodes=lambda address: read_drm_nodes(root, address),
     )
 
 
@@ -181,6 +187,11 @@ class Runner:
         if not retry:
             ctx.stuck |= self.j.hung_devices()  # a worker of this process may still be blocked there
         journaled = self.j.services_to_restart()
+        # a service of the plan that holds a GPU an undo takes back is stopped first (it ran, or
+        # was starting, with the GPUs the apply gave it); the final restart starts it again
+        ctx.services = {
+            (int(vmid), unit) for vmid, unit in (k.split("/", 1) for k in running_before.services)
+        } | {s for s in (a.stopped_service() for a in self.j.header.actions) if s is not None}
         complete = True
         for n in order:
             st = steps[n]
@@ -233,22 +244,56 @@ class Runner:
         seen = set(self.ctx.exec(vmid, ["ls", "/dev"]).stdout.split())
         return [p for p in wanted if p[len("/dev/") :].split("/", 1)[0] not in seen]
 
-    def _fix_device_view(self, vmid: int) -> None:
-        """Restart a running container that lacks some of its GPUs' device nodes (it was started
-        during the rollback while a GPU was still away), so it sees them again. Raises
-        GputopoError naming the nodes it still lacks afterwards."""
+    def _extra_devices(self, vmid: int, seen_before: list[str] | None) -> list[str]:
+        """The GPU nodes container ``vmid`` sees that it did not see before the apply (None:
+        not known, no live change was journaled for it)."""
+        if seen_before is None:
+            return []
+        seen = gpu_nodes(self.ctx.exec(vmid, ["ls", "/dev"]).stdout.split())
+        return sorted(set(seen) - set(seen_before), key=lambda p: (len(p), p))
+
+    def _views_before(self) -> dict[int, list[str]]:
+        """Container vmid -> the GPU nodes it saw before the first begun step that changed its
+        devices while it ran (from the journal, so that recover knows it too)."""
+        out: dict[int, list[str]] = {}
+        steps = self.j.steps()
+        for n in sorted(self.j.begun()):
+            a = steps[n].action
+            view = a.container_view(a.load_before(steps[n].before))
+            if view is not None:
+                out.setdefault(view[0], view[1])
+        return out
+
+    def _fix_device_view(self, vmid: int, seen_before: list[str] | None = None) -> None:
+        """Restart a running container whose view of /dev is not the one it had: it lacks some
+        of its GPUs' device nodes (it was started during the rollback while a GPU was still
+        away), or it still sees GPU nodes hot-plugged during the apply (``seen_before``: what it
+        saw before a live change), which Proxmox cannot take out of a running container. Raises
+        GputopoError naming what is still wrong afterwards."""
         ctx = self.ctx
         if not ctx.running("lxc", vmid):
             return
         missing = self._missing_devices(vmid)
-        if not missing:
+        extra = self._extra_devices(vmid, seen_before)
+        if not missing and not extra:
             return
         power(ctx, "lxc", vmid, "shutdown")  # as a stop step does: its warnings, its longer wait
         power(ctx, "lxc", vmid, "start")
-        self.progress.note(f"restarted CT {vmid}: it did not see {', '.join(missing)}")
+        why = []
+        if missing:
+            why.append(f"it did not see {', '.join(missing)}")
+        if extra:
+            why.append(
+                f"it still saw {', '.join(extra)}, hot-plugged during the apply (a running "
+                "container keeps a hot-plugged device until it restarts)"
+            )
+        self.progress.note(f"restarted CT {vmid}: {'; '.join(why)}")
         still = self._missing_devices(vmid)
         if still:
             raise ExecError(vmid, ["ls", "/dev"], 1, f"CT {vmid} still does not see {', '.join(still)}")
+        still = self._extra_devices(vmid, seen_before)
+        if still:
+            raise ExecError(vmid, ["ls", "/dev"], 1, f"CT {vmid} still sees {', '.join(still)}")
 
     def _restart_service(self, vmid: int, unit: str, dropin_restored: bool) -> None:
         """Make ``unit`` run what its unit file says again. A container started during the
@@ -292,15 +337,19 @@ class Runner:
             except GputopoError as e:
                 ok = False
                 self.j.append(RestartFailed(what=key, error=str(e)))
-        for key, status in running_before.guests.items():
-            kind, vmid = key.split("/")
-            if kind != "lxc" or status != "running":
-                continue
+        # the containers that ran before: those a stop step recorded, and those changed live
+        views = self._views_before()
+        running = [
+            int(k.split("/")[1])
+            for k, st in running_before.guests.items()
+            if k.startswith("lxc/") and st == "running"
+        ]
+        for vmid in dict.fromkeys([*running, *views]):
             try:
-                self._fix_device_view(int(vmid))
+                self._fix_device_view(vmid, views.get(vmid))
             except GputopoError as e:
                 ok = False
-                self.j.append(RestartFailed(what=key, error=str(e)))
+                self.j.append(RestartFailed(what=f"lxc/{vmid}", error=str(e)))
         for key, status in running_before.services.items():
             vmid_s, unit = key.split("/", 1)
             if status != "active":

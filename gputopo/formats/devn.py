@@ -53,6 +53,15 @@ def is_nvidia_dev(value: str) -> bool:
     return dev_path(value).startswith("/dev/nvidia")
 
 
+GPU_NODE = re.compile(r"^nvidia\d+$")
+
+
+def gpu_nodes(names: list[str]) -> list[str]:
+    """The GPU nodes (``/dev/nvidiaN``, one per GPU; not nvidiactl or nvidia-uvm) among the
+    names of an ``ls /dev``, as paths, in the order given."""
+    return [f"/dev/{n}" for n in names if GPU_NODE.match(n)]
+
+
 def is_nvidia_lxc(key: str, value: str, majors: set[int]) -> bool:
     """True when the raw ``lxc.*`` line ``key: value`` is an nvidia mount entry or a device rule
     for one of the char ``majors``: a line gputopo manages."""

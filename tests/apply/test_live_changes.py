@@ -6,25 +6,34 @@ line of the service's main process, and the devN in its Proxmox config.
 * a shrink keeps it running on PVE 8 and 9 (the removed devN wait for its next start);
 * a grow hot-plugs the new devN on PVE 9, and restarts the container on PVE 8;
 * ``always`` restarts it in every case;
-* a live grow that fails rolls back with the container still running and its config as before.
+* a live grow that fails rolls back, and the container that saw GPUs hot-plugged is restarted
+  (Proxmox cannot unplug a devN); a kill while the new service loads, or a verification that
+  fails while the service is restarting, stops the service before its GPUs leave nvidia.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import signal
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
-from gputopo.apply import apply
+from gputopo.apply import Progress, apply
+from gputopo.apply.journal import find_unfinished, list_journals, parse_journal
 from gputopo.errors import ApplyFailed
 from gputopo.formats.lxcconf import parse_lxc_conf
 from gputopo.plan.spec import parse_spec
+from gputopo.sim import state
 from gputopo.sim.container import Container, SimExec
 from gputopo.sim.host import SimHost
 from gputopo.sim.kernel import SimKernel
-from helpers import applysim
+from helpers import TESTS, applysim
 from helpers.applysim import template  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.slow  # every test applies on a simulated host (seconds each); the full run only
@@ -155,43 +164,183 @@ def test_always_restarts_the_container_even_where_it_could_keep_running(new_host
     assert _seen(host) == NUMA0 and _pending_deletes(host) == []  # the restart applied the removals
 
 
-def test_a_failed_live_grow_rolls_back_with_the_container_still_running(new_host):
-    """A hot-plugged devN cannot leave a running container (pve-container's
-    vmconfig_hotplug_pending skips every devN delete): the rollback puts the GPUs back on
-    vfio-pci and leaves those devN pending removal, which is where a live shrink leaves a
-    container too; the container never stops, and its config once the removals apply is the
-    one it had."""
-    from gputopo.sim.container import break_container
-    from gputopo.sim.pveapi.guest_config import apply_pending
-    from gputopo.verify import verify
+class _Notes(Progress):
+    def __init__(self):
+        self.notes: list[str] = []
 
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+
+def _live_grow_host(new_host) -> tuple[SimHost, str]:
+    """A PVE 9 host split with ``always`` (the container restarted: its /dev holds the NUMA-0
+    GPUs only), whose grow back hot-plugs the NUMA-1 GPUs into the running container."""
     host = new_host("9.1.2")
-    ct = Container(host.dir, 101)
     text = applysim.seed_spec_text(host)
     _apply(host, _always(text))
+    return host, text
+
+
+def test_a_failed_live_grow_rolls_back_and_restarts_the_container_it_hot_plugged(new_host):
+    """A hot-plugged devN cannot leave a running container (pve-container's
+    vmconfig_hotplug_pending skips every devN delete): once the GPUs are back on vfio-pci the
+    rollback restarts the container, so that it sees what it saw before (and its config's
+    pending removals apply), and says so."""
+    from gputopo.sim.container import break_container
+    from gputopo.verify import verify
+
+    host, text = _live_grow_host(new_host)
+    ct = Container(host.dir, 101)
     booted = ct.booted_at()
     before = applysim.fingerprint(host)
-    conf = host.paths.lxc_conf(101).read_text()
     break_container(host.dir, 101, "service_fails", message="CUDA error", tp=8)
+    notes = _Notes()
     with pytest.raises(ApplyFailed) as e:
-        apply(parse_spec(_grow(text)), host.ports(), root=str(host.paths.root), timeouts=T)
-    assert e.value.rolled_back
-    assert ct.booted_at() == booted
-    changed = applysim.diff(before, applysim.fingerprint(host))
-    # what differs: the config (the pending removals) and the container's /dev, which keeps the
-    # hot-plugged nodes of GPUs that are on vfio-pci again until its next restart
-    assert sorted(line.split(":")[0] + ":" + line.split(":")[1] for line in changed) == [
-        "ct:/dev",
-        "pve:nodes/pve1/lxc/101.conf",
-    ], changed
-    assert {f"/dev/nvidia{m}" for m in range(4, 8)} <= set(ct.devices())
-    assert _pending_deletes(host) == ["dev4", "dev5", "dev6", "dev7"]
-    now, was = parse_lxc_conf(host.paths.lxc_conf(101).read_text()), parse_lxc_conf(conf)
-    apply_pending(now)
-    assert now.options == was.options
+        apply(parse_spec(_grow(text)), host.ports(), root=str(host.paths.root), timeouts=T, progress=notes)
+    assert e.value.rolled_back and e.value.exit_code == 1, str(e.value)
+    assert applysim.diff(before, applysim.fingerprint(host)) == []
+    assert ct.booted_at() != booted
+    assert "/dev/nvidia4" not in ct.devices() and _pending_deletes(host) == []
     assert _seen(host) == NUMA0 and _tp(host) == "4"
-    for a in NUMA1:
-        assert (host.paths.root / "sys/bus/pci/devices" / a / "driver").resolve().name == "vfio-pci"
+    said = [n for n in notes.notes if n.startswith("restarted CT 101")]
+    assert said and "/dev/nvidia4" in said[0] and "hot-plugged" in said[0], notes.notes
     report = verify(parse_spec(_always(text)), host.ports(), root=str(host.paths.root))
     container = next(c for c in report.checks if c.name == "container")
-    assert container.status == "WARN" and "dev4" in container.summary
+    assert container.status == "PASS", container
+
+
+# --- a kill while the new service loads its model, then recover ------------------------------
+
+DRIVER = TESTS / "helpers" / "crashdriver.py"
+
+
+def _drive(host, *args: str, at: str | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if at:
+        env["GPUTOPO_CRASH_AT"] = at
+    return subprocess.run(
+        [sys.executable, str(DRIVER), *args, "--sim", str(host.dir)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+
+
+def test_sigkill_while_the_new_service_starts_then_recover_stops_it_before_the_gpus_leave(new_host):
+    """Killed while ``systemctl start`` waits for the ``--tp 8`` server (systemd took the start
+    job: its processes hold all eight GPUs, it is ``activating``): recover stops it before
+    nvidia lets go of the NUMA-1 GPUs (an unbind of a held GPU blocks until it is released),
+    and restarts the container, which still sees the hot-plugged nodes."""
+    host, text = _live_grow_host(new_host)
+    ct = Container(host.dir, 101)
+    booted = ct.booted_at()
+    before = applysim.fingerprint(host)
+    spec = host.dir / "grow.yaml"
+    spec.write_text(_grow(text))
+    # the server loads its model for a minute: the kill lands while it is activating
+    state.write_state(host.paths.run, "latencies", {"service.start": 60.0})
+    res = _drive(host, "apply", "--spec", str(spec), "--yes", "--no-verify", at="job:1")
+    assert res.returncode == -signal.SIGKILL, res.stderr
+    svc = applysim.fingerprint(host)["service"]
+    assert svc[0] == "activating" and "--tp 8" in svc[1] and "/dev/nvidia7" in svc[2], svc
+    state.write_state(host.paths.run, "latencies", {})  # the old configuration starts at once
+    rec = _drive(host, "recover", "--timeout", "sysfs=5")
+    assert rec.returncode == 0, rec.stdout + rec.stderr
+    said = rec.stdout + rec.stderr
+    assert "stopped sglang.service (it was activating)" in said and "restarted CT 101" in said, said
+    assert find_unfinished(host.paths.root) is None
+    assert applysim.diff(before, applysim.fingerprint(host)) == []
+    assert ct.booted_at() != booted and _tp(host) == "4"
+
+
+# --- a verification that fails, then a rollback -------------------------------------------------
+
+
+def _crashed_and_restarting(host, latency: float = 60.0) -> None:
+    """The server crashed and systemd is starting it again (``Restart=on-failure``): the unit
+    is ``activating`` and its new processes hold their GPUs already."""
+    ct = Container(host.dir, 101)
+    ct.stop_service("sglang.service")
+    state.write_state(host.paths.run, "latencies", {"service.start": latency})
+    ct.start_service("sglang.service")
+    state.write_state(host.paths.run, "latencies", {})
+
+
+def test_rollback_on_verify_failure_stops_a_restarting_service_before_the_gpus_leave(new_host):
+    from gputopo.sim.container import break_container
+    from gputopo.verify import verify as run_verify
+
+    host, text = _live_grow_host(new_host)
+    before = applysim.fingerprint(host)
+    spec = parse_spec(_grow(text))
+    break_container(host.dir, 101, "wrong_answer", answer="92")
+
+    def verify():
+        report = run_verify(spec, host.ports(), root=str(host.paths.root))
+        _crashed_and_restarting(host)
+        return report
+
+    notes = _Notes()
+    res = apply(
+        spec,
+        host.ports(),
+        root=str(host.paths.root),
+        timeouts=T,
+        progress=notes,
+        verify=verify,
+        rollback_on_verify_failure=True,
+    )
+    assert res.status == "rolled-back" and not res.verify.ok
+    assert "CT 101: stopped sglang.service (it was activating)" in "\n".join(notes.notes), notes.notes
+    assert applysim.diff(before, applysim.fingerprint(host)) == []
+    end = parse_journal(list_journals(host.paths.root)[-1].read_text())[-1]
+    assert end.type == "end" and end.result == "rolled-back"
+
+
+def test_rollback_on_verify_failure_that_cannot_complete_says_so(new_host):
+    """A process that is not the plan's (a job someone started in the container on a new GPU)
+    holds a GPU the rollback takes back: its group stays on nvidia rather than hang in an
+    unbind and end with no driver; the apply exits 3 saying it is NOT rolled back, the journal
+    stays open, and recover completes once the job is gone."""
+    from gputopo.apply import recover
+    from gputopo.facts.discover import discover
+    from gputopo.sim.container import break_container
+    from gputopo.verify import verify as run_verify
+
+    host, text = _live_grow_host(new_host)
+    root = host.paths.root
+    before = applysim.fingerprint(host)
+    spec = parse_spec(_grow(text))
+    break_container(host.dir, 101, "wrong_answer", answer="92")
+    held = NUMA1[0]
+    job = 4242
+
+    def verify():
+        minor = next(g.minor for g in discover(str(root)).gpus if g.address == held)
+        applysim.fake_process(
+            root,
+            job,
+            f"/dev/nvidia{minor}",
+            argv=("python3", "train.py"),
+            cgroup="0::/lxc/101/ns/user.slice/user-0.slice/session-3.scope",
+        )
+        return run_verify(spec, host.ports(), root=str(root))
+
+    with pytest.raises(ApplyFailed) as e:
+        apply(spec, host.ports(), root=str(root), timeouts=T, verify=verify, rollback_on_verify_failure=True)
+    err = e.value
+    assert err.exit_code == 3 and not err.rolled_back and err.needs_human == [held], str(err)
+    assert "NOT fully rolled back" in str(err) and "inference" in str(err) and "\n" not in str(err)
+    after = applysim.fingerprint(host)
+    assert after[f"pci:{held}"][0] == "nvidia"  # never left without a driver
+    assert all(after[f"pci:{a}"] == before[f"pci:{a}"] for a in NUMA1[1:])
+    recs = parse_journal(list_journals(root)[-1].read_text())
+    assert recs[-1].type == "needs-human" and recs[-1].needs_human == [held]
+    incomplete = next(r for r in recs if r.type == "undo-incomplete")
+    assert f"PID {job} (python3 train.py) in CT 101 holds /dev/nvidia" in incomplete.what, incomplete.what
+
+    shutil.rmtree(root / "proc" / str(job))  # the job ended
+    res = recover(host.ports(), root=str(root), timeouts=T)
+    assert res.status == "recovered"
+    assert applysim.diff(before, applysim.fingerprint(host)) == []

@@ -4,7 +4,9 @@
 (fsynced); ``call:N`` right after the N-th call that changes the host returned: a sysfs write, a
 Proxmox API call other than a GET (a guest start or stop is killed once its task was accepted),
 a command in the container that changes something (``systemctl start|stop|restart|daemon-reload``,
-``rm``, ``mkdir``, ``rmdir``), ``pct push``, a host file written or removed. No timing is involved:
+``rm``, ``mkdir``, ``rmdir``), ``pct push``, a host file written or removed; ``job:N`` once the
+simulated container's systemd took the N-th service start (its processes hold their GPUs) while
+``systemctl start`` still waits for the server to be ready. No timing is involved:
 the point is counted, not polled. ``GPUTOPO_CRASH_COUNT=FILE`` writes how many records and calls
 the run made, and the order they came in (JSON), when it ends normally, so a test can enumerate
 every point.
@@ -30,7 +32,7 @@ MUTATING_COMMANDS = {
 MUTATING_PROGRAMS = {"rm", "mkdir", "rmdir"}
 
 _lock = threading.Lock()
-_count = {"record": 0, "call": 0}
+_count = {"record": 0, "call": 0, "job": 0}
 _at = os.environ.get("GPUTOPO_CRASH_AT", "")
 _kind, _, _n = _at.partition(":")
 _limit = int(_n) if _n.isdigit() else 0
@@ -60,6 +62,21 @@ def _wrap(cls: type, name: str, kind: str, when=lambda *a, **k: True) -> None:
     setattr(cls, name, wrapper)
 
 
+def _wrap_job(cls: type) -> None:
+    """Count the service starts the simulated systemd accepted (``start_service`` returned 0:
+    the unit is activating and its processes exist; ``systemctl start`` then waits until the
+    server is ready, and the kill lands in that wait)."""
+    original = cls.start_service
+
+    def wrapper(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        if out[0] == 0:
+            _tick("job", "start_service")
+        return out
+
+    cls.start_service = wrapper
+
+
 def _mutating_exec(vmid, argv, *rest, **kw) -> bool:
     return tuple(argv[:2]) in MUTATING_COMMANDS or (bool(argv) and argv[0] in MUTATING_PROGRAMS)
 
@@ -69,6 +86,7 @@ def install() -> None:
     from gputopo.adapters.proxmox import ProxmoxClient
     from gputopo.apply.journal import Journal
     from gputopo.sim.container import SimExec
+    from gputopo.sim.container.lifecycle import Container
     from gputopo.sim.kernel import SimKernel
 
     _wrap(Journal, "append", "record")
@@ -77,6 +95,7 @@ def install() -> None:
     _wrap(RealHostFiles, "remove", "call")
     _wrap(SimExec, "push", "call")
     _wrap(SimExec, "run", "call", _mutating_exec)
+    _wrap_job(Container)
     # the concrete clients (https, pvesh) each define their own _call
     for sub in ProxmoxClient.__subclasses__():
         if "_call" in sub.__dict__:
