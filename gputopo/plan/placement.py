@@ -1,88 +1,168 @@
-"""Where a container's GPUs should come from: close together on the PCIe tree. Pure.
+"""Where an owner's GPUs should come from: close together on the PCIe tree, where they are now
+when that is as close, near a network adapter. Pure.
 
 Tensor parallelism exchanges activations between every pair of GPUs at every layer, so the
 slowest pair sets the pace. :func:`choose` picks ``count`` GPUs whose farthest pair is as close
 as the host allows, by the distance levels of :mod:`gputopo.topo.distance`: under one switch
 (PIX, then PXB), else under one host bridge (PHB), else on one NUMA node (NODE), else anywhere
-(SYS). Among groups that fit it takes the smallest, leaving bigger groups whole for the next
-owner; ties go to the lowest address, so a host whose GPUs all sit alone behind root ports gets
-the lowest addresses as before.
+(SYS). These levels nest (two GPUs under one switch share its root port, host bridge and
+node), so the candidates at the closest level that fits are the groups of that level with room,
+and every ``count`` of one such group is equally close. Among them:
+
+1. the set that moves the fewest GPUs wins: the owner's GPUs now (``held``) stay where they
+   are, since each GPU moved is an unbind, a bind and a restart of its owner for a set that is
+   no closer;
+2. then the one nearest a network adapter (its GPUs' RDMA goes through the adapter under the
+   same switch or root port); for an owner that holds GPUs now, the adapter nearest those;
+3. then the smallest group, leaving bigger groups whole for the next owner; the lowest address
+   last, so a host whose GPUs all sit alone behind root ports gets the lowest addresses.
+
+Groups are found from each device's :func:`~gputopo.topo.distance.locality_keys` (linear in the
+GPUs), not from the distance of every pair.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
-from gputopo.model.facts import Gpu, address_key
-from gputopo.topo.distance import RANK, distance, worst
+from gputopo.model.facts import Gpu, PciFunction, address_key
+from gputopo.topo.distance import RANK, distance, locality_keys
 
 # The levels to try, closest first; SYS (anything) is the fallback.
 TIERS: tuple[str, ...] = ("PIX", "PXB", "PHB", "NODE")
+# A network adapter this close to a GPU is its own (under the same switch or root port).
+NIC_LEVEL = "PXB"
 
 
 def clusters(gpus: Sequence[Gpu], level: str) -> list[list[Gpu]]:
     """``gpus`` grouped so that GPUs at ``level`` or closer share a group (connected
     components), each group and the list in address order."""
-    parent = list(range(len(gpus)))
+    tier = TIERS.index(level) if level in TIERS else len(TIERS)
+    parent: dict[object, object] = {}
 
-    def find(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
+    def find(k: object) -> object:
+        while parent.setdefault(k, k) != k:
+            parent[k] = parent[parent[k]]
+            k = parent[k]
+        return k
 
-    limit = RANK[level]
-    for i in range(len(gpus)):
-        for j in range(i + 1, len(gpus)):
-            if RANK[distance(gpus[i], gpus[j])] <= limit:
-                parent[find(i)] = find(j)
-    groups: dict[int, list[Gpu]] = {}
-    for i, g in enumerate(gpus):
-        groups.setdefault(find(i), []).append(g)
+    roots: list[object] = []
+    for g in gpus:
+        if tier == len(TIERS):
+            keys: list[object] = [("all",)]
+        elif tier < 3:
+            keys = [locality_keys(g)[tier]]
+        else:  # NODE: one host bridge, or one known NUMA node across host bridges
+            keys = [locality_keys(g)[2]] + ([("numa", g.numa_node)] if g.numa_node is not None else [])
+        first = find(keys[0])
+        for k in keys[1:]:
+            other = find(k)
+            if other != first:
+                parent[other] = first
+        roots.append(keys[0])
+    groups: dict[object, list[Gpu]] = {}
+    for g, k in zip(gpus, roots):
+        groups.setdefault(find(k), []).append(g)
     out = [sorted(grp, key=lambda g: address_key(g.address)) for grp in groups.values()]
     return sorted(out, key=lambda grp: address_key(grp[0].address))
 
 
-def choose(gpus: Sequence[Gpu], count: int) -> list[Gpu]:
+def choose(
+    gpus: Sequence[Gpu],
+    count: int,
+    held: Collection[str] = (),
+    nics: Sequence[PciFunction] = (),
+) -> list[Gpu]:
     """``count`` of ``gpus`` as close together as possible (see the module), in address order.
 
-    Returns all of ``gpus`` when there are no more than ``count``.
+    ``held``: the addresses the owner has now (kept when that is as close); ``nics``: the host's
+    network adapters. Returns all of ``gpus`` when there are no more than ``count``.
     """
     ordered = sorted(gpus, key=lambda g: address_key(g.address))
-    return sorted(_choose(ordered, count, len(TIERS)), key=lambda g: address_key(g.address))
-
-
-def _choose(gpus: list[Gpu], count: int, tiers: int) -> list[Gpu]:
-    """Choose among ``gpus`` using the first ``tiers`` levels of :data:`TIERS`."""
     if count <= 0:
         return []
-    if count >= len(gpus):
-        return list(gpus)
-    for t in range(tiers):
-        fitting = [c for c in clusters(gpus, TIERS[t]) if len(c) >= count]
-        if fitting:
-            best = min(fitting, key=lambda c: (len(c), address_key(c[0].address)))
-            return _fill(best, count, t)
-    return _fill(gpus, count, tiers)
+    if count >= len(ordered):
+        return ordered
+    keep = frozenset(held)
+    adapters = _own_nics([g for g in ordered if g.address in keep], nics) or list(nics)
+    tier = len(TIERS)
+    fitting = [ordered]
+    for t, level in enumerate(TIERS):
+        found = [c for c in clusters(ordered, level) if len(c) >= count]
+        if found:
+            tier, fitting = t, found
+            break
+    best = min(
+        fitting,
+        key=lambda c: (
+            -min(count, _kept(c, keep)),
+            _nic_rank(c, adapters),
+            len(c),
+            address_key(c[0].address),
+        ),
+    )
+    return sorted(_take(best, count, keep, tier - 1, adapters), key=lambda g: address_key(g.address))
 
 
-def _fill(gpus: list[Gpu], count: int, tiers: int) -> list[Gpu]:
-    """``count`` of ``gpus`` (which no tighter group than ``TIERS[tiers]`` holds whole): whole
-    groups of the next tighter level, largest first, then the best fit for what is left."""
-    if tiers == 0:
-        return gpus[:count]
-    groups = clusters(gpus, TIERS[tiers - 1])
+def _kept(gpus: Sequence[Gpu], keep: frozenset[str]) -> int:
+    return sum(1 for g in gpus if g.address in keep)
+
+
+def _own_nics(gpus: Sequence[Gpu], nics: Sequence[PciFunction]) -> list[PciFunction]:
+    """The adapters under the same switch or root port as one of ``gpus``."""
+    return [n for n in nics if any(RANK[distance(g, n)] <= RANK[NIC_LEVEL] for g in gpus)]
+
+
+def _nic_rank(gpus: Sequence[Gpu], nics: Sequence[PciFunction]) -> int:
+    """How far the nearest of ``nics`` is from the farthest of ``gpus`` (0 without adapters)."""
+    if not nics:
+        return 0
+    return min(max(RANK[distance(g, n)] for g in gpus) for n in nics)
+
+
+def _take(
+    pool: list[Gpu], count: int, keep: frozenset[str], tier: int, nics: Sequence[PciFunction]
+) -> list[Gpu]:
+    """``count`` of ``pool`` (a group no tighter level than ``TIERS[tier + 1]`` holds whole):
+    every GPU of ``keep`` it has (or the closest ``count`` of them), then whole groups of
+    ``TIERS[tier]`` with kept GPUs, then whole free groups largest first, then the best fit."""
+    if count >= len(pool):
+        return list(pool)
+    mine = [g for g in pool if g.address in keep]
+    if len(mine) >= count:
+        return choose(mine, count, (), nics)
+    if tier < 0:  # one switch: all as close; kept ones first, then the lowest addresses
+        return mine + [g for g in pool if g.address not in keep][: count - len(mine)]
+    spare = count - len(mine)  # GPUs to add to the kept ones
+    groups = clusters(pool, TIERS[tier])
     out: list[Gpu] = []
-    left = count
-    while left > 0 and groups:
-        fitting = [c for c in groups if len(c) >= left]
-        if fitting:
-            best = min(fitting, key=lambda c: (len(c), address_key(c[0].address)))
-            return out + _choose(best, left, tiers - 1)
-        largest = min(groups, key=lambda c: (-len(c), address_key(c[0].address)))
-        groups.remove(largest)
+    partial: list[list[Gpu]] = []
+    with_kept = sorted(
+        (c for c in groups if _kept(c, keep)),
+        key=lambda c: (-_kept(c, keep), len(c), address_key(c[0].address)),
+    )
+    for c in with_kept:
+        extra = len(c) - _kept(c, keep)
+        if extra <= spare:
+            out += c
+            spare -= extra
+        else:
+            partial.append(c)
+    for c in partial:
+        k = _kept(c, keep)
+        add = min(spare, len(c) - k)
+        out += _take(c, k + add, keep, tier - 1, nics)
+        spare -= add
+    free = [c for c in groups if not _kept(c, keep)]
+    while spare > 0 and free:
+        fits = [c for c in free if len(c) >= spare]
+        if fits:
+            best = min(fits, key=lambda c: (_nic_rank(c, nics), len(c), address_key(c[0].address)))
+            return out + _take(best, spare, keep, tier - 1, nics)
+        largest = min(free, key=lambda c: (-len(c), address_key(c[0].address)))
+        free.remove(largest)
         out += largest
-        left -= len(largest)
+        spare -= len(largest)
     return out
 
 
@@ -102,4 +182,11 @@ def spread_warning(vmid: int, gpus: Sequence[Gpu]) -> str | None:
 
 def farthest(gpus: Sequence[Gpu]) -> str:
     """The farthest distance level between any two of ``gpus`` (``X`` for one or none)."""
-    return worst([distance(a, b) for i, a in enumerate(gpus) for b in gpus[i + 1 :]])
+    if len(gpus) < 2:
+        return "X"
+    for level in TIERS[:3]:
+        if len(clusters(gpus, level)) == 1:
+            return level
+    # across host bridges: NODE only when every GPU is on the same known NUMA node
+    nodes = {g.numa_node for g in gpus}
+    return "NODE" if len(nodes) == 1 and None not in nodes else "SYS"

@@ -5,10 +5,13 @@ from __future__ import annotations
 from gputopo.errors import SpecError
 from gputopo.model.facts import NVIDIA_VENDOR, Facts, Gpu, MemberRole, nvidia_gpus
 from gputopo.model.owner import Owner
+from gputopo.model.state import CurrentState
 from gputopo.plan import placement
 from gputopo.plan.devices import DEFAULT_LEGACY_MAJORS
 from gputopo.plan.findings import Findings
 from gputopo.plan.spec import Container, GpuSelector, Node, Spec, VmMapping
+from gputopo.topo.distance import RANK
+from gputopo.topo.owners import owners_now
 
 VFIO = "vfio-pci"
 
@@ -63,14 +66,48 @@ def _select(
     return []  # count: resolved after the explicit selectors
 
 
+def held_now(facts: Facts, current: CurrentState, node: str) -> dict[Owner, set[str]]:
+    """owner -> the addresses it has now: a container the GPUs on nvidia its config grants, a
+    VM mapping the GPUs on vfio-pci its ``map`` lines name for ``node``."""
+    out: dict[Owner, set[str]] = {}
+    for address, view in owners_now(facts, current, node).items():
+        for vmid in view.containers:
+            out.setdefault(Owner.container(vmid), set()).add(address)
+        if view.mapping:
+            out.setdefault(Owner.vm(view.mapping), set()).add(address)
+    return out
+
+
+def _count_choice(
+    owner: Owner, count: int, free: list[Gpu], held: dict[Owner, set[str]], nics: list, counted: set[Owner]
+) -> list[Gpu]:
+    """``count`` of ``free`` for ``owner`` (:func:`placement.choose`), leaving the GPUs another
+    ``count`` owner has now to that owner when a set as close is found without them."""
+    mine = held.get(owner, set())
+    theirs = {a for o in counted if o != owner for a in held.get(o, set())} - mine
+    best = placement.choose(free, count, mine, nics)
+    if theirs & {g.address for g in best}:
+        rest = [g for g in free if g.address not in theirs]
+        if len(rest) >= count:
+            alt = placement.choose(rest, count, mine, nics)
+            moves = len({g.address for g in best} - mine), len({g.address for g in alt} - mine)
+            if RANK[placement.farthest(alt)] <= RANK[placement.farthest(best)] and moves[1] <= moves[0]:
+                return alt
+    return best
+
+
 def assign(
     facts: Facts,
     cts: dict[Owner, Container],
     vms: dict[Owner, VmMapping],
     found: Findings,
+    held: dict[Owner, set[str]] | None = None,
 ) -> tuple[dict[Owner, list[Gpu]], dict[str, Owner]]:
     """(owner -> its GPUs, address -> its owner): numa and address selectors first, then counts
-    from what is left, then ``rest``. A GPU claimed twice is refused; its first owner is kept."""
+    from what is left (:mod:`placement`: the closest set, the owner's GPUs now kept when that is
+    as close; ``held``: owner -> its addresses now), then ``rest``. A GPU claimed twice is
+    refused; its first owner is kept."""
+    held = held or {}
     candidates = nvidia_gpus(facts)
     owners: dict[str, list[Owner]] = {}
     selected: dict[Owner, list[Gpu]] = {}
@@ -87,12 +124,13 @@ def assign(
     ]
     for owner, sel in explicit:
         claim(owner, _select(sel, candidates, facts, owner, found))
+    counted = {owner for owner, sel in explicit if sel.count is not None}
     for owner, sel in explicit:
         if sel.count is not None:
             free = [g for g in candidates if g.address not in owners and not (owner.is_vm and g.boot_vga)]
             if len(free) < sel.count:
                 found.refuse(None, f"{owner} wants {sel.count} GPU(s), only {len(free)} unclaimed", "count")
-            claim(owner, placement.choose(free, sel.count))  # closest together first
+            claim(owner, _count_choice(owner, sel.count, free, held, facts.nics, counted))
     for owner, m in vms.items():
         if m.gpus == "rest":
             rest = []
