@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 
 from gputopo.model.facts import Gpu, PciFunction, address_key
-from gputopo.topo.distance import RANK, distance, locality_keys
+from gputopo.topo.distance import RANK, distance, locality_keys, worst
 
 # The levels to try, closest first; SYS (anything) is the fallback.
 TIERS: tuple[str, ...] = ("PIX", "PXB", "PHB", "NODE")
@@ -190,3 +190,68 @@ def farthest(gpus: Sequence[Gpu]) -> str:
     # across host bridges: NODE only when every GPU is on the same known NUMA node
     nodes = {g.numa_node for g in gpus}
     return "NODE" if len(nodes) == 1 and None not in nodes else "SYS"
+
+
+def _short(addresses: list[str]) -> str:
+    """``0000:3a:00.0, 3b, 3c``: the first address in full, the others by what differs (the
+    bus alone for function 0 of device 0 in the same domain)."""
+    if not addresses:
+        return ""
+    first = addresses[0]
+    out = [first]
+    for a in addresses[1:]:
+        if a[:4] == first[:4]:
+            out.append(a[5:7] if a.endswith(":00.0") else a[5:])
+        else:
+            out.append(a)
+    return ", ".join(out)
+
+
+def _bridge_name(kind: str) -> str:
+    return {"switch_upstream": "switch", "switch_downstream": "switch port", "root_port": "root port"}.get(
+        kind, "bridge"
+    )
+
+
+def _where(gpus: Sequence[Gpu], level: str) -> str:
+    """Where ``gpus`` (``level`` apart at most) meet: the switch, bridge, host bridge or node."""
+    g = gpus[0]
+    if level in ("PIX", "PXB") and g.upstream:
+        depth = min(len(x.upstream) for x in gpus)
+        common = 0
+        while common < depth and all(x.upstream[common].address == g.upstream[common].address for x in gpus):
+            common += 1
+        i = common - 1
+        chain = g.upstream
+        if chain[i].kind == "switch_downstream" and i > 0 and chain[i - 1].kind == "switch_upstream":
+            i -= 1  # a switch is its upstream port with its downstream ports
+        return f"under {_bridge_name(chain[i].kind)} {chain[i].address}"
+    if level == "PHB":
+        return f"under host bridge {g.host_bridge}"
+    nodes = sorted({x.numa_node for x in gpus if x.numa_node is not None})
+    if level == "NODE":
+        return f"on NUMA node {nodes[0]}"
+    return f"across NUMA nodes {', '.join(map(str, nodes))}" if len(nodes) > 1 else "across host bridges"
+
+
+def nearest_nic(gpus: Sequence[Gpu], nics: Sequence[PciFunction]) -> tuple[PciFunction, str] | None:
+    """The network adapter nearest the farthest of ``gpus`` and that level; None without any."""
+    if not nics or not gpus:
+        return None
+    best = min(nics, key=lambda n: (max(RANK[distance(g, n)] for g in gpus), address_key(n.address)))
+    return best, worst([distance(g, best) for g in gpus])
+
+
+def explain(gpus: Sequence[Gpu], held: Collection[str], nics: Sequence[PciFunction] = ()) -> str:
+    """Why these GPUs, in one line: ``0000:3a:00.0, 3b, 3c: PIX under switch 0000:38:00.0;
+    keeps 2 of 3 in place`` (and the nearest network adapter when it is under the same switch
+    or root port)."""
+    ordered = sorted(gpus, key=lambda g: address_key(g.address))
+    level = farthest(ordered)
+    where = "one GPU" if len(ordered) == 1 else f"{level} {_where(ordered, level)}"
+    kept = sum(1 for g in ordered if g.address in set(held))
+    text = f"{_short([g.address for g in ordered])}: {where}; keeps {kept} of {len(ordered)} in place"
+    nic = nearest_nic(ordered, nics)
+    if nic is not None and RANK[nic[1]] <= RANK[NIC_LEVEL]:
+        text += f"; network adapter {nic[0].address} at {nic[1]}"
+    return text

@@ -48,7 +48,7 @@ from gputopo.plan.restarts import (
     service_target,
     stays_running,
 )
-from gputopo.plan.select import assign, check_container, check_vm_gpus, held_now, pick_node
+from gputopo.plan.select import assign, check_container, check_locality, check_vm_gpus, held_now, pick_node
 from gputopo.plan.spec import Spec
 from gputopo.plan.vm.consumers import VmPlan, plan_consumers
 from gputopo.plan.vm.safety import MapView, check_guests, check_restarts
@@ -194,7 +194,9 @@ def plan(
     cts = {Owner.container(c.vmid): c for c in spec_node.containers}
     vms = {Owner.vm(m.name): m for m in spec_node.vms.mappings}
 
-    selected, owner_of = assign(facts, cts, vms, found, held_now(facts, current, node_name))
+    held = held_now(facts, current, node_name)
+    selected, owner_of = assign(facts, cts, vms, found, held)
+    placement = check_locality(facts, selected, held, spec, found)
     check_vm_gpus(facts, {a for a, o in owner_of.items() if o.is_vm}, found)
     for owner, c in cts.items():
         check_container(c, owner, selected.get(owner, []), spec, owner_of, found)
@@ -307,6 +309,7 @@ def plan(
         },
         p2p_disable=p2p,
         keep_override=keep_override,
+        placement=placement,
         warnings=found.warnings,
         actions=actions,
     )

@@ -10,7 +10,7 @@ from gputopo.plan import placement
 from gputopo.plan.devices import DEFAULT_LEGACY_MAJORS
 from gputopo.plan.findings import Findings
 from gputopo.plan.spec import Container, GpuSelector, Node, Spec, VmMapping
-from gputopo.topo.distance import RANK
+from gputopo.topo.distance import RANK, distance
 from gputopo.topo.owners import owners_now
 
 VFIO = "vfio-pci"
@@ -153,6 +153,47 @@ def assign(
                     f"{g.address}: NUMA node unknown; no numa selector matches it (left with the host)"
                 )
     return selected, {addr: who[0] for addr, who in owners.items()}
+
+
+def check_locality(
+    facts: Facts,
+    selected: dict[Owner, list[Gpu]],
+    held: dict[Owner, set[str]],
+    spec: Spec,
+    found: Findings,
+) -> list[str]:
+    """One line per owner with GPUs saying why those (:func:`placement.explain`); refuses (policy
+    ``locality: strict``) or warns about an owner whose farthest pair is SYS, and warns about a
+    container left without a network adapter closer than SYS."""
+    lines = []
+    for owner, gpus in sorted(selected.items(), key=lambda kv: str(kv[0])):
+        if not gpus:
+            continue
+        lines.append(f"{owner}: {placement.explain(gpus, held.get(owner, set()), facts.nics)}")
+        level = placement.farthest(gpus)
+        if level == "SYS":
+            pair = _sys_pair(gpus)
+            text = f"{owner}: its GPUs are SYS apart ({pair[0]} and {pair[1]}: across NUMA nodes or host bridges)"
+            if spec.policy.locality == "strict":
+                found.refuse(None, f"{text}; locality: strict refuses that", "locality")
+            elif owner.is_vm:  # a container's is the NUMA spread warning
+                found.warn(text)
+        nic = placement.nearest_nic(gpus, facts.nics)
+        if owner.is_container and nic is not None and nic[1] == "SYS":
+            found.warn(
+                f"{owner}: no network adapter closer than SYS to its GPUs (nearest {nic[0].address}): "
+                "RDMA between them and the network would cross sockets"
+            )
+    return lines
+
+
+def _sys_pair(gpus: list[Gpu]) -> tuple[str, str]:
+    ordered = sorted(gpus, key=lambda g: g.address)
+    for i, a in enumerate(ordered):
+        for b in ordered[i + 1 :]:
+            if distance(a, b) == "SYS":
+                return a.address, b.address
+    return ordered[0].address, ordered[-1].address
 
 
 def check_vm_gpus(facts: Facts, vm_addresses: set[str], found: Findings) -> None:
