@@ -1,0 +1,220 @@
+"""Placement's rules on hosts with PCIe switches, against answers worked out here.
+
+The DGX-2 host is hwloc's test topology of the real machine (``fixtures/hosts/dgx2.yaml``): 16
+GPUs, two per switch, two switches under a switch per root port, two root ports per socket.
+The expected sets are found by trying every set of GPUs, with distances read straight from the
+host description's parent links (not with the planner's distance code).
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+import yaml
+
+from gputopo.errors import PlanRefused
+from gputopo.facts.discover import discover
+from gputopo.formats.devn import format_dev
+from gputopo.model.owner import Owner
+from gputopo.model.state import ContainerState, CurrentState, MappingState
+from gputopo.plan.mappings import map_entry
+from gputopo.plan.placement import choose, clusters, explain
+from gputopo.plan.planner import expected_after, plan
+from gputopo.plan.spec import parse_spec
+from gputopo.resources import fixtures_dir
+from gputopo.topo.distance import distance
+
+ORDER = ["PIX", "PXB", "PHB", "NODE", "SYS"]
+
+
+class Described:
+    """Distances between the GPUs of a host description, from its ``parent`` links alone."""
+
+    def __init__(self, text: str):
+        data = yaml.safe_load(text)
+        devs = {"0000:" + d["addr"]: d for d in data["devices"]}
+        self.numa = data["root_numa"]
+        self.chain: dict[str, list[str]] = {}
+        for a, d in devs.items():
+            if not d["preset"].startswith(("v100", "rtx", "h100")):
+                continue
+            chain, p = [], d.get("parent")
+            while p:
+                chain.insert(0, "0000:" + p)
+                p = devs["0000:" + p].get("parent")
+            self.chain[a] = chain
+        self.gpus = sorted(self.chain)
+
+    def level(self, a: str, b: str) -> str:
+        ca, cb = self.chain[a], self.chain[b]
+        if len(ca) > 1 and len(cb) > 1 and ca[:-1] == cb[:-1]:  # one switch: its upstream port
+            return "PIX"
+        if ca[0] == cb[0]:
+            return "PXB"
+        if ca[0][:7] == cb[0][:7]:
+            return "PHB"
+        return "NODE" if self.numa[ca[0][:7]] == self.numa[cb[0][:7]] else "SYS"
+
+    def worst(self, addrs) -> int:
+        return max((ORDER.index(self.level(a, b)) for a, b in itertools.combinations(addrs, 2)), default=-1)
+
+    def best(self, pool: list[str], n: int, held: set[str]) -> tuple[int, int]:
+        """(the closest worst pair any ``n`` of ``pool`` can have, the fewest moves at that level)."""
+        return min((self.worst(s), n - len(held & set(s))) for s in itertools.combinations(pool, n))
+
+
+@pytest.fixture(scope="module")
+def dgx2(materialized):
+    return discover(materialized("dgx2"))
+
+
+@pytest.fixture(scope="module")
+def described():
+    return Described((fixtures_dir() / "hosts" / "dgx2.yaml").read_text())
+
+
+def _addrs(gpus) -> list[str]:
+    return [g.address for g in gpus]
+
+
+def test_the_description_and_discovery_agree_on_every_pair(dgx2, described):
+    # the independent reading is the same host the planner sees
+    assert _addrs(dgx2.gpus) == described.gpus
+    for a, b in itertools.combinations(dgx2.gpus, 2):
+        assert distance(a, b) == described.level(a.address, b.address), (a.address, b.address)
+
+
+@pytest.mark.slow
+def test_every_count_is_as_close_as_the_host_allows_with_the_fewest_moves(dgx2, described):
+    rng = random.Random(24)
+    for n in range(1, 17):
+        for trial in range(4):
+            held = set(rng.sample(described.gpus, rng.randint(0, 6))) if trial else set()
+            got = _addrs(choose(dgx2.gpus, n, held))
+            assert len(got) == n
+            want = described.best(described.gpus, n, held) if n <= 8 or n >= 14 else None
+            if want is not None:  # (9..13 of 16: too many sets to try, and all are SYS anyway)
+                assert (described.worst(got), n - len(held & set(got))) == want, (n, sorted(held), got)
+
+
+def test_the_issue_repro_keeps_a_pix_pair_in_place(dgx2):
+    # a container holds a PIX pair under the second socket's switch; count: 2 keeps it (the
+    # lowest PIX pair, 34/36, is no closer)
+    assert _addrs(choose(dgx2.gpus, 2)) == ["0000:34:00.0", "0000:36:00.0"]
+    assert _addrs(choose(dgx2.gpus, 2, {"0000:bc:00.0", "0000:be:00.0"})) == ["0000:bc:00.0", "0000:be:00.0"]
+    # held across two switches: PIX is closer than keeping both, so one stays and one moves
+    got = _addrs(choose(dgx2.gpus, 2, {"0000:b7:00.0", "0000:bc:00.0"}))
+    assert got == ["0000:b7:00.0", "0000:b9:00.0"]
+
+
+def test_ties_go_to_the_lowest_addresses_and_the_explanation_says_why(dgx2):
+    three = choose(dgx2.gpus, 3, {"0000:b7:00.0", "0000:b9:00.0"})
+    assert _addrs(three) == ["0000:b7:00.0", "0000:b9:00.0", "0000:bc:00.0"]
+    assert explain(three, {"0000:b7:00.0", "0000:b9:00.0"}) == (
+        "0000:b7:00.0, b9, bc: PXB under switch 0000:af:00.0; keeps 2 of 3 in place"
+    )
+    assert explain(choose(dgx2.gpus, 2), ()) == (
+        "0000:34:00.0, 36: PIX under switch 0000:32:00.0; keeps 0 of 2 in place"
+    )
+
+
+@pytest.mark.slow
+def test_key_groups_are_the_pairwise_connected_components(dgx2, materialized):
+    large = discover(materialized("large"))
+    for facts in (dgx2, large):
+        gpus = facts.gpus
+        for level in ("PIX", "PXB", "PHB", "NODE"):
+            limit = ORDER.index(level)
+            comp = {g.address: {g.address} for g in gpus}
+            for a, b in itertools.combinations(gpus, 2):
+                if ORDER.index(distance(a, b)) <= limit and comp[a.address] is not comp[b.address]:
+                    merged = comp[a.address] | comp[b.address]
+                    for x in merged:
+                        comp[x] = merged
+            want = sorted({tuple(sorted(s)) for s in comp.values()})
+            assert sorted(tuple(_addrs(c)) for c in clusters(gpus, level)) == want, level
+
+
+SPEC = """
+apiVersion: gputopo/v1
+kind: GpuTopology
+nodes:
+  - name: dgx2
+    containers:
+      - vmid: 101
+        gpus: {count: CT}
+    vms:
+      mappings:
+        - name: v100-vm
+          gpus: {count: VM}
+policy:
+  locality: LOCALITY
+"""
+
+
+def _spec(ct: int, vm: int, locality: str = "prefer"):
+    text = SPEC.replace("CT", str(ct)).replace("VM", str(vm)).replace("LOCALITY", locality)
+    return parse_spec(text, "dgx2.yaml")
+
+
+def _state(dgx2, container: list[str], mapping: list[str]) -> CurrentState:
+    minors = [dgx2.gpu(a).minor for a in container]
+    cfg = {f"dev{i}": format_dev(f"/dev/nvidia{m}", None, "0666") for i, m in enumerate(minors)}
+    maps = [map_entry(dgx2.gpu(a), "dgx2") for a in mapping]
+    return CurrentState(
+        containers={101: ContainerState(config=cfg, status="running")},
+        mappings={"v100-vm": MappingState(map=maps)} if maps else {},
+    )
+
+
+def _owned(p, owner: Owner) -> list[str]:
+    return [t.address for t in p.target if t.owner == owner]
+
+
+def test_the_repro_plans_no_changes_and_a_vm_mapping_keeps_its_gpus_too(dgx2):
+    # the container holds the PIX pair bc/be, the mapping e0/e2 (their drivers as a past apply
+    # left them); count: 2 each keeps both where they are
+    facts = dgx2.model_copy(deep=True)
+    for a in ("0000:e0:00.0", "0000:e2:00.0"):
+        g = facts.gpu(a)
+        g.driver, g.driver_override, g.minor = "vfio-pci", "vfio-pci", None
+    current = _state(facts, ["0000:bc:00.0", "0000:be:00.0"], ["0000:e0:00.0", "0000:e2:00.0"])
+    p = plan(facts, _spec(2, 2), current)
+    assert _owned(p, Owner.container(101)) == ["0000:bc:00.0", "0000:be:00.0"]
+    assert _owned(p, Owner.vm("v100-vm")) == ["0000:e0:00.0", "0000:e2:00.0"]
+    assert not [a for a in p.actions if a.kind == "rebind"]
+    assert (
+        "container:101: 0000:bc:00.0, be: PIX under switch 0000:ba:00.0; keeps 2 of 2 in place" in p.placement
+    )
+
+
+@pytest.mark.parametrize("ct,vm", [(2, 2), (4, 4), (3, 5), (8, 8), (1, 6)])
+def test_a_second_plan_after_any_apply_is_no_changes(dgx2, ct, vm):
+    start = _state(dgx2, [g.address for g in dgx2.gpus], [])
+    spec = _spec(ct, vm)
+    first = plan(dgx2, spec, start)
+    facts, current = expected_after(first, dgx2, start)
+    second = plan(facts, spec, current)
+    assert second.is_empty, second.to_text()
+    # and the first kept the container's GPUs where the set was as close
+    kept = set(_owned(first, Owner.container(101)))
+    assert len(kept) == ct
+
+
+def test_two_owners_do_not_straddle_a_switch_when_there_is_room(dgx2):
+    p = plan(dgx2, _spec(2, 2), _state(dgx2, [], []))
+    ct, vm = _owned(p, Owner.container(101)), _owned(p, Owner.vm("v100-vm"))
+    assert ct == ["0000:34:00.0", "0000:36:00.0"] and vm == ["0000:39:00.0", "0000:3b:00.0"]
+
+
+def test_strict_locality_refuses_a_sys_choice_and_prefer_warns(dgx2):
+    # nine GPUs cannot sit on one socket (eight per NUMA node)
+    with pytest.raises(PlanRefused) as e:
+        plan(dgx2, _spec(9, 1, "strict"), _state(dgx2, [], []))
+    assert any(r.code == "locality" and "container:101" in r.reason for r in e.value.refusals)
+    p = plan(dgx2, _spec(9, 1), _state(dgx2, [], []))
+    assert any("span NUMA nodes" in w for w in p.warnings)
+    # eight fit one socket: strict accepts them
+    assert plan(dgx2, _spec(8, 8, "strict"), _state(dgx2, [], [])).placement
