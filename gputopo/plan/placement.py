@@ -255,3 +255,47 @@ def explain(gpus: Sequence[Gpu], held: Collection[str], nics: Sequence[PciFuncti
     if nic is not None and RANK[nic[1]] <= RANK[NIC_LEVEL]:
         text += f"; network adapter {nic[0].address} at {nic[1]}"
     return text
+
+
+def split(
+    gpus: Sequence[Gpu], container_now: Collection[str] = (), vm_now: Collection[str] = ()
+) -> tuple[list[Gpu], list[Gpu]]:
+    """(the container's GPUs, the VM mapping's) for ``--split auto``: every GPU goes to one side.
+
+    The candidates for the container's side are each group of :func:`clusters` at every level
+    and, per level, the groups dealt to two sides as evenly as they go (largest first, to the
+    lighter side); the other side is the rest. The best split has, in this order: the worse of
+    the two sides' farthest pairs as close as possible; the fewest NUMA nodes both sides use;
+    the sides' sizes closest; the two farthest pairs closest together; the fewest GPUs changing
+    owner (``container_now``, ``vm_now``: the addresses each side has now); the container on the
+    lowest address. On a host of two NUMA nodes with GPUs alone behind their root ports (the seed
+    host) that is the NUMA split. Returns ([], gpus) for fewer than two GPUs.
+    """
+    ordered = sorted(gpus, key=lambda g: address_key(g.address))
+    if len(ordered) < 2:
+        return [], ordered
+    ct_now, vm_now_set = frozenset(container_now), frozenset(vm_now)
+    candidates: dict[frozenset[str], list[Gpu]] = {}
+    for level in TIERS:
+        groups = clusters(ordered, level)
+        for c in groups:
+            candidates.setdefault(frozenset(g.address for g in c), c)
+        if len(groups) > 1:
+            sides: tuple[list[Gpu], list[Gpu]] = ([], [])
+            for c in sorted(groups, key=lambda c: (-len(c), address_key(c[0].address))):
+                min(sides, key=len).extend(c)
+            for side in sides:
+                candidates.setdefault(frozenset(g.address for g in side), side)
+
+    def score(addrs: frozenset[str]) -> tuple:
+        ct = [g for g in ordered if g.address in addrs]
+        vm = [g for g in ordered if g.address not in addrs]
+        wc, wv = RANK[farthest(ct)], RANK[farthest(vm)]
+        shared = {g.numa_node for g in ct} & {g.numa_node for g in vm} - {None}
+        moves = sum(1 for g in ct if g.address not in ct_now) + sum(
+            1 for g in vm if g.address not in vm_now_set
+        )
+        return (max(wc, wv), len(shared), abs(len(ct) - len(vm)), wc + wv, moves, address_key(ct[0].address))
+
+    best = min((a for a in candidates if 0 < len(a) < len(ordered)), key=score)
+    return [g for g in ordered if g.address in best], [g for g in ordered if g.address not in best]

@@ -42,3 +42,24 @@ def test_addresses_to_count_plans_no_changes(materialized, tmp_path, capsys):
         assert code == 0, err
         assert out.rstrip().endswith("No changes"), out
         assert "container:101: 0000:bc:00.0, be: PIX under switch 0000:ba:00.0; keeps 2 of 2 in place" in out
+
+
+def test_split_auto_is_the_numa_split_on_the_seed_host(materialized, tmp_path, capsys):
+    root = materialized("seed")
+    pve = tmp_path / "pve"
+    (pve / "nodes" / "pve1" / "lxc").mkdir(parents=True)
+    (pve / "nodes" / "pve1" / "lxc" / "101.conf").write_text("arch: amd64\nhostname: infer\n")
+    outs = {}
+    for split in ("numa", "auto"):
+        code, out, err = run(capsys, "plan", "--root", str(root), "--pve-root", str(pve), "--split", split)
+        assert code == 0, err
+        outs[split] = out
+    assert outs["auto"] == outs["numa"]
+    assert (
+        "container:101: 0000:01:00.0, 11, 61, 71: NODE on NUMA node 0; keeps 0 of 4 in place" in outs["auto"]
+    )
+    for split in ("numa", "auto"):
+        code, out, err = run(capsys, "init", "--root", str(root), "--split", split)
+        assert code == 0, err
+        outs[split] = out
+    assert outs["auto"] == outs["numa"]

@@ -218,3 +218,90 @@ def test_strict_locality_refuses_a_sys_choice_and_prefer_warns(dgx2):
     assert any("span NUMA nodes" in w for w in p.warnings)
     # eight fit one socket: strict accepts them
     assert plan(dgx2, _spec(8, 8, "strict"), _state(dgx2, [], [])).placement
+
+
+SWITCHES = """\
+# One socket, two PCIe switches of two GPUs each; a ConnectX-7 under the second switch.
+description: "two switches, one with a NIC"
+hostname: pve-sw
+cmdline: "BOOT_IMAGE=/boot/vmlinuz-6.8.12-9-pve root=/dev/mapper/pve-root ro quiet amd_iommu=on"
+iommu: true
+nvidia_driver: "570.133.20"
+modules: [nvidia, vfio, vfio_pci, vfio_iommu_type1, kvm_amd, mlx5_core]
+numa: [{id: 0, cpus: "0-15"}]
+root_numa: {"0000:00": 0}
+devices:
+  - {addr: "00:00.0", preset: amd-root-complex}
+  - {addr: "00:01.1", preset: pcie-root-port}
+  - {addr: "01:00.0", parent: "00:01.1", preset: pex-switch-upstream}
+  - {addr: "02:00.0", parent: "01:00.0", preset: pex-switch-downstream}
+  - {addr: "02:01.0", parent: "01:00.0", preset: pex-switch-downstream}
+  - {addr: "03:00.0", parent: "02:00.0", preset: h100-sxm}
+  - {addr: "04:00.0", parent: "02:01.0", preset: h100-sxm}
+  - {addr: "00:02.1", preset: pcie-root-port}
+  - {addr: "10:00.0", parent: "00:02.1", preset: pex-switch-upstream}
+  - {addr: "11:00.0", parent: "10:00.0", preset: pex-switch-downstream}
+  - {addr: "11:01.0", parent: "10:00.0", preset: pex-switch-downstream}
+  - {addr: "11:02.0", parent: "10:00.0", preset: pex-switch-downstream}
+  - {addr: "12:00.0", parent: "11:00.0", preset: h100-sxm}
+  - {addr: "13:00.0", parent: "11:01.0", preset: h100-sxm}
+  - {addr: "14:00.0", parent: "11:02.0", preset: mellanox-cx7}
+"""
+
+
+@pytest.fixture(scope="module")
+def switches(tmp_path_factory):
+    from gputopo.sim.hostroot import materialize
+
+    d = tmp_path_factory.mktemp("switches")
+    (d / "sw.yaml").write_text(SWITCHES)
+    return discover(materialize(d / "sw.yaml", d / "root"))
+
+
+def test_the_network_adapter_is_part_of_a_gpus_locality(switches):
+    assert [n.address for n in switches.nics] == ["0000:14:00.0"]
+    # both switches hold two: the one with the adapter wins over the lower addresses
+    pair = choose(switches.gpus, 2, (), switches.nics)
+    assert _addrs(pair) == ["0000:12:00.0", "0000:13:00.0"]
+    assert explain(pair, (), switches.nics).endswith("; network adapter 0000:14:00.0 at PIX")
+    assert _addrs(choose(switches.gpus, 2)) == ["0000:03:00.0", "0000:04:00.0"]  # no adapter known
+    # a pair in place is not moved for it: moves count first
+    held = {"0000:03:00.0", "0000:04:00.0"}
+    assert _addrs(choose(switches.gpus, 2, held, switches.nics)) == sorted(held)
+    # a container doing RDMA through the adapter keeps the GPU beside it
+    assert _addrs(choose(switches.gpus, 3, {"0000:13:00.0"}, switches.nics)) == [
+        "0000:03:00.0",
+        "0000:12:00.0",
+        "0000:13:00.0",
+    ]
+
+
+def test_a_container_far_from_every_adapter_is_warned_about(materialized):
+    # the seed host's adapters all sit on NUMA node 1: count 4 takes that node's GPUs
+    seed = discover(materialized("seed"))
+    text = SPEC.replace("dgx2", "pve1").replace("VM", "4").replace("LOCALITY", "prefer")
+    p = plan(seed, parse_spec(text.replace("CT", "4"), "s.yaml"), CurrentState())
+    assert _owned(p, Owner.container(101)) == ["0000:81:00.0", "0000:91:00.0", "0000:e1:00.0", "0000:f1:00.0"]
+    assert not any("no network adapter" in w for w in p.warnings)
+    # NUMA node 0 asked for by name: warned
+    text = text.replace("{count: CT}", "{numa: [0]}").replace("{count: 4}", "{numa: [1]}")
+    p = plan(seed, parse_spec(text, "s.yaml"), CurrentState())
+    assert _owned(p, Owner.container(101)) == ["0000:01:00.0", "0000:11:00.0", "0000:61:00.0", "0000:71:00.0"]
+    assert any(w.startswith("container:101: no network adapter closer than SYS") for w in p.warnings)
+    assert not any("vm:v100-vm: no network adapter" in w for w in p.warnings)  # a VM's is its own
+
+
+def test_split_auto(switches, dgx2, materialized):
+    from gputopo.plan.placement import split
+    from gputopo.plan.starter import split_selectors
+
+    # one socket: no NUMA split, but one switch each side (PIX on both)
+    ct, vm = split(switches.gpus)
+    assert (_addrs(ct), _addrs(vm)) == (["0000:03:00.0", "0000:04:00.0"], ["0000:12:00.0", "0000:13:00.0"])
+    # equally good the other way round: the sides the owners have now stay
+    ct, vm = split(switches.gpus, {"0000:12:00.0", "0000:13:00.0"}, {"0000:03:00.0"})
+    assert (_addrs(ct), _addrs(vm)) == (["0000:12:00.0", "0000:13:00.0"], ["0000:03:00.0", "0000:04:00.0"])
+    # the seed host and the DGX-2: the NUMA split
+    seed = discover(materialized("seed"))
+    for facts in (seed, dgx2):
+        assert split_selectors(facts, "auto") == split_selectors(facts, "numa")
