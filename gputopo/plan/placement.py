@@ -242,15 +242,17 @@ def nearest_nic(gpus: Sequence[Gpu], nics: Sequence[PciFunction]) -> tuple[PciFu
     return best, worst([distance(g, best) for g in gpus])
 
 
-def explain(gpus: Sequence[Gpu], held: Collection[str], nics: Sequence[PciFunction] = ()) -> str:
+def explain(gpus: Sequence[Gpu], held: Collection[str] | None, nics: Sequence[PciFunction] = ()) -> str:
     """Why these GPUs, in one line: ``0000:3a:00.0, 3b, 3c: PIX under switch 0000:38:00.0;
-    keeps 2 of 3 in place`` (and the nearest network adapter when it is under the same switch
-    or root port)."""
+    keeps 2 of 3 in place`` (no ``keeps`` part when ``held`` is None), and the nearest network
+    adapter when it is under the same switch or root port."""
     ordered = sorted(gpus, key=lambda g: address_key(g.address))
     level = farthest(ordered)
     where = "one GPU" if len(ordered) == 1 else f"{level} {_where(ordered, level)}"
-    kept = sum(1 for g in ordered if g.address in set(held))
-    text = f"{_short([g.address for g in ordered])}: {where}; keeps {kept} of {len(ordered)} in place"
+    text = f"{_short([g.address for g in ordered])}: {where}"
+    if held is not None:
+        kept = sum(1 for g in ordered if g.address in set(held))
+        text += f"; keeps {kept} of {len(ordered)} in place"
     nic = nearest_nic(ordered, nics)
     if nic is not None and RANK[nic[1]] <= RANK[NIC_LEVEL]:
         text += f"; network adapter {nic[0].address} at {nic[1]}"

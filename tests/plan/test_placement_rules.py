@@ -305,3 +305,73 @@ def test_split_auto(switches, dgx2, materialized):
     seed = discover(materialized("seed"))
     for facts in (seed, dgx2):
         assert split_selectors(facts, "auto") == split_selectors(facts, "numa")
+
+
+CONSUMERS = """
+apiVersion: gputopo/v1
+kind: GpuTopology
+nodes:
+  - name: dgx2
+    containers:
+      - vmid: 101
+        gpus: {numa: [0]}
+    vms:
+      mappings:
+        - name: v100-vm
+          gpus: {numa: [1]}
+      consumers:
+        - {vmid: 201, mapping: v100-vm, gpus: 2}
+        - {vmid: 202, mapping: v100-vm, gpus: 4}
+        - {vmid: 203, mapping: v100-vm, gpus: 2}
+"""
+
+VM = {"bios": "ovmf", "cores": "8", "cpu": "host", "machine": "q35", "memory": "65536", "sockets": "1"}
+
+
+def test_consumers_of_one_mapping_each_get_a_close_set_pinned_to_its_node(dgx2, described):
+    from gputopo.formats.pcicfg import parse_map_entry
+    from gputopo.model.state import GuestState
+
+    current = _state(dgx2, [g.address for g in dgx2.gpus[:8]], [])
+    current.guests = {
+        v: GuestState(status="stopped", config={**VM, "digest": str(v) * 10}) for v in (201, 202, 203)
+    }
+    p = plan(dgx2, parse_spec(CONSUMERS, "c.yaml"), current)
+    lines = [parse_map_entry(e).paths[0] for e in p.mappings["v100-vm"].map]
+    # Proxmox gives each hostpci line the first free map line: start the VMs in the spec's order
+    free, got = list(lines), {}
+    for vmid, n in ((201, 2), (202, 4), (203, 2)):
+        got[vmid], free = free[:n], free[n:]
+    # each as close as the host allows when the larger one is placed first: 202 under one root
+    # port (PXB), 201 and 203 under one switch each (PIX); nobody shares a switch
+    assert {v: ORDER[described.worst(a)] for v, a in got.items()} == {201: "PIX", 202: "PXB", 203: "PIX"}
+    switches = {v: {described.chain[a][-2] for a in addrs} for v, addrs in got.items()}
+    assert not (switches[201] & switches[202]) and not (switches[201] & switches[203])
+    assert not (switches[202] & switches[203])
+    # each pinned to the NUMA node of its own set
+    assert {t.vmid: t.numa_nodes for t in p.vms} == {201: [1], 202: [1], 203: [1]}
+    assert any(n.startswith("its GPUs: 0000:e0:00.0, e2: PIX") for n in p.vms[0].notes)
+    # applied, the next plan keeps the order: no changes
+    facts, after = expected_after(p, dgx2, current)
+    assert plan(facts, parse_spec(CONSUMERS, "c.yaml"), after).is_empty
+
+
+def test_two_consumers_of_a_mapping_across_sockets_are_pinned_to_one_node_each(dgx2):
+    from gputopo.model.state import GuestState
+
+    spec = CONSUMERS.replace("gpus: {numa: [1]}", "gpus: {numa: [0, 1]}").replace(
+        "    containers:\n      - vmid: 101\n        gpus: {numa: [0]}\n", ""
+    )
+    spec = spec.replace(
+        "gpus: 2}\n        - {vmid: 202, mapping: v100-vm, gpus: 4}",
+        "gpus: 8}\n        - {vmid: 202, mapping: v100-vm, gpus: 8}",
+    )
+    spec = spec.replace("        - {vmid: 203, mapping: v100-vm, gpus: 2}\n", "")
+    current = _state(dgx2, [], [])
+    current.guests = {
+        v: GuestState(status="stopped", config={**VM, "digest": str(v) * 10}) for v in (201, 202)
+    }
+    p = plan(dgx2, parse_spec(spec, "c.yaml"), current)
+    assert {t.vmid: t.numa_nodes for t in p.vms} == {201: [0], 202: [1]}
+    assert {t.vmid: t.config["affinity"] for t in p.vms} == {201: "0-1", 202: "24-25"}
+    assert not any("span NUMA nodes" in w for w in p.warnings)
