@@ -63,3 +63,37 @@ def test_split_auto_is_the_numa_split_on_the_seed_host(materialized, tmp_path, c
         assert code == 0, err
         outs[split] = out
     assert outs["auto"] == outs["numa"]
+
+
+def test_plan_svg_colours_each_group_and_says_why(materialized, tmp_path, capsys):
+    import xml.etree.ElementTree as ET
+
+    root = materialized("dgx2")
+    pve = tmp_path / "pve"
+    (pve / "nodes" / "dgx2" / "lxc").mkdir(parents=True)
+    (pve / "nodes" / "dgx2" / "lxc" / "101.conf").write_text(CONF)
+    spec = tmp_path / "s.yaml"
+    spec.write_text(
+        SPEC.replace("{SELECTOR}", "{count: 2}")
+        + "    vms:\n      mappings:\n        - {name: v100-vm, gpus: {count: 4}}\n"
+    )
+    svg = tmp_path / "plan.svg"
+    code, out, err = run(
+        capsys, "plan", "--root", str(root), "--pve-root", str(pve), "--spec", str(spec), "--svg", str(svg)
+    )
+    assert code == 0, err
+    ns = "{http://www.w3.org/2000/svg}"
+    doc = ET.parse(svg).getroot()
+    groups = {g.get("data-owner"): g for g in doc.iter(f"{ns}g") if g.get("class") == "group"}
+    assert set(groups) == {"container:101", "vm:v100-vm"}
+    for owner, g in groups.items():
+        text = "".join(g.find(f"{ns}text").itertext())
+        assert text in [
+            line.strip()[2:] for line in out.splitlines() if line.strip().startswith(f"- {owner}: ")
+        ]
+        fill = g.find(f"{ns}rect").get("fill")
+        # the same colours as the owner's GPUs in the picture after the plan
+        after = [p for p in doc.iter(f"{ns}g") if p.get("data-side") == "after"][0]
+        boxes = [b for b in after.iter(f"{ns}g") if b.get("class") == "gpu" and b.get("data-owner") == owner]
+        assert boxes and {b.find(f"{ns}rect").get("fill") for b in boxes} == {fill}
+    assert "PIX under switch 0000:ba:00.0" in "".join(groups["container:101"].itertext())
