@@ -139,11 +139,22 @@ def _legend(
     return out, used, (y - y0) + LINE
 
 
+def _wrap(text: str, width: float) -> list[str]:
+    """``text`` broken at spaces into lines no wider than ``width`` (a longer word stays whole)."""
+    lines: list[str] = []
+    for word in text.split(" "):
+        if lines and text_width(lines[-1] + " " + word) <= width:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return lines
+
+
 def _groups(
-    groups: dict[str, str], colours: dict[str, palette.Colour], x0: float, y0: float
+    groups: dict[str, str], colours: dict[str, palette.Colour], x0: float, y0: float, width: float
 ) -> tuple[list[str], float, float]:
-    """One line per owner saying why it gets its GPUs, a swatch and the text in its colours:
-    (svg, width used, height); nothing for no groups."""
+    """One entry per owner saying why it gets its GPUs, a swatch and the text (wrapped to
+    ``width``) in its colours: (svg, width used, height); nothing for no groups."""
     if not groups:
         return [], 0.0, 0.0
     out = ['<g class="groups">']
@@ -155,11 +166,12 @@ def _groups(
             f'<rect class="swatch" x="{_n(x0)}" y="{_n(y)}" width="{SWATCH}" height="{SWATCH}" rx="2" '
             f'fill="{colour.fill}" stroke="{colour.stroke}" stroke-width="1.5"/>'
         )
-        label = f"{key}: {text}"
-        out.append(_text(x0 + SWATCH + 6, y + BASELINE, Line(label, colour=colour.stroke)))
+        for line in _wrap(f"{key}: {text}", width - SWATCH - 6):
+            out.append(_text(x0 + SWATCH + 6, y + BASELINE, Line(line, colour=colour.stroke)))
+            used = max(used, SWATCH + 6 + text_width(line))
+            y += LINE
         out.append("</g>")
-        used = max(used, SWATCH + 6 + text_width(label))
-        y += LINE + 4
+        y += 4
     out.append("</g>")
     return out, used, y - y0 - 4
 
@@ -278,7 +290,7 @@ def render_plan_svg(
         items.append(("NVSwitch", *palette.NODE_COLOURS["nvswitch"], False))
     inner = max_width - 2 * MARGIN
     legend, lw, lh = _legend(items, MARGIN, MARGIN + TITLE + 10, inner)
-    why, ww, wh = _groups(groups or {}, colours, MARGIN, MARGIN + TITLE + 10 + lh + 8)
+    why, ww, wh = _groups(groups or {}, colours, MARGIN, MARGIN + TITLE + 10 + lh + 8, inner)
     lw, lh = max(lw, ww), lh + (wh + 8 if wh else 0)
     heads = MARGIN + TITLE + 10 + lh + 14
     top = heads + LINE + 8

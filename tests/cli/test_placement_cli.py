@@ -87,7 +87,7 @@ def test_plan_svg_colours_each_group_and_says_why(materialized, tmp_path, capsys
     groups = {g.get("data-owner"): g for g in doc.iter(f"{ns}g") if g.get("class") == "group"}
     assert set(groups) == {"container:101", "vm:v100-vm"}
     for owner, g in groups.items():
-        text = "".join(g.find(f"{ns}text").itertext())
+        text = " ".join(t.text or "" for t in g.iter(f"{ns}text"))  # wrapped at spaces
         assert text in [
             line.strip()[2:] for line in out.splitlines() if line.strip().startswith(f"- {owner}: ")
         ]
@@ -96,4 +96,4 @@ def test_plan_svg_colours_each_group_and_says_why(materialized, tmp_path, capsys
         after = [p for p in doc.iter(f"{ns}g") if p.get("data-side") == "after"][0]
         boxes = [b for b in after.iter(f"{ns}g") if b.get("class") == "gpu" and b.get("data-owner") == owner]
         assert boxes and {b.find(f"{ns}rect").get("fill") for b in boxes} == {fill}
-    assert "PIX under switch 0000:ba:00.0" in "".join(groups["container:101"].itertext())
+    assert "PIX under switch 0000:ba:00.0" in " ".join(groups["container:101"].itertext())
