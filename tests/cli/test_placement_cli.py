@@ -97,3 +97,15 @@ def test_plan_svg_colours_each_group_and_says_why(materialized, tmp_path, capsys
         boxes = [b for b in after.iter(f"{ns}g") if b.get("class") == "gpu" and b.get("data-owner") == owner]
         assert boxes and {b.find(f"{ns}rect").get("fill") for b in boxes} == {fill}
     assert "PIX under switch 0000:ba:00.0" in " ".join(groups["container:101"].itertext())
+
+
+def test_the_spec_schema_and_init_name_locality(materialized, capsys):
+    import json
+
+    code, out, _ = run(capsys, "schema", "spec")
+    assert code == 0
+    policy = json.loads(out)["$defs"]["Policy"]["properties"]["locality"]
+    assert policy["enum"] == ["prefer", "strict"] and policy["default"] == "prefer"
+    code, out, err = run(capsys, "init", "--root", str(materialized("seed")), "--split", "auto")
+    assert code == 0, err
+    assert "\n  locality: prefer\n" in out
