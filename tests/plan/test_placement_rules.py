@@ -375,3 +375,15 @@ def test_two_consumers_of_a_mapping_across_sockets_are_pinned_to_one_node_each(d
     assert {t.vmid: t.numa_nodes for t in p.vms} == {201: [0], 202: [1]}
     assert {t.vmid: t.config["affinity"] for t in p.vms} == {201: "0-1", 202: "24-25"}
     assert not any("span NUMA nodes" in w for w in p.warnings)
+
+
+def test_split_auto_plans_no_changes_after_its_apply(switches):
+    from gputopo.plan.starter import spec_from_split
+
+    start = CurrentState(containers={101: ContainerState(config={"arch": "amd64"}, status="running")})
+    spec = spec_from_split(switches, "auto", node="pve-sw", current=start)
+    first = plan(switches, spec, start)
+    assert _owned(first, Owner.container(101)) == ["0000:03:00.0", "0000:04:00.0"]
+    facts, after = expected_after(first, switches, start)
+    again = spec_from_split(facts, "auto", node="pve-sw", current=after)
+    assert plan(facts, again, after).is_empty
