@@ -48,7 +48,15 @@ from gputopo.plan.restarts import (
     service_target,
     stays_running,
 )
-from gputopo.plan.select import assign, check_container, check_locality, check_vm_gpus, held_now, pick_node
+from gputopo.plan.select import (
+    assign,
+    check_container,
+    check_locality,
+    check_vm_gpus,
+    held_by,
+    held_now,
+    pick_node,
+)
 from gputopo.plan.spec import Spec
 from gputopo.plan.vm.consumers import VmPlan, plan_consumers
 from gputopo.plan.vm.safety import MapView, check_guests, check_restarts
@@ -195,7 +203,7 @@ def plan(
     cts = {Owner.container(c.vmid): c for c in spec_node.containers}
     vms = {Owner.vm(m.name): m for m in spec_node.vms.mappings}
 
-    held = held_now(facts, current, node_name)
+    held = held_by(held_now(facts, current, node_name), [*cts, *vms])
     selected, owner_of = assign(facts, cts, vms, found, held)
     placement = check_locality(facts, selected, held, spec, found)
     check_vm_gpus(facts, {a for a, o in owner_of.items() if o.is_vm}, found)

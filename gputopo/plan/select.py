@@ -78,6 +78,13 @@ def held_now(facts: Facts, current: CurrentState, node: str) -> dict[Owner, set[
     return out
 
 
+def held_by(held: dict[Owner, set[str]], owners: list[Owner]) -> dict[Owner, set[str]]:
+    """``held`` (:func:`held_now`) keyed by ``owners``, the spec's: Proxmox's mapping ids are
+    case-insensitive, so a spec's mapping name finds the mapping's GPUs however it is spelt."""
+    by_text = {str(o).lower(): addrs for o, addrs in held.items()}
+    return {o: by_text[str(o).lower()] for o in owners if str(o).lower() in by_text}
+
+
 def _count_choice(
     owner: Owner, count: int, free: list[Gpu], held: dict[Owner, set[str]], nics: list, counted: set[Owner]
 ) -> list[Gpu]:
@@ -107,7 +114,7 @@ def assign(
     from what is left (:mod:`placement`: the closest set, the owner's GPUs now kept when that is
     as close; ``held``: owner -> its addresses now), then ``rest``. A GPU claimed twice is
     refused; its first owner is kept."""
-    held = held or {}
+    held = held_by(held or {}, [*cts, *vms])
     candidates = nvidia_gpus(facts)
     owners: dict[str, list[Owner]] = {}
     selected: dict[Owner, list[Gpu]] = {}

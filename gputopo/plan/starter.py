@@ -12,7 +12,7 @@ from gputopo.model.facts import Facts, nvidia_gpus
 from gputopo.model.owner import Owner
 from gputopo.model.state import CurrentState
 from gputopo.plan import placement
-from gputopo.plan.select import held_now
+from gputopo.plan.select import held_by, held_now
 from gputopo.plan.spec import API_VERSION, KIND, GpuSelector, Spec
 from gputopo.plan.yamlspec import format_validation_error
 
@@ -86,8 +86,9 @@ def spec_from_split(
     """
     now = None
     if split == "auto" and current is not None:
-        held = held_now(facts, current, node or (facts.host.hostname or "").split(".")[0])
-        now = {o: held.get(o, set()) for o in (Owner.container(container), Owner.vm(vm_mapping))}
+        sides = [Owner.container(container), Owner.vm(vm_mapping)]
+        held = held_by(held_now(facts, current, node or (facts.host.hostname or "").split(".")[0]), sides)
+        now = {o: held.get(o, set()) for o in sides}
     ct_sel, vm_sel = split_selectors(facts, split, now)
     data: dict[str, Any] = {
         "apiVersion": API_VERSION,
