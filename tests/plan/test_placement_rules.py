@@ -387,3 +387,15 @@ def test_split_auto_plans_no_changes_after_its_apply(switches):
     facts, after = expected_after(first, switches, start)
     again = spec_from_split(facts, "auto", node="pve-sw", current=after)
     assert plan(facts, again, after).is_empty
+
+
+def test_a_mapping_keeps_its_gpus_however_the_spec_spells_its_name(dgx2):
+    facts = dgx2.model_copy(deep=True)
+    for a in ("0000:e0:00.0", "0000:e2:00.0"):
+        g = facts.gpu(a)
+        g.driver, g.driver_override, g.minor = "vfio-pci", "vfio-pci", None
+    current = _state(facts, ["0000:bc:00.0", "0000:be:00.0"], ["0000:e0:00.0", "0000:e2:00.0"])
+    current.mappings = {"V100-VM": current.mappings["v100-vm"]}
+    p = plan(facts, _spec(2, 2), current)
+    assert _owned(p, Owner.vm("v100-vm")) == ["0000:e0:00.0", "0000:e2:00.0"]
+    assert "vm:v100-vm: 0000:e0:00.0, e2: PIX under switch 0000:de:00.0; keeps 2 of 2 in place" in p.placement
