@@ -34,7 +34,8 @@ def _emit(text: str, output: str | None, force: bool) -> None:
     type=SPLITS,
     default="numa",
     show_default=True,
-    help="numa: the lowest NUMA node's GPUs stay with the container; half: the lower half by address.",
+    help="numa: the lowest NUMA node's GPUs stay with the container; half: the lower half by address; "
+    "auto: each side as close together on the PCIe tree as the host allows, then balanced across NUMA nodes.",
 )
 @click.option("--container", type=int, default=101, show_default=True, help="The container's vmid.")
 @click.option("--vm-mapping", default="pro6000-vm", show_default=True, help="PCI mapping for the VM GPUs.")

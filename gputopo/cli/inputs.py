@@ -16,7 +16,7 @@ from gputopo.cli.connect import Connection, connection_options, host_root, node_
 from gputopo.cli.output import print_refused, warn, warn_unfinished
 from gputopo.errors import PlanRefused
 
-SPLITS = click.Choice(["numa", "half"])
+SPLITS = click.Choice(["numa", "half", "auto"])
 TEMPLATES_HELP = "Directory whose templates override the built-ins by name."
 
 # the current state: Proxmox's files under --pve-root, or an API (--sim, --api-url, --local)
@@ -131,7 +131,12 @@ def inputs(conn: Connection, quick: dict):
     try:
         if spec is None:
             spec = _spec(facts, node=conn.node, ports=ports, **quick)
-        return facts, spec, _current(spec, facts, root, conn, ports)
+        current = _current(spec, facts, root, conn, ports)
+        if quick.get("split") == "auto":
+            # the fewest moves: split again knowing what the container and the mapping have now
+            # (the same container and mapping, so the same reads)
+            spec = _spec(facts, node=conn.node, current=current, **quick)
+        return facts, spec, current
     finally:
         if ports is not None:
             ports.close()
@@ -188,7 +193,13 @@ def spec_options(f):
         "--sim/--api-url/--local the unit found inside it that runs sglang or vllm, else "
         "not managed).",
     )(f)
-    f = click.option("--split", type=SPLITS, default=None, help="Quick mode without a spec file.")(f)
+    f = click.option(
+        "--split",
+        type=SPLITS,
+        default=None,
+        help="Quick mode without a spec file: numa, half, or auto (each side as close together as "
+        "the host allows, balanced across NUMA nodes, the fewest GPUs moved).",
+    )(f)
     f = click.option("--spec", "spec_file", type=click.Path(dir_okay=False), default=None, help="Spec file.")(
         f
     )

@@ -121,4 +121,6 @@ def plan_svg(facts, current, plan) -> str:
         if g is not None and t.driver and t.driver != g.driver:
             # the new minor is the driver's to choose at bind time; vfio-pci has none
             g.driver, g.minor = t.driver, None
-    return render_plan_svg(build_report(facts, before), build_report(after_facts, after))
+    # the plan's placement lines ("container:101: 0000:3a:00.0, 3b: PIX under switch ..."), by owner
+    groups = dict(line.split(": ", 1) for line in plan.placement if ": " in line)
+    return render_plan_svg(build_report(facts, before), build_report(after_facts, after), groups=groups)

@@ -212,7 +212,8 @@ def discover(
 
     GPUs are the functions matching ``gpu_match`` ((vendor, class prefix) pairs, None = any;
     default NVIDIA display class); ``all_vendors`` adds every display-class function.
-    NVIDIA NVSwitches go to ``facts.nvswitches``. Anything unreadable is null and, where it
+    NVIDIA NVSwitches go to ``facts.nvswitches``, network adapters (not their SR-IOV VFs) to
+    ``facts.nics``. Anything unreadable is null and, where it
     matters, explained in ``facts.warnings``; discovery itself does not fail on odd devices.
     Raises :class:`RootError` when ``root`` holds no ``sys/bus/pci/devices``.
     """
@@ -227,7 +228,7 @@ def discover(
     name_of = dict(entries)
     ids: dict[str, Ids] = {}
     by_slot: dict[str, list[str]] = {}
-    gpu_addrs, nvswitch_addrs = [], []
+    gpu_addrs, nvswitch_addrs, nic_addrs = [], [], []
     for addr, name in entries:
         vendor, device, klass = ids[addr] = rd.ids(name)
         by_slot.setdefault(slot_of(addr), []).append(addr)
@@ -241,6 +242,8 @@ def discover(
             nvswitch_addrs.append(addr)
         elif _matches(vendor, klass, rules):
             gpu_addrs.append(addr)
+        elif klass and klass.startswith("0x02") and not os.path.lexists(os.path.join(devdir, name, "physfn")):
+            nic_addrs.append(addr)  # a VF sits where its PF does: the PF stands for it
 
     groups = IommuGroups(root_s)
     nodes = read_numa(root_s, warnings)
@@ -248,7 +251,9 @@ def discover(
     if not groups.count:
         warnings.append(f"no IOMMU groups under {IOMMU_GROUPS}: the IOMMU is off; passthrough is impossible")
     nv_dirs = addresses_in(os.path.join(root_s, NVIDIA_GPUS))
-    names = load_pci_names(root_s, {(ids[a][0][2:], ids[a][1][2:]) for a in gpu_addrs + nvswitch_addrs})
+    names = load_pci_names(
+        root_s, {(ids[a][0][2:], ids[a][1][2:]) for a in gpu_addrs + nvswitch_addrs + nic_addrs}
+    )
 
     def full(addr: str) -> PciFunction:
         f = read_function(rd, name_of[addr], addr)
@@ -276,6 +281,7 @@ def discover(
         root=root_s,
         gpus=gpus,
         nvswitches=[full(a) for a in nvswitch_addrs],
+        nics=[full(a) for a in nic_addrs],
         host=host,
         warnings=warnings,
     )

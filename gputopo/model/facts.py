@@ -146,12 +146,12 @@ class PciFunction(Model):
     host_bridge: str | None = Field(
         None,
         description="Root bus 'dddd:bb' the device hangs from (sys/devices/pcidddd:bb); set by discover "
-        "for GPUs and NVSwitches, null when the device link does not resolve there",
+        "for GPUs, NVSwitches and network adapters, null when the device link does not resolve there",
     )
     upstream: list[Bridge] = Field(
         default_factory=list,
         description="Bridges from the host bridge down to the device's parent, root port first; set by "
-        "discover for GPUs and NVSwitches",
+        "discover for GPUs, NVSwitches and network adapters",
     )
 
     @property
@@ -286,6 +286,11 @@ class Facts(Model):
     root: str = "/"
     gpus: list[Gpu] = Field(default_factory=list)
     nvswitches: list[PciFunction] = Field(default_factory=list)
+    nics: list[PciFunction] = Field(
+        default_factory=list,
+        description="Network adapters (class 02; SR-IOV VFs left out) with their place in the PCI tree: "
+        "placement keeps GPUs near the one their RDMA goes through",
+    )
     host: HostFacts = Field(default_factory=HostFacts)
     warnings: list[str] = Field(default_factory=list, description="Things read but not understood")
 

@@ -42,9 +42,13 @@ def mapping_changes(
     vms: dict[Owner, VmMapping],
     selected: dict[Owner, list[Gpu]],
     current: CurrentState,
+    orders: dict[str, list[str] | None] | None = None,
 ) -> tuple[dict[str, MappingTarget], list[SetMapping | DeleteMapping], set[str]]:
     """(every managed mapping's target, the actions, the ids whose ``map`` changes).
 
+    ``orders``: mapping id -> the order its lines for this node must have (its consumers' sets,
+    :mod:`gputopo.plan.vm.sets`): a mapping in another order is written again; without one the
+    lines are in address order and their order does not matter.
     Entries of other nodes are kept; a description set outside the spec is kept too. Each
     action owns ``node_name``'s lines only and carries the ones it saw (``base``), so that a
     write never loses another node's lines and never overwrites an edit by hand.
@@ -59,7 +63,12 @@ def mapping_changes(
         cur = current.mappings.get(mid)
         other_nodes = [e for e in (cur.map if cur else []) if map_node(e) != node_name]
         base = [e for e in (cur.map if cur else []) if map_node(e) == node_name]
-        ours = [map_entry(g, node_name) for g in sorted(gpus, key=lambda g: g.address)]
+        order = (orders or {}).get(mid)
+        rank = {a: i for i, a in enumerate(order or [])}
+        ours = [
+            map_entry(g, node_name)
+            for g in sorted(gpus, key=lambda g: (rank.get(g.address, len(rank)), g.address))
+        ]
         want = other_nodes + ours
         desc = description or (cur.description if cur and cur.description else None)
         if desc is None and ours:
@@ -76,6 +85,10 @@ def mapping_changes(
             changed.add(mid)
         else:
             same_map = sorted(map(normalize_map_entry, cur.map)) == sorted(map(normalize_map_entry, want))
+            if order is not None:  # which GPU a VM gets follows the order of the lines
+                same_map = same_map and list(map(normalize_map_entry, base)) == list(
+                    map(normalize_map_entry, ours)
+                )
             if not same_map or (cur.description or None) != desc:
                 actions.append(
                     SetMapping(

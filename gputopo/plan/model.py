@@ -85,6 +85,10 @@ class Plan(Strict):
     )
     p2p_disable: bool = False
     keep_override: bool = True
+    placement: list[str] = Field(
+        default_factory=list,
+        description="Why each owner's GPUs, one line per owner: how far apart, where they meet, how many stay",
+    )
     warnings: list[str] = Field(default_factory=list)
     actions: list[Action] = Field(default_factory=list)
 
@@ -182,6 +186,9 @@ class Plan(Strict):
             nodes = ",".join(map(str, vm.numa_nodes)) or ("unknown" if vm.gpus else "-")
             lines.append(f"VM {vm.vmid}: {vm.gpus} GPU(s) from {vm.mapping}, NUMA node {nodes}")
             lines += [f"  - {n}" for n in vm.notes]
+        if self.placement:
+            lines.append("Placement:")
+            lines += [f"  - {p}" for p in self.placement]
         if self.warnings:
             lines.append("Warnings:")
             lines += [f"  - {w}" for w in self.warnings]

@@ -1,88 +1,168 @@
-"""Where a container's GPUs should come from: close together on the PCIe tree. Pure.
+"""Where an owner's GPUs should come from: close together on the PCIe tree, where they are now
+when that is as close, near a network adapter. Pure.
 
 Tensor parallelism exchanges activations between every pair of GPUs at every layer, so the
 slowest pair sets the pace. :func:`choose` picks ``count`` GPUs whose farthest pair is as close
 as the host allows, by the distance levels of :mod:`gputopo.topo.distance`: under one switch
 (PIX, then PXB), else under one host bridge (PHB), else on one NUMA node (NODE), else anywhere
-(SYS). Among groups that fit it takes the smallest, leaving bigger groups whole for the next
-owner; ties go to the lowest address, so a host whose GPUs all sit alone behind root ports gets
-the lowest addresses as before.
+(SYS). These levels nest (two GPUs under one switch share its root port, host bridge and
+node), so the candidates at the closest level that fits are the groups of that level with room,
+and every ``count`` of one such group is equally close. Among them:
+
+1. the set that moves the fewest GPUs wins: the owner's GPUs now (``held``) stay where they
+   are, since each GPU moved is an unbind, a bind and a restart of its owner for a set that is
+   no closer;
+2. then the one nearest a network adapter (its GPUs' RDMA goes through the adapter under the
+   same switch or root port); for an owner that holds GPUs now, the adapter nearest those;
+3. then the smallest group, leaving bigger groups whole for the next owner; the lowest address
+   last, so a host whose GPUs all sit alone behind root ports gets the lowest addresses.
+
+Groups are found from each device's :func:`~gputopo.topo.distance.locality_keys` (linear in the
+GPUs), not from the distance of every pair.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
-from gputopo.model.facts import Gpu, address_key
-from gputopo.topo.distance import RANK, distance, worst
+from gputopo.model.facts import Gpu, PciFunction, address_key
+from gputopo.topo.distance import RANK, distance, locality_keys, worst
 
 # The levels to try, closest first; SYS (anything) is the fallback.
 TIERS: tuple[str, ...] = ("PIX", "PXB", "PHB", "NODE")
+# A network adapter this close to a GPU is its own (under the same switch or root port).
+NIC_LEVEL = "PXB"
 
 
 def clusters(gpus: Sequence[Gpu], level: str) -> list[list[Gpu]]:
     """``gpus`` grouped so that GPUs at ``level`` or closer share a group (connected
     components), each group and the list in address order."""
-    parent = list(range(len(gpus)))
+    tier = TIERS.index(level) if level in TIERS else len(TIERS)
+    parent: dict[object, object] = {}
 
-    def find(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
+    def find(k: object) -> object:
+        while parent.setdefault(k, k) != k:
+            parent[k] = parent[parent[k]]
+            k = parent[k]
+        return k
 
-    limit = RANK[level]
-    for i in range(len(gpus)):
-        for j in range(i + 1, len(gpus)):
-            if RANK[distance(gpus[i], gpus[j])] <= limit:
-                parent[find(i)] = find(j)
-    groups: dict[int, list[Gpu]] = {}
-    for i, g in enumerate(gpus):
-        groups.setdefault(find(i), []).append(g)
+    roots: list[object] = []
+    for g in gpus:
+        if tier == len(TIERS):
+            keys: list[object] = [("all",)]
+        elif tier < 3:
+            keys = [locality_keys(g)[tier]]
+        else:  # NODE: one host bridge, or one known NUMA node across host bridges
+            keys = [locality_keys(g)[2]] + ([("numa", g.numa_node)] if g.numa_node is not None else [])
+        first = find(keys[0])
+        for k in keys[1:]:
+            other = find(k)
+            if other != first:
+                parent[other] = first
+        roots.append(keys[0])
+    groups: dict[object, list[Gpu]] = {}
+    for g, k in zip(gpus, roots):
+        groups.setdefault(find(k), []).append(g)
     out = [sorted(grp, key=lambda g: address_key(g.address)) for grp in groups.values()]
     return sorted(out, key=lambda grp: address_key(grp[0].address))
 
 
-def choose(gpus: Sequence[Gpu], count: int) -> list[Gpu]:
+def choose(
+    gpus: Sequence[Gpu],
+    count: int,
+    held: Collection[str] = (),
+    nics: Sequence[PciFunction] = (),
+) -> list[Gpu]:
     """``count`` of ``gpus`` as close together as possible (see the module), in address order.
 
-    Returns all of ``gpus`` when there are no more than ``count``.
+    ``held``: the addresses the owner has now (kept when that is as close); ``nics``: the host's
+    network adapters. Returns all of ``gpus`` when there are no more than ``count``.
     """
     ordered = sorted(gpus, key=lambda g: address_key(g.address))
-    return sorted(_choose(ordered, count, len(TIERS)), key=lambda g: address_key(g.address))
-
-
-def _choose(gpus: list[Gpu], count: int, tiers: int) -> list[Gpu]:
-    """Choose among ``gpus`` using the first ``tiers`` levels of :data:`TIERS`."""
     if count <= 0:
         return []
-    if count >= len(gpus):
-        return list(gpus)
-    for t in range(tiers):
-        fitting = [c for c in clusters(gpus, TIERS[t]) if len(c) >= count]
-        if fitting:
-            best = min(fitting, key=lambda c: (len(c), address_key(c[0].address)))
-            return _fill(best, count, t)
-    return _fill(gpus, count, tiers)
+    if count >= len(ordered):
+        return ordered
+    keep = frozenset(held)
+    adapters = _own_nics([g for g in ordered if g.address in keep], nics) or list(nics)
+    tier = len(TIERS)
+    fitting = [ordered]
+    for t, level in enumerate(TIERS):
+        found = [c for c in clusters(ordered, level) if len(c) >= count]
+        if found:
+            tier, fitting = t, found
+            break
+    best = min(
+        fitting,
+        key=lambda c: (
+            -min(count, _kept(c, keep)),
+            _nic_rank(c, adapters),
+            len(c),
+            address_key(c[0].address),
+        ),
+    )
+    return sorted(_take(best, count, keep, tier - 1, adapters), key=lambda g: address_key(g.address))
 
 
-def _fill(gpus: list[Gpu], count: int, tiers: int) -> list[Gpu]:
-    """``count`` of ``gpus`` (which no tighter group than ``TIERS[tiers]`` holds whole): whole
-    groups of the next tighter level, largest first, then the best fit for what is left."""
-    if tiers == 0:
-        return gpus[:count]
-    groups = clusters(gpus, TIERS[tiers - 1])
+def _kept(gpus: Sequence[Gpu], keep: frozenset[str]) -> int:
+    return sum(1 for g in gpus if g.address in keep)
+
+
+def _own_nics(gpus: Sequence[Gpu], nics: Sequence[PciFunction]) -> list[PciFunction]:
+    """The adapters under the same switch or root port as one of ``gpus``."""
+    return [n for n in nics if any(RANK[distance(g, n)] <= RANK[NIC_LEVEL] for g in gpus)]
+
+
+def _nic_rank(gpus: Sequence[Gpu], nics: Sequence[PciFunction]) -> int:
+    """How far the nearest of ``nics`` is from the farthest of ``gpus`` (0 without adapters)."""
+    if not nics:
+        return 0
+    return min(max(RANK[distance(g, n)] for g in gpus) for n in nics)
+
+
+def _take(
+    pool: list[Gpu], count: int, keep: frozenset[str], tier: int, nics: Sequence[PciFunction]
+) -> list[Gpu]:
+    """``count`` of ``pool`` (a group no tighter level than ``TIERS[tier + 1]`` holds whole):
+    every GPU of ``keep`` it has (or the closest ``count`` of them), then whole groups of
+    ``TIERS[tier]`` with kept GPUs, then whole free groups largest first, then the best fit."""
+    if count >= len(pool):
+        return list(pool)
+    mine = [g for g in pool if g.address in keep]
+    if len(mine) >= count:
+        return choose(mine, count, (), nics)
+    if tier < 0:  # one switch: all as close; kept ones first, then the lowest addresses
+        return mine + [g for g in pool if g.address not in keep][: count - len(mine)]
+    spare = count - len(mine)  # GPUs to add to the kept ones
+    groups = clusters(pool, TIERS[tier])
     out: list[Gpu] = []
-    left = count
-    while left > 0 and groups:
-        fitting = [c for c in groups if len(c) >= left]
-        if fitting:
-            best = min(fitting, key=lambda c: (len(c), address_key(c[0].address)))
-            return out + _choose(best, left, tiers - 1)
-        largest = min(groups, key=lambda c: (-len(c), address_key(c[0].address)))
-        groups.remove(largest)
+    partial: list[list[Gpu]] = []
+    with_kept = sorted(
+        (c for c in groups if _kept(c, keep)),
+        key=lambda c: (-_kept(c, keep), len(c), address_key(c[0].address)),
+    )
+    for c in with_kept:
+        extra = len(c) - _kept(c, keep)
+        if extra <= spare:
+            out += c
+            spare -= extra
+        else:
+            partial.append(c)
+    for c in partial:
+        k = _kept(c, keep)
+        add = min(spare, len(c) - k)
+        out += _take(c, k + add, keep, tier - 1, nics)
+        spare -= add
+    free = [c for c in groups if not _kept(c, keep)]
+    while spare > 0 and free:
+        fits = [c for c in free if len(c) >= spare]
+        if fits:
+            best = min(fits, key=lambda c: (_nic_rank(c, nics), len(c), address_key(c[0].address)))
+            return out + _take(best, spare, keep, tier - 1, nics)
+        largest = min(free, key=lambda c: (-len(c), address_key(c[0].address)))
+        free.remove(largest)
         out += largest
-        left -= len(largest)
+        spare -= len(largest)
     return out
 
 
@@ -102,4 +182,122 @@ def spread_warning(vmid: int, gpus: Sequence[Gpu]) -> str | None:
 
 def farthest(gpus: Sequence[Gpu]) -> str:
     """The farthest distance level between any two of ``gpus`` (``X`` for one or none)."""
-    return worst([distance(a, b) for i, a in enumerate(gpus) for b in gpus[i + 1 :]])
+    if len(gpus) < 2:
+        return "X"
+    for level in TIERS[:3]:
+        if len(clusters(gpus, level)) == 1:
+            return level
+    # across host bridges: NODE only when every GPU is on the same known NUMA node
+    nodes = {g.numa_node for g in gpus}
+    return "NODE" if len(nodes) == 1 and None not in nodes else "SYS"
+
+
+def _short(addresses: list[str]) -> str:
+    """``0000:3a:00.0, 3b, 3c``: the first address in full, the others by what differs (the
+    bus alone for function 0 of device 0 in the same domain)."""
+    if not addresses:
+        return ""
+    first = addresses[0]
+    out = [first]
+    for a in addresses[1:]:
+        if a[:4] == first[:4]:
+            out.append(a[5:7] if a.endswith(":00.0") else a[5:])
+        else:
+            out.append(a)
+    return ", ".join(out)
+
+
+def _bridge_name(kind: str) -> str:
+    return {"switch_upstream": "switch", "switch_downstream": "switch port", "root_port": "root port"}.get(
+        kind, "bridge"
+    )
+
+
+def _where(gpus: Sequence[Gpu], level: str) -> str:
+    """Where ``gpus`` (``level`` apart at most) meet: the switch, bridge, host bridge or node."""
+    g = gpus[0]
+    if level in ("PIX", "PXB") and g.upstream:
+        depth = min(len(x.upstream) for x in gpus)
+        common = 0
+        while common < depth and all(x.upstream[common].address == g.upstream[common].address for x in gpus):
+            common += 1
+        i = common - 1
+        chain = g.upstream
+        if chain[i].kind == "switch_downstream" and i > 0 and chain[i - 1].kind == "switch_upstream":
+            i -= 1  # a switch is its upstream port with its downstream ports
+        return f"under {_bridge_name(chain[i].kind)} {chain[i].address}"
+    if level == "PHB":
+        return f"under host bridge {g.host_bridge}"
+    nodes = sorted({x.numa_node for x in gpus if x.numa_node is not None})
+    if level == "NODE":
+        return f"on NUMA node {nodes[0]}"
+    return f"across NUMA nodes {', '.join(map(str, nodes))}" if len(nodes) > 1 else "across host bridges"
+
+
+def nearest_nic(gpus: Sequence[Gpu], nics: Sequence[PciFunction]) -> tuple[PciFunction, str] | None:
+    """The network adapter nearest the farthest of ``gpus`` and that level; None without any."""
+    if not nics or not gpus:
+        return None
+    best = min(nics, key=lambda n: (max(RANK[distance(g, n)] for g in gpus), address_key(n.address)))
+    return best, worst([distance(g, best) for g in gpus])
+
+
+def explain(gpus: Sequence[Gpu], held: Collection[str] | None, nics: Sequence[PciFunction] = ()) -> str:
+    """Why these GPUs, in one line: ``0000:3a:00.0, 3b, 3c: PIX under switch 0000:38:00.0;
+    keeps 2 of 3 in place`` (no ``keeps`` part when ``held`` is None), and the nearest network
+    adapter when it is under the same switch or root port."""
+    ordered = sorted(gpus, key=lambda g: address_key(g.address))
+    level = farthest(ordered)
+    where = "one GPU" if len(ordered) == 1 else f"{level} {_where(ordered, level)}"
+    text = f"{_short([g.address for g in ordered])}: {where}"
+    if held is not None:
+        kept = sum(1 for g in ordered if g.address in set(held))
+        text += f"; keeps {kept} of {len(ordered)} in place"
+    nic = nearest_nic(ordered, nics)
+    if nic is not None and RANK[nic[1]] <= RANK[NIC_LEVEL]:
+        text += f"; network adapter {nic[0].address} at {nic[1]}"
+    return text
+
+
+def split(
+    gpus: Sequence[Gpu], container_now: Collection[str] = (), vm_now: Collection[str] = ()
+) -> tuple[list[Gpu], list[Gpu]]:
+    """(the container's GPUs, the VM mapping's) for ``--split auto``: every GPU goes to one side.
+
+    The candidates for the container's side are each group of :func:`clusters` at every level
+    and, per level, the groups dealt to two sides as evenly as they go (largest first, to the
+    lighter side); the other side is the rest. The best split has, in this order: the worse of
+    the two sides' farthest pairs as close as possible; the fewest NUMA nodes both sides use;
+    the sides' sizes closest; the two farthest pairs closest together; the fewest GPUs changing
+    owner (``container_now``, ``vm_now``: the addresses each side has now); the container on the
+    lowest address. On a host of two NUMA nodes with GPUs alone behind their root ports (the seed
+    host) that is the NUMA split. Returns ([], gpus) for fewer than two GPUs.
+    """
+    ordered = sorted(gpus, key=lambda g: address_key(g.address))
+    if len(ordered) < 2:
+        return [], ordered
+    ct_now, vm_now_set = frozenset(container_now), frozenset(vm_now)
+    candidates: dict[frozenset[str], list[Gpu]] = {}
+    for level in TIERS:
+        groups = clusters(ordered, level)
+        for c in groups:
+            candidates.setdefault(frozenset(g.address for g in c), c)
+        if len(groups) > 1:
+            sides: tuple[list[Gpu], list[Gpu]] = ([], [])
+            for c in sorted(groups, key=lambda c: (-len(c), address_key(c[0].address))):
+                min(sides, key=len).extend(c)
+            for side in sides:
+                candidates.setdefault(frozenset(g.address for g in side), side)
+
+    def score(addrs: frozenset[str]) -> tuple:
+        ct = [g for g in ordered if g.address in addrs]
+        vm = [g for g in ordered if g.address not in addrs]
+        wc, wv = RANK[farthest(ct)], RANK[farthest(vm)]
+        shared = {g.numa_node for g in ct} & {g.numa_node for g in vm} - {None}
+        moves = sum(1 for g in ct if g.address not in ct_now) + sum(
+            1 for g in vm if g.address not in vm_now_set
+        )
+        return (max(wc, wv), len(shared), abs(len(ct) - len(vm)), wc + wv, moves, address_key(ct[0].address))
+
+    best = min((a for a in candidates if 0 < len(a) < len(ordered)), key=score)
+    return [g for g in ordered if g.address in best], [g for g in ordered if g.address not in best]

@@ -48,10 +48,19 @@ from gputopo.plan.restarts import (
     service_target,
     stays_running,
 )
-from gputopo.plan.select import assign, check_container, check_vm_gpus, pick_node
+from gputopo.plan.select import (
+    assign,
+    check_container,
+    check_locality,
+    check_vm_gpus,
+    held_by,
+    held_now,
+    pick_node,
+)
 from gputopo.plan.spec import Spec
 from gputopo.plan.vm.consumers import VmPlan, plan_consumers
 from gputopo.plan.vm.safety import MapView, check_guests, check_restarts
+from gputopo.plan.vm.sets import consumer_sets, map_order
 
 
 def _targets(facts: Facts, owner_of: dict[str, Owner]) -> list[GpuTarget]:
@@ -194,7 +203,9 @@ def plan(
     cts = {Owner.container(c.vmid): c for c in spec_node.containers}
     vms = {Owner.vm(m.name): m for m in spec_node.vms.mappings}
 
-    selected, owner_of = assign(facts, cts, vms, found)
+    held = held_by(held_now(facts, current, node_name), [*cts, *vms])
+    selected, owner_of = assign(facts, cts, vms, found, held)
+    placement = check_locality(facts, selected, held, spec, found)
     check_vm_gpus(facts, {a for a, o in owner_of.items() if o.is_vm}, found)
     for owner, c in cts.items():
         check_container(c, owner, selected.get(owner, []), spec, owner_of, found)
@@ -210,7 +221,12 @@ def plan(
     target = _targets(facts, owner_of)
     vfio_all = sorted({a for t in target if t.driver == VFIO for a in [t.address, *t.companions]})
     rebinds = _rebinds(facts, target, keep_override, spec.policy.pin_native_driver)
-    mappings, mapping_actions, changed_mappings = mapping_changes(node_name, cts, vms, selected, current)
+    consumers = spec_node.vms.consumers
+    sets = consumer_sets(consumers, {m.name.lower(): selected.get(o, []) for o, m in vms.items()}, facts.nics)
+    orders = {m.name: map_order(consumers, sets, m.name) for m in vms.values()}
+    mappings, mapping_actions, changed_mappings = mapping_changes(
+        node_name, cts, vms, selected, current, orders
+    )
     ct_gpus = {a for a, o in owner_of.items() if o.is_container}
     if spec_node.vms.other_mappings == "shrink":
         shrunk, shrink_actions, shrunk_ids = shrink_other_mappings(node_name, set(mappings), current, ct_gpus)
@@ -228,7 +244,7 @@ def plan(
         to_container={r.address for r in rebinds if r.to_driver == NVIDIA},
         managed={m.name for m in spec_node.vms.mappings},
     )
-    vm_plan = plan_consumers(spec_node.vms.consumers, facts, current, view, found)
+    vm_plan = plan_consumers(consumers, facts, current, view, found, sets)
 
     containers: list[ContainerTarget] = []
     updates: list[UpdateContainer] = []
@@ -307,6 +323,7 @@ def plan(
         },
         p2p_disable=p2p,
         keep_override=keep_override,
+        placement=placement,
         warnings=found.warnings,
         actions=actions,
     )

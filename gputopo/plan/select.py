@@ -5,10 +5,13 @@ from __future__ import annotations
 from gputopo.errors import SpecError
 from gputopo.model.facts import NVIDIA_VENDOR, Facts, Gpu, MemberRole, nvidia_gpus
 from gputopo.model.owner import Owner
+from gputopo.model.state import CurrentState
 from gputopo.plan import placement
 from gputopo.plan.devices import DEFAULT_LEGACY_MAJORS
 from gputopo.plan.findings import Findings
 from gputopo.plan.spec import Container, GpuSelector, Node, Spec, VmMapping
+from gputopo.topo.distance import RANK, distance
+from gputopo.topo.owners import owners_now
 
 VFIO = "vfio-pci"
 
@@ -63,14 +66,55 @@ def _select(
     return []  # count: resolved after the explicit selectors
 
 
+def held_now(facts: Facts, current: CurrentState, node: str) -> dict[Owner, set[str]]:
+    """owner -> the addresses it has now: a container the GPUs on nvidia its config grants, a
+    VM mapping the GPUs on vfio-pci its ``map`` lines name for ``node``."""
+    out: dict[Owner, set[str]] = {}
+    for address, view in owners_now(facts, current, node).items():
+        for vmid in view.containers:
+            out.setdefault(Owner.container(vmid), set()).add(address)
+        if view.mapping:
+            out.setdefault(Owner.vm(view.mapping), set()).add(address)
+    return out
+
+
+def held_by(held: dict[Owner, set[str]], owners: list[Owner]) -> dict[Owner, set[str]]:
+    """``held`` (:func:`held_now`) keyed by ``owners``, the spec's: Proxmox's mapping ids are
+    case-insensitive, so a spec's mapping name finds the mapping's GPUs however it is spelt."""
+    by_text = {str(o).lower(): addrs for o, addrs in held.items()}
+    return {o: by_text[str(o).lower()] for o in owners if str(o).lower() in by_text}
+
+
+def _count_choice(
+    owner: Owner, count: int, free: list[Gpu], held: dict[Owner, set[str]], nics: list, counted: set[Owner]
+) -> list[Gpu]:
+    """``count`` of ``free`` for ``owner`` (:func:`placement.choose`), leaving the GPUs another
+    ``count`` owner has now to that owner when a set as close is found without them."""
+    mine = held.get(owner, set())
+    theirs = {a for o in counted if o != owner for a in held.get(o, set())} - mine
+    best = placement.choose(free, count, mine, nics)
+    if theirs & {g.address for g in best}:
+        rest = [g for g in free if g.address not in theirs]
+        if len(rest) >= count:
+            alt = placement.choose(rest, count, mine, nics)
+            moves = len({g.address for g in best} - mine), len({g.address for g in alt} - mine)
+            if RANK[placement.farthest(alt)] <= RANK[placement.farthest(best)] and moves[1] <= moves[0]:
+                return alt
+    return best
+
+
 def assign(
     facts: Facts,
     cts: dict[Owner, Container],
     vms: dict[Owner, VmMapping],
     found: Findings,
+    held: dict[Owner, set[str]] | None = None,
 ) -> tuple[dict[Owner, list[Gpu]], dict[str, Owner]]:
     """(owner -> its GPUs, address -> its owner): numa and address selectors first, then counts
-    from what is left, then ``rest``. A GPU claimed twice is refused; its first owner is kept."""
+    from what is left (:mod:`placement`: the closest set, the owner's GPUs now kept when that is
+    as close; ``held``: owner -> its addresses now), then ``rest``. A GPU claimed twice is
+    refused; its first owner is kept."""
+    held = held_by(held or {}, [*cts, *vms])
     candidates = nvidia_gpus(facts)
     owners: dict[str, list[Owner]] = {}
     selected: dict[Owner, list[Gpu]] = {}
@@ -87,12 +131,13 @@ def assign(
     ]
     for owner, sel in explicit:
         claim(owner, _select(sel, candidates, facts, owner, found))
+    counted = {owner for owner, sel in explicit if sel.count is not None}
     for owner, sel in explicit:
         if sel.count is not None:
             free = [g for g in candidates if g.address not in owners and not (owner.is_vm and g.boot_vga)]
             if len(free) < sel.count:
                 found.refuse(None, f"{owner} wants {sel.count} GPU(s), only {len(free)} unclaimed", "count")
-            claim(owner, placement.choose(free, sel.count))  # closest together first
+            claim(owner, _count_choice(owner, sel.count, free, held, facts.nics, counted))
     for owner, m in vms.items():
         if m.gpus == "rest":
             rest = []
@@ -115,6 +160,47 @@ def assign(
                     f"{g.address}: NUMA node unknown; no numa selector matches it (left with the host)"
                 )
     return selected, {addr: who[0] for addr, who in owners.items()}
+
+
+def check_locality(
+    facts: Facts,
+    selected: dict[Owner, list[Gpu]],
+    held: dict[Owner, set[str]],
+    spec: Spec,
+    found: Findings,
+) -> list[str]:
+    """One line per owner with GPUs saying why those (:func:`placement.explain`); refuses (policy
+    ``locality: strict``) or warns about an owner whose farthest pair is SYS, and warns about a
+    container left without a network adapter closer than SYS."""
+    lines = []
+    for owner, gpus in sorted(selected.items(), key=lambda kv: str(kv[0])):
+        if not gpus:
+            continue
+        lines.append(f"{owner}: {placement.explain(gpus, held.get(owner, set()), facts.nics)}")
+        level = placement.farthest(gpus)
+        if level == "SYS":
+            pair = _sys_pair(gpus)
+            text = f"{owner}: its GPUs are SYS apart ({pair[0]} and {pair[1]}: across NUMA nodes or host bridges)"
+            if spec.policy.locality == "strict":
+                found.refuse(None, f"{text}; locality: strict refuses that", "locality")
+            elif owner.is_vm:  # a container's is the NUMA spread warning
+                found.warn(text)
+        nic = placement.nearest_nic(gpus, facts.nics)
+        if owner.is_container and nic is not None and nic[1] == "SYS":
+            found.warn(
+                f"{owner}: no network adapter closer than SYS to its GPUs (nearest {nic[0].address}): "
+                "RDMA between them and the network would cross sockets"
+            )
+    return lines
+
+
+def _sys_pair(gpus: list[Gpu]) -> tuple[str, str]:
+    ordered = sorted(gpus, key=lambda g: g.address)
+    for i, a in enumerate(ordered):
+        for b in ordered[i + 1 :]:
+            if distance(a, b) == "SYS":
+                return a.address, b.address
+    return ordered[0].address, ordered[-1].address
 
 
 def check_vm_gpus(facts: Facts, vm_addresses: set[str], found: Findings) -> None:

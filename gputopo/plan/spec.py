@@ -255,6 +255,13 @@ class Policy(Strict):
     allow_cross_numa: bool = Field(
         False, description="Silence the warning for a container spanning NUMA nodes"
     )
+    locality: Literal["prefer", "strict"] = Field(
+        "prefer",
+        description=(
+            "A container's or VM mapping's GPUs whose farthest pair is SYS (across NUMA nodes or host "
+            "bridges without a known common node): prefer warns, strict refuses the plan"
+        ),
+    )
     container_restart: Literal["auto", "always"] = Field(
         "auto",
         description=(

@@ -9,20 +9,36 @@ from pydantic import ValidationError
 
 from gputopo.errors import SpecError
 from gputopo.model.facts import Facts, nvidia_gpus
+from gputopo.model.owner import Owner
+from gputopo.model.state import CurrentState
+from gputopo.plan import placement
+from gputopo.plan.select import held_by, held_now
 from gputopo.plan.spec import API_VERSION, KIND, GpuSelector, Spec
 from gputopo.plan.yamlspec import format_validation_error
 
 
-def split_selectors(facts: Facts, split: str) -> tuple[GpuSelector, GpuSelector]:
+def split_selectors(
+    facts: Facts, split: str, now: dict[Owner, set[str]] | None = None
+) -> tuple[GpuSelector, GpuSelector]:
     """(container selector, VM selector) for a ``--split`` mode.
 
     ``numa``: the lowest NUMA node that has GPUs goes to the container, the other nodes to the VM.
     ``half``: the lower half of the GPUs by address to the container, the rest to the VM.
+    ``auto``: :func:`gputopo.plan.placement.split` (each side as close together as the host
+    allows, then balanced across NUMA nodes, then the fewest moves from ``now``: owner -> the
+    addresses it has now, with the container first and the mapping second); written as NUMA
+    nodes when each side is whole NUMA nodes, else as addresses.
     Raises SpecError when the host cannot be split that way.
     """
     gpus = nvidia_gpus(facts)
     if not gpus:
         raise SpecError("--split", "", "the host has no NVIDIA GPUs")
+    if split == "auto":
+        if len(gpus) < 2:
+            raise SpecError("--split", "auto", "one GPU cannot be split")
+        held = list((now or {}).values())
+        ct, vm = placement.split(gpus, held[0] if held else (), held[1] if len(held) > 1 else ())
+        return _as_selector(gpus, ct), _as_selector(gpus, vm)
     if split == "numa":
         nodes = sorted({g.numa_node for g in gpus if g.numa_node is not None})
         if not nodes:
@@ -38,7 +54,15 @@ def split_selectors(facts: Facts, split: str) -> tuple[GpuSelector, GpuSelector]
             GpuSelector(addresses=[g.address for g in gpus[:half]]),
             GpuSelector(addresses=[g.address for g in gpus[half:]]),
         )
-    raise SpecError("--split", "", f"unknown split {split!r} (expected numa or half)")
+    raise SpecError("--split", "", f"unknown split {split!r} (expected numa, half or auto)")
+
+
+def _as_selector(gpus: list, side: list) -> GpuSelector:
+    """``side`` as NUMA nodes when it is every GPU of those nodes, else as addresses."""
+    nodes = {g.numa_node for g in side}
+    if None not in nodes and {g.address for g in gpus if g.numa_node in nodes} == {g.address for g in side}:
+        return GpuSelector(numa=sorted(nodes))
+    return GpuSelector(addresses=[g.address for g in side])
 
 
 def spec_from_split(
@@ -51,14 +75,21 @@ def spec_from_split(
     service_unit: str | None = None,
     tp_flag: str = "--tp",
     vm: int | None = None,
+    current: CurrentState | None = None,
 ) -> Spec:
     """A Spec for the quick mode (``gputopo plan --split numa --container N --vm-mapping NAME``).
 
     ``vm`` adds that VM as the consumer of every GPU of the VM mapping (started, checked from
-    its guest, its lines removed when the GPUs go back). Raises SpecError when the host cannot
+    its guest, its lines removed when the GPUs go back). ``current``: the state now, which
+    ``auto`` keeps GPUs in (the fewest moves among equally good splits). Raises SpecError when the host cannot
     be split that way or a name is invalid.
     """
-    ct_sel, vm_sel = split_selectors(facts, split)
+    now = None
+    if split == "auto" and current is not None:
+        sides = [Owner.container(container), Owner.vm(vm_mapping)]
+        held = held_by(held_now(facts, current, node or (facts.host.hostname or "").split(".")[0]), sides)
+        now = {o: held.get(o, set()) for o in sides}
+    ct_sel, vm_sel = split_selectors(facts, split, now)
     data: dict[str, Any] = {
         "apiVersion": API_VERSION,
         "kind": KIND,
@@ -236,6 +267,9 @@ def init_spec(
         "  tp_check: error",
         "  # allow_cross_numa: silence the warning for a container spanning NUMA nodes",
         "  allow_cross_numa: false",
+        "  # locality: GPUs of a container or VM mapping whose farthest pair is SYS (across",
+        "  # sockets): prefer warns, strict refuses the plan",
+        "  locality: prefer",
         "  # shutdown_timeout: seconds Proxmox waits for a guest to shut down cleanly",
         "  shutdown_timeout: 60",
         "  # force_stop: let Proxmox stop a guest by force after that (the step then warns);",

@@ -16,7 +16,7 @@ four GPUs (NODE within a socket, SYS across) and PIX for two functions of one NI
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
 from gputopo.model.facts import Gpu, PciFunction
 from gputopo.topo.model import LEVELS, DistanceMatrix, MatrixGpu
@@ -58,6 +58,25 @@ def nearest_switch(d: PciFunction) -> str | None:
         if b.kind == "switch_upstream":
             return b.address
     return None
+
+
+def locality_keys(d: PciFunction) -> tuple[Hashable, Hashable, Hashable]:
+    """Keys that two devices share exactly when :func:`distance` puts them at ``PIX``, ``PXB``
+    or ``PHB`` or closer: the switch (or lone bridge) right above the device, the root port, the
+    host bridge. A device without a chain is alone at the first two; one whose host bridge is
+    unknown at all three (such a device is NODE at best)."""
+    if d.host_bridge is None:
+        alone = ("alone", d.address)
+        return alone, alone, alone
+    chain = d.upstream
+    if not chain:  # on the root bus: PHB to everything else under its host bridge
+        alone = ("alone", d.address)
+        return alone, alone, ("hb", d.host_bridge)
+    return (
+        ("unit", d.host_bridge, _unit(chain, len(chain) - 1)),
+        ("port", d.host_bridge, chain[0].address),
+        ("hb", d.host_bridge),
+    )
 
 
 def matrix(gpus: Sequence[Gpu]) -> DistanceMatrix:

@@ -139,6 +139,43 @@ def _legend(
     return out, used, (y - y0) + LINE
 
 
+def _wrap(text: str, width: float) -> list[str]:
+    """``text`` broken at spaces into lines no wider than ``width`` (a longer word stays whole)."""
+    lines: list[str] = []
+    for word in text.split(" "):
+        if lines and text_width(lines[-1] + " " + word) <= width:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return lines
+
+
+def _groups(
+    groups: dict[str, str], colours: dict[str, palette.Colour], x0: float, y0: float, width: float
+) -> tuple[list[str], float, float]:
+    """One entry per owner saying why it gets its GPUs, a swatch and the text (wrapped to
+    ``width``) in its colours: (svg, width used, height); nothing for no groups."""
+    if not groups:
+        return [], 0.0, 0.0
+    out = ['<g class="groups">']
+    y, used = y0, 0.0
+    for key, text in groups.items():
+        colour = colours.get(key, palette.FREE)
+        out.append(f'<g class="group" data-owner={quoteattr(key)}>')
+        out.append(
+            f'<rect class="swatch" x="{_n(x0)}" y="{_n(y)}" width="{SWATCH}" height="{SWATCH}" rx="2" '
+            f'fill="{colour.fill}" stroke="{colour.stroke}" stroke-width="1.5"/>'
+        )
+        for line in _wrap(f"{key}: {text}", width - SWATCH - 6):
+            out.append(_text(x0 + SWATCH + 6, y + BASELINE, Line(line, colour=colour.stroke)))
+            used = max(used, SWATCH + 6 + text_width(line))
+            y += LINE
+        out.append("</g>")
+        y += 4
+    out.append("</g>")
+    return out, used, y - y0 - 4
+
+
 def _document(body: list[str], width: float, height: float, title: str) -> str:
     w, h = int(width + 0.999), int(height + 0.999)
     return (
@@ -218,10 +255,16 @@ def moves(before: TopoReport, after: TopoReport) -> dict[str, tuple[str, str]]:
 
 
 def render_plan_svg(
-    before: TopoReport, after: TopoReport, title: str | None = None, max_width: float = MAX_WIDTH
+    before: TopoReport,
+    after: TopoReport,
+    title: str | None = None,
+    max_width: float = MAX_WIDTH,
+    groups: dict[str, str] | None = None,
 ) -> str:
     """The host now (left) and after the plan (right), side by side with one legend; what moves
-    is outlined in dashed red on both sides and says where it goes."""
+    is outlined in dashed red on both sides and says where it goes. ``groups``: owner key -> why
+    it gets its GPUs (the plan's placement lines), each shown under the legend in the owner's
+    colours."""
     moved = moves(before, after)
     views_b, views_a = gpu_views(before.tree), gpu_views(after.tree)
     colours = palette.assign(v.owner for v in [*views_b, *views_a])
@@ -247,6 +290,8 @@ def render_plan_svg(
         items.append(("NVSwitch", *palette.NODE_COLOURS["nvswitch"], False))
     inner = max_width - 2 * MARGIN
     legend, lw, lh = _legend(items, MARGIN, MARGIN + TITLE + 10, inner)
+    why, ww, wh = _groups(groups or {}, colours, MARGIN, MARGIN + TITLE + 10 + lh + 8, inner)
+    lw, lh = max(lw, ww), lh + (wh + 8 if wh else 0)
     heads = MARGIN + TITLE + 10 + lh + 14
     top = heads + LINE + 8
     left = place(cols_b, MARGIN, top, half)
@@ -257,6 +302,7 @@ def render_plan_svg(
     body = [
         _text(MARGIN, MARGIN + TITLE - 3, Line(title, bold=True), size=TITLE),
         *legend,
+        *why,
         _text(MARGIN, heads + BASELINE, Line("now", bold=True), size=FONT + 2),
         _text(right_x, heads + BASELINE, Line("after the plan", bold=True), size=FONT + 2),
         f'<path class="separator" d="M{_n(sep)} {_n(heads)}L{_n(sep)} {_n(height)}" stroke="#d1d5db" '

@@ -23,6 +23,7 @@ def pictures(materialized):
 
 
 NAMES = [
+    "dgx2",
     "esc8000a",
     "iommu-off",
     "large",

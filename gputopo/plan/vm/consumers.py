@@ -27,10 +27,11 @@ from gputopo.formats.hostpci import (
     with_mmio64_mb,
 )
 from gputopo.formats.qemuconf import check_qemu_option, is_q35, memory_mib, start_problems
-from gputopo.model.facts import Facts
+from gputopo.model.facts import Facts, Gpu
 from gputopo.model.state import CurrentState
 from gputopo.plan.findings import Findings
 from gputopo.plan.model import VmTarget
+from gputopo.plan.placement import explain
 from gputopo.plan.vm.place import gib, mmio, mmio_note, phys_bits_note, placement
 from gputopo.plan.vm.safety import MapView, owners_text
 from gputopo.plan.vm.spec import VmConsumer
@@ -80,7 +81,13 @@ def _lines(
 
 
 def _consumer(
-    c: VmConsumer, facts: Facts, current: CurrentState, view: MapView, found: Findings, out: VmPlan
+    c: VmConsumer,
+    facts: Facts,
+    current: CurrentState,
+    view: MapView,
+    found: Findings,
+    out: VmPlan,
+    own: list[Gpu] | None = None,
 ) -> None:
     vm = f"VM {c.vmid}"
     g = current.guests.get(c.vmid)
@@ -154,6 +161,21 @@ def _consumer(
             "each line a free GPU of the mapping when the VM starts",
         )
     gpus = [gg for a in avail if (gg := facts.gpu(a)) is not None]
+    # its own set (vms/sets.py) when it takes part of its mapping, its lines still name that
+    # mapping and the set is all there
+    mine = gpus
+    if (
+        own
+        and n == len(own) < len(avail)
+        and target.lower() == c.mapping.lower()
+        and {g.address for g in own} <= set(avail)
+    ):
+        mine = own
+        notes.append(
+            f"its GPUs: {explain(own, None, facts.nics)}; the map lines of {target} list each consumer's "
+            "GPUs in turn, so started in the order of vms.consumers it gets these (Proxmox gives a "
+            "line the first free one)"
+        )
     bios = cfg.get("bios", "seabios")
     if c.pcie and n and not is_q35(cfg):
         found.refuse(
@@ -170,7 +192,7 @@ def _consumer(
             "vm-x-vga",
         )
     if n:
-        _place(c, facts, cfg, gpus, want, notes, found)
+        _place(c, facts, cfg, mine, want, notes, found)
         m = mmio(gpus, n, cfg.get("args"), c.mmio64_mb)
         if not m.fits_default() and bios != "ovmf":
             found.refuse(
@@ -214,7 +236,7 @@ def _consumer(
             vmid=c.vmid,
             mapping=target,
             gpus=n,
-            numa_nodes=placement(facts, gpus).nodes,
+            numa_nodes=placement(facts, mine).nodes,
             mmio64_need=mmio(gpus, n, None, None).need if n else 0,
             config=want,
             notes=notes,
@@ -291,10 +313,16 @@ def _place(
 
 
 def plan_consumers(
-    consumers: list[VmConsumer], facts: Facts, current: CurrentState, view: MapView, found: Findings
+    consumers: list[VmConsumer],
+    facts: Facts,
+    current: CurrentState,
+    view: MapView,
+    found: Findings,
+    sets: dict[int, list[Gpu]] | None = None,
 ) -> VmPlan:
-    """The :class:`VmPlan` of ``consumers``; refusals and warnings are added to ``found``."""
+    """The :class:`VmPlan` of ``consumers``; refusals and warnings are added to ``found``.
+    ``sets``: vmid -> the GPUs of its mapping chosen for it (:mod:`gputopo.plan.vm.sets`)."""
     out = VmPlan()
     for c in consumers:
-        _consumer(c, facts, current, view, found, out)
+        _consumer(c, facts, current, view, found, out, (sets or {}).get(c.vmid))
     return out
