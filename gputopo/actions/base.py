@@ -214,9 +214,12 @@ class StepContext:
     gone: set[str] = field(default_factory=set)  # devices a rollback found gone from the bus
     service_changed: set[int] = field(default_factory=set)  # containers whose drop-in an undo restored
 
-    def exec(self, vmid: int, argv: list[str], check: bool = True) -> ExecResult:
-        """Run ``argv`` in container ``vmid``. Raises ExecError when it fails and ``check``."""
-        res = self.ports.exec.run(vmid, argv, self.timeouts.exec)
+    def exec(
+        self, vmid: int, argv: list[str], check: bool = True, timeout: float | None = None
+    ) -> ExecResult:
+        """Run ``argv`` in container ``vmid`` for at most ``timeout`` seconds (the exec timeout
+        when None). Raises ExecError when it fails (and ``check``) or times out."""
+        res = self.ports.exec.run(vmid, argv, self.timeouts.exec if timeout is None else timeout)
         if check and res.rc != 0:
             raise ExecError(vmid, argv, res.rc, res.stderr)
         return res
@@ -229,22 +232,42 @@ class StepContext:
             return False
         return self.exec(vmid, ["systemctl", "is-active", unit], check=False).stdout.strip() == "active"
 
-    def wait_active(self, vmid: int, unit: str) -> None:
-        """Wait until ``unit`` is active. Raises ExecError when it fails or the service timeout passes."""
-        deadline = time.monotonic() + self.timeouts.service
+    def _left(self, deadline: float) -> float:
+        """Seconds one command may take before ``deadline``: the exec timeout at most."""
+        return max(0.0, min(self.timeouts.exec, deadline - time.monotonic()))
+
+    def wait_active(self, vmid: int, unit: str, deadline: float | None = None) -> None:
+        """Wait until ``unit`` is active with no job of it still queued, until ``deadline``
+        (``time.monotonic()``; the service timeout from now when None).
+
+        A start or restart asked with ``--no-block`` is a queued job until systemd finishes it
+        (systemctl(1) ``--no-block``: the job is only verified and enqueued): until then the unit
+        may still show its state from before (``inactive``, ``failed``, or ``active`` before a
+        restart), so a state counts only once no job is left (``Job=`` empty: ``systemctl show
+        -p`` prints an asked property even when it is empty, systemd src/systemctl/systemctl.c
+        ``-p``, and the Job property as its id or nothing, src/systemctl/systemctl-show.c
+        print_property). Raises ExecError when it fails, or when the deadline passes first."""
+        if deadline is None:
+            deadline = time.monotonic() + self.timeouts.service
+        argv = ["systemctl", "show", "-p", "ActiveState", "-p", "Job", unit]
         while True:
-            res = self.exec(vmid, ["systemctl", "is-active", unit], check=False)
-            state = res.stdout.strip()
-            if state == "active":
+            res = self.exec(vmid, argv, timeout=self._left(deadline))
+            props = parse_show_properties(res.stdout)
+            state = props.get("ActiveState", "").strip() or "unknown"
+            queued = props.get("Job", "").strip() != ""
+            if state == "active" and not queued:
                 return
-            if state in ("failed", "inactive") or time.monotonic() >= deadline:
+            if state in ("failed", "inactive") and not queued:
+                raise ExecError(vmid, ["systemctl", "is-active", unit], 3, f"{unit} is {state}")
+            left = deadline - time.monotonic()
+            if left <= 0:
                 raise ExecError(
                     vmid,
                     ["systemctl", "is-active", unit],
-                    None if state not in ("failed", "inactive") else res.rc,
-                    f"{unit} is {state or 'unknown'}",
+                    None,
+                    f"{unit} is still {state} after {self.timeouts.service:g} s (the service timeout)",
                 )
-            time.sleep(self.timeouts.poll)
+            time.sleep(min(self.timeouts.poll, left))
 
     def service_commands(self, vmid: int, unit: str) -> tuple[str, str | None, str | None]:
         """(state, the unit's command, the running main process's command) of ``unit``: what the
@@ -264,10 +287,23 @@ class StepContext:
         return state, exec_start_command(props.get("ExecStart", "")), running
 
     def start_service(self, vmid: int, unit: str) -> None:
-        """daemon-reload, start ``unit`` and wait until it is active. Raises ExecError."""
-        self.exec(vmid, ["systemctl", "daemon-reload"])
-        self.exec(vmid, ["systemctl", "start", unit])
-        self.wait_active(vmid, unit)
+        """daemon-reload, start ``unit`` and wait until it is active, all within the service
+        timeout: the start is only queued (``--no-block``) and then watched, so a slow model
+        load fails when that timeout says, not when one blocking command's exec limit does.
+        Raises ExecError (rc None: the timeout passed)."""
+        self._start(vmid, unit, "start")
+
+    def restart_service(self, vmid: int, unit: str) -> None:
+        """Restart ``unit`` and wait until it is active again, within the service timeout.
+        Raises ExecError."""
+        self._start(vmid, unit, "restart")
+
+    def _start(self, vmid: int, unit: str, verb: str) -> None:
+        deadline = time.monotonic() + self.timeouts.service
+        if verb == "start":
+            self.exec(vmid, ["systemctl", "daemon-reload"], timeout=self._left(deadline))
+        self.exec(vmid, ["systemctl", verb, "--no-block", unit], timeout=self._left(deadline))
+        self.wait_active(vmid, unit, deadline)
 
     def mapping(self, id: str) -> dict[str, Any] | None:
         """The PCI mapping ``id`` as the API lists it (``map``, ``description``, ``digest``), or None."""

@@ -72,11 +72,14 @@ class StartService(_ServiceStep):
 
     def undo(self, before: ServiceBefore, ctx: StepContext) -> str:
         # a service that was stopped before it stops again; one that ran before the apply is
-        # started again by the final restart (RunningBefore), with the drop-in put back
-        if before.active or not ctx.service_active(self.vmid, self.unit):
+        # started again by the final restart (RunningBefore), with the drop-in put back. The
+        # stop runs whatever the unit shows: a start that timed out is still a queued job
+        # (activating, or inactive until the job runs), and only a stop cancels it
+        if before.active or not ctx.running("lxc", self.vmid):
             return ""
+        state = ctx.exec(self.vmid, ["systemctl", "is-active", self.unit], check=False).stdout.strip()
         ctx.exec(self.vmid, ["systemctl", "stop", self.unit])
-        return f"CT {self.vmid}: stopped {self.unit}"
+        return "" if state in ("inactive", "failed") else f"CT {self.vmid}: stopped {self.unit}"
 
     def expect(self, world: World) -> None:
         ct = world.current.containers.setdefault(self.vmid, ContainerState())

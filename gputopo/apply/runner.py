@@ -253,8 +253,7 @@ class Runner:
                 if dropin_restored
                 else "its command line could not be read"
             )
-            ctx.exec(vmid, ["systemctl", "restart", unit])
-            ctx.wait_active(vmid, unit)
+            ctx.restart_service(vmid, unit)
             self.progress.note(f"CT {vmid}: restarted {unit} with its previous configuration ({why})")
             return
         ctx.start_service(vmid, unit)
