@@ -25,6 +25,7 @@ from gputopo.actions.base import (
     World,
     action_class,
     action_kinds,
+    stop_window,
 )
 from gputopo.actions.container import UpdateContainer
 from gputopo.actions.dropin import WriteServiceDropin
@@ -69,4 +70,5 @@ __all__ = [
     "WriteServiceDropin",
     "action_class",
     "action_kinds",
+    "stop_window",
 ]

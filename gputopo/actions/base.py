@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol
 
@@ -119,6 +119,21 @@ class ActionModel(Strict):
         """(container vmid, unit) of the service this step stops, if it stops one."""
         return None
 
+    def started_guest(self) -> tuple[str, int] | None:
+        """(``lxc``|``qemu``, vmid) of the guest this step starts, if it starts one."""
+        return None
+
+    def started_service(self) -> tuple[int, str] | None:
+        """(container vmid, unit) of the service this step starts, if it starts one."""
+        return None
+
+    def serves(self) -> bool:
+        """Whether this step stops or starts what serves: a container or its service (a VM's
+        stop or start is not the inference service's downtime)."""
+        guest = self.stopped_guest() or self.started_guest()
+        service = self.stopped_service() or self.started_service()
+        return service is not None or (guest is not None and guest[0] == "lxc")
+
     def load_before(self, data: dict[str, Any]) -> BaseModel:
         return self.Before.model_validate(data)
 
@@ -129,6 +144,22 @@ class ActionModel(Strict):
     def signature(self) -> dict[str, Any]:
         """This step as data, without what is read again right before it runs (``digest``)."""
         return self.model_dump(mode="json", exclude={"digest"})
+
+
+def stop_window(actions: Sequence[ActionModel]) -> tuple[int, int] | None:
+    """(first, last) positions in ``actions`` of the stop window, what the inference service is
+    down for: from the first step that stops a container or its service to the last that starts
+    one again. The VMs that must stop do so before it and start after it, so their shutdown is
+    not the service's downtime. Without such steps (only VMs change), from the first stop step to
+    the last start step. None when nothing stops or starts."""
+    picked = [i for i, a in enumerate(actions) if a.serves() and a.phase in ("stop", "start")]
+    if not picked:
+        picked = [i for i, a in enumerate(actions) if a.phase in ("stop", "start")]
+    if not picked:
+        return None
+    stops = [i for i in picked if actions[i].phase == "stop"]
+    starts = [i for i in picked if actions[i].phase == "start"]
+    return min(stops or starts), max(starts or stops)
 
 
 def action_class(kind: str) -> type[ActionModel]:

@@ -67,6 +67,9 @@ class StartService(_ServiceStep):
     def describe(self) -> str:
         return f"CT {self.vmid}: start {self.unit} (after systemctl daemon-reload)"
 
+    def started_service(self) -> tuple[int, str]:
+        return self.vmid, self.unit
+
     def do(self, ctx: StepContext) -> None:
         ctx.start_service(self.vmid, self.unit)
 
