@@ -5,6 +5,7 @@ and the rollback follows."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -17,6 +18,7 @@ from gputopo.errors import ApplyFailed
 from gputopo.sim.container import SimExec, break_container
 from helpers import applysim
 from helpers.applysim import template  # noqa: F401 (fixtures)
+from helpers.cli import run
 
 pytestmark = pytest.mark.slow  # applies on a simulated host (seconds)
 
@@ -76,3 +78,20 @@ def test_a_timed_out_start_of_a_service_that_was_stopped_is_stopped_by_the_rollb
     after = applysim.fingerprint(host)
     assert after["service"] == ("inactive", None, [])  # nothing left loading, no GPU held
     assert applysim.diff(before, after) == []
+
+
+def test_the_command_line_timeout_is_the_one_shown_and_the_one_waited(host, capsys, tmp_path):
+    spec = tmp_path / "split.yaml"
+    spec.write_text(applysim.seed_spec_text(host))
+    break_container(host.dir, 101, "slow_start", seconds=LOAD_S, tp=4)
+    t0 = time.monotonic()
+    code, out, err = run(
+        capsys, "apply", "--sim", str(host.dir), "--spec", str(spec), "--yes", "--no-verify",
+        "--timeout", "service=1",
+    )  # fmt: skip
+    took = time.monotonic() - t0
+    assert code == 1, err
+    shown = out + err
+    assert re.search(r"start sglang\.service \(after systemctl daemon-reload\) \.\.\. \(timeout 1 s\)", shown)
+    assert "sglang.service is still activating after 1 s (the service timeout)" in shown
+    assert took < LOAD_S / 2
