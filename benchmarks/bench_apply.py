@@ -43,7 +43,15 @@ from gputopo.apply import Progress, Timeouts, apply
 from gputopo.facts.discover import discover
 from gputopo.plan.spec import parse_spec
 from gputopo.plan.starter import init_spec
-from gputopo.sim.host import DEFAULT_VM, SERVICE_START, SERVICE_STOP, UNBIND_MAX, UNBIND_MIN, SimHost
+from gputopo.sim.host import (
+    DEFAULT_VM,
+    SERVICE_START,
+    SERVICE_STOP,
+    UNBIND_MAX,
+    UNBIND_MIN,
+    VFIO_BIND,
+    SimHost,
+)
 from gputopo.sim.kernel import SimKernel
 
 TARGET = 1.05
@@ -109,6 +117,14 @@ class StopClock(Progress):
             self.vm_stop = seconds
 
 
+def _split_latencies(host: SimHost, moving: list[str], scale: float) -> dict[str, float]:
+    """The split's latencies (:meth:`SimHost.set_latencies`), with vfio-pci's bind for the
+    moving GPUs again: the kernel keeps per-address latencies, and a reverse before set nvidia's."""
+    lat = host.set_latencies(scale, moving)
+    SimKernel(str(host.paths.root)).configure(address_latency={a: {"bind": VFIO_BIND} for a in moving})
+    return lat
+
+
 def _reverse_latencies(host: SimHost, moving: list[str], scale: float) -> dict[str, float]:
     """The reverse's latencies: vfio-pci lets go at once, nvidia binds in 1-3 s per GPU."""
     step = (UNBIND_MAX - UNBIND_MIN) / max(1, len(moving) - 1)
@@ -169,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
                 split = init_spec(facts, container_mapping="pro6000", vm=DEFAULT_VM)
                 reverse = split.replace("numa: [0]", "numa: [0, 1]").replace("numa: [1]", "rest")
                 moving = [g.address for g in facts.gpus if g.numa_node == 1]
-                lat = host.set_latencies(s, moving)
+                lat = _split_latencies(host, moving, s)
                 slowest = max(v for k, v in lat.items() if k.startswith("unbind:")) + lat["vfio-pci.bind"]
                 split_reference = s * (SERVICE_STOP + slowest + SERVICE_START)
                 rows.append((version, "split", _run(host, split, split_reference)))
@@ -180,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
                     # after a live split the reverse only cancels the pending removals; a container
                     # restarted since (here by a split with container_restart: always) has no devN
                     # of those GPUs left, and the reverse hot-plugs them
-                    host.set_latencies(s, moving)
+                    _split_latencies(host, moving, s)
                     setup = _run(
                         host, split.replace("policy:\n", "policy:\n  container_restart: always\n", 1), 1.0
                     )
@@ -188,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
                     _reverse_latencies(host, moving, s)
                     rows.append((version, "hot-plug", _run(host, reverse, reference)))
                 # VM 201 runs again, without GPUs: the split shuts it down before the service
-                host.set_latencies(s, moving)
+                _split_latencies(host, moving, s)
                 rows.append((version, "re-split", _run(host, split, split_reference)))
             finally:
                 host.stop()

@@ -281,8 +281,14 @@ class StepContext:
         if deadline is None:
             deadline = time.monotonic() + self.timeouts.service
         argv = ["systemctl", "show", "-p", "ActiveState", "-p", "Job", unit]
+        state = "not active yet"
         while True:
-            res = self.exec(vmid, argv, timeout=self._left(deadline))
+            try:
+                res = self.exec(vmid, argv, timeout=self._left(deadline))
+            except ExecError as e:
+                if e.rc is None and time.monotonic() >= deadline:  # the last look ran out of time
+                    break
+                raise
             props = parse_show_properties(res.stdout)
             state = props.get("ActiveState", "").strip() or "unknown"
             queued = props.get("Job", "").strip() != ""
@@ -292,13 +298,14 @@ class StepContext:
                 raise ExecError(vmid, ["systemctl", "is-active", unit], 3, f"{unit} is {state}")
             left = deadline - time.monotonic()
             if left <= 0:
-                raise ExecError(
-                    vmid,
-                    ["systemctl", "is-active", unit],
-                    None,
-                    f"{unit} is still {state} after {self.timeouts.service:g} s (the service timeout)",
-                )
+                break
             time.sleep(min(self.timeouts.poll, left))
+        raise ExecError(
+            vmid,
+            ["systemctl", "is-active", unit],
+            None,
+            f"{unit} is still {state} after {self.timeouts.service:g} s (the service timeout)",
+        )
 
     def service_commands(self, vmid: int, unit: str) -> tuple[str, str | None, str | None]:
         """(state, the unit's command, the running main process's command) of ``unit``: what the
