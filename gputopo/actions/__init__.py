@@ -25,6 +25,7 @@ from gputopo.actions.base import (
     World,
     action_class,
     action_kinds,
+    stop_window,
     undo_order,
 )
 from gputopo.actions.container import UpdateContainer
@@ -70,5 +71,6 @@ __all__ = [
     "WriteServiceDropin",
     "action_class",
     "action_kinds",
+    "stop_window",
     "undo_order",
 ]

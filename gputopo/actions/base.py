@@ -56,7 +56,7 @@ from __future__ import annotations
 import dataclasses
 import graphlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol
 
@@ -179,6 +179,21 @@ class ActionModel(Strict):
         None otherwise. A rollback restarts a container that sees other GPU nodes afterwards."""
         return None
 
+    def started_guest(self) -> tuple[str, int] | None:
+        """(``lxc``|``qemu``, vmid) of the guest this step starts, if it starts one."""
+        return None
+
+    def started_service(self) -> tuple[int, str] | None:
+        """(container vmid, unit) of the service this step starts, if it starts one."""
+        return None
+
+    def serves(self) -> bool:
+        """Whether this step stops or starts what serves: a container or its service (a VM's
+        stop or start is not the inference service's downtime)."""
+        guest = self.stopped_guest() or self.started_guest()
+        service = self.stopped_service() or self.started_service()
+        return service is not None or (guest is not None and guest[0] == "lxc")
+
     def load_before(self, data: dict[str, Any]) -> BaseModel:
         return self.Before.model_validate(data)
 
@@ -189,6 +204,22 @@ class ActionModel(Strict):
     def signature(self) -> dict[str, Any]:
         """This step as data, without what is read again right before it runs (``digest``)."""
         return self.model_dump(mode="json", exclude={"digest"})
+
+
+def stop_window(actions: Sequence[ActionModel]) -> tuple[int, int] | None:
+    """(first, last) positions in ``actions`` of the stop window, what the inference service is
+    down for: from the first step that stops a container or its service to the last that starts
+    one again. The VMs that must stop do so before it and start after it, so their shutdown is
+    not the service's downtime. Without such steps (only VMs change), from the first stop step to
+    the last start step. None when nothing stops or starts."""
+    picked = [i for i, a in enumerate(actions) if a.serves() and a.phase in ("stop", "start")]
+    if not picked:
+        picked = [i for i, a in enumerate(actions) if a.phase in ("stop", "start")]
+    if not picked:
+        return None
+    stops = [i for i in picked if actions[i].phase == "stop"]
+    starts = [i for i in picked if actions[i].phase == "start"]
+    return min(stops or starts), max(starts or stops)
 
 
 def action_class(kind: str) -> type[ActionModel]:
@@ -315,9 +346,12 @@ class StepContext:
     # rollback: an undo may stop one that holds a GPU it takes back (it started during the apply)
     services: set[tuple[int, str]] = field(default_factory=set)
 
-    def exec(self, vmid: int, argv: list[str], check: bool = True) -> ExecResult:
-        """Run ``argv`` in container ``vmid``. Raises ExecError when it fails and ``check``."""
-        res = self.ports.exec.run(vmid, argv, self.timeouts.exec)
+    def exec(
+        self, vmid: int, argv: list[str], check: bool = True, timeout: float | None = None
+    ) -> ExecResult:
+        """Run ``argv`` in container ``vmid`` for at most ``timeout`` seconds (the exec timeout
+        when None). Raises ExecError when it fails (and ``check``) or times out."""
+        res = self.ports.exec.run(vmid, argv, self.timeouts.exec if timeout is None else timeout)
         if check and res.rc != 0:
             raise ExecError(vmid, argv, res.rc, res.stderr)
         return res
@@ -335,22 +369,49 @@ class StepContext:
             return "inactive"
         return self.exec(vmid, ["systemctl", "is-active", unit], check=False).stdout.strip() or "unknown"
 
-    def wait_active(self, vmid: int, unit: str) -> None:
-        """Wait until ``unit`` is active. Raises ExecError when it fails or the service timeout passes."""
-        deadline = time.monotonic() + self.timeouts.service
+    def _left(self, deadline: float) -> float:
+        """Seconds one command may take before ``deadline``: the exec timeout at most."""
+        return max(0.0, min(self.timeouts.exec, deadline - time.monotonic()))
+
+    def wait_active(self, vmid: int, unit: str, deadline: float | None = None) -> None:
+        """Wait until ``unit`` is active with no job of it still queued, until ``deadline``
+        (``time.monotonic()``; the service timeout from now when None).
+
+        A start or restart asked with ``--no-block`` is a queued job until systemd finishes it
+        (systemctl(1) ``--no-block``: the job is only verified and enqueued): until then the unit
+        may still show its state from before (``inactive``, ``failed``, or ``active`` before a
+        restart), so a state counts only once no job is left (``Job=`` empty: ``systemctl show
+        -p`` prints an asked property even when it is empty, systemd src/systemctl/systemctl.c
+        ``-p``, and the Job property as its id or nothing, src/systemctl/systemctl-show.c
+        print_property). Raises ExecError when it fails, or when the deadline passes first."""
+        if deadline is None:
+            deadline = time.monotonic() + self.timeouts.service
+        argv = ["systemctl", "show", "-p", "ActiveState", "-p", "Job", unit]
+        state = "not active yet"
         while True:
-            res = self.exec(vmid, ["systemctl", "is-active", unit], check=False)
-            state = res.stdout.strip()
-            if state == "active":
+            try:
+                res = self.exec(vmid, argv, timeout=self._left(deadline))
+            except ExecError as e:
+                if e.rc is None and time.monotonic() >= deadline:  # the last look ran out of time
+                    break
+                raise
+            props = parse_show_properties(res.stdout)
+            state = props.get("ActiveState", "").strip() or "unknown"
+            queued = props.get("Job", "").strip() != ""
+            if state == "active" and not queued:
                 return
-            if state in ("failed", "inactive") or time.monotonic() >= deadline:
-                raise ExecError(
-                    vmid,
-                    ["systemctl", "is-active", unit],
-                    None if state not in ("failed", "inactive") else res.rc,
-                    f"{unit} is {state or 'unknown'}",
-                )
-            time.sleep(self.timeouts.poll)
+            if state in ("failed", "inactive") and not queued:
+                raise ExecError(vmid, ["systemctl", "is-active", unit], 3, f"{unit} is {state}")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            time.sleep(min(self.timeouts.poll, left))
+        raise ExecError(
+            vmid,
+            ["systemctl", "is-active", unit],
+            None,
+            f"{unit} is still {state} after {self.timeouts.service:g} s (the service timeout)",
+        )
 
     def service_commands(self, vmid: int, unit: str) -> tuple[str, str | None, str | None]:
         """(state, the unit's command, the running main process's command) of ``unit``: what the
@@ -370,10 +431,23 @@ class StepContext:
         return state, exec_start_command(props.get("ExecStart", "")), running
 
     def start_service(self, vmid: int, unit: str) -> None:
-        """daemon-reload, start ``unit`` and wait until it is active. Raises ExecError."""
-        self.exec(vmid, ["systemctl", "daemon-reload"])
-        self.exec(vmid, ["systemctl", "start", unit])
-        self.wait_active(vmid, unit)
+        """daemon-reload, start ``unit`` and wait until it is active, all within the service
+        timeout: the start is only queued (``--no-block``) and then watched, so a slow model
+        load fails when that timeout says, not when one blocking command's exec limit does.
+        Raises ExecError (rc None: the timeout passed)."""
+        self._start(vmid, unit, "start")
+
+    def restart_service(self, vmid: int, unit: str) -> None:
+        """Restart ``unit`` and wait until it is active again, within the service timeout.
+        Raises ExecError."""
+        self._start(vmid, unit, "restart")
+
+    def _start(self, vmid: int, unit: str, verb: str) -> None:
+        deadline = time.monotonic() + self.timeouts.service
+        if verb == "start":
+            self.exec(vmid, ["systemctl", "daemon-reload"], timeout=self._left(deadline))
+        self.exec(vmid, ["systemctl", verb, "--no-block", unit], timeout=self._left(deadline))
+        self.wait_active(vmid, unit, deadline)
 
     def mapping(self, id: str) -> dict[str, Any] | None:
         """The PCI mapping ``id`` as the API lists it (``map``, ``description``, ``digest``), or None."""

@@ -151,6 +151,9 @@ class StartGuest(_GuestStep):
     def describe(self) -> str:
         return f"start {guest_name(self.guest, self.vmid)}"
 
+    def started_guest(self) -> tuple[str, int]:
+        return self.guest, self.vmid
+
     def do(self, ctx: StepContext) -> None:
         if not ctx.running(self.guest, self.vmid):
             power(ctx, self.guest, self.vmid, "start")

@@ -70,22 +70,29 @@ class StartService(_ServiceStep):
     def describe(self) -> str:
         return f"CT {self.vmid}: start {self.unit} (after systemctl daemon-reload)"
 
+    def started_service(self) -> tuple[int, str]:
+        return self.vmid, self.unit
+
     def do(self, ctx: StepContext) -> None:
         ctx.start_service(self.vmid, self.unit)
 
     def undo(self, before: ServiceBefore, ctx: StepContext) -> str:
         # a service that was stopped before it stops again; one that ran before the apply is
         # started again by the final restart (RunningBefore), with the drop-in put back. One
-        # still starting (``activating``: the apply was stopped while it loaded its model) holds
-        # its GPUs already, and a GPU that is held cannot leave nvidia: its start job is
-        # cancelled by the stop (systemd replaces a unit's start job with the stop job)
-        if before.active:
+        # still starting (``activating``: the apply was stopped while it loaded its model, or its
+        # start timed out) holds its GPUs already, and a GPU that is held cannot leave nvidia. The
+        # stop runs whatever the unit shows: a start asked with --no-block is a queued job
+        # (``inactive`` until the job runs), and only a stop cancels it (systemd replaces a unit's
+        # start job with the stop job)
+        if before.active or not ctx.running("lxc", self.vmid):
             return ""
-        state = ctx.service_state(self.vmid, self.unit)
-        if state in STOPPED:
-            return ""
+        state = ctx.exec(self.vmid, ["systemctl", "is-active", self.unit], check=False).stdout.strip()
         ctx.exec(self.vmid, ["systemctl", "stop", self.unit])
-        return f"CT {self.vmid}: stopped {self.unit}" + (f" (it was {state})" if state != "active" else "")
+        return (
+            ""
+            if state in STOPPED
+            else f"CT {self.vmid}: stopped {self.unit}" + (f" (it was {state})" if state != "active" else "")
+        )
 
     def undo_restores(self) -> set[Resource]:
         return {Resource("stopped", f"{self.vmid}/{self.unit}")}

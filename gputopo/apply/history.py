@@ -10,13 +10,16 @@ from __future__ import annotations
 import os
 import time
 
+from gputopo.actions import stop_window
 from gputopo.apply.journal import (
     Begin,
     Done,
     End,
     Failed,
     Journal,
+    NeedsHuman,
     Recover,
+    RestartFailed,
     UndoDone,
     UndoFailed,
     UndoIncomplete,
@@ -75,15 +78,41 @@ def _steps(j: Journal) -> list[StepRecord]:
 
 
 def _stop_window(j: Journal, steps: list[StepRecord]) -> float | None:
-    """First stop step's begin to the last start step's end (to the journal's end when the
-    apply was rolled back: what stopped ran again only then)."""
-    begins = [s.started for s in steps if s.phase == "stop" and s.started is not None]
+    """How long the inference service was down: from the begin of the stop window's first stop
+    step (:func:`gputopo.actions.stop_window`) to the end of its last start step; after a
+    rollback, to the end of the first rollback that started the container and its service
+    again: a rollback that could not (a restart failed, or the apply was killed) leaves it down
+    until a later recover does, but one that needed a human only for a device does not count
+    the hours until the operator ran recover."""
+    bounds = stop_window(j.header.actions)
+    if bounds is None:
+        return None
+    begins = [
+        s.started
+        for s in steps
+        if s.phase == "stop" and s.started is not None and bounds[0] <= s.step - 1 <= bounds[1]
+    ]
     if not begins:
         return None
+    start = min(begins)
     if j.result == "applied":
-        ends = [r.t for r in j.of(Done) if j.header.actions[r.step].phase == "start"]
-        return max(ends) - min(begins) if ends else None
-    return j.records[-1].t - min(begins)
+        ends = [
+            r.t
+            for r in j.of(Done)
+            if bounds[0] <= r.step <= bounds[1] and j.header.actions[r.step].phase == "start"
+        ]
+        return max(ends) - start if ends else None
+    down = False  # the run that ends at the next End or NeedsHuman left the service down
+    for r in j.records:
+        if r.t < start:
+            continue
+        if isinstance(r, RestartFailed) and not r.what.startswith("qemu/"):
+            down = True
+        elif isinstance(r, (End, NeedsHuman)):
+            if not down:
+                return r.t - start
+            down = False
+    return j.records[-1].t - start
 
 
 def record_of(j: Journal, with_steps: bool = False) -> ApplyRecord:

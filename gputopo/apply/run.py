@@ -238,8 +238,11 @@ def apply(
     problems = preflight(p, facts, current, spec, ports, root, node)
     if problems:
         raise PreflightFailed(problems)
+    asked = time.monotonic()
     if confirm is not None and not confirm(p):
         raise ApplyCancelled()
+    # the time the operator spent at the prompt is not the apply's: its wall time leaves it out
+    t_start += time.monotonic() - asked
     progress = Quiet(progress)
     with HostLock(root), signals.interruptible():
         facts, current, p2 = _read_checked(spec, ports, root, node, expected, spec_path)

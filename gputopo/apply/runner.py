@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from gputopo.actions import ActionModel, RunningBefore, StepContext, Timeouts, undo_order
+from gputopo.actions import ActionModel, RunningBefore, StepContext, Timeouts, stop_window, undo_order
 from gputopo.actions.guest import power
 from gputopo.adapters.sysfs import Binder
 from gputopo.apply import signals
@@ -163,9 +163,14 @@ class Runner:
             i = k
 
     def stop_window(self) -> float | None:
-        """Seconds from the first stop step's start to the last start step's end."""
-        stops = [r.started for r in self.results if r.phase == "stop"]
-        starts = [r.ended for r in self.results if r.phase == "start"]
+        """Seconds the inference service was down: from the start of the stop window's first
+        stop step to the end of its last start step (:func:`gputopo.actions.stop_window`)."""
+        bounds = stop_window(self.j.header.actions)
+        if bounds is None:
+            return None
+        inside = [r for r in self.results if bounds[0] <= r.index <= bounds[1]]
+        stops = [r.started for r in inside if r.phase == "stop"]
+        starts = [r.ended for r in inside if r.phase == "start"]
         if not stops or not starts:
             return None
         return max(starts) - min(stops)
@@ -316,8 +321,7 @@ class Runner:
                 if dropin_restored
                 else "its command line could not be read"
             )
-            ctx.exec(vmid, ["systemctl", "restart", unit])
-            ctx.wait_active(vmid, unit)
+            ctx.restart_service(vmid, unit)
             self.progress.note(f"CT {vmid}: restarted {unit} with its previous configuration ({why})")
             return
         ctx.start_service(vmid, unit)

@@ -300,8 +300,10 @@ def plan(
         *_persistence_actions(vfio_all, current, templates),
         *mapping_actions,
         *dropins,
-        *ct_stops,
+        # VMs stop before the containers' services: a guest's shutdown (seconds to tens of
+        # seconds, up to policy.shutdown_timeout) is then not part of the service's downtime
         *vm_stops,
+        *ct_stops,
         *rebinds,
         *updates,
         *vm_plan.updates,

@@ -3,7 +3,9 @@
 ``4 rebinds, 1 mapping change, 1 guest restart; stop window about 18 s (the last apply's
 times), at most 1250 s (the step timeouts)``.
 
-The stop window runs from the first ``stop`` step to the last ``start`` step. Its expected
+The stop window is what the inference service is down for (``gputopo.actions.stop_window``):
+from the first step that stops a container or its service to the last that starts one again
+(the VMs that stop do so before it and start after it). Its expected
 length adds each step's time as the last apply measured it (the same step by its description,
 else the mean of its kind); steps of a parallel kind that follow each other count once, with
 the slowest of them. The bound adds each waiting step's timeout the same way.
@@ -14,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gputopo.actions import ActionModel, Timeouts
+from gputopo.actions import ActionModel, Timeouts, stop_window
 from gputopo.plan.model import Plan
 
 # what an operator asks first: how many GPUs move, which mappings change, what restarts
@@ -76,13 +78,8 @@ class PlanSummary:
 
 
 def _window(actions: list[ActionModel]) -> list[ActionModel]:
-    stops = [i for i, a in enumerate(actions) if a.phase == "stop"]
-    starts = [i for i, a in enumerate(actions) if a.phase == "start"]
-    if not stops and not starts:
-        return []
-    first = min(stops or starts)
-    last = max(starts or stops)
-    return actions[first : last + 1]
+    bounds = stop_window(actions)
+    return actions[bounds[0] : bounds[1] + 1] if bounds is not None else []
 
 
 def _groups(actions: list[ActionModel]) -> list[list[ActionModel]]:

@@ -51,6 +51,13 @@ SERVICE_STOP, SERVICE_START = 3.0, 20.0
 CT_STOP, CT_START = 4.0, 6.0
 VFIO_BIND, NVIDIA_BIND = 0.3, 0.5
 UNBIND_MIN, UNBIND_MAX = 1.0, 3.0
+# A guest OS's own shutdown after Proxmox's ACPI powerdown (qmshutdown): its services stop, its
+# filesystems sync and unmount. Seconds to tens of seconds: a graceful guest stop "typically takes
+# 30 to 60 seconds" (HP Integrity Virtual Machines Manager 4.1 user guide, "Stopping virtual
+# machines"), and Proxmox waits 60 s for it by default (qemu-server QemuServer.pm _do_vm_stop;
+# 180 s for its start/stop order, pve-docs qm.adoc "Shutdown timeout"). 20 s is a Linux guest
+# stopping its own inference server (as the container's does, 3 s) and the rest of its units.
+VM_SHUTDOWN = 20.0
 
 
 def _extract_snapshot(archive: Path, dest: Path) -> None:
@@ -311,13 +318,17 @@ class SimHost:
             host=SimHostCommands(self.dir),
         )
 
-    def set_latencies(self, scale: float = 1.0, moving: list[str] | None = None) -> dict[str, float]:
+    def set_latencies(
+        self, scale: float = 1.0, moving: list[str] | None = None, vm_shutdown: float = VM_SHUTDOWN
+    ) -> dict[str, float]:
         """Give the host a real server's pace, every latency multiplied by ``scale``.
 
         At scale 1 (seconds): nvidia unbind 1-3 per GPU (spread over ``moving``, the GPUs that
         will move, in order), vfio-pci bind 0.3, nvidia bind 0.5, container stop 4 / start 6,
-        service stop 3 / start 20. Returns the per-operation latencies at scale 1 (``unbind``
-        per address under ``unbind:<address>``) so a caller can compute a critical path.
+        service stop 3 / start 20, a VM's guest shutdown ``vm_shutdown`` (20). Returns the
+        per-operation latencies at scale 1 (``unbind`` per address under ``unbind:<address>``)
+        so a caller can compute a critical path. A host without this call answers every task
+        at once (the tests' pace).
         """
         from gputopo.sim.kernel import SimKernel
 
@@ -338,6 +349,7 @@ class SimHost:
                 "vzstart": CT_START * scale,
                 "service.stop": SERVICE_STOP * scale,
                 "service.start": SERVICE_START * scale,
+                "qmshutdown": vm_shutdown * scale,
             },
         )
         out = {
@@ -345,6 +357,7 @@ class SimHost:
             "service.start": SERVICE_START,
             "ct.stop": CT_STOP,
             "ct.start": CT_START,
+            "vm.shutdown": vm_shutdown,
             "vfio-pci.bind": VFIO_BIND,
             "nvidia.bind": NVIDIA_BIND,
         }

@@ -263,6 +263,48 @@ def test_systemctl_show_real_format(sx):
     assert (r.rc, r.stdout) == (0, "ActiveState=inactive\n")
 
 
+def _show(sx, *props: str) -> dict[str, str]:
+    argv = ["systemctl", "show", *[w for p in props for w in ("-p", p)], "sglang.service"]
+    out = sx.run(101, argv, timeout=5).stdout
+    return dict(line.split("=", 1) for line in out.splitlines())
+
+
+def test_no_block_start_returns_at_once_with_its_job_queued(sx):
+    # a model that takes 30 s to load: the start job runs until the server is ready
+    sx.break_(101, "slow_start", seconds=30, tp=4)
+    sx.run(101, ["systemctl", "stop", "sglang.service"], timeout=5)
+    assert _show(sx, "Job") == {"Job": ""}  # no job: systemctl show prints an asked property empty
+    t0 = time.monotonic()
+    r = sx.run(101, ["systemctl", "start", "--no-block", "sglang.service"], timeout=5)
+    assert (r.rc, r.stderr) == (0, "") and time.monotonic() - t0 < 5
+    props = _show(sx, "ActiveState", "Job")
+    assert props["ActiveState"] == "activating" and props["Job"].isdigit()
+    # the option may come before the verb as well (getopt_long), and a restart queues a new job
+    r = sx.run(101, ["systemctl", "--no-block", "restart", "sglang.service"], timeout=5)
+    assert r.rc == 0 and int(_show(sx, "Job")["Job"]) > int(props["Job"])
+    sx.heal(101, "slow_start")
+
+
+def test_no_block_start_of_a_crashing_server_exits_0_and_the_unit_fails(sx):
+    sx.run(101, ["systemctl", "stop", "sglang.service"], timeout=5)
+    sx.break_(101, "service_fails", message="RuntimeError: CUDA error: out of memory")
+    r = sx.run(101, ["systemctl", "start", "--no-block", "sglang.service"], timeout=5)
+    assert (r.rc, r.stderr) == (0, "")  # only queued: the crash shows in the unit's state
+    assert _show(sx, "ActiveState", "Job") == {"ActiveState": "failed", "Job": ""}
+    blocking = sx.run(101, ["systemctl", "start", "sglang.service"], timeout=5)
+    assert blocking.rc == 1 and "failed because the control process exited" in blocking.stderr
+    # what systemd checks before queueing still fails the command
+    r = sx.run(101, ["systemctl", "start", "--no-block", "nope.service"], timeout=5)
+    assert r.rc == 5 and "Unit nope.service not found" in r.stderr
+
+
+def test_systemctl_refuses_an_option_it_does_not_know(sx):
+    r = sx.run(101, ["systemctl", "start", "--no-wait-please", "sglang.service"], timeout=5)
+    assert (r.rc, r.stderr) == (1, "systemctl: unrecognized option '--no-wait-please'\n")
+    r = sx.run(101, ["systemctl", "-Z", "start", "sglang.service"], timeout=5)
+    assert (r.rc, r.stderr) == (1, "systemctl: invalid option -- 'Z'\n")
+
+
 def test_drop_in_reset_and_daemon_reload(sx):
     d = sx.paths.rootfs(101) / "etc/systemd/system/sglang.service.d"
     unit = load_unit(sx.paths.rootfs(101), "sglang.service")

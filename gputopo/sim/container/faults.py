@@ -5,7 +5,9 @@ They live in ``<run>/faults.json`` (set with :func:`break_container` /
 default the last GPU), ``unbalanced_memory`` (``index=``, ``used_mib=``), ``wrong_answer``
 (``answer=``), ``hung_endpoint`` (``seconds=``), ``nvidia_smi_fails`` (``rc=``, ``message=``),
 ``service_fails`` (``message=``; ``count=`` fails only the next starts; ``tp=`` only a start with
-that tensor-parallel size, as a new configuration that does not fit).
+that tensor-parallel size, as a new configuration that does not fit), ``slow_start``
+(``seconds=``: how long a start takes until the server is ready, instead of the ``service.start``
+latency; ``tp=`` only a start with that tensor-parallel size, as a model that loads slowly).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ FAULTS = (
     "hung_endpoint",
     "nvidia_smi_fails",
     "service_fails",
+    "slow_start",
 )
 
 

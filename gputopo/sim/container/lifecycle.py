@@ -51,7 +51,7 @@ class Container:
         self.state_name = f"ct-{self.vmid}"
 
     # runtime state: {"devices": [...] (view fixed at start), "booted": time, "loaded": {unit: fingerprint},
-    #                 "services": {unit: {...}}}
+    #                 "services": {unit: {...}}, "jobs": the last job id}
     def _state(self) -> dict:
         return state.read_state(self.paths.run, self.state_name, {}) or {}
 
@@ -181,8 +181,15 @@ class Container:
                 st.setdefault("loaded", {})[name] = unit.__dict__
             self._save(st)
 
-    def start_service(self, name: str, verb: str = "start") -> tuple[int, str]:
-        """Start unit ``name``; return (exit status, stderr) as ``systemctl <verb>`` gives them."""
+    def start_service(
+        self, name: str, verb: str = "start", block: bool = True, after: float = 0.0
+    ) -> tuple[int, str]:
+        """Start unit ``name``; return (exit status, stderr) as ``systemctl <verb>`` gives them.
+
+        Without ``block`` (``--no-block``) only what systemd checks before it queues the job
+        fails the command (a unit not found, a bad setting); a server that crashes at start
+        ends ``failed`` while the command exits 0. ``after``: seconds before the start begins
+        (a restart's stop, which then happens in the job, not in the command)."""
         unit, stale = self.effective_unit(name)
         if unit is None:
             return 5, f"Failed to {verb} {name}: Unit {name} not found.\n"
@@ -213,11 +220,14 @@ class Container:
         if reason:
             svc.update(state="failed", result="exit-code", message=reason, code=1)
             self._set_service(name, svc, unit)
+            if not block:
+                return 0, warn
             return 1, warn + (
                 f"Job for {name} failed because the control process exited with error code.\n"
                 f'See "systemctl status {name}" and "journalctl -xeu {name}" for details.\n'
             )
-        svc["ready_at"] = time.time() + service_latency(self.sim_dir, "start")
+        svc["ready_at"] = time.time() + after + self._start_latency(argv)
+        svc["job"] = self._next_job()
         svc["tp"] = parse_tp(argv)
         gpus = self.gpus()[: svc["tp"]]
         svc["gpus"] = [g.address for g in gpus]
@@ -227,6 +237,22 @@ class Container:
         svc["pid"] = svc["host_pids"][0]  # MainPID: the server's main process
         self._set_service(name, svc, unit)
         return 0, warn
+
+    def _start_latency(self, argv: list[str]) -> float:
+        """Seconds until the server is ready: the ``slow_start`` fault's (for its tensor-parallel
+        size only when it names one), else the configured ``service.start`` latency."""
+        fault = faults_of(self.sim_dir, self.vmid).get("slow_start")
+        if fault is not None and (fault.get("tp") is None or _tp_of(argv) == int(fault["tp"])):
+            return float(fault.get("seconds", 60.0))
+        return service_latency(self.sim_dir, "start")
+
+    def _next_job(self) -> int:
+        """A new job id (systemd numbers the jobs it queues, counting up)."""
+        with state.locked(self.paths.run, self.state_name):
+            st = self._state()
+            st["jobs"] = int(st.get("jobs", 0)) + 1
+            self._save(st)
+            return st["jobs"]
 
     def _start_problem(self, unit: Unit) -> str | None:
         argv = unit.argv

@@ -2,7 +2,9 @@
 list-units and list-unit-files.
 
 A start returns once the server is ready, like a Type=notify unit; meanwhile ``is-active``
-says ``activating``. ``show`` prints service properties before unit ones, as systemd does.
+says ``activating`` and ``show -p Job`` the id of the start job. With ``--no-block`` a start,
+stop or restart returns once its job is queued (a server that crashes at start then shows
+``failed``). ``show`` prints service properties before unit ones, as systemd does.
 The lists print systemd's columns (systemctl(1), list-units: UNIT LOAD ACTIVE SUB DESCRIPTION;
 list-unit-files: UNIT FILE, STATE, PRESET), each padded to its widest cell and separated by
 one blank, as systemd's table formatter does (src/shared/format-table.c); ``--no-legend``
@@ -34,14 +36,55 @@ def _exec_start_prop(svc: dict, unit: Unit) -> str:
     )
 
 
+# The options the simulator knows, as systemctl(1) spells them. systemctl reads them with
+# getopt_long (src/systemctl/systemctl.c systemctl_parse_argv), which takes them before or after
+# the verb; one it does not know fails the command with getopt's message.
+FLAGS = {"--no-block", "--all", "-a", "--no-legend", "--plain", "--full", "-l", "--quiet", "-q", "--no-pager"}
+VALUED = {"-p", "--property", "-t", "--type"}
+
+
+def _split(args: list[str]) -> tuple[list[str], list[str], str | None]:
+    """(the verb and its arguments, the options with their values, getopt's error or None)."""
+    words: list[str] = []
+    opts: list[str] = []
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a == "--":
+            words += args[i + 1 :]
+            break
+        if not a.startswith("-") or a == "-":
+            words.append(a)
+        elif a in VALUED:
+            if i + 1 >= len(args):
+                return words, opts, f"systemctl: option '{a}' requires an argument\n"
+            opts += [a, args[i + 1]]
+            i += 1
+        elif a.split("=", 1)[0] in VALUED and a.startswith("--"):
+            opts.append(a)
+        elif a[:2] in VALUED:  # a short option with its value attached: -pActiveState
+            opts += [a[:2], a[2:]]
+        elif a in FLAGS:
+            opts.append(a)
+        elif a.startswith("--"):
+            return words, opts, f"systemctl: unrecognized option '{a.split('=', 1)[0]}'\n"
+        else:
+            return words, opts, f"systemctl: invalid option -- '{a[1:2]}'\n"
+        i += 1
+    return words, opts, None
+
+
 def systemctl(ct: Container, args: list[str]) -> ExecResult:
     """Run ``systemctl ARGS`` in container ``ct``."""
-    if not args:
+    words, opts, bad = _split(args)
+    if bad:
+        return result(1, err=bad)
+    if not words:
         return result(1, err="Too few arguments.\n")
-    verb, rest = args[0], []
-    for i, a in enumerate(args[1:]):
-        after_p = i > 0 and args[i] in ("-p", "--property")
-        rest.append(a if a.startswith("-") or after_p else unit_name(a))
+    verb = words[0]
+    # the options first (show reads its -p pairs from them), then the units
+    rest = opts + [unit_name(w) for w in words[1:]]
+    no_block = "--no-block" in opts
     if verb == "daemon-reload":
         ct.daemon_reload()
         return result(0)
@@ -50,13 +93,14 @@ def systemctl(ct: Container, args: list[str]) -> ExecResult:
         units: list[str] = []
         i = 0
         while i < len(rest):
-            if rest[i] == "-p" and i + 1 < len(rest):
-                props.extend(rest[i + 1].split(","))
+            if rest[i] in VALUED and i + 1 < len(rest):
+                if rest[i] in ("-p", "--property"):
+                    props.extend(rest[i + 1].split(","))
                 i += 2
                 continue
             if rest[i].startswith("--property="):
                 props.extend(rest[i].split("=", 1)[1].split(","))
-            else:
+            elif not rest[i].startswith("-"):
                 units.append(rest[i])
             i += 1
         out = []
@@ -64,16 +108,20 @@ def systemctl(ct: Container, args: list[str]) -> ExecResult:
             unit, _ = ct.effective_unit(name)
             svc = ct.service(name)
             # systemd prints service properties (MainPID, ExecStart) before unit ones (ActiveState)
-            order = ["MainPID", "ExecStart", "Id", "LoadState", "ActiveState", "SubState", "Result"]
-            sub = {"active": "running", "failed": "failed"}.get(svc["state"], "dead")
+            order = ["MainPID", "ExecStart", "Id", "LoadState", "ActiveState", "SubState", "Job", "Result"]
+            active = _ready_state(svc)  # activating until the server is ready, as is-active says
+            sub = _SUB.get(active, "dead")
             values = {
                 "MainPID": str(svc.get("pid", 0)),
                 "Id": name,
                 "ExecStart": _exec_start_prop(svc, unit) if unit and unit.exec_start else "",
                 "LoadState": "loaded" if unit else "not-found",
-                "ActiveState": svc["state"],
+                "ActiveState": active,
                 "SubState": sub,
                 "Result": svc.get("result", "success"),
+                # the job queued for the unit: its id while a start runs (until the server is
+                # ready), else empty (src/systemctl/systemctl-show.c print_property, "Job")
+                "Job": str(svc.get("job", "")) if active == "activating" else "",
                 # when it last became active: a restart changes it (the simulator's clock is
                 # wall time in microseconds, systemd's is CLOCK_MONOTONIC; both only grow)
                 "ActiveEnterTimestampMonotonic": str(int(svc.get("started", 0) * 1_000_000)),
@@ -88,26 +136,33 @@ def systemctl(ct: Container, args: list[str]) -> ExecResult:
         return result(0, "".join(line + "\n" for line in out))
     if verb in ("list-units", "list-unit-files"):
         return _list(ct, verb, rest)
+    units = [unit_name(w) for w in words[1:]]
     if verb == "is-active":
-        states = [_ready_state(ct.service(u)) for u in rest]
+        states = [_ready_state(ct.service(u)) for u in units]
         rc = 0 if states and all(s == "active" for s in states) else 3
         return result(rc, "".join(s + "\n" for s in states))
     if verb in ("start", "stop", "restart"):
+        # systemctl(1) --no-block: the job is only verified and enqueued, and the command
+        # returns; without it, it waits until the job is done (a start: the server is ready)
         err = ""
-        for name in rest:
+        for name in units:
+            stopping = 0.0
             if verb in ("stop", "restart"):
                 if ct.service(name).get("state") == "active":
-                    time.sleep(service_latency(ct.sim_dir, "stop"))
+                    stopping = service_latency(ct.sim_dir, "stop")
+                    if not no_block:
+                        time.sleep(stopping)
                 rc, e = ct.stop_service(name)
                 if rc and verb == "stop":
                     return result(rc, err=err + e)
             if verb in ("start", "restart"):
-                rc, e = ct.start_service(name, verb)
+                rc, e = ct.start_service(name, verb, block=not no_block, after=stopping if no_block else 0.0)
                 err += e
                 if rc:
                     return result(rc, err=err)
-                # like a Type=notify unit: start returns once the server says it is ready
-                time.sleep(max(0.0, float(ct.service(name).get("ready_at", 0.0)) - time.time()))
+                if not no_block:
+                    # like a Type=notify unit: start returns once the server says it is ready
+                    time.sleep(max(0.0, float(ct.service(name).get("ready_at", 0.0)) - time.time()))
         return result(0, err=err)
     return result(1, err=f"Unknown command verb {verb}.\n")
 
