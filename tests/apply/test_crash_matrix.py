@@ -421,3 +421,27 @@ def test_every_point(case, starts, request):
     if "matrix_full" not in (request.config.getoption("markexpr") or ""):
         pytest.skip("every point runs when -m names matrix_full; the CI run takes the matrix's sample")
     _run(case, starts, None)
+
+
+@pytest.mark.matrix
+@pytest.mark.parametrize("case", [_param(c, []) for c in QUICK if c.family == "kill-recover"])
+def test_recover_finish_ends_byte_for_byte_like_a_clean_apply(case, starts):
+    start = starts(case)
+    host, tmp = start.copy("finish")
+    try:
+        probe = _probe(host, *_apply_args(host))
+        writes = [c for what, _, c in probe["trace"] if what == "SimKernel"]
+    finally:
+        _discard(host, tmp)
+    host, tmp = start.copy("finish")
+    try:
+        res = _drive(host, *_apply_args(host), at=f"call:{writes[1]}")  # mid-switch
+        assert res.returncode == -signal.SIGKILL, res.stderr
+        assert find_unfinished(host.paths.root) is not None
+        res = _drive(host, "recover", "--finish")
+        assert res.returncode == 0, res.stderr
+        assert find_unfinished(host.paths.root) is None
+        host.stop()
+        assert applysim.diff(start.applied, applysim.fingerprint(host)) == []
+    finally:
+        _discard(host, tmp)
