@@ -54,7 +54,7 @@ from helpers import TESTS, applysim
 from helpers.crashmatrix import CASES, PVE, RESTARTS, Case, record, sample
 
 DRIVER = TESTS / "helpers" / "crashdriver.py"
-WORKERS = 2
+WORKERS = 4  # runs of one case at a time: most of a run is the paced host waiting
 SAMPLE = 6  # points per case under the matrix marker
 
 # Known bugs, fixed elsewhere: (shape, restart, pve, family) -> which bug. A case listed here is
