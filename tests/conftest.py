@@ -76,3 +76,39 @@ def fresh_host(tmp_path: Path) -> Callable[[str], Path]:
         return materialize(name, tmp_path / f"fresh-{count[0]}-{Path(name).stem}")
 
     return build
+
+
+# --- the crash matrix's tally (tests/helpers/crashmatrix.py) ---------------------------------
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The session's directory for the crash matrix's run records; xdist workers inherit it."""
+    from helpers.crashmatrix import RECORDS_ENV
+
+    if not hasattr(config, "workerinput"):
+        d = os.path.join(tempfile.gettempdir(), f"gputopo-matrix-runs-{os.getpid()}")  # made by the first run
+        os.environ[RECORDS_ENV] = d
+        config.stash[_MATRIX_RUNS] = d
+
+
+_MATRIX_RUNS = pytest.StashKey[str]()
+
+
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+    """The crash matrix's runs per direction and how they ended, when the session ran any."""
+    import json
+
+    from helpers.crashmatrix import COUNTS_ENV, summary, tally
+
+    d = config.stash.get(_MATRIX_RUNS, None)
+    if d is None:
+        return
+    counts = tally(Path(d))
+    shutil.rmtree(d, ignore_errors=True)
+    if not counts:
+        return
+    terminalreporter.section("crash matrix: runs per direction")
+    for line in summary(counts):
+        terminalreporter.write_line(line)
+    if os.environ.get(COUNTS_ENV):
+        Path(os.environ[COUNTS_ENV]).write_text(json.dumps(counts, indent=1) + "\n")

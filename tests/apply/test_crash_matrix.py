@@ -1,17 +1,33 @@
-"""SIGKILL at every point of an apply, of its rollback and of a recover, then recover: every run
-ends fully applied or identical to before, with the service running what its unit says.
+"""SIGKILL at every point of an apply, of its rollback and of a recover, then recover, and a failure
+injected at each step: every run ends fully applied or identical to before, with the service
+running what its unit says.
 
-Kill points are counted, not polled (``tests/helpers/crashdriver.py``): right after every journal record
+The cases are data (``tests/helpers/crashmatrix.py``): every shape of change (the split, with and
+without VM 201 consuming the VM mapping; the reverse, without a VM, with VM 201 running and
+``when_gpus_leave: remove``, and a partial reverse that repoints it with ``repoint``), both restart
+policies (``auto`` keeps the container running where Proxmox allows it, a hot-plug on PVE 9;
+``always`` stops and starts it), PVE 8 and 9, and four families of runs:
+
+* ``kill-apply``: SIGKILL at every kill point of a clean apply, then ``gputopo recover``;
+* ``kill-rollback``: the last step fails, then SIGKILL at every point of the rollback, then recover;
+* ``kill-recover``: the apply is killed mid-switch, its recover killed at every point, then a
+  second recover;
+* ``fail-step``: each step of the plan made to fail once (the simulator's faults: the kernel's,
+  a Proxmox task's or API call's, the container's service; a read-only host file, a full container
+  disk and a cancelled stop job through ``tests/helpers/crashdriver.py``), then recover when the
+  journal was left open.
+
+Kill points are counted, not polled (``crashdriver.py``): right after every journal record
 reaches the disk and right after every call that changes the host. The simulated host runs at a
 realistic pace where it matters for a rollback: the service stays ``activating`` for a second
-after each start and the container takes most of a second to shut down. The apply and its
-rollback run both with the container kept running (``container_restart: auto``) and with it
-stopped and started again (``always``). What is compared is what runs (``applysim.fingerprint``): drivers and overrides,
-the nvidia and vfio nodes, the Proxmox files, host and container files with their modes, the
-service's real command line and the GPUs its processes hold, the container's view of /dev.
+after each start and the container takes most of a second to shut down. What is compared is what
+runs (``applysim.fingerprint``): drivers and overrides, the nvidia and vfio nodes, the Proxmox
+files, host and container files with their modes, which guests run, the service's real command
+line and the GPUs its processes hold, the container's view of /dev.
 
-The matrix runs a few hundred short processes; it is marked ``matrix`` and runs with the whole
-suite (``-m 'e2e or not e2e'``, as CI does), not with a plain ``pytest``.
+The ``matrix`` marker (the CI run) takes an even sample of each case's points, ``matrix_full``
+every point; a few cases of the first shape run with the ``slow`` tests. The session prints
+the runs per direction and how they ended (``GPUTOPO_MATRIX_COUNTS=FILE`` keeps them as JSON).
 """
 
 from __future__ import annotations
@@ -27,62 +43,108 @@ from pathlib import Path
 
 import pytest
 
+from gputopo.apply import read_and_plan
 from gputopo.apply.journal import find_unfinished, list_journals, parse_journal
+from gputopo.plan.spec import parse_spec
 from gputopo.sim import state
 from gputopo.sim.container import break_container, heal_container
+from gputopo.sim.host import SimHost
 from gputopo.sim.kernel import SimKernel
 from helpers import TESTS, applysim
-from helpers.applysim import template  # noqa: F401 (fixtures)
-
-pytestmark = pytest.mark.matrix
+from helpers.crashmatrix import CASES, PVE, Case, record, sample
 
 DRIVER = TESTS / "helpers" / "crashdriver.py"
-WORKERS = 2
+WORKERS = 4  # runs of one case at a time: most of a run is the paced host waiting
+SAMPLE = 6  # points per case under the matrix marker
+
+# Known bugs not fixed yet: (shape, restart, pve, family) -> which bug. A case listed here is
+# expected to fail (strict: it fails as XPASS once the fix lands, and then leaves this table).
+# Empty: the undo order and the PVE 9 live rollback the first sample found are fixed.
+KNOWN: dict[tuple[str, str, str, str], str] = {}
 
 
-RESTARTS = ["auto", "always"]  # the container keeps running / stops and starts again
+def _param(case: Case, marks: list) -> object:
+    key = (case.shape.name, case.restart, case.pve, case.family)
+    if key in KNOWN:
+        marks = [*marks, pytest.mark.xfail(strict=True, reason=KNOWN[key])]
+    return pytest.param(case, marks=[*marks, pytest.mark.xdist_group(case.group)], id=case.id)
 
 
-def _pace(host) -> None:
+# --- hosts: one start host per shape, restart policy and Proxmox version, copied per run --------
+
+
+def _pace(sim: Path) -> None:
     """A real server's pace where the rollback logic depends on it: the service stays activating
     for a second after each start, and the container takes a while to shut down."""
-    SimKernel(host.paths.root).configure(time_scale=applysim.SCALE)
     state.write_state(
-        host.paths.run,
+        sim / "run",
         "latencies",
         {"service.start": 1.0, "service.stop": 0.1, "vzstart": 0.3, "vzshutdown": 0.8},
     )
 
 
-def _host(template, tag: str, restart: str = "auto"):
-    base = Path(tempfile.mkdtemp(prefix=f"gputopo-crash-{tag}-", dir=applysim.fast_tmp()))
-    h = applysim.copy_host(template, base / "sim")
-    _pace(h)
-    text = applysim.seed_spec_text(h)
-    (h.dir / "spec.yaml").write_text(
-        text.replace("policy:\n", f"policy:\n  container_restart: {restart}\n", 1)
-    )
-    return h, base
+class Start:
+    """The start host of one group of cases: the seed host of its Proxmox version with the shape's
+    start spec applied, the spec to apply, and what a clean apply of it leaves."""
+
+    def __init__(self, case: Case, base: Path):
+        self.case = case
+        sim = base / "sim"
+        h = SimHost.create(sim, pve_version=PVE[case.pve])
+        SimKernel(h.paths.root).configure(time_scale=applysim.SCALE)
+        # the start spec with restart ``always``: the container runs its configuration, no devN
+        # removal pending (a rollback that restarts it applies those, and cannot put them back)
+        start, _ = case.shape.specs(applysim.seed_spec_text(h), "always")
+        _, target = case.shape.specs(applysim.seed_spec_text(h), case.restart)
+        if start is not None:
+            (sim / "start.yaml").write_text(start)
+            res = _drive(h, "apply", "--spec", str(sim / "start.yaml"), "--yes", "--no-verify")
+            assert res.returncode == 0, res.stderr
+        (sim / "spec.yaml").write_text(target)
+        _pace(sim)
+        h.stop()
+        self.dir = sim
+        host, tmp = self.copy("clean")
+        try:
+            res = _drive(host, *_apply_args(host))
+            assert res.returncode == 0, res.stderr
+            self.applied = applysim.fingerprint(host)
+        finally:
+            _discard(host, tmp)
+
+    def copy(self, tag: str) -> tuple[SimHost, Path]:
+        tmp = Path(tempfile.mkdtemp(prefix=f"gputopo-crash-{tag}-", dir=applysim.fast_tmp()))
+        return applysim.copy_host(self.dir, tmp / "sim"), tmp
 
 
-def _probe_copy(
-    template, restart: str, args: list[str] | None, rc: int, setup=lambda h: None, inspect=lambda h: None
-) -> tuple[dict, object]:
-    """Count the kill points of ``gputopo ARGS`` (an apply by default) on a copy of the host after
-    ``setup``; returns the counts and what ``inspect(host)`` says once it ended with ``rc``."""
-    host, base = _host(template, "probe", restart)
-    try:
-        setup(host)
-        probe = _probe(host, *(args or _apply_args(host)))
-        assert probe["rc"] == rc, probe["stderr"]
-        return probe, inspect(host)
-    finally:
-        host.stop()
-        applysim.cleanup(base)
+def _discard(host: SimHost, tmp: Path) -> None:
+    SimKernel(host.paths.root).clear_faults()  # lets any hung writer finish
+    host.stop()
+    applysim.cleanup(tmp)
 
 
-def _drive(host, *args: str, at: str | None = None, count: Path | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+@pytest.fixture(scope="session")
+def starts():
+    made: dict[str, Start] = {}
+    bases: list[Path] = []
+
+    def of(case: Case) -> Start:
+        if case.group not in made:
+            base = Path(tempfile.mkdtemp(prefix=f"gputopo-{case.group}-", dir=applysim.fast_tmp()))
+            bases.append(base)
+            made[case.group] = Start(case, base)
+        return made[case.group]
+
+    yield of
+    for b in bases:
+        applysim.cleanup(b)
+
+
+# --- running gputopo in a process of its own ----------------------------------------------------
+
+
+def _drive(host, *args: str, at: str | None = None, count: Path | None = None, env=None):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     env.pop("GPUTOPO_CRASH_AT", None)
     if at:
         env["GPUTOPO_CRASH_AT"] = at
@@ -96,17 +158,12 @@ def _apply_args(host) -> list[str]:
     return ["apply", "--spec", str(host.dir / "spec.yaml"), "--yes", "--no-verify", "--timeout", "30"]
 
 
-def _probe(host, *args: str) -> dict:
+def _probe(host, *args: str, env=None) -> dict:
     out = host.dir.parent / "count.json"
-    res = _drive(host, *args, count=out)
-    data = json.loads(out.read_text())
+    res = _drive(host, *args, count=out, env=env)
+    data = json.loads(out.read_text()) if out.exists() else {"trace": []}
     data["rc"], data["stderr"] = res.returncode, res.stderr
     return data
-
-
-def _settle(host) -> subprocess.CompletedProcess:
-    """``gputopo recover`` in a process of its own, as an operator runs it after a crash."""
-    return _drive(host, "recover")
 
 
 def _points(trace: list, start_records: int = 0, start_calls: int = 0) -> list[str]:
@@ -116,147 +173,276 @@ def _points(trace: list, start_records: int = 0, start_calls: int = 0) -> list[s
     return [f"record:{n}" for n in records] + [f"call:{n}" for n in calls]
 
 
-def _check(tag, template, prepare, points, expect_applied_fp=None, restart: str = "auto"):
-    """Run ``prepare(host)`` then kill/recover at each point in parallel; collect problems."""
-
-    def one(point: str) -> str | None:
-        host, base = _host(template, tag, restart)
-        try:
-            before = applysim.fingerprint(host)
-            outcome = prepare(host, point)
-            if find_unfinished(host.paths.root) is not None:
-                rec = _settle(host)
-                if rec.returncode != 0:
-                    return f"{point}: recover exited {rec.returncode}: {rec.stderr.strip()[-300:]}"
-            if find_unfinished(host.paths.root) is not None:
-                return f"{point}: the journal is still open after recover"
-            host.stop()
-            got = applysim.fingerprint(host)
-            if expect_applied_fp is not None and got == expect_applied_fp:
-                return None
-            diff = applysim.diff(before, got)
-            if diff:
-                return f"{point} ({outcome}): neither applied nor as before: {diff[:4]}"
-            return None
-        finally:
-            SimKernel(host.paths.root).clear_faults()
-            host.stop()
-            applysim.cleanup(base)
-
-    with ThreadPoolExecutor(max_workers=WORKERS) as pool:
-        problems = [p for p in pool.map(one, points) if p]
-    assert not problems, "\n".join(problems)
+# --- a failure at one step ----------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def applied_fp(template):
-    """restart -> the fingerprint of the seed host after a clean apply, at the same pace."""
-    made: dict[str, dict] = {}
-
-    def of(restart: str) -> dict:
-        if restart not in made:
-            host, base = _host(template, "clean", restart)
-            try:
-                res = _drive(host, *_apply_args(host))
-                assert res.returncode == 0, res.stderr
-                host.stop()
-                made[restart] = applysim.fingerprint(host)
-            finally:
-                host.stop()
-                applysim.cleanup(base)
-        return made[restart]
-
-    return of
+def _api_fault(host, method: str, path: str, message: str) -> None:
+    host.api.inject_api_fault(method, path, message)
 
 
-@pytest.mark.parametrize("restart", RESTARTS)
-def test_sigkill_at_every_point_of_an_apply(template, applied_fp, restart):
-    probe, _ = _probe_copy(template, restart, None, 0)
-    points = _points(probe["trace"])
-    assert len(points) > 40, points
-
-    def prepare(host, point):
-        res = _drive(host, *_apply_args(host), at=point)
-        assert res.returncode == -signal.SIGKILL, (point, res.stderr)
-        return "killed"
-
-    _check("apply", template, prepare, points, applied_fp(restart), restart)
-
-
-@pytest.mark.parametrize("restart", RESTARTS)
-def test_sigkill_at_every_point_of_a_rollback(template, restart):
-    """The apply fails at its last step (the service cannot start), then is killed at every
-    point of its rollback; recover finishes the rollback."""
-
-    def failing(host):
-        # the new configuration (tp 4) does not fit; the old one (tp 8) starts again in the rollback
-        break_container(
-            host.dir, 101, "service_fails", message="RuntimeError: CUDA error: out of memory", tp=4
-        )
-
-    def failed_record(host) -> int:
-        recs = parse_journal(list_journals(host.paths.root)[-1].read_text())
-        return next(i for i, r in enumerate(recs, 1) if r.type == "failed")
-
-    probe, failed_at = _probe_copy(template, restart, None, 1, failing, failed_record)
-    calls_then = next(c for what, r, c in probe["trace"] if what == "failed" and r == failed_at)
-    points = _points(probe["trace"], failed_at, calls_then)
-    assert len(points) > 15, points
-
-    def prepare(host, point):
-        failing(host)
-        res = _drive(host, *_apply_args(host), at=point)
-        assert res.returncode == -signal.SIGKILL, (point, res.stderr)
-        heal_container(host.dir, 101, "service_fails")  # whatever was left of the fault
-        return "killed in the rollback"
-
-    _check("rollback", template, prepare, points, restart=restart)
-
-
-@pytest.fixture(scope="module")
-def switch_point(template) -> str:
-    """The kill point right after the second sysfs write of a clean apply: mid-switch, some GPUs
-    moved and others not (counted from a probe, not assumed from the plan's length)."""
-    probe, _ = _probe_copy(template, "auto", None, 0)
-    writes = [c for what, _, c in probe["trace"] if what == "SimKernel"]
-    assert len(writes) > 2, probe["trace"]
-    return f"call:{writes[1]}"
+def _fail(host: SimHost, a, steps: list) -> dict[str, str]:
+    """Make step ``a`` of ``steps`` fail once; returns the environment the apply needs for it (the faults
+    ``crashdriver.py`` injects). The host is served meanwhile: the faults are the API server's."""
+    lock = "cfs-lock 'file-pci_mapping' error: got lock request timeout"
+    kind = a.kind
+    if kind in ("write_host_file", "remove_host_file"):
+        return {"GPUTOPO_FAIL_FILE": a.path}
+    if kind == "write_service_dropin":
+        return {"GPUTOPO_FAIL_PUSH": a.path}
+    if kind == "stop_service":
+        return {"GPUTOPO_FAIL_STOP": a.unit}
+    with host:
+        if kind in ("set_mapping", "delete_mapping"):
+            for method, path in (
+                ("POST", r"/cluster/mapping/pci"),
+                ("PUT", rf"/cluster/mapping/pci/{a.id}"),
+                ("DELETE", rf"/cluster/mapping/pci/{a.id}"),
+            ):
+                _api_fault(host, method, path, lock)
+        elif kind == "update_container":
+            _api_fault(host, "PUT", rf"/nodes/[^/]+/lxc/{a.vmid}/config", "CT is locked (backup)")
+        elif kind == "update_vm_config":
+            for method in ("PUT", "POST"):
+                _api_fault(host, method, rf"/nodes/[^/]+/qemu/{a.vmid}/config", "VM is locked (backup)")
+        elif kind == "stop_guest":
+            host.api.inject_fault(
+                "vzshutdown" if a.guest == "lxc" else "qmshutdown",
+                a.vmid,
+                f"command 'lxc-stop -n {a.vmid} --nokill --timeout 60' failed: exit code 1"
+                if a.guest == "lxc"
+                else f"VM {a.vmid} qmp command 'system_powerdown' failed - got timeout",
+            )
+        elif kind == "start_guest":
+            host.api.inject_fault(
+                "vzstart" if a.guest == "lxc" else "qmstart", a.vmid, f"startup for '{a.vmid}' failed"
+            )
+        elif kind == "rebind":
+            # the new driver's probe binds nothing once: the read-back must notice
+            SimKernel(host.paths.root).inject(a.address, "bind", "noop", times=1)
+        elif kind == "start_service":
+            # the new configuration (the drop-in's tensor-parallel size) does not fit; the old one
+            # starts again in the rollback
+            tp = next(s.tp for s in steps if s.kind == "write_service_dropin" and s.vmid == a.vmid)
+            break_container(
+                host.dir, a.vmid, "service_fails", message="RuntimeError: CUDA error: out of memory", tp=tp
+            )
+        else:
+            raise AssertionError(f"no way to make a {kind} step fail")
+    return {}
 
 
-def _kill_apply_in_switch(host, point: str) -> None:
-    res = _drive(host, *_apply_args(host), at=point)
-    assert res.returncode == -signal.SIGKILL, res.stderr
-    assert find_unfinished(host.paths.root) is not None
+def _heal(host: SimHost) -> None:
+    """Whatever was left of an injected fault (one the run never reached)."""
+    SimKernel(host.paths.root).clear_faults()
+    heal_container(host.dir, 101)
+    for name in ("api-faults", "task-faults"):
+        state.write_state(host.paths.run, name, [])
 
 
-def test_sigkill_at_every_point_of_a_recover_then_recover_again(template, switch_point):
-    """Double crashes: the apply is killed mid-switch, then its recover is killed at every point,
-    then a second recover settles it."""
-    probe, _ = _probe_copy(template, "auto", ["recover"], 0, lambda h: _kill_apply_in_switch(h, switch_point))
-    points = _points(probe["trace"])
-    assert len(points) > 15, points
-
-    def prepare(host, point):
-        _kill_apply_in_switch(host, switch_point)
-        res = _drive(host, "recover", at=point)
-        # the apply was killed while its rebinds ran in parallel: how many had begun varies, and
-        # so does the number of records its recover writes; one that ends before the point has
-        # settled the host, which the check below compares like any other
-        assert res.returncode in (-signal.SIGKILL, 0), (point, res.stderr)
-        return "recover killed" if res.returncode else "recover ended before the point"
-
-    _check("recover", template, prepare, points)
-
-
-def test_recover_finish_ends_byte_for_byte_like_a_clean_apply(template, applied_fp, switch_point):
-    host, base = _host(template, "finish")
+def _steps(start: Start) -> list:
+    host, tmp = start.copy("plan")
     try:
-        _kill_apply_in_switch(host, switch_point)
+        spec = parse_spec((host.dir / "spec.yaml").read_text())
+        _, _, p = read_and_plan(spec, host.ports(), str(host.paths.root))
+        return list(p.actions)
+    finally:
+        _discard(host, tmp)
+
+
+# --- the families ---------------------------------------------------------------------------------
+
+
+def _failed_record(host) -> int:
+    recs = parse_journal(list_journals(host.paths.root)[-1].read_text())
+    return next(i for i, r in enumerate(recs, 1) if r.type == "failed")
+
+
+class ProbeFailed(AssertionError):
+    pass
+
+
+def _probed(case: Case, probe: dict, rc: int, what: str) -> None:
+    """A probe run (the one that counts the points) must end with ``rc``; one that does not is a
+    run of the case that ended neither applied nor as before."""
+    if probe["rc"] != rc:
+        problem = f"{what} exited {probe['rc']}, not {rc}: {probe['stderr'].strip()[-300:]}"
+        record(case, "probe", "other", problem)
+        raise ProbeFailed(f"{case.id}: {problem}")
+
+
+def _runs(case: Case, start: Start, n: int | None) -> tuple[list[str], object]:
+    """(the points of ``case``, what to do at one point: host, point -> a short outcome)."""
+    family = case.family
+    if family == "kill-apply":
+        host, tmp = start.copy("probe")
+        try:
+            probe = _probe(host, *_apply_args(host))
+        finally:
+            _discard(host, tmp)
+        _probed(case, probe, 0, "the clean apply")
+        points = _points(probe["trace"])
+        assert len(points) > 20, points
+
+        def kill(host, point):
+            res = _drive(host, *_apply_args(host), at=point)
+            assert res.returncode == -signal.SIGKILL, (point, res.stderr)
+            return "killed"
+
+        return sample(points, n), kill
+
+    if family == "kill-rollback":
+        steps = _steps(start)
+        last = steps[-1]
+        host, tmp = start.copy("probe")
+        try:
+            env = _fail(host, last, steps)
+            probe = _probe(host, *_apply_args(host), env=env)
+            _probed(case, probe, 1, f"the apply whose step {last.kind} failed")
+            failed_at = _failed_record(host)
+        finally:
+            _discard(host, tmp)
+        calls_then = next(c for what, r, c in probe["trace"] if what == "failed" and r == failed_at)
+        points = _points(probe["trace"], failed_at, calls_then)
+        assert len(points) > 5, points
+
+        def kill(host, point):
+            env = _fail(host, last, steps)
+            res = _drive(host, *_apply_args(host), at=point, env=env)
+            assert res.returncode == -signal.SIGKILL, (point, res.stderr)
+            _heal(host)
+            return f"step {last.kind} failed, killed in the rollback"
+
+        return sample(points, n), kill
+
+    if family == "kill-recover":
+        host, tmp = start.copy("probe")
+        try:
+            probe = _probe(host, *_apply_args(host))
+        finally:
+            _discard(host, tmp)
+        writes = [c for what, _, c in probe["trace"] if what == "SimKernel"]
+        assert len(writes) > 2, probe["trace"]
+        switch = f"call:{writes[1]}"  # mid-switch: some GPUs moved and others not
+
+        def kill_apply(host):
+            res = _drive(host, *_apply_args(host), at=switch)
+            assert res.returncode == -signal.SIGKILL, res.stderr
+            assert find_unfinished(host.paths.root) is not None
+
+        host, tmp = start.copy("probe")
+        try:
+            kill_apply(host)
+            probe = _probe(host, "recover")
+        finally:
+            _discard(host, tmp)
+        _probed(case, probe, 0, "recover after a kill mid-switch")
+        points = _points(probe["trace"])
+        assert len(points) > 5, points
+
+        def kill(host, point):
+            kill_apply(host)
+            res = _drive(host, "recover", at=point)
+            # the apply was killed while its rebinds ran in parallel: how many had begun varies, and
+            # so does the number of records its recover writes; one that ends before the point has
+            # settled the host, which is judged like any other
+            assert res.returncode in (-signal.SIGKILL, 0), (point, res.stderr)
+            return "recover killed" if res.returncode else "recover ended before the point"
+
+        return sample(points, n), kill
+
+    assert family == "fail-step"
+    steps = _steps(start)
+    chosen = sample([str(i) for i in range(len(steps))], n)
+
+    def fail(host, point):
+        a = steps[int(point)]
+        env = _fail(host, a, steps)
+        res = _drive(host, *_apply_args(host), env=env)
+        _heal(host)
+        return f"step {int(point) + 1} ({a.kind}) failing: exit {res.returncode}"
+
+    return chosen, fail
+
+
+def _judge(case: Case, start: Start, point: str, act) -> str | None:
+    """One run on a copy of the start host: act, recover while the journal is open, compare."""
+    host, tmp = start.copy(case.family)
+    try:
+        before = applysim.fingerprint(host)
+        outcome = act(host, point)
+        problem = None
+        if find_unfinished(host.paths.root) is not None:
+            rec = _drive(host, "recover")
+            if rec.returncode != 0:
+                problem = f"recover exited {rec.returncode}: {rec.stderr.strip()[-300:]}"
+        if problem is None and find_unfinished(host.paths.root) is not None:
+            problem = "the journal is still open after recover"
+        host.stop()
+        got = applysim.fingerprint(host)
+        difference = applysim.diff(before, got)
+        if problem is None and got == start.applied:
+            record(case, point, "applied")
+            return None
+        if problem is None and not difference:
+            record(case, point, "before")
+            return None
+        if problem is None:
+            problem = f"neither applied nor as before: {difference[:4]}"
+        record(case, point, "other", problem)
+        return f"{point} ({outcome}): {problem}"
+    finally:
+        _discard(host, tmp)
+
+
+def _run(case: Case, starts, n: int | None) -> None:
+    start = starts(case)
+    points, act = _runs(case, start, n)
+    with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+        problems = [p for p in pool.map(lambda pt: _judge(case, start, pt, act), points) if p]
+    assert not problems, f"{case.id}: {len(problems)} of {len(points)} runs\n" + "\n".join(problems)
+
+
+QUICK = [c for c in CASES if c.shape.name == "split" and c.restart == "auto" and c.pve == "8"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", [_param(c, []) for c in QUICK])
+def test_quick(case, starts):
+    """Two points of each family on the split (the CI run and ``-m matrix`` run more)."""
+    _run(case, starts, 2)
+
+
+@pytest.mark.parametrize("case", [_param(c, [pytest.mark.matrix]) for c in CASES])
+def test_sample(case, starts):
+    _run(case, starts, SAMPLE)
+
+
+@pytest.mark.parametrize("case", [_param(c, [pytest.mark.matrix_full]) for c in CASES])
+def test_every_point(case, starts, request):
+    if "matrix_full" not in (request.config.getoption("markexpr") or ""):
+        pytest.skip("every point runs when -m names matrix_full; the CI run takes the matrix's sample")
+    _run(case, starts, None)
+
+
+@pytest.mark.matrix
+@pytest.mark.parametrize("case", [_param(c, []) for c in QUICK if c.family == "kill-recover"])
+def test_recover_finish_ends_byte_for_byte_like_a_clean_apply(case, starts):
+    start = starts(case)
+    host, tmp = start.copy("finish")
+    try:
+        probe = _probe(host, *_apply_args(host))
+        writes = [c for what, _, c in probe["trace"] if what == "SimKernel"]
+    finally:
+        _discard(host, tmp)
+    host, tmp = start.copy("finish")
+    try:
+        res = _drive(host, *_apply_args(host), at=f"call:{writes[1]}")  # mid-switch
+        assert res.returncode == -signal.SIGKILL, res.stderr
+        assert find_unfinished(host.paths.root) is not None
         res = _drive(host, "recover", "--finish")
         assert res.returncode == 0, res.stderr
         assert find_unfinished(host.paths.root) is None
         host.stop()
-        assert applysim.diff(applied_fp("auto"), applysim.fingerprint(host)) == []
+        assert applysim.diff(start.applied, applysim.fingerprint(host)) == []
     finally:
-        host.stop()
-        applysim.cleanup(base)
+        _discard(host, tmp)

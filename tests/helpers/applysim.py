@@ -127,7 +127,10 @@ def fingerprint(host: SimHost, vmid: int = 101, unit: str = "sglang.service") ->
                 out[f"{label}:{p.relative_to(base)}/"] = "dir"
             elif p.is_file() and not p.is_symlink():
                 mode = oct(p.stat().st_mode & 0o7777)
-                out[f"{label}:{p.relative_to(base)}"] = (hashlib.sha256(p.read_bytes()).hexdigest(), mode)
+                data = p.read_bytes()
+                if label == "pve" and p.relative_to(base) == PCI_CFG:
+                    data = _sections_by_id(data)
+                out[f"{label}:{p.relative_to(base)}"] = (hashlib.sha256(data).hexdigest(), mode)
     out["guests"] = state.read_state(host.paths.run, "guests", {})
     sx = SimExec(host.dir)
     active = sx.run(vmid, ["systemctl", "is-active", unit], timeout=5).stdout.strip()
@@ -135,6 +138,19 @@ def fingerprint(host: SimHost, vmid: int = 101, unit: str = "sglang.service") ->
     view = sx.run(vmid, ["ls", "/dev"], timeout=5)
     out["ct:/dev"] = sorted(view.stdout.split()) if view.rc == 0 else None
     return out
+
+
+# The order of the mappings in mapping/pci.cfg is the order they were created in (pve-common
+# SectionConfig.pm: parse_config numbers the sections as read, ``$order->{$sectionId} = $pri++``, and
+# write_config writes them by that number, a new id after the others). Proxmox looks a mapping up
+# by its id only, and its API cannot reorder them, so a rollback that creates a deleted mapping
+# again puts it last: the fingerprint compares the sections, whatever their order.
+PCI_CFG = Path("mapping/pci.cfg")
+
+
+def _sections_by_id(data: bytes) -> bytes:
+    sections = [s.strip() for s in data.decode().split("\n\n") if s.strip()]
+    return "\n\n".join(sorted(sections)).encode()
 
 
 def diff(a: dict, b: dict) -> list[str]:

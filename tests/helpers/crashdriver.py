@@ -11,6 +11,13 @@ the point is counted, not polled. ``GPUTOPO_CRASH_COUNT=FILE`` writes how many r
 the run made, and the order they came in (JSON), when it ends normally, so a test can enumerate
 every point.
 
+Three faults have no switch in the simulator because they belong to the host rather than to
+Proxmox, the kernel or the container; each hits the first matching call only, as the simulator's
+own faults do (``count=1``): ``GPUTOPO_FAIL_FILE=PATH`` makes writing or removing that host file
+fail with EROFS (a read-only /etc), ``GPUTOPO_FAIL_PUSH=PATH`` makes ``pct push`` of that file fail
+(the container's disk is full), ``GPUTOPO_FAIL_STOP=UNIT`` makes ``systemctl stop UNIT`` exit 1
+the way a stop job that was cancelled does.
+
 Used as ``python tests/helpers/crashdriver.py apply --spec ... --sim DIR --yes``; test code only.
 """
 
@@ -81,6 +88,56 @@ def _mutating_exec(vmid, argv, *rest, **kw) -> bool:
     return tuple(argv[:2]) in MUTATING_COMMANDS or (bool(argv) and argv[0] in MUTATING_PROGRAMS)
 
 
+_failed: set[str] = set()
+
+
+def _once(name: str, value: str) -> bool:
+    """True for the first call that names ``value`` when ``GPUTOPO_<name>`` is ``value``."""
+    with _lock:
+        if not value or os.environ.get(f"GPUTOPO_{name}") != value or name in _failed:
+            return False
+        _failed.add(name)
+        return True
+
+
+def _install_faults() -> None:
+    import errno
+
+    from gputopo.adapters.hostfiles import RealHostFiles
+    from gputopo.errors import ExecError
+    from gputopo.ports import ExecResult
+    from gputopo.sim.container import SimExec
+
+    write, remove, push, run = RealHostFiles.write, RealHostFiles.remove, SimExec.push, SimExec.run
+
+    def readonly(path: str) -> None:
+        if _once("FAIL_FILE", str(path)):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+
+    def failing_write(self, path, *args, **kwargs):
+        readonly(path)
+        return write(self, path, *args, **kwargs)
+
+    def failing_remove(self, path, *args, **kwargs):
+        readonly(path)
+        return remove(self, path, *args, **kwargs)
+
+    def failing_push(self, vmid, path, *args, **kwargs):
+        if _once("FAIL_PUSH", str(path)):
+            raise ExecError(
+                vmid, ["pct", "push", str(vmid), path], 1, "write failed: No space left on device"
+            )
+        return push(self, vmid, path, *args, **kwargs)
+
+    def failing_run(self, vmid, argv, *args, **kwargs):
+        if argv[:2] == ["systemctl", "stop"] and _once("FAIL_STOP", argv[-1]):
+            return ExecResult(1, "", f"Job for {argv[-1]} canceled.\n")
+        return run(self, vmid, argv, *args, **kwargs)
+
+    RealHostFiles.write, RealHostFiles.remove = failing_write, failing_remove
+    SimExec.push, SimExec.run = failing_push, failing_run
+
+
 def install() -> None:
     from gputopo.adapters.hostfiles import RealHostFiles
     from gputopo.adapters.proxmox import ProxmoxClient
@@ -89,6 +146,7 @@ def install() -> None:
     from gputopo.sim.container.lifecycle import Container
     from gputopo.sim.kernel import SimKernel
 
+    _install_faults()  # below the counting wrappers: a failed call is no change, not a kill point
     _wrap(Journal, "append", "record")
     _wrap(SimKernel, "write", "call")
     _wrap(RealHostFiles, "write", "call")

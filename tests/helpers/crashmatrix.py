@@ -1,0 +1,171 @@
+"""The crash matrix's cases as data, and the tally of how its runs ended.
+
+A case is a shape of change (which GPUs move, in which direction, with or without a VM consuming
+them), the container's restart policy, the Proxmox version and a family of runs (SIGKILL at every
+point of the apply, of its rollback, of a recover; a failure injected at each step). Each run of a
+case ends "applied" (what runs is what a clean apply leaves), "before" (what runs is what ran
+before) or "other". Every run is recorded as one JSON line in ``$GPUTOPO_MATRIX_RECORDS`` (a
+directory the test session makes), so the session can print the runs per direction at its end
+(``tests/conftest.py``), with ``pytest-xdist`` workers too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+RECORDS_ENV = "GPUTOPO_MATRIX_RECORDS"
+COUNTS_ENV = "GPUTOPO_MATRIX_COUNTS"  # a file the session writes the counts to (JSON), when set
+OUTCOMES = ("applied", "before", "other")
+
+PVE = {"8": "8.4.1", "9": "9.1.2"}
+RESTARTS = ("auto", "always")  # the container keeps running where it can / stops and starts again
+FAMILIES = ("kill-apply", "kill-rollback", "kill-recover", "fail-step")
+
+NUMA0 = ["0000:01:00.0", "0000:11:00.0", "0000:61:00.0", "0000:71:00.0"]
+
+
+def _quoted(addresses: list[str]) -> str:
+    return "[" + ", ".join(f'"{a}"' for a in addresses) + "]"
+
+
+def _vm_mapping(selector: str) -> str:
+    return f"        - name: pro6000-vm\n          gpus:\n            {selector}\n"
+
+
+# the VM mapping block of init_spec's text (the one the seed spec and the demo write)
+VM_MAPPING_BLOCK = re.compile(
+    r"        - name: pro6000-vm\n(?:          #[^\n]*\n)?          gpus:\n            [^\n]*\n"
+)
+REMOVE = "        - {vmid: 201, mapping: pro6000-vm, when_gpus_leave: remove, start: true}\n"
+REPOINT = (
+    "        - {vmid: 201, mapping: pro6000-vm, gpus: 2, when_gpus_leave: repoint, repoint_to: pro6000-b,"
+    " start: true}\n"
+)
+
+
+def _with(text: str, container: str, mappings: str, consumer: str | None, restart: str) -> str:
+    """init_spec's seed text with the container's selector, the VM mappings, VM 201 as consumer
+    (``None``: no consumer) and the restart policy."""
+    text = text.replace("          numa: [0]\n", f"          {container}\n", 1)
+    text, n = VM_MAPPING_BLOCK.subn(mappings, text, count=1)
+    assert n == 1, "the seed spec's VM mapping block changed"
+    if consumer:
+        text = text.replace("      # consumers:\n", "      consumers:\n" + consumer, 1)
+    return text.replace("policy:\n", f"policy:\n  container_restart: {restart}\n", 1)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A change from ``start`` (None: the seed host, every GPU in container 101) to ``target``;
+    each is a function of (the seed host's init_spec text, restart policy) -> spec text."""
+
+    name: str
+    direction: str  # split: GPUs leave the container for VM passthrough; reverse: they come back
+
+    def specs(self, seed: str, restart: str) -> tuple[str | None, str]:
+        split = _vm_mapping("numa: [1]")
+        back = _vm_mapping("rest")
+        if self.name == "split":
+            return None, _with(seed, "numa: [0]", split, None, restart)
+        if self.name == "split-vm":
+            return None, _with(seed, "numa: [0]", split, REMOVE, restart)
+        if self.name == "reverse":
+            return _with(seed, "numa: [0]", split, None, restart), _with(
+                seed, "numa: [0, 1]", back, None, restart
+            )
+        if self.name == "reverse-vm-remove":
+            return (
+                _with(seed, "numa: [0]", split, REMOVE, restart),
+                _with(seed, "numa: [0, 1]", back, REMOVE, restart),
+            )
+        if self.name == "reverse-vm-repoint":
+            # VM 201 runs on two GPUs of node 0; they go back to the container (two -> four) and its
+            # lines name mapping pro6000-b (node 1) instead
+            b = "        - name: pro6000-b\n          gpus:\n            numa: [1]\n"
+            return (
+                _with(
+                    seed,
+                    f"addresses: {_quoted(NUMA0[:2])}",
+                    _vm_mapping(f"addresses: {_quoted(NUMA0[2:])}") + b,
+                    REPOINT,
+                    restart,
+                ),
+                _with(seed, "numa: [0]", _vm_mapping("addresses: []") + b, REPOINT, restart),
+            )
+        raise ValueError(self.name)
+
+
+SHAPES = (
+    Shape("split", "split"),
+    Shape("split-vm", "split"),
+    Shape("reverse", "reverse"),
+    Shape("reverse-vm-remove", "reverse"),
+    Shape("reverse-vm-repoint", "reverse"),
+)
+
+
+@dataclass(frozen=True)
+class Case:
+    shape: Shape
+    restart: str
+    pve: str  # "8" or "9"
+    family: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.shape.name}-{self.restart}-pve{self.pve}-{self.family}"
+
+    @property
+    def group(self) -> str:
+        """The start host it copies (one per xdist worker)."""
+        return f"crash-{self.shape.name}-{self.restart}-pve{self.pve}"
+
+
+CASES = [Case(s, r, v, f) for s in SHAPES for r in RESTARTS for v in PVE for f in FAMILIES]
+
+
+def sample(points: list[str], n: int | None) -> list[str]:
+    """``n`` of ``points`` spread evenly, first and last included (all when ``n`` is None)."""
+    if n is None or len(points) <= n:
+        return list(points)
+    return [points[round(i * (len(points) - 1) / (n - 1))] for i in range(n)]
+
+
+def record(case: Case, point: str, outcome: str, detail: str = "") -> None:
+    d = os.environ.get(RECORDS_ENV)
+    if not d:
+        return
+    line = {
+        "direction": case.shape.direction,
+        "case": case.id,
+        "point": point,
+        "outcome": outcome,
+        "detail": detail,
+    }
+    Path(d).mkdir(parents=True, exist_ok=True)
+    with open(Path(d) / f"{os.getpid()}.jsonl", "a") as f:
+        f.write(json.dumps(line) + "\n")
+
+
+def tally(records_dir: Path) -> dict[str, dict[str, int]]:
+    """direction -> {runs, applied, before, other} over every recorded run."""
+    counts: dict[str, Counter] = {}
+    for p in sorted(records_dir.glob("*.jsonl")) if records_dir.is_dir() else []:
+        for line in p.read_text().splitlines():
+            r = json.loads(line)
+            c = counts.setdefault(r["direction"], Counter())
+            c["runs"] += 1
+            c[r["outcome"]] += 1
+    return {d: {k: c[k] for k in ("runs", *OUTCOMES)} for d, c in sorted(counts.items())}
+
+
+def summary(counts: dict[str, dict[str, int]]) -> list[str]:
+    lines = [f"{'direction':<10} {'runs':>6} {'applied':>8} {'before':>7} {'other':>6}"]
+    for d, c in counts.items():
+        lines.append(f"{d:<10} {c['runs']:>6} {c['applied']:>8} {c['before']:>7} {c['other']:>6}")
+    return lines
