@@ -94,6 +94,17 @@ def pytest_configure(config: pytest.Config) -> None:
 _MATRIX_RUNS = pytest.StashKey[str]()
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The full crash matrix runs only when ``-m`` names it: CI's ``-m 'e2e or not e2e'`` would
+    select it otherwise, and it takes the matrix's sample (``matrix``) instead."""
+    if "matrix_full" in (config.getoption("markexpr") or ""):
+        return
+    full = [item for item in items if item.get_closest_marker("matrix_full")]
+    if full:
+        config.hook.pytest_deselected(items=full)
+        items[:] = [item for item in items if not item.get_closest_marker("matrix_full")]
+
+
 def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
     """The crash matrix's runs per direction and how they ended, when the session ran any."""
     import json

@@ -418,9 +418,8 @@ def test_sample(case, starts):
 
 
 @pytest.mark.parametrize("case", [_param(c, [pytest.mark.matrix_full]) for c in CASES])
-def test_every_point(case, starts, request):
-    if "matrix_full" not in (request.config.getoption("markexpr") or ""):
-        pytest.skip("every point runs when -m names matrix_full; the CI run takes the matrix's sample")
+def test_every_point(case, starts):
+    """Every point of the case: selected only when -m names matrix_full (tests/conftest.py)."""
     _run(case, starts, None)
 
 
