@@ -240,6 +240,12 @@ class HostFilesPort(Protocol):
         """Remove the directory if it is empty; a missing or non-empty one is left as it is."""
         ...
 
+    def unwritable(self, path: str) -> str | None:
+        """Why :meth:`write` or :meth:`remove` of ``path`` would fail (``/etc: Read-only file
+        system``: the directory or file to blame, and why), or None when they would not.
+        Changes nothing that stays."""
+        ...
+
 
 @dataclass
 class HttpResponse:

@@ -160,6 +160,36 @@ class Runner:
 
     # --- backward ------------------------------------------------------------------------------
 
+    def undo_order(self) -> list[int]:
+        """The begun steps whose undo has not completed, in the order :meth:`backward` undoes
+        them (what ``recover --dry-run`` shows)."""
+        steps = self.j.steps()
+        order = sorted(
+            dict.fromkeys(reversed(self.j.begun())), key=lambda n: UNDO_RANK.get(steps[n].action.phase, 5)
+        )
+        return [n for n in order if steps[n].status != "undo-done"]
+
+    def restarts(self, running_before: RunningBefore) -> list[str]:
+        """What :meth:`_restart` would start, one line each, for ``recover --dry-run``: the guests
+        that ran before and do not run now (asked through the API; one it cannot ask about is
+        listed with "if it is not running"), then the services that were active."""
+        out = []
+        for key, status in running_before.guests.items():
+            if status != "running":
+                continue
+            kind, vmid = key.split("/")
+            name = f"{'CT' if kind == 'lxc' else 'VM'} {vmid}"
+            try:
+                if not self.ctx.running(kind, int(vmid)):
+                    out.append(f"start {name}")
+            except GputopoError:
+                out.append(f"start {name} if it is not running")
+        for key, status in running_before.services.items():
+            vmid_s, unit = key.split("/", 1)
+            if status == "active":
+                out.append(f"start {unit} in CT {vmid_s} (restarted if it runs another command line)")
+        return out
+
     def backward(self, running_before: RunningBefore, retry: bool = False) -> tuple[bool, list[str]]:
         """Undo every begun step whose undo has not completed (newest first, GPUs before devN),
         then restart what ran before. ``retry`` (a recover after a human fixed the host) tries the
@@ -170,9 +200,7 @@ class Runner:
         """
         ctx = self.ctx
         steps = self.j.steps()
-        order = sorted(
-            dict.fromkeys(reversed(self.j.begun())), key=lambda n: UNDO_RANK.get(steps[n].action.phase, 5)
-        )
+        order = self.undo_order()
         ctx.stuck = set(ctx.binder.stuck) | ctx.gone
         if not retry:
             ctx.stuck |= self.j.hung_devices()  # a worker of this process may still be blocked there
@@ -180,8 +208,6 @@ class Runner:
         complete = True
         for n in order:
             st = steps[n]
-            if st.status == "undo-done":
-                continue
             a = st.action
             self.j.append(UndoBegin(step=n))
             try:

@@ -214,6 +214,12 @@ def _finish(result, boot, as_json: bool) -> None:
 @click.command()
 @connection_options()
 @click.option("--finish", is_flag=True, help="Complete the interrupted apply instead of rolling it back.")
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Show what recover would do (the undo steps in order, the guests and services it would "
+    "start); change nothing.",
+)
 @timeout_option("recover")
 @click.option(
     "--json",
@@ -222,7 +228,7 @@ def _finish(result, boot, as_json: bool) -> None:
     help="One JSON document on stdout (gputopo schema apply); progress goes to stderr.",
 )
 @with_exit_codes("recover")
-def recover(conn: Connection, finish: bool, timeouts, as_json: bool) -> None:
+def recover(conn: Connection, finish: bool, dry_run: bool, timeouts, as_json: bool) -> None:
     """Settle an apply that was interrupted (crash, kill, power loss) from its journal.
 
     By default every step it began is undone from the journal and what ran before is started
@@ -256,6 +262,7 @@ def recover(conn: Connection, finish: bool, timeouts, as_json: bool) -> None:
                 finish=finish,
                 progress=_progress(sys.stderr if as_json else None, t),
                 timeouts=t,
+                dry_run=dry_run,
             )
         finally:
             ports.close()
@@ -273,5 +280,10 @@ def recover(conn: Connection, finish: bool, timeouts, as_json: bool) -> None:
         print_json(result_document(result))
     elif result.status == "nothing-to-recover":
         click.echo("No unfinished apply: nothing to recover")
+    elif result.status == "dry-run":
+        click.echo(f"recover would settle {result.journal}:")
+        for i, line in enumerate(result.would, 1):
+            click.echo(f"  {i:>2}. {line}")
+        click.echo("Nothing was changed (dry run).")
     else:
         click.echo(f"{result.status}: {result.journal}")

@@ -120,7 +120,10 @@ class ApplyDoc(_Doc):
     wall_s: float | None = None
     stop_window_s: float | None = None
     steps: list[StepDoc] = Field(default_factory=list)
-    plan: list[str] = Field(default_factory=list, description="Every planned step's description, in order")
+    plan: list[str] = Field(
+        default_factory=list,
+        description="Every planned step's description, in order (recover --dry-run: what it would do)",
+    )
     verify: dict[str, Any] | None = Field(None, description="The verify document (gputopo schema verify)")
     boot: BootDoc | None = Field(None, description="Boot persistence changed: what must run before a reboot")
     warnings: list[str] = Field(default_factory=list, description="Every step's warnings as 'step N: text'")
