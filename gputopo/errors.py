@@ -456,6 +456,18 @@ class SavedPlanStale(PreflightError):
         )
 
 
+class SavedPlanEdited(InputError):
+    """A saved plan was edited since ``plan -o`` wrote it: ``edits`` names each part."""
+
+    def __init__(self, path: str, edits: list[str]):
+        self.path = path
+        self.edits = edits
+        super().__init__(
+            f"{path}: edited since 'gputopo plan -o' wrote it: {'; '.join(edits)}; "
+            "nothing was changed, make a new plan"
+        )
+
+
 class HistoryError(InputError):
     """A ``gputopo history`` id that names no journal (or names several)."""
 

@@ -57,7 +57,7 @@ def _preflight_ports(conn: Connection, default_node: str | None):
 
 def _load(plan_file: str | None, spec_file: str | None):
     """(spec, saved plan or None, the file named) from ``apply PLANFILE`` or ``--spec FILE``."""
-    from gputopo.errors import ConfigError, SpecError
+    from gputopo.errors import ConfigError
     from gputopo.plan.spec import load_spec
 
     if plan_file and spec_file:
@@ -66,13 +66,9 @@ def _load(plan_file: str | None, spec_file: str | None):
         return load_spec(spec_file), None, spec_file
     if not plan_file:
         raise ConfigError("give --spec FILE, or a plan saved with 'gputopo plan -o FILE'")
-    from gputopo.plan.saved import parse_saved_plan
+    from gputopo.cli.output import read_saved_plan
 
-    try:
-        text = open(plan_file, encoding="utf-8").read()
-    except OSError as e:
-        raise SpecError(plan_file, "", f"cannot read: {e.strerror or e}") from None
-    saved = parse_saved_plan(text, plan_file)
+    saved = read_saved_plan(plan_file)
     return saved.spec, saved, plan_file
 
 

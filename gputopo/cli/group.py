@@ -115,6 +115,8 @@ def run(argv: list[str] | None = None) -> None:
         # click turns a KeyboardInterrupt or EOFError raised anywhere in a command into Abort;
         # at its prompts it raises Abort "from None", so a Ctrl-C there is only the context
         cause = e.__cause__
+        if cause is None and isinstance(e.__context__, (KeyboardInterrupt, EOFError)):
+            click.echo(err=True)  # the prompt's line is still open
         if isinstance(cause, KeyboardInterrupt) or isinstance(e.__context__, KeyboardInterrupt):
             click.echo("gputopo: interrupted", err=True)
             sys.exit(130)

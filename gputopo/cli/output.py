@@ -28,6 +28,32 @@ def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(versioned(data), indent=2, default=str) + "\n")
 
 
+def print_plan(p, summary: dict[str, Any] | None, as_json: bool) -> None:
+    """A plan as ``plan`` prints it (``show`` prints a saved one the same way): the plan's text
+    and its ``Summary:`` line, or with ``as_json`` the plan document (``gputopo schema plan``).
+    ``summary``: :meth:`gputopo.plan.summary.PlanSummary.to_data` (None: no changes)."""
+    if as_json:
+        print_json(p.to_data(summary))
+        return
+    sys.stdout.write(p.to_text())
+    if summary is not None:
+        sys.stdout.write(f"Summary: {summary['text']}\n")
+
+
+def read_saved_plan(path: str):
+    """The saved plan in file ``path`` (``apply PLANFILE``, ``show PLANFILE``). Raises SpecError
+    (exit 2) naming the file when it cannot be read or is not one, SavedPlanEdited (exit 2) when
+    it was edited since ``plan -o`` wrote it."""
+    from gputopo.errors import SpecError
+    from gputopo.plan.saved import parse_saved_plan
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecError(path, "", f"cannot read: {getattr(e, 'strerror', None) or e}") from None
+    return parse_saved_plan(text, path)
+
+
 def refuse_existing(path: Path, force: bool) -> None:
     """Raises OutputExists (exit 2) when ``path`` exists and ``force`` is not given."""
     from gputopo.errors import OutputExists

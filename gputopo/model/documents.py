@@ -47,9 +47,12 @@ def schema_of(model: Any) -> dict[str, Any]:
         schema = model.model_json_schema(by_alias=True, mode="serialization")
     props = dict(schema.get("properties", {}))
     props.pop("schema_version", None)
+    # a document with a version of its own (the saved plan's) keeps it
+    own = getattr(model, "model_fields", {}).get("schema_version")
+    version = own.default if own is not None and isinstance(own.default, int) else VERSION
     schema["properties"] = {
         "schema_version": {
-            "const": VERSION,
+            "const": version,
             "type": "integer",
             "description": "Raised when a change would break a script",
         },
