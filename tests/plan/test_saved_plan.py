@@ -12,7 +12,7 @@ import pytest
 from gputopo.errors import SavedPlanEdited, SpecError
 from gputopo.facts.discover import discover
 from gputopo.model.state import ContainerState, CurrentState, MappingState
-from gputopo.plan.saved import changes, parse_saved_plan, state_items
+from gputopo.plan.saved import SavedPlan, changes, parse_saved_plan, state_items
 from gputopo.plan.saved import fingerprint as fp
 from gputopo.sim.kernel import SimKernel
 from helpers import applysim
@@ -166,12 +166,7 @@ def test_a_hand_edited_step_is_refused_by_apply_and_show_naming_it(capsys, sim, 
 
     _edit(out, tp6)
     before = fingerprint(sim)
-    described = (
-        parse_saved_plan.__globals__["SavedPlan"]
-        .model_validate_json(out.read_text())
-        .plan.actions[step]
-        .describe()
-    )
+    described = SavedPlan.model_validate_json(out.read_text()).plan.actions[step].describe()
     want = (
         f"gputopo: error: {out}: edited since 'gputopo plan -o' wrote it: step {step + 1} ({described}) "
         "was edited; nothing was changed, make a new plan"
