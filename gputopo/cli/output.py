@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 # how a verdict is shown: verify's table, a cluster's, apply's ending
-STYLE = {"PASS": "bold green", "WARN": "bold yellow", "FAIL": "bold red"}
+STYLE = {"PASS": "bold green", "WARN": "bold yellow", "FAIL": "bold red", "SKIP": "dim"}
 
 
 def console(stderr: bool = False):

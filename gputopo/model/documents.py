@@ -183,10 +183,13 @@ class RenderManifest(_Doc):
 
 # --- verify ------------------------------------------------------------------------------------
 
-Status = Literal["PASS", "WARN", "FAIL"]
+# SKIP: the check did not run (nothing of its kind in the spec, or no plan to check against);
+# its summary says why. It never fails a verification, and never counts as a PASS.
+Status = Literal["PASS", "WARN", "FAIL", "SKIP"]
 PASS: Status = "PASS"
 WARN: Status = "WARN"
 FAIL: Status = "FAIL"
+SKIP: Status = "SKIP"
 
 
 class Check(Strict):
@@ -222,16 +225,17 @@ class VerifyReport(Strict):
         return None
 
     def counts(self) -> dict[str, int]:
-        out = {PASS: 0, WARN: 0, FAIL: 0}
+        out = {PASS: 0, WARN: 0, FAIL: 0, SKIP: 0}
         for c in self.checks:
             out[c.status] += 1
         return out
 
     def summary_line(self) -> str:
-        """``all clear: 7 PASS`` or ``verification failed: 2 FAIL (memory, inference), 1 WARN (platform)``."""
+        """``all clear: 7 PASS`` or ``verification failed: 2 FAIL (memory, inference), 1 WARN
+        (platform)``; the checks that did not run follow, ``2 SKIP (service, inference)``."""
         n = self.counts()
         parts = []
-        for status in (FAIL, WARN):
+        for status in (FAIL, WARN, SKIP):
             if n[status]:
                 names = ", ".join(c.name for c in self.checks if c.status == status)
                 parts.append(f"{n[status]} {status} ({names})")
