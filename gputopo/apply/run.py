@@ -38,13 +38,12 @@ from gputopo.apply.journal import (
     Journal,
     NeedsHuman,
     Recover,
-    RestartFailed,
     RunningBeforeRec,
-    UndoFailed,
     Verifying,
     find_unfinished,
 )
 from gputopo.apply.lock import HostLock
+from gputopo.apply.outcome import left_over, next_step, would_recover
 from gputopo.apply.preflight import check_recover_node, preflight, refuse_other_node, refuse_other_node_here
 from gputopo.apply.progress import ApplyResult, Progress, Quiet
 from gputopo.apply.runner import Runner, running_before_of, step_context
@@ -120,54 +119,6 @@ def _fail_step(runner: Runner) -> str:
     return "a step"
 
 
-def _left_over(j: Journal, since: int, said: str | None = None) -> str:
-    """What a rollback that began at record ``since`` could not do, in one line: the steps whose
-    undo did not complete (with the first error of each), then what did not start again (with
-    its error, unless it is ``said``: the line already gave it)."""
-    parts = []
-    pending = j.pending_undo()
-    if pending:
-        parts.append("undo of step(s) " + ", ".join(str(i + 1) for i in pending) + " not complete")
-    failed: dict[int, str] = {}
-    for r in j.records[since:]:
-        if isinstance(r, UndoFailed) and r.step in pending:
-            failed.setdefault(r.step, r.error)
-    parts += [f"undo {n + 1}: {error}" for n, error in failed.items()]
-    parts += [
-        f"{_guest_or_service(r.what)} did not start again" + ("" if r.error == said else f": {r.error}")
-        for r in j.records[since:]
-        if isinstance(r, RestartFailed)
-    ]
-    return "; ".join(parts) or "a device still needs a human"
-
-
-def _next_step(j: Journal, since: int, stuck: list[str]) -> str:
-    """What the operator does after a rollback that began at record ``since`` left the journal
-    open: what to fix by hand first, then ``gputopo recover`` (which retries what is left)."""
-    if stuck:
-        return (
-            f"fix {', '.join(stuck)} by hand (a write hung there or it left the bus; "
-            "a reboot frees a hung write), then run 'gputopo recover'"
-        )
-    restarts = [_guest_or_service(r.what) for r in j.records[since:] if isinstance(r, RestartFailed)]
-    if restarts and not j.pending_undo():
-        return (
-            f"find why {', '.join(dict.fromkeys(restarts))} did not start, fix it, then run 'gputopo recover'"
-        )
-    return "run 'gputopo recover' to retry what is left (fix the error it names first)"
-
-
-def _guest_or_service(key: str) -> str:
-    """``lxc/101`` -> ``CT 101``, ``qemu/201`` -> ``VM 201``, ``101/sglang.service`` ->
-    ``sglang.service in CT 101``: running_before's keys as the operator names them."""
-    a, b = key.split("/", 1)
-    if a == "lxc":
-        return f"CT {b}"
-    if a == "qemu":
-        return f"VM {b}"
-    return f"{b} in CT {a}"
-
-
 def _roll_back(
     runner: Runner, j: Journal, running_before: RunningBefore, retry: bool = False, reason: str | None = None
 ) -> tuple[bool, list[str]]:
@@ -187,8 +138,8 @@ def _roll_back(
                     needs_human=list(stuck),
                     pending=j.pending_undo(),
                     reason=reason,
-                    left=_left_over(j, mark),
-                    next_step=_next_step(j, mark, list(stuck)),
+                    left=left_over(j, mark),
+                    next_step=next_step(j, mark, list(stuck)),
                 )
             )
     return complete, stuck
@@ -218,7 +169,7 @@ def _roll_back_and_raise(
     if nh is None:
         err = ApplyFailed(where, e, complete, stuck)
     else:  # the journal stays open: say what is left and what to do (exit 3)
-        left = _left_over(j, mark, said=str(e))
+        left = left_over(j, mark, said=str(e))
         err = ApplyFailed(where, e, complete, stuck, left=left, next_step=nh.next_step)
     if isinstance(e, Interrupted) and err.exit_code != 3:
         err.exit_code = e.exit_code  # a rollback left to a human (3) still outranks it
@@ -352,25 +303,6 @@ def apply(
     return _finished("applied", sorted(runner.results, key=lambda r: r.index))
 
 
-def _would_recover(runner: Runner, j: Journal, rb: RunningBefore, finish: bool, undoing: bool) -> list[str]:
-    """What :func:`recover` would do with journal ``j``, one line each, in order. Raises
-    JournalError for ``finish`` once a rollback began, as recover does."""
-    acts = j.header.actions
-    if j.verifying and not undoing:
-        return ["close the journal as applied: every step was done, only the verification was interrupted"]
-    if finish and undoing:
-        raise JournalError(f"{j.path}: its rollback already began; run 'gputopo recover' without --finish")
-    if finish:
-        steps = j.steps()
-        todo = [i for i in range(len(acts)) if i not in steps or steps[i].status != "done"]
-        return [f"run step {i + 1}: {acts[i].describe()}" for i in todo] + ["close the journal as applied"]
-    out = [f"undo step {n + 1}: {acts[n].describe()}" for n in runner.undo_order()]
-    hung = sorted(j.hung_devices() | set(j.needs_human.needs_human if j.needs_human else []))
-    if hung:
-        out.insert(0, f"retry the device(s) on which an earlier write hung: {', '.join(hung)}")
-    return out + runner.restarts(rb) + ["close the journal as rolled back"]
-
-
 def recover(
     ports: Ports,
     *,
@@ -435,7 +367,7 @@ def recover(
                 "dry-run",
                 wall_s=time.monotonic() - t0,
                 journal=str(j.path),
-                would=_would_recover(runner, j, rb, finish, undoing),
+                would=would_recover(runner, j, rb, finish, undoing),
             )
         if j.verifying and not undoing:
             j.append(End(result="applied", verify="did not finish"))
