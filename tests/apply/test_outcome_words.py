@@ -179,35 +179,53 @@ def test_a_read_only_etc_is_refused_by_preflight_and_nothing_changes(host):
     assert applysim.diff(before, applysim.fingerprint(host)) == []
 
 
+def _reading_its_terminal(pid: int) -> bool:
+    """True when process ``pid`` sleeps in a read of its terminal (the tty driver's wait). A key
+    typed before that can be lost: its SIGINT may land between the prompt's write and the read,
+    which then blocks (CPython runs its handler at once, but nothing interrupts a read that had
+    not begun). A person is never that fast; a test is."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        wchan = Path(f"/proc/{pid}/wchan").read_text().strip()
+    except OSError:
+        return False
+    return state == "S" and wchan in ("wait_woken", "n_tty_read")
+
+
 def _in_a_terminal(
     argv: list[str], key: bytes, prompt: bytes = b"Apply these changes? [y/N]:"
 ) -> tuple[int, str]:
     """Run ``gputopo ARGV`` on a new pseudo-terminal (its controlling terminal, as a login shell
-    has), type ``key`` once ``prompt`` shows; (exit code, everything it printed)."""
+    has) and type ``key`` once it waits at ``prompt``; (exit code, everything it printed). A
+    child that does not end in time prints its threads' stacks (faulthandler) and is killed."""
+    env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
     pid, fd = pty.fork()
     if pid == 0:  # the child: exec at once
-        os.execvpe(sys.executable, [sys.executable, "-m", "gputopo", *argv], dict(os.environ))
+        os.execvpe(sys.executable, [sys.executable, "-m", "gputopo", *argv], env)
     seen = b""
-    sent = False
-    deadline = time.monotonic() + 120  # a bound on a broken test, not a measured window
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([fd], [], [], 0.5)
-        if not ready:
-            continue
-        try:
-            chunk = os.read(fd, 4096)
-        except OSError:  # EIO: the child closed the terminal
-            break
-        if not chunk:
-            break
-        seen += chunk
-        if not sent and prompt in seen:
+    sent = aborted = False
+    status = None
+    deadline = time.monotonic() + 300  # a bound on a broken test, not a measured window
+    while status is None:
+        done, st = os.waitpid(pid, os.WNOHANG)
+        if done:
+            status = st
+        elif time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL if aborted else signal.SIGABRT)  # SIGABRT: the stacks first
+            aborted, deadline = True, time.monotonic() + 10
+        ready, _, _ = select.select([fd], [], [], 0.1)
+        if ready:
+            try:
+                seen += os.read(fd, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                pass
+        if not sent and prompt in seen and _reading_its_terminal(pid):
             os.write(fd, key)  # the terminal turns ^C into SIGINT for its foreground process
             sent = True
-    _, status = os.waitpid(pid, 0)
     os.close(fd)
-    assert sent, seen.decode(errors="replace")
-    return os.waitstatus_to_exitcode(status), seen.decode(errors="replace")
+    text = seen.decode(errors="replace")
+    assert sent and not aborted, text
+    return os.waitstatus_to_exitcode(status), text
 
 
 @pytest.mark.parametrize(
