@@ -142,15 +142,43 @@ def _can_mount_read_only() -> bool:
         os.rmdir(probe)
 
 
+BOOT_FILES = (
+    "etc/udev/rules.d/90-gputopo-vfio.rules",
+    "etc/modules-load.d/gputopo-vfio.conf",
+    "etc/modprobe.d/gputopo-vfio.conf",
+)
+
+
 @pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare (util-linux)")
-def test_a_read_only_etc_is_refused_by_preflight_and_nothing_changes(host):
-    """/etc mounted read-only (a real read-only bind mount in a mount namespace of its own): the
-    apply stops in preflight, exit 2, one line per file naming the directory and why; no step
-    ran and no journal was written."""
+@pytest.mark.parametrize(
+    "read_only, said",
+    [
+        (
+            "etc",
+            [
+                f"cannot write /{path} (/{path.rsplit('/', 1)[0]}: Read-only file system): make it writable, "
+                "then apply again"
+                for path in BOOT_FILES
+            ],
+        ),
+        (
+            "var",
+            [
+                "cannot write the apply journal under /var/lib/gputopo/journal (/var: Read-only file system): "
+                "make it writable, then apply again"
+            ],
+        ),
+    ],
+)
+def test_a_read_only_etc_or_var_is_refused_by_preflight_and_nothing_changes(host, read_only, said):
+    """/etc (the boot files) or /var (the journal) mounted read-only, a real read-only bind mount
+    in a mount namespace of its own: the apply stops in preflight, exit 2, one line per file
+    naming the directory and why; no step ran and no journal was written."""
     if not _can_mount_read_only():
         pytest.skip("no mount namespace here (unshare -rm refused)")
     before = applysim.fingerprint(host)
-    etc = host.paths.root / "etc"
+    where = host.paths.root / read_only
+    where.mkdir(exist_ok=True)
     argv = " ".join([sys.executable, "-m", "gputopo", *_apply(host, "--yes", "--no-verify")])
     res = subprocess.run(
         [
@@ -158,22 +186,14 @@ def test_a_read_only_etc_is_refused_by_preflight_and_nothing_changes(host):
             "-rm",
             "sh",
             "-c",
-            f"mount --bind {etc} {etc} && mount -o remount,bind,ro {etc} && {argv}",
+            f"mount --bind {where} {where} && mount -o remount,bind,ro {where} && {argv}",
         ],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert res.returncode == 2, res.stderr
-    assert _errors(res.stderr) == [
-        f"gputopo: error: cannot write /{path} (/{path.rsplit('/', 1)[0]}: Read-only file system): "
-        "make it writable, then apply again"
-        for path in (
-            "etc/udev/rules.d/90-gputopo-vfio.rules",
-            "etc/modules-load.d/gputopo-vfio.conf",
-            "etc/modprobe.d/gputopo-vfio.conf",
-        )
-    ]
+    assert _errors(res.stderr) == [f"gputopo: error: {line}" for line in said]
     assert "[ 1/" not in res.stderr  # no step began
     assert list_journals(host.paths.root) == []
     assert applysim.diff(before, applysim.fingerprint(host)) == []
