@@ -286,18 +286,36 @@ class LockHeld(GputopoError):
 
 
 class ApplyFailed(GputopoError):
-    """An apply failed and was rolled back (``rolled_back``) or not completely."""
+    """An apply failed and was rolled back (``rolled_back``) or not completely.
 
-    def __init__(self, step: str, cause: BaseException, rolled_back: bool, needs_human: list[str]):
+    A rollback that did not complete, or left a device a human must look at (``needs_human``),
+    leaves the journal open (``history`` says needs-human): exit 3, whatever stopped the apply
+    (a Ctrl-C included), and the line ends with what is left (``left``) and what to do next
+    (``next_step``: what to fix by hand, then ``gputopo recover``)."""
+
+    def __init__(
+        self,
+        step: str,
+        cause: BaseException,
+        rolled_back: bool,
+        needs_human: list[str],
+        left: str | None = None,
+        next_step: str | None = None,
+    ):
         self.step = step
         self.cause = cause
         self.rolled_back = rolled_back
         self.needs_human = needs_human
-        if needs_human:
+        self.left = left
+        self.next_step = next_step
+        if needs_human or not rolled_back:
             self.exit_code = 3
         state = "rolled back" if rolled_back else "NOT fully rolled back"
+        if left:
+            state += f" ({left})"
         human = f"; needs a human: {', '.join(needs_human)}" if needs_human else ""
-        super().__init__(f"apply failed at {step}: {cause}; {state}{human}")
+        then = f"; {next_step}" if next_step else ""
+        super().__init__(f"apply failed at {step}: {cause}; {state}{human}{then}")
 
 
 class JournalError(GputopoError):
@@ -375,6 +393,7 @@ class UnfinishedApply(JournalError):
         needs_human: list[str] | None = None,
         pending: list[int] | None = None,
         left: str | None = None,
+        next_step: str | None = None,
     ):
         self.path = path
         self.needs_human = needs_human
@@ -389,7 +408,7 @@ class UnfinishedApply(JournalError):
                 what.append(left)
             super().__init__(
                 f"an earlier apply's rollback needs a human ({'; '.join(what) or 'see the journal'}): {path}; "
-                "fix what it names, then run 'gputopo recover'"
+                + (next_step or "fix what it names, then run 'gputopo recover'")
             )
             return
         super().__init__(
@@ -433,6 +452,18 @@ class SavedPlanStale(PreflightError):
         more = f" (+{len(changes) - 3} more)" if len(changes) > 3 else ""
         super().__init__(
             f"{path}: the host changed since this plan was made: {'; '.join(changes[:3])}{more}; "
+            "nothing was changed, make a new plan"
+        )
+
+
+class SavedPlanEdited(InputError):
+    """A saved plan was edited since ``plan -o`` wrote it: ``edits`` names each part."""
+
+    def __init__(self, path: str, edits: list[str]):
+        self.path = path
+        self.edits = edits
+        super().__init__(
+            f"{path}: edited since 'gputopo plan -o' wrote it: {'; '.join(edits)}; "
             "nothing was changed, make a new plan"
         )
 

@@ -25,7 +25,11 @@ MEANING: dict[int, str] = {
         "reached or refuses the login, no pvesh on --local, a declined prompt, an existing file "
         "without --force"
     ),
-    NEEDS_HUMAN: "a device needs a human (a sysfs write hung, or the device fell off the bus)",
+    NEEDS_HUMAN: (
+        "a rollback did not complete and needs a human (a sysfs write hung, a device fell off the "
+        "bus, what ran before did not start again): the journal stays open; the error names what "
+        "to fix, then run 'gputopo recover'"
+    ),
     LOCKED: "another apply holds the lock",
     SIGHUP: "interrupted by SIGHUP (an apply in progress is rolled back first)",
     SIGINT: "interrupted by Ctrl-C (an apply in progress is rolled back first)",
@@ -54,6 +58,11 @@ COMMANDS: dict[str, dict[int, str]] = {
         **_COMMON,
         NOTHING_CHANGED: "bad input, a refused plan or an existing -o file without --force",
     },
+    "show": {
+        OK: "the saved plan",
+        **_COMMON,
+        NOTHING_CHANGED: "bad input: not a saved plan, or one edited since plan -o wrote it",
+    },
     "render": {
         OK: "written",
         **_COMMON,
@@ -69,17 +78,17 @@ COMMANDS: dict[str, dict[int, str]] = {
         OK: "applied, or no changes",
         FAILED: "a step or the verification failed (rolled back)",
         NOTHING_CHANGED: "refused before anything changed (a stale saved plan, a declined prompt too)",
-        NEEDS_HUMAN: "a device needs a human",
+        NEEDS_HUMAN: "the rollback did not complete (history: needs-human), a signal's too",
         LOCKED: "another apply holds the lock",
         SIGHUP: "SIGHUP (rolled back)",
         SIGINT: "Ctrl-C (rolled back)",
         SIGTERM: "SIGTERM (rolled back)",
     },
     "recover": {
-        OK: "settled, or nothing to recover",
+        OK: "settled, nothing to recover, or --dry-run",
         FAILED: "a step failed (rolled back where it could), or --finish after a rollback began",
         NOTHING_CHANGED: "bad input",
-        NEEDS_HUMAN: "a device still needs a human",
+        NEEDS_HUMAN: "what is left still needs a human (the journal stays open)",
         LOCKED: "an apply holds the lock",
         SIGINT: "interrupted",
     },

@@ -97,6 +97,10 @@ class ProxmoxReadPort(Protocol):
     # False when this source cannot tell whether a guest runs (Proxmox's files): its
     # guest_status and list_guests then answer 'running' for every guest
     status_known: bool
+    # False when this source holds no record of the node's guests (Proxmox's files without the
+    # node's directory: nothing configured yet, or a pve root from elsewhere): a guest it does
+    # not list may still exist there
+    guests_known: bool
 
     def version(self) -> dict[str, Any]:
         """GET /version: ``{version, release, repoid}``; {} when the source cannot tell."""
@@ -238,6 +242,12 @@ class HostFilesPort(Protocol):
 
     def remove_dir(self, path: str) -> None:
         """Remove the directory if it is empty; a missing or non-empty one is left as it is."""
+        ...
+
+    def unwritable(self, path: str) -> str | None:
+        """Why :meth:`write` or :meth:`remove` of ``path`` would fail (``/etc: Read-only file
+        system``: the directory or file to blame, and why), or None when they would not.
+        Changes nothing that stays."""
         ...
 
 

@@ -143,6 +143,11 @@ def _scenarios(capsys, seed, sim, tmp_path, monkeypatch):
         j.append(UndoBegin(step=0))
         return run(capsys, "recover", "--sim", S, "--finish")[0]
 
+    def shown():
+        saved = tmp_path / "saved.json"
+        assert run(capsys, "plan", "--sim", S, "--spec", str(spec), "-o", str(saved))[0] == 0
+        return run(capsys, "show", str(saved))[0]
+
     def demo_not_converged():
         import gputopo.sim.demo as demo
 
@@ -170,6 +175,8 @@ def _scenarios(capsys, seed, sim, tmp_path, monkeypatch):
         ("export", 2): go("export", "--root", "/etc"),
         ("plan", 0): go("plan", "--root", R, "--spec", str(spec)),
         ("plan", 2): go("plan", "--root", "/etc"),
+        ("show", 0): shown,
+        ("show", 2): go("show", str(taken)),
         ("render", 0): go("render", "--root", R, "--spec", str(spec), "--out", str(tmp_path / "r")),
         ("render", 2): go("render", "--root", R, "--spec", str(spec), "--out", str(taken)),
         ("diff", 0): go("diff", "--root", R, "--spec", str(spec)),

@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-from gputopo.actions.base import ActionModel, DiffContext, Phase, Resource, StepContext, World
+from gputopo.actions.base import (
+    ActionModel,
+    DiffContext,
+    Phase,
+    PreflightContext,
+    Resource,
+    StepContext,
+    World,
+)
 from gputopo.errors import HostFileError
 from gputopo.model.filemode import FileMode
 from gputopo.model.strict import Strict
@@ -68,6 +76,14 @@ class _FileStep(ActionModel):
     def after(self) -> str | None:
         """The file's text once the step is done (None: absent)."""
         raise NotImplementedError
+
+    def preflight(self, ctx: PreflightContext) -> list[str]:
+        # a read-only /etc (or a file made immutable) fails here, before anything stops, not at
+        # the step with a rollback after it
+        why = ctx.ports.files.unwritable(self.path)
+        if why is None:
+            return []
+        return [f"cannot write /{self.path.lstrip('/')} ({why}): make it writable, then apply again"]
 
     def before(self, ctx: StepContext) -> FileBefore:
         return _read(ctx, self.path)

@@ -83,6 +83,28 @@ class RealHostFiles:
         except OSError:
             pass
 
+    def unwritable(self, path: str) -> str | None:
+        """Why :meth:`write` or :meth:`remove` of ``path`` would fail, or None. Tried, not guessed
+        from mode bits (root writes past them, not past a read-only mount or ``chattr +i``): a
+        temp file is made and removed in the nearest directory that exists (the write makes the
+        missing ones), and an existing file is opened for writing without truncating it."""
+        target = self._path(path)
+        d = target.parent
+        while not d.exists() and d != d.parent:
+            d = d.parent
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=d)
+        except OSError as e:
+            return f"/{d.relative_to(self.root)}: {e.strerror or e}"
+        os.close(fd)
+        os.unlink(tmp)
+        if target.is_file():
+            try:
+                os.close(os.open(target, os.O_WRONLY))
+            except OSError as e:
+                return f"/{path.lstrip('/')}: {e.strerror or e}"
+        return None
+
 
 def _remove_stale_temps(target: Path) -> None:
     """Remove the temp files an earlier write of ``target`` left when it was killed between

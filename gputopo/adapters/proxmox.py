@@ -31,6 +31,7 @@ class ProxmoxClient(ABC):
     """
 
     status_known = True  # the API tells whether a guest runs
+    guests_known = True  # and which guests the node has
 
     def __init__(self, cfg: ApiConfig):
         self._cfg = cfg

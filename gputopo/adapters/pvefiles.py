@@ -40,6 +40,11 @@ class PveFiles:
         (with nothing configured there is no guest whose status could be)."""
         return not (self.root / "nodes" / self.node).is_dir()
 
+    @property
+    def guests_known(self) -> bool:
+        """True once the node has a guest directory: a guest without a config there does not exist."""
+        return (self.root / "nodes" / self.node).is_dir()
+
     def _dir(self, kind: str) -> Path:
         return self.root / "nodes" / self.node / _DIRS[kind]
 

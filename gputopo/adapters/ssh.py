@@ -167,3 +167,6 @@ class SshFiles:
 
     def remove_dir(self, path: str) -> None:
         raise HostFileError(path, OSError(30, f"read-only view of node {self.node}"))
+
+    def unwritable(self, path: str) -> str | None:
+        return f"{self._abs(path)}: read-only view of node {self.node}"

@@ -79,7 +79,7 @@ def result_document(result: ApplyResult, boot: BootRefresh | None = None) -> dic
             "stop_window_s": None if result.stop_window_s is None else round(result.stop_window_s, 3),
             "steps": steps,
             "warnings": [f"step {s['step']}: {w}" for s in steps for w in s["warnings"]],
-            "plan": [a.describe() for a in actions],
+            "plan": list(result.would) or [a.describe() for a in actions],
             "verify": verify,
             "boot": None if boot is None else {"commands": boot.commands, "ran": boot.ran},
         }

@@ -115,6 +115,15 @@ def _stop_window(j: Journal, steps: list[StepRecord]) -> float | None:
     return j.records[-1].t - start
 
 
+def _needs_human_reason(nh: NeedsHuman) -> str:
+    """A needs-human journal's reason, one line: the devices, what is left, what to do next."""
+    parts = [f"needs a human: {', '.join(nh.needs_human)}" if nh.needs_human else "needs a human"]
+    if nh.left:
+        parts.append(nh.left)
+    parts.append(nh.next_step or "see the journal, then run 'gputopo recover'")
+    return "; ".join(parts)
+
+
 def record_of(j: Journal, with_steps: bool = False) -> ApplyRecord:
     """The :class:`ApplyRecord` of one journal."""
     h = j.header
@@ -122,11 +131,7 @@ def record_of(j: Journal, with_steps: bool = False) -> ApplyRecord:
     end = next((r for r in reversed(j.records) if isinstance(r, End)), None)
     nh = j.needs_human
     outcome: Outcome = end.result if end is not None else "needs-human" if nh is not None else "unfinished"
-    reason = (
-        end.reason
-        if end is not None
-        else (f"needs a human: {', '.join(nh.needs_human) or 'see the journal'}" if nh is not None else None)
-    )
+    reason = end.reason if end is not None else (_needs_human_reason(nh) if nh is not None else None)
     name = os.path.basename(str(j.path))
     return ApplyRecord(
         id=name.removesuffix(".jsonl"),

@@ -132,6 +132,7 @@ class NeedsHuman(_Rec):
     pending: list[int] = Field(default_factory=list)  # steps whose undo did not complete
     reason: str | None = None  # why the rollback ran ("verify"), None: a failure
     left: str | None = None  # what is left, in one line (undos, guests or services not back)
+    next_step: str | None = None  # what the operator does next: what to fix, then gputopo recover
 
 
 class Verifying(_Rec):
@@ -360,7 +361,7 @@ class Journal:
         if nh is None:
             return UnfinishedApply(str(self.path), self.describe())
         return UnfinishedApply(
-            str(self.path), self.describe(), list(nh.needs_human), list(nh.pending), nh.left
+            str(self.path), self.describe(), list(nh.needs_human), list(nh.pending), nh.left, nh.next_step
         )
 
 

@@ -4,7 +4,8 @@ stops. Changes nothing.
 :func:`refuse_other_node` comes first, before anything is read: the Proxmox API must act on the
 node whose sysfs and containers this process changes (recover: :func:`check_recover_node`, which
 compares without the API first and goes on without it when the journal proves the node). What
-the plan as a whole needs is checked here too (its containers exist, the Proxmox API answers);
+the plan as a whole needs is checked here too (its containers exist, the Proxmox API answers,
+the journal's directory can be written);
 everything else is each step's own ``preflight`` (:mod:`gputopo.actions`): IOMMU and drivers for
 rebinds, processes holding a moving GPU (from ``<root>/proc``), running VMs outside the plan that
 use a moving device, the login's right to change ``devN``, a running container for a drop-in.
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gputopo.actions import PreflightContext
+from gputopo.apply.journal import JOURNAL_DIR
 from gputopo.errors import ConfigError, PreflightError, ProxmoxError
 from gputopo.facts.host import node_name
 from gputopo.facts.pci import read_drm_nodes
@@ -144,6 +146,13 @@ def preflight(
         holders=lambda paths: read_holders(root, paths),
         drm_nodes=lambda address: read_drm_nodes(root, address),
     )
+    # the journal is the first thing written: a directory that cannot take it (a read-only
+    # /var) would fail the apply after the lock, with nothing to roll back but no record either
+    why = ports.files.unwritable(f"{JOURNAL_DIR}/probe.jsonl")
+    if why is not None:
+        problems.append(
+            f"cannot write the apply journal under /{JOURNAL_DIR} ({why}): make it writable, then apply again"
+        )
     for a in p.actions:
         problems += a.preflight(ctx)
     return list(dict.fromkeys(problems))  # one line per problem, in the order found

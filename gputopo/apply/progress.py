@@ -33,6 +33,7 @@ class ApplyResult:
     stop_window_s: float | None = None
     journal: str | None = None
     verify: Any = None
+    would: list[str] = field(default_factory=list)  # recover --dry-run: what it would do, in order
 
     @property
     def exit_code(self) -> int:

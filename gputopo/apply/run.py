@@ -38,12 +38,12 @@ from gputopo.apply.journal import (
     Journal,
     NeedsHuman,
     Recover,
-    RestartFailed,
     RunningBeforeRec,
     Verifying,
     find_unfinished,
 )
 from gputopo.apply.lock import HostLock
+from gputopo.apply.outcome import left_over, next_step, would_recover
 from gputopo.apply.preflight import check_recover_node, preflight, refuse_other_node, refuse_other_node_here
 from gputopo.apply.progress import ApplyResult, Progress, Quiet
 from gputopo.apply.runner import Runner, running_before_of, step_context
@@ -121,16 +121,6 @@ def _fail_step(runner: Runner) -> str:
     return "a step"
 
 
-def _left_over(j: Journal, since: int) -> str:
-    """What a rollback that began at record ``since`` could not do, in one line."""
-    parts = []
-    pending = j.pending_undo()
-    if pending:
-        parts.append("undo of step(s) " + ", ".join(str(i + 1) for i in pending) + " not complete")
-    parts += [f"{r.what}: {r.error}" for r in j.records[since:] if isinstance(r, RestartFailed)]
-    return "; ".join(parts) or "a device still needs a human"
-
-
 def _roll_back(
     runner: Runner, j: Journal, running_before: RunningBefore, retry: bool = False, reason: str | None = None
 ) -> tuple[bool, list[str]]:
@@ -147,7 +137,11 @@ def _roll_back(
         else:
             j.append(
                 NeedsHuman(
-                    needs_human=list(stuck), pending=j.pending_undo(), reason=reason, left=_left_over(j, mark)
+                    needs_human=list(stuck),
+                    pending=j.pending_undo(),
+                    reason=reason,
+                    left=left_over(j, mark),
+                    next_step=next_step(j, mark, list(stuck)),
                 )
             )
     return complete, stuck
@@ -167,14 +161,20 @@ def _roll_back_and_raise(
         runner.progress.note(f"{where} was {e}; rolling back")
     else:
         runner.progress.note(f"{where} failed: {e}; rolling back")
+    mark = len(j.records)
     complete, stuck = _roll_back(runner, j, running_before)
     if isinstance(e, SysfsTimeout) and e.address:
         stuck = sorted(set(stuck) | {e.address})
     if not isinstance(e, GputopoError):
         raise exc
-    err = ApplyFailed(where, e, complete, stuck)
-    if isinstance(e, Interrupted) and not stuck:
-        err.exit_code = e.exit_code  # a device needing a human (3) still outranks it
+    nh = j.needs_human
+    if nh is None:
+        err = ApplyFailed(where, e, complete, stuck)
+    else:  # the journal stays open: say what is left and what to do (exit 3)
+        left = left_over(j, mark, said=str(e))
+        err = ApplyFailed(where, e, complete, stuck, left=left, next_step=nh.next_step)
+    if isinstance(e, Interrupted) and err.exit_code != 3:
+        err.exit_code = e.exit_code  # a rollback left to a human (3) still outranks it
     raise err from exc
 
 
@@ -322,6 +322,7 @@ def recover(
     finish: bool = False,
     progress: Progress | None = None,
     timeouts: Timeouts | None = None,
+    dry_run: bool = False,
 ) -> ApplyResult:
     """Settle the journal an interrupted apply left under ``root``.
 
@@ -344,7 +345,13 @@ def recover(
     the journal names this host: the undo steps on sysfs and host files run, those that need the
     API fail and are named (ApplyFailed, the journal stays open for a recover once it answers).
 
-    Returns an ApplyResult (``nothing-to-recover``, ``recovered``, ``finished``, ``applied``).
+    ``dry_run`` changes nothing: the result (``dry-run``) lists in ``would`` what recover would
+    do, in order (the undo steps, then the guests and services it would start; with ``finish``
+    the steps it would run), after the same checks (the lock, the node, ``finish`` after a
+    rollback began).
+
+    Returns an ApplyResult (``nothing-to-recover``, ``recovered``, ``finished``, ``applied``,
+    ``dry-run``).
     Raises PreflightError (an API whose node is not this host, or that does not answer while
     the journal does not name this host), LockHeld, JournalError
     (``finish`` on a journal whose rollback began), ApplyFailed (exit 3 naming the devices still
@@ -360,12 +367,20 @@ def recover(
         if j is None:
             return ApplyResult("nothing-to-recover")
         check_recover_node(ports, root, j.header.node, progress.note)
-        progress.note(f"recovering {j.describe()}")
+        if not dry_run:
+            progress.note(f"recovering {j.describe()}")
         runner = Runner(step_context(ports, root, t, progress), j, progress)
         rb = RunningBefore(
             guests=dict(j.header.running_before.guests), services=dict(j.header.running_before.services)
         )
         undoing = any(r.type.startswith("undo-") for r in j.records)
+        if dry_run:
+            return ApplyResult(
+                "dry-run",
+                wall_s=time.monotonic() - t0,
+                journal=str(j.path),
+                would=would_recover(runner, j, rb, finish, undoing),
+            )
         if j.verifying and not undoing:
             j.append(End(result="applied", verify="did not finish"))
             progress.note("every step was done; only the verification was interrupted: run 'gputopo verify'")
@@ -387,9 +402,14 @@ def recover(
                 "finished", steps=runner.results, wall_s=time.monotonic() - t0, journal=str(j.path)
             )
         complete, stuck = _roll_back(runner, j, rb, retry=True)
-        if not (complete and not stuck):
+        nh = j.needs_human
+        if nh is not None:
             raise ApplyFailed(
-                "recover", JournalError(f"{j.path} stays open: {j.needs_human.left}"), complete, stuck
+                "recover",
+                JournalError(f"{j.path} stays open: {nh.left}"),
+                complete,
+                stuck,
+                next_step=nh.next_step,
             )
         return ApplyResult(
             "recovered", steps=runner.results, wall_s=time.monotonic() - t0, journal=str(j.path)

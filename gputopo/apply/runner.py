@@ -177,6 +177,27 @@ class Runner:
 
     # --- backward ------------------------------------------------------------------------------
 
+    def restarts(self, running_before: RunningBefore) -> list[str]:
+        """What :meth:`_restart` would start, one line each, for ``recover --dry-run``: the guests
+        that ran before and do not run now (asked through the API; one it cannot ask about is
+        listed with "if it is not running"), then the services that were active."""
+        out = []
+        for key, status in running_before.guests.items():
+            if status != "running":
+                continue
+            kind, vmid = key.split("/")
+            name = f"{'CT' if kind == 'lxc' else 'VM'} {vmid}"
+            try:
+                if not self.ctx.running(kind, int(vmid)):
+                    out.append(f"start {name}")
+            except GputopoError:
+                out.append(f"start {name} if it is not running")
+        for key, status in running_before.services.items():
+            vmid_s, unit = key.split("/", 1)
+            if status == "active":
+                out.append(f"start {unit} in CT {vmid_s} (restarted if it runs another command line)")
+        return out
+
     def backward(self, running_before: RunningBefore, retry: bool = False) -> tuple[bool, list[str]]:
         """Undo every begun step whose undo has not completed, in :meth:`undo_order`, then restart
         what ran before. ``retry`` (a recover after a human fixed the host) tries the
@@ -226,9 +247,9 @@ class Runner:
         return complete, sorted(ctx.stuck | ctx.gone | set(ctx.binder.stuck))
 
     def undo_order(self) -> list[int]:
-        """The begun steps whose undo has not completed, in the order to undo them
-        (:func:`gputopo.actions.undo_order`; an undo done by an earlier process has put its
-        resources back already)."""
+        """The begun steps whose undo has not completed, in the order :meth:`backward` undoes
+        them and ``recover --dry-run`` shows (:func:`gputopo.actions.undo_order`; an undo done by
+        an earlier process has put its resources back already)."""
         steps = self.j.steps()
         pending = [
             (n, steps[n].action)

@@ -57,7 +57,7 @@ def _preflight_ports(conn: Connection, default_node: str | None):
 
 def _load(plan_file: str | None, spec_file: str | None):
     """(spec, saved plan or None, the file named) from ``apply PLANFILE`` or ``--spec FILE``."""
-    from gputopo.errors import ConfigError, SpecError
+    from gputopo.errors import ConfigError
     from gputopo.plan.spec import load_spec
 
     if plan_file and spec_file:
@@ -66,13 +66,9 @@ def _load(plan_file: str | None, spec_file: str | None):
         return load_spec(spec_file), None, spec_file
     if not plan_file:
         raise ConfigError("give --spec FILE, or a plan saved with 'gputopo plan -o FILE'")
-    from gputopo.plan.saved import parse_saved_plan
+    from gputopo.cli.output import read_saved_plan
 
-    try:
-        text = open(plan_file, encoding="utf-8").read()
-    except OSError as e:
-        raise SpecError(plan_file, "", f"cannot read: {e.strerror or e}") from None
-    saved = parse_saved_plan(text, plan_file)
+    saved = read_saved_plan(plan_file)
     return saved.spec, saved, plan_file
 
 
@@ -214,6 +210,12 @@ def _finish(result, boot, as_json: bool) -> None:
 @click.command()
 @connection_options()
 @click.option("--finish", is_flag=True, help="Complete the interrupted apply instead of rolling it back.")
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Show what recover would do (the undo steps in order, the guests and services it would "
+    "start); change nothing.",
+)
 @timeout_option("recover")
 @click.option(
     "--json",
@@ -222,7 +224,7 @@ def _finish(result, boot, as_json: bool) -> None:
     help="One JSON document on stdout (gputopo schema apply); progress goes to stderr.",
 )
 @with_exit_codes("recover")
-def recover(conn: Connection, finish: bool, timeouts, as_json: bool) -> None:
+def recover(conn: Connection, finish: bool, dry_run: bool, timeouts, as_json: bool) -> None:
     """Settle an apply that was interrupted (crash, kill, power loss) from its journal.
 
     By default every step it began is undone from the journal and what ran before is started
@@ -256,6 +258,7 @@ def recover(conn: Connection, finish: bool, timeouts, as_json: bool) -> None:
                 finish=finish,
                 progress=_progress(sys.stderr if as_json else None, t),
                 timeouts=t,
+                dry_run=dry_run,
             )
         finally:
             ports.close()
@@ -273,5 +276,10 @@ def recover(conn: Connection, finish: bool, timeouts, as_json: bool) -> None:
         print_json(result_document(result))
     elif result.status == "nothing-to-recover":
         click.echo("No unfinished apply: nothing to recover")
+    elif result.status == "dry-run":
+        click.echo(f"recover would settle {result.journal}:")
+        for i, line in enumerate(result.would, 1):
+            click.echo(f"  {i:>2}. {line}")
+        click.echo("Nothing was changed (dry run).")
     else:
         click.echo(f"{result.status}: {result.journal}")

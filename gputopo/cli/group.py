@@ -112,9 +112,12 @@ def run(argv: list[str] | None = None) -> None:
         e.show()
         sys.exit(e.exit_code)
     except click.exceptions.Abort as e:
-        # click turns a KeyboardInterrupt or EOFError raised anywhere in a command into Abort
+        # click turns a KeyboardInterrupt or EOFError raised anywhere in a command into Abort;
+        # at its prompts it raises Abort "from None", so a Ctrl-C there is only the context
         cause = e.__cause__
-        if isinstance(cause, KeyboardInterrupt):
+        if cause is None and isinstance(e.__context__, (KeyboardInterrupt, EOFError)):
+            click.echo(err=True)  # the prompt's line is still open
+        if isinstance(cause, KeyboardInterrupt) or isinstance(e.__context__, KeyboardInterrupt):
             click.echo("gputopo: interrupted", err=True)
             sys.exit(130)
         if isinstance(cause, EOFError):

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 # how a verdict is shown: verify's table, a cluster's, apply's ending
-STYLE = {"PASS": "bold green", "WARN": "bold yellow", "FAIL": "bold red"}
+STYLE = {"PASS": "bold green", "WARN": "bold yellow", "FAIL": "bold red", "SKIP": "dim"}
 
 
 def console(stderr: bool = False):
@@ -26,6 +26,32 @@ def print_json(data: Any) -> None:
     if hasattr(data, "model_dump"):
         data = data.model_dump(mode="json", by_alias=True)
     sys.stdout.write(json.dumps(versioned(data), indent=2, default=str) + "\n")
+
+
+def print_plan(p, summary: dict[str, Any] | None, as_json: bool) -> None:
+    """A plan as ``plan`` prints it (``show`` prints a saved one the same way): the plan's text
+    and its ``Summary:`` line, or with ``as_json`` the plan document (``gputopo schema plan``).
+    ``summary``: :meth:`gputopo.plan.summary.PlanSummary.to_data` (None: no changes)."""
+    if as_json:
+        print_json(p.to_data(summary))
+        return
+    sys.stdout.write(p.to_text())
+    if summary is not None:
+        sys.stdout.write(f"Summary: {summary['text']}\n")
+
+
+def read_saved_plan(path: str):
+    """The saved plan in file ``path`` (``apply PLANFILE``, ``show PLANFILE``). Raises SpecError
+    (exit 2) naming the file when it cannot be read or is not one, SavedPlanEdited (exit 2) when
+    it was edited since ``plan -o`` wrote it."""
+    from gputopo.errors import SpecError
+    from gputopo.plan.saved import parse_saved_plan
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecError(path, "", f"cannot read: {getattr(e, 'strerror', None) or e}") from None
+    return parse_saved_plan(text, path)
 
 
 def refuse_existing(path: Path, force: bool) -> None:

@@ -49,7 +49,7 @@ def _saving_conn(conn: Connection) -> Connection:
     return conn if conn.live else dataclasses.replace(conn, local=True)
 
 
-def _save(path: str, force: bool, conn: Connection, quick: dict, spec, facts, p, current) -> None:
+def _save(path: str, force: bool, conn: Connection, quick: dict, spec, facts, p, current, summary) -> None:
     from gputopo import __version__
     from gputopo.plan.saved import save_plan, spec_digest
 
@@ -65,6 +65,7 @@ def _save(path: str, force: bool, conn: Connection, quick: dict, spec, facts, p,
         spec_sha256=spec_digest(spec, spec_file),
         node=conn.node,
         source=source,
+        summary=summary,
     )
     write_output(Path(path), saved.model_dump_json(indent=2) + "\n", force=force)
     click.echo(f"wrote {path}: apply it with 'gputopo apply {path}'", err=True)
@@ -97,7 +98,7 @@ def plan(conn: Connection, templates, as_json, svg, save_to, force, **quick):
     """Show the target state and the ordered actions ("No changes" when converged), then one
     line: how many rebinds, mapping changes and guest restarts, and the expected stop window.
     """
-    from gputopo.cli.output import print_json, refuse_existing
+    from gputopo.cli.output import print_plan, refuse_existing
 
     if save_to:
         refuse_existing(Path(save_to), force)  # before anything is read: an answer in seconds
@@ -105,19 +106,14 @@ def plan(conn: Connection, templates, as_json, svg, save_to, force, **quick):
     facts, spec, p, current = planned(conn, quick, templates)
     from gputopo.apply.estimate import plan_summary
 
-    summary = None if p.is_empty else plan_summary(spec, p, host_root(conn))
+    summary = None if p.is_empty else plan_summary(spec, p, host_root(conn)).to_data()
     if svg:
         from gputopo.cli.topoview import plan_svg
 
         write_output(Path(svg), plan_svg(facts, current, p))
     if save_to:
-        _save(save_to, force, conn, quick, spec, facts, p, current)
-    if as_json:
-        print_json(p.to_data(None if summary is None else summary.to_data()))
-    else:
-        sys.stdout.write(p.to_text())
-        if summary is not None:
-            sys.stdout.write(f"Summary: {summary.to_text()}\n")
+        _save(save_to, force, conn, quick, spec, facts, p, current, summary)
+    print_plan(p, summary, as_json)
 
 
 @click.command()

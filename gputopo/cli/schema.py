@@ -20,7 +20,7 @@ from gputopo.exitcodes import with_exit_codes
 DOCUMENTS: dict[str, tuple[str, str]] = {
     "facts": ("discover --json", "gputopo.model.facts:Facts"),
     "topo": ("topo --json", "gputopo.topo.model:TopoReport"),
-    "plan": ("plan --json", "gputopo.plan.model:Plan"),
+    "plan": ("plan --json, show PLANFILE --json", "gputopo.plan.model:Plan"),
     "saved-plan": ("plan -o FILE", "gputopo.plan.saved:SavedPlan"),
     "diff": ("diff --json", "gputopo.model.documents:DiffDoc"),
     "verify": ("verify --json", "gputopo.model.documents:VerifyReport"),
@@ -60,7 +60,7 @@ def schema(what: str) -> None:
     spec             the spec file (YAML), for editors
     facts            discover --json
     topo             topo --json
-    plan             plan --json
+    plan             plan --json, show PLANFILE --json
     saved-plan       plan -o FILE
     diff             diff --json
     verify           verify --json

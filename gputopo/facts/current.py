@@ -72,7 +72,7 @@ def read_current(
     """
     # what a running container can take without a restart depends on the release (PVE 9
     # hot-plugs devN); a version the source does not tell counts as the older one
-    state = CurrentState(guest_status_known=proxmox.status_known)
+    state = CurrentState(guest_status_known=proxmox.status_known, containers_known=proxmox.guests_known)
     state.pve_version = str(proxmox.version().get("version") or "") or None
     wanted = reads.containers
     if wanted is None:
@@ -108,8 +108,14 @@ def read_current(
                 continue
             try:
                 ct.service = _service_state(exec, c.vmid, c.service)
-            except ExecError:
+            except ExecError as e:
+                # kept for the planner: a service it cannot read must not be planned away
                 ct.service = None
+                ct.service_error = (
+                    f"no {e.stderr.split(':', 1)[0] or 'pct'} on this machine"
+                    if e.rc == 127
+                    else str(e).removeprefix(f"CT {c.vmid}: ")
+                )
 
     if files is not None:
         for path in reads.files:

@@ -47,9 +47,12 @@ def schema_of(model: Any) -> dict[str, Any]:
         schema = model.model_json_schema(by_alias=True, mode="serialization")
     props = dict(schema.get("properties", {}))
     props.pop("schema_version", None)
+    # a document with a version of its own (the saved plan's) keeps it
+    own = getattr(model, "model_fields", {}).get("schema_version")
+    version = own.default if own is not None and isinstance(own.default, int) else VERSION
     schema["properties"] = {
         "schema_version": {
-            "const": VERSION,
+            "const": version,
             "type": "integer",
             "description": "Raised when a change would break a script",
         },
@@ -120,7 +123,10 @@ class ApplyDoc(_Doc):
     wall_s: float | None = None
     stop_window_s: float | None = None
     steps: list[StepDoc] = Field(default_factory=list)
-    plan: list[str] = Field(default_factory=list, description="Every planned step's description, in order")
+    plan: list[str] = Field(
+        default_factory=list,
+        description="Every planned step's description, in order (recover --dry-run: what it would do)",
+    )
     verify: dict[str, Any] | None = Field(None, description="The verify document (gputopo schema verify)")
     boot: BootDoc | None = Field(None, description="Boot persistence changed: what must run before a reboot")
     warnings: list[str] = Field(default_factory=list, description="Every step's warnings as 'step N: text'")
@@ -177,10 +183,13 @@ class RenderManifest(_Doc):
 
 # --- verify ------------------------------------------------------------------------------------
 
-Status = Literal["PASS", "WARN", "FAIL"]
+# SKIP: the check did not run (nothing of its kind in the spec, or no plan to check against);
+# its summary says why. It never fails a verification, and never counts as a PASS.
+Status = Literal["PASS", "WARN", "FAIL", "SKIP"]
 PASS: Status = "PASS"
 WARN: Status = "WARN"
 FAIL: Status = "FAIL"
+SKIP: Status = "SKIP"
 
 
 class Check(Strict):
@@ -216,16 +225,17 @@ class VerifyReport(Strict):
         return None
 
     def counts(self) -> dict[str, int]:
-        out = {PASS: 0, WARN: 0, FAIL: 0}
+        out = {PASS: 0, WARN: 0, FAIL: 0, SKIP: 0}
         for c in self.checks:
             out[c.status] += 1
         return out
 
     def summary_line(self) -> str:
-        """``all clear: 7 PASS`` or ``verification failed: 2 FAIL (memory, inference), 1 WARN (platform)``."""
+        """``all clear: 7 PASS`` or ``verification failed: 2 FAIL (memory, inference), 1 WARN
+        (platform)``; the checks that did not run follow, ``2 SKIP (service, inference)``."""
         n = self.counts()
         parts = []
-        for status in (FAIL, WARN):
+        for status in (FAIL, WARN, SKIP):
             if n[status]:
                 names = ", ".join(c.name for c in self.checks if c.status == status)
                 parts.append(f"{n[status]} {status} ({names})")

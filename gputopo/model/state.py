@@ -25,6 +25,9 @@ class ContainerState(Strict):
     )
     status: Literal["running", "stopped"] = "stopped"
     service: ServiceState | None = None
+    service_error: str | None = Field(
+        None, description="Why the running container's service could not be read (no pct here...)"
+    )
 
 
 class MappingState(Strict):
@@ -51,6 +54,12 @@ class CurrentState(Strict):
     files: dict[str, str | None] = Field(default_factory=dict, description="host path -> text (None: absent)")
     pve_version: str | None = Field(
         None, description="The node's Proxmox VE version (GET /version); null when read from files"
+    )
+    containers_known: bool = Field(
+        False,
+        description="True when the source lists the node's guests: a container the spec names that is "
+        "not in containers does not exist (False: nothing was read, or Proxmox's files hold nothing "
+        "for the node)",
     )
     guest_status_known: bool = Field(
         True,

@@ -200,6 +200,15 @@ def plan(
     spec_node = pick_node(spec, facts, node)
     node_name = spec_node.name
     found = Findings()
+    if current.containers_known:
+        # as apply's preflight: a container that is not there means the spec is for another
+        # host, and every other finding would follow from that mistake
+        for c in spec_node.containers:
+            if c.vmid not in current.containers:
+                found.refuse(
+                    None, f"container {c.vmid} does not exist on node {node_name}", "no-such-container"
+                )
+        found.raise_if_refused()
     cts = {Owner.container(c.vmid): c for c in spec_node.containers}
     vms = {Owner.vm(m.name): m for m in spec_node.vms.mappings}
 

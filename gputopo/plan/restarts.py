@@ -30,9 +30,22 @@ def check_service_unit(c: Container, state: ContainerState | None, tp: int, foun
     """Refuse, before anything stops, a service the container does not have or whose unit's own
     command has no tensor-parallel flag: otherwise the container would be stopped and its GPUs moved, and the
     start at the end fail and roll everything back (two outages for a typo). Checked only when the
-    service was read from the running container."""
+    service was read from the running container. One that could not be read there (``--api-url``
+    from a machine without pct) is refused too unless the spec gives ``service.command``: planned
+    without it, the new tensor-parallel size would be left out."""
     svc = state.service if state is not None else None
-    if c.service is None or svc is None or tp == 0:
+    if c.service is None or tp == 0:
+        return
+    if svc is None and state is not None and state.service_error and c.service.command is None:
+        # without its command the drop-in (the new tensor-parallel size) would be left out
+        found.refuse(
+            None,
+            f"container {c.vmid}: cannot read {c.service.unit}'s command ({state.service_error}): set "
+            "service.command in the spec, or run gputopo on the node (--local)",
+            "service-unreadable",
+        )
+        return
+    if svc is None:
         return
     if not svc.found:
         found.refuse(

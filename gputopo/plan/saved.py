@@ -6,6 +6,12 @@ SHA-256 (the fingerprint). ``gputopo apply plan.json`` reads the facts and the c
 again, under the lock too, and applies exactly the saved actions only while the items are the
 same; otherwise it refuses, naming each item that changed (:class:`SavedPlanStale`, exit 2).
 
+The file is sealed (:class:`Seal`): a SHA-256 of the canonical JSON of each of its parts, each
+action, the rest of the plan, the spec, the recorded state and the file's own fields, and one
+over them all. A hand edit of any part (``--tp 8`` -> ``--tp 6`` in a step) is refused on
+reading, naming the part (:class:`SavedPlanEdited`, exit 2): apply runs the actions as planned
+or not at all. The seal is no signature with a key: it catches edits, not forgeries.
+
 The items are what the planner decides from: every GPU's and IOMMU-group member's driver and
 override, minors, groups and NUMA nodes, the host's IOMMU and modules, each container's status,
 config and service, each mapping, each VM's status and passthrough devices, and the boot
@@ -24,14 +30,14 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from gputopo.errors import SavedPlanStale, SpecError
+from gputopo.errors import SavedPlanEdited, SavedPlanStale, SpecError
 from gputopo.model.facts import Facts
 from gputopo.model.state import CurrentState
 from gputopo.model.strict import Strict
 from gputopo.plan.model import Plan
 from gputopo.plan.spec import Spec
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the seal and the summary
 KIND = "gputopo-saved-plan"
 
 
@@ -107,10 +113,33 @@ def changes(before: dict[str, str], now: dict[str, str]) -> list[str]:
     ]
 
 
+def _canonical_sha(data: Any) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+class Seal(Strict):
+    """The SHA-256 of each part of a saved plan (``step/N``: its N-th action; ``plan``: the
+    rest of the plan; ``spec``; ``state``: the recorded host state; ``file``: the file's own
+    fields) and ``digest``, the SHA-256 of them all."""
+
+    parts: dict[str, str]
+    digest: str
+
+
+class SavedSummary(Strict):
+    """The summary line ``plan`` printed under the plan (:meth:`gputopo.plan.summary.PlanSummary.to_data`)."""
+
+    counts: dict[str, int]
+    stop_window_steps: int
+    expected_stop_window_s: float | None = None
+    max_stop_window_s: float | None = None
+    text: str
+
+
 class SavedPlan(Strict):
     """A plan as ``plan -o`` writes it and ``apply PLANFILE`` reads it (``gputopo schema saved-plan``)."""
 
-    schema_version: Literal[1] = SCHEMA_VERSION
+    schema_version: Literal[2] = SCHEMA_VERSION
     kind: Literal["gputopo-saved-plan"] = KIND
     created: float = Field(default_factory=time.time, description="Unix time the plan was made")
     gputopo_version: str
@@ -122,6 +151,49 @@ class SavedPlan(Strict):
     fingerprint: str = Field(description="SHA-256 of state")
     state: dict[str, str] = Field(description="The state the plan was made from, area/name/field -> value")
     plan: Plan
+    summary: SavedSummary | None = Field(None, description="The summary line plan printed; null: no changes")
+    seal: Seal = Field(description="SHA-256 of each part and of them all: an edited file is refused")
+
+    def seal_parts(self) -> dict[str, str]:
+        """The SHA-256 of each part as the file holds it now (see :class:`Seal`)."""
+        parts = {
+            f"step/{i}": _canonical_sha(a.model_dump(mode="json")) for i, a in enumerate(self.plan.actions, 1)
+        }
+        parts["plan"] = _canonical_sha(self.plan.model_dump(mode="json", exclude={"actions"}))
+        parts["spec"] = _canonical_sha(self.spec.model_dump(mode="json"))
+        parts["state"] = _canonical_sha(self.state)
+        parts["file"] = _canonical_sha(self.model_dump(mode="json", include=_FILE_FIELDS))
+        return parts
+
+    def edits(self) -> list[str]:
+        """What was edited since the file was sealed, one phrase each ([] when nothing)."""
+        now = self.seal_parts()
+        was = self.seal.parts
+        out = []
+        n_was = sum(1 for k in was if k.startswith("step/"))
+        if n_was != len(self.plan.actions):  # a step added or removed: every later one shifts
+            out.append(f"it has {len(self.plan.actions)} step(s), {n_was} when it was written")
+        else:
+            for i, a in enumerate(self.plan.actions, 1):
+                if was.get(f"step/{i}") != now[f"step/{i}"]:
+                    out.append(f"step {i} ({a.describe()}) was edited")
+        for key, what in (
+            ("plan", "its target (GPUs, containers, mappings, VMs)"),
+            ("spec", "its spec"),
+            ("state", "the host state it was made from"),
+            ("file", "its own fields (node, source, fingerprint, summary)"),
+        ):
+            if was.get(key) != now[key]:
+                out.append(f"{what} changed")
+        if not out and _canonical_sha(was) != self.seal.digest:
+            out.append("its seal does not match itself")
+        return out
+
+    def check_seal(self, path: str) -> None:
+        """Raises SavedPlanEdited (exit 2) naming what was edited since ``plan -o`` wrote it."""
+        edited = self.edits()
+        if edited:
+            raise SavedPlanEdited(path, edited)
 
     def stale(self, facts: Facts, current: CurrentState) -> list[str]:
         """What changed between the saved state and ``facts`` + ``current`` ([] when nothing)."""
@@ -133,8 +205,10 @@ class SavedPlan(Strict):
     def checked(self, facts: Facts, current: CurrentState, path: str = "saved plan") -> Plan:
         """The saved plan when ``facts`` + ``current`` are the state it was made from.
 
-        Raises SavedPlanStale (exit 2) naming every item that changed.
+        Raises SavedPlanEdited (exit 2) when the file was edited since it was written,
+        SavedPlanStale (exit 2) naming every item that changed.
         """
+        self.check_seal(path)
         moved = self.stale(facts, current)
         if moved:
             raise SavedPlanStale(path, moved)
@@ -160,10 +234,12 @@ def save_plan(
     spec_sha256: str,
     node: str | None,
     source: str,
+    summary: dict[str, Any] | None = None,
 ) -> SavedPlan:
-    """The :class:`SavedPlan` of ``plan``, made from ``facts`` and ``current``."""
+    """The sealed :class:`SavedPlan` of ``plan``, made from ``facts`` and ``current``;
+    ``summary``: the summary line's data (:meth:`gputopo.plan.summary.PlanSummary.to_data`)."""
     items = state_items(facts, current)
-    return SavedPlan(
+    saved = SavedPlan(
         gputopo_version=version,
         spec=spec,
         spec_file=spec_file,
@@ -173,12 +249,32 @@ def save_plan(
         fingerprint=fingerprint(items),
         state=items,
         plan=plan,
+        summary=None if summary is None else SavedSummary.model_validate(summary),
+        seal=Seal(parts={}, digest=""),
     )
+    parts = saved.seal_parts()
+    saved.seal = Seal(parts=parts, digest=_canonical_sha(parts))
+    return saved
+
+
+_FILE_FIELDS = {
+    "schema_version",
+    "kind",
+    "created",
+    "gputopo_version",
+    "spec_file",
+    "spec_sha256",
+    "node",
+    "source",
+    "fingerprint",
+    "summary",
+}
 
 
 def parse_saved_plan(text: str, path: str) -> SavedPlan:
     """The saved plan in ``text``. Raises SpecError naming the file for anything that is not
-    one (another document, another schema version, a damaged file)."""
+    one (another document, another schema version, a damaged file), SavedPlanEdited (exit 2)
+    for one edited since ``plan -o`` wrote it, naming what was edited."""
     try:
         data = json.loads(text)
     except ValueError as e:
@@ -195,8 +291,10 @@ def parse_saved_plan(text: str, path: str) -> SavedPlan:
     from pydantic import ValidationError
 
     try:
-        return SavedPlan.model_validate(data)
+        saved = SavedPlan.model_validate(data)
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(x) for x in first["loc"])
         raise SpecError(path, where, f"{first['msg']} (damaged saved plan)") from None
+    saved.check_seal(path)
+    return saved

@@ -9,7 +9,7 @@ from typing import Any
 from gputopo.errors import GputopoError
 from gputopo.formats.devn import dev_entries, dev_path, dev_sort, is_nvidia_dev
 from gputopo.verify.context import Context
-from gputopo.verify.report import Check, verdict
+from gputopo.verify.report import Check, skipped, verdict
 
 NAME = "container"
 
@@ -20,6 +20,10 @@ def check(ctx: Context) -> Check:
     warnings: list[str] = []
     parts: list[str] = []
     details: dict[str, Any] = {}
+    if not ctx.containers:
+        return skipped(NAME, "no containers in the spec")
+    if ctx.no_plan:  # which GPUs a container should see is the plan's to say
+        return skipped(NAME, ctx.no_plan, {"refusals": ctx.plan_error})
     for c in ctx.containers:
         t = ctx.target(c.vmid)
         if t is None:
@@ -55,7 +59,7 @@ def check(ctx: Context) -> Check:
     return verdict(
         NAME,
         details,
-        "; ".join(parts) or "no containers in the spec",
+        "; ".join(parts),
         problems,
         warnings + parts if warnings else (),
     )

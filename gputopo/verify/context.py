@@ -111,6 +111,17 @@ class Context:
         self._smi: dict[int, tuple[list[GpuRow] | None, str | None]] = {}
 
     @property
+    def no_plan(self) -> str | None:
+        """Why there is no plan to check against, one phrase naming the first refusal (or the
+        state that could not be read); None when there is a plan."""
+        if self.plan is not None:
+            return None
+        if not self.plan_error:
+            return f"no plan (the current state cannot be read: {self.current_error})"
+        more = f" (+{len(self.plan_error) - 1} more)" if len(self.plan_error) > 1 else ""
+        return f"no plan (the spec was {self.plan_error[0]}{more})"
+
+    @property
     def containers(self) -> list[Container]:
         """The spec's containers on this node."""
         return list(self.spec_node.containers)
@@ -177,3 +188,15 @@ class Context:
             return None
         _, command = parse_systemctl_show("ExecStart=" + props.get("ExecStart", ""))
         return command
+
+
+def services_not_run(ctx: Context) -> str | None:
+    """Why the checks of the services (memory, service, inference) have nothing to run on: no
+    service in the spec, no plan, or no service with GPUs planned; None when one has."""
+    if not any(c.service is not None for c in ctx.containers):
+        return "no service in the spec"
+    if ctx.no_plan:
+        return ctx.no_plan
+    if next(ctx.services(), None) is None:
+        return "no service with GPUs planned"
+    return None

@@ -24,7 +24,7 @@ def check(ctx: Context) -> Check:
         return Check(
             name=NAME,
             status=FAIL,
-            summary=f"the spec cannot be planned on this host ({len(ctx.plan_error)} refusal(s))",
+            summary=ctx.no_plan.removeprefix("no plan (").removesuffix(")"),
             details={"refusals": ctx.plan_error},
         )
     actions = [a.describe() for a in ctx.plan.actions]

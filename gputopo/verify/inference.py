@@ -17,7 +17,7 @@ from typing import Any
 from gputopo.errors import GputopoError, HttpError
 from gputopo.plan.spec import Service
 from gputopo.ports import HttpPort, HttpResponse
-from gputopo.verify.context import Context
+from gputopo.verify.context import Context, services_not_run
 from gputopo.verify.parse import (
     answer_matches,
     base_url,
@@ -27,7 +27,7 @@ from gputopo.verify.parse import (
     server_flavor,
     service_port,
 )
-from gputopo.verify.report import FAIL, PASS, WARN, Check, Status, verdict
+from gputopo.verify.report import FAIL, PASS, WARN, Check, Status, skipped, verdict
 
 NAME = "inference"
 
@@ -195,9 +195,12 @@ def check(ctx: Context) -> Check:
     v = ctx.spec.verify
     details: dict[str, Any] = {"prompt": v.prompt, "expect": v.expect, "timeout_s": ctx.http_timeout}
     lines: dict[Status, list[str]] = {PASS: [], WARN: [], FAIL: []}
+    why = services_not_run(ctx)
+    if why:
+        return skipped(NAME, why, details)
     for c, svc, _ in ctx.services():
         status, line = _probe(ctx, c.vmid, svc, details)
         lines[status].append(line)
     # a WARN names the services that passed too
     warnings = lines[WARN] + lines[PASS] if lines[WARN] else []
-    return verdict(NAME, details, "; ".join(lines[PASS]) or "no service in the spec", lines[FAIL], warnings)
+    return verdict(NAME, details, "; ".join(lines[PASS]), lines[FAIL], warnings)

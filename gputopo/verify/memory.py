@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from gputopo.verify.context import Context
+from gputopo.verify.context import Context, services_not_run
 from gputopo.verify.parse import GpuRow, memory_spread_pct
-from gputopo.verify.report import FAIL, PASS, Check, Status, verdict
+from gputopo.verify.report import FAIL, PASS, Check, Status, skipped, verdict
 
 NAME = "memory"
 
@@ -80,6 +80,9 @@ def check(ctx: Context) -> Check:
         "spread_limit_pct": v.memory_spread_pct,
         "min_headroom_mib": v.min_headroom_mib,
     }
+    why = services_not_run(ctx)
+    if why:
+        return skipped(NAME, why)
     for c, _, t in ctx.services():
         rows, err = ctx.nvidia_smi(c.vmid)
         if rows is None:
@@ -90,4 +93,4 @@ def check(ctx: Context) -> Check:
         )
         details[str(c.vmid)] = d
         (problems if status == FAIL else parts).append(f"CT {c.vmid}: {line}")
-    return verdict(NAME, details, "; ".join(parts) or "no service with GPUs to check", problems)
+    return verdict(NAME, details, "; ".join(parts), problems)

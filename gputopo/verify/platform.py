@@ -16,7 +16,7 @@ from gputopo.verify.parse import (
     parse_environment,
     parse_root_complex,
 )
-from gputopo.verify.report import PASS, Check, verdict
+from gputopo.verify.report import PASS, Check, skipped, verdict
 
 NAME = "platform"
 
@@ -52,6 +52,12 @@ def check(ctx: Context) -> Check:
             status=PASS,
             summary=f"SEV-SNP on, IOMMU {host.iommu_mode or 'off'} (not translating); peer-to-peer is safe",
             details=details,
+        )
+    if ctx.no_plan:  # which services span several GPUs is the plan's to say
+        return skipped(
+            NAME,
+            f"{ctx.no_plan}; SEV-SNP is on with the IOMMU translating, so each multi-GPU service needs {P2P_VAR}=1",
+            details,
         )
     warnings: list[str] = []
     parts: list[str] = []

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from gputopo.model.documents import FAIL, PASS, WARN, Check, Status, VerifyReport
+from gputopo.model.documents import FAIL, PASS, SKIP, WARN, Check, Status, VerifyReport
 
-__all__ = ["FAIL", "PASS", "WARN", "Check", "Status", "VerifyReport", "verdict"]
+__all__ = ["FAIL", "PASS", "SKIP", "WARN", "Check", "Status", "VerifyReport", "skipped", "verdict"]
 
 
 def verdict(
@@ -30,3 +30,8 @@ def verdict(
     if warnings:
         return Check(name=name, status=WARN, summary="; ".join(warnings), details=details)
     return Check(name=name, status=PASS, summary=passed, details=details)
+
+
+def skipped(name: str, why: str, details: dict[str, Any] | None = None) -> Check:
+    """The Check ``name`` that did not run: SKIP, its summary ``not run: <why>``."""
+    return Check(name=name, status=SKIP, summary=f"not run: {why}", details=details or {})

@@ -7,8 +7,8 @@ from typing import Any
 
 from gputopo.errors import GputopoError
 from gputopo.formats.systemctl import parse_tp
-from gputopo.verify.context import EXEC_TIMEOUT, Context
-from gputopo.verify.report import Check, verdict
+from gputopo.verify.context import EXEC_TIMEOUT, Context, services_not_run
+from gputopo.verify.report import Check, skipped, verdict
 
 NAME = "service"
 
@@ -18,6 +18,9 @@ def check(ctx: Context) -> Check:
     problems: list[str] = []
     parts: list[str] = []
     details: dict[str, Any] = {}
+    why = services_not_run(ctx)
+    if why:
+        return skipped(NAME, why)
     for c, svc, t in ctx.services():
         unit, want = svc.unit, len(t.gpus)
         try:
@@ -52,4 +55,4 @@ def check(ctx: Context) -> Check:
             problems.append(f"CT {c.vmid}: {unit} runs with tp {tp}, planned tp {want}")
         else:
             parts.append(f"CT {c.vmid}: {unit} active, tp {tp} as planned")
-    return verdict(NAME, details, "; ".join(parts) or "no service in the spec", problems)
+    return verdict(NAME, details, "; ".join(parts), problems)

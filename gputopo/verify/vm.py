@@ -20,20 +20,15 @@ from gputopo.formats.mapline import map_fields, map_paths
 from gputopo.plan.vm.safety import mapping_lines
 from gputopo.verify.context import Context
 from gputopo.verify.parse import mapping_checks
-from gputopo.verify.report import FAIL, Check, verdict
+from gputopo.verify.report import Check, skipped, verdict
 
 NAME = "vm"
 
 
 def check(ctx: Context) -> Check:
     """VM GPUs and their companions on vfio-pci with /dev/vfio/<group>, and Proxmox's mapping check clean."""
-    if ctx.plan is None:
-        return Check(
-            name=NAME,
-            status=FAIL,
-            summary="no plan: cannot tell which GPUs belong to VMs",
-            details={"refusals": ctx.plan_error},
-        )
+    if ctx.no_plan:  # which GPUs belong to VMs is the plan's to say
+        return skipped(NAME, ctx.no_plan, {"refusals": ctx.plan_error})
     vm_targets = [t for t in ctx.plan.target if t.driver == VFIO]
     problems: list[str] = []
     warnings: list[str] = []

@@ -14,6 +14,7 @@ import pytest
 
 from gputopo.apply.journal import End, Header, Journal
 from gputopo.sim import state
+from gputopo.sim.host import SERVICE_COMMANDS
 from gputopo.sim.pveapi import PveApiServer
 from helpers.applysim import copy_host, fingerprint, seed_spec_text, template  # noqa: F401 (fixtures)
 from helpers.cli import one_line, run
@@ -30,10 +31,19 @@ def sim(template, tmp_path):
     h.stop()
 
 
+# the sim's sglang command without its tensor-parallel flag (the drop-in adds it)
+COMMAND = SERVICE_COMMANDS["sglang"].removesuffix(" --tp {tp}")
+
+
 @pytest.fixture
 def spec(sim):
+    """The seed spec with ``service.command``: over --api-url this machine cannot read the
+    service's command from the container (no pct here), so the spec gives it."""
     p = sim.dir / "s.yaml"
-    p.write_text(seed_spec_text(sim))
+    unit = "          unit: sglang.service\n"
+    text = seed_spec_text(sim)
+    assert unit in text
+    p.write_text(text.replace(unit, f'{unit}          command: "{COMMAND}"\n'))
     return p
 
 
@@ -66,6 +76,31 @@ def test_plan_with_api_url_names_the_specs_node_not_the_local_hostname(capsys, s
     )
     assert code == 0, err
     assert "[switch]" in out and "workstation" not in out + err
+
+
+def test_plan_over_api_url_without_pct_refuses_a_service_it_cannot_read(capsys, sim, spec, env, tmp_path):
+    """Without service.command and without pct here, the service's command cannot be read: the
+    plan is refused (exit 2) naming both ways out, instead of leaving the new tp size out."""
+    env.setenv("PATH", str(tmp_path))  # no pct on this machine, whatever it has installed
+    bare = sim.dir / "bare.yaml"
+    bare.write_text(seed_spec_text(sim))
+    code, out, err = run(
+        capsys, "plan", *_api(sim), "--ca-bundle", str(sim.api.ca_cert_path), "--spec", str(bare)
+    )
+    assert code == 2 and out == ""
+    assert one_line(err) == (
+        "refused: container 101: cannot read sglang.service's command (no pct on this machine): set "
+        "service.command in the spec, or run gputopo on the node (--local)"
+    )
+    # with service.command the plan is made, its drop-in the spec's command with the new tp size
+    code, out, err = run(
+        capsys, "plan", *_api(sim), "--ca-bundle", str(sim.api.ca_cert_path), "--spec", str(spec)
+    )
+    assert code == 0, err
+    assert (
+        "CT 101: write /etc/systemd/system/sglang.service.d/gputopo.conf (sglang.service, tensor parallel 4"
+        in out
+    )
 
 
 def test_verify_with_api_url_names_this_hosts_node_of_a_two_node_spec(capsys, sim, spec, env):

@@ -347,6 +347,27 @@ def test_a_container_that_does_not_exist_is_refused(capsys, sim):
     assert fingerprint(sim) == before
 
 
+@pytest.mark.slow
+def test_plan_refuses_a_container_that_does_not_exist_as_apply_does(capsys, sim, tmp_path):
+    """Through the API and from Proxmox's files alike: exit 2, one refusal line, no plan printed.
+    A pve root that holds nothing for the node cannot tell, and the plan is still made there."""
+    spec = sim.dir / "ct.yaml"
+    spec.write_text(seed_spec_text(sim).replace("vmid: 101", "vmid: 555"))
+    for source in (
+        ["--sim", str(sim.dir)],
+        ["--root", str(sim.paths.root), "--pve-root", str(sim.paths.pve)],
+    ):
+        code, out, err = run(capsys, "plan", *source, "--spec", str(spec))
+        assert code == 2 and out == "", source
+        assert one_line(err) == "refused: container 555 does not exist on node pve1", source
+    empty = tmp_path / "pve"
+    empty.mkdir()
+    code, out, err = run(
+        capsys, "plan", "--root", str(sim.paths.root), "--pve-root", str(empty), "--spec", str(spec)
+    )
+    assert code == 0 and "CT 555: set dev0=" in out, err
+
+
 # --- init and quick mode: options the spec would refuse -------------------------------------------
 
 

@@ -71,6 +71,7 @@ def test_the_scripts_are_clicks_for_each_shell(capsys):
 def test_bash_completes_commands_and_choices(script):
     assert complete(script, "gputopo", "pl") == ["plan"]
     assert set(complete(script, "gputopo", "hi")) == {"history"}
+    assert complete(script, "gputopo", "sh") == ["show"]
     assert complete(script, "gputopo", "schema", "sa") == ["saved-plan"]
     assert complete(script, "gputopo", "completion", "") == ["bash", "zsh", "fish"]
 

@@ -82,6 +82,7 @@ class Recording:
 
     node = "pve1"
     status_known = True
+    guests_known = True
 
     def __init__(self):
         self.calls: list[str] = []

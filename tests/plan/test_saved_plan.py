@@ -9,10 +9,10 @@ import re
 
 import pytest
 
-from gputopo.errors import SpecError
+from gputopo.errors import SavedPlanEdited, SpecError
 from gputopo.facts.discover import discover
 from gputopo.model.state import ContainerState, CurrentState, MappingState
-from gputopo.plan.saved import changes, parse_saved_plan, state_items
+from gputopo.plan.saved import SavedPlan, changes, parse_saved_plan, state_items
 from gputopo.plan.saved import fingerprint as fp
 from gputopo.sim.kernel import SimKernel
 from helpers import applysim
@@ -55,7 +55,7 @@ def test_a_saved_plan_applies_exactly_its_steps(capsys, sim, spec, tmp_path):
     stdout, err = _save(capsys, sim, spec, out)
     assert f"wrote {out}: apply it with 'gputopo apply {out}'" in err
     saved = parse_saved_plan(out.read_text(), str(out))
-    assert saved.schema_version == 1 and saved.source == f"sim {sim.dir}" and saved.plan.actions
+    assert saved.schema_version == 2 and saved.source == f"sim {sim.dir}" and saved.plan.actions
     assert saved.fingerprint == fp(saved.state)
     code, _, err = run(capsys, "apply", str(out), "--sim", str(sim.dir), "--yes", "--no-verify")
     assert code == 0, err
@@ -132,13 +132,87 @@ def test_plan_o_refuses_an_existing_file_and_a_source_apply_cannot_read(capsys, 
         ("not json", ""),
         ('{"kind": "something"}', "kind"),
         ('{"kind": "gputopo-saved-plan", "schema_version": 9}', "schema_version"),
-        ('{"kind": "gputopo-saved-plan", "schema_version": 1}', "gputopo_version"),
+        ('{"kind": "gputopo-saved-plan", "schema_version": 1}', "schema_version"),  # made before the seal
+        ('{"kind": "gputopo-saved-plan", "schema_version": 2}', "gputopo_version"),
     ],
 )
 def test_a_file_that_is_not_a_saved_plan_is_refused_by_name(text, field):
     with pytest.raises(SpecError) as e:
         parse_saved_plan(text, "p.json")
     assert e.value.file == "p.json" and e.value.field == field and e.value.exit_code == 2
+
+
+def _edit(path, change) -> None:
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def test_a_hand_edited_step_is_refused_by_apply_and_show_naming_it(capsys, sim, spec, tmp_path):
+    """``--tp 4`` -> ``--tp 6`` in the saved drop-in: apply refuses before it reads the host (exit
+    2, one line naming the step), show refuses the same way, and nothing changed."""
+    out = tmp_path / "plan.json"
+    _save(capsys, sim, spec, out)
+    step = next(
+        i
+        for i, a in enumerate(json.loads(out.read_text())["plan"]["actions"])
+        if a["kind"] == "write_service_dropin"
+    )
+
+    def tp6(data):
+        action = data["plan"]["actions"][step]
+        assert "--tp 4\n" in action["content"]
+        action["content"] = action["content"].replace("--tp 4\n", "--tp 6\n")
+
+    _edit(out, tp6)
+    before = fingerprint(sim)
+    described = SavedPlan.model_validate_json(out.read_text()).plan.actions[step].describe()
+    want = (
+        f"gputopo: error: {out}: edited since 'gputopo plan -o' wrote it: step {step + 1} ({described}) "
+        "was edited; nothing was changed, make a new plan"
+    )
+    code, _, err = run(capsys, "apply", str(out), "--sim", str(sim.dir), "--yes", "--no-verify")
+    assert code == 2 and one_line(err) == want
+    code, stdout, err = run(capsys, "show", str(out))
+    assert code == 2 and one_line(err) == want and stdout == ""
+    assert fingerprint(sim) == before
+    assert not (sim.paths.root / "var/lib/gputopo/journal").exists()
+
+
+@pytest.mark.parametrize(
+    "change, said",
+    [
+        (lambda d: d["spec"]["policy"].update(shutdown_timeout=5), "its spec changed"),
+        (
+            lambda d: d["state"].update({"gpu/0000:81:00.0/driver": "vfio-pci"}),
+            "the host state it was made from changed",
+        ),
+        (lambda d: d.update(node="pve2"), "its own fields (node, source, fingerprint, summary) changed"),
+        (
+            lambda d: d["plan"]["target"][4].update(driver="nvidia"),
+            "its target (GPUs, containers, mappings, VMs) changed",
+        ),
+        (lambda d: d["plan"]["actions"].pop(0), "it has 11 step(s), 12 when it was written"),
+        (lambda d: d["seal"].update(digest="0" * 64), "its seal does not match itself"),
+    ],
+    ids=["spec", "state", "node", "target", "a step less", "seal"],
+)
+def test_an_edit_of_any_part_is_refused_naming_the_part(capsys, sim, spec, tmp_path, change, said):
+    out = tmp_path / "plan.json"
+    _save(capsys, sim, spec, out)
+    assert parse_saved_plan(out.read_text(), str(out)).seal.digest  # as written: whole
+    _edit(out, change)
+    with pytest.raises(SavedPlanEdited) as e:
+        parse_saved_plan(out.read_text(), str(out))
+    assert e.value.edits == [said] and e.value.exit_code == 2
+
+
+def test_show_prints_the_saved_plan_as_plan_printed_it(capsys, sim, spec, tmp_path):
+    out = tmp_path / "plan.json"
+    printed, _ = _save(capsys, sim, spec, out)
+    assert printed.splitlines()[-1].startswith("Summary: 4 rebinds, 1 mapping change")
+    code, shown, err = run(capsys, "show", str(out))
+    assert code == 0 and err == "" and shown == printed
 
 
 def test_apply_takes_a_plan_or_a_spec_not_both(capsys, sim, spec, tmp_path):

@@ -744,3 +744,50 @@ def test_build_ports_for_a_real_api(healthy):
         assert {m["id"] for m in ports.proxmox.mappings()} == {"pro6000", "pro6000-vm"}
     finally:
         ports.close()
+
+
+# --- what verify cannot check: SKIP with why, never PASS -----------------------------------------
+
+
+@pytest.mark.slow
+def test_a_refused_plan_fails_converged_naming_it_and_the_rest_skip_with_why(healthy):
+    """A spec for a container that does not exist: converged FAILs naming the refusal, and every
+    check that needs the plan says SKIP naming it too (before, memory, service and inference
+    said PASS 'no service in the spec' although the spec has one)."""
+    host, ports = healthy
+    report = verify(parse_spec(SPEC.replace("vmid: 101", "vmid: 999")), ports, root=str(host.paths.root))
+    why = "no plan (the spec was refused: container 999 does not exist on node pve1)"
+    assert [(c.name, c.status, c.summary) for c in report.checks] == [
+        ("converged", FAIL, "the spec was refused: container 999 does not exist on node pve1"),
+        ("vm", "SKIP", f"not run: {why}"),
+        ("container", "SKIP", f"not run: {why}"),
+        ("memory", "SKIP", f"not run: {why}"),
+        ("service", "SKIP", f"not run: {why}"),
+        ("inference", "SKIP", f"not run: {why}"),
+        (
+            "platform",
+            "SKIP",
+            f"not run: {why}; SEV-SNP is on with the IOMMU translating, so each multi-GPU service "
+            "needs NCCL_P2P_DISABLE=1",
+        ),
+    ]
+    assert not report.ok
+    assert report.summary_line() == (
+        "verification failed: 1 FAIL (converged), 6 SKIP (vm, container, memory, service, inference, platform)"
+    )
+
+
+@pytest.mark.slow
+def test_checks_with_nothing_to_check_skip_and_do_not_fail(healthy):
+    """No service in the spec: memory, service and inference did not run; they say SKIP and why,
+    the verification passes and its line names them."""
+    host, ports = healthy
+    report = verify(
+        parse_spec(SPEC.replace("        service: {unit: sglang.service}\n", "")),
+        ports,
+        root=str(host.paths.root),
+    )
+    skipped = {c.name: c.summary for c in report.checks if c.status == "SKIP"}
+    assert skipped == {n: "not run: no service in the spec" for n in ("memory", "service", "inference")}
+    assert report.ok and report.exit_code == 0
+    assert report.summary_line().endswith(", 3 SKIP (memory, service, inference)"), report.summary_line()
