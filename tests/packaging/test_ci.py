@@ -1,11 +1,15 @@
 """CI runs the README's test command, that command runs every test, and a plain ``pytest`` is the
-quick loop: it leaves out exactly the markers the full run adds."""
+quick loop: it leaves out exactly the markers the full run adds. The one exception is the crash
+matrix at every point (``matrix_full``): ``tests/conftest.py`` deselects it unless ``-m`` names it,
+and the full run takes the matrix's sample (``matrix``) instead."""
 
 from __future__ import annotations
 
 import itertools
 import re
 import shlex
+import subprocess
+import sys
 import tomllib
 
 import pytest
@@ -13,6 +17,7 @@ import pytest
 from helpers import REPO
 
 LEFT_OUT = {"slow", "e2e", "deb", "matrix"}  # what a plain pytest does not run
+APART = {"matrix_full"}  # run only when -m names them (neither the full run nor the loop)
 
 
 @pytest.fixture
@@ -46,11 +51,30 @@ def test_ci_runs_the_readme_test_command(sources):
 def test_the_full_run_selects_every_test_and_a_plain_pytest_leaves_out_the_slow_ones(sources):
     ci, _, ini = sources
     known = {m.split(":")[0] for m in ini["markers"]}
-    assert LEFT_OUT <= known
+    assert LEFT_OUT | APART <= known
     (command,) = [line for line in ci.splitlines() if line.startswith("pip install '.[test]'")]
     full = m_option(shlex.split(command.split("&&", 1)[1]))
     loop = m_option(shlex.split(ini["addopts"]))
     for n in range(len(known) + 1):
         for marks in map(set, itertools.combinations(sorted(known), n)):
+            if marks & APART:
+                assert "matrix_full" not in full and not selects(loop, marks, known), marks
+                continue
             assert selects(full, marks, known), marks
             assert selects(loop, marks, known) == (not marks & LEFT_OUT), marks
+
+
+@pytest.mark.slow
+def test_the_full_matrix_is_collected_only_when_m_names_it():
+    def collected(expression: str) -> list[str]:
+        argv = [sys.executable, "-m", "pytest", "--co", "-q", "-p", "no:randomly", "-m", expression]
+        res = subprocess.run(
+            [*argv, "tests/apply/test_crash_matrix.py"], cwd=REPO, capture_output=True, text=True
+        )
+        assert res.returncode == 0, res.stdout + res.stderr
+        return [line for line in res.stdout.splitlines() if "::" in line]
+
+    full_run = collected("e2e or not e2e")
+    assert full_run and not [t for t in full_run if "test_every_point" in t]
+    apart = collected("matrix_full")
+    assert apart and all("test_every_point" in t for t in apart)
