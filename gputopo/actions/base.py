@@ -401,7 +401,12 @@ class StepContext:
             if state == "active" and not queued:
                 return
             if state in ("failed", "inactive") and not queued:
-                raise ExecError(vmid, ["systemctl", "is-active", unit], 3, f"{unit} is {state}")
+                raise ExecError(
+                    vmid,
+                    ["systemctl", "is-active", unit],
+                    3,
+                    f'{unit} is {state}: see "systemctl status {unit}" and "journalctl -xeu {unit}" for details',
+                )
             left = deadline - time.monotonic()
             if left <= 0:
                 break

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-import tempfile
-from pathlib import Path
 
 import pytest
 
@@ -19,7 +17,7 @@ from gputopo.plan.spec import parse_spec
 from gputopo.sim import state
 from gputopo.sim.container.distro import lsb_release
 from helpers import applysim
-from helpers.applysim import template  # noqa: F401 (fixtures)
+from helpers.applysim import host, template  # noqa: F401 (fixtures)
 from helpers.cli import run
 
 pytestmark = pytest.mark.slow  # every test applies on a simulated host (seconds each); the full run only
@@ -29,15 +27,6 @@ UBUNTU_WARNING = (
     "the minimum supported version it's likely to work OK, but full compatibility cannot be "
     "guaranteed. Please check for PVE system updates."
 )
-
-
-@pytest.fixture
-def host(template):
-    base = Path(tempfile.mkdtemp(prefix="gputopo-apply-", dir=applysim.fast_tmp()))
-    h = applysim.copy_host(template, base / "sim")
-    yield h
-    h.stop()
-    applysim.cleanup(base)
 
 
 def _restarting(text: str) -> str:

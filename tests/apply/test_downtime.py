@@ -5,7 +5,6 @@ later), and the time an operator spends at the confirmation prompt is not the ap
 
 from __future__ import annotations
 
-import tempfile
 import time
 from pathlib import Path
 
@@ -31,18 +30,9 @@ from gputopo.facts.discover import discover
 from gputopo.plan.spec import parse_spec
 from gputopo.plan.starter import init_spec
 from helpers import applysim
-from helpers.applysim import template  # noqa: F401 (fixtures)
+from helpers.applysim import host, template  # noqa: F401 (fixtures)
 
 PACE = 0.05  # set_latencies' scale: the VM's guest shuts down in 20 x 0.05 = 1 s
-
-
-@pytest.fixture
-def host(template):
-    base = Path(tempfile.mkdtemp(prefix="gputopo-downtime-", dir=applysim.fast_tmp()))
-    h = applysim.copy_host(template, base / "sim")
-    yield h
-    h.stop()
-    applysim.cleanup(base)
 
 
 def _consumer_split(h) -> str:

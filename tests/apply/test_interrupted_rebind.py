@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -23,7 +22,7 @@ from gputopo.apply import apply
 from gputopo.apply.journal import find_unfinished
 from gputopo.plan.spec import parse_spec
 from helpers import TESTS, applysim
-from helpers.applysim import template  # noqa: F401 (fixtures)
+from helpers.applysim import host, template  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.slow  # an apply in a process of its own per write, seconds each
 
@@ -32,15 +31,6 @@ GPU = "0000:e1:00.0"
 # its writes, in order: split: override vfio-pci, unbind nvidia, probe (the override stays);
 # back: override nvidia, unbind vfio-pci, probe, override cleared
 WRITES = {"split": 3, "back": 4}
-
-
-@pytest.fixture
-def host(template):
-    base = Path(tempfile.mkdtemp(prefix="gputopo-sigint-", dir=applysim.fast_tmp()))
-    h = applysim.copy_host(template, base / "sim")
-    yield h
-    h.stop()
-    applysim.cleanup(base)
 
 
 def drive(h, spec: Path, at: str, *args: str) -> subprocess.CompletedProcess:

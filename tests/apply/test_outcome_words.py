@@ -30,8 +30,8 @@ pytestmark = pytest.mark.slow  # every test applies on a simulated host (seconds
 
 DRIVER = TESTS / "helpers" / "crashdriver.py"
 SERVICE_ERROR = (
-    'CT 101: systemctl start sglang.service exited 1: See "systemctl status sglang.service" and '
-    '"journalctl -xeu sglang.service" for details.'
+    "CT 101: systemctl is-active sglang.service exited 3: sglang.service is failed: see "
+    '"systemctl status sglang.service" and "journalctl -xeu sglang.service" for details'
 )
 FIX_SERVICE = "find why sglang.service in CT 101 did not start, fix it, then run 'gputopo recover'"
 

@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -24,22 +23,13 @@ from gputopo.plan.starter import init_spec
 from gputopo.sim import state
 from gputopo.sim.container import break_container, heal_container
 from helpers import TESTS, applysim
-from helpers.applysim import template  # noqa: F401 (fixtures)
+from helpers.applysim import host, template  # noqa: F401 (fixtures)
 from helpers.cli import run
 
 pytestmark = pytest.mark.slow  # applies on a simulated host, seconds each
 
 NUMA1 = ["0000:81:00.0", "0000:91:00.0", "0000:e1:00.0", "0000:f1:00.0"]
 DRIVER = TESTS / "helpers" / "crashdriver.py"
-
-
-@pytest.fixture
-def host(template):
-    base = Path(tempfile.mkdtemp(prefix="gputopo-reverse-", dir=applysim.fast_tmp()))
-    h = applysim.copy_host(template, base / "sim")
-    yield h
-    h.stop()
-    applysim.cleanup(base)
 
 
 def split_text(h) -> str:
@@ -170,10 +160,14 @@ def kill_points(h, back: Path) -> dict[str, str]:
     write of the switch phase, and in the rollback right after the first GPU is back on
     vfio-pci (VM 201's mapping and the container still to come)."""
     count = h.dir.parent / "count.json"
+    earlier = set(list_journals(h.paths.root))
     res = drive(h, *apply_args(h, back), count=count)
     assert res.returncode == 1 and res.stderr.rstrip().endswith("; rolled back"), res.stderr
     trace = json.loads(count.read_text())["trace"]
-    records = Journal.load(list_journals(h.paths.root)[-1]).records
+    # this run's journal (names order by the second they were made in: the split's journal may
+    # share that second and sort after it)
+    (made,) = set(list_journals(h.paths.root)) - earlier
+    records = Journal.load(made).records
     rebinds = {r.step for r in records if r.type == "begin" and r.action.kind == "rebind"}
     first_begin = next(i for i, r in enumerate(records) if r.type == "begin" and r.step in rebinds)
     calls = next(c for what, n, c in trace if what == "SimKernel" and n >= first_begin + 1)

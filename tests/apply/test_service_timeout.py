@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import tempfile
 import time
-from pathlib import Path
 
 import pytest
 
@@ -17,22 +15,13 @@ from gputopo.apply.journal import Begin, Failed, list_journals, parse_journal
 from gputopo.errors import ApplyFailed
 from gputopo.sim.container import SimExec, break_container
 from helpers import applysim
-from helpers.applysim import template  # noqa: F401 (fixtures)
+from helpers.applysim import host, template  # noqa: F401 (fixtures)
 from helpers.cli import run
 
 pytestmark = pytest.mark.slow  # applies on a simulated host (seconds)
 
 LOAD_S = 30.0  # the new configuration's model load
 TIMEOUT_S = 0.6  # the service timeout the operator set
-
-
-@pytest.fixture
-def host(template):
-    base = Path(tempfile.mkdtemp(prefix="gputopo-svc-timeout-", dir=applysim.fast_tmp()))
-    h = applysim.copy_host(template, base / "sim")
-    yield h
-    h.stop()
-    applysim.cleanup(base)
 
 
 def test_a_start_slower_than_the_service_timeout_fails_at_that_timeout_and_rolls_back(host):

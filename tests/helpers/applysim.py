@@ -54,6 +54,16 @@ def copy_host(template: Path, dest: Path) -> SimHost:
     return SimHost.open(dest)
 
 
+@pytest.fixture
+def host(template):
+    """A copy of the seed host of its own, removed afterwards (import it with ``template``)."""
+    base = Path(tempfile.mkdtemp(prefix="gputopo-host-", dir=fast_tmp()))
+    h = copy_host(template, base / "sim")
+    yield h
+    h.stop()
+    cleanup(base)
+
+
 # the step timeouts of the scenario tests: short, so that a fault fails fast
 FAST_TIMEOUTS = Timeouts(sysfs=5.0, guest=30.0, exec=10.0, service=20.0, poll=0.02)
 
