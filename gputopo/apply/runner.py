@@ -182,7 +182,7 @@ class Runner:
         that ran before and do not run now (asked through the API; one it cannot ask about is
         listed with "if it is not running"), then the services that were active."""
         out = []
-        for key, status in running_before.guests.items():
+        for key, status in self._guests_before(running_before).items():
             if status != "running":
                 continue
             kind, vmid = key.split("/")
@@ -278,6 +278,15 @@ class Runner:
         seen = gpu_nodes(self.ctx.exec(vmid, ["ls", "/dev"]).stdout.split())
         return sorted(set(seen) - set(seen_before), key=lambda p: (len(p), p))
 
+    def _guests_before(self, running_before: RunningBefore) -> dict[str, str]:
+        """The guests that ran before (``lxc/101`` -> running|stopped): those a stop step
+        recorded, and each container changed live, which ran (a process killed while the
+        rollback restarted it for its view left it stopped, and no step recorded it)."""
+        guests = dict(running_before.guests)
+        for vmid in self._views_before():
+            guests.setdefault(f"lxc/{vmid}", "running")
+        return guests
+
     def _views_before(self) -> dict[int, list[str]]:
         """Container vmid -> the GPU nodes it saw before the first begun step that changed its
         devices while it ran (from the journal, so that recover knows it too)."""
@@ -353,7 +362,8 @@ class Runner:
         drop-in was put back). Returns False when something could not be started."""
         ctx = self.ctx
         ok = True
-        for key, status in running_before.guests.items():
+        guests = self._guests_before(running_before)
+        for key, status in guests.items():
             kind, vmid = key.split("/")
             try:
                 if status == "running" and not ctx.running(kind, int(vmid)):
@@ -365,9 +375,7 @@ class Runner:
         # the containers that ran before: those a stop step recorded, and those changed live
         views = self._views_before()
         running = [
-            int(k.split("/")[1])
-            for k, st in running_before.guests.items()
-            if k.startswith("lxc/") and st == "running"
+            int(k.split("/")[1]) for k, st in guests.items() if k.startswith("lxc/") and st == "running"
         ]
         for vmid in dict.fromkeys([*running, *views]):
             try:
