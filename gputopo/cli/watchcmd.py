@@ -71,7 +71,9 @@ def watch(spec_file, conn: Connection, fmt, textfile_dir, output_file, follow, i
     from gputopo.watch.run import not_checked, readable_spec
 
     if fmt != "prometheus" and (textfile_dir or output_file):
-        raise ConfigError(f"{'--textfile-dir' if textfile_dir else '-o'} writes metrics: add --format prometheus")
+        raise ConfigError(
+            f"{'--textfile-dir' if textfile_dir else '-o'} writes metrics: add --format prometheus"
+        )
     if textfile_dir and output_file:
         raise ConfigError("--textfile-dir and -o exclude each other")
     root = host_root(conn)

@@ -58,13 +58,17 @@ class _PassCollector:
         )
         if r.up and not r.apply_in_progress:
             drift = GaugeMetricFamily(
-                "gputopo_drift", "1: the area differs from the spec (spec: the spec cannot be planned)", labels=["area"]
+                "gputopo_drift",
+                "1: the area differs from the spec (spec: the spec cannot be planned)",
+                labels=["area"],
             )
             for area, differs in r.drift.items():
                 drift.add_metric([area], 1 if differs else 0)
             yield drift
             check = GaugeMetricFamily(
-                "gputopo_check", "1: the quick check of verify passes (PASS or WARN); 0: it FAILs", labels=["check"]
+                "gputopo_check",
+                "1: the quick check of verify passes (PASS or WARN); 0: it FAILs",
+                labels=["check"],
             )
             for name, c in r.checks.items():
                 if c.status != SKIP:
@@ -154,7 +158,9 @@ def text(result: WatchResult) -> str:
         drifted, failed = r.drifted, r.failed
         verdict = []
         verdict.append(f"drift in {', '.join(drifted)}" if drifted else "no drift")
-        verdict.append(f"{len(failed)} check(s) failing: {', '.join(failed)}" if failed else "quick checks pass")
+        verdict.append(
+            f"{len(failed)} check(s) failing: {', '.join(failed)}" if failed else "quick checks pass"
+        )
         lines = [head + "; ".join(verdict)]
         for area in drifted:
             lines += [f"  {area}: {line}" for line in r.drift_lines.get(area, [])]
