@@ -14,6 +14,8 @@ from gputopo.cli.connect import Connection, build_ports, connection_options, hos
 from gputopo.cli.params import Finite
 from gputopo.exitcodes import with_exit_codes
 
+FOLLOW_INTERVAL = 60.0  # seconds between --follow's passes when no device event comes
+
 
 @click.command()
 @click.option(
@@ -57,9 +59,8 @@ from gputopo.exitcodes import with_exit_codes
 @click.option(
     "--interval",
     type=Finite(),
-    default=60.0,
-    show_default=True,
-    help="With --follow: seconds between passes when no device event comes.",
+    default=None,
+    help="With --follow: seconds between passes when no device event comes (default: 60).",
 )
 @with_exit_codes("watch")
 def watch(spec_file, conn: Connection, fmt, textfile_dir, output_file, follow, interval) -> None:
@@ -76,6 +77,8 @@ def watch(spec_file, conn: Connection, fmt, textfile_dir, output_file, follow, i
         )
     if textfile_dir and output_file:
         raise ConfigError("--textfile-dir and -o exclude each other")
+    if interval is not None and not follow:
+        raise ConfigError("--interval applies to --follow only")
     root = host_root(conn)
     if fmt == "prometheus":
         from gputopo.watch.metrics import textfile_path, write_textfile
@@ -104,7 +107,7 @@ def watch(spec_file, conn: Connection, fmt, textfile_dir, output_file, follow, i
 
     try:
         if follow:
-            _follow(conn, root, one_pass, interval)
+            _follow(conn, root, one_pass, FOLLOW_INTERVAL if interval is None else interval)
             return
         result = one_pass()
     finally:

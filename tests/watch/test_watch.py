@@ -258,6 +258,8 @@ def test_bad_output_options_exit_2_naming_them_and_write_nothing(capsys, node, t
         capsys, "watch", "--sim", str(host.dir), "--spec", str(spec), "--textfile-dir", str(textfiles)
     )
     assert code == 2 and "--format prometheus" in one_line(err)
+    code, _, err = run(capsys, "watch", "--sim", str(host.dir), "--spec", str(spec), "--interval", "5")
+    assert code == 2 and "--interval applies to --follow only" in one_line(err)
     assert list(textfiles.iterdir()) == []
 
 
