@@ -43,6 +43,7 @@ def split(template, tmp_path_factory):
             capture_output=True,
             text=True,
             timeout=300,
+            cwd=d,  # the installed gputopo, not a checkout's in the working directory
         )
         assert code.returncode == 0, code.stderr
     finally:
@@ -266,7 +267,6 @@ def test_bad_output_options_exit_2_naming_them_and_write_nothing(capsys, node, t
 def test_follow_on_a_simulated_host_says_it_has_no_udev_and_passes_every_interval(node):
     """The real command, stopped by SIGTERM as systemd stops it: one line on stderr about udev,
     a textfile rewritten by later passes (a drift made while it runs shows up), exit 0."""
-    import os
     import signal
     import time
 
@@ -283,7 +283,7 @@ def test_follow_on_a_simulated_host_says_it_has_no_udev_and_passes_every_interva
         str(textfiles),
     ]
     proc = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy()
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=textfiles.parent
     )
     try:
         # waits for what the process writes, bounded; nothing here measures time
