@@ -132,6 +132,8 @@ def _follow(conn: Connection, root: str, one_pass, interval: float) -> None:
             raise NoUdev("a simulated host sends no udev events")
         source = UdevEvents.open(root)
     except NoUdev as e:
-        click.echo(f"gputopo: watch --follow: {e}; a pass every {interval:g} s instead", err=True)
+        from gputopo.cli.output import warn
+
+        warn(f"watch --follow: {e}; a pass every {interval:g} s instead")
         source = NoEvents(stopped.wait)
     follow(source, one_pass, stopped.is_set, interval=interval)
