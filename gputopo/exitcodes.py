@@ -93,6 +93,11 @@ COMMANDS: dict[str, dict[int, str]] = {
         SIGINT: "interrupted",
     },
     "verify": {OK: "all clear", FAILED: "a FAIL (or a WARN with --strict)", **_COMMON},
+    "watch": {
+        OK: "checked and written (drift, a FAIL, an apply in progress are in it); --follow: SIGTERM",
+        **_COMMON,
+        NOTHING_CHANGED: "bad input, or the host could not be read (the metrics say gputopo_watch_up 0)",
+    },
     "history": {OK: "the applies", **_COMMON, NOTHING_CHANGED: "bad input or no apply with that id"},
     "completion": {OK: "the script", **_COMMON},
     "cluster": {

@@ -189,6 +189,8 @@ def _scenarios(capsys, seed, sim, tmp_path, monkeypatch):
         ("recover", 2): go("recover", "--sim", str(tmp_path / "nothing")),
         ("recover", 4): locked,
         ("verify", 2): go("verify", "--sim", S, "--spec", str(tmp_path / "missing.yaml")),
+        ("watch", 0): go("watch", "--sim", S, "--spec", str(spec)),
+        ("watch", 2): go("watch", "--sim", S, "--spec", str(tmp_path / "missing.yaml")),
         ("history", 0): go("history", "--sim", S),
         ("history", 2): go("history", "--sim", S, "show", "nope"),
         ("completion", 0): go("completion", "bash"),
