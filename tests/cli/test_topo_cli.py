@@ -76,7 +76,9 @@ def test_matrix(sim, capsys):
     code, out, _ = run_cli(["topo", "--matrix", *_where(sim)], capsys)
     assert code == 0
     lines = out.splitlines()
-    assert lines[0].split() == [f"GPU{i}" for i in range(8)] + ["CPU", "Affinity", "NUMA", "Affinity"]
+    nics = [f"NIC{k}" for k in range(4)]
+    assert lines[0].split() == [f"GPU{i}" for i in range(8)] + nics + ["CPU", "Affinity", "NUMA", "Affinity"]
+    # seed.yaml: the X710 (82:00.0/.1) and the ConnectX-7 (a1:00.0/.1), no RDMA names: by address
     assert lines[1].split() == [
         "GPU0",
         "X",
@@ -87,12 +89,24 @@ def test_matrix(sim, capsys):
         "SYS",
         "SYS",
         "SYS",
+        *["SYS"] * 4,  # GPU0 is on NUMA node 0, every adapter on node 1
         "0-63,128-191",
         "0",
     ]
-    assert lines[8].split()[6:] == ["NODE", "NODE", "X", "64-127,192-255", "1"]
+    # GPU4 (81:00.0 behind root port 80:01.1) and the X710 (behind 80:05.1) share host bridge
+    # 0000:80: PHB; the ConnectX-7 hangs from host bridge 0000:a0 on the same node: NODE
+    assert lines[5].split()[9:13] == ["PHB", "PHB", "NODE", "NODE"]
+    assert lines[8].split()[6:] == ["NODE", "NODE", "X", "NODE", "NODE", "NODE", "NODE", "64-127,192-255", "1"]
+    assert lines[9].split() == ["NIC0", *["SYS"] * 4, "PHB", "NODE", "NODE", "NODE", "X", "PIX", "NODE", "NODE"]
     assert "  PIX  = Connection traversing at most a single PCIe bridge" in lines
     assert "  GPU6  0000:e1:00.0  minor 7   container 101" in lines
+    legend = lines.index("NIC Legend:")
+    assert lines[legend + 2 : legend + 6] == [
+        "  NIC0: 0000:82:00.0",
+        "  NIC1: 0000:82:00.1",
+        "  NIC2: 0000:a1:00.0",
+        "  NIC3: 0000:a1:00.1",
+    ]
 
 
 def test_json_and_its_schema(sim, capsys):
