@@ -181,7 +181,9 @@ class MatrixGpu(Strict):
 
 class MatrixNic(Strict):
     index: int = Field(description="NIC<index>: adapters with an RDMA device first, each part by address")
-    name: str = Field(description="The NIC legend's name: its RDMA device, else network interface, else address")
+    name: str = Field(
+        description="The NIC legend's name: its RDMA device, else network interface, else address"
+    )
     address: str
     numa_node: int | None = None
     rdma: bool = Field(description="It has an RDMA device (nvidia-smi topo -m lists only those)")

@@ -96,8 +96,29 @@ def test_matrix(sim, capsys):
     # GPU4 (81:00.0 behind root port 80:01.1) and the X710 (behind 80:05.1) share host bridge
     # 0000:80: PHB; the ConnectX-7 hangs from host bridge 0000:a0 on the same node: NODE
     assert lines[5].split()[9:13] == ["PHB", "PHB", "NODE", "NODE"]
-    assert lines[8].split()[6:] == ["NODE", "NODE", "X", "NODE", "NODE", "NODE", "NODE", "64-127,192-255", "1"]
-    assert lines[9].split() == ["NIC0", *["SYS"] * 4, "PHB", "NODE", "NODE", "NODE", "X", "PIX", "NODE", "NODE"]
+    assert lines[8].split()[6:] == [
+        "NODE",
+        "NODE",
+        "X",
+        "NODE",
+        "NODE",
+        "NODE",
+        "NODE",
+        "64-127,192-255",
+        "1",
+    ]
+    assert lines[9].split() == [
+        "NIC0",
+        *["SYS"] * 4,
+        "PHB",
+        "NODE",
+        "NODE",
+        "NODE",
+        "X",
+        "PIX",
+        "NODE",
+        "NODE",
+    ]
     assert "  PIX  = Connection traversing at most a single PCIe bridge" in lines
     assert "  GPU6  0000:e1:00.0  minor 7   container 101" in lines
     legend = lines.index("NIC Legend:")
