@@ -19,7 +19,7 @@ import re
 
 from gputopo.errors import InputError
 from gputopo.facts.bars import read_bars
-from gputopo.facts.files import addresses_in, read_text, sorted_addresses, stripped
+from gputopo.facts.files import addresses_in, class_devices, read_text, sorted_addresses, stripped
 from gputopo.facts.host import (
     IOMMU_GROUPS,
     NODE_DIR,
@@ -198,16 +198,6 @@ def _fill_gpu(g: Gpu, rd: AttrReader, name: str) -> None:
     g.sriov_numvfs = parse_int(rd.attr(name, "sriov_numvfs"))
     g.sriov_totalvfs = parse_int(rd.attr(name, "sriov_totalvfs"))
     g.reset_method = parse_reset_method(rd.attr(name, "reset_method"))
-
-
-def class_devices(path: str, klass: str) -> list[str]:
-    """The class devices ``klass`` (infiniband, net, nvme) a driver registered under the
-    function directory ``path``, sorted; [] when there are none or the directory is
-    unreadable."""
-    try:
-        return sorted(os.listdir(os.path.join(path, klass)))
-    except OSError:
-        return []
 
 
 def _peripheral(f: PciFunction, path: str) -> Peripheral:
