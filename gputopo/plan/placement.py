@@ -311,7 +311,7 @@ def explain(gpus: Sequence[Gpu], held: Collection[str] | None, nics: Sequence[Pc
         text += f"; keeps {kept} of {len(ordered)} in place"
     nic = nearest_nic(ordered, nics)
     if nic is not None and RANK[nic[1]] <= RANK[NIC_LEVEL]:
-        text += f"; network adapter {nic[0].address} at {nic[1]}"
+        text += f"; network adapter {_adapter(nic[0])} at {nic[1]}"
     return text
 
 

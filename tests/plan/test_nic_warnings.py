@@ -121,7 +121,11 @@ def test_one_partner_to_the_vm_is_enough_and_a_far_container_gets_one_line_not_t
 
 
 def test_no_warning_while_the_container_keeps_a_gpu_beside_the_adapter(host):
-    assert _nic_lines(_plan(host, ["03:00.0", "23:00.0"], ["24:00.0"])) == []
+    p = _plan(host, ["03:00.0", "23:00.0"], ["24:00.0"])
+    assert _nic_lines(p) == []
+    # the placement line names the adapter as the matrix's legend does
+    p = _plan(host, ["23:00.0", "24:00.0"], ["03:00.0"])
+    assert p.placement[0].endswith("; network adapter mlx5_0 (0000:25:00.0) at PIX")
     # the partners left with the host (no VM takes them): nothing moved away, NODE is no SYS
     assert _nic_lines(_plan(host, ["03:00.0", "04:00.0"], ["81:00.0"])) == []
 
