@@ -108,6 +108,13 @@ def test_the_matrix_text_reads_back_as_nvidia_smis(esc, materialized, tmp_path, 
     assert {row: {col: got[row][col] for col in cols} for row, cols in want.items()} == want
     assert {k: legend[k] for k in want_legend} == want_legend
     assert affinity == want_affinity
+    # the legend is nvidia-smi's own words, line for line (NV# aside: sysfs shows no NVLinks)
+    capture = CAPTURE.read_text().splitlines()
+    ours = out.splitlines()
+    legend_lines = ours[ours.index("Legend:") + 2 : ours.index("Legend:") + 8]
+    assert len(legend_lines) == 6 and all(ln in capture for ln in legend_lines)
+    nic_legend = ours[ours.index("NIC Legend:") + 2 : ours.index("NIC Legend:") + 6]
+    assert all(ln in capture for ln in nic_legend) and nic_legend[0] == "  NIC0: mlx5_0"
     # the adapters nvidia-smi leaves out are there too, by address, from the parent links
     described = Described((fixtures_dir() / "hosts" / "esc8000a.yaml").read_text())
     names = _names(build_report(esc, {}))
