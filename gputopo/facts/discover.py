@@ -224,8 +224,9 @@ def discover(
     GPUs are the functions matching ``gpu_match`` ((vendor, class prefix) pairs, None = any;
     default NVIDIA display class); ``all_vendors`` adds every display-class function.
     NVIDIA NVSwitches go to ``facts.nvswitches``, network adapters and NVMe drives (not their
-    SR-IOV VFs) to ``facts.nics`` and ``facts.nvme``, with the names their drivers registered. Anything unreadable is null and, where it
-    matters, explained in ``facts.warnings``; discovery itself does not fail on odd devices.
+    SR-IOV VFs) to ``facts.nics`` and ``facts.nvme``, with the names their drivers registered.
+    Anything unreadable is null and, where it matters, explained in ``facts.warnings``;
+    discovery itself does not fail on odd devices.
     Raises :class:`RootError` when ``root`` holds no ``sys/bus/pci/devices``.
     """
     root_s = str(root)

@@ -285,9 +285,9 @@ def nic_warning(
             mine = sorted(gpus, key=lambda g: address_key(g.address))
             return (
                 f"{container}: network adapter {_adapter(nic)} shares its switch with "
-                f"{_short([g.address for g in gone])}, which go to {', '.join(vms)}; the container keeps "
-                f"{_short([g.address for g in mine])}, {LEVELS[best]} from every adapter "
-                f"({LEVELS[near]} from this one): GPUDirect RDMA needs a GPU and an adapter under one switch"
+                f"{_short([g.address for g in gone])}, which go to {', '.join(vms)}; the container's GPUs "
+                f"{_short([g.address for g in mine])} have no adapter closer than {LEVELS[best]} "
+                f"({LEVELS[near]} to this one): GPUDirect RDMA needs a GPU and an adapter under one switch"
             )
     nic = nearest_nic(gpus, nics)
     if nic is not None and nic[1] == "SYS":

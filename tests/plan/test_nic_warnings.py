@@ -104,8 +104,8 @@ def test_partners_to_a_vm_and_the_container_left_node_away_is_one_line(host):
     )
     assert _nic_lines(p) == [
         "container:101: network adapter mlx5_0 (0000:25:00.0) shares its switch with 0000:23:00.0, 24, "
-        "which go to vm:h100-vm; the container keeps 0000:03:00.0, 04, NODE from every adapter (NODE from "
-        "this one): GPUDirect RDMA needs a GPU and an adapter under one switch"
+        "which go to vm:h100-vm; the container's GPUs 0000:03:00.0, 04 have no adapter closer than NODE "
+        "(NODE to this one): GPUDirect RDMA needs a GPU and an adapter under one switch"
     ]
 
 
@@ -117,7 +117,7 @@ def test_one_partner_to_the_vm_is_enough_and_a_far_container_gets_one_line_not_t
     assert line.startswith(
         "container:101: network adapter mlx5_0 (0000:25:00.0) shares its switch with 0000:24:00.0,"
     )
-    assert "keeps 0000:03:00.0, 81, NODE from every adapter" in line
+    assert "the container's GPUs 0000:03:00.0, 81 have no adapter closer than NODE (NODE to this one)" in line
 
 
 def test_no_warning_while_the_container_keeps_a_gpu_beside_the_adapter(host):
