@@ -224,8 +224,10 @@ def render_svg(report: TopoReport, title: str | None = None, max_width: float = 
         for r in report.tree
     ]
     items = _owner_items(_counts([views]), colours)
-    if any(n.kind == "nvswitch" for r in report.tree for n in r.walk()):
-        items.append(("NVSwitch", *palette.NODE_COLOURS["nvswitch"], False))
+    kinds = {n.kind for r in report.tree for n in r.walk()}
+    for kind, label in (("nvswitch", "NVSwitch"), ("nic", "network adapter"), ("nvme", "NVMe drive")):
+        if kind in kinds:
+            items.append((label, *palette.NODE_COLOURS[kind], False))
     legend, lw, lh = _legend(items, MARGIN, MARGIN + TITLE + 10, inner)
     top = MARGIN + TITLE + 10 + lh + 14
     panel = place(cols, MARGIN, top, inner)

@@ -27,6 +27,7 @@ REQUIRE = os.environ.get("GPUTOPO_REQUIRE_CHROMIUM") == "1"
 VIEW_WIDTH = 1600
 NAMES = [
     "esc8000a",
+    "esc8000a-all",
     "iommu-off",
     "large",
     "numa-unknown",

@@ -25,6 +25,7 @@ def pictures(materialized):
 NAMES = [
     "dgx2",
     "esc8000a",
+    "esc8000a-all",
     "iommu-off",
     "large",
     "numa-unknown",
@@ -54,6 +55,12 @@ def test_every_gpu_once_per_side_with_its_owner(pictures, name):
     switches = Counter(g.get("data-id") for g, _, _ in boxes(root) if g.get("data-kind") == "nvswitch")
     assert set(switches) == {s.address for s in pic.facts.nvswitches}
     assert set(switches.values()) <= {pic.sides}
+    # network adapters and NVMe drives only in a --all picture, each once
+    for kind, devices in (("nic", pic.facts.nics), ("nvme", pic.facts.nvme)):
+        drawn = [g.get("data-id") for g, _, _ in boxes(root) if g.get("data-kind") == kind]
+        assert sorted(drawn) == (sorted(d.address for d in devices) if name.endswith("-all") else [])
+    legend = [t.text for t in root.find(f"{SVG_NS}g[@class='legend']").iter(f"{SVG_NS}text")]
+    assert ({"network adapter", "NVMe drive"} <= set(legend)) == name.endswith("-all")
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -80,7 +87,7 @@ def test_boxes_inside_the_picture_and_readable_at_1600px(pictures, name):
 @pytest.mark.skipif(
     not os.path.isfile(f"{FONTS}/DejaVuSansMono.ttf"), reason="DejaVu Sans Mono not installed"
 )
-@pytest.mark.parametrize("name", ["seed-split", "shared-group", "esc8000a", "large"])
+@pytest.mark.parametrize("name", ["seed-split", "shared-group", "esc8000a", "esc8000a-all", "large"])
 def test_text_fits_its_box_in_the_real_font(pictures, name):
     from PIL import ImageFont
 
