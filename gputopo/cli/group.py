@@ -16,6 +16,11 @@ from gputopo import __version__
 from gputopo.cli.commands import COMMANDS, DESCRIPTION, SUMMARIES, report_error, version_message
 
 
+class _ReaderGone(Exception):
+    """A BrokenPipeError on its way to :func:`gputopo.cli.main` (click exits 1 on an OSError
+    with EPIPE; this is no OSError)."""
+
+
 class LazyGroup(click.Group):
     """A group whose commands are imported only when named. ``--help`` lists them with their
     :data:`gputopo.cli.SUMMARIES`, without importing any on a terminal 80 columns wide or more:
@@ -41,6 +46,13 @@ class LazyGroup(click.Group):
         if rows:
             with formatter.section("Commands"):
                 formatter.write_dl(rows)
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError as e:
+            # past click's own handler, which would exit 1: gputopo.cli.main ends it quietly
+            raise _ReaderGone from e
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         """The command ``name``, or None when there is none. Raises UnavailableCommand when
@@ -94,6 +106,8 @@ def run(argv: list[str] | None = None) -> None:
         code = cli.main(args=argv, prog_name="gputopo", standalone_mode=False)
         if isinstance(code, int) and not isinstance(code, bool) and code:
             sys.exit(code)
+    except _ReaderGone as e:
+        raise e.__cause__ from None
     except GputopoError as e:
         if "--debug" in args:
             raise

@@ -12,10 +12,16 @@ STYLE = {"PASS": "bold green", "WARN": "bold yellow", "FAIL": "bold red", "SKIP"
 
 
 def console(stderr: bool = False):
-    """A rich Console (imported lazily: rich is heavy to import)."""
+    """A rich Console (imported lazily: rich is heavy to import). A reader gone early is left to
+    :func:`gputopo.cli.main` (rich's own handling exits 1)."""
     from rich.console import Console
 
-    return Console(stderr=stderr, highlight=False, soft_wrap=False)
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True
+            raise BrokenPipeError
+
+    return _Console(stderr=stderr, highlight=False, soft_wrap=False)
 
 
 def print_json(data: Any) -> None:
