@@ -108,7 +108,12 @@ COMMANDS: dict[str, dict[int, str]] = {
         SIGINT: "interrupted",
     },
     "demo": {OK: "the demo ran", FAILED: "a step of the demo failed", **_COMMON},
-    "sim": {OK: "done (serve: stopped by Ctrl-C or SIGTERM)", **_COMMON},
+    "sim": {
+        OK: "done (serve: stopped by Ctrl-C or SIGTERM)",
+        FAILED: "guest: the start or stop task failed",
+        **_COMMON,
+        NOTHING_CHANGED: "bad input (guest: no such guest, or Proxmox refused it: already running)",
+    },
     "fixtures": {OK: "done", **_COMMON},
 }
 # every command: its output's reader gone (gputopo.cli.main ends it quietly)

@@ -200,6 +200,7 @@ def _scenarios(capsys, seed, sim, tmp_path, monkeypatch):
         ("demo", 1): demo_not_converged,
         ("demo", 2): go("demo", "--pace", "-1"),
         ("sim", 0): go("sim", "create", str(tmp_path / "sim2"), "--from", "shared-group"),
+        ("sim", 1): go("sim", "guest", "start", "201", "--sim", S),  # its mapping does not exist yet
         ("sim", 2): go("sim", "create", str(sim.dir)),
         ("fixtures", 0): go("fixtures", "list"),
         ("fixtures", 2): go("fixtures", "build", "nope", str(tmp_path / "f")),

@@ -368,6 +368,34 @@ def test_plan_refuses_a_container_that_does_not_exist_as_apply_does(capsys, sim,
     assert code == 0 and "CT 555: set dev0=" in out, err
 
 
+@pytest.mark.slow
+def test_init_for_a_container_that_does_not_exist_is_one_line_and_writes_nothing(capsys, sim, tmp_path):
+    """Not pct's words (``systemctl list-units ... exited 255: Configuration file ...``) as a
+    warning and a spec for a container that is not there: one line naming it, exit 2."""
+    out_file = tmp_path / "spec.yaml"
+    code, out, err = run(capsys, "init", "--sim", str(sim.dir), "--container", "999", "-o", str(out_file))
+    assert (code, out) == (2, "")
+    assert one_line(err) == (
+        "gputopo: error: container 999 does not exist on node pve1 (containers there: 101); "
+        "give its vmid with --container"
+    )
+    assert not out_file.exists()
+    # quick mode says it once, as the plan's refusal, without pct's words before it
+    code, out, err = run(capsys, "plan", "--sim", str(sim.dir), "--split", "numa", "--container", "999")
+    assert code == 2 and "container 999 does not exist on node pve1" in one_line(err)
+
+
+@pytest.mark.slow
+def test_init_with_its_container_stopped_says_so_in_one_line(capsys, sim):
+    assert run(capsys, "sim", "guest", "stop", "101", "--sim", str(sim.dir))[0] == 0
+    code, out, err = run(capsys, "init", "--sim", str(sim.dir))
+    assert code == 0 and "- vmid: 101" in out
+    assert one_line(err) == (
+        "gputopo: warning: container 101 is stopped: its inference unit cannot be looked for; "
+        "the service is not managed"
+    )
+
+
 # --- init and quick mode: options the spec would refuse -------------------------------------------
 
 
