@@ -89,11 +89,11 @@ def warn(text: str) -> None:
 
 
 def print_refused(e) -> None:
-    """A refused plan's refusals (a PlanRefused), one ``refused:`` line each on stderr."""
-    import click
+    """A refused plan's refusals (a PlanRefused), one ``gputopo: error: refused:`` line each on
+    stderr (as an apply refused by them prints them)."""
+    from gputopo.cli.commands import print_error
 
-    for r in e.refusals:
-        click.echo(f"refused: {r}", err=True)
+    print_error(str(e))
 
 
 def warn_unfinished(root: str) -> None:
@@ -126,8 +126,9 @@ def print_report(report) -> None:
 def exit_with_error(e: BaseException, code: int) -> None:
     """Print ``e`` as ``gputopo: error: <line>`` lines on stderr and exit with ``code``: a diff's
     ``--exit-code`` keeps 2 for "differences", so any error there, bad input included, is 1."""
-    for line in str(e).splitlines() or [type(e).__name__]:
-        sys.stderr.write(f"gputopo: error: {line}\n")
+    from gputopo.cli.commands import print_error
+
+    print_error(str(e) or type(e).__name__)
     sys.exit(code)
 
 

@@ -58,7 +58,8 @@ def test_a_usage_error_is_one_line_naming_the_command_and_the_culprit(capsys, ar
     code, _, err = run(capsys, *argv)
     line = one_line(err)
     assert code == 2
-    assert line.startswith(f"{command}: error: ")
+    sub = command.removeprefix("gputopo").strip()
+    assert line.startswith(f"gputopo: error: {sub}: ")
     assert culprit in line and line.endswith(f"(see '{command} --help')")
 
 
@@ -266,7 +267,7 @@ def test_an_address_that_is_no_gpu_here_is_refused(capsys, seed, spec_file):
     bad = _variant(spec_file, "numa: [0]", 'addresses: ["0000:0A:00.0"]', "addr.yaml")
     code, _, err = run(capsys, "plan", "--root", str(seed), "--spec", str(bad))
     assert code == 2
-    assert one_line(err) == "refused: 0000:0a:00.0: no such GPU on this host (container:101)"
+    assert one_line(err) == "gputopo: error: refused: 0000:0a:00.0: no such GPU on this host (container:101)"
 
 
 def test_duplicate_keys_are_refused_not_silently_merged(capsys, seed, spec_file):
@@ -293,7 +294,9 @@ def test_a_numa_node_the_host_does_not_have_is_refused(capsys, seed, spec_file):
     bad = _variant(spec_file, "numa: [0]", "numa: [7]", "numa7.yaml")
     code, _, err = run(capsys, "plan", "--root", str(seed), "--spec", str(bad))
     assert code == 2
-    assert one_line(err) == "refused: container:101: this host has no NUMA node 7 (it has 0, 1)"
+    assert (
+        one_line(err) == "gputopo: error: refused: container:101: this host has no NUMA node 7 (it has 0, 1)"
+    )
 
 
 # --- the node must be this host -------------------------------------------------------------------
@@ -359,7 +362,7 @@ def test_plan_refuses_a_container_that_does_not_exist_as_apply_does(capsys, sim,
     ):
         code, out, err = run(capsys, "plan", *source, "--spec", str(spec))
         assert code == 2 and out == "", source
-        assert one_line(err) == "refused: container 555 does not exist on node pve1", source
+        assert one_line(err) == "gputopo: error: refused: container 555 does not exist on node pve1", source
     empty = tmp_path / "pve"
     empty.mkdir()
     code, out, err = run(
