@@ -151,19 +151,28 @@ def serve(
             if pve_root is not None:
                 shutil.rmtree(host.paths.pve)
                 shutil.copytree(pve_root, host.paths.pve, symlinks=True)
-        host.start(port=port, tls=not plain_http)
-        files = _secret_files(host)
-        if as_json:
-            _announce_json(host, plain_http, files)
-        else:
-            _announce(host, plain_http)
-        stop = threading.Event()
-        # Set both explicitly: a server started from a background job inherits SIGINT ignored.
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: stop.set())
-        while not stop.wait(0.5):
-            pass
-        host.stop()
+        from gputopo.sim.serving import claim
+
+        # before anything is started or written: a second server would replace the secret files
+        # the running one's clients read
+        record = claim(host.paths.run, str(dir_))
+        try:
+            host.start(port=port, tls=not plain_http)
+            record.announce(host.api.url)
+            files = _secret_files(host)
+            if as_json:
+                _announce_json(host, plain_http, files)
+            else:
+                _announce(host, plain_http)
+            stop = threading.Event()
+            # Set both explicitly: a server started from a background job inherits SIGINT ignored.
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, lambda *_: stop.set())
+            while not stop.wait(0.5):
+                pass
+            host.stop()
+        finally:
+            record.release()
         click.echo("stopped", err=True)
     finally:
         if scratch is not None:
