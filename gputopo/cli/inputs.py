@@ -75,8 +75,8 @@ def find_service(ports, vmid: int, options: dict) -> None:
     if status is None:
         return
     if status != "running":
-        # pct exec needs a running container (pve-container src/PVE/CLI/pct.pm, exec:
-        # "CT $vmid not running"): say so instead of pct's words
+        # pct exec is lxc-attach into the container (pve-container src/PVE/CLI/pct.pm, exec),
+        # which a stopped container cannot take: say so instead of what lxc-attach prints
         warn(
             f"container {vmid} is {status}: its inference unit cannot be looked for; the service is not managed"
         )
