@@ -214,7 +214,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, fresh_host, capsys):
         "does not lead into sys/devices)"
     )
     line = _one_line_error(*run_cli(["topo", "--root", str(root), "--format", "png"], capsys)[::2])
-    assert line.startswith("gputopo topo: error: Invalid value for '--format': 'png' is not one of")
+    assert line.startswith("gputopo: error: topo: Invalid value for '--format': 'png' is not one of")
     line = _one_line_error(*run_cli(["topo", "--root", str(root), "--format", "svg", "--json"], capsys)[::2])
     assert line == "gputopo: error: --json and --format svg exclude each other"
     broken = tmp_path / "broken.tar.gz"

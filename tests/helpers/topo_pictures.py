@@ -95,4 +95,11 @@ def boxes(root: ET.Element) -> list[tuple[ET.Element, ET.Element, tuple[float, f
 
 
 def size(root: ET.Element) -> tuple[float, float]:
+    """The drawing's own size: the viewBox its boxes' coordinates are in."""
+    _, _, w, h = (float(v) for v in root.get("viewBox").split())
+    return w, h
+
+
+def shown_size(root: ET.Element) -> tuple[float, float]:
+    """The size the picture asks to be shown at (its width and height attributes)."""
     return float(root.get("width")), float(root.get("height"))
