@@ -46,6 +46,8 @@ CASES = [
     ("sim", ["sim", "create", "{sim}"], 2),
     ("sim", ["sim", "guest", "start", "999", "--sim", "{sim}"], 2),
     ("sim", ["sim", "guest", "start", "201", "--sim", "{sim}"], 1),  # the task fails
+    ("watch", ["watch", "--interval", "5"], 2),  # --interval without --follow
+    ("watch", ["watch", "--sim", "{sim}", "--spec", "{missing}"], 2),
     ("fixtures", ["fixtures", "bogus"], 2),
     ("fixtures", ["fixtures", "build", "nope", "{out}"], 2),
     (None, ["--bogus"], 2),  # the group itself
