@@ -40,6 +40,32 @@ def print_plan(p, summary: dict[str, Any] | None, as_json: bool) -> None:
         sys.stdout.write(f"Summary: {summary['text']}\n")
 
 
+def print_commands(p, facts, current, root: str) -> None:
+    """A plan as the shell commands of its steps and of their undo
+    (:func:`gputopo.actions.script.script`), made from the ``facts`` and ``current`` state it was
+    planned from; a GPU function's native driver and a host file's mode are read under ``root``."""
+    import os
+
+    from gputopo.actions.script import script
+    from gputopo.actions.shell import CommandContext
+    from gputopo.facts.modalias import native_driver
+
+    def file_mode(path: str) -> int | None:
+        try:
+            return os.stat(os.path.join(root, path.lstrip("/"))).st_mode & 0o7777
+        except OSError:
+            return None
+
+    ctx = CommandContext(
+        facts,
+        current,
+        p.node,
+        native_driver=lambda address: native_driver(root, address),
+        file_mode=file_mode,
+    )
+    sys.stdout.write(script(p.actions, ctx).text(p.node))
+
+
 def read_saved_plan(path: str):
     """The saved plan in file ``path`` (``apply PLANFILE``, ``show PLANFILE``). Raises SpecError
     (exit 2) naming the file when it cannot be read or is not one, SavedPlanEdited (exit 2) when
