@@ -148,7 +148,9 @@ class UpdateContainer(ActionModel):
         after.update(self.set)
         out = {}
         for address in self.resolve:
-            out[address] = after[address] = free_dev_key(after)
+            key = free_dev_key(after)
+            after[key] = address
+            out[address] = key
         return out
 
     def commands(self, ctx: CommandContext) -> list[str]:
