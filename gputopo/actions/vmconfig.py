@@ -24,17 +24,12 @@ from gputopo.actions.base import (
 )
 from gputopo.actions.guestconfig import ConfigBefore, GuestConfig, restore_args, set_args
 from gputopo.actions.shell import CommandContext, line
-from gputopo.formats.hostpci import hostpci_index, hostpci_keys, hostpci_number, is_hostpci_key, parse_hostpci
+from gputopo.formats.hostpci import hostpci_index, hostpci_keys, hostpci_number
 from gputopo.model.state import GuestState
 
 
 def _summary(key: str, value: str) -> str:
-    if is_hostpci_key(key):
-        try:
-            props = parse_hostpci(value)
-        except Exception:
-            return f"{key}={value}"
-        return f"{key}={props.get('mapping') or props.get('host')}"
+    # the value really written (``hostpci1=mapping=pro6000-vm,pcie=1``), as ``qm set`` takes it
     return f"{key}={value}"
 
 

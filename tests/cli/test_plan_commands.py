@@ -12,7 +12,7 @@ import pytest
 
 from helpers import applysim
 from helpers.applysim import template  # noqa: F401 (fixtures)
-from helpers.cli import run
+from helpers.cli import one_line, run
 from helpers.pasted import PastedShell, rewrite, sections
 
 
@@ -125,3 +125,9 @@ def test_only_host_paths_outside_here_documents_and_pct_lines_are_rewritten():
     assert (
         rewrite("pvesh delete /cluster/mapping/pci/x", root, staging) == "pvesh delete /cluster/mapping/pci/x"
     )
+
+
+def test_commands_and_json_together_are_refused_in_one_line(template, capsys):
+    rc, out, err = run(capsys, "plan", "--sim", str(template), "--split", "numa", "--commands", "--json")
+    assert rc == 2 and out == ""
+    assert one_line(err) == "gputopo: error: --commands and --json: choose one"
