@@ -32,11 +32,9 @@ def _dir(path: str) -> str:
 
 
 def push_commands(vmid: int, path: str, content: str, mode: int = 0o644) -> list[str]:
-    """What :meth:`gputopo.adapters.pct.PctExec.push` runs: ``content`` in a private temp
-    file on the host, ``pct push`` of it with ``--perms``, the temp file removed. (``pct push``
-    reads its source in a forked task whose stdin is /dev/null, so the text cannot come on
-    stdin: pve-container src/PVE/CLI/pct.pm ``push``, pve-common RESTEnvironment.pm
-    ``fork_worker``.)"""
+    """What gputopo's own ``pct push`` does (:meth:`gputopo.adapters.pct.PctExec.push`):
+    ``content`` in a private temp file on the host, ``pct push`` of it with ``--perms``, the
+    temp file removed (pct push opens a local file: pve-container src/PVE/CLI/pct.pm ``push``)."""
     return [
         with_text('tmp=$(mktemp) && cat > "$tmp"', content),
         f'{command("pct", "push", vmid)} "$tmp" {q(path)} --perms {mode:04o}; rm -f "$tmp"',
