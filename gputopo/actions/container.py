@@ -21,6 +21,7 @@ from gputopo.actions.base import (
     StepContext,
     World,
 )
+from gputopo.actions.guest import shutdown_command
 from gputopo.actions.guestconfig import ConfigBefore, GuestConfig, restore_args, set_args
 from gputopo.actions.shell import CommandContext, line, q
 from gputopo.errors import BindError
@@ -180,7 +181,14 @@ class UpdateContainer(ActionModel):
         after.update(self.set)
         after.update({k: "?" for k in self._resolved_keys(old).values()})
         words = restore_args(old, after, set(self.set) | set(self.delete), also=is_devn_key)
-        return [line("pct", "set", self.vmid) + " " + " ".join(words)] if words else []
+        out = [line("pct", "set", self.vmid) + " " + " ".join(words)] if words else []
+        if self.live and (self.set or self.resolve):
+            # as the rollback's device-view check: Proxmox cannot unplug a hot-plugged devN
+            out.append(
+                f"# if CT {self.vmid} still lists a /dev/nvidiaN it did not before: "
+                f"{shutdown_command('lxc', self.vmid)} && pct start {self.vmid}"
+            )
+        return out
 
     def undo(self, before: ContainerBefore, ctx: StepContext) -> str:
         # every devN key: entries resolved at apply time are not in the journaled action

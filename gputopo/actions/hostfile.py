@@ -98,7 +98,11 @@ class _FileStep(ActionModel):
     def undo_commands(self, ctx: CommandContext) -> list[str]:
         old = ctx.current.files.get(self.path)
         if old is None:
-            return [line("rm", "-f", f"/{self.path}")]
+            # and the directories the write made, as undo removes them (left when not empty)
+            rmdirs = [
+                line("rmdir", "--ignore-fail-on-non-empty", f"/{d}") for d in ctx.absent_dirs(self.path)
+            ]
+            return [line("rm", "-f", f"/{self.path}"), *rmdirs]
         mode = ctx.file_mode(self.path)
         return [write_file(self.path, old, mode if mode is not None else 0o644)]
 

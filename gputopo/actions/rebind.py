@@ -31,6 +31,7 @@ VFIO = "vfio-pci"
 NVIDIA = "nvidia"
 # drivers that bind only what they are told to (gputopo.adapters.sysfs.OVERRIDE_DRIVERS)
 OVERRIDE_DRIVERS = frozenset({"vfio-pci", "pci-stub"})
+NATIVE = "(native)"  # in commands: a member on whichever native driver probed it, not known at plan time
 
 
 class _Writes:
@@ -49,9 +50,11 @@ class _Writes:
 
     def unbind(self, m: str) -> None:
         drv = self.drivers[m]
-        if drv is not None:
+        if drv == NATIVE:  # whichever driver it is on: through the device's own driver link
+            self.out.append(sysfs_write(f"sys/bus/pci/devices/{m}/driver/unbind", m))
+        elif drv is not None:
             self.out.append(sysfs_write(f"sys/bus/pci/drivers/{drv}/unbind", m))
-            self.drivers[m] = None
+        self.drivers[m] = None
 
     def probe(self, m: str, becomes: str | None) -> None:
         self.out.append(sysfs_write("sys/bus/pci/drivers_probe", m))
@@ -355,7 +358,7 @@ class Rebind(ActionModel):
         # by name (the driver as override), then every override as it was
         want = self._wanted(ctx)
         after = {m: want[m] if self.keep_override and want[m] is not None else None for m in self.members}
-        w = _Writes(want, after)
+        w = _Writes({m: NATIVE if d is None else d for m, d in want.items()}, after)
         prev = {m: self.from_drivers.get(m) for m in self.members}
         for m, drv in prev.items():
             if drv is None:

@@ -62,8 +62,13 @@ class CommandContext:
     node: str
     native_driver: Callable[[str], str | None] = lambda address: None  # the driver its modalias resolves to
     file_mode: Callable[[str], int | None] = lambda path: None  # a host file's mode now (None: unknown)
+    # the parent directories of a host file that do not exist now, deepest first
+    absent_dirs: Callable[[str], list[str]] = lambda path: []
+    # a PCI function's driver_override now, for one the facts do not hold (a GPU's companion)
+    read_override: Callable[[str], str | None] = lambda address: None
     notes: list[str] = field(default_factory=list)
 
     def override_of(self, address: str) -> str | None:
+        """The driver_override of ``address`` (a GPU's from the facts)."""
         g = self.facts.gpu(address)
-        return g.driver_override if g is not None else None
+        return g.driver_override if g is not None else self.read_override(address)

@@ -43,12 +43,14 @@ def print_plan(p, summary: dict[str, Any] | None, as_json: bool) -> None:
 def print_commands(p, facts, current, root: str) -> None:
     """A plan as the shell commands of its steps and of their undo
     (:func:`gputopo.actions.script.script`), made from the ``facts`` and ``current`` state it was
-    planned from; a GPU function's native driver and a host file's mode are read under ``root``."""
+    planned from; a GPU function's native driver, a host file's mode and which of its directories
+    exist are read under ``root``."""
     import os
 
     from gputopo.actions.script import script
     from gputopo.actions.shell import CommandContext
     from gputopo.facts.modalias import native_driver
+    from gputopo.facts.pci import read_pci_function
 
     def file_mode(path: str) -> int | None:
         try:
@@ -56,12 +58,19 @@ def print_commands(p, facts, current, root: str) -> None:
         except OSError:
             return None
 
+    def absent_dirs(path: str) -> list[str]:
+        parts = path.strip("/").split("/")[:-1]
+        dirs = ["/".join(parts[:i]) for i in range(len(parts), 0, -1)]
+        return [d for d in dirs if not os.path.isdir(os.path.join(root, d))]
+
     ctx = CommandContext(
         facts,
         current,
         p.node,
         native_driver=lambda address: native_driver(root, address),
         file_mode=file_mode,
+        absent_dirs=absent_dirs,
+        read_override=lambda address: getattr(read_pci_function(root, address), "driver_override", None),
     )
     sys.stdout.write(script(p.actions, ctx).text(p.node))
 
