@@ -170,7 +170,7 @@ class UpdateContainer(ActionModel):
             out.append(
                 f"# the lxc.* lines cannot change through Proxmox's API or pct: edit /etc/pve/lxc/{self.vmid}.conf"
             )
-        if len(words) > 0:
+        if words:
             out.append(line("pct", "set", self.vmid) + " " + " ".join(words))
         return out
 
