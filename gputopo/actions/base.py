@@ -18,7 +18,10 @@ model whose class holds the kind's whole meaning, in one place:
 * ``container_view(before)`` -- the GPU nodes a container it changes live saw before it (a
   rollback restarts one that sees others);
 * ``signature()`` -- what must not change between the plan an operator confirmed and the one made
-  under the lock (digests, read again before each write, are left out).
+  under the lock (digests, read again before each write, are left out);
+* ``commands(ctx)`` / ``undo_commands(ctx)`` -- the shell commands an operator could paste on the
+  node instead (``pct``, ``qm``, ``pvesh``, sysfs writes, files), and those that undo it, made
+  from the facts and state the plan was made from (:mod:`gputopo.actions.shell`).
 
 Every kind registers itself by subclassing :class:`ActionModel` with a ``kind`` literal; apply,
 recover, dry-run, ``expected_after`` and diff only ever call these methods, and
@@ -62,6 +65,7 @@ from typing import Any, ClassVar, Literal, Protocol
 
 from pydantic import BaseModel
 
+from gputopo.actions.shell import CommandContext
 from gputopo.errors import ExecError
 from gputopo.formats.systemd import exec_start_command, parse_cmdline, parse_show_properties
 from gputopo.model.facts import Facts, Holder
@@ -200,6 +204,15 @@ class ActionModel(Strict):
     def timeout(self, timeouts: Timeouts) -> float | None:
         """Seconds this step may wait (:attr:`waits` of ``timeouts``); None when it does not wait."""
         return getattr(timeouts, self.waits) if self.waits else None
+
+    def commands(self, ctx: CommandContext) -> list[str]:
+        """The shell commands that do what :meth:`do` does, in its order (``plan --commands``)."""
+        raise NotImplementedError
+
+    def undo_commands(self, ctx: CommandContext) -> list[str]:
+        """The shell commands that put back what :meth:`commands` changed, as :meth:`undo`
+        would from the state the plan was made from ([] when its undo does nothing)."""
+        raise NotImplementedError
 
     def signature(self) -> dict[str, Any]:
         """This step as data, without what is read again right before it runs (``digest``)."""

@@ -21,9 +21,20 @@ from gputopo.actions.base import (
     StepContext,
     World,
 )
-from gputopo.actions.guestconfig import ConfigBefore, GuestConfig
+from gputopo.actions.guest import shutdown_command
+from gputopo.actions.guestconfig import ConfigBefore, GuestConfig, restore_args, set_args
+from gputopo.actions.shell import CommandContext, line, q
 from gputopo.errors import BindError
-from gputopo.formats.devn import by_dev_index, dev_sort, gpu_nodes, is_devn_key, resolve_devices
+from gputopo.formats.devn import (
+    by_dev_index,
+    dev_entries,
+    dev_sort,
+    format_dev,
+    free_dev_key,
+    gpu_nodes,
+    is_devn_key,
+    resolve_devices,
+)
 from gputopo.model.state import ContainerState
 
 
@@ -130,6 +141,54 @@ class UpdateContainer(ActionModel):
                 ctx.binder.driver_of(address),
                 f"no /dev/nvidia minor for CT {self.vmid} (proc/driver/nvidia/gpus/{address} missing)",
             ) from None
+
+    def _resolved_keys(self, cfg: dict[str, Any]) -> dict[str, str]:
+        """GPU address -> the devN key its entry gets (:func:`resolve_devices`' choice: the
+        lowest keys the config leaves free once ``set`` and ``delete`` are done)."""
+        after = {k: v for k, v in dev_entries(cfg).items() if k not in self.delete}
+        after.update(self.set)
+        out = {}
+        for address in self.resolve:
+            key = free_dev_key(after)
+            after[key] = address
+            out[address] = key
+        return out
+
+    def commands(self, ctx: CommandContext) -> list[str]:
+        ct = ctx.current.containers.get(self.vmid)
+        cfg = ct.config if ct is not None else {}
+        out = []
+        words = set_args(cfg, self.set, self.delete)
+        # a GPU back from vfio-pci: its minor is read once nvidia has bound it, as apply does
+        for address, key in self._resolved_keys(cfg).items():
+            var = "minor_" + address.replace(":", "_").replace(".", "_")
+            info = f"/proc/driver/nvidia/gpus/{address}/information"
+            out.append(f"{var}=$(sed -n 's/^Device Minor:[[:space:]]*//p' {q(info)})")
+            value = format_dev("/dev/nvidia0", self.dev_gid, self.dev_mode)
+            words += [f"--{key}", f'"/dev/nvidia${{{var}}}{value[len("/dev/nvidia0") :]}"']
+        if self.lxc_add or self.lxc_remove:
+            out.append(
+                f"# the lxc.* lines cannot change through Proxmox's API or pct: edit /etc/pve/lxc/{self.vmid}.conf"
+            )
+        if words:
+            out.append(line("pct", "set", self.vmid) + " " + " ".join(words))
+        return out
+
+    def undo_commands(self, ctx: CommandContext) -> list[str]:
+        ct = ctx.current.containers.get(self.vmid)
+        old = {k: v for k, v in (ct.config if ct is not None else {}).items() if k != "digest"}
+        after = {k: v for k, v in old.items() if k not in self.delete}
+        after.update(self.set)
+        after.update({k: "?" for k in self._resolved_keys(old).values()})
+        words = restore_args(old, after, set(self.set) | set(self.delete), also=is_devn_key)
+        out = [line("pct", "set", self.vmid) + " " + " ".join(words)] if words else []
+        if self.live and (self.set or self.resolve):
+            # as the rollback's device-view check: Proxmox cannot unplug a hot-plugged devN
+            out.append(
+                f"# if CT {self.vmid} still lists a /dev/nvidiaN it did not before: "
+                f"{shutdown_command('lxc', self.vmid)} && pct start {self.vmid}"
+            )
+        return out
 
     def undo(self, before: ContainerBefore, ctx: StepContext) -> str:
         # every devN key: entries resolved at apply time are not in the journaled action

@@ -15,6 +15,8 @@ from gputopo.actions.base import (
     StepContext,
     World,
 )
+from gputopo.actions.shell import CommandContext, q, with_text
+from gputopo.actions.shell import line as command
 from gputopo.errors import ExecError
 from gputopo.model.state import ContainerState, CurrentState, ServiceState
 from gputopo.model.strict import Strict
@@ -27,6 +29,16 @@ class DropinBefore(Strict):
 
 def _dir(path: str) -> str:
     return path.rsplit("/", 1)[0] or "/"
+
+
+def push_commands(vmid: int, path: str, content: str, mode: int = 0o644) -> list[str]:
+    """What gputopo's own ``pct push`` does (:meth:`gputopo.adapters.pct.PctExec.push`):
+    ``content`` in a private temp file on the host, ``pct push`` of it with ``--perms``, the
+    temp file removed (pct push opens a local file: pve-container src/PVE/CLI/pct.pm ``push``)."""
+    return [
+        with_text('tmp=$(mktemp) && cat > "$tmp"', content),
+        f'{command("pct", "push", vmid)} "$tmp" {q(path)} --perms {mode:04o}; rm -f "$tmp"',
+    ]
 
 
 class WriteServiceDropin(ActionModel):
@@ -63,6 +75,23 @@ class WriteServiceDropin(ActionModel):
             # pct push creates the file only; a unit's .d directory rarely exists yet
             ctx.exec(self.vmid, ["mkdir", "-p", _dir(self.path)])
             ctx.ports.exec.push(self.vmid, self.path, self.content, 0o644)
+
+    def commands(self, ctx: CommandContext) -> list[str]:
+        return [
+            command("pct", "exec", self.vmid, "--", "mkdir", "-p", _dir(self.path)),
+            *push_commands(self.vmid, self.path, self.content),
+        ]
+
+    def undo_commands(self, ctx: CommandContext) -> list[str]:
+        ct = ctx.current.containers.get(self.vmid)
+        old = ct.service.dropin if ct is not None and ct.service is not None else None
+        if old is not None:
+            return push_commands(self.vmid, self.path, old)
+        # the directory goes too when the write made it (it is left when anything else is in it)
+        return [
+            command("pct", "exec", self.vmid, "--", "rm", "-f", self.path),
+            command("pct", "exec", self.vmid, "--", "rmdir", "--ignore-fail-on-non-empty", _dir(self.path)),
+        ]
 
     def undo(self, before: DropinBefore, ctx: StepContext) -> str:
         if not ctx.running("lxc", self.vmid):

@@ -21,6 +21,7 @@ from gputopo.actions.base import (
     World,
 )
 from gputopo.actions.dropin import load_dropin
+from gputopo.actions.shell import CommandContext, line
 from gputopo.model.state import CurrentState
 from gputopo.model.strict import Strict
 from gputopo.ports import TaskResult
@@ -79,6 +80,22 @@ def _set_status(world: World, guest: str, vmid: int, status: str) -> None:
         world.current.guests[vmid].status = status  # type: ignore[assignment]
 
 
+def cli(guest: str) -> str:
+    """The node's command line tool of a guest kind: ``pct`` or ``qm``."""
+    return "pct" if guest == "lxc" else "qm"
+
+
+def shutdown_command(guest: str, vmid: int, timeout: int = SHUTDOWN_TIMEOUT, force: bool = False) -> str:
+    """``pct|qm shutdown VMID --timeout N [--forceStop 1]``: the API's shutdown with apply's
+    parameters (pct.pm and qm.pm map ``shutdown`` to the status endpoint's ``vm_shutdown``)."""
+    return line(cli(guest), "shutdown", vmid, "--timeout", timeout, *(["--forceStop", 1] if force else []))
+
+
+def _was_running(current: CurrentState, guest: str, vmid: int) -> bool:
+    g = current.containers.get(vmid) if guest == "lxc" else current.guests.get(vmid)
+    return g is not None and g.status == "running"
+
+
 class _GuestStep(ActionModel):
     """What stopping and starting a guest share: which guest, and its status before."""
 
@@ -121,6 +138,16 @@ class StopGuest(_GuestStep):
         if ctx.running(self.guest, self.vmid):
             power(ctx, self.guest, self.vmid, "shutdown", self.shutdown_timeout, self.force_stop)
 
+    def commands(self, ctx: CommandContext) -> list[str]:
+        return [shutdown_command(self.guest, self.vmid, self.shutdown_timeout, self.force_stop)]
+
+    def undo_commands(self, ctx: CommandContext) -> list[str]:
+        return (
+            [line(cli(self.guest), "start", self.vmid)]
+            if _was_running(ctx.current, self.guest, self.vmid)
+            else []
+        )
+
     def undo(self, before: GuestBefore, ctx: StepContext) -> str:
         if before.status == "running" and not ctx.running(self.guest, self.vmid):
             power(ctx, self.guest, self.vmid, "start")
@@ -157,6 +184,16 @@ class StartGuest(_GuestStep):
     def do(self, ctx: StepContext) -> None:
         if not ctx.running(self.guest, self.vmid):
             power(ctx, self.guest, self.vmid, "start")
+
+    def commands(self, ctx: CommandContext) -> list[str]:
+        return [line(cli(self.guest), "start", self.vmid)]
+
+    def undo_commands(self, ctx: CommandContext) -> list[str]:
+        return (
+            []
+            if _was_running(ctx.current, self.guest, self.vmid)
+            else [shutdown_command(self.guest, self.vmid)]
+        )
 
     def undo(self, before: GuestBefore, ctx: StepContext) -> str:
         if before.status != "running" and ctx.running(self.guest, self.vmid):

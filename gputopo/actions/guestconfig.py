@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gputopo.actions.shell import q
 from gputopo.model.strict import Strict
 from gputopo.ports import ProxmoxPort
 
@@ -70,3 +71,22 @@ class GuestConfig:
             return False
         self.write(sets, deletes, cfg["digest"])
         return True
+
+
+def set_args(config: dict[str, Any], set_: dict[str, str], delete: list[str]) -> list[str]:
+    """``pct set``/``qm set`` options (quoted words) that make :meth:`GuestConfig.change`'s
+    change to ``config``: the values that differ, ``--delete`` of the keys that are there."""
+    words = [w for k, v in sorted(set_.items()) if str(config.get(k)) != v for w in (f"--{k}", q(v))]
+    deletes = [k for k in delete if k in config]
+    return words + (["--delete", q(",".join(deletes))] if deletes else [])
+
+
+def restore_args(
+    old: dict[str, Any], now: dict[str, Any], keys: set[str], also: Callable[[str], bool] | None = None
+) -> list[str]:
+    """The options that make :meth:`GuestConfig.restore`'s change: ``old``'s value of each of
+    ``keys`` (and of every key ``also`` accepts) back in ``now``, the keys ``old`` lacked deleted."""
+    keys = set(keys) | ({k for k in (*old, *now) if also(k)} if also is not None else set())
+    sets = {k: str(old[k]) for k in keys if k in old and str(now.get(k)) != str(old[k])}
+    deletes = sorted(k for k in keys if k not in old and k in now)
+    return set_args(now, sets, deletes)

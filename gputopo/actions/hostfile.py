@@ -14,6 +14,7 @@ from gputopo.actions.base import (
     StepContext,
     World,
 )
+from gputopo.actions.shell import CommandContext, line, q, with_text
 from gputopo.errors import HostFileError
 from gputopo.model.filemode import FileMode
 from gputopo.model.strict import Strict
@@ -94,6 +95,17 @@ class _FileStep(ActionModel):
     def undo_restores(self) -> set[Resource]:
         return {Resource("file", self.path)}
 
+    def undo_commands(self, ctx: CommandContext) -> list[str]:
+        old = ctx.current.files.get(self.path)
+        if old is None:
+            # and the directories the write made, as undo removes them (left when not empty)
+            rmdirs = [
+                line("rmdir", "--ignore-fail-on-non-empty", f"/{d}") for d in ctx.absent_dirs(self.path)
+            ]
+            return [line("rm", "-f", f"/{self.path}"), *rmdirs]
+        mode = ctx.file_mode(self.path)
+        return [write_file(self.path, old, mode if mode is not None else 0o644)]
+
     def expect(self, world: World) -> None:
         world.current.files[self.path] = self.after()
 
@@ -101,6 +113,12 @@ class _FileStep(ActionModel):
         area = ctx.area("persistence files")
         area.lines.append(self.describe())
         area.files[self.path] = ctx.unified(self.path, ctx.current.files.get(self.path), self.after())
+
+
+def write_file(path: str, content: str, mode: int) -> str:
+    """The command that writes ``content`` to host file ``/path`` with ``mode``, its
+    directories made as apply makes them."""
+    return with_text(f"install -D -m {mode:04o} /dev/stdin {q('/' + path)}", content)
 
 
 class WriteHostFile(_FileStep):
@@ -113,6 +131,9 @@ class WriteHostFile(_FileStep):
 
     def after(self) -> str | None:
         return self.content
+
+    def commands(self, ctx: CommandContext) -> list[str]:
+        return [write_file(self.path, self.content, self.mode)]
 
     def do(self, ctx: StepContext) -> None:
         try:
@@ -131,6 +152,9 @@ class RemoveHostFile(_FileStep):
 
     def after(self) -> str | None:
         return None
+
+    def commands(self, ctx: CommandContext) -> list[str]:
+        return [line("rm", "-f", f"/{self.path}")]
 
     def do(self, ctx: StepContext) -> None:
         try:

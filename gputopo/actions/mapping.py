@@ -28,6 +28,7 @@ from gputopo.actions.base import (
     StepContext,
     World,
 )
+from gputopo.actions.shell import CommandContext, line
 from gputopo.errors import MappingConflict, ProxmoxError
 from gputopo.formats.mapline import map_fields, map_node, normalize_map_entry
 from gputopo.model.state import MappingState
@@ -125,6 +126,24 @@ def write_own_lines(
     raise ProxmoxError(f"PUT /cluster/mapping/pci/{id}", None, f"still changing after {ATTEMPTS} merges")
 
 
+def mapping_commands(
+    id: str, now: MappingState | None, want: list[str], description: str | None
+) -> list[str]:
+    """The ``pvesh`` command that makes mapping ``id`` (``now``: as it is, None: absent) hold
+    ``want`` with ``description`` (None: unchanged); [] when it does already. The map is sent
+    whole, one ``--map`` per line, as the API takes it (proxmox.md, PCI mappings)."""
+    path = f"/cluster/mapping/pci/{id}"
+    desc = ["--description", description] if description is not None else []
+    maps = [w for e in want for w in ("--map", e)]
+    if now is None:
+        return [line("pvesh", "create", "/cluster/mapping/pci", "--id", id, *maps, *desc)] if want else []
+    if not want:
+        return [line("pvesh", "delete", path)]
+    if _same(now.map, want) and (description is None or description == now.description):
+        return []
+    return [line("pvesh", "set", path, *maps, *desc)]
+
+
 class _MappingStep(ActionModel):
     """What creating, updating and deleting a mapping share: its id, its state before, its undo,
     and (``node`` set) the lines of that node only."""
@@ -166,6 +185,18 @@ class _MappingStep(ActionModel):
     def own(self) -> list[str]:
         return []
 
+    def wanted(self, ctx: CommandContext) -> list[str]:
+        """The whole map once this step is done, from the state the plan was made from."""
+        raise NotImplementedError
+
+    def undo_commands(self, ctx: CommandContext) -> list[str]:
+        before = ctx.current.mappings.get(self.id)
+        want = self.wanted(ctx)
+        after = MappingState(map=want) if want else None
+        if before is None:
+            return [line("pvesh", "delete", f"/cluster/mapping/pci/{self.id}")] if after else []
+        return mapping_commands(self.id, after, list(before.map), before.description)
+
     def signature(self) -> dict[str, Any]:
         if self.node is None:
             return super().signature()
@@ -205,6 +236,17 @@ class SetMapping(_MappingStep):
     def own(self) -> list[str]:
         return lines_of(self.map, self.node) if self.node else list(self.map)
 
+    def wanted(self, ctx: CommandContext) -> list[str]:
+        if self.node is None:
+            return list(self.map)
+        now = ctx.current.mappings.get(self.id)
+        return [e for e in (now.map if now else []) if map_node(e) != self.node] + self.own()
+
+    def commands(self, ctx: CommandContext) -> list[str]:
+        return mapping_commands(
+            self.id, ctx.current.mappings.get(self.id), self.wanted(ctx), self.description
+        )
+
     def do(self, ctx: StepContext) -> None:
         if self.node is not None:
             write_own_lines(ctx, self.id, self.node, self.own(), self.description, self.base)
@@ -226,6 +268,15 @@ class DeleteMapping(_MappingStep):
 
     def describe(self) -> str:
         return f"delete PCI mapping {self.id}"
+
+    def wanted(self, ctx: CommandContext) -> list[str]:
+        if self.node is None:
+            return []
+        now = ctx.current.mappings.get(self.id)
+        return [e for e in (now.map if now else []) if map_node(e) != self.node]
+
+    def commands(self, ctx: CommandContext) -> list[str]:
+        return mapping_commands(self.id, ctx.current.mappings.get(self.id), self.wanted(ctx), None)
 
     def do(self, ctx: StepContext) -> None:
         if self.node is not None:

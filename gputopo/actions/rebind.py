@@ -21,6 +21,7 @@ from gputopo.actions.base import (
     StepContext,
     World,
 )
+from gputopo.actions.shell import CommandContext, sysfs_write
 from gputopo.errors import BindError, GputopoError, ProxmoxError
 from gputopo.formats.hostpci import hostpci_refs, is_hostpci_key
 from gputopo.formats.mapline import map_paths
@@ -28,6 +29,36 @@ from gputopo.model.strict import Strict
 
 VFIO = "vfio-pci"
 NVIDIA = "nvidia"
+# drivers that bind only what they are told to (gputopo.adapters.sysfs.OVERRIDE_DRIVERS)
+OVERRIDE_DRIVERS = frozenset({"vfio-pci", "pci-stub"})
+NATIVE = "(native)"  # in commands: a member on whichever native driver probed it, not known at plan time
+
+
+class _Writes:
+    """The sysfs writes of a move as ``echo`` commands, with each member's driver and override
+    as they are after the writes so far (a write the Binder would skip is left out)."""
+
+    def __init__(self, drivers: dict[str, str | None], overrides: dict[str, str | None]):
+        self.drivers = dict(drivers)
+        self.overrides = dict(overrides)
+        self.out: list[str] = []
+
+    def override(self, m: str, driver: str | None) -> None:
+        if self.overrides[m] != driver:
+            self.out.append(sysfs_write(f"sys/bus/pci/devices/{m}/driver_override", driver))
+            self.overrides[m] = driver
+
+    def unbind(self, m: str) -> None:
+        drv = self.drivers[m]
+        if drv == NATIVE:  # whichever driver it is on: through the device's own driver link
+            self.out.append(sysfs_write(f"sys/bus/pci/devices/{m}/driver/unbind", m))
+        elif drv is not None:
+            self.out.append(sysfs_write(f"sys/bus/pci/drivers/{drv}/unbind", m))
+        self.drivers[m] = None
+
+    def probe(self, m: str, becomes: str | None) -> None:
+        self.out.append(sysfs_write("sys/bus/pci/drivers_probe", m))
+        self.drivers[m] = becomes
 
 
 class MemberBefore(Strict):
@@ -284,6 +315,63 @@ class Rebind(ActionModel):
         # what this apply started (a guest, a service) holds the GPUs it moved: stopped first,
         # or the unbind blocks
         return {Resource("stopped")}
+
+    # -- commands ---------------------------------------------------------------------------------
+
+    def _wanted(self, ctx: CommandContext) -> dict[str, str | None]:
+        """Each member's driver after the move (None: whichever native driver probes it)."""
+        if self.to_driver == VFIO:
+            return {m: VFIO for m in self.members}
+        return {m: NVIDIA if m == self.address else ctx.native_driver(m) for m in self.members}
+
+    def commands(self, ctx: CommandContext) -> list[str]:
+        # Binder.move_group's writes in its order: overrides set, every member unbound, then
+        # probed, then the overrides cleared unless kept; a member already there only gets
+        # its override right
+        want = self._wanted(ctx)
+        w = _Writes(self.from_drivers, {m: ctx.override_of(m) for m in self.members})
+        todo = []
+        for m in self.members:
+            drv = w.drivers.get(m)
+            if want[m] is None:
+                if drv is not None and w.overrides[m] is None and drv not in OVERRIDE_DRIVERS:
+                    continue
+            elif drv == want[m]:
+                w.override(m, want[m] if self.keep_override else None)
+                continue
+            todo.append(m)
+        for m in todo:
+            w.override(m, want[m])
+        for m in todo:
+            if w.drivers.get(m) != want[m] or want[m] is None:
+                w.unbind(m)
+        for m in todo:
+            if w.drivers.get(m) is None:
+                w.probe(m, want[m])
+        if not self.keep_override:
+            for m in todo:
+                w.override(m, None)
+        return w.out
+
+    def undo_commands(self, ctx: CommandContext) -> list[str]:
+        # Binder.restore's writes: what had no driver is unbound, the rest unbound and probed
+        # by name (the driver as override), then every override as it was
+        want = self._wanted(ctx)
+        after = {m: want[m] if self.keep_override and want[m] is not None else None for m in self.members}
+        w = _Writes({m: NATIVE if d is None else d for m, d in want.items()}, after)
+        prev = {m: self.from_drivers.get(m) for m in self.members}
+        for m, drv in prev.items():
+            if drv is None:
+                w.unbind(m)
+        moving = [m for m, drv in prev.items() if drv is not None and w.drivers[m] != drv]
+        for m in moving:
+            w.override(m, prev[m])
+            w.unbind(m)
+        for m in moving:
+            w.probe(m, prev[m])
+        for m in self.members:
+            w.override(m, ctx.override_of(m))
+        return w.out
 
     # -- expect, diff ---------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ from typing import Literal
 
 from gputopo.actions.base import ActionModel, DiffContext, Phase, Resource, RunningBefore, StepContext, World
 from gputopo.actions.dropin import load_dropin, record_service
+from gputopo.actions.shell import CommandContext, line
 from gputopo.model.state import ContainerState, CurrentState
 from gputopo.model.strict import Strict
 
@@ -56,6 +57,12 @@ class StopService(_ServiceStep):
     def undo(self, before: ServiceBefore, ctx: StepContext) -> str:
         return ""  # the final restart brings back every service that was active
 
+    def commands(self, ctx: CommandContext) -> list[str]:
+        return [line("pct", "exec", self.vmid, "--", "systemctl", "stop", self.unit)]
+
+    def undo_commands(self, ctx: CommandContext) -> list[str]:
+        return []  # as undo: the final restart starts it again
+
     def expect(self, world: World) -> None:
         ct = world.current.containers.get(self.vmid)
         if ct is not None and ct.service is not None:
@@ -75,6 +82,20 @@ class StartService(_ServiceStep):
 
     def do(self, ctx: StepContext) -> None:
         ctx.start_service(self.vmid, self.unit)
+
+    def commands(self, ctx: CommandContext) -> list[str]:
+        # apply queues the start (--no-block) and watches it under its own timeout; pasted,
+        # the start waits for it
+        return [
+            line("pct", "exec", self.vmid, "--", "systemctl", "daemon-reload"),
+            line("pct", "exec", self.vmid, "--", "systemctl", "start", self.unit),
+        ]
+
+    def undo_commands(self, ctx: CommandContext) -> list[str]:
+        ct = ctx.current.containers.get(self.vmid)
+        if ct is not None and ct.service is not None and ct.service.active:
+            return []  # as undo: it ran before, the final restart starts it again
+        return [line("pct", "exec", self.vmid, "--", "systemctl", "stop", self.unit)]
 
     def undo(self, before: ServiceBefore, ctx: StepContext) -> str:
         # a service that was stopped before it stops again; one that ran before the apply is

@@ -22,18 +22,14 @@ from gputopo.actions.base import (
     StepContext,
     World,
 )
-from gputopo.actions.guestconfig import ConfigBefore, GuestConfig
-from gputopo.formats.hostpci import hostpci_index, hostpci_keys, hostpci_number, is_hostpci_key, parse_hostpci
+from gputopo.actions.guestconfig import ConfigBefore, GuestConfig, restore_args, set_args
+from gputopo.actions.shell import CommandContext, line
+from gputopo.formats.hostpci import hostpci_index, hostpci_keys, hostpci_number
 from gputopo.model.state import GuestState
 
 
 def _summary(key: str, value: str) -> str:
-    if is_hostpci_key(key):
-        try:
-            props = parse_hostpci(value)
-        except Exception:
-            return f"{key}={value}"
-        return f"{key}={props.get('mapping') or props.get('host')}"
+    # the value really written (``hostpci1=mapping=pro6000-vm,pcie=1``), as ``qm set`` takes it
     return f"{key}={value}"
 
 
@@ -75,6 +71,18 @@ class UpdateVmConfig(ActionModel):
 
     def do(self, ctx: StepContext) -> None:
         GuestConfig.qemu(ctx.ports.proxmox, self.vmid).change(self.set, self.delete)
+
+    def commands(self, ctx: CommandContext) -> list[str]:
+        g = ctx.current.guests.get(self.vmid)
+        words = set_args(g.config if g is not None else {}, self.set, self.delete)
+        return [line("qm", "set", self.vmid) + " " + " ".join(words)] if words else []
+
+    def undo_commands(self, ctx: CommandContext) -> list[str]:
+        g = ctx.current.guests.get(self.vmid)
+        old = {k: v for k, v in (g.config if g is not None else {}).items() if k != "digest"}
+        now = {k: v for k, v in old.items() if k not in self.delete} | dict(self.set)
+        words = restore_args(old, now, set(self.set) | set(self.delete))
+        return [line("qm", "set", self.vmid) + " " + " ".join(words)] if words else []
 
     def undo(self, before: ConfigBefore, ctx: StepContext) -> str:
         if not GuestConfig.qemu(ctx.ports.proxmox, self.vmid).restore(

@@ -46,6 +46,41 @@ def print_plan(p, summary: dict[str, Any] | None, as_json: bool) -> None:
         sys.stdout.write(f"Summary: {summary['text']}\n")
 
 
+def print_commands(p, facts, current, root: str) -> None:
+    """A plan as the shell commands of its steps and of their undo
+    (:func:`gputopo.actions.script.script`), made from the ``facts`` and ``current`` state it was
+    planned from; a GPU function's native driver, a host file's mode and which of its directories
+    exist are read under ``root``."""
+    import os
+
+    from gputopo.actions.script import script
+    from gputopo.actions.shell import CommandContext
+    from gputopo.facts.modalias import native_driver
+    from gputopo.facts.pci import read_pci_function
+
+    def file_mode(path: str) -> int | None:
+        try:
+            return os.stat(os.path.join(root, path.lstrip("/"))).st_mode & 0o7777
+        except OSError:
+            return None
+
+    def absent_dirs(path: str) -> list[str]:
+        parts = path.strip("/").split("/")[:-1]
+        dirs = ["/".join(parts[:i]) for i in range(len(parts), 0, -1)]
+        return [d for d in dirs if not os.path.isdir(os.path.join(root, d))]
+
+    ctx = CommandContext(
+        facts,
+        current,
+        p.node,
+        native_driver=lambda address: native_driver(root, address),
+        file_mode=file_mode,
+        absent_dirs=absent_dirs,
+        read_override=lambda address: getattr(read_pci_function(root, address), "driver_override", None),
+    )
+    sys.stdout.write(script(p.actions, ctx).text(p.node))
+
+
 def read_saved_plan(path: str):
     """The saved plan in file ``path`` (``apply PLANFILE``, ``show PLANFILE``). Raises SpecError
     (exit 2) naming the file when it cannot be read or is not one, SavedPlanEdited (exit 2) when

@@ -103,13 +103,23 @@ def _apply_line(path: str, conn: Connection) -> str:
     "saved-plan); the state is read as apply reads it (--local unless --sim or --api-url).",
 )
 @click.option("--force", is_flag=True, help="With -o: replace an existing file.")
+@click.option(
+    "--commands",
+    "as_commands",
+    is_flag=True,
+    help="Instead of the plan, the shell commands of each step (pct, qm, pvesh, sysfs writes, "
+    "files) in apply's order, then those of its undo in a rollback's order: to paste on the node.",
+)
 @with_exit_codes("plan")
-def plan(conn: Connection, templates, as_json, svg, save_to, force, **quick):
+def plan(conn: Connection, templates, as_json, svg, save_to, force, as_commands, **quick):
     """Show the target state and the ordered actions ("No changes" when converged), then one
     line: how many rebinds, mapping changes and guest restarts, and the expected stop window.
     """
     from gputopo.cli.output import print_plan, refuse_existing
+    from gputopo.errors import ConfigError
 
+    if as_commands and as_json:
+        raise ConfigError("--commands and --json: choose one")
     if save_to:
         refuse_existing(Path(save_to), force)  # before anything is read: an answer in seconds
         conn = _saving_conn(conn)
@@ -123,6 +133,11 @@ def plan(conn: Connection, templates, as_json, svg, save_to, force, **quick):
         write_output(Path(svg), plan_svg(facts, current, p))
     if save_to:
         _save(save_to, force, conn, quick, spec, facts, p, current, summary)
+    if as_commands:
+        from gputopo.cli.output import print_commands
+
+        print_commands(p, facts, current, host_root(conn))
+        return
     print_plan(p, summary, as_json)
 
 

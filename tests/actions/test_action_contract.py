@@ -17,7 +17,11 @@ host in the state an apply leaves it right before that step (the plan's earlier 
 5. undo restores: the rollback of the journaled step (``undo`` from the journaled before-state,
    then the restart of what ran before, as :meth:`gputopo.apply.runner.Runner.backward` does)
    gives back the host of before ``do()``, and a second ``undo`` changes nothing; an undo that
-   changed something declares what it restores (``undo_restores()``, the rollback's order).
+   changed something declares what it restores (``undo_restores()``, the rollback's order);
+6. its commands (``plan --commands``): a kind defines ``commands`` and ``undo_commands`` of its
+   own, a step whose ``do()`` changed the host has commands, and they and the undo's are valid
+   shell (``bash -n``). That they reach what ``do()`` reaches is
+   ``tests/cli/test_plan_commands.py``'s, on whole plans.
 
 A kind registered without a case here fails its own parameter (and the coverage test).
 """
@@ -25,6 +29,7 @@ A kind registered without a case here fails its own parameter (and the coverage 
 from __future__ import annotations
 
 import os
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable
@@ -35,6 +40,7 @@ from typing import Any
 import pytest
 
 from gputopo.actions import ActionModel, World, action_kinds
+from gputopo.actions.shell import CommandContext
 from gputopo.apply import Progress, apply
 from gputopo.apply.journal import Begin, Done, Header, Journal, UndoDone
 from gputopo.apply.runner import Runner, running_before_of, step_context
@@ -135,6 +141,20 @@ def test_every_registered_kind_has_a_case():
 
 
 # --- hosts -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", sorted(action_kinds()))
+def test_every_kind_says_its_commands_and_their_undo(kind: str):
+    cls = action_kinds()[kind]
+    for name in ("commands", "undo_commands"):
+        assert getattr(cls, name) is not getattr(ActionModel, name), f"{kind} has no {name}() of its own"
+
+
+def _shell_ok(commands: list[str]) -> None:
+    """Assert ``commands`` parse as bash (``bash -n``), naming the first that does not."""
+    for c in commands:
+        res = subprocess.run(["bash", "-n"], input=c + "\n", capture_output=True, text=True)
+        assert res.returncode == 0, f"not valid shell: {c}\n{res.stderr}"
 
 
 @pytest.fixture(scope="module")
@@ -278,6 +298,11 @@ def test_action_contract(kind: str, case: Case | None, template, work: Path, req
         facts0, current0 = read_state(host, spec, ports)
         fp0 = host_view(host, ports)
 
+        # 6. its commands, from the same state
+        cctx = CommandContext(facts0, current0, host.node)
+        cmds, undo_cmds = a.commands(cctx), a.undo_commands(cctx)
+        _shell_ok(cmds + undo_cmds)
+
         # 2. the before-state survives the journal
         before = a.before(ctx)
         assert isinstance(before, a.Before), type(before)
@@ -290,6 +315,7 @@ def test_action_contract(kind: str, case: Case | None, template, work: Path, req
         a.do(ctx)
         fp1 = host_view(host, ports)
         assert applysim.diff(fp0, fp1), f"{text}: do() changed nothing on the host"
+        assert cmds, f"{text}: do() changed the host but commands() has nothing to run"
         facts1, current1 = read_state(host, spec, ports)
         a.do(ctx)
         unchanged(fp1, host_view(host, ports), f"{text}: a second do() changed the host")

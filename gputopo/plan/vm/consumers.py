@@ -155,11 +155,14 @@ def _consumer(
         return
     want: dict[str, str] = dict(hostpci)
     if n:
-        notes.insert(
-            0,
-            f"{', '.join(hostpci_keys(hostpci))}: mapping={target}; Proxmox gives "
-            "each line a free GPU of the mapping when the VM starts",
+        # the value each line really gets (pcie=1 and what else applies), not only the mapping
+        values = sorted(set(hostpci.values()))
+        lines = (
+            f"{', '.join(hostpci_keys(hostpci))}: {values[0]}"
+            if len(values) == 1
+            else ", ".join(f"{k}: {hostpci[k]}" for k in hostpci_keys(hostpci))
         )
+        notes.insert(0, f"{lines}; Proxmox gives each line a free GPU of mapping {target} when the VM starts")
     gpus = [gg for a in avail if (gg := facts.gpu(a)) is not None]
     # its own set (vms/sets.py) when it takes part of its mapping, its lines still name that
     # mapping and the set is all there
