@@ -80,7 +80,11 @@ def copyright_lines(dist: md.Distribution, texts: list[str]) -> list[str]:
     for field in ("Author-email", "Maintainer-email"):
         people += [name for name, _ in email.utils.getaddresses([meta.get(field) or ""])]
     people = [p.strip() for p in people if p and p.strip()]
-    return [f"the {meta['Name']} authors: {', '.join(dict.fromkeys(people))}" if people else f"the {meta['Name']} authors"]
+    return [
+        f"the {meta['Name']} authors: {', '.join(dict.fromkeys(people))}"
+        if people
+        else f"the {meta['Name']} authors"
+    ]
 
 
 def field(name: str, lines: list[str]) -> str:
@@ -96,12 +100,16 @@ def stanza(dist: md.Distribution, site: Path, installed: str) -> str:
     tops = sorted({f.parts[0] for f in dist.files or [] if f.parts and f.parts[0] != ".."})
     patterns = [f"{installed}/{t}/*" if (site / t).is_dir() else f"{installed}/{t}" for t in tops]
     licence_files = sorted(
-        p for f in dist.files or [] if (p := site / f).is_file() and re.search(r"\.dist-info/(licen[cs]es/|LICEN|COPYING)", str(f))
+        p
+        for f in dist.files or []
+        if (p := site / f).is_file() and re.search(r"\.dist-info/(licen[cs]es/|LICEN|COPYING)", str(f))
     )
     texts = [p.read_text(encoding="utf-8", errors="replace") for p in licence_files]
     licence = licence_name(dist, texts)
     if licence is None:
-        sys.exit(f"gen-copyright: error: {name} {version}: no licence in its metadata; name it in {Path(__file__).name}")
+        sys.exit(
+            f"gen-copyright: error: {name} {version}: no licence in its metadata; name it in {Path(__file__).name}"
+        )
     body = []
     for path, text in zip(licence_files, texts):
         common = common_licence(text)
