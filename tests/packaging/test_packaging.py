@@ -234,6 +234,92 @@ def test_the_bash_completion_script_completes_commands_and_options(tmp_path):
     ]
 
 
+# --- the package's copyright file, written from what it bundles -----------------------------------
+
+
+def fake_distribution(site: Path, name: str, metadata: str, files: dict[str, str]) -> None:
+    """A distribution installed in ``site`` as pip leaves one: its files, METADATA and RECORD."""
+    info = f"{name}-1.0.dist-info"
+    for rel, text in {
+        **files,
+        f"{info}/METADATA": f"Metadata-Version: 2.4\nName: {name}\nVersion: 1.0\n{metadata}",
+    }.items():
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_text(text)
+    (site / info / "RECORD").write_text(
+        "".join(f"{rel},,\n" for rel in [*files, f"{info}/METADATA", f"{info}/RECORD"])
+    )
+
+
+def run_gen_copyright(tmp_path: Path, site: Path) -> tuple[subprocess.CompletedProcess, Path]:
+    out = tmp_path / "copyright"
+    p = subprocess.run(
+        [
+            sys.executable,
+            str(PACKAGING / "gen-copyright.py"),
+            str(PACKAGING / "debian/copyright"),
+            str(site),
+            "usr/site",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    return p, out
+
+
+@needs_checkout
+def test_gen_copyright_writes_a_stanza_per_distribution_with_its_licence_text(tmp_path):
+    site = tmp_path / "site"
+    apache = "                                 Apache License\n                           Version 2.0, January 2004\n"
+    fake_distribution(
+        site,
+        "alpha",
+        "License-Expression: MIT OR Apache-2.0\n",
+        {
+            "alpha/__init__.py": "",
+            "alpha-1.0.dist-info/licenses/LICENSE": "Copyright (c) 2020 Ada\n\nPermission is hereby granted.\n",
+            "alpha-1.0.dist-info/licenses/LICENSE.APACHE": apache,
+        },
+    )
+    fake_distribution(site, "beta", "Author: Bo\nLicense: BSD-2-Clause\n", {"beta.py": ""})
+    p, out = run_gen_copyright(tmp_path, site)
+    assert p.returncode == 0, p.stderr
+    stanzas = out.read_text().split("\n\n")
+    (alpha,) = [
+        s for s in stanzas if s.startswith("Files: usr/site/alpha/* usr/site/alpha-1.0.dist-info/*\n")
+    ]
+    assert alpha.splitlines() == [
+        "Files: usr/site/alpha/* usr/site/alpha-1.0.dist-info/*",
+        "Copyright: Copyright (c) 2020 Ada",
+        "License: MIT or Apache-2.0",
+        " alpha-1.0.dist-info/licenses/LICENSE:",
+        " .",
+        " Copyright (c) 2020 Ada",
+        " .",
+        " Permission is hereby granted.",
+        " .",
+        " alpha-1.0.dist-info/licenses/LICENSE.APACHE:",
+        " On Debian systems the complete text is in /usr/share/common-licenses/Apache-2.0.",
+        "Comment: alpha 1.0, as published on PyPI.",
+    ]
+    (beta,) = [s for s in stanzas if s.startswith("Files: usr/site/beta-1.0.dist-info/* usr/site/beta.py\n")]
+    assert "Copyright: the beta authors: Bo\nLicense: BSD-2-Clause\n" in beta
+    assert "@BUNDLED@" not in out.read_text()
+
+
+@needs_checkout
+def test_gen_copyright_stops_at_a_distribution_without_a_licence(tmp_path):
+    site = tmp_path / "site"
+    fake_distribution(site, "gamma", "Classifier: Programming Language :: Python\n", {"gamma.py": ""})
+    p, out = run_gen_copyright(tmp_path, site)
+    assert p.returncode == 1 and not out.exists()
+    assert (
+        p.stderr.strip()
+        == "gen-copyright: error: gamma 1.0: no licence in its metadata; name it in gen-copyright.py"
+    )
+
+
 # --- the node packages ---------------------------------------------------------------------------
 
 
