@@ -5,8 +5,9 @@
 #
 # writes OUTDIR/gputopo_<version>_<release>_amd64.deb (OUTDIR defaults to dist/). bookworm is
 # Debian 12 (Proxmox VE 8, Python 3.11), trixie is Debian 13 (Proxmox VE 9, Python 3.13); either
-# builds on any Linux machine with python3 (>= 3.11, with venv and pip), dpkg-deb and access to
-# PyPI. No root is needed and nothing outside OUTDIR and a temporary directory is written.
+# builds on any Linux machine with python3 (>= 3.11, with venv and pip), dpkg-deb, strip (binutils)
+# and access to PyPI. No root is needed and nothing outside OUTDIR and a temporary directory is
+# written.
 #
 # The package is a private virtual environment under /usr/lib/gputopo holding gputopo's wheel and
 # the wheels of everything it needs (the [sim] extra included), fetched here for the release's
