@@ -234,6 +234,92 @@ def test_the_bash_completion_script_completes_commands_and_options(tmp_path):
     ]
 
 
+# --- the package's copyright file, written from what it bundles -----------------------------------
+
+
+def fake_distribution(site: Path, name: str, metadata: str, files: dict[str, str]) -> None:
+    """A distribution installed in ``site`` as pip leaves one: its files, METADATA and RECORD."""
+    info = f"{name}-1.0.dist-info"
+    for rel, text in {
+        **files,
+        f"{info}/METADATA": f"Metadata-Version: 2.4\nName: {name}\nVersion: 1.0\n{metadata}",
+    }.items():
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_text(text)
+    (site / info / "RECORD").write_text(
+        "".join(f"{rel},,\n" for rel in [*files, f"{info}/METADATA", f"{info}/RECORD"])
+    )
+
+
+def run_gen_copyright(tmp_path: Path, site: Path) -> tuple[subprocess.CompletedProcess, Path]:
+    out = tmp_path / "copyright"
+    p = subprocess.run(
+        [
+            sys.executable,
+            str(PACKAGING / "gen-copyright.py"),
+            str(PACKAGING / "debian/copyright"),
+            str(site),
+            "usr/site",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    return p, out
+
+
+@needs_checkout
+def test_gen_copyright_writes_a_stanza_per_distribution_with_its_licence_text(tmp_path):
+    site = tmp_path / "site"
+    apache = "                                 Apache License\n                           Version 2.0, January 2004\n"
+    fake_distribution(
+        site,
+        "alpha",
+        "License-Expression: MIT OR Apache-2.0\n",
+        {
+            "alpha/__init__.py": "",
+            "alpha-1.0.dist-info/licenses/LICENSE": "Copyright (c) 2020 Ada\n\nPermission is hereby granted.\n",
+            "alpha-1.0.dist-info/licenses/LICENSE.APACHE": apache,
+        },
+    )
+    fake_distribution(site, "beta", "Author: Bo\nLicense: BSD-2-Clause\n", {"beta.py": ""})
+    p, out = run_gen_copyright(tmp_path, site)
+    assert p.returncode == 0, p.stderr
+    stanzas = out.read_text().split("\n\n")
+    (alpha,) = [
+        s for s in stanzas if s.startswith("Files: usr/site/alpha/* usr/site/alpha-1.0.dist-info/*\n")
+    ]
+    assert alpha.splitlines() == [
+        "Files: usr/site/alpha/* usr/site/alpha-1.0.dist-info/*",
+        "Copyright: Copyright (c) 2020 Ada",
+        "License: MIT or Apache-2.0",
+        " alpha-1.0.dist-info/licenses/LICENSE:",
+        " .",
+        " Copyright (c) 2020 Ada",
+        " .",
+        " Permission is hereby granted.",
+        " .",
+        " alpha-1.0.dist-info/licenses/LICENSE.APACHE:",
+        " On Debian systems the complete text is in /usr/share/common-licenses/Apache-2.0.",
+        "Comment: alpha 1.0, as published on PyPI.",
+    ]
+    (beta,) = [s for s in stanzas if s.startswith("Files: usr/site/beta-1.0.dist-info/* usr/site/beta.py\n")]
+    assert "Copyright: the beta authors: Bo\nLicense: BSD-2-Clause\n" in beta
+    assert "@BUNDLED@" not in out.read_text()
+
+
+@needs_checkout
+def test_gen_copyright_stops_at_a_distribution_without_a_licence(tmp_path):
+    site = tmp_path / "site"
+    fake_distribution(site, "gamma", "Classifier: Programming Language :: Python\n", {"gamma.py": ""})
+    p, out = run_gen_copyright(tmp_path, site)
+    assert p.returncode == 1 and not out.exists()
+    assert (
+        p.stderr.strip()
+        == "gen-copyright: error: gamma 1.0: no licence in its metadata; name it in gen-copyright.py"
+    )
+
+
 # --- the node packages ---------------------------------------------------------------------------
 
 
@@ -283,8 +369,9 @@ def test_deb_is_a_venv_for_the_releases_python(debs, tmp_path, release):
     assert f"python{py}" in [d.strip().split()[0] for d in control["Depends"].split(",")]
     assert debs[release].name == f"gputopo_{gputopo.__version__}_{release}_amd64.deb"
     venv = tmp_path / "usr/lib/gputopo"
-    assert os.readlink(tmp_path / "usr/bin/gputopo") == "/usr/lib/gputopo/bin/gputopo"
-    assert os.readlink(venv / "bin/python3") == f"/usr/bin/python{py}"
+    # relative symlinks within /usr (Debian policy 10.5)
+    assert os.readlink(tmp_path / "usr/bin/gputopo") == "../lib/gputopo/bin/gputopo"
+    assert os.readlink(venv / "bin/python3") == f"../../../bin/python{py}"
     assert (venv / "bin/gputopo").read_text().startswith("#!/usr/lib/gputopo/bin/python3 -I\n")
     cfg = dict(line.split(" = ", 1) for line in (venv / "pyvenv.cfg").read_text().splitlines())
     assert cfg["home"] == "/usr/bin" and cfg["include-system-site-packages"] == "false"
@@ -373,15 +460,243 @@ def test_deb_holds_everything_gputopo_needs_on_the_releases_python(debs, tmp_pat
     )
 
 
+def control_files(deb: Path) -> dict[str, str]:
+    p = subprocess.run(["dpkg-deb", "--ctrl-tarfile", str(deb)], check=True, capture_output=True)
+    with tarfile.open(fileobj=io.BytesIO(p.stdout)) as t:
+        return {
+            m.name.removeprefix("./"): t.extractfile(m).read().decode() for m in t.getmembers() if m.isfile()
+        }
+
+
 @pytest.mark.deb
 @needs_checkout
 def test_deb_maintainer_scripts_are_plain_sh(debs):
-    p = subprocess.run(["dpkg-deb", "--ctrl-tarfile", str(debs["bookworm"])], check=True, capture_output=True)
-    with tarfile.open(fileobj=io.BytesIO(p.stdout)) as t:
-        scripts = {
-            m.name.removeprefix("./"): t.extractfile(m).read().decode() for m in t.getmembers() if m.isfile()
-        }
-    assert set(scripts) == {"control", "postinst", "prerm"}
+    scripts = control_files(debs["bookworm"])
+    assert set(scripts) == {"control", "md5sums", "postinst", "prerm"}
     for name in ("postinst", "prerm"):
         assert scripts[name].startswith("#!/bin/sh\n")
         subprocess.run(["sh", "-n"], input=scripts[name], text=True, check=True)
+
+
+# --- lintian-clean: changelog, copyright, stripped modules, md5sums, Installed-Size ----------------
+
+
+@pytest.mark.deb
+@pytest.mark.slow
+@needs_checkout
+@pytest.mark.parametrize("release", sorted(RELEASES))
+def test_deb_is_lintian_clean(debs, release):
+    """No error or warning from lintian but those packaging/debian/lintian-overrides overrides,
+    each override under its reason, and none of them stale."""
+    if shutil.which("lintian") is None:
+        pytest.skip("lintian is not installed (apt-get install lintian; .ci/run installs it)")
+    p = subprocess.run(
+        [
+            "lintian",
+            "--fail-on",
+            "error,warning",
+            "--display-info",
+            "--tag-display-limit",
+            "0",
+            str(debs[release]),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    tags = p.stdout.splitlines()
+    assert p.returncode == 0 and not [t for t in tags if t[:2] in ("E:", "W:")], p.stdout + p.stderr
+    stale = [t for t in tags if "unused-override" in t or "mismatched-override" in t]
+    assert not stale, stale
+    overrides = subprocess.run(
+        ["dpkg-deb", "--fsys-tarfile", str(debs[release])], check=True, capture_output=True
+    ).stdout
+    with tarfile.open(fileobj=io.BytesIO(overrides)) as t:
+        lines = t.extractfile("./usr/share/lintian/overrides/gputopo").read().decode().splitlines()
+    tagged = [i for i, line in enumerate(lines) if line.startswith("gputopo: ")]
+    assert tagged and all(lines[i - 1].startswith("# ") for i in tagged), "an override without its reason"
+
+
+@pytest.mark.deb
+@needs_checkout
+@pytest.mark.parametrize("release", sorted(RELEASES))
+def test_deb_changelog_is_the_sources_under_an_entry_for_this_build(debs, tmp_path, release):
+    import gzip
+
+    control = unpack(debs[release], tmp_path)
+    path = tmp_path / "usr/share/doc/gputopo/changelog.Debian.gz"
+    text = gzip.decompress(path.read_bytes()).decode()
+    first, _, rest = text.partition("\n\n -- ")
+    assert first.splitlines()[0] == f"gputopo ({control['Version']}) {release}; urgency=medium"
+    assert rest.split("\n\n", 1)[1] == (PACKAGING / "debian/changelog").read_text()
+    if shutil.which("dpkg-parsechangelog"):
+        p = subprocess.run(
+            ["dpkg-parsechangelog", "-l", "-", "-S", "Version"], input=text, capture_output=True, text=True
+        )
+        assert (p.returncode, p.stdout.strip()) == (0, control["Version"]), p.stderr
+
+
+def deb822(text: str) -> list[dict[str, str]]:
+    """Paragraphs of a deb822 file (DEP-5 copyright): field -> value, continuation lines joined."""
+    paragraphs = []
+    for block in text.strip("\n").split("\n\n"):
+        fields, key = {}, None
+        for line in block.splitlines():
+            if line[:1] == " " and key:
+                fields[key] += "\n" + line[1:]
+            else:
+                key, _, value = line.partition(":")
+                fields[key] = value.strip()
+        paragraphs.append(fields)
+    return paragraphs
+
+
+@pytest.mark.deb
+@needs_checkout
+@pytest.mark.parametrize("release", sorted(RELEASES))
+def test_deb_copyright_names_each_bundled_distribution_and_its_licence(debs, tmp_path, release):
+    """Every file of the private environment falls (DEP-5: the last matching Files stanza) under its
+    own distribution's stanza, which names that distribution's licence from its metadata, its
+    copyright holders and carries its licence files' text (or Debian's common-licenses copy);
+    gputopo's own files fall under an MIT stanza."""
+    import fnmatch
+    import importlib.metadata as md
+
+    py = RELEASES[release]
+    unpack(debs[release], tmp_path)
+    header, *paragraphs = deb822((tmp_path / "usr/share/doc/gputopo/copyright").read_text())
+    assert header["Format"] == "https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/"
+    files = [p for p in paragraphs if "Files" in p]
+    standalone = {p["License"].partition("\n")[0] for p in paragraphs if "Files" not in p}
+    site_rel = f"usr/lib/gputopo/lib/python{py}/site-packages"
+
+    def stanza_of(path: str) -> dict[str, str]:
+        return [p for p in files if any(fnmatch.fnmatchcase(path, g) for g in p["Files"].split())][-1]
+
+    wrong = []
+    for dist in md.distributions(path=[str(tmp_path / site_rel)]):
+        name, version = dist.metadata["Name"], dist.version
+        for f in dist.files or []:
+            if not (tmp_path / site_rel / f).is_file() or "__pycache__" in f.parts:
+                continue
+            stanza = stanza_of(f"{site_rel}/{f}")
+            if name == "gputopo":
+                if "_data/fixtures/" not in str(f) and stanza["Files"] != "*":
+                    wrong.append(f"{f}: {stanza['Files']}")
+                continue
+            if not stanza.get("Comment", "").startswith(f"{name} {version},"):
+                wrong.append(f"{f} ({name}) falls under {stanza.get('Comment')!r}")
+        if name == "gputopo":
+            continue
+        metadata = next(
+            f for f in dist.files if f.name == "METADATA" and f.parent.name.endswith(".dist-info")
+        )
+        stanza = stanza_of(f"{site_rel}/{metadata}")  # its own dist-info
+        licence, _, text = stanza["License"].partition("\n")
+        expression = dist.metadata.get("License-Expression")
+        if expression:
+            assert licence.lower() == expression.lower().replace("-or-later", "+"), (name, licence)
+        assert licence and stanza["Copyright"].strip(), name
+        for lf in dist.metadata.get_all("License-File") or []:
+            body = next(p for p in dist.files if p.name == Path(lf).name and ".dist-info" in str(p))
+            first = next(
+                line.strip() for line in (tmp_path / site_rel / body).read_text().splitlines() if line.strip()
+            )
+            assert first in text or "/usr/share/common-licenses/" in text, (name, lf)
+    assert not wrong, wrong[:10]
+    for p in files:  # a short name alone is defined by a stand-alone License paragraph
+        if "\n" not in p["License"]:
+            assert p["License"] in standalone or "/usr/share/common-licenses/" in p["License"], p["Files"]
+    assert stanza_of(f"{site_rel}/gputopo/cli/__init__.py")["License"] == "MIT" and "MIT" in standalone
+
+
+@pytest.mark.deb
+@needs_checkout
+@pytest.mark.parametrize("release", sorted(RELEASES))
+def test_deb_extension_modules_are_stripped_and_record_and_md5sums_match(debs, tmp_path, release):
+    import base64
+    import csv
+    import hashlib
+
+    py = RELEASES[release]
+    unpack(debs[release], tmp_path)
+    site = tmp_path / f"usr/lib/gputopo/lib/python{py}/site-packages"
+    modules = sorted(site.rglob("*.so"))
+    assert modules
+    if shutil.which("readelf"):
+        for so in modules:
+            sections = subprocess.run(
+                ["readelf", "-S", "-W", str(so)], check=True, capture_output=True, text=True
+            )
+            assert ".symtab" not in sections.stdout and ".debug_" not in sections.stdout, so.name
+    mismatched = []
+    for record in site.glob("*.dist-info/RECORD"):
+        for row in csv.reader(record.read_text().splitlines()):
+            if row[1] and (site / row[0]).is_file():  # not the console scripts the build drops
+                data = (site / row[0]).read_bytes()
+                digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+                if row[1:] != [f"sha256={digest}", str(len(data))]:
+                    mismatched.append(row[0])
+    assert not mismatched, mismatched
+    sums = dict(
+        reversed(line.split("  ", 1)) for line in control_files(debs[release])["md5sums"].splitlines()
+    )
+    shipped = {
+        str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file() and not p.is_symlink()
+    }
+    assert set(sums) == shipped
+    assert all(hashlib.md5((tmp_path / p).read_bytes()).hexdigest() == s for p, s in sums.items())
+
+
+def release_python(py: str) -> str | None:
+    """The release's interpreter (python3.X) if one runs here, else None."""
+    found = shutil.which(f"python{py}")
+    if found is None:
+        return None
+    p = subprocess.run(
+        [found, "-c", "import sys; print(*sys.version_info[:2], sep='.')"], capture_output=True, text=True
+    )
+    return found if p.returncode == 0 and p.stdout.strip() == py else None
+
+
+@pytest.mark.deb
+@pytest.mark.slow
+@needs_checkout
+@pytest.mark.parametrize("release", sorted(RELEASES))
+def test_deb_installed_size_counts_the_bytecode_postinst_compiles(debs, tmp_path, release):
+    """Installed-Size against the package's files (from its data tarball, in KiB as dpkg-gencontrol
+    counts: each file and symlink rounded up, anything else 1) plus the bytecode postinst makes,
+    compiled here by the release's Python as postinst runs it. Within 3 %: a package built where
+    the release's python3.X is missing counts the build's Python's bytecode instead (3.11's is
+    6.6 % larger than 3.13's, 2 % of the whole), while leaving the bytecode out is 29 % short."""
+    py = RELEASES[release]
+    python = release_python(py)
+    if python is None:
+        pytest.skip(f"no python{py} here to compile the bytecode (test-deb.sh checks it on the release)")
+    deb = debs[release]
+    declared = int(unpack(deb, tmp_path)["Installed-Size"])
+    tar = subprocess.run(["dpkg-deb", "--fsys-tarfile", str(deb)], check=True, capture_output=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(tar)) as t:
+        members = t.getmembers()
+    files = sum(
+        -(-m.size // 1024) if m.isfile() else -(-len(m.linkname) // 1024) if m.issym() else 1 for m in members
+    )
+    subprocess.run(
+        [
+            python,
+            "-I",
+            "-m",
+            "compileall",
+            "-q",
+            "-d",
+            "/usr/lib/gputopo/lib",
+            str(tmp_path / "usr/lib/gputopo/lib"),
+        ],
+        capture_output=True,
+        timeout=600,
+    )
+    cached = [p for p in tmp_path.rglob("*") if "__pycache__" in p.parts]
+    bytecode = sum(-(-p.stat().st_size // 1024) if p.is_file() else 1 for p in cached)
+    assert bytecode > 0.2 * files  # the compile did happen
+    real = files + bytecode
+    assert abs(declared - real) <= 0.03 * real, (declared, files, bytecode)
