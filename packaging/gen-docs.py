@@ -58,7 +58,19 @@ def write_man_pages(target: Path) -> list[Path]:
 
     target.mkdir(parents=True, exist_ok=True)
     click_man_pages("gputopo", loaded_cli(), version=__version__, target_dir=str(target))
-    return sorted(target.glob("gputopo*.1"))
+    pages = sorted(target.glob("gputopo*.1"))
+    for page in pages:
+        page.write_text(_text_lines_escaped(page.read_text()))
+    return pages
+
+
+def _text_lines_escaped(page: str) -> str:
+    """A help text line that starts with ``'`` (``'pct start' or ...``) is a control line to
+    groff, which warns of an undefined macro and drops the line (groff(7): a line beginning with
+    the control character ``.`` or the no-break control character ``'``). click-man writes its
+    own macros with ``.`` only, so every line starting with ``'`` is text: the zero-width
+    ``\\&`` in front makes it one."""
+    return "".join("\\&" + ln if ln.startswith("'") else ln for ln in page.splitlines(keepends=True))
 
 
 def bash_completion() -> str:
