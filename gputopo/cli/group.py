@@ -74,6 +74,10 @@ class LazyGroup(click.Group):
 def cli(ctx: click.Context, debug: bool) -> None:
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug
+    if debug:  # what the library says at debug level (no udev here, ...) goes to stderr
+        import logging
+
+        logging.basicConfig(level=logging.DEBUG, format="gputopo: debug: %(message)s")
 
 
 def _usage_line(e: click.UsageError) -> str:
