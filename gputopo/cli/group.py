@@ -74,10 +74,13 @@ class LazyGroup(click.Group):
 def cli(ctx: click.Context, debug: bool) -> None:
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug
-    if debug:  # what the library says at debug level (no udev here, ...) goes to stderr
+    if debug:  # what gputopo's modules say at debug level (no udev here, ...) goes to stderr
         import logging
 
-        logging.basicConfig(level=logging.DEBUG, format="gputopo: debug: %(message)s")
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("gputopo: debug: %(message)s"))
+        logging.getLogger("gputopo").addHandler(handler)
+        logging.getLogger("gputopo").setLevel(logging.DEBUG)
 
 
 def _usage_line(e: click.UsageError) -> str:

@@ -23,7 +23,7 @@ def _data(guest) -> dict:
     d = guest.data("udev")
     if "unavailable" in d:
         guest.unavailable(d["unavailable"])
-    assert d["unavailable"] is None, d["unavailable"]  # udevd ran: gputopo hears it
+    assert d["no_udev"] is None, d["no_udev"]  # udevd ran: gputopo hears it
     return d
 
 
@@ -41,6 +41,11 @@ def _timeline(step: dict, names: list[str]) -> list[str]:
                     f"{e['t'] - t0:8.3f}  {src:6} seq {e['seqnum']} {e['action']} {e['subsystem']} {e['name']}"
                     + (f" DRIVER={e['driver']}" if e["driver"] else "")
                 )
+    for e in step.get("waited") or []:
+        if e["name"] in names:
+            rows.append(
+                f"{e['t'] - t0:8.3f}  wait   seq {e['seqnum']} {e['action']} {e['subsystem']} {e['name']}"
+            )
     for what, t in step["stamps"].items():
         if t is not None:
             rows.append(f"{t - t0:8.3f}  rule program ended ({what})")
@@ -51,7 +56,7 @@ def _timeline(step: dict, names: list[str]) -> list[str]:
 def test_monitor_hears_the_kernels_unbind_and_bind_and_udevs_after_its_rules(guest):
     d = _data(guest)
     gpu, group = d["gpu"], d["group"]
-    step = d["steps"]["plain_to_vfio"]
+    step = d["steps"]["wait_to_vfio"]
     print("\n".join(_timeline(step, [gpu, group])))
     kernel, udev = step["kernel"], step["udev"]
     # the kernel's own events, as pyudev's kernel monitor heard them: unbind from the native
@@ -81,25 +86,28 @@ def test_the_wait_ends_on_udevs_event_for_the_device_not_before_nor_at_the_timeo
     assert step["error"] is None, step["error"]
     want = "vfio-pci" if name == "wait_to_vfio" else d["natives"][gpu]
     assert step["drivers"][gpu] == want
-    binds = [e for e in _of(step["udev"], gpu, "bind") if e["driver"] == want]
-    assert len(binds) == 1, step["udev"]
+    # what the wait itself received: events after the kernel's seqnum at its start only
+    waited = step["waited"]
+    assert waited and all(e["seqnum"] > e["after"] for e in waited), waited
+    binds = [e for e in _of(waited, gpu, "bind") if e["driver"] == want]
+    assert len(binds) == 1, waited
     awaited = [binds[0]]
     if name == "wait_to_vfio":
-        adds = _of(step["udev"], group, "add")
-        assert adds, step["udev"]
+        adds = _of(waited, group, "add")
+        assert adds, waited
         awaited.append(adds[0])
         assert step["vfio_modes"][group] == "0o666", "udev's mode for the group node was not in place"
-        assert (
-            step["stamps"]["group_add"] is not None and step["stamps"]["group_add"] <= step["returned"] + 0.01
-        )
-    # udev's rules for the GPU's bind had run when the move returned
-    assert step["stamps"]["gpu_bind"] is not None, "the move returned before the bind rule's program ended"
-    assert step["stamps"]["gpu_bind"] <= step["returned"] + 0.01
+        assert step["stamps"]["group_add"] is not None
+        assert adds[0]["t"] >= step["stamps"]["group_add"] - 0.01  # /proc/uptime counts in 10 ms
+    # udev broadcast the bind after its rule's program ended, and the move returned after that
+    ended = step["stamps"]["gpu_bind"]
+    assert ended is not None, "the move returned before the bind rule's program ended"
+    assert binds[0]["t"] >= ended - 0.01
     last = max(e["t"] for e in awaited)
-    assert step["returned"] >= last, "returned before udev broadcast the event"
+    assert step["returned"] >= last
     took = step["returned"] - step["started"]
     assert took >= d["rule_s"] * 0.9, took
-    assert step["returned"] - last < 1.0, "did not end on udev's event"
+    assert step["returned"] - last < 0.5, "the wait did not end on udev's event"
     assert took < d["timeout"] / 2, f"waited {took:.2f} s of the {d['timeout']} s timeout"
 
 
@@ -130,8 +138,10 @@ def test_names_come_from_each_devices_udev_entry_through_the_public_api(guest):
     table = guest.data("discover")["table"]
     e1000 = [a for a, t in table.items() if (t["vendor"], t["device"]) == ("0x8086", "0x100e")]
     assert len(e1000) == 2
+    # the device's own entry: the hwdb's name for its ids, refined by its subsystem's where the
+    # hwdb has one ("... (QEMU Virtual Machine)")
     want = _hwdb("pci:v00008086d0000100E") or "82540EM Gigabit Ethernet Controller"
-    assert {names.get(a) for a in e1000} == {want}
+    assert len({names.get(a) for a in e1000}) == 1 and names[e1000[0]].startswith(want), names
     # a device udev had never processed has no entry, so no name, before the coldplug
     fresh = [a for a in names if a not in d["entries_before_udev"]]
     assert fresh and not set(fresh) & set(d["names_before_udev"])

@@ -121,9 +121,44 @@ class UdevSession:
             os.unlink(RULE_PATH)
 
 
+class WaitLog:
+    """Wraps gputopo's UdevEvents: every event its listeners hand the wait, with the time the
+    wait received it (what the wait itself saw, beside the independent :class:`Recorder`)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.received: list[dict] = []
+
+    def listen(self):
+        lst = self.inner.listen()
+        if lst is None:
+            return None
+        log = self.received
+
+        class Logged:
+            seqnum = lst.seqnum
+
+            def receive(self, timeout):
+                ev = lst.receive(timeout)
+                if ev is not None:
+                    log.append(
+                        {"t": now(), "action": ev.action, "subsystem": ev.subsystem, "name": ev.name}
+                        | {"seqnum": ev.seqnum, "driver": ev.driver, "after": lst.seqnum}
+                    )
+                return ev
+
+            def close(self):
+                lst.close()
+
+        return Logged()
+
+
 def timed_move(binder, members: list[str], to_driver: str | None, natives=None) -> dict:
     """One ``move_group`` with the kernel's and udev's events recorded around it."""
     kernel, udev = Recorder("kernel"), Recorder("udev")
+    waited = getattr(binder.events, "received", None)
+    if waited is not None:
+        waited.clear()
     t0 = now()
     err = None
     try:
@@ -146,6 +181,7 @@ def timed_move(binder, members: list[str], to_driver: str | None, natives=None) 
         "drivers": {m: _driver(m) for m in members},
         "kernel": kernel.close(),
         "udev": udev.close(),
+        "waited": list(waited) if waited is not None else None,
     }
 
 
@@ -207,10 +243,10 @@ def check_udev(tools, gpu: str, audio: str, group: str) -> dict:
     obs["natives"] = natives
     with UdevSession(tools, rule(gpu)):
         events = UdevEvents("/")
-        obs["unavailable"] = events.unavailable()
+        obs["no_udev"] = events.unavailable()  # None: gputopo hears udev here
         obs["names"] = udev_names(addrs)
         obs["udevadm_names"] = _udevadm_models(tools, addrs)
-        waiting = Binder(RealSysfs("/"), "/", TIMEOUT, events=events)
+        waiting = Binder(RealSysfs("/"), "/", TIMEOUT, events=WaitLog(events))
         plain = Binder(RealSysfs("/"), "/", TIMEOUT)
         steps = {}
         for name, b, to in (
