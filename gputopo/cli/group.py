@@ -8,6 +8,7 @@ their code; ``--debug`` keeps the traceback.
 from __future__ import annotations
 
 import importlib
+import logging
 import sys
 
 import click
@@ -75,12 +76,17 @@ def cli(ctx: click.Context, debug: bool) -> None:
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug
     if debug:  # what gputopo's modules say at debug level (no udev here, ...) goes to stderr
-        import logging
+        log = logging.getLogger("gputopo")
+        if not any(isinstance(h, _DebugLines) for h in log.handlers):
+            log.addHandler(_DebugLines())
+        log.setLevel(logging.DEBUG)
 
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("gputopo: debug: %(message)s"))
-        logging.getLogger("gputopo").addHandler(handler)
-        logging.getLogger("gputopo").setLevel(logging.DEBUG)
+
+class _DebugLines(logging.Handler):
+    """``--debug``: each debug line of gputopo's modules on stderr, as ``gputopo: debug: ...``."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        click.echo(f"gputopo: debug: {record.getMessage()}", err=True)
 
 
 def _usage_line(e: click.UsageError) -> str:

@@ -79,3 +79,20 @@ def test_udev_late_with_a_gpus_bind_fails_its_rebind_by_name_and_rolls_back(host
     assert "\n" not in text and f"bind of {first.address}" in text and "udev did not process" in text, text
     assert e.value.rolled_back and e.value.exit_code == 1, text
     assert applysim.diff(before, applysim.fingerprint(host)) == []
+
+
+def test_on_a_host_without_udev_apply_says_so_once_under_debug(host, tmp_path, capsys):
+    from gputopo.adapters import udev
+    from helpers.cli import run
+
+    udev._said.clear()
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(applysim.seed_spec_text(host))
+    argv = ["--debug", "apply", "--sim", str(host.dir), "--spec", str(spec), "--yes", "--no-verify"]
+    code, _, err = run(capsys, *argv)
+    assert code == 0, err
+    said = [l for l in err.splitlines() if l.startswith("gputopo: debug: ")]
+    assert said == [
+        "gputopo: debug: no udev events port (a simulated host, or a root that is not /): "
+        "moves do not wait for udev"
+    ], err
