@@ -470,7 +470,10 @@ def check_persistence(out: str) -> dict:
 def check_udev(out: str) -> dict:
     """udev's side of a driver change with Debian's systemd-udevd (guest/udevwait.py): what
     pyudev.Monitor hears, gputopo's wait ending on udev's event, names from udev's database.
-    Runs after ``persistence`` (which stops its udevd) and starts its own."""
+    Runs after ``persistence`` (which stops its udevd) and starts its own.
+
+    A ``watch --follow`` check goes beside this one: its hook (``UdevSession``,
+    ``timed_move``) is described in guest/udevwait.py's docstring."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import persistence
     import udevwait
