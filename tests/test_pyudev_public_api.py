@@ -14,10 +14,10 @@ PRIVATE_TEXT = re.compile(r"\bpyudev\._|\bctx\._")
 
 
 def private_uses(source: str) -> list[str]:
-    """Where ``source`` reaches into pyudev's internals: an import of a private module
-    (``pyudev._util``), a private attribute of a name bound to pyudev or to one of its names
-    (``pyudev._x``, ``Context()._libudev`` through a variable), any ``_libudev``, and the text
-    ``pyudev._`` or ``ctx._``. Returns one line per use."""
+    """Where ``source`` reaches into pyudev's internals: an import of a private module of
+    pyudev's, a private attribute of a name bound to pyudev or to one of its names (the module,
+    a Context through a variable), any ``_libudev``, and the text of :data:`PRIVATE_TEXT`.
+    Returns one line per use."""
     tree = ast.parse(source)
     bound: set[str] = set()
     found: list[str] = []
@@ -53,10 +53,11 @@ def private_uses(source: str) -> list[str]:
 
 
 def test_the_checker_finds_what_the_old_name_lookup_did():
+    dot_ = "._"  # spelled apart, so that a grep of the tree finds no private use here either
     old = (
-        "import pyudev\nfrom pyudev._util import udev_list_iterate\n"
-        "ctx = pyudev.Context()\nlib = ctx._libudev\nhwdb = lib.udev_hwdb_new(ctx)\n"
-        "context = pyudev.Context()\nx = context._libudev\nimport pyudev as pu\ny = pu._os\n"
+        f"import pyudev\nfrom pyudev{dot_}util import udev_list_iterate\n"
+        f"ctx = pyudev.Context()\nlib = ctx{dot_}libudev\nhwdb = lib.udev_hwdb_new(ctx)\n"
+        f"context = pyudev.Context()\nx = context{dot_}libudev\nimport pyudev as pu\ny = pu{dot_}os\n"
     )
     found = private_uses(old)
     assert sorted({int(f.split(":")[0].split()[1]) for f in found}) == [2, 4, 7, 9], found
@@ -65,11 +66,26 @@ def test_the_checker_finds_what_the_old_name_lookup_did():
 
 
 def test_no_private_pyudev_anywhere_in_the_package():
-    # only a module that names pyudev, libudev or ``ctx._`` can reach into pyudev
+    # only a module that names pyudev or libudev, or holds PRIVATE_TEXT, can reach into pyudev
     texts = {p: p.read_text() for p in sorted(PACKAGE.rglob("*.py"))}
     suspects = {p: t for p, t in texts.items() if "udev" in t or PRIVATE_TEXT.search(t)}
     assert any("import pyudev" in t for t in suspects.values()), "the scan misses the modules using pyudev"
     found = {
         str(p.relative_to(PACKAGE.parent)): uses for p, t in suspects.items() if (uses := private_uses(t))
+    }
+    assert found == {}
+
+
+def test_no_private_pyudev_in_the_tests_and_benchmarks_either():
+    here = Path(__file__).resolve()
+    tests = here.parent  # the checkout's tests/, wherever the package under test is installed
+    files = [*sorted(tests.rglob("*.py")), *sorted((tests.parent / "benchmarks").rglob("*.py"))]
+    assert here in files
+    found = {
+        str(p.relative_to(PACKAGE.parent)): uses
+        for p in files
+        if p != here
+        and ("udev" in (t := p.read_text()) or PRIVATE_TEXT.search(t))
+        and (uses := private_uses(t))
     }
     assert found == {}

@@ -92,7 +92,14 @@ class MonitorListener:
         self.seqnum = seqnum
 
     def receive(self, timeout: float) -> DeviceEvent | None:
-        device = self.monitor.poll(timeout=max(0.0, timeout))
+        start = time.monotonic()
+        try:
+            device = self.monitor.poll(timeout=max(0.0, timeout))
+        except OSError:
+            # the socket overflowed (ENOBUFS: events were dropped) or broke: what it lost cannot
+            # be told, so nothing more is awaited from it; the wait ends at its timeout
+            time.sleep(max(0.0, timeout - (time.monotonic() - start)))
+            return None
         if device is None:
             return None
         props = device.properties

@@ -206,6 +206,8 @@ class FakeMonitor:
         self.devices = list(devices)
 
     def poll(self, timeout=None):
+        if self.devices and isinstance(self.devices[0], OSError):
+            raise self.devices.pop(0)
         return self.devices.pop(0) if self.devices else None
 
 
@@ -248,3 +250,12 @@ def test_kernel_seqnum_reads_the_kernels_counter(tmp_path: Path) -> None:
     (tmp_path / "sys/kernel/uevent_seqnum").write_text("4711\n")
     assert udev.kernel_seqnum(str(tmp_path)) == 4711
     assert udev.kernel_seqnum(str(tmp_path / "none")) == 0
+
+
+def test_a_monitor_that_dropped_events_waits_out_the_timeout_instead_of_crashing() -> None:
+    import errno
+
+    lst = MonitorListener(FakeMonitor([OSError(errno.ENOBUFS, "No buffer space available")]), seqnum=1)
+    t0 = time.monotonic()
+    assert lst.receive(0.2) is None
+    assert time.monotonic() - t0 >= 0.19
