@@ -18,19 +18,14 @@ Targets: every N of 64 under 100 ms; the 128 nodes x 8 GPUs (a choice and a spli
 from __future__ import annotations
 
 import argparse
-import gc
-import os
 import statistics
 import sys
-import tempfile
-import time
 from collections.abc import Callable
-from pathlib import Path
 
-from gputopo.facts.discover import discover
+from benchkit import discovered, interleaved
+
 from gputopo.model.facts import Facts, nvidia_gpus
 from gputopo.plan import placement
-from gputopo.sim.hostroot import materialize
 
 
 def choice(facts: Facts, n: int) -> Callable[[], object]:
@@ -61,10 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=15, help="timed runs of each scenario (default 15)")
     args = ap.parse_args(argv)
-    base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-    with tempfile.TemporaryDirectory(prefix="gputopo-bench-placement-", dir=base) as tmp:
-        seed = discover(materialize("seed", Path(tmp) / "seed"))
-        large = discover(materialize("large", Path(tmp) / "large"))
+    hosts = discovered("seed", "large")
+    seed, large = hosts["seed"], hosts["large"]
     n_large = len(nvidia_gpus(large))
     # (name, GPUs looked at, limit in seconds or None, the work)
     scenarios: list[tuple[str, int, float | None, Callable[[], object]]] = [
@@ -80,13 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     for _, _, _, work in scenarios:
         work()  # warm
 
-    times: dict[str, list[float]] = {name: [] for name, *_ in scenarios}
-    for _ in range(args.runs):
-        for name, _, _, work in scenarios:
-            gc.collect()
-            t = time.perf_counter()
-            work()
-            times[name].append(time.perf_counter() - t)
+    times = interleaved(((name, work) for name, _, _, work in scenarios), args.runs)
 
     print(f"{'scenario':30} {'GPUs':>5} {'median':>10} {'(min..max)':>19} {'per GPU (min)':>14} {'x ref':>7}")
     ok = True

@@ -24,15 +24,12 @@ per GPU at most 1.5x the 8-GPU node's. Exits 1 when one is missed.
 from __future__ import annotations
 
 import argparse
-import gc
-import os
+import functools
 import statistics
 import sys
-import tempfile
-import time
-from pathlib import Path
 
-from gputopo.facts.discover import discover
+from benchkit import discovered, interleaved
+
 from gputopo.formats.devn import format_dev
 from gputopo.model.facts import Facts, nvidia_gpus
 from gputopo.model.state import ContainerState, CurrentState, MappingState, ServiceState
@@ -40,7 +37,6 @@ from gputopo.plan.mappings import map_entry
 from gputopo.plan.planner import plan
 from gputopo.plan.render import render
 from gputopo.plan.spec import Spec
-from gputopo.sim.hostroot import materialize
 
 CONTROL = ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset"]
 COMMAND = "/usr/bin/python3 -m sglang.launch_server --model-path /models/qwen --tp {tp} --port 30000"
@@ -104,10 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=15, help="timed runs of each scenario (default 15)")
     args = ap.parse_args(argv)
-    base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-    with tempfile.TemporaryDirectory(prefix="gputopo-bench-plan-", dir=base) as tmp:
-        seed = discover(materialize("seed", Path(tmp) / "seed"))
-        large = discover(materialize("large", Path(tmp) / "large"))
+    hosts = discovered("seed", "large")
+    seed, large = hosts["seed"], hosts["large"]
     scenarios = [
         ("1 node x 8 GPUs", *scenario(seed, ["pve-seed"])),
         (f"1 node x {len(nvidia_gpus(large))} GPUs", *scenario(large, ["pve-large"])),
@@ -115,14 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     ]
     plan_and_render(*scenarios[0][1:])  # warm: the templates compile once per process
 
-    # Runs interleave the scenarios, so load on the machine hits them alike.
-    times: dict[str, list[float]] = {name: [] for name, *_ in scenarios}
-    for _ in range(args.runs):
-        for name, spec, nodes in scenarios:
-            gc.collect()  # the garbage of the run before is not this one's to collect
-            t = time.perf_counter()
-            plan_and_render(spec, nodes)
-            times[name].append(time.perf_counter() - t)
+    times = interleaved(
+        ((name, functools.partial(plan_and_render, spec, nodes)) for name, spec, nodes in scenarios),
+        args.runs,
+    )
 
     # The growth compares costs, so it is taken from each scenario's fastest run, the one other
     # load disturbed least (a 3 ms run is easily doubled by one preemption); the 1 s target is

@@ -130,6 +130,17 @@ class SimHostError(InputError):
         super().__init__(f"{where}: {reason}")
 
 
+class SimGuestError(GputopoError):
+    """``gputopo sim guest``: a simulated guest's start or stop failed, in Proxmox's words.
+    Refused before anything happened (no such guest, already running): exit 2; a task that
+    failed: exit 1."""
+
+    def __init__(self, message: str, bad_input: bool = False):
+        if bad_input:
+            self.exit_code = 2
+        super().__init__(message)
+
+
 # --- discovery ---------------------------------------------------------------------------
 
 

@@ -2,8 +2,9 @@
 command can end with. The commands' ``--help`` and the README's table are written from it, and
 ``tests/test_exit_codes.py`` walks it. Imports nothing.
 
-Every command also exits 2 for a usage error (an unknown option, a bad value) and 130 when
-Ctrl-C stops it; those two are listed for every command.
+Every command also exits 2 for a usage error (an unknown option, a bad value), 130 when
+Ctrl-C stops it and 141 when the reader of its output goes away; those are listed for every
+command.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ NEEDS_HUMAN = 3
 LOCKED = 4
 SIGHUP = 129
 SIGINT = 130
+SIGPIPE = 141
 SIGTERM = 143
 
 MEANING: dict[int, str] = {
@@ -33,6 +35,7 @@ MEANING: dict[int, str] = {
     LOCKED: "another apply holds the lock",
     SIGHUP: "interrupted by SIGHUP (an apply in progress is rolled back first)",
     SIGINT: "interrupted by Ctrl-C (an apply in progress is rolled back first)",
+    SIGPIPE: "the reader of its output went away (| head): stopped quietly, as SIGPIPE stops a command",
     SIGTERM: "interrupted by SIGTERM (an apply in progress is rolled back first)",
 }
 
@@ -93,6 +96,11 @@ COMMANDS: dict[str, dict[int, str]] = {
         SIGINT: "interrupted",
     },
     "verify": {OK: "all clear", FAILED: "a FAIL (or a WARN with --strict)", **_COMMON},
+    "watch": {
+        OK: "checked and written (drift, a FAIL, an apply in progress are in it); --follow: SIGTERM",
+        **_COMMON,
+        NOTHING_CHANGED: "bad input, or the host could not be read (the metrics say gputopo_watch_up 0)",
+    },
     "history": {OK: "the applies", **_COMMON, NOTHING_CHANGED: "bad input or no apply with that id"},
     "completion": {OK: "the script", **_COMMON},
     "cluster": {
@@ -105,9 +113,17 @@ COMMANDS: dict[str, dict[int, str]] = {
         SIGINT: "interrupted",
     },
     "demo": {OK: "the demo ran", FAILED: "a step of the demo failed", **_COMMON},
-    "sim": {OK: "done (serve: stopped by Ctrl-C or SIGTERM)", **_COMMON},
+    "sim": {
+        OK: "done (serve: stopped by Ctrl-C or SIGTERM)",
+        FAILED: "guest: the start or stop task failed",
+        **_COMMON,
+        NOTHING_CHANGED: "bad input (guest: no such guest, or Proxmox refused it: already running)",
+    },
     "fixtures": {OK: "done", **_COMMON},
 }
+# every command: its output's reader gone (gputopo.cli.main ends it quietly)
+for _codes in COMMANDS.values():
+    _codes[SIGPIPE] = "its output's reader went away"
 
 
 def help_text(command: str) -> str:

@@ -94,6 +94,12 @@ mkdir -p "$doc"
 cp "$src/packaging/debian/copyright" "$doc/copyright"
 for d in "$site"/*.dist-info; do basename "$d" .dist-info; done | sed 's/-/ /' >"$doc/bundled.txt"
 
+# The drift watch's units (packaging/systemd), left disabled: README, "Drift watch". bookworm's
+# packages ship units under /lib, trixie's under /usr/lib (the /usr merge).
+unitdir=/usr/lib/systemd/system
+if [ "$release" = bookworm ]; then unitdir=/lib/systemd/system; fi
+install -D -m 0644 -t "$stage$unitdir" "$src"/packaging/systemd/gputopo-watch{.service,.timer,-follow.service}
+
 find "$stage" -type d -exec chmod 0755 {} +
 find "$stage" -type f ! -path "$stage$venv/bin/gputopo" -exec chmod 0644 {} +
 

@@ -56,7 +56,11 @@ WITNESSES = {
     ("cluster", 4): "cluster/test_cluster_apply.py::test_a_node_whose_lock_is_held_stops_the_run_with_exit_4",
 }
 # every command: Ctrl-C anywhere is 130 (main turns KeyboardInterrupt into it)
-GENERIC = {130: "cli/test_cli_errors.py::test_ctrl_c_exits_130_with_one_line"}
+# and a reader gone early is 141 (main ends it quietly)
+GENERIC = {
+    130: "cli/test_cli_errors.py::test_ctrl_c_exits_130_with_one_line",
+    141: "cli/test_cli_pipe.py::test_a_reader_gone_early_ends_the_command_quietly_with_141",
+}
 
 
 def _help_codes(capsys, *command: str) -> dict[int, str]:
@@ -189,6 +193,8 @@ def _scenarios(capsys, seed, sim, tmp_path, monkeypatch):
         ("recover", 2): go("recover", "--sim", str(tmp_path / "nothing")),
         ("recover", 4): locked,
         ("verify", 2): go("verify", "--sim", S, "--spec", str(tmp_path / "missing.yaml")),
+        ("watch", 0): go("watch", "--sim", S, "--spec", str(spec)),
+        ("watch", 2): go("watch", "--sim", S, "--spec", str(tmp_path / "missing.yaml")),
         ("history", 0): go("history", "--sim", S),
         ("history", 2): go("history", "--sim", S, "show", "nope"),
         ("completion", 0): go("completion", "bash"),
@@ -196,6 +202,7 @@ def _scenarios(capsys, seed, sim, tmp_path, monkeypatch):
         ("demo", 1): demo_not_converged,
         ("demo", 2): go("demo", "--pace", "-1"),
         ("sim", 0): go("sim", "create", str(tmp_path / "sim2"), "--from", "shared-group"),
+        ("sim", 1): go("sim", "guest", "start", "201", "--sim", S),  # its mapping does not exist yet
         ("sim", 2): go("sim", "create", str(sim.dir)),
         ("fixtures", 0): go("fixtures", "list"),
         ("fixtures", 2): go("fixtures", "build", "nope", str(tmp_path / "f")),

@@ -36,6 +36,7 @@ RANK: dict[str, int] = {
     "verify": 7,
     "cluster": 7,  # a cluster: nodes read and applied over SSH, HA placement, cluster verify
     "sim": 8,  # a simulated host behind the ports; may use everything but the CLI
+    "watch": 8,  # the drift watch: diff and verify's quick checks as metrics, udev's events
     "cli": 9,
     "__main__": 10,
 }

@@ -28,6 +28,7 @@ COMMANDS: dict[str, str] = {
     "apply": "applycmd:apply",
     "recover": "applycmd:recover",
     "verify": "verifycmd:verify",
+    "watch": "watchcmd:watch",
     "history": "historycmd:history",
     "completion": "complete:completion",
     "cluster": "clustercmd:cluster",
@@ -53,6 +54,7 @@ SUMMARIES: dict[str, str] = {
     "apply": "Apply the spec, or a plan saved with 'gputopo plan -o...",
     "recover": "Settle an apply that was interrupted (crash, kill, power...",
     "verify": "Check the host against the spec from fresh facts:...",
+    "watch": "Check the node against its spec without changing anything:...",
     "history": "List past applies from their journals, oldest first: when,...",
     "completion": "Print the completion script for SHELL; addresses, vmids,...",
     "cluster": "Plan, apply and verify one spec on every node of a Proxmox...",
@@ -77,9 +79,17 @@ def version_message() -> str:
     return "%(prog)s, version %(version)s\n" + install.replace("%", "%%")
 
 
+ERROR = "gputopo: error: "  # the one prefix of every error line, whichever path prints it
+
+
+def print_error(message: str) -> None:
+    """``message`` on stderr, each of its lines as ``gputopo: error: <line>``."""
+    for line in message.splitlines() or ["error"]:
+        sys.stderr.write(f"{ERROR}{line}\n")
+    sys.stderr.flush()
+
+
 def report_error(e: BaseException) -> None:
     """Print an expected error as ``gputopo: error: <line>`` on stderr and exit with its code."""
-    for line in str(e).splitlines() or [type(e).__name__]:
-        sys.stderr.write(f"gputopo: error: {line}\n")
-    sys.stderr.flush()
+    print_error(str(e) or type(e).__name__)
     sys.exit(getattr(e, "exit_code", 1))

@@ -13,6 +13,7 @@ plan, render, diff      a directory or a snapshot   yes         yes    yes     y
 init                    a directory or a snapshot   -           yes    yes     yes
 export                  a directory or a snapshot   yes         yes    yes     yes
 apply, recover, verify  a directory                 -           yes    yes     yes
+watch                   a directory                 -           yes    yes     yes
 topo                    a directory or a snapshot   yes         yes    -       yes
 history                 a directory                 -           yes    -       -
 discover                a directory or a snapshot   -           -      -       -

@@ -14,7 +14,12 @@ import sys
 import click
 
 from gputopo import __version__
-from gputopo.cli.commands import COMMANDS, DESCRIPTION, SUMMARIES, report_error, version_message
+from gputopo.cli.commands import COMMANDS, DESCRIPTION, SUMMARIES, print_error, report_error, version_message
+
+
+class _ReaderGone(Exception):
+    """A BrokenPipeError on its way to :func:`gputopo.cli.main` (click exits 1 on an OSError
+    with EPIPE; this is no OSError)."""
 
 
 class LazyGroup(click.Group):
@@ -42,6 +47,13 @@ class LazyGroup(click.Group):
         if rows:
             with formatter.section("Commands"):
                 formatter.write_dl(rows)
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError as e:
+            # past click's own handler, which would exit 1: gputopo.cli.main ends it quietly
+            raise _ReaderGone from e
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         """The command ``name``, or None when there is none. Raises UnavailableCommand when
@@ -90,10 +102,12 @@ class _DebugLines(logging.Handler):
 
 
 def _usage_line(e: click.UsageError) -> str:
-    """A click usage error as one line naming the command: 'gputopo plan: Missing option ...'."""
+    """A click usage error as one line naming the command, after the one error prefix:
+    'gputopo: error: plan: Missing option ... (see 'gputopo plan --help')'."""
     cmd = e.ctx.command_path if e.ctx is not None else "gputopo"
     message = " ".join(e.format_message().split())  # click lays out choices over lines and tabs
-    return f"{cmd}: error: {message} (see '{cmd} --help')"
+    sub = cmd.split(" ", 1)[1] + ": " if " " in cmd else ""
+    return f"{sub}{message} (see '{cmd} --help')"
 
 
 def run(argv: list[str] | None = None) -> None:
@@ -107,6 +121,8 @@ def run(argv: list[str] | None = None) -> None:
         code = cli.main(args=argv, prog_name="gputopo", standalone_mode=False)
         if isinstance(code, int) and not isinstance(code, bool) and code:
             sys.exit(code)
+    except _ReaderGone as e:
+        raise e.__cause__ from None
     except GputopoError as e:
         if "--debug" in args:
             raise
@@ -118,11 +134,11 @@ def run(argv: list[str] | None = None) -> None:
             # 'gputopo' alone: the command list is what was asked for
             click.echo(e.ctx.get_help() if e.ctx is not None else e.format_message())
             sys.exit(0)
-        click.echo(_usage_line(e), err=True)
+        print_error(_usage_line(e))
         # 'diff --exit-code' promises 2 for "differences": any error there, a usage error too, is 1
         sys.exit(1 if e.ctx is not None and e.ctx.info_name == "diff" and "--exit-code" in args else 2)
     except click.ClickException as e:
-        e.show()
+        print_error(e.format_message())  # click's own would be "Error: ..."
         sys.exit(e.exit_code)
     except click.exceptions.Abort as e:
         # click turns a KeyboardInterrupt or EOFError raised anywhere in a command into Abort;

@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 
 from gputopo.cli.connect import Connection, connection_options, host_root, pve_root, source_ports
-from gputopo.cli.inputs import SPLITS, find_service, quick_spec, read_facts
+from gputopo.cli.inputs import SPLITS, find_service, quick_spec, read_facts, require_container
 from gputopo.cli.output import refuse_existing, warn, write_output
 from gputopo.exitcodes import with_exit_codes
 
@@ -98,7 +98,8 @@ def init(
             vm=vm,
         )
         if ports is not None:
-            find_service(ports.exec, container, options)
+            require_container(ports, container)
+            find_service(ports, container, options)
     finally:
         if ports is not None:
             ports.close()

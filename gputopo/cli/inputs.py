@@ -59,18 +59,29 @@ def quick_spec(facts, **options):
         raise ConfigError(f"{option}: {e.expected}") from None
 
 
-def find_service(exec, vmid: int, options: dict) -> None:
+def find_service(ports, vmid: int, options: dict) -> None:
     """Quick mode and ``init`` with a connection: when ``--service-unit`` is not given, the
     unit inside container ``vmid`` whose command runs SGLang or vLLM, with the flag it spells
     (unless ``--tp-flag`` was given), goes into ``options``. A container that cannot be looked
-    into is a warning: the service is then not managed."""
+    into is a one-line warning: the service is then not managed. A container that does not exist
+    is not looked into: the plan refuses it, ``init`` stops first (:func:`require_container`)."""
     from click.core import ParameterSource
 
     from gputopo.facts.units import find_inference_unit
 
     if options.get("service_unit"):
         return
-    unit, why = find_inference_unit(exec, vmid)
+    status = container_status(ports.proxmox, vmid)
+    if status is None:
+        return
+    if status != "running":
+        # pct exec is lxc-attach into the container (pve-container src/PVE/CLI/pct.pm, exec),
+        # which a stopped container cannot take: say so instead of what lxc-attach prints
+        warn(
+            f"container {vmid} is {status}: its inference unit cannot be looked for; the service is not managed"
+        )
+        return
+    unit, why = find_inference_unit(ports.exec, vmid)
     if unit is None:
         warn(why)
         return
@@ -79,6 +90,31 @@ def find_service(exec, vmid: int, options: dict) -> None:
     if ctx is None or ctx.get_parameter_source("tp_flag") in (ParameterSource.DEFAULT, None):
         options["tp_flag"] = unit.tp_flag
     click.echo(f"container {vmid}: {unit.unit} runs {unit.server} with {unit.tp_flag} {unit.tp}", err=True)
+
+
+def container_status(proxmox, vmid: int) -> str | None:
+    """Container ``vmid``'s status on the API's node (``running``, ``stopped``), None when
+    there is no such container there."""
+    for guest in proxmox.list_guests("lxc"):
+        if str(guest.get("vmid")) == str(vmid):
+            return str(guest.get("status") or "unknown")
+    return None
+
+
+def require_container(ports, vmid: int) -> None:
+    """Raises InputError (exit 2) when there is no container ``vmid`` on the API's node."""
+    from gputopo.errors import InputError
+
+    if container_status(ports.proxmox, vmid) is None:
+        have = sorted(
+            int(g["vmid"]) for g in ports.proxmox.list_guests("lxc") if str(g.get("vmid")).isdigit()
+        )
+        node = getattr(ports.proxmox, "node", None)
+        where = f" on node {node}" if node else ""
+        raise InputError(
+            f"container {vmid} does not exist{where} (containers there: "
+            f"{', '.join(map(str, have)) or 'none'}); give its vmid with --container"
+        )
 
 
 def _spec(facts, spec_file, split, node, ports=None, **quick):
@@ -92,7 +128,7 @@ def _spec(facts, spec_file, split, node, ports=None, **quick):
     if not split:
         raise ConfigError("give --spec FILE, or --split numa --container N --vm-mapping NAME")
     if ports is not None:
-        find_service(ports.exec, quick["container"], quick)
+        find_service(ports, quick["container"], quick)
     return quick_spec(facts, split=split, node=node, **quick)
 
 

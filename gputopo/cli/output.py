@@ -12,10 +12,16 @@ STYLE = {"PASS": "bold green", "WARN": "bold yellow", "FAIL": "bold red", "SKIP"
 
 
 def console(stderr: bool = False):
-    """A rich Console (imported lazily: rich is heavy to import)."""
+    """A rich Console (imported lazily: rich is heavy to import). A reader gone early is left to
+    :func:`gputopo.cli.main` (rich's own handling exits 1)."""
     from rich.console import Console
 
-    return Console(stderr=stderr, highlight=False, soft_wrap=False)
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True
+            raise BrokenPipeError
+
+    return _Console(stderr=stderr, highlight=False, soft_wrap=False)
 
 
 def print_json(data: Any) -> None:
@@ -83,11 +89,11 @@ def warn(text: str) -> None:
 
 
 def print_refused(e) -> None:
-    """A refused plan's refusals (a PlanRefused), one ``refused:`` line each on stderr."""
-    import click
+    """A refused plan's refusals (a PlanRefused), one ``gputopo: error: refused:`` line each on
+    stderr (as an apply refused by them prints them)."""
+    from gputopo.cli.commands import print_error
 
-    for r in e.refusals:
-        click.echo(f"refused: {r}", err=True)
+    print_error(str(e))
 
 
 def warn_unfinished(root: str) -> None:
@@ -120,8 +126,9 @@ def print_report(report) -> None:
 def exit_with_error(e: BaseException, code: int) -> None:
     """Print ``e`` as ``gputopo: error: <line>`` lines on stderr and exit with ``code``: a diff's
     ``--exit-code`` keeps 2 for "differences", so any error there, bad input included, is 1."""
-    for line in str(e).splitlines() or [type(e).__name__]:
-        sys.stderr.write(f"gputopo: error: {line}\n")
+    from gputopo.cli.commands import print_error
+
+    print_error(str(e) or type(e).__name__)
     sys.exit(code)
 
 

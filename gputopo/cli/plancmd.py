@@ -68,7 +68,17 @@ def _save(path: str, force: bool, conn: Connection, quick: dict, spec, facts, p,
         summary=summary,
     )
     write_output(Path(path), saved.model_dump_json(indent=2) + "\n", force=force)
-    click.echo(f"wrote {path}: apply it with 'gputopo apply {path}'", err=True)
+    click.echo(f"wrote {path}: apply it with '{_apply_line(path, conn)}'", err=True)
+
+
+def _apply_line(path: str, conn: Connection) -> str:
+    """The command that applies the plan saved in ``path`` where it was made: the simulated host
+    or the API named (its credentials are the operator's to give again); --local is apply's
+    default."""
+    from shlex import join
+
+    where = ["--sim", str(conn.sim)] if conn.sim else ["--api-url", conn.api_url] if conn.api_url else []
+    return join(["gputopo", "apply", path, *where])
 
 
 @click.command()

@@ -15,7 +15,18 @@ from gputopo.exitcodes import with_exit_codes
 
 @click.command()
 @connection_options(snapshot=True, pve_root=True, sim=True, api=False)
-@click.option("--matrix", is_flag=True, help="The GPU-to-GPU PCIe distance matrix instead of the tree.")
+@click.option(
+    "--matrix",
+    is_flag=True,
+    help="The PCIe distance matrix of the GPUs and network adapters (nvidia-smi topo -m's levels) "
+    "instead of the tree.",
+)
+@click.option(
+    "--all",
+    "every",
+    is_flag=True,
+    help="Show network adapters and NVMe drives in the tree too, under their root ports and switches.",
+)
 @click.option(
     "--format",
     "fmt",
@@ -31,9 +42,10 @@ from gputopo.exitcodes import with_exit_codes
     "-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write here (default stdout)."
 )
 @with_exit_codes("topo")
-def topo(conn: Connection, matrix, fmt, as_json, output):
+def topo(conn: Connection, matrix, every, fmt, as_json, output):
     """Show the PCIe tree: NUMA node, host bridge, root port, switches, and each GPU with its
     companions and owner (container, VM mapping or free); identical GPUs are never merged.
+    With --all, the network adapters and NVMe drives too, where they sit in the same tree.
     Owners come from Proxmox's files (--pve-root, or the simulated host's with --sim).
     """
     from gputopo.adapters.pvefiles import PveFiles
@@ -57,7 +69,7 @@ def topo(conn: Connection, matrix, fmt, as_json, output):
         raise RootError(root, f"{lost[0]}: sys/bus/pci/devices entry does not lead into sys/devices")
     node = conn.node or (facts.host.hostname or "").split(".")[0]
     now = observe(facts, lambda _facts: EVERY_GUEST, proxmox=PveFiles(pve_root(conn), node)).current
-    report = build_report(facts, owners_now(facts, now, node))
+    report = build_report(facts, owners_now(facts, now, node), every=every)
 
     if as_json:
         import json

@@ -19,7 +19,9 @@ def _label(node: TreeNode, colours: dict[str, palette.Colour]):
 
     if node.gpu is None:
         text = Text(node.label, style="bold" if node.kind in ("numa", "switch", "nvswitch") else "")
-        if node.detail:
+        if node.detail and node.kind in ("nic", "nvme"):
+            text.append(f"\n{node.detail}", style="dim")  # a model's name is long: a line of its own
+        elif node.detail:
             text.append(f"  {node.detail}", style="dim" if node.kind != "numa" else "")
         return text
     v = node.gpu
@@ -82,24 +84,42 @@ def print_tree(report: TopoReport, console) -> None:
 
 
 def matrix_text(report: TopoReport) -> str:
-    """The distance matrix in ``nvidia-smi topo -m``'s layout, its legend and the GPU key."""
+    """The distance matrix in ``nvidia-smi topo -m``'s layout (GPU rows and columns, then the
+    network adapters'), its legend, the NIC legend and the GPU and NIC keys."""
     m = report.matrix
     if not m.gpus:
         return "no GPUs\n"
     names = [f"GPU{g.index}" for g in m.gpus]
-    cell = max(8, max(len(x) for x in names) + 2)
-    lines = [" " * cell + "".join(x.ljust(cell) for x in names) + "CPU Affinity".ljust(16) + "NUMA Affinity"]
-    for g, name, row in zip(m.gpus, names, m.levels):
-        cells = "".join((" X" if v == "X" else v).ljust(cell) for v in row)
+    nics = [f"NIC{n.index}" for n in m.nics]
+    cell = max(8, max(len(x) for x in names + nics) + 2)
+
+    def cells(row: list[str]) -> str:
+        return "".join((" X" if v == "X" else v).ljust(cell) for v in row)
+
+    head = " " * cell + "".join(x.ljust(cell) for x in names + nics)
+    lines = [head + "CPU Affinity".ljust(16) + "NUMA Affinity"]
+    for i, (g, name, row) in enumerate(zip(m.gpus, names, m.levels)):
         numa = "N/A" if g.numa_node is None else str(g.numa_node)
-        lines.append(name.ljust(cell) + cells + (g.cpus or "N/A").ljust(16) + numa)
+        to_nics = [r[i] for r in m.nic_levels]
+        lines.append(name.ljust(cell) + cells(row + to_nics) + (g.cpus or "N/A").ljust(16) + numa)
+    for name, row in zip(nics, m.nic_levels):
+        lines.append((name.ljust(cell) + cells(row)).rstrip())
     lines += ["", "Legend:", ""]
     lines += [f"  {k:<4} = {m.legend[k]}" for k in ("X", "SYS", "NODE", "PHB", "PXB", "PIX")]
+    if m.nics:
+        lines += ["", "NIC Legend:", ""]
+        lines += [f"  {name}: {n.name}" for name, n in zip(nics, m.nics)]
     owners = {v.address: v.owner.label for r in report.tree for n in r.walk() if (v := n.gpu) is not None}
     lines += ["", "GPUs:", ""]
     for g, name in zip(m.gpus, names):
         minor = "-" if g.minor is None else g.minor
         lines.append(f"  {name:<{cell - 2}}{g.address}  minor {minor:<4}{owners.get(g.address, 'free')}")
+    if m.nics:
+        lines += ["", "NICs:", ""]
+        for n, name in zip(m.nics, nics):
+            numa = "N/A" if n.numa_node is None else n.numa_node
+            rdma = "" if n.rdma else "  no RDMA device (nvidia-smi does not list it)"
+            lines.append(f"  {name:<{cell - 2}}{n.address}  NUMA {numa}{rdma}")
     if m.notes:
         lines += ["", *[f"note: {n}" for n in m.notes]]
     return "\n".join(lines) + "\n"

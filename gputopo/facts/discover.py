@@ -19,7 +19,7 @@ import re
 
 from gputopo.errors import InputError
 from gputopo.facts.bars import read_bars
-from gputopo.facts.files import addresses_in, read_text, sorted_addresses, stripped
+from gputopo.facts.files import addresses_in, class_devices, read_text, sorted_addresses, stripped
 from gputopo.facts.host import (
     IOMMU_GROUPS,
     NODE_DIR,
@@ -38,6 +38,7 @@ from gputopo.model.facts import (
     Link,
     MemberRole,
     PciFunction,
+    Peripheral,
     address_key,
     parse_cpulist,
     slot_of,
@@ -199,6 +200,16 @@ def _fill_gpu(g: Gpu, rd: AttrReader, name: str) -> None:
     g.reset_method = parse_reset_method(rd.attr(name, "reset_method"))
 
 
+def _peripheral(f: PciFunction, path: str) -> Peripheral:
+    """``f`` (a network adapter or NVMe drive) with the names its driver gave it under ``path``."""
+    return Peripheral(
+        **f.model_dump(by_alias=True),
+        rdma=class_devices(path, "infiniband"),
+        net=class_devices(path, "net"),
+        nvme=class_devices(path, "nvme"),
+    )
+
+
 # --- discovery ---------------------------------------------------------------------------
 
 
@@ -212,9 +223,10 @@ def discover(
 
     GPUs are the functions matching ``gpu_match`` ((vendor, class prefix) pairs, None = any;
     default NVIDIA display class); ``all_vendors`` adds every display-class function.
-    NVIDIA NVSwitches go to ``facts.nvswitches``, network adapters (not their SR-IOV VFs) to
-    ``facts.nics``. Anything unreadable is null and, where it
-    matters, explained in ``facts.warnings``; discovery itself does not fail on odd devices.
+    NVIDIA NVSwitches go to ``facts.nvswitches``, network adapters and NVMe drives (not their
+    SR-IOV VFs) to ``facts.nics`` and ``facts.nvme``, with the names their drivers registered.
+    Anything unreadable is null and, where it matters, explained in ``facts.warnings``;
+    discovery itself does not fail on odd devices.
     Raises :class:`RootError` when ``root`` holds no ``sys/bus/pci/devices``.
     """
     root_s = str(root)
@@ -228,7 +240,7 @@ def discover(
     name_of = dict(entries)
     ids: dict[str, Ids] = {}
     by_slot: dict[str, list[str]] = {}
-    gpu_addrs, nvswitch_addrs, nic_addrs = [], [], []
+    gpu_addrs, nvswitch_addrs, nic_addrs, nvme_addrs = [], [], [], []
     for addr, name in entries:
         vendor, device, klass = ids[addr] = rd.ids(name)
         by_slot.setdefault(slot_of(addr), []).append(addr)
@@ -242,8 +254,9 @@ def discover(
             nvswitch_addrs.append(addr)
         elif _matches(vendor, klass, rules):
             gpu_addrs.append(addr)
-        elif klass and klass.startswith("0x02") and not os.path.lexists(os.path.join(devdir, name, "physfn")):
-            nic_addrs.append(addr)  # a VF sits where its PF does: the PF stands for it
+        elif klass and klass.startswith(("0x02", "0x0108")):
+            if not os.path.lexists(os.path.join(devdir, name, "physfn")):  # a VF sits where its PF does
+                (nic_addrs if klass.startswith("0x02") else nvme_addrs).append(addr)
 
     groups = IommuGroups(root_s)
     nodes = read_numa(root_s, warnings)
@@ -252,7 +265,7 @@ def discover(
         warnings.append(f"no IOMMU groups under {IOMMU_GROUPS}: the IOMMU is off; passthrough is impossible")
     nv_dirs = addresses_in(os.path.join(root_s, NVIDIA_GPUS))
     names = load_pci_names(
-        root_s, {a: (ids[a][0][2:], ids[a][1][2:]) for a in gpu_addrs + nvswitch_addrs + nic_addrs}
+        root_s, {a: (ids[a][0][2:], ids[a][1][2:]) for a in gpu_addrs + nvswitch_addrs + nic_addrs + nvme_addrs}
     )
 
     def full(addr: str) -> PciFunction:
@@ -280,7 +293,8 @@ def discover(
         root=root_s,
         gpus=gpus,
         nvswitches=[full(a) for a in nvswitch_addrs],
-        nics=[full(a) for a in nic_addrs],
+        nics=[_peripheral(full(a), os.path.join(devdir, name_of[a])) for a in nic_addrs],
+        nvme=[_peripheral(full(a), os.path.join(devdir, name_of[a])) for a in nvme_addrs],
         host=host,
         warnings=warnings,
     )

@@ -12,6 +12,20 @@ import re
 from gputopo.errors import AddressError
 from gputopo.model.facts import normalize_address
 
+# The classes whose devices name a network adapter or an NVMe drive: a driver's class devices
+# sit under the PCI function in a directory named after their class (drivers/base/core.c,
+# get_device_parent(): the class "glue" directory), e.g. <function>/infiniband/mlx5_0.
+CLASS_DEVICE_DIRS = ("infiniband", "net", "nvme")
+
+
+def class_devices(path: str, klass: str) -> list[str]:
+    """The class devices ``klass`` (one of :data:`CLASS_DEVICE_DIRS`) a driver registered under
+    the function directory ``path``, sorted; [] when there are none or it is unreadable."""
+    try:
+        return sorted(os.listdir(os.path.join(path, klass)))
+    except OSError:
+        return []
+
 
 def read_text(path: str) -> str | None:
     """The text of a small attribute file (at most 64 KiB), or None when it cannot be read."""

@@ -7,7 +7,8 @@ symlinks as they are, so ``tar xzf snap.tar.gz -C DIR`` gives a root that
 What is captured: ``sys/bus/pci`` (device links, driver directories with placeholder
 ``bind``/``unbind``/``new_id``/``remove_id`` files and their device links), the ``sys/devices``
 directories of PCI functions (a fixed list of small attributes, ``config`` up to 256 bytes, and
-the ``driver``/``iommu_group``/``physfn``/``virtfnN`` links), ``sys/kernel/iommu_groups``, NUMA
+the ``driver``/``iommu_group``/``physfn``/``virtfnN`` links, the names of the ``infiniband``,
+``net`` and ``nvme`` class devices under them as empty directories), ``sys/kernel/iommu_groups``, NUMA
 nodes, the module parameters discovery reads, ``proc/cmdline``, ``proc/modules``,
 ``proc/driver/nvidia`` (version and per-GPU ``information``), hostname, kernel release, and
 ``dev/vfio/*`` and ``dev/nvidia*`` as empty placeholder files (majors/minors recorded in
@@ -263,6 +264,8 @@ def _capture(root: str, w: _TarWriter, counts: dict[str, int]) -> None:
 
 def _capture_pci(root: str, c: _Capture) -> None:
     """``sys/bus/pci``: device links and directories with their attributes, and drivers."""
+    from gputopo.facts.files import CLASS_DEVICE_DIRS, class_devices
+
     w, counts, rel, copy, link = c.w, c.counts, c.rel, c.copy, c.link
     bus = os.path.join(root, "sys/bus/pci")
     devdir = os.path.join(bus, "devices")
@@ -289,6 +292,9 @@ def _capture_pci(root: str, c: _Capture) -> None:
         for e in sorted(entries):
             if e.startswith(DEVICE_LINKS_PREFIXES) and os.path.islink(os.path.join(real, e)):
                 link(os.path.join(real, e))
+        for klass in CLASS_DEVICE_DIRS:  # the names discovery reads: the directories, not their contents
+            for name in class_devices(real, klass):
+                w.dir(rel(os.path.join(real, klass, name)))
     # Drivers: directories, placeholder control files, device and module links.
     drivers = os.path.join(bus, "drivers")
     for drv in sorted(_listdir(drivers)):

@@ -143,11 +143,11 @@ def read_device_path(root: str, name: str) -> str | None:
 
 
 def add_topology(root: str, facts: Facts) -> None:
-    """Fill ``host_bridge`` and ``upstream`` of every GPU, NVSwitch and network adapter of ``facts``, and each
-    GPU's ``local_cpulist``, from the host under ``root``. A device whose link does not resolve
+    """Fill ``host_bridge`` and ``upstream`` of every GPU, NVSwitch, network adapter and NVMe drive
+    of ``facts``, and each GPU's ``local_cpulist``, from the host under ``root``. A device whose link does not resolve
     under ``sys/devices`` keeps ``host_bridge`` null and gets a warning. Never raises."""
     entries = addresses_in(os.path.join(root, PCI_DEVICES))
-    devices: list[PciFunction] = [*facts.gpus, *facts.nvswitches, *facts.nics]
+    devices: list[PciFunction] = [*facts.gpus, *facts.nvswitches, *facts.nics, *facts.nvme]
     chains: dict[str, tuple[str | None, list[str]]] = {}
     for dev in devices:
         name = entries.get(dev.address)

@@ -146,12 +146,12 @@ class PciFunction(Model):
     host_bridge: str | None = Field(
         None,
         description="Root bus 'dddd:bb' the device hangs from (sys/devices/pcidddd:bb); set by discover "
-        "for GPUs, NVSwitches and network adapters, null when the device link does not resolve there",
+        "for GPUs, NVSwitches, network adapters and NVMe drives, null when the device link does not resolve there",
     )
     upstream: list[Bridge] = Field(
         default_factory=list,
         description="Bridges from the host bridge down to the device's parent, root port first; set by "
-        "discover for GPUs, NVSwitches and network adapters",
+        "discover for GPUs, NVSwitches, network adapters and NVMe drives",
     )
 
     @property
@@ -165,6 +165,36 @@ class PciFunction(Model):
     @property
     def is_nvswitch(self) -> bool:
         return self.vendor == NVIDIA_VENDOR and bool(self.class_ and self.class_.startswith("0x0680"))
+
+
+class Peripheral(PciFunction):
+    """A network adapter or an NVMe drive near the GPUs, with the names its driver registered.
+
+    A driver's class devices sit under the function's sysfs directory in a directory named
+    after their class (drivers/base/core.c, get_device_parent(): the class "glue" directory),
+    so ``sys/bus/pci/devices/<address>/infiniband/mlx5_0``, ``.../net/enp33s0f0np0`` and
+    ``.../nvme/nvme0`` name what the function became. None of them without a driver (or on
+    vfio-pci); a network interface moved into a container's namespace is not listed.
+    """
+
+    rdma: list[str] = Field(
+        default_factory=list, description="RDMA devices (sysfs infiniband/), sorted: ['mlx5_0']; [] for none"
+    )
+    net: list[str] = Field(
+        default_factory=list, description="Network interfaces (sysfs net/), sorted; [] for none"
+    )
+    nvme: list[str] = Field(
+        default_factory=list, description="NVMe controllers (sysfs nvme/), sorted: ['nvme0']; [] for none"
+    )
+
+    @property
+    def name(self) -> str:
+        """What people call it: its RDMA device (as ``nvidia-smi topo -m``'s NIC legend does),
+        else its network interface, else its NVMe controller, else its address."""
+        for names in (self.rdma, self.net, self.nvme):
+            if names:
+                return names[0]
+        return self.address
 
 
 class GroupMember(Model):
@@ -286,10 +316,15 @@ class Facts(Model):
     root: str = "/"
     gpus: list[Gpu] = Field(default_factory=list)
     nvswitches: list[PciFunction] = Field(default_factory=list)
-    nics: list[PciFunction] = Field(
+    nics: list[Peripheral] = Field(
         default_factory=list,
         description="Network adapters (class 02; SR-IOV VFs left out) with their place in the PCI tree: "
         "placement keeps GPUs near the one their RDMA goes through",
+    )
+    nvme: list[Peripheral] = Field(
+        default_factory=list,
+        description="NVMe drives (class 0108; SR-IOV VFs left out) with their place in the PCI tree "
+        "(gputopo topo --all); [] in facts read before they were recorded",
     )
     host: HostFacts = Field(default_factory=HostFacts)
     warnings: list[str] = Field(default_factory=list, description="Things read but not understood")

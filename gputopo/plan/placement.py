@@ -23,10 +23,11 @@ GPUs), not from the distance of every pair.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from gputopo.model.facts import Gpu, PciFunction, address_key
 from gputopo.topo.distance import RANK, distance, locality_keys, worst
+from gputopo.topo.model import LEVELS
 
 # The levels to try, closest first; SYS (anything) is the fallback.
 TIERS: tuple[str, ...] = ("PIX", "PXB", "PHB", "NODE")
@@ -242,6 +243,61 @@ def nearest_nic(gpus: Sequence[Gpu], nics: Sequence[PciFunction]) -> tuple[PciFu
     return best, worst([distance(g, best) for g in gpus])
 
 
+def _adapter(nic: PciFunction) -> str:
+    """``mlx5_0 (0000:21:00.0)`` for an adapter with a name, else its address."""
+    name = getattr(nic, "name", nic.address)
+    return nic.address if name == nic.address else f"{name} ({nic.address})"
+
+
+def nic_warning(
+    container: str,
+    gpus: Sequence[Gpu],
+    elsewhere: Mapping[str, str],
+    every_gpu: Sequence[Gpu],
+    nics: Sequence[PciFunction],
+) -> str | None:
+    """The one warning about network adapters for ``container`` (its text, e.g.
+    ``container:101``) getting ``gpus``, or None.
+
+    ``elsewhere``: address -> the VM owner (text) of each GPU the plan gives a VM;
+    ``every_gpu``: the host's GPUs. GPUDirect RDMA wants a GPU and an adapter under one switch
+    (:data:`NIC_LEVEL`), so the warning says, in this order:
+
+    * the split leaves the container's GPUs NODE or SYS from every adapter while the GPUs under
+      an adapter's switch (its switch partners) go to a VM: it names the adapter, those GPUs
+      and the container's;
+    * else, no adapter closer than SYS to the container's farthest GPU.
+    """
+    if not nics or not gpus:
+        return None
+    best = min(RANK[distance(g, n)] for g in gpus for n in nics)
+    if best >= RANK["NODE"]:
+        lost: list[tuple[int, tuple, PciFunction, list[Gpu]]] = []
+        for n in nics:
+            partners = [g for g in every_gpu if RANK[distance(g, n)] <= RANK[NIC_LEVEL]]
+            gone = [g for g in partners if g.address in elsewhere]
+            if gone:
+                near = min(RANK[distance(g, n)] for g in gpus)
+                lost.append((near, address_key(n.address), n, gone))
+        if lost:
+            near, _, nic, gone = min(lost, key=lambda x: x[:2])
+            vms = sorted({elsewhere[g.address] for g in gone})
+            mine = sorted(gpus, key=lambda g: address_key(g.address))
+            return (
+                f"{container}: network adapter {_adapter(nic)} shares its switch with "
+                f"{_short([g.address for g in gone])}, which go to {', '.join(vms)}; the container's GPUs "
+                f"{_short([g.address for g in mine])} have no adapter closer than {LEVELS[best]} "
+                f"({LEVELS[near]} to this one): GPUDirect RDMA needs a GPU and an adapter under one switch"
+            )
+    nic = nearest_nic(gpus, nics)
+    if nic is not None and nic[1] == "SYS":
+        return (
+            f"{container}: no network adapter closer than SYS to its GPUs (nearest {_adapter(nic[0])}): "
+            "RDMA between them and the network would cross sockets"
+        )
+    return None
+
+
 def explain(gpus: Sequence[Gpu], held: Collection[str] | None, nics: Sequence[PciFunction] = ()) -> str:
     """Why these GPUs, in one line: ``0000:3a:00.0, 3b, 3c: PIX under switch 0000:38:00.0;
     keeps 2 of 3 in place`` (no ``keeps`` part when ``held`` is None), and the nearest network
@@ -255,7 +311,7 @@ def explain(gpus: Sequence[Gpu], held: Collection[str] | None, nics: Sequence[Pc
         text += f"; keeps {kept} of {len(ordered)} in place"
     nic = nearest_nic(ordered, nics)
     if nic is not None and RANK[nic[1]] <= RANK[NIC_LEVEL]:
-        text += f"; network adapter {nic[0].address} at {nic[1]}"
+        text += f"; network adapter {_adapter(nic[0])} at {nic[1]}"
     return text
 
 

@@ -170,9 +170,11 @@ def check_locality(
     found: Findings,
 ) -> list[str]:
     """One line per owner with GPUs saying why those (:func:`placement.explain`); refuses (policy
-    ``locality: strict``) or warns about an owner whose farthest pair is SYS, and warns about a
-    container left without a network adapter closer than SYS."""
+    ``locality: strict``) or warns about an owner whose farthest pair is SYS, and warns (one line
+    at most, :func:`placement.nic_warning`) about a container left without its closest network
+    adapter: the GPUs under the adapter's switch go to a VM, or no adapter is closer than SYS."""
     lines = []
+    to_vm = {g.address: str(o) for o, gs in selected.items() if o.is_vm for g in gs}
     for owner, gpus in sorted(selected.items(), key=lambda kv: str(kv[0])):
         if not gpus:
             continue
@@ -185,12 +187,10 @@ def check_locality(
                 found.refuse(None, f"{text}; locality: strict refuses that", "locality")
             elif owner.is_vm:  # a container's is the NUMA spread warning
                 found.warn(text)
-        nic = placement.nearest_nic(gpus, facts.nics)
-        if owner.is_container and nic is not None and nic[1] == "SYS":
-            found.warn(
-                f"{owner}: no network adapter closer than SYS to its GPUs (nearest {nic[0].address}): "
-                "RDMA between them and the network would cross sockets"
-            )
+        if owner.is_container:
+            text = placement.nic_warning(str(owner), gpus, to_vm, facts.gpus, facts.nics)
+            if text:
+                found.warn(text)
     return lines
 
 

@@ -10,16 +10,20 @@ For two devices with chains of bridges below their host bridges (``PciFunction.u
 * same host bridge, no common bridge (different root ports): ``PHB``;
 * different host bridges on one NUMA node: ``NODE``; on different or unknown nodes: ``SYS``.
 
-``nvidia-smi topo -m`` on the ASUS ESC8000A-E12 in ``fixtures/real`` reports exactly this for its
-four GPUs (NODE within a socket, SYS across) and PIX for two functions of one NIC.
+These are the levels of nvidia-smi's documented legend (``nvidia-smi topo -m``; its text is in
+:data:`gputopo.topo.model.LEGEND`) and of NVML's ``nvmlGpuTopologyLevel_t`` (SINGLE: "all devices
+that only need traverse a single PCIe switch", MULTIPLE: "... need not traverse a host bridge",
+HOSTBRIDGE, NODE, SYSTEM). ``nvidia-smi topo -m`` on the ASUS ESC8000A-E12 in ``fixtures/real``
+reports exactly this for its four GPUs (NODE within a socket, SYS across), its GPUs to its four
+ConnectX-7 functions (NODE, SYS) and PIX for two functions of one NIC.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 
-from gputopo.model.facts import Gpu, PciFunction
-from gputopo.topo.model import LEVELS, DistanceMatrix, MatrixGpu
+from gputopo.model.facts import Gpu, PciFunction, Peripheral, address_key
+from gputopo.topo.model import LEVELS, DistanceMatrix, MatrixGpu, MatrixNic
 
 RANK = {level: i for i, level in enumerate(LEVELS)}
 
@@ -79,15 +83,25 @@ def locality_keys(d: PciFunction) -> tuple[Hashable, Hashable, Hashable]:
     )
 
 
-def matrix(gpus: Sequence[Gpu]) -> DistanceMatrix:
-    """The distance matrix of ``gpus`` in the order given (GPU0 first), with each GPU's NUMA node
-    and local CPUs, and notes on what sysfs could not say."""
+def nic_order(nics: Sequence[Peripheral]) -> list[Peripheral]:
+    """The network adapters as the matrix numbers them (NIC0 first): those with an RDMA device
+    first, then the others, each part in address order. ``nvidia-smi topo -m`` lists only the
+    first part (its NIC legend names RDMA devices), so their numbers agree with it."""
+    return sorted(nics, key=lambda n: (not n.rdma, address_key(n.address)))
+
+
+def matrix(gpus: Sequence[Gpu], nics: Sequence[Peripheral] = ()) -> DistanceMatrix:
+    """The distance matrix of ``gpus`` in the order given (GPU0 first) and the network adapters
+    ``nics`` (numbered by :func:`nic_order`), with each GPU's NUMA node and local CPUs, and
+    notes on what sysfs could not say."""
+    ordered = nic_order(nics)
     levels = [[distance(a, b) for b in gpus] for a in gpus]
+    nic_levels = [[distance(n, d) for d in [*gpus, *ordered]] for n in ordered]
     notes = []
-    unknown = [g.address for g in gpus if g.numa_node is None]
+    unknown = [d.address for d in [*gpus, *ordered] if d.numa_node is None]
     if unknown:
         notes.append(f"NUMA node unknown for {', '.join(unknown)}: across host bridges they count as SYS")
-    lost = [g.address for g in gpus if g.host_bridge is None]
+    lost = [d.address for d in [*gpus, *ordered] if d.host_bridge is None]
     if lost:
         notes.append(f"PCI path unknown for {', '.join(lost)}: their distances are SYS or NODE at best")
     return DistanceMatrix(
@@ -96,6 +110,11 @@ def matrix(gpus: Sequence[Gpu]) -> DistanceMatrix:
             for i, g in enumerate(gpus)
         ],
         levels=levels,
+        nics=[
+            MatrixNic(index=k, name=n.name, address=n.address, numa_node=n.numa_node, rdma=bool(n.rdma))
+            for k, n in enumerate(ordered)
+        ],
+        nic_levels=nic_levels,
         notes=notes,
     )
 

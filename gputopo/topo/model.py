@@ -136,14 +136,32 @@ class GpuView(Strict):
     companions: list[Companion] = Field(default_factory=list)
 
 
-class TreeNode(Strict):
-    """A node of the tree: NUMA node -> host bridge -> root port -> switches -> GPU / NVSwitch."""
+class DeviceView(Strict):
+    """A network adapter or NVMe drive as the tree shows it (``gputopo topo --all``)."""
 
-    kind: Literal["numa", "host_bridge", "root_port", "switch", "bridge", "gpu", "nvswitch"]
+    kind: Literal["nic", "nvme"]
+    address: str
+    name: str = Field(
+        description="Its RDMA device, else network interface, else NVMe controller, else its address"
+    )
+    nic: int | None = Field(None, description="The matrix's NIC<index> (network adapters)")
+    model: str | None = None
+    driver: str | None = None
+    numa_node: int | None = None
+
+
+class TreeNode(Strict):
+    """A node of the tree: NUMA node -> host bridge -> root port -> switches -> GPU / NVSwitch
+    (and, with ``--all``, network adapters and NVMe drives)."""
+
+    kind: Literal["numa", "host_bridge", "root_port", "switch", "bridge", "gpu", "nvswitch", "nic", "nvme"]
     id: str = Field(description="'numa:0' / 'numa:?', a host bridge 'dddd:bb', else a PCI address")
     label: str
-    detail: str | None = Field(None, description="Second line: CPUs of a NUMA node, a bridge's model")
+    detail: str | None = Field(
+        None, description="Second line: CPUs of a NUMA node, a bridge's model, an adapter's model and driver"
+    )
     gpu: GpuView | None = None
+    device: DeviceView | None = Field(None, description="A network adapter or NVMe drive (kind nic, nvme)")
     children: list[TreeNode] = Field(default_factory=list)
 
     def walk(self):
@@ -161,12 +179,28 @@ class MatrixGpu(Strict):
     minor: int | None = None
 
 
+class MatrixNic(Strict):
+    index: int = Field(description="NIC<index>: adapters with an RDMA device first, each part by address")
+    name: str = Field(
+        description="The NIC legend's name: its RDMA device, else network interface, else address"
+    )
+    address: str
+    numa_node: int | None = None
+    rdma: bool = Field(description="It has an RDMA device (nvidia-smi topo -m lists only those)")
+
+
 class DistanceMatrix(Strict):
-    """GPU-to-GPU PCIe distance, as ``nvidia-smi topo -m`` names it, computed from sysfs."""
+    """GPU-to-GPU and GPU-to-network-adapter PCIe distance, as ``nvidia-smi topo -m`` names
+    it, computed from sysfs."""
 
     gpus: list[MatrixGpu] = Field(default_factory=list)
     levels: list[list[str]] = Field(
-        default_factory=list, description="levels[i][j]: X, PIX, PXB, PHB, NODE, SYS"
+        default_factory=list, description="levels[i][j]: GPU i to GPU j: X, PIX, PXB, PHB, NODE, SYS"
+    )
+    nics: list[MatrixNic] = Field(default_factory=list, description="The network adapters, NIC0 first")
+    nic_levels: list[list[str]] = Field(
+        default_factory=list,
+        description="nic_levels[k]: NIC k to GPU0.. then to NIC0.. (GPU i to NIC k is nic_levels[k][i])",
     )
     legend: dict[str, str] = Field(default_factory=lambda: dict(LEGEND))
     notes: list[str] = Field(default_factory=list)

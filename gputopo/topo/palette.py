@@ -43,6 +43,8 @@ NODE_COLOURS = {
     "switch": ("#fafaf9", "#57534e"),
     "bridge": ("#ffffff", "#9ca3af"),
     "nvswitch": ("#e2e8f0", "#334155"),
+    "nic": ("#ecfeff", "#0e7490"),
+    "nvme": ("#f5f3ff", "#6d28d9"),
 }
 MOVE = "#dc2626"  # outline of a GPU that the plan moves
 FOREIGN = "#b91c1c"  # a foreign device in a GPU's IOMMU group

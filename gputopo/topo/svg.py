@@ -6,6 +6,13 @@ is (``class="gpu" data-address=... data-owner=...``), so tests and tools can rea
 back. Owners are colours (:mod:`gputopo.topo.palette`) and words, so the picture also reads in
 grey. In a before/after picture a GPU that the plan moves has a dashed red outline and a line
 saying where it goes (before) or where it came from (after); both sides have the same layout.
+
+The before/after picture is at most :data:`PLAN_WIDTH` wide as shown (a README, a browser
+window, a review tool). It is drawn at most :data:`SCALE_LIMIT` times as wide, its two sides
+side by side, each side's columns wrapping within half of that; a side too wide for half puts
+"after the plan" below "now". What is drawn wider than PLAN_WIDTH is shown smaller: the
+``width`` the document asks for is PLAN_WIDTH and its ``viewBox`` the drawing's own size, so
+12 px text shows at 10 px or more.
 """
 
 from __future__ import annotations
@@ -32,6 +39,8 @@ from gputopo.topo.model import GpuView, OwnerView, TopoReport, TreeNode
 from gputopo.topo.tree import gpu_views
 
 MAX_WIDTH = 1600
+PLAN_WIDTH = 1400  # the widest a before/after picture is shown
+SCALE_LIMIT = 1.2  # side by side up to this much wider than PLAN_WIDTH: shown smaller; beyond: stacked
 MARGIN = 16
 TITLE = 16
 SWATCH = 14
@@ -176,12 +185,17 @@ def _groups(
     return out, used, y - y0 - 4
 
 
-def _document(body: list[str], width: float, height: float, title: str) -> str:
+def _document(body: list[str], width: float, height: float, title: str, shown: float | None = None) -> str:
+    """The SVG document of ``body`` drawn ``width`` x ``height``; shown at most ``shown`` wide
+    (its width and height attributes scaled down, its viewBox the drawing's own size)."""
     w, h = int(width + 0.999), int(height + 0.999)
+    sw, sh = w, h
+    if shown is not None and w > shown:
+        sw, sh = int(shown), int(h * shown / w + 0.999)
     return (
         "\n".join(
             [
-                f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" '
+                f'<svg xmlns="http://www.w3.org/2000/svg" width="{sw}" height="{sh}" viewBox="0 0 {w} {h}" '
                 f'font-family="DejaVu Sans Mono, Menlo, Consolas, monospace" font-size="{FONT}">',
                 f"<title>{escape(title)}</title>",
                 f'<rect class="background" x="0" y="0" width="{w}" height="{h}" fill="#ffffff"/>',
@@ -224,8 +238,10 @@ def render_svg(report: TopoReport, title: str | None = None, max_width: float = 
         for r in report.tree
     ]
     items = _owner_items(_counts([views]), colours)
-    if any(n.kind == "nvswitch" for r in report.tree for n in r.walk()):
-        items.append(("NVSwitch", *palette.NODE_COLOURS["nvswitch"], False))
+    kinds = {n.kind for r in report.tree for n in r.walk()}
+    for kind, label in (("nvswitch", "NVSwitch"), ("nic", "network adapter"), ("nvme", "NVMe drive")):
+        if kind in kinds:
+            items.append((label, *palette.NODE_COLOURS[kind], False))
     legend, lw, lh = _legend(items, MARGIN, MARGIN + TITLE + 10, inner)
     top = MARGIN + TITLE + 10 + lh + 14
     panel = place(cols, MARGIN, top, inner)
@@ -258,17 +274,17 @@ def render_plan_svg(
     before: TopoReport,
     after: TopoReport,
     title: str | None = None,
-    max_width: float = MAX_WIDTH,
+    max_width: float = PLAN_WIDTH,
     groups: dict[str, str] | None = None,
 ) -> str:
     """The host now (left) and after the plan (right), side by side with one legend; what moves
     is outlined in dashed red on both sides and says where it goes. ``groups``: owner key -> why
     it gets its GPUs (the plan's placement lines), each shown under the legend in the owner's
-    colours."""
+    colours. Shown at most ``max_width`` wide (drawn at most :data:`SCALE_LIMIT` times as wide,
+    "after the plan" below "now" when the sides do not fit side by side)."""
     moved = moves(before, after)
     views_b, views_a = gpu_views(before.tree), gpu_views(after.tree)
     colours = palette.assign(v.owner for v in [*views_b, *views_a])
-    half = (max_width - 2 * MARGIN - PANEL_GAP) / 2
     title = title or (
         f"{before.hostname or 'host'} · PCIe topology · {len(views_b)} GPUs · "
         f"{len(moved)} change{'s' if len(moved) != 1 else ''}"
@@ -288,31 +304,53 @@ def render_plan_svg(
     items.append(("moves (dashed)", "#ffffff", palette.MOVE, True))
     if any(n.kind == "nvswitch" for r in before.tree for n in r.walk()):
         items.append(("NVSwitch", *palette.NODE_COLOURS["nvswitch"], False))
-    inner = max_width - 2 * MARGIN
+    # drawn up to SCALE_LIMIT times as wide as it is shown: 12 px text shows at 10 px or more
+    drawn = max_width * SCALE_LIMIT
+    inner = drawn - 2 * MARGIN
     legend, lw, lh = _legend(items, MARGIN, MARGIN + TITLE + 10, inner)
     why, ww, wh = _groups(groups or {}, colours, MARGIN, MARGIN + TITLE + 10 + lh + 8, inner)
     lw, lh = max(lw, ww), lh + (wh + 8 if wh else 0)
     heads = MARGIN + TITLE + 10 + lh + 14
+    head = [_text(MARGIN, MARGIN + TITLE - 3, Line(title, bold=True), size=TITLE), *legend, *why]
+    least = max(text_width(title) * TITLE / FONT, lw) + 2 * MARGIN
+    body, width, height = _sides(cols_b, cols_a, colours, set(moved), heads, inner, stacked=False)
+    if width > drawn:
+        body, width, height = _sides(cols_b, cols_a, colours, set(moved), heads, inner, stacked=True)
+    return _document([*head, *body], max(width, least), height + MARGIN, title, shown=max_width)
+
+
+def _sides(
+    cols_b: list, cols_a: list, colours, moved: set[str], heads: float, inner: float, stacked: bool
+) -> tuple[list[str], float, float]:
+    """The two sides from ``heads`` down: (SVG elements, width, height). Side by side, each
+    side's columns wrap within half of ``inner``; ``stacked``, "after the plan" is below "now"
+    and each wraps within all of it."""
     top = heads + LINE + 8
-    left = place(cols_b, MARGIN, top, half)
-    right_x = MARGIN + left.width + PANEL_GAP
-    right = place(cols_a, right_x, top, half)
-    sep = right_x - PANEL_GAP / 2
-    height = top + max(left.height, right.height)
+    if not stacked:
+        half = (inner - PANEL_GAP) / 2
+        left = place(cols_b, MARGIN, top, half)
+        after_x, after_head = MARGIN + left.width + PANEL_GAP, heads
+        right = place(cols_a, after_x, top, half)
+        sep = after_x - PANEL_GAP / 2
+        height = top + max(left.height, right.height)
+        rule = f"M{_n(sep)} {_n(heads)}L{_n(sep)} {_n(height)}"
+    else:
+        left = place(cols_b, MARGIN, top, inner)
+        after_x, after_head = MARGIN, top + left.height + PANEL_GAP
+        right = place(cols_a, MARGIN, after_head + LINE + 8, inner)
+        sep = after_head - PANEL_GAP / 2
+        height = after_head + LINE + 8 + right.height
+        rule = f"M{_n(MARGIN)} {_n(sep)}L{_n(MARGIN + max(left.width, right.width))} {_n(sep)}"
     body = [
-        _text(MARGIN, MARGIN + TITLE - 3, Line(title, bold=True), size=TITLE),
-        *legend,
-        *why,
         _text(MARGIN, heads + BASELINE, Line("now", bold=True), size=FONT + 2),
-        _text(right_x, heads + BASELINE, Line("after the plan", bold=True), size=FONT + 2),
-        f'<path class="separator" d="M{_n(sep)} {_n(heads)}L{_n(sep)} {_n(height)}" stroke="#d1d5db" '
-        f'stroke-width="1"/>',
+        _text(after_x, after_head + BASELINE, Line("after the plan", bold=True), size=FONT + 2),
+        f'<path class="separator" d="{rule}" stroke="#d1d5db" stroke-width="1"/>',
         '<g class="panel" data-side="before">',
-        *_panel_svg(left, colours, set(moved)),
+        *_panel_svg(left, colours, moved),
         "</g>",
         '<g class="panel" data-side="after">',
-        *_panel_svg(right, colours, set(moved)),
+        *_panel_svg(right, colours, moved),
         "</g>",
     ]
-    width = max(right_x + right.width - MARGIN, text_width(title) * TITLE / FONT, lw) + 2 * MARGIN
-    return _document(body, width, height + MARGIN, title)
+    width = (right.width if not stacked else max(left.width, right.width)) + after_x + MARGIN
+    return body, width, height

@@ -1,4 +1,5 @@
-"""The topology tree: NUMA node -> host bridge -> root port -> switches -> GPU / NVSwitch. Pure.
+"""The topology tree: NUMA node -> host bridge -> root port -> switches -> GPU / NVSwitch (and,
+asked for every device, network adapters and NVMe drives). Pure.
 
 Built from the facts' PCI chains (``host_bridge``, ``upstream``) and the owners of
 :mod:`gputopo.topo.owners`. A switch is one node (its upstream port): the downstream port a GPU
@@ -10,9 +11,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from gputopo.model.facts import Facts, Gpu, MemberRole, PciFunction, address_key
-from gputopo.topo.distance import matrix
-from gputopo.topo.model import FREE, Companion, GpuView, OwnerCount, OwnerView, TopoReport, TreeNode
+from gputopo.model.facts import Facts, Gpu, MemberRole, PciFunction, Peripheral, address_key
+from gputopo.topo.distance import matrix, nic_order
+from gputopo.topo.model import (
+    FREE,
+    Companion,
+    DeviceView,
+    GpuView,
+    OwnerCount,
+    OwnerView,
+    TopoReport,
+    TreeNode,
+)
 
 
 def link_text(g: Gpu) -> str | None:
@@ -115,9 +125,28 @@ def _sort(node: TreeNode) -> None:
         _sort(c)
 
 
-def build_tree(facts: Facts, owners: Mapping[str, OwnerView]) -> list[TreeNode]:
+def device_node(d: Peripheral, kind: str, nic: int | None = None) -> TreeNode:
+    """The tree's leaf for a network adapter (``kind`` nic, ``nic``: its NIC number) or an NVMe
+    drive (nvme): ``NIC0 0000:21:00.0  mlx5_0``, its model and driver as the detail."""
+    view = DeviceView(
+        kind=kind,
+        address=d.address,
+        name=d.name,
+        nic=nic,
+        model=short_model(d.model),
+        driver=d.driver,
+        numa_node=d.numa_node,
+    )
+    head = f"NIC{nic}" if kind == "nic" else "NVMe"
+    label = f"{head} {d.address}" + (f"  {d.name}" if d.name != d.address else "")
+    detail = f"{view.model or f'{d.vendor}:{d.device}'} · {d.driver or 'no driver'}"
+    return TreeNode(kind=kind, id=d.address, label=label, detail=detail, device=view)
+
+
+def build_tree(facts: Facts, owners: Mapping[str, OwnerView], every: bool = False) -> list[TreeNode]:
     """One root per NUMA node holding GPUs or NVSwitches (an unknown node last), each GPU with
-    its owner from ``owners`` (free when missing)."""
+    its owner from ``owners`` (free when missing); ``every``: network adapters and NVMe drives
+    too, under the same root ports and switches."""
     cpus = {n.id: n.cpulist for n in facts.host.numa_nodes}
     roots: dict[str, TreeNode] = {}
     index = {g.address: i for i, g in enumerate(facts.gpus)}
@@ -135,6 +164,9 @@ def build_tree(facts: Facts, owners: Mapping[str, OwnerView]) -> list[TreeNode]:
                 ),
             )
         )
+    if every:
+        devices += [(n, device_node(n, "nic", k)) for k, n in enumerate(nic_order(facts.nics))]
+        devices += [(d, device_node(d, "nvme")) for d in facts.nvme]
     for d, leaf in devices:
         nid = "?" if d.numa_node is None else str(d.numa_node)
         if nid not in roots:
@@ -190,14 +222,16 @@ def gpu_views(tree: list[TreeNode]) -> list[GpuView]:
     return [n.gpu for r in tree for n in r.walk() if n.gpu is not None]
 
 
-def build_report(facts: Facts, owners: Mapping[str, OwnerView]) -> TopoReport:
-    """The tree and the distance matrix of ``facts`` with ``owners`` (``gputopo topo --json``)."""
-    tree = build_tree(facts, owners)
+def build_report(facts: Facts, owners: Mapping[str, OwnerView], every: bool = False) -> TopoReport:
+    """The tree and the distance matrix of ``facts`` with ``owners`` (``gputopo topo --json``);
+    ``every``: the tree shows network adapters and NVMe drives too (``--all``). The matrix
+    always has the network adapters, as ``nvidia-smi topo -m`` does."""
+    tree = build_tree(facts, owners, every)
     report = TopoReport(
         hostname=facts.host.hostname,
         owners=owner_counts(gpu_views(tree)),
         tree=tree,
-        matrix=matrix(facts.gpus),
+        matrix=matrix(facts.gpus, facts.nics),
         warnings=list(facts.warnings),
     )
     if facts.nvswitches:

@@ -89,7 +89,7 @@ def test_plan_over_api_url_without_pct_refuses_a_service_it_cannot_read(capsys, 
     )
     assert code == 2 and out == ""
     assert one_line(err) == (
-        "refused: container 101: cannot read sglang.service's command (no pct on this machine): set "
+        "gputopo: error: refused: container 101: cannot read sglang.service's command (no pct on this machine): set "
         "service.command in the spec, or run gputopo on the node (--local)"
     )
     # with service.command the plan is made, its drop-in the spec's command with the new tp size

@@ -58,7 +58,8 @@ def test_a_usage_error_is_one_line_naming_the_command_and_the_culprit(capsys, ar
     code, _, err = run(capsys, *argv)
     line = one_line(err)
     assert code == 2
-    assert line.startswith(f"{command}: error: ")
+    sub = command.removeprefix("gputopo").strip()
+    assert line.startswith(f"gputopo: error: {sub}: ")
     assert culprit in line and line.endswith(f"(see '{command} --help')")
 
 
@@ -266,7 +267,7 @@ def test_an_address_that_is_no_gpu_here_is_refused(capsys, seed, spec_file):
     bad = _variant(spec_file, "numa: [0]", 'addresses: ["0000:0A:00.0"]', "addr.yaml")
     code, _, err = run(capsys, "plan", "--root", str(seed), "--spec", str(bad))
     assert code == 2
-    assert one_line(err) == "refused: 0000:0a:00.0: no such GPU on this host (container:101)"
+    assert one_line(err) == "gputopo: error: refused: 0000:0a:00.0: no such GPU on this host (container:101)"
 
 
 def test_duplicate_keys_are_refused_not_silently_merged(capsys, seed, spec_file):
@@ -293,7 +294,9 @@ def test_a_numa_node_the_host_does_not_have_is_refused(capsys, seed, spec_file):
     bad = _variant(spec_file, "numa: [0]", "numa: [7]", "numa7.yaml")
     code, _, err = run(capsys, "plan", "--root", str(seed), "--spec", str(bad))
     assert code == 2
-    assert one_line(err) == "refused: container:101: this host has no NUMA node 7 (it has 0, 1)"
+    assert (
+        one_line(err) == "gputopo: error: refused: container:101: this host has no NUMA node 7 (it has 0, 1)"
+    )
 
 
 # --- the node must be this host -------------------------------------------------------------------
@@ -359,13 +362,41 @@ def test_plan_refuses_a_container_that_does_not_exist_as_apply_does(capsys, sim,
     ):
         code, out, err = run(capsys, "plan", *source, "--spec", str(spec))
         assert code == 2 and out == "", source
-        assert one_line(err) == "refused: container 555 does not exist on node pve1", source
+        assert one_line(err) == "gputopo: error: refused: container 555 does not exist on node pve1", source
     empty = tmp_path / "pve"
     empty.mkdir()
     code, out, err = run(
         capsys, "plan", "--root", str(sim.paths.root), "--pve-root", str(empty), "--spec", str(spec)
     )
     assert code == 0 and "CT 555: set dev0=" in out, err
+
+
+@pytest.mark.slow
+def test_init_for_a_container_that_does_not_exist_is_one_line_and_writes_nothing(capsys, sim, tmp_path):
+    """Not pct's words (``systemctl list-units ... exited 255: Configuration file ...``) as a
+    warning and a spec for a container that is not there: one line naming it, exit 2."""
+    out_file = tmp_path / "spec.yaml"
+    code, out, err = run(capsys, "init", "--sim", str(sim.dir), "--container", "999", "-o", str(out_file))
+    assert (code, out) == (2, "")
+    assert one_line(err) == (
+        "gputopo: error: container 999 does not exist on node pve1 (containers there: 101); "
+        "give its vmid with --container"
+    )
+    assert not out_file.exists()
+    # quick mode says it once, as the plan's refusal, without pct's words before it
+    code, out, err = run(capsys, "plan", "--sim", str(sim.dir), "--split", "numa", "--container", "999")
+    assert code == 2 and "container 999 does not exist on node pve1" in one_line(err)
+
+
+@pytest.mark.slow
+def test_init_with_its_container_stopped_says_so_in_one_line(capsys, sim):
+    assert run(capsys, "sim", "guest", "stop", "101", "--sim", str(sim.dir))[0] == 0
+    code, out, err = run(capsys, "init", "--sim", str(sim.dir))
+    assert code == 0 and "- vmid: 101" in out
+    assert one_line(err) == (
+        "gputopo: warning: container 101 is stopped: its inference unit cannot be looked for; "
+        "the service is not managed"
+    )
 
 
 # --- init and quick mode: options the spec would refuse -------------------------------------------

@@ -36,6 +36,7 @@ OFFERED = {
     "apply": ["--root", "--sim", *API, "--node"],
     "recover": ["--root", "--sim", *API, "--node"],
     "verify": ["--root", "--sim", *API, "--node"],
+    "watch": ["--root", "--sim", *API, "--node"],
     "topo": ["--root", "--pve-root", "--sim", "--node"],
     "discover": ["--root"],
     "snapshot": ["--root"],

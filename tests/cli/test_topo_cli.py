@@ -76,7 +76,9 @@ def test_matrix(sim, capsys):
     code, out, _ = run_cli(["topo", "--matrix", *_where(sim)], capsys)
     assert code == 0
     lines = out.splitlines()
-    assert lines[0].split() == [f"GPU{i}" for i in range(8)] + ["CPU", "Affinity", "NUMA", "Affinity"]
+    nics = [f"NIC{k}" for k in range(4)]
+    assert lines[0].split() == [f"GPU{i}" for i in range(8)] + nics + ["CPU", "Affinity", "NUMA", "Affinity"]
+    # seed.yaml: the X710 (82:00.0/.1) and the ConnectX-7 (a1:00.0/.1), no RDMA names: by address
     assert lines[1].split() == [
         "GPU0",
         "X",
@@ -87,12 +89,45 @@ def test_matrix(sim, capsys):
         "SYS",
         "SYS",
         "SYS",
+        *["SYS"] * 4,  # GPU0 is on NUMA node 0, every adapter on node 1
         "0-63,128-191",
         "0",
     ]
-    assert lines[8].split()[6:] == ["NODE", "NODE", "X", "64-127,192-255", "1"]
+    # GPU4 (81:00.0 behind root port 80:01.1) and the X710 (behind 80:05.1) share host bridge
+    # 0000:80: PHB; the ConnectX-7 hangs from host bridge 0000:a0 on the same node: NODE
+    assert lines[5].split()[9:13] == ["PHB", "PHB", "NODE", "NODE"]
+    assert lines[8].split()[6:] == [
+        "NODE",
+        "NODE",
+        "X",
+        "NODE",
+        "NODE",
+        "NODE",
+        "NODE",
+        "64-127,192-255",
+        "1",
+    ]
+    assert lines[9].split() == [
+        "NIC0",
+        *["SYS"] * 4,
+        "PHB",
+        "NODE",
+        "NODE",
+        "NODE",
+        "X",
+        "PIX",
+        "NODE",
+        "NODE",
+    ]
     assert "  PIX  = Connection traversing at most a single PCIe bridge" in lines
     assert "  GPU6  0000:e1:00.0  minor 7   container 101" in lines
+    legend = lines.index("NIC Legend:")
+    assert lines[legend + 2 : legend + 6] == [
+        "  NIC0: 0000:82:00.0",
+        "  NIC1: 0000:82:00.1",
+        "  NIC2: 0000:a1:00.0",
+        "  NIC3: 0000:a1:00.1",
+    ]
 
 
 def test_json_and_its_schema(sim, capsys):
@@ -115,12 +150,38 @@ def test_json_and_its_schema(sim, capsys):
     assert set(gpu["owner"]) == set(schema["$defs"]["OwnerView"]["properties"])
 
 
+def test_json_with_all_has_adapters_drives_and_the_nic_matrix(sim, capsys):
+    code, out, _ = run_cli(["topo", "--json", *_where(sim)], capsys)
+    plain = json.loads(out)
+    code, out, _ = run_cli(["topo", "--json", "--all", *_where(sim)], capsys)
+    assert code == 0
+    data = json.loads(out)
+    schema = json.loads(run_cli(["schema", "topo"], capsys)[1])
+
+    def walk(node):
+        yield node
+        for c in node["children"]:
+            yield from walk(c)
+
+    kinds = {k: [n for r in data["tree"] for n in walk(r) if n["kind"] == k] for k in ("nic", "nvme")}
+    assert [n["id"] for n in kinds["nic"]] == ["0000:82:00.0", "0000:82:00.1", "0000:a1:00.0", "0000:a1:00.1"]
+    assert [n["id"] for n in kinds["nvme"]] == ["0000:21:00.0", "0000:22:00.0"]
+    assert set(kinds["nic"][0]["device"]) == set(schema["$defs"]["DeviceView"]["properties"])
+    assert [n["device"]["nic"] for n in kinds["nic"]] == [0, 1, 2, 3]
+    assert not [n for r in plain["tree"] for n in walk(r) if n["kind"] in ("nic", "nvme")]
+    # the matrix is the same with or without --all: the adapters are always in it
+    assert data["matrix"] == plain["matrix"] and len(data["matrix"]["nic_levels"]) == 4
+    assert set(data["matrix"]["nics"][0]) == set(schema["$defs"]["MatrixNic"]["properties"])
+
+
 def test_pictures_to_files(sim, tmp_path, capsys):
     code, _, err = run_cli(["topo", *_where(sim), "--format", "svg", "-o", str(tmp_path / "t.svg")], capsys)
     assert code == 0 and err.strip() == f"wrote {tmp_path / 't.svg'}"
     assert (tmp_path / "t.svg").read_text().count('class="gpu"') == 8
     code, out, _ = run_cli(["topo", *_where(sim), "--format", "dot"], capsys)
-    assert code == 0 and out.startswith('digraph "pve1"')
+    assert code == 0 and out.startswith('digraph "pve1"') and "NIC0" not in out
+    code, out, _ = run_cli(["topo", *_where(sim), "--all", "--format", "dot"], capsys)
+    assert code == 0 and all(f"NIC{k} " in out for k in range(4)) and out.count("NVMe 0000:") == 2
     code, _, _ = run_cli(["topo", *_where(sim), "-o", str(tmp_path / "tree.txt")], capsys)
     text = (tmp_path / "tree.txt").read_text()
     assert code == 0 and "GPU0 0000:01:00.0  container 101" in text and not ANSI.search(text)
@@ -153,7 +214,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, fresh_host, capsys):
         "does not lead into sys/devices)"
     )
     line = _one_line_error(*run_cli(["topo", "--root", str(root), "--format", "png"], capsys)[::2])
-    assert line.startswith("gputopo topo: error: Invalid value for '--format': 'png' is not one of")
+    assert line.startswith("gputopo: error: topo: Invalid value for '--format': 'png' is not one of")
     line = _one_line_error(*run_cli(["topo", "--root", str(root), "--format", "svg", "--json"], capsys)[::2])
     assert line == "gputopo: error: --json and --format svg exclude each other"
     broken = tmp_path / "broken.tar.gz"
@@ -279,3 +340,34 @@ def test_large_tree_in_a_real_80_column_terminal(materialized, tmp_path):
     gpu_lines = [ln for ln in plain if re.search(r"GPU\d+ [0-9a-f]{4}:", ln)]
     assert len(gpu_lines) == 68 and all(ln.endswith("free") for ln in gpu_lines)
     assert sum("NVSwitch 0000:" in ln for ln in plain) == 2
+
+
+@pytest.mark.skipif(
+    TMUX is None, reason="tmux is not installed (apt-get install tmux): terminal view not checked"
+)
+@pytest.mark.slow
+def test_all_shows_adapters_and_drives_in_a_real_80_column_terminal(materialized, tmp_path):
+    root = materialized("esc8000a")
+    raw = _tmux_capture(
+        ["topo", "--all", "--root", str(root), "--pve-root", str(tmp_path / "none")],
+        "NIC5 0000:82:00.1",
+        tmp_path,
+    )
+    plain = [ln for ln in (ANSI.sub("", x).rstrip() for x in raw.splitlines()) if ln]
+    assert max(len(ln) for ln in plain) <= 80 and not any("…" in ln for ln in plain)
+    tree = [ln for ln in plain if not ln.startswith(("python", "$"))]
+
+    def below(parent: str, child: str) -> bool:
+        """``child`` is the next entry under ``parent``, one level deeper (its branch sign)."""
+        i = next(k for k, ln in enumerate(tree) if ln.endswith(parent))
+        col = len(tree[i]) - len(parent)
+        return tree[i + 1][col:].startswith(("├── " + child, "└── " + child))
+
+    # each under its own root port, named as the kernel names it, its model on the next line
+    assert below("host bridge 0000:20 · root port 0000:20:03.1", "NIC0 0000:21:00.0  mlx5_0")
+    assert below("root port 0000:00:05.1", "NVMe 0000:02:00.0  nvme16")
+    assert below("root port 0000:80:05.1", "NIC4 0000:82:00.0")
+    i = next(k for k, ln in enumerate(tree) if ln.endswith("NIC0 0000:21:00.0  mlx5_0"))
+    assert tree[i + 1].endswith("ConnectX-7 · mlx5_core")
+    # the model line is dim, as a GPU's details are
+    assert re.search(r"\x1b\[2m(\x1b\[[0-9;]*m)*ConnectX-7 · mlx5_core", raw)

@@ -48,10 +48,11 @@ def owned_state(facts: Facts) -> CurrentState:
     )
 
 
-def host_picture(root, name: str) -> Picture:
+def host_picture(root, name: str, every: bool = False) -> Picture:
+    """``every``: network adapters and NVMe drives drawn too (``topo --all``)."""
     facts = discover(root)
     owners = owners_now(facts, owned_state(facts))
-    return Picture(name, render_svg(build_report(facts, owners)), facts, owners, set(), 1)
+    return Picture(name, render_svg(build_report(facts, owners, every)), facts, owners, set(), 1)
 
 
 def plan_picture(root, name: str, vm_mapping: str) -> Picture:
@@ -73,6 +74,7 @@ def plan_picture(root, name: str, vm_mapping: str) -> Picture:
 
 def all_pictures(materialized) -> list[Picture]:
     out = [host_picture(materialized(h), h) for h in list_hosts()]
+    out.append(host_picture(materialized("esc8000a"), "esc8000a-all", every=True))
     out.append(plan_picture(materialized("seed"), "seed-split", "pro6000-vm"))
     out.append(plan_picture(materialized("large"), "large-split", "h100-vm"))
     return out
@@ -93,4 +95,11 @@ def boxes(root: ET.Element) -> list[tuple[ET.Element, ET.Element, tuple[float, f
 
 
 def size(root: ET.Element) -> tuple[float, float]:
+    """The drawing's own size: the viewBox its boxes' coordinates are in."""
+    _, _, w, h = (float(v) for v in root.get("viewBox").split())
+    return w, h
+
+
+def shown_size(root: ET.Element) -> tuple[float, float]:
+    """The size the picture asks to be shown at (its width and height attributes)."""
     return float(root.get("width")), float(root.get("height"))

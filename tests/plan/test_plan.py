@@ -507,7 +507,7 @@ def test_cli_refusals_one_line_each_exit_2(host, ct, vm, want, refusals_root, ma
         ["plan", "--spec", str(spec), "--root", str(root), "--pve-root", str(tmp_path / "pve")], capsys
     )
     assert (code, out) == (2, "")
-    assert err.splitlines() == [f"refused: {w}" for w in want]
+    assert err.splitlines() == [f"gputopo: error: refused: {w}" for w in want]
 
 
 def test_cli_plan_json_shape(materialized, tmp_path, capsys):

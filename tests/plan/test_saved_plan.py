@@ -53,7 +53,8 @@ def _save(capsys, sim, spec, out, *extra):
 def test_a_saved_plan_applies_exactly_its_steps(capsys, sim, spec, tmp_path):
     out = tmp_path / "plan.json"
     stdout, err = _save(capsys, sim, spec, out)
-    assert f"wrote {out}: apply it with 'gputopo apply {out}'" in err
+    # the hint names the simulated host the plan was made on: pasted, it applies there
+    assert f"wrote {out}: apply it with 'gputopo apply {out} --sim {sim.dir}'" in err
     saved = parse_saved_plan(out.read_text(), str(out))
     assert saved.schema_version == 2 and saved.source == f"sim {sim.dir}" and saved.plan.actions
     assert saved.fingerprint == fp(saved.state)

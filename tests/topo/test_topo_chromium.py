@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from gputopo.topo import palette
-from helpers.topo_pictures import all_pictures, boxes, parse, size
+from helpers.topo_pictures import all_pictures, boxes, parse, shown_size, size
 
 pytestmark = pytest.mark.slow  # a real headless Chromium draws every picture; the full run only
 
@@ -27,6 +27,7 @@ REQUIRE = os.environ.get("GPUTOPO_REQUIRE_CHROMIUM") == "1"
 VIEW_WIDTH = 1600
 NAMES = [
     "esc8000a",
+    "esc8000a-all",
     "iommu-off",
     "large",
     "numa-unknown",
@@ -51,16 +52,24 @@ def pictures(materialized):
     return {p.name: p for p in all_pictures(materialized)}
 
 
-def screenshot(browser: str, svg: str, workdir: Path) -> tuple[Path, float, int]:
-    """Show ``svg`` in a page VIEW_WIDTH wide and screenshot it: (png, scale, page height)."""
+def screenshot(
+    browser: str, svg: str, workdir: Path, view_width: int = VIEW_WIDTH, own_size: bool = False
+) -> tuple[Path, float, int]:
+    """Show ``svg`` in a page ``view_width`` wide and screenshot it: (png, the scale from the
+    drawing's coordinates to the screenshot's pixels, page height). The picture is shown at the
+    size it asks for, made narrower to fit the page; ``own_size``: as the browser shows it
+    unasked (an <img> without a size), which is what a README or a review tool does."""
     workdir.mkdir(parents=True)
     (workdir / "picture.svg").write_text(svg)
     w, h = size(parse(svg))
-    scale = min(1.0, VIEW_WIDTH / w)
-    height = math.ceil(h * scale)
+    sw, sh = shown_size(parse(svg))
+    fit = 1.0 if own_size else min(1.0, view_width / sw)
+    scale = sw * fit / w
+    height = math.ceil(sh * fit)
+    style = "display:block" if own_size else f"display:block;width:{sw * fit:.2f}px;height:{sh * fit:.2f}px"
     (workdir / "page.html").write_text(
         '<!DOCTYPE html><html><body style="margin:0;background:#ffffff">'
-        f'<img src="picture.svg" style="display:block;width:{w * scale:.2f}px;height:{h * scale:.2f}px">'
+        f'<img src="picture.svg" style="{style}">'
         "</body></html>"
     )
     png = workdir / "shot.png"
@@ -77,7 +86,7 @@ def screenshot(browser: str, svg: str, workdir: Path) -> tuple[Path, float, int]
         "--hide-scrollbars",
         f"--user-data-dir={workdir / 'profile'}",
         f"--screenshot={png}",
-        f"--window-size={VIEW_WIDTH},{height}",
+        f"--window-size={view_width},{height}",
         (workdir / "page.html").as_uri(),
     ]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
@@ -139,3 +148,27 @@ def test_picture_in_chromium(chromium, pictures, tmp_path, name):
     assert all(
         c in {p.fill for p in (*palette.CONTAINERS, *palette.VMS, palette.FREE)} for c in colours.values()
     )
+
+
+@pytest.mark.parametrize("name", ["seed-split", "large-split"])
+def test_a_plan_picture_fits_1400_px_as_chromium_shows_it(chromium, pictures, tmp_path, name):
+    """Shown as the browser shows it unasked, in a window wider than 1400 px: nothing is drawn
+    at x >= 1400 and the drawing reaches its right margin (it is shown smaller, not cut), every
+    GPU box where the picture's own scale puts it, in its owner's colour."""
+    from PIL import Image
+
+    pic = pictures[name]
+    root = parse(pic.svg)
+    assert size(root)[0] > 1400  # drawn wider than it is shown
+    png, scale, height = screenshot(chromium, pic.svg, tmp_path / name, view_width=1800, own_size=True)
+    img = Image.open(png).convert("RGB")
+    px = img.load()
+    inked = [x for x in range(img.width) if any(min(px[x, y]) < 250 for y in range(0, height, 2))]
+    assert max(inked) < 1400, f"{name}: drawn out to x = {max(inked)}"
+    # shown smaller, not cut: the rightmost box's outline is drawn where the scale puts it
+    right = max(x + w for _, _, (x, _, w, _) in boxes(root)) * scale
+    assert max(inked) >= right - 3, f"{name}: drawn to x = {max(inked)}, box at {right}"
+    for g, rect, (x, y, w, h) in boxes(root):
+        if g.get("class") == "gpu":
+            cx, cy = int((x + w - 7) * scale), int((y + h - 3.5) * scale)
+            assert _near(px[cx, cy], rect.get("fill")), (name, g.get("data-address"), px[cx, cy])

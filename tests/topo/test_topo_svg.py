@@ -12,7 +12,16 @@ import pytest
 from gputopo.topo import palette
 from gputopo.topo.dot import render_dot
 from gputopo.topo.tree import build_report
-from helpers.topo_pictures import SVG_NS, all_pictures, boxes, owned_state, parse, size
+from helpers.topo_pictures import (
+    SVG_NS,
+    all_pictures,
+    boxes,
+    owned_state,
+    parse,
+    plan_picture,
+    shown_size,
+    size,
+)
 
 FONTS = "/usr/share/fonts/truetype/dejavu"
 
@@ -25,6 +34,7 @@ def pictures(materialized):
 NAMES = [
     "dgx2",
     "esc8000a",
+    "esc8000a-all",
     "iommu-off",
     "large",
     "numa-unknown",
@@ -54,6 +64,12 @@ def test_every_gpu_once_per_side_with_its_owner(pictures, name):
     switches = Counter(g.get("data-id") for g, _, _ in boxes(root) if g.get("data-kind") == "nvswitch")
     assert set(switches) == {s.address for s in pic.facts.nvswitches}
     assert set(switches.values()) <= {pic.sides}
+    # network adapters and NVMe drives only in a --all picture, each once
+    for kind, devices in (("nic", pic.facts.nics), ("nvme", pic.facts.nvme)):
+        drawn = [g.get("data-id") for g, _, _ in boxes(root) if g.get("data-kind") == kind]
+        assert sorted(drawn) == (sorted(d.address for d in devices) if name.endswith("-all") else [])
+    legend = [t.text for t in root.find(f"{SVG_NS}g[@class='legend']").iter(f"{SVG_NS}text")]
+    assert ({"network adapter", "NVMe drive"} <= set(legend)) == name.endswith("-all")
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -73,14 +89,16 @@ def test_boxes_inside_the_picture_and_readable_at_1600px(pictures, name):
     width, height = size(root)
     for _, _, (x, y, w, h) in boxes(root):
         assert 0 <= x and x + w <= width and 0 <= y and y + h <= height
-    # shown 1600 px wide, the 12 px text must stay at 9 px or more
-    assert 12 * min(1.0, 1600 / width) >= 9, f"{name}: {width} px wide"
+    # shown as it asks, at most 1600 px wide, the 12 px text must stay at 9 px or more
+    shown, shown_h = shown_size(root)
+    assert shown_h / shown == pytest.approx(height / width, rel=0.01)
+    assert 12 * (shown / width) * min(1.0, 1600 / shown) >= 9, f"{name}: {width} px wide"
 
 
 @pytest.mark.skipif(
     not os.path.isfile(f"{FONTS}/DejaVuSansMono.ttf"), reason="DejaVu Sans Mono not installed"
 )
-@pytest.mark.parametrize("name", ["seed-split", "shared-group", "esc8000a", "large"])
+@pytest.mark.parametrize("name", ["seed-split", "shared-group", "esc8000a", "esc8000a-all", "large"])
 def test_text_fits_its_box_in_the_real_font(pictures, name):
     from PIL import ImageFont
 
@@ -143,6 +161,50 @@ def test_plan_picture_marks_what_moves(pictures):
     assert len(after) == len(before) and shift > 0
     for a, b in zip(after, before):
         assert a[0] - b[0] == pytest.approx(shift, abs=0.2) and a[1:] == pytest.approx(b[1:], abs=0.2)
+
+
+@pytest.mark.parametrize("name", ["seed-split", "large-split"])
+def test_a_plan_picture_is_shown_at_most_1400_px_wide_with_text_of_10_px(pictures, name):
+    root = parse(pictures[name].svg)
+    width, _ = size(root)
+    shown, _ = shown_size(root)
+    assert width > 1400  # these hosts are drawn wider: the picture asks to be shown smaller
+    assert shown == 1400 and 12 * shown / width >= 10
+
+
+def test_sides_too_wide_for_half_go_one_below_the_other(materialized):
+    """A picture shown 500 px wide cannot hold the seed host's two sides side by side: "after
+    the plan" goes below "now", with the same layout, and the picture still fits."""
+    from gputopo.model.state import ContainerState, CurrentState
+    from gputopo.topo.owners import owners_now
+    from gputopo.topo.svg import render_plan_svg
+
+    pic = plan_picture(materialized("seed"), "seed-split", "pro6000-vm")
+    facts = pic.facts
+    current = CurrentState(
+        containers={
+            101: ContainerState(
+                config={
+                    f"dev{i}": f"/dev/nvidia{g.minor}"
+                    for i, g in enumerate(facts.gpus)
+                    if g.minor is not None
+                }
+            )
+        }
+    )
+    before = build_report(facts, owners_now(facts, current))
+    after = build_report(facts, pic.owners)
+    root = parse(render_plan_svg(before, after, max_width=500))
+    assert shown_size(root)[0] <= 500
+    sides = root.findall(f"{SVG_NS}g[@class='panel']")
+    first = [r for _, _, r in boxes(sides[0])]
+    second = [r for _, _, r in boxes(sides[1])]
+    assert len(first) == len(second) > 8
+    assert min(y for _, y, _, _ in second) > max(y + h for _, y, _, h in first)
+    drop = second[0][1] - first[0][1]
+    for a, b in zip(second, first):
+        assert (a[0], a[2], a[3]) == pytest.approx((b[0], b[2], b[3]), abs=0.2)
+        assert a[1] - b[1] == pytest.approx(drop, abs=0.2)
 
 
 def test_dot_text(materialized):

@@ -99,12 +99,12 @@ from ansible.module_utils.basic import AnsibleModule
 def one_line(stderr, stdout, rc):
     """The reason gputopo gave: its 'gputopo: error:' line, else its last line."""
     lines = [ln.strip() for ln in (stderr or "").splitlines() if ln.strip()]
-    for ln in reversed(lines):
-        if ln.startswith("gputopo: error: "):
-            return ln[len("gputopo: error: ") :]
-    refused = [ln for ln in lines if ln.startswith("refused: ")]
-    if refused:
+    errors = [ln[len("gputopo: error: ") :] for ln in lines if ln.startswith("gputopo: error: ")]
+    refused = [e for e in errors if e.startswith("refused: ")]
+    if refused:  # a refused plan: one line per reason, every reason kept
         return "; ".join(refused)
+    if errors:
+        return errors[-1]
     if lines:
         return lines[-1]
     out = [ln.strip() for ln in (stdout or "").splitlines() if ln.strip()]
