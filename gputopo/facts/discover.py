@@ -265,7 +265,8 @@ def discover(
         warnings.append(f"no IOMMU groups under {IOMMU_GROUPS}: the IOMMU is off; passthrough is impossible")
     nv_dirs = addresses_in(os.path.join(root_s, NVIDIA_GPUS))
     names = load_pci_names(
-        root_s, {a: (ids[a][0][2:], ids[a][1][2:]) for a in gpu_addrs + nvswitch_addrs + nic_addrs + nvme_addrs}
+        root_s,
+        {a: (ids[a][0][2:], ids[a][1][2:]) for a in gpu_addrs + nvswitch_addrs + nic_addrs + nvme_addrs},
     )
 
     def full(addr: str) -> PciFunction:
