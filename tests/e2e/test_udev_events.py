@@ -65,11 +65,10 @@ def test_monitor_hears_the_kernels_unbind_and_bind_and_udevs_after_its_rules(gue
     assert [e["action"] for e in k] == ["unbind", "bind"], k
     assert k[1]["driver"] == "vfio-pci" and k[0]["seqnum"] < k[1]["seqnum"]
     assert _of(kernel, group, "add"), kernel
-    # udev broadcast the same events (same SEQNUM) once it had processed them
+    # udev broadcast the same events (same SEQNUM) once it had processed them, in their order
+    # (each monitor's times are its own thread's: only gaps far above a thread switch count)
     u = {e["seqnum"]: e for e in _of(udev, gpu)}
-    for e in k:
-        assert e["seqnum"] in u, f"udev never broadcast {e}"
-        assert u[e["seqnum"]]["t"] >= e["t"], (e, u[e["seqnum"]])
+    assert [e["seqnum"] for e in k] == sorted(u), (k, u)
     # the bind's broadcast came after the rule's program ended, rule_s after the kernel's event
     bind_u = u[k[1]["seqnum"]]
     ended = step["stamps_after_settle"]["gpu_bind"]
