@@ -21,8 +21,9 @@ How "udev has processed THIS event" is told:
   ``SEQNUM``, so an earlier event of the same device that udev is still busy with (an unbind
   before the bind) cannot end the wait, and none of the write's events can be missed.
 * udev processes the events of one device in order (an event waits while an earlier one of
-  the same or a parent/child devpath is processed, ``src/udev/udev-manager.c``
-  ``event_is_blocked``), so the device's last event seen means its earlier ones are done.
+  the same or a parent/child devpath is processed: ``event_is_blocked`` in
+  ``src/udev/udev-manager.c``, ``udevd.c`` in older releases), so the device's last event seen
+  means its earlier ones are done.
 * Not ``Device.is_initialized`` / ``USEC_INITIALIZED``: udev keeps the first initialisation
   time across later events (``src/udev/udev-event.c`` ``udev_event_execute_rules``: "preserve
   old, or get new initialization timestamp"), so a device present since boot reads initialised
