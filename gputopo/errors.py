@@ -198,6 +198,19 @@ class SysfsTimeout(GputopoError):
         super().__init__(f"{who}writing {value!r} to {path} did not return within {timeout:g} s")
 
 
+class UdevTimeout(GputopoError):
+    """udev did not process a device's event in time after a driver change: the device nodes
+    and permissions its rules make may not be in place yet."""
+
+    def __init__(self, waiting: list[str], timeout: float):
+        self.waiting = waiting  # "bind of 0000:01:00.0", "add of vfio group 7"
+        super().__init__(
+            f"udev did not process the {', '.join(waiting)} event{'s' if len(waiting) > 1 else ''} "
+            f"within {timeout:g} s (what 'udevadm settle' waits for); its rules' device nodes may be "
+            "missing: see 'journalctl -u systemd-udevd'"
+        )
+
+
 class BindError(GputopoError):
     """A device did not end up on the driver it was meant to (read back after the write)."""
 

@@ -16,6 +16,9 @@ Each external system sits behind one small Protocol; a real adapter and the simu
   ``gputopo.adapters.ssh.SshRunner``, as ``root@<node>``)
 * :class:`ClusterApiPort` -- what the cluster-wide steps ask of the API of any node: members,
   HA placement, migration preconditions (real: ``gputopo.adapters.clusterapi.ClusterApi``)
+* :class:`DeviceEventsPort` -- udev's processed device events, heard while a sysfs write's
+  rules run (real: ``gputopo.adapters.udev.UdevEvents`` over ``pyudev.Monitor``; None where
+  no udev runs: the simulator, a container)
 
 :class:`Ports` bundles them, typed, with a ``close`` hook for whatever building them started:
 nothing else travels with them, so no code path can tell a simulated host from a real one.
@@ -341,6 +344,50 @@ class ClusterApiPort(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class DeviceEvent:
+    """One device event as udev broadcast it once it had processed it: its rules run, their
+    ``RUN`` programs done, its database entry written.
+
+    ``action`` (``bind``, ``unbind``, ``add``, ``remove``, ``change``), ``subsystem`` (``pci``,
+    ``vfio``), ``name`` (the device's sysfs name: ``0000:01:00.0``, the vfio group ``7``),
+    ``seqnum`` (the kernel's ``SEQNUM`` of the event), ``driver`` (``DRIVER`` of a bind),
+    ``failed`` (what udev says when a rule or program of the event failed, else None) and
+    ``at`` (``time.monotonic()`` when this process received it)."""
+
+    action: str
+    subsystem: str
+    name: str
+    seqnum: int
+    driver: str | None = None
+    failed: str | None = None
+    at: float = 0.0
+
+
+class DeviceEventListener(Protocol):
+    """Events udev broadcast after it processed them, from the moment the listener was made."""
+
+    # the kernel's last event number (``/sys/kernel/uevent_seqnum``) once it listened: every
+    # event of a write made after that carries a larger one
+    seqnum: int
+
+    def receive(self, timeout: float) -> DeviceEvent | None:
+        """The next event, waiting at most ``timeout`` seconds; None when none came."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class DeviceEventsPort(Protocol):
+    """udev's side of a device's events: what a caller listens to before a sysfs write, so it
+    can wait until udev has processed that write's events (see ``gputopo.adapters.udev``)."""
+
+    def listen(self) -> DeviceEventListener | None:
+        """Start listening; None when no udev runs here (the wait is then skipped)."""
+        ...
+
+
 def _nothing() -> None:
     return None
 
@@ -357,3 +404,4 @@ class Ports:
     http: HttpPort
     close: Callable[[], None] = field(default=_nothing)
     host: HostCommandPort | None = None  # commands on the host; None where none can run
+    udev: DeviceEventsPort | None = None  # udev's processed events; None where no udev runs

@@ -6,6 +6,11 @@
 thread under a timeout (an unbind can block in the kernel for ever while the device is in use)
 and reads the result back from the tree instead of trusting the write's return value.
 
+udev: a move ends once udev has processed the events of the devices it moved (the ``bind`` or
+``unbind`` of each function, the ``add`` of a vfio group it created), so that the nodes and
+permissions udev's rules make are in place when the next step uses them
+(:mod:`gputopo.adapters.udev`); with no ``events`` port (no udev) it does not wait.
+
 Override policy: the override is the only thing that keeps an unbound device away from its
 native driver, and after a reboot or a rescan sysfs forgets it anyway, so the Binder clears it
 after a successful move unless the caller asks to keep it (``keep_override``) as a pin until the
@@ -17,12 +22,14 @@ from __future__ import annotations
 import errno
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gputopo.errors import BindError, SysfsTimeout, SysfsWriteError
+from gputopo.adapters.udev import Expect, await_events, say_once
+from gputopo.errors import BindError, SysfsTimeout, SysfsWriteError, UdevTimeout
 from gputopo.model.facts import normalize_address
-from gputopo.ports import SysfsPort
+from gputopo.ports import DeviceEventListener, DeviceEventsPort, SysfsPort
 
 # Drivers that bind only what they are told to (their id tables match nothing by themselves).
 OVERRIDE_DRIVERS = frozenset({"vfio-pci", "pci-stub"})
@@ -79,11 +86,20 @@ class Binder:
     :class:`SysfsTimeout` and its worker thread is left behind (the device needs a human).
     """
 
-    def __init__(self, port: SysfsPort, root: str | os.PathLike | None = None, timeout: float = 30.0):
+    def __init__(
+        self,
+        port: SysfsPort,
+        root: str | os.PathLike | None = None,
+        timeout: float = 30.0,
+        events: DeviceEventsPort | None = None,
+    ):
         self.port = port
         self.root = Path(root if root is not None else port.root)
-        self.timeout = timeout
+        self.timeout = timeout  # also how long a move waits for udev after its writes
+        self.events = events
         self.stuck: list[str] = []
+        # a move that udev processed with a failing rule or program: said, not raised
+        self.warn: Callable[[str], None] = lambda text: None
 
     # --- read-back --------------------------------------------------------------------------
 
@@ -151,10 +167,13 @@ class Binder:
             return
         self._write(f"{_devpath(address)}/driver_override", driver or CLEAR, address)
 
-    def _unbind(self, address: str) -> None:
+    def _unbind(self, address: str) -> bool:
+        """Unbind ``address`` from its driver; False when it had none (nothing written)."""
         current = self.driver_of(address)
-        if current is not None:
-            self._write(f"sys/bus/pci/drivers/{current}/unbind", address, address)
+        if current is None:
+            return False
+        self._write(f"sys/bus/pci/drivers/{current}/unbind", address, address)
+        return True
 
     def _probe(self, address: str) -> None:
         self._write("sys/bus/pci/drivers_probe", address, address)
@@ -224,16 +243,20 @@ class Binder:
         previous = {m: self.state_of(m) for m in members}
         native = to_driver is None or to_driver not in OVERRIDE_DRIVERS
         want = {m: (to_driver if to_driver is not None else (natives or {}).get(m)) for m in members}
+        listener, groups = self._listen(members)
+        unbound: set[str] = set()
         try:
             todo = [m for m in members if not self._already(m, want[m], native, keep_override)]
             for m in todo:
                 self._set_override(m, want[m])
             for m in todo:
-                if self.driver_of(m) != want[m] or want[m] is None:
-                    self._unbind(m)
+                if (self.driver_of(m) != want[m] or want[m] is None) and self._unbind(m):
+                    unbound.add(m)
+            probed: set[str] = set()
             for m in todo:
                 if self.driver_of(m) is None:
                     self._probe(m)
+                    probed.add(m)
             for m in members:
                 self._check(m, want[m], native)
             if to_driver == "vfio-pci":
@@ -243,10 +266,57 @@ class Binder:
             if not keep_override:
                 for m in todo:
                     self._set_override(m, None)
-        except (BindError, SysfsWriteError, SysfsTimeout) as e:
+            self._settle(listener, [m for m in todo if m in unbound | probed], unbound, groups)
+        except (BindError, SysfsWriteError, SysfsTimeout, UdevTimeout) as e:
             e.previous = previous  # type: ignore[attr-defined]
             raise
+        finally:
+            if listener is not None:
+                listener.close()
         return previous
+
+    # --- udev -------------------------------------------------------------------------------
+
+    def _listen(self, members: list[str]) -> tuple[DeviceEventListener | None, dict[int, bool]]:
+        """Start hearing udev's events before a move's first write; with it, whether each IOMMU
+        group of ``members`` has its ``dev/vfio`` node now. (None, {}) without udev."""
+        listener = self.events.listen() if self.events is not None else None
+        if listener is None:
+            if self.events is None:
+                say_once(
+                    "no udev events port (a simulated host, or a root that is not /): moves do not wait for udev"
+                )
+            return None, {}
+        groups = {g for g in map(self.iommu_group_of, members) if g is not None}
+        return listener, {g: self.vfio_group_present(g) for g in groups}
+
+    def _settle(
+        self,
+        listener: DeviceEventListener | None,
+        touched: list[str],
+        unbound: set[str],
+        groups: dict[int, bool],
+    ) -> None:
+        """Wait until udev has processed the last event of each function in ``touched`` (its
+        ``bind`` when it is bound now, its ``unbind`` when it was unbound and stays so) and the
+        ``add`` of each vfio group that has a node now and had none before. Raises UdevTimeout
+        after :attr:`timeout` seconds; an event whose rules failed is passed to :attr:`warn`."""
+        if listener is None:
+            return
+        expected = set()
+        for m in touched:
+            if self.driver_of(m) is not None:
+                expected.add(Expect("pci", m, "bind"))
+            elif m in unbound:
+                expected.add(Expect("pci", m, "unbind"))
+        expected |= {
+            Expect("vfio", str(g), "add")
+            for g, had in groups.items()
+            if not had and self.vfio_group_present(g)
+        }
+        for key, ev in sorted(await_events(listener, expected, self.timeout).items()):
+            if ev.failed:
+                self.warn(f"udev processed the {key} event, but a rule failed: {ev.failed}")
 
     def _already(self, m: str, want: str | None, native: bool, keep: bool) -> bool:
         drv = self.driver_of(m)
@@ -277,22 +347,33 @@ class Binder:
         by_target: dict[str | None, list[str]] = {}
         for m, st in previous.items():
             by_target.setdefault(st.driver, []).append(m)
-        unbound = by_target.pop(None, [])
-        for m in unbound:
-            self._unbind(m)
-        # unbind everything that moves first, so a group is never half on vfio-pci longer than needed
-        for drv, ms in by_target.items():
-            for m in ms:
-                if self.driver_of(m) != drv:
-                    # by name, native drivers too: a vfio-pci dynamic id must not win the probe
-                    self._set_override(m, drv)
-                    self._unbind(m)
-        for drv, ms in by_target.items():
-            for m in ms:
-                if self.driver_of(m) is None:
-                    self._probe(m)
-                if self.driver_of(m) is None and drv not in OVERRIDE_DRIVERS:
-                    self._write(f"sys/bus/pci/drivers/{drv}/bind", m, m)
-                self._check(m, drv, False)
-        for m, st in previous.items():
-            self._set_override(m, st.override)
+        listener, groups = self._listen(list(previous))
+        unbound: set[str] = set()
+        touched: list[str] = []
+        try:
+            for m in by_target.pop(None, []):
+                if self._unbind(m):
+                    unbound.add(m)
+                    touched.append(m)
+            # unbind everything that moves first, so a group is never half on vfio-pci longer than needed
+            for drv, ms in by_target.items():
+                for m in ms:
+                    if self.driver_of(m) != drv:
+                        # by name, native drivers too: a vfio-pci dynamic id must not win the probe
+                        self._set_override(m, drv)
+                        if self._unbind(m):
+                            unbound.add(m)
+            for drv, ms in by_target.items():
+                for m in ms:
+                    if self.driver_of(m) is None:
+                        self._probe(m)
+                        touched.append(m)
+                    if self.driver_of(m) is None and drv not in OVERRIDE_DRIVERS:
+                        self._write(f"sys/bus/pci/drivers/{drv}/bind", m, m)
+                    self._check(m, drv, False)
+            for m, st in previous.items():
+                self._set_override(m, st.override)
+            self._settle(listener, touched, unbound, groups)
+        finally:
+            if listener is not None:
+                listener.close()

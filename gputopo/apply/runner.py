@@ -46,12 +46,14 @@ from gputopo.ports import Ports
 
 
 def step_context(ports: Ports, root: str, timeouts: Timeouts, progress: Progress) -> StepContext:
-    """The context the steps of one run share (its binder keeps the devices on which a write hung)."""
-    return StepContext(
+    """The context the steps of one run share (its binder keeps the devices on which a write hung,
+    and waits after each move until udev has processed its events, where udev runs)."""
+    binder = Binder(ports.sysfs, root, timeouts.sysfs, events=ports.udev)
+    ctx = StepContext(
         ports=ports,
         root=root,
         timeouts=timeouts,
-        binder=Binder(ports.sysfs, root, timeouts.sysfs),
+        binder=binder,
         read_minors=lambda: {g.address: g.minor for g in discover(root).gpus},
         device_present=lambda address: (Path(root) / "sys/bus/pci/devices" / address).exists(),
         native_driver=lambda address: native_driver(root, address),
@@ -59,6 +61,8 @@ def step_context(ports: Ports, root: str, timeouts: Timeouts, progress: Progress
         holders=lambda paths: read_holders(root, paths),
         drm_nodes=lambda address: read_drm_nodes(root, address),
     )
+    binder.warn = lambda text: ctx.warn(text)  # the step's warning (the runner sets ctx.warn later)
+    return ctx
 
 
 class Runner:

@@ -400,6 +400,7 @@ def build_ports(
         cfg = ApiConfig(backend="local", node=node, timeout=timeout)
     client = ProxmoxClient.from_config(cfg, env=env)
     from gputopo.adapters.hostcmd import RealHostCommands
+    from gputopo.adapters.udev import UdevEvents
 
     # commands run here change this machine: only when it is the host (--root /)
     host = RealHostCommands() if root == "/" else None
@@ -410,6 +411,8 @@ def build_ports(
         files=RealHostFiles(root),
         http=RequestsHttp(),
         host=host,
+        # udev's events are this machine's: heard only when the root is the host's
+        udev=UdevEvents() if root == "/" else None,
     )
 
 

@@ -8,6 +8,7 @@ their code; ``--debug`` keeps the traceback.
 from __future__ import annotations
 
 import importlib
+import logging
 import sys
 
 import click
@@ -86,6 +87,18 @@ class LazyGroup(click.Group):
 def cli(ctx: click.Context, debug: bool) -> None:
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug
+    if debug:  # what gputopo's modules say at debug level (no udev here, ...) goes to stderr
+        log = logging.getLogger("gputopo")
+        if not any(isinstance(h, _DebugLines) for h in log.handlers):
+            log.addHandler(_DebugLines())
+        log.setLevel(logging.DEBUG)
+
+
+class _DebugLines(logging.Handler):
+    """``--debug``: each debug line of gputopo's modules on stderr, as ``gputopo: debug: ...``."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        click.echo(f"gputopo: debug: {record.getMessage()}", err=True)
 
 
 def _usage_line(e: click.UsageError) -> str:

@@ -7,7 +7,7 @@ SEV-SNP, the driver version), :mod:`gputopo.facts.names` (model names), :mod:`gp
 :mod:`gputopo.facts.procfs` (processes holding device nodes); this module picks the GPUs and
 NVSwitches and puts each one together.
 
-Model names come from the root's ``pci.ids``; on the live root ``/`` udev's hwdb (through
+Model names come from the root's ``pci.ids``; on the live root ``/`` udev's database (through
 pyudev) names what ``pci.ids`` does not know, and the nvidia driver's "Model:" line is the last
 resort. None of them is required.
 """
@@ -265,14 +265,14 @@ def discover(
         warnings.append(f"no IOMMU groups under {IOMMU_GROUPS}: the IOMMU is off; passthrough is impossible")
     nv_dirs = addresses_in(os.path.join(root_s, NVIDIA_GPUS))
     names = load_pci_names(
-        root_s, {(ids[a][0][2:], ids[a][1][2:]) for a in gpu_addrs + nvswitch_addrs + nic_addrs + nvme_addrs}
+        root_s,
+        {a: (ids[a][0][2:], ids[a][1][2:]) for a in gpu_addrs + nvswitch_addrs + nic_addrs + nvme_addrs},
     )
 
     def full(addr: str) -> PciFunction:
         f = read_function(rd, name_of[addr], addr)
-        v, d = f.vendor, f.device
-        if v and d:
-            f.model = names.get((v[2:], d[2:]))
+        if f.vendor and f.device:
+            f.model = names.get(addr)
         listed = groups.group_of(addr, hint=f.iommu_group)
         f.iommu_group = listed if listed is not None else f.iommu_group
         return f

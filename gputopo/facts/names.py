@@ -1,4 +1,4 @@
-"""Model names of PCI devices: the root's ``pci.ids``, and udev's hwdb on the live host.
+"""Model names of PCI devices: the root's ``pci.ids``, and udev's database on the live host.
 
 A model name is a nicety: nothing here is required, and nothing here raises.
 """
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable, Mapping
 
 from gputopo.facts.files import read_whole
 
@@ -69,59 +70,53 @@ def _read_database(path: str) -> bytes | None:
     return data
 
 
-def load_pci_names(root: str, wanted: set[tuple[str, str]]) -> dict[tuple[str, str], str]:
-    """Names from the root's ``pci.ids``; on the live root ``/``, udev's hwdb fills the ids
-    that ``pci.ids`` lacks (a distribution's ``pci.ids`` often predates the newest GPUs).
+def load_pci_names(root: str, wanted: Mapping[str, tuple[str, str]]) -> dict[str, str]:
+    """Model names of the wanted PCI functions (address -> ``('10de', '2bb5')``), by address.
 
-    A fixture or snapshot root is not this host, so its names come from its own ``pci.ids``
-    only. Returns {(vendor, device): name} for the pairs some source names.
+    The root's ``pci.ids`` names each function by its ids. On the live root ``/``, a function
+    whose ids ``pci.ids`` lacks (a distribution's ``pci.ids`` often predates the newest GPUs)
+    is named by its own entry in udev's database (:func:`udev_names`). A fixture or snapshot
+    root is not this host, so its names come from its own ``pci.ids`` only. Returns
+    {address: name} for the functions some source names.
     """
-    names: dict[tuple[str, str], str] = {}
+    pairs = set(wanted.values())
+    by_ids: dict[tuple[str, str], str] = {}
     for rel in PCI_IDS_PATHS:
-        data = _read_database(os.path.join(root, rel)) if wanted else None
+        data = _read_database(os.path.join(root, rel)) if pairs else None
         if data is not None:
-            names = parse_pci_ids(data, wanted)
+            by_ids = parse_pci_ids(data, pairs)
             break
-    missing = wanted - set(names)
+    names = {a: by_ids[ids] for a, ids in wanted.items() if ids in by_ids}
+    missing = [a for a in wanted if a not in names]
     if missing and os.path.realpath(root) == "/":
-        names.update(udev_hwdb_names(missing))
+        names.update(udev_names(missing))
     return names
 
 
-def hwdb_modalias(vendor: str, device: str) -> str:
-    """The hwdb lookup key for a PCI id: ``('10de', '2bb5')`` -> ``'pci:v000010DEd00002BB5'``."""
-    return f"pci:v{int(vendor, 16):08X}d{int(device, 16):08X}"
+def udev_names(addresses: Iterable[str]) -> dict[str, str]:
+    """Model names (``ID_MODEL_FROM_DATABASE``) of live PCI functions from udev's database,
+    through pyudev's public API (``Devices.from_name(context, 'pci', address).properties``).
 
-
-def udev_hwdb_names(wanted: set[tuple[str, str]]) -> dict[tuple[str, str], str]:
-    """Device names (``ID_MODEL_FROM_DATABASE``) from the live host's udev hwdb, via pyudev.
-
-    ``wanted`` holds ``('10de', '2bb5')`` pairs. Returns {pair: name} for the pairs the hwdb
-    knows; {} when pyudev, libudev or a compiled hwdb (``hwdb.bin``) is unavailable. Never
-    raises: a model name is a nicety, never required.
+    udev puts the name there when it processes the device's events: its default rules import
+    the hwdb for every device with a modalias (``50-udev-default.rules``: ``IMPORT{builtin}=
+    "hwdb --subsystem=$env{SUBSYSTEM}"``), so it is the name udev itself shows, subsystem
+    included where the hwdb has one. Where udev keeps no database (a container, a host root
+    that is not this machine) nothing is named here and ``pci.ids`` stays the only source.
+    Returns {address: name} for the functions whose entry has one; never raises: a model name
+    is a nicety, never required.
     """
     try:
         import pyudev
-        from pyudev._util import udev_list_iterate
 
-        ctx = pyudev.Context()
-        # pyudev has no public hwdb API; its libudev binding declares the hwdb calls.
-        lib = ctx._libudev
-        hwdb = lib.udev_hwdb_new(ctx)
+        context = pyudev.Context()
     except Exception:
         return {}
-    if not hwdb:
-        return {}
-    out: dict[tuple[str, str], str] = {}
-    try:
-        for vendor, device in sorted(wanted):
-            entry = lib.udev_hwdb_get_properties_list_entry(hwdb, hwdb_modalias(vendor, device).encode(), 0)
-            props = dict(udev_list_iterate(lib, entry))
-            name = props.get(b"ID_MODEL_FROM_DATABASE")
-            if name:
-                out[(vendor, device)] = name.decode("utf-8", "replace")
-    except Exception:
-        return out
-    finally:
-        lib.udev_hwdb_unref(hwdb)
+    out: dict[str, str] = {}
+    for address in sorted(set(addresses)):
+        try:
+            name = pyudev.Devices.from_name(context, "pci", address).properties.get("ID_MODEL_FROM_DATABASE")
+        except Exception:  # gone from the bus, or udev has no entry for it
+            continue
+        if name:
+            out[address] = name
     return out

@@ -173,7 +173,7 @@ def add_topology(root: str, facts: Facts) -> None:
                 parse_hex_id(read_text(os.path.join(d, "vendor"))),
                 parse_hex_id(read_text(os.path.join(d, "device"))),
             )
-    names = load_pci_names(root, {(v[2:], d[2:]) for _, v, d in bridges.values() if v and d})
+    names = load_pci_names(root, {a: (v[2:], d[2:]) for a, (_, v, d) in bridges.items() if v and d})
 
     for dev in devices:
         host, chain = chains[dev.address]
@@ -185,9 +185,7 @@ def add_topology(root: str, facts: Facts) -> None:
                 kind=k,
                 vendor=bridges[a][1],
                 device=bridges[a][2],
-                model=names.get((bridges[a][1][2:], bridges[a][2][2:]))
-                if bridges[a][1] and bridges[a][2]
-                else None,
+                model=names.get(a),
             )
             for a, k in zip(chain, kinds)
         ]

@@ -21,7 +21,7 @@ from gputopo.facts.host import (
     parse_modules,
     parse_nvidia_version,
 )
-from gputopo.facts.names import hwdb_modalias, parse_pci_ids, udev_hwdb_names
+from gputopo.facts.names import parse_pci_ids, udev_names
 from gputopo.facts.pci import (
     list_pci_functions,
     parse_hex_id,
@@ -145,50 +145,98 @@ def test_numa_from_cpulist():
     assert numa_from_cpulist(set(), nodes) is None
 
 
-def test_hwdb_modalias():
-    assert hwdb_modalias("10de", "2bb5") == "pci:v000010DEd00002BB5"
-    assert hwdb_modalias("1a03", "0001") == "pci:v00001A03d00000001"
+class _Entry:
+    """What pyudev's Devices.from_name gives: a device with the properties of its udev entry."""
+
+    def __init__(self, properties: dict[str, str]):
+        self.properties = properties
 
 
-def _udev_hwdb_available() -> bool:
-    try:
-        import pyudev
+def test_udev_names_read_each_devices_entry_through_pyudevs_public_api(monkeypatch):
+    import pyudev
 
-        ctx = pyudev.Context()
-        hwdb = ctx._libudev.udev_hwdb_new(ctx)
-    except Exception:
-        return False
-    if not hwdb:
-        return False
-    ctx._libudev.udev_hwdb_unref(hwdb)
-    return True
-
-
-@pytest.mark.skipif(
-    not _udev_hwdb_available(), reason="no udev hwdb here (pyudev, libudev or hwdb.bin missing)"
-)
-def test_udev_hwdb_names_through_pyudev():
-    # Ids that every hwdb since 2017 names; 10de:fffe names nothing.
-    got = udev_hwdb_names({("8086", "1521"), ("10de", "1db4"), ("10de", "fffe")})
-    assert got == {
-        ("8086", "1521"): "I350 Gigabit Network Connection",
-        ("10de", "1db4"): "GV100GL [Tesla V100 PCIe 16GB]",
+    entries = {
+        "0000:01:00.0": {"ID_MODEL_FROM_DATABASE": "GB202GL [RTX PRO 6000 Blackwell Server Edition]"},
+        "0000:02:00.0": {"ID_VENDOR_FROM_DATABASE": "NVIDIA Corporation"},  # no model in its entry
     }
+    asked = []
+
+    def from_name(context, subsystem, name):
+        assert isinstance(context, pyudev.Context)
+        asked.append((subsystem, name))
+        if name not in entries:
+            raise pyudev.DeviceNotFoundByNameError(subsystem, name)
+        return _Entry(entries[name])
+
+    monkeypatch.setattr(pyudev.Devices, "from_name", from_name)
+    got = udev_names(["0000:03:00.0", "0000:01:00.0", "0000:02:00.0", "0000:01:00.0"])
+    assert got == {"0000:01:00.0": "GB202GL [RTX PRO 6000 Blackwell Server Edition]"}
+    assert asked == [("pci", "0000:01:00.0"), ("pci", "0000:02:00.0"), ("pci", "0000:03:00.0")]
 
 
-def test_live_root_asks_hwdb_only_for_what_pci_ids_lacks(monkeypatch, materialized):
+def test_udev_names_without_pyudev_name_nothing(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pyudev", None)  # import pyudev raises ImportError
+    assert udev_names(["0000:01:00.0"]) == {}
+
+
+def _udev_database_names() -> dict[str, str]:
+    """address -> ID_MODEL_FROM_DATABASE as ``udevadm info`` prints this host's udev entries."""
+    if not os.path.isdir("/run/udev/data"):
+        return {}
+    out = {}
+    for a in sorted(os.listdir("/sys/bus/pci/devices")):
+        try:
+            p = subprocess.run(
+                ["udevadm", "info", "--query=property", f"/sys/bus/pci/devices/{a}"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return {}
+        for line in p.stdout.splitlines():
+            if line.startswith("ID_MODEL_FROM_DATABASE="):
+                out[a] = line.split("=", 1)[1]
+    return out
+
+
+@pytest.mark.slow
+def test_udev_names_match_udevadm_on_this_host():
+    want = _udev_database_names()
+    if not want:
+        pytest.skip("no udev database with model names here (a container, or udevd not running)")
+    assert udev_names(os.listdir("/sys/bus/pci/devices")) == want
+
+
+def test_live_root_asks_udev_only_for_what_pci_ids_lacks(monkeypatch, materialized):
     from gputopo.facts import names
 
     asked = []
     monkeypatch.setattr(
-        names, "udev_hwdb_names", lambda w: asked.append(set(w)) or {p: "from hwdb" for p in w}
+        names, "udev_names", lambda addrs: asked.append(sorted(addrs)) or {a: "from udev" for a in addrs}
     )
-    got = names.load_pci_names("/", {("10de", "fffe")})
-    assert asked == [{("10de", "fffe")}] and got == {("10de", "fffe"): "from hwdb"}
+    if not any(os.path.exists(os.path.join("/", p)) for p in names.PCI_IDS_PATHS):
+        pytest.skip("no pci.ids on this machine")
+    # 8086:1521 is in every pci.ids; 10de:fffe in none
+    got = names.load_pci_names("/", {"0000:02:00.0": ("10de", "fffe"), "0000:03:00.0": ("8086", "1521")})
+    assert asked == [["0000:02:00.0"]]
+    assert got == {"0000:02:00.0": "from udev", "0000:03:00.0": "I350 Gigabit Network Connection"}
     # A fixture or snapshot root is not this host: its names come from its own pci.ids only.
     asked.clear()
     f = discover(materialized("seed"))
     assert asked == [] and f.gpus[0].model == "GB202GL [RTX PRO 6000 Blackwell Server Edition]"
+
+
+def test_names_are_per_address_two_functions_with_one_id_share_the_name(tmp_path):
+    from gputopo.facts import names
+
+    (tmp_path / "usr/share/misc").mkdir(parents=True)
+    (tmp_path / "usr/share/misc/pci.ids").write_text("10de  NVIDIA Corporation\n\t2bb5  GB202GL\n")
+    got = names.load_pci_names(
+        str(tmp_path),
+        {"0000:01:00.0": ("10de", "2bb5"), "0000:81:00.0": ("10de", "2bb5"), "x": ("10de", "0001")},
+    )
+    assert got == {"0000:01:00.0": "GB202GL", "0000:81:00.0": "GB202GL"}
 
 
 # --- the shipped hosts ---------------------------------------------------------------------

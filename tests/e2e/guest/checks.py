@@ -467,6 +467,28 @@ def check_persistence(out: str) -> dict:
     return persistence.check_persistence(out)
 
 
+def check_udev(out: str) -> dict:
+    """udev's side of a driver change with Debian's systemd-udevd (guest/udevwait.py): what
+    pyudev.Monitor hears, gputopo's wait ending on udev's event, names from udev's database.
+    Runs after ``persistence`` (which stops its udevd) and starts its own.
+
+    A ``watch --follow`` check goes beside this one: its hook (``UdevSession``,
+    ``timed_move``) is described in guest/udevwait.py's docstring."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import persistence
+    import udevwait
+
+    log: list = []
+    tools = persistence.Tools(log)
+    why = tools.missing()
+    if why:
+        return {"unavailable": why}
+    gpu, audio, group = stand_in_pair("0")
+    res = udevwait.check_udev(tools, gpu, audio, group)
+    res["log"] = log
+    return res
+
+
 CHECKS = {
     "discover": check_discover,
     "snapshot": check_snapshot,
@@ -477,6 +499,7 @@ CHECKS = {
     "conformance": check_conformance,
     "scenarios": check_scenarios,
     "persistence": check_persistence,
+    "udev": check_udev,
 }
 
 
