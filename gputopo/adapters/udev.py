@@ -128,26 +128,47 @@ class UdevEvents:
 
     def unavailable(self) -> str | None:
         """Why no udev events can be heard here, or None."""
-        if not os.path.exists(os.path.join(self.root, CONTROL)):
-            return f"no udev here (no /{CONTROL}: a container, or systemd-udevd is not running)"
-        return None
+        return unavailable(self.root)
 
     def listen(self) -> MonitorListener | None:
-        why = self.unavailable()
-        if why is None:
-            try:
-                import pyudev
-
-                monitor = pyudev.Monitor.from_netlink(pyudev.Context(), source="udev")
-                for subsystem in SUBSYSTEMS:
-                    monitor.filter_by(subsystem)
-                monitor.start()
-            except Exception as e:  # no libudev, no netlink socket (seccomp, namespaces)
-                why = f"cannot listen to udev: {e}"
-        if why is not None:
-            say_once(f"{why}; driver changes do not wait for udev")
+        try:
+            monitor = open_monitor(self.root, SUBSYSTEMS)
+        except NoUdev as e:
+            say_once(f"{e}; driver changes do not wait for udev")
             return None
         return MonitorListener(monitor, kernel_seqnum(self.root))
+
+
+class NoUdev(Exception):
+    """There is no udev to listen to here; ``str()`` says why in a few words."""
+
+
+def unavailable(root: str | os.PathLike = "/") -> str | None:
+    """Why no udev runs under ``root`` (no ``/run/udev/control``: a container, the simulated
+    host), or None."""
+    if not os.path.exists(os.path.join(root, CONTROL)):
+        return f"no udev here (no /{CONTROL}: a container, or systemd-udevd is not running)"
+    return None
+
+
+def open_monitor(root: str | os.PathLike, subsystems: Iterable[str]):
+    """A started ``pyudev.Monitor`` on udev's broadcasts (source ``udev``: sent once udev's rules
+    for the device ran), filtered to ``subsystems`` in the kernel. Raises :class:`NoUdev` when
+    udev does not run under ``root``, pyudev finds no libudev or netlink is refused (seccomp,
+    namespaces)."""
+    why = unavailable(root)
+    if why is not None:
+        raise NoUdev(why)
+    try:
+        import pyudev
+
+        monitor = pyudev.Monitor.from_netlink(pyudev.Context(), source="udev")
+        for subsystem in subsystems:
+            monitor.filter_by(subsystem)
+        monitor.start()
+    except Exception as e:  # no libudev, no netlink socket
+        raise NoUdev(f"cannot listen to udev: {e}") from None
+    return monitor
 
 
 @dataclass(frozen=True, order=True)

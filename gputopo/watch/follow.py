@@ -18,8 +18,10 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Protocol
+
+from gputopo.adapters.udev import NoUdev as NoUdev  # watch --follow says it when there is no udev
+from gputopo.adapters.udev import open_monitor
 
 #: the udev actions of a PCI device that re-run the pass: a driver bound or unbound, the device
 #: gone from the bus or back on it (udev's ``add`` after a rescan)
@@ -27,7 +29,6 @@ ACTIONS = frozenset({"bind", "unbind", "remove", "add"})
 QUIET = 0.2  # seconds without another event that end a burst
 MAX_DELAY = 0.5  # seconds from a burst's first event to its pass, at most
 POLL = 1.0  # the longest one wait for an event lasts, so that a stop is seen within it
-UDEV_CONTROL = "run/udev/control"  # the socket systemd-udevd listens on while it runs
 
 
 @dataclass(frozen=True)
@@ -46,13 +47,9 @@ class EventSource(Protocol):
         ...
 
 
-class NoUdev(Exception):
-    """There is no udev to listen to here; ``str()`` says why in a few words."""
-
-
 class UdevEvents:
     """udev's events of subsystem ``pci``, as udev sends them once its rules for the device ran
-    (``pyudev.Monitor.from_netlink`` with source ``udev``)."""
+    (the monitor of :func:`gputopo.adapters.udev.open_monitor`, the one apply's wait uses)."""
 
     def __init__(self, monitor):
         self.monitor = monitor
@@ -62,17 +59,7 @@ class UdevEvents:
         """Listen to udev. Raises NoUdev when systemd-udevd does not run under ``root`` (no
         ``/run/udev/control``: a container), pyudev finds no libudev or the kernel's netlink
         socket is refused."""
-        if not (Path(root) / UDEV_CONTROL).exists():
-            raise NoUdev(f"no {Path('/', UDEV_CONTROL)}: udev does not run here")
-        try:
-            import pyudev
-
-            monitor = pyudev.Monitor.from_netlink(pyudev.Context(), source="udev")
-            monitor.filter_by("pci")
-            monitor.start()
-        except (ImportError, OSError) as e:
-            raise NoUdev(f"cannot listen to udev: {e}") from None
-        return cls(monitor)
+        return cls(open_monitor(root, ("pci",)))
 
     def next(self, timeout: float) -> PciEvent | None:
         device = self.monitor.poll(timeout=timeout)
