@@ -103,6 +103,10 @@ def watch(spec_file, conn: Connection, fmt, textfile_dir, output_file, follow, i
     def one_pass(why: str = "") -> object:
         result = watch_once(spec_file, ports, root=root, node=conn.node)
         emit(result)
+        if follow:  # the follow service's journal says why each pass ran and what it found
+            from gputopo.watch.metrics import verdict
+
+            click.echo(f"gputopo watch: pass after {why or 'start'}: {verdict(result)}", err=True)
         return result
 
     try:

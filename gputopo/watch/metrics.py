@@ -145,26 +145,31 @@ def _utc(t: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
 
 
+def verdict(result: WatchResult) -> str:
+    """The pass in one line: an apply in progress, not checked (why), or its drift and checks."""
+    r = result
+    if r.apply_in_progress:
+        return f"an apply is in progress ({r.lock_holder}); drift is not read meanwhile"
+    if not r.up:
+        return f"not checked: {r.error}"
+    drifted, failed = r.drifted, r.failed
+    return "; ".join(
+        [
+            f"drift in {', '.join(drifted)}" if drifted else "no drift",
+            f"{len(failed)} check(s) failing: {', '.join(failed)}" if failed else "quick checks pass",
+        ]
+    )
+
+
 def text(result: WatchResult) -> str:
     """The pass for people: its verdict in one line, then what differs and what fails."""
     r = result
     who = f"node {r.node}" if r.node else "this node"
-    head = f"{_utc(r.time)} {who}: "
-    if r.apply_in_progress:
-        lines = [head + f"an apply is in progress ({r.lock_holder}); drift is not read meanwhile"]
-    elif not r.up:
-        lines = [head + f"not checked: {r.error}"]
-    else:
-        drifted, failed = r.drifted, r.failed
-        verdict = []
-        verdict.append(f"drift in {', '.join(drifted)}" if drifted else "no drift")
-        verdict.append(
-            f"{len(failed)} check(s) failing: {', '.join(failed)}" if failed else "quick checks pass"
-        )
-        lines = [head + "; ".join(verdict)]
-        for area in drifted:
+    lines = [f"{_utc(r.time)} {who}: {verdict(r)}"]
+    if r.up and not r.apply_in_progress:
+        for area in r.drifted:
             lines += [f"  {area}: {line}" for line in r.drift_lines.get(area, [])]
-        for name in failed:
+        for name in r.failed:
             lines.append(f"  check {name}: {r.checks[name].summary}")
         lines += [f"  GPU {a}: {o}" for a, o in r.owners.items()]
     if r.last_apply is not None:

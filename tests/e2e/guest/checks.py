@@ -472,8 +472,7 @@ def check_udev(out: str) -> dict:
     pyudev.Monitor hears, gputopo's wait ending on udev's event, names from udev's database.
     Runs after ``persistence`` (which stops its udevd) and starts its own.
 
-    A ``watch --follow`` check goes beside this one: its hook (``UdevSession``,
-    ``timed_move``) is described in guest/udevwait.py's docstring."""
+    ``follow`` (below) runs ``gputopo watch --follow`` under udevd the same way."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import persistence
     import udevwait
@@ -489,6 +488,24 @@ def check_udev(out: str) -> dict:
     return res
 
 
+def check_follow(out: str) -> dict:
+    """``gputopo watch --follow`` hearing udev's events of a driver change (guest/udevwait.py's
+    check_follow); runs after ``udev``, with udevd started again."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import persistence
+    import udevwait
+
+    log: list = []
+    tools = persistence.Tools(log)
+    why = tools.missing()
+    if why:
+        return {"unavailable": why}
+    gpu, audio, _group = stand_in_pair("0")
+    res = udevwait.check_follow(tools, gpu, audio, {a: udevwait._driver(a) for a in (gpu, audio)})
+    res["log"] = log
+    return res
+
+
 CHECKS = {
     "discover": check_discover,
     "snapshot": check_snapshot,
@@ -500,6 +517,7 @@ CHECKS = {
     "scenarios": check_scenarios,
     "persistence": check_persistence,
     "udev": check_udev,
+    "follow": check_follow,
 }
 
 

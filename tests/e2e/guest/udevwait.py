@@ -11,11 +11,10 @@ host runs there: a program that takes :data:`RULE_S` seconds on the GPU's ``bind
 package's rule that makes ``/dev/nvidiaN``) and, on the vfio group's ``add``, a mode for
 ``/dev/vfio/N`` and the same slow program (the permissions rule of ``/dev/vfio/N``).
 
-Hook for ``gputopo watch --follow``: inside ``with UdevSession(tools) as s:`` udevd runs and the
-PCI devices are in its database; start the follow loop (a thread or a subprocess of this
-interpreter), call :func:`timed_move` on the stand-in pair, and poll the textfile it writes for
-at most a second; record the stamps next to the move's. Add the check to ``CHECKS`` in
-checks.py after ``udev``.
+:func:`check_follow` runs the real ``gputopo watch --follow --format prometheus`` (a process of
+this interpreter) under udevd with no rules of the test's, moves the stand-in pair with a plain
+Binder (the watch hears udev itself) and records when the next pass began and when its textfile
+was rewritten, next to the kernel's and udev's events of the move.
 """
 
 from __future__ import annotations
@@ -266,4 +265,95 @@ def check_udev(tools, gpu: str, audio: str, group: str) -> dict:
             r["stamps_after_settle"] = {"gpu_bind": stamp(gpu, "bind"), "group_add": stamp(group, "add")}
         obs["steps"] = steps
     obs["after"] = {a: _driver(a) for a in (gpu, audio)}
+    return obs
+
+
+FOLLOW_PROM = "/run/gputopo-e2e-watch.prom"
+FOLLOW_SPEC = "/run/gputopo-e2e-spec.yaml"
+
+
+def _last_run(path: str) -> float | None:
+    """``gputopo_watch_last_run_timestamp_seconds`` of the textfile (Unix time), None while there
+    is none; read with prometheus_client's parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError:
+        return None
+    for fam in text_string_to_metric_families(text):
+        if fam.name == "gputopo_watch_last_run_timestamp_seconds":
+            return fam.samples[0].value
+    return None
+
+
+def _next_pass(path: str, after: float | None, limit: float) -> dict:
+    """Poll the textfile until a pass newer than ``after`` is in it (at most ``limit`` s): when it
+    was seen (boot clock) and when that pass began (its own stamp, Unix time)."""
+    deadline = now() + limit
+    while now() < deadline:
+        got = _last_run(path)
+        if got is not None and (after is None or got > after):
+            return {"seen": now(), "last_run": got}
+        time.sleep(0.02)
+    return {"seen": None, "last_run": None}
+
+
+def _passes(path: str, after: float | None, first_limit: float, quiet: float) -> list[dict]:
+    """Every pass newer than ``after`` seen in the textfile: the first within ``first_limit`` s,
+    each next one within ``quiet`` s of the one before (a move's events can come in more than
+    one burst under emulation, each making a pass)."""
+    seen = []
+    got = _next_pass(path, after, first_limit)
+    while got["last_run"] is not None:
+        seen.append(got)
+        got = _next_pass(path, got["last_run"], quiet)
+    return seen
+
+
+def check_follow(tools, gpu: str, audio: str, natives: dict) -> dict:
+    """``gputopo watch --follow`` hearing udev: the command runs (interval one hour, so only an
+    event can make a pass), the stand-in pair goes to vfio-pci and back; for each move, the
+    kernel's and udev's events and the pass that followed (when it began, when its file was
+    seen). Times: boot clock; ``realtime_minus_boot`` turns the pass's Unix stamp into it."""
+    import signal
+    import sys
+
+    from gputopo.adapters.sysfs import Binder, RealSysfs
+    from gputopo.facts.host import node_name
+
+    library_cache(tools.log)
+    with open(FOLLOW_SPEC, "w") as f:
+        f.write(
+            "apiVersion: gputopo/v1\nkind: GpuTopology\nnodes:\n"
+            f"  - name: {node_name('/')}\n    containers:\n"
+            "      - {vmid: 101, gpus: {count: 1}}\n"
+        )
+    if os.path.exists(FOLLOW_PROM):
+        os.unlink(FOLLOW_PROM)
+    obs: dict = {"gpu": gpu, "audio": audio, "natives": natives, "realtime_minus_boot": time.time() - now()}
+    argv = [sys.executable, "-m", "gputopo", "watch", "--follow", "--interval", "3600", "--root", "/"]
+    argv += ["--spec", FOLLOW_SPEC, "--format", "prometheus", "-o", FOLLOW_PROM]
+    with UdevSession(tools):
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            start = _next_pass(FOLLOW_PROM, None, 300.0)  # an interpreter's start under TCG
+            obs["start"] = start
+            time.sleep(1.0)  # the monitor is open once the first pass is written; let it settle
+            plain = Binder(RealSysfs("/"), "/", TIMEOUT)
+            last = start["last_run"]
+            for name, to in (("to_vfio", "vfio-pci"), ("back", None)):
+                r = timed_move(plain, [gpu, audio], to, natives if to is None else None)
+                r["passes"] = _passes(FOLLOW_PROM, last, 30.0, 3.0)
+                last = r["passes"][-1]["last_run"] if r["passes"] else last
+                obs[name] = r
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                out, err = proc.communicate(timeout=120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, err = proc.communicate()
+    obs.update(rc=proc.returncode, stdout=out, stderr=err, after={a: _driver(a) for a in (gpu, audio)})
     return obs
