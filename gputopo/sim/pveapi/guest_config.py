@@ -145,6 +145,11 @@ class GuestConfigHandlers:
         vmid = p.pop("vmid")
         p.pop("node")
         digest = p.pop("digest", None)
+        # pve-container src/PVE/API2/LXC/Config.pm update_vm (line 161): with node, vmid and
+        # digest taken out, no parameter left dies at once, before the config is locked and read
+        # (so before its lock and its digest are checked); 'delete' or 'revert' count as one
+        if not p:
+            raise die("no options specified")
         deletes = [d.lstrip("!") for d in p.pop("delete", [])]
         p.pop("revert", None)
         sets = p
@@ -168,8 +173,6 @@ class GuestConfigHandlers:
                     raise param_error({"delete": f"you can't use '-{k}' and -delete {k}' at the same time"})
             if caller is not None and not caller.is_root_pam and any(is_devn_key(k) for k in sets):
                 raise perm_error(dev_rule)
-            if not sets and not deletes:
-                raise die("no options specified")
             for k, v in sets.items():
                 if is_devn_key(k):
                     path = parse_dev_value(v)["path"]

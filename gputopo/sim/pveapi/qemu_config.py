@@ -6,7 +6,10 @@ one only takes the fast-plug keys (``$fast_plug_option``) and keeps the rest (``
 ``affinity``, ``numa``, ``hugepages``, ``args``...) pending until its next start. A stale digest
 is ``checksum mismatch (file change by other user?)``; deleting a key that is not set warns and
 is skipped; only root@pam may set a ``hostpciN`` with ``host=``, others need ``Mapping.Use``
-for a mapping (``check_hostpci_perm``).
+for a mapping (``check_hostpci_perm``). Any other caller, an API token of root@pam included
+(its user is the token id ``root@pam!name``), may set or delete only the keys
+``$check_vm_modify_config_perm`` gives a privilege to; every other key (``affinity``, ``args``,
+``hugepages``...) is ``only root can set '<key>' config`` (500).
 """
 
 from __future__ import annotations
@@ -74,6 +77,65 @@ _KEYS = {
     "vmgenid",
     "meta",
 }
+# qemu-server 9.2.6 src/PVE/API2/Qemu.pm, the option groups of $check_vm_modify_config_perm
+# (lines 789-862: $cpuoptions, $memoryoptions, $hwtypeoptions, $generaloptions, $vmpoweroptions,
+# $diskoptions, $cloudinitoptions) and the privilege each needs (lines 995-1043)
+_PRIV_OF_GROUP = (
+    (
+        {"cores", "cpu", "runningcpu", "cpulimit", "cpuunits", "numa", "smp", "sockets", "vcpus"},
+        "VM.Config.CPU",
+    ),
+    ({"memory", "balloon", "shares", "allow-ksm"}, "VM.Config.Memory"),
+    (
+        {
+            "acpi",
+            "hotplug",
+            "kvm",
+            "machine",
+            "runningmachine",
+            "scsihw",
+            "smbios1",
+            "tablet",
+            "vga",
+            "watchdog",
+            "audio0",
+            "rng0",
+        },
+        "VM.Config.HWType",
+    ),
+    (
+        {
+            "agent",
+            "autostart",
+            "bios",
+            "description",
+            "keyboard",
+            "localtime",
+            "migrate_downtime",
+            "migrate_speed",
+            "name",
+            "onboot",
+            "ostype",
+            "protection",
+            "reboot",
+            "startdate",
+            "startup",
+            "tdf",
+            "template",
+        },
+        "VM.Config.Options",
+    ),
+    ({"freeze"}, "VM.PowerMgmt"),
+    ({"boot", "bootdisk", "vmstatestorage"}, "VM.Config.Disk"),
+    (
+        {"cicustom", "cipassword", "citype", "ciuser", "ciupgrade", "nameserver", "searchdomain", "sshkeys"},
+        "VM.Config.Cloudinit|VM.Config.Network",  # either of them
+    ),
+)
+# keys whose check is value dependent and done elsewhere ($check_vm_modify_config_perm's `next`s)
+_PERM_ELSEWHERE = re.compile(
+    r"^(?:(?:ide|sata|scsi|virtio|efidisk|tpmstate|unused|serial|usb|hostpci|virtiofs)\d+|cdrom|tags)$"
+)
 _INDEXED = re.compile(
     r"^(numa|net|scsi|virtio|sata|ide|efidisk|tpmstate|unused|usb|serial|ipconfig)\d+$"
 )  # and hostpciN
@@ -153,6 +215,29 @@ class QemuConfigHandlers:
         if not self._has_any(caller, ("Mapping.Use",)):
             raise perm_error(f"/mapping/pci/{props['mapping']}, Mapping.Use")
 
+    def _check_modify_perm(self, caller: Caller | None, vmid: int, keys: list[str]) -> None:
+        """qemu-server's ``$check_vm_modify_config_perm`` (API2/Qemu.pm line 995): root@pam may
+        change anything; for anyone else (``$authuser`` of a token is ``user@realm!name``,
+        pve-manager PVE/HTTPServer.pm auth_handler line 86) a key in an option group needs that
+        group's privilege, and any other key dies ``only root can set '$opt' config`` (line 1037)."""
+        if caller is None or caller.is_root_pam:
+            return
+        for k in keys:
+            if _PERM_ELSEWHERE.match(k):
+                continue
+            if re.match(r"^numa\d+$", k):
+                priv = "VM.Config.CPU"
+            elif re.match(r"^(?:net\d+|running-nets-host-mtu)$", k):
+                priv = "VM.Config.Network"
+            elif re.match(r"^ipconfig\d+$", k):
+                priv = "VM.Config.Cloudinit|VM.Config.Network"
+            else:
+                priv = next((pr for group, pr in _PRIV_OF_GROUP if k in group), None)
+            if priv is None:
+                raise die(f"only root can set '{k}' config")
+            if not self._has_any(caller, tuple(priv.split("|"))):
+                raise perm_error(f"/vms/{vmid}, {priv}")
+
     def h_qemu_put(self, caller: Caller, p: dict) -> Any:
         vmid = p.pop("vmid")
         p.pop("node")
@@ -168,6 +253,10 @@ class QemuConfigHandlers:
                 raise param_error({"delete": f"unknown option '{k}'"})
         if not sets and not deletes:
             raise die("no options specified")
+        # update_vm_api (API2/Qemu.pm lines 2196-2198): the deletes' keys, then the set ones,
+        # before the config is read and its digest compared
+        self._check_modify_perm(caller, vmid, deletes)
+        self._check_modify_perm(caller, vmid, sorted(sets))
         for k, v in sets.items():
             if is_hostpci_key(k):
                 self._check_hostpci_perm(caller, k, v)
