@@ -12,6 +12,7 @@ from proxmoxer import ProxmoxAPI
 from proxmoxer.core import ResourceException
 
 from gputopo.formats.propstring import sha1_digest
+from gputopo.sim import state
 from gputopo.sim.hostroot import materialize
 from gputopo.sim.pveapi import PveApiServer
 
@@ -148,3 +149,61 @@ def test_a_locked_container_still_answers_no_options_specified_first(srv):
     assert e.value.content == "no options specified"
     e = pytest.raises(ResourceException, _token_api(srv).nodes("pve1").lxc(101).config.put, memory=2048)
     assert e.value.content == "CT is locked (backup)"
+
+
+# --- revert: what drops a pending change (LXC/Config.pm update_pct_config, Qemu.pm update_vm_api) ---
+
+
+def _pending(api, kind: str, vmid: int) -> dict[str, dict]:
+    return {i["key"]: i for i in getattr(api.nodes("pve1"), kind)(vmid).pending.get()}
+
+
+def test_only_revert_drops_a_pending_devn_of_a_running_pve8_container(srv):
+    api = _ticket_api(srv, "root@pam", srv.root_password)
+    state.set_guest_status(srv.run_dir, "lxc", 101, "running")
+    ct = api.nodes("pve1").lxc(101)
+    ct.config.put(dev0="/dev/nvidia0,mode=0666")  # PVE 8 hot-plugs no devN: it waits for the next start
+    assert _pending(api, "lxc", 101)["dev0"] == {"key": "dev0", "pending": "/dev/nvidia0,mode=0666"}
+    assert _pending(api, "lxc", 101)["hostname"] == {"key": "hostname", "value": "llm"}
+    assert _pending(api, "lxc", 101)["digest"]["value"] == sha1_digest(srv.conf_path("lxc", 101).read_text())
+    # a delete queues nothing and leaves the pending value (cleanup_pending drops the delete of a key
+    # not set now)
+    ct.config.put(delete="dev0")
+    assert _pending(api, "lxc", 101)["dev0"] == {"key": "dev0", "pending": "/dev/nvidia0,mode=0666"}
+    ct.config.put(revert="dev0")
+    assert not [i for i in _pending(api, "lxc", 101).values() if "pending" in i or "delete" in i]
+    assert "[pve:pending]" not in srv.conf_path("lxc", 101).read_text()
+    # a pending delete of a key set now is taken back too
+    ct.config.put(delete="arch")
+    assert _pending(api, "lxc", 101)["arch"] == {"key": "arch", "value": "amd64", "delete": 1}
+    ct.config.put(revert="arch")
+    assert _pending(api, "lxc", 101)["arch"] == {"key": "arch", "value": "amd64"}
+
+
+def test_revert_is_checked_as_pve_container_checks_it(srv):
+    ct = _token_api(srv).nodes("pve1").lxc(101)
+    e = pytest.raises(ResourceException, ct.config.put, revert="nosuch")
+    assert (e.value.status_code, e.value.errors) == (400, {"revert": "unknown option 'nosuch'"})
+    e = pytest.raises(ResourceException, ct.config.put, revert="memory", memory=2048)
+    assert e.value.errors == {"revert": "you can't use '-memory' and '-revert memory' at the same time"}
+    e = pytest.raises(ResourceException, ct.config.put, revert="memory", delete="memory")
+    assert e.value.errors == {
+        "delete": "you can't use '-delete memory' and '-revert memory' at the same time"
+    }
+    # a token may not revert a devN either: device passthrough is root@pam's
+    e = pytest.raises(ResourceException, ct.config.put, revert="dev0")
+    assert (e.value.status_code, e.value.content) == (
+        403,
+        "Permission check failed (configuring device passthrough is only allowed for root@pam)",
+    )
+
+
+def test_a_vm_revert_alone_is_an_option_and_drops_the_pending_value(srv):
+    api = _ticket_api(srv, "root@pam", srv.root_password)
+    state.set_guest_status(srv.run_dir, "qemu", 201, "running")
+    vm = api.nodes("pve1").qemu(201)
+    vm.config.put(hugepages="1024", cores=8)  # a running VM keeps them pending
+    text = srv.conf_path("qemu", 201).read_text()
+    assert "hugepages: 1024" in text.split("[PENDING]")[1] and "cores: 8" in text.split("[PENDING]")[1]
+    vm.config.put(revert="hugepages,cores")  # not 'no options specified'
+    assert srv.conf_path("qemu", 201).read_text() == VM

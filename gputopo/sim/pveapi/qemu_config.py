@@ -244,15 +244,26 @@ class QemuConfigHandlers:
         digest = p.pop("digest", None)
         skiplock = p.pop("skiplock", False)
         deletes = [d.lstrip("!") for d in p.pop("delete", [])]
-        p.pop("revert", None)
+        reverts = list(p.pop("revert", []))
         sets = {k: str(v) for k, v in p.items()}
+        # update_vm_api (API2/Qemu.pm): nothing to set, delete or revert dies first (line 2110)
+        if not sets and not deletes and not reverts:
+            raise die("no options specified")
+        for k in reverts:  # lines 2116-2125, the wording (and the 'delete' key) as Proxmox has it
+            if not qemu_key_known(k):
+                raise param_error({"revert": f"unknown option '{k}'"})
+            if k in sets:
+                raise param_error({"delete": f"you can't use '-{k}' and -revert {k}' at the same time"})
+        for k in deletes:
+            if k in reverts:
+                raise param_error(
+                    {"revert": f"you can't use '-delete {k}' and -revert {k}' at the same time"}
+                )
         for k in deletes:
             if k in sets:
                 raise param_error({"delete": f"you can't use '-{k}' and -delete {k}' at the same time"})
             if not qemu_key_known(k):
                 raise param_error({"delete": f"unknown option '{k}'"})
-        if not sets and not deletes:
-            raise die("no options specified")
         # update_vm_api (API2/Qemu.pm lines 2196-2198): the deletes' keys, then the set ones,
         # before the config is read and its digest compared
         self._check_modify_perm(caller, vmid, deletes)
@@ -267,6 +278,13 @@ class QemuConfigHandlers:
             conf = parse_qemu_conf(text)
             if conf.options.get("lock") and not skiplock:
                 raise die(f"VM is locked ({conf.options['lock']})")
+            # $load_and_check_config: a reverted key set now is set to its current value (which
+            # drops its pending change); one set only pending is deleted (which drops it)
+            for k in reverts:
+                if k in conf.options:
+                    sets[k] = conf.options[k]
+                elif k in conf.pending:
+                    deletes.append(k)
             pdel = [d for d in conf.pending_delete if d not in sets]
             for k in deletes:
                 if k not in conf.options and k not in conf.pending:
