@@ -1,17 +1,20 @@
 """Which of the VM config keys gputopo writes only root@pam may change through the API. Pure.
 
-qemu-server's ``update_vm_api`` (``src/PVE/API2/Qemu.pm``, ``$check_vm_modify_config_perm``)
-lets root@pam change any key. Anyone else needs a privilege per option group (``numa`` and
+qemu-server's ``update_vm_api`` (``src/PVE/API2/Qemu.pm``, ``$check_vm_modify_config_perm``:
+line 995 of qemu-server 9.2.6, its option groups at lines 789-862, the die at line 1037) lets
+root@pam change any key. Anyone else needs a privilege per option group (``numa`` and
 ``numaN`` are ``VM.Config.CPU``; a ``hostpciN`` naming a mapping needs ``Mapping.Use``), and a
 key in no group dies ``only root can set '<key>' config`` (a 500), for a set and for a delete
 alike. Of gputopo's keys, ``affinity``, ``args`` and ``hugepages`` are in no group. An API token
 is never root@pam, not even one of root@pam: the API's user is then the token id
-``root@pam!name`` (pve-manager ``PVE/HTTPServer.pm`` ``auth_handler``). A plan whose VM update
+``root@pam!name`` (pve-manager ``PVE/HTTPServer.pm`` ``auth_handler``, line 86). A plan whose VM update
 would change one of them with another login is refused here, before anything changes, rather
 than failing at the config step with the switch half done.
 """
 
 from __future__ import annotations
+
+import shlex
 
 from gputopo.plan.findings import Findings
 
@@ -32,7 +35,9 @@ def _without(vmid: int, keys: list[str], sets: dict[str, str]) -> str:
         ways.append("hugepages unset")
     if "args" in keys:
         ways.append(
-            f"args set once by root@pam (qm set {vmid} --args '{sets['args']}')" if "args" in sets else ""
+            f"args set once by root@pam (qm set {vmid} --args {shlex.quote(sets['args'])})"
+            if "args" in sets
+            else ""
         )
     return "; ".join(w for w in ways if w)
 
