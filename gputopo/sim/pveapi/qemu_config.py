@@ -132,9 +132,10 @@ _PRIV_OF_GROUP = (
         "VM.Config.Cloudinit|VM.Config.Network",  # either of them
     ),
 )
-# keys whose check is value dependent and done elsewhere ($check_vm_modify_config_perm's `next`s)
+# keys whose check is value dependent and done elsewhere ($check_vm_modify_config_perm's `next`s;
+# hostpciN too, see _check_hostpci_perm)
 _PERM_ELSEWHERE = re.compile(
-    r"^(?:(?:ide|sata|scsi|virtio|efidisk|tpmstate|unused|serial|usb|hostpci|virtiofs)\d+|cdrom|tags)$"
+    r"^(?:(?:ide|sata|scsi|virtio|efidisk|tpmstate|unused|serial|usb|virtiofs)\d+|cdrom|tags)$"
 )
 _INDEXED = re.compile(
     r"^(numa|net|scsi|virtio|sata|ide|efidisk|tpmstate|unused|usb|serial|ipconfig)\d+$"
@@ -223,7 +224,7 @@ class QemuConfigHandlers:
         if caller is None or caller.is_root_pam:
             return
         for k in keys:
-            if _PERM_ELSEWHERE.match(k):
+            if _PERM_ELSEWHERE.match(k) or is_hostpci_key(k):
                 continue
             if re.match(r"^numa\d+$", k):
                 priv = "VM.Config.CPU"
