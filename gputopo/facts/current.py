@@ -74,6 +74,10 @@ def read_current(
     # hot-plugs devN); a version the source does not tell counts as the older one
     state = CurrentState(guest_status_known=proxmox.status_known, containers_known=proxmox.guests_known)
     state.pve_version = str(proxmox.version().get("version") or "") or None
+    # what the API lets this login change depends on who it is (only root@pam may set some VM
+    # keys); Proxmox's files do not say who will apply
+    identity = getattr(proxmox, "identity", None)
+    state.api_user = identity() if callable(identity) else None
     wanted = reads.containers
     if wanted is None:
         wanted = tuple(

@@ -61,6 +61,11 @@ class CurrentState(Strict):
         "not in containers does not exist (False: nothing was read, or Proxmox's files hold nothing "
         "for the node)",
     )
+    api_user: str | None = Field(
+        None,
+        description="Who the Proxmox API source is logged in as: root@pam, another user@realm, or an API "
+        "token's id user@realm!name; null when read from Proxmox's files (who applies is not known)",
+    )
     guest_status_known: bool = Field(
         True,
         description="False when read from Proxmox's files, which cannot tell whether a guest runs "

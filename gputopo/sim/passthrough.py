@@ -6,8 +6,9 @@ This follows qemu-server (``PVE/QemuServer/PCI.pm``: ``parse_hostpci``,
 
 1. every ``hostpciN: mapping=<id>`` is checked against the hardware, ALL of the mapping's
    entries for this node (``assert_valid``); a mismatch fails the start;
-2. each entry gets a device: for a mapping the first entry none of whose devices is used by
-   another running VM; a ``host=`` address must not be used by another running VM;
+2. each entry gets a device: for a mapping with several entries the first one none of whose
+   devices is used by another running VM; a ``host=`` address or a mapping's one entry is taken
+   as it is, and the start fails if another running VM holds it (:meth:`Passthrough._reserve`);
 3. every non-bridge device in each chosen device's IOMMU group is put on vfio-pci through sysfs,
    exactly as Proxmox writes it: ``vendor device`` to ``vfio-pci/new_id`` FIRST (which makes
    vfio-pci grab every unbound device with that id: the pitfall gputopo avoids by pre-binding
@@ -171,7 +172,17 @@ class Passthrough:
     def _reserve(
         self, vmid: int, wanted: list[tuple[str, list[list[str]], bool]]
     ) -> list[tuple[str, list[str]]]:
-        """(hostpciN, the devices it got) for each entry, in order. Raises PassthroughError."""
+        """(hostpciN, the devices it got) for each entry, in order. Raises PassthroughError.
+
+        As qemu-server 9.2.6 does it: ``choose_hostpci_devices`` (``PCI.pm`` line 547) walks the
+        lines in order; a line with one alternative (a ``host=`` or a mapping with one entry on this
+        node) takes it unchecked, dying ``device '<id>' assigned more than once`` (line 556) when an
+        earlier line of the same VM took it; a line with several tries each in turn and reserves
+        the first no earlier line took and no running VM holds, else ``could not find a free
+        device for 'hostpciN'`` (line 613). Only then ``vm_start_nolock`` (``QemuServer.pm`` line
+        5706) reserves every chosen device, and ``reserve_pci_usage`` (``PCI.pm`` line 832) dies
+        ``PCI device '<id>' already in use by VMID '<vmid>'`` for one a running VM holds.
+        """
         with state.locked(self.run_dir, RESERVED):
             res = state.read_state(self.run_dir, RESERVED, {}) or {}
             used = {
@@ -181,20 +192,23 @@ class Passthrough:
             }
             mine: list[str] = []
             picks: list[tuple[str, list[str]]] = []
-            for key, alternatives, is_mapping in wanted:
-                pick = None
-                for alt in alternatives:
-                    if not any(a in used or a in mine for a in alt):
-                        pick = alt
-                        break
-                if pick is None:
-                    if not is_mapping:
-                        taken = next(a for a in alternatives[0] if a in used or a in mine)
-                        owner = used.get(taken, vmid)
-                        raise PassthroughError(f"PCI device '{taken}' already in use by VMID '{owner}'")
-                    raise PassthroughError(f"could not find a free device for '{key}'")
+            for key, alternatives, _ in wanted:
+                if len(alternatives) == 1:
+                    pick = alternatives[0]
+                    twice = next((a for a in pick if a in mine), None)
+                    if twice is not None:
+                        raise PassthroughError(f"device '{twice}' assigned more than once")
+                else:
+                    pick = next(
+                        (alt for alt in alternatives if not any(a in used or a in mine for a in alt)), None
+                    )
+                    if pick is None:
+                        raise PassthroughError(f"could not find a free device for '{key}'")
                 mine += pick
                 picks.append((key, pick))
+            taken = next((a for a in mine if a in used), None)
+            if taken is not None:
+                raise PassthroughError(f"PCI device '{taken}' already in use by VMID '{used[taken]}'")
             res = {a: v for a, v in res.items() if v != vmid}
             res.update({a: vmid for a in mine})
             state.write_state(self.run_dir, RESERVED, res)

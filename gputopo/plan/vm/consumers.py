@@ -32,6 +32,7 @@ from gputopo.model.state import CurrentState
 from gputopo.plan.findings import Findings
 from gputopo.plan.model import VmTarget
 from gputopo.plan.placement import explain
+from gputopo.plan.vm.perms import check_writer
 from gputopo.plan.vm.place import gib, mmio, mmio_note, phys_bits_note, placement
 from gputopo.plan.vm.safety import MapView, owners_text
 from gputopo.plan.vm.spec import VmConsumer
@@ -246,6 +247,7 @@ def _consumer(
         )
     )
     if sets or deletes:
+        check_writer(c.vmid, sets, deletes, current.api_user, found)
         out.updates.append(
             UpdateVmConfig(vmid=c.vmid, set=sets, delete=deletes, digest=g.config.get("digest"))
         )

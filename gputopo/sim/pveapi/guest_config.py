@@ -114,6 +114,31 @@ class GuestConfigHandlers:
         text = self._load("lxc", p["vmid"])
         return self._guest_view("lxc", p["vmid"], text, bool(p.get("current")), p.get("snapshot"))
 
+    def h_lxc_pending(self, caller: Caller, p: dict) -> Any:
+        """GET .../lxc/{vmid}/pending (pve-container src/PVE/API2/LXC.pm ``vm_pending``, with
+        pve-guest-common ``GuestHelpers.pm`` ``config_with_pending_array``): one item per key set
+        now (``value``, and ``pending``/``delete`` when queued; ``digest`` among them), then one per
+        key set only pending, then one per pending delete of a key not set now. Raw ``lxc.*``
+        lines are left out. Perl's hash order is random: the simulator sorts each part."""
+        text = self._load("lxc", p["vmid"])
+        conf = parse_lxc_conf(text)
+        pend = {k: v for k, v in conf.pending.options.items() if k != "delete"}
+        dels = set(conf.pending_delete)
+        now = {**conf.options, **({"description": conf.description} if conf.description else {})}
+        now["digest"] = sha1_digest(text)
+        out: list[dict[str, Any]] = []
+        for k in sorted(now):
+            item: dict[str, Any] = {"key": k, "value": _typed(k, now[k]) if k != "digest" else now[k]}
+            if k in pend:
+                item["pending"] = _typed(k, pend.pop(k))
+            if k in dels:
+                dels.discard(k)
+                item["delete"] = 1
+            out.append(item)
+        out += [{"key": k, "pending": _typed(k, v)} for k, v in sorted(pend.items())]
+        out += [{"key": k, "delete": 1} for k in sorted(dels)]
+        return out
+
     def h_lxc_interfaces(self, caller: Caller, p: dict) -> Any:
         """The running container's interfaces as ``ip --json a`` inside it shows them
         (pve-container ``PVE::LXC::get_interfaces``: lo and eth0 with ``inet`` as address/prefix,
@@ -145,8 +170,13 @@ class GuestConfigHandlers:
         vmid = p.pop("vmid")
         p.pop("node")
         digest = p.pop("digest", None)
+        # pve-container src/PVE/API2/LXC/Config.pm update_vm (line 161): with node, vmid and
+        # digest taken out, no parameter left dies at once, before the config is locked and read
+        # (so before its lock and its digest are checked); 'delete' or 'revert' count as one
+        if not p:
+            raise die("no options specified")
         deletes = [d.lstrip("!") for d in p.pop("delete", [])]
-        p.pop("revert", None)
+        reverts = list(p.pop("revert", []))
         sets = p
         with self._lock:
             text = self._load("lxc", vmid)
@@ -157,8 +187,20 @@ class GuestConfigHandlers:
             if digest and sha1_digest(text) != digest:
                 raise die("detected modified configuration - file changed by other user? Try again.")
             dev_rule = "configuring device passthrough is only allowed for root@pam"
-            if caller is not None and not caller.is_root_pam and any(is_devn_key(k) for k in deletes):
+            # check_ct_modify_config_perm: the deleted keys, then the reverted ones (lines 179-184)
+            if (
+                caller is not None
+                and not caller.is_root_pam
+                and any(is_devn_key(k) for k in deletes + reverts)
+            ):
                 raise perm_error(dev_rule)
+            for k in reverts:
+                # update_vm lines 186-192
+                why = check_lxc_option(k, "0")
+                if why and why.startswith("unknown setting") and k != "description":
+                    raise param_error({"revert": f"unknown option '{k}'"})
+                if k in sets:
+                    raise param_error({"revert": f"you can't use '-{k}' and '-revert {k}' at the same time"})
             for k in deletes:
                 # pve-container API2/LXC/Config.pm update_vm: unknown option, then set and delete
                 why = check_lxc_option(k, "0")
@@ -166,10 +208,12 @@ class GuestConfigHandlers:
                     raise param_error({"delete": f"unknown option '{k}'"})
                 if k in sets:
                     raise param_error({"delete": f"you can't use '-{k}' and -delete {k}' at the same time"})
+                if k in reverts:
+                    raise param_error(
+                        {"delete": f"you can't use '-delete {k}' and '-revert {k}' at the same time"}
+                    )
             if caller is not None and not caller.is_root_pam and any(is_devn_key(k) for k in sets):
                 raise perm_error(dev_rule)
-            if not sets and not deletes:
-                raise die("no options specified")
             for k, v in sets.items():
                 if is_devn_key(k):
                     path = parse_dev_value(v)["path"]
@@ -179,7 +223,12 @@ class GuestConfigHandlers:
             major = int(self.version.split(".")[0])
             plugged = []
             pend = conf.pending
-            pdel = [d for d in conf.pending_delete if d not in sets and d not in deletes]
+            # LXC/Config.pm update_pct_config (lines 1306-1309): a revert drops the key's pending
+            # value and its pending delete, before anything else; the only way to take back a
+            # pending devN that is not set now (a delete of it leaves the pending value)
+            for k in reverts:
+                pend.options.pop(k, None)
+            pdel = [d for d in conf.pending_delete if d not in sets and d not in deletes and d not in reverts]
             for k, v in sets.items():
                 pend.options.pop(k, None)
                 now = (

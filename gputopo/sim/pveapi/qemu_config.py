@@ -6,7 +6,10 @@ one only takes the fast-plug keys (``$fast_plug_option``) and keeps the rest (``
 ``affinity``, ``numa``, ``hugepages``, ``args``...) pending until its next start. A stale digest
 is ``checksum mismatch (file change by other user?)``; deleting a key that is not set warns and
 is skipped; only root@pam may set a ``hostpciN`` with ``host=``, others need ``Mapping.Use``
-for a mapping (``check_hostpci_perm``).
+for a mapping (``check_hostpci_perm``). Any other caller, an API token of root@pam included
+(its user is the token id ``root@pam!name``), may set or delete only the keys
+``$check_vm_modify_config_perm`` gives a privilege to; every other key (``affinity``, ``args``,
+``hugepages``...) is ``only root can set '<key>' config`` (500).
 """
 
 from __future__ import annotations
@@ -74,6 +77,66 @@ _KEYS = {
     "vmgenid",
     "meta",
 }
+# qemu-server 9.2.6 src/PVE/API2/Qemu.pm, the option groups of $check_vm_modify_config_perm
+# (lines 789-862: $cpuoptions, $memoryoptions, $hwtypeoptions, $generaloptions, $vmpoweroptions,
+# $diskoptions, $cloudinitoptions) and the privilege each needs (lines 995-1043)
+_PRIV_OF_GROUP = (
+    (
+        {"cores", "cpu", "runningcpu", "cpulimit", "cpuunits", "numa", "smp", "sockets", "vcpus"},
+        "VM.Config.CPU",
+    ),
+    ({"memory", "balloon", "shares", "allow-ksm"}, "VM.Config.Memory"),
+    (
+        {
+            "acpi",
+            "hotplug",
+            "kvm",
+            "machine",
+            "runningmachine",
+            "scsihw",
+            "smbios1",
+            "tablet",
+            "vga",
+            "watchdog",
+            "audio0",
+            "rng0",
+        },
+        "VM.Config.HWType",
+    ),
+    (
+        {
+            "agent",
+            "autostart",
+            "bios",
+            "description",
+            "keyboard",
+            "localtime",
+            "migrate_downtime",
+            "migrate_speed",
+            "name",
+            "onboot",
+            "ostype",
+            "protection",
+            "reboot",
+            "startdate",
+            "startup",
+            "tdf",
+            "template",
+        },
+        "VM.Config.Options",
+    ),
+    ({"freeze"}, "VM.PowerMgmt"),
+    ({"boot", "bootdisk", "vmstatestorage"}, "VM.Config.Disk"),
+    (
+        {"cicustom", "cipassword", "citype", "ciuser", "ciupgrade", "nameserver", "searchdomain", "sshkeys"},
+        "VM.Config.Cloudinit|VM.Config.Network",  # either of them
+    ),
+)
+# keys whose check is value dependent and done elsewhere ($check_vm_modify_config_perm's `next`s;
+# hostpciN too, see _check_hostpci_perm)
+_PERM_ELSEWHERE = re.compile(
+    r"^(?:(?:ide|sata|scsi|virtio|efidisk|tpmstate|unused|serial|usb|virtiofs)\d+|cdrom|tags)$"
+)
 _INDEXED = re.compile(
     r"^(numa|net|scsi|virtio|sata|ide|efidisk|tpmstate|unused|usb|serial|ipconfig)\d+$"
 )  # and hostpciN
@@ -153,21 +216,59 @@ class QemuConfigHandlers:
         if not self._has_any(caller, ("Mapping.Use",)):
             raise perm_error(f"/mapping/pci/{props['mapping']}, Mapping.Use")
 
+    def _check_modify_perm(self, caller: Caller | None, vmid: int, keys: list[str]) -> None:
+        """qemu-server's ``$check_vm_modify_config_perm`` (API2/Qemu.pm line 995): root@pam may
+        change anything; for anyone else (``$authuser`` of a token is ``user@realm!name``,
+        pve-manager PVE/HTTPServer.pm auth_handler line 86) a key in an option group needs that
+        group's privilege, and any other key dies ``only root can set '$opt' config`` (line 1037)."""
+        if caller is None or caller.is_root_pam:
+            return
+        for k in keys:
+            if _PERM_ELSEWHERE.match(k) or is_hostpci_key(k):
+                continue
+            if re.match(r"^numa\d+$", k):
+                priv = "VM.Config.CPU"
+            elif re.match(r"^(?:net\d+|running-nets-host-mtu)$", k):
+                priv = "VM.Config.Network"
+            elif re.match(r"^ipconfig\d+$", k):
+                priv = "VM.Config.Cloudinit|VM.Config.Network"
+            else:
+                priv = next((pr for group, pr in _PRIV_OF_GROUP if k in group), None)
+            if priv is None:
+                raise die(f"only root can set '{k}' config")
+            if not self._has_any(caller, tuple(priv.split("|"))):
+                raise perm_error(f"/vms/{vmid}, {priv}")
+
     def h_qemu_put(self, caller: Caller, p: dict) -> Any:
         vmid = p.pop("vmid")
         p.pop("node")
         digest = p.pop("digest", None)
         skiplock = p.pop("skiplock", False)
         deletes = [d.lstrip("!") for d in p.pop("delete", [])]
-        p.pop("revert", None)
+        reverts = list(p.pop("revert", []))
         sets = {k: str(v) for k, v in p.items()}
+        # update_vm_api (API2/Qemu.pm): nothing to set, delete or revert dies first (line 2110)
+        if not sets and not deletes and not reverts:
+            raise die("no options specified")
+        for k in reverts:  # lines 2116-2125, the wording (and the 'delete' key) as Proxmox has it
+            if not qemu_key_known(k):
+                raise param_error({"revert": f"unknown option '{k}'"})
+            if k in sets:
+                raise param_error({"delete": f"you can't use '-{k}' and -revert {k}' at the same time"})
+        for k in deletes:
+            if k in reverts:
+                raise param_error(
+                    {"revert": f"you can't use '-delete {k}' and -revert {k}' at the same time"}
+                )
         for k in deletes:
             if k in sets:
                 raise param_error({"delete": f"you can't use '-{k}' and -delete {k}' at the same time"})
             if not qemu_key_known(k):
                 raise param_error({"delete": f"unknown option '{k}'"})
-        if not sets and not deletes:
-            raise die("no options specified")
+        # update_vm_api (API2/Qemu.pm lines 2196-2198): the deletes' keys, then the set ones,
+        # before the config is read and its digest compared
+        self._check_modify_perm(caller, vmid, deletes)
+        self._check_modify_perm(caller, vmid, sorted(sets))
         for k, v in sets.items():
             if is_hostpci_key(k):
                 self._check_hostpci_perm(caller, k, v)
@@ -178,6 +279,13 @@ class QemuConfigHandlers:
             conf = parse_qemu_conf(text)
             if conf.options.get("lock") and not skiplock:
                 raise die(f"VM is locked ({conf.options['lock']})")
+            # $load_and_check_config: a reverted key set now is set to its current value (which
+            # drops its pending change); one set only pending is deleted (which drops it)
+            for k in reverts:
+                if k in conf.options:
+                    sets[k] = conf.options[k]
+                elif k in conf.pending:
+                    deletes.append(k)
             pdel = [d for d in conf.pending_delete if d not in sets]
             for k in deletes:
                 if k not in conf.options and k not in conf.pending:

@@ -169,6 +169,13 @@ ROUTES = [
     ),
     Route(
         "GET",
+        "/nodes/{node}/lxc/{vmid}/pending",
+        "lxc_pending",
+        {"node": NODE, "vmid": VMID},
+        ("/vms/{vmid}", ("VM.Audit",)),
+    ),
+    Route(
+        "GET",
         "/nodes/{node}/lxc/{vmid}/interfaces",
         "lxc_interfaces",
         {"node": NODE, "vmid": VMID},

@@ -65,6 +65,10 @@ def guest_address(key: str, pcie: bool) -> str:
     return f"0000:00:{slot:02x}.0" if slot is not None else f"0000:02:{0x0D + n - 4:02x}.0"
 
 
+# PCI.pm parse_hostpci_devices line 510 of qemu-server 9.2.6, as the task's exit status ends
+Q35_DIE = "q35 machine model is not enabled at /usr/share/perl5/PVE/QemuServer/PCI.pm line 510."
+
+
 def start(
     vmid: int, conf: QemuConf, root: Path, run_dir: Path, passthrough: Passthrough, mappings: list[Any]
 ) -> None:
@@ -83,7 +87,9 @@ def start(
             if "mapping" in props and props["mapping"] not in node_maps:
                 raise PassthroughError(f"PCI device mapping not found for '{props['mapping']}'")
             if _truthy(props.get("pcie")) and not q35:
-                raise PassthroughError("q35 machine model is not enabled")
+                # qemu-server 9.2.6 src/PVE/QemuServer/PCI.pm parse_hostpci_devices, line 510: a
+                # die without "\n", so Perl appends where it died (the installed module's path)
+                raise PassthroughError(Q35_DIE)
             pcie[key] = _truthy(props.get("pcie"))
     if opts.get("hugepages") and not _truthy(opts.get("numa")):
         raise PassthroughError("numa needs to be enabled to use hugepages")
