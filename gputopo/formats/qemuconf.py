@@ -178,7 +178,8 @@ def write_qemu_conf(conf: QemuConf) -> str:
             out += f"{k}: {v}\n"
         return out
 
-    raw = descr_lines(conf.description)
+    # a description set as a key (an API change) is the main section's newer one
+    raw = descr_lines(conf.options.get("description", conf.description))
     raw += block({k: v for k, v in conf.options.items() if k not in ("description", "snapstate")})
     if conf.pending:
         raw += "\n[PENDING]\n" + block(conf.pending, pending=True)
