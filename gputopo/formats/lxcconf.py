@@ -279,7 +279,10 @@ def parse_lxc_conf(text: str) -> LxcConf:
     """Parse a container config the way pve-container's ``parse_pct_config`` does.
 
     Lenient like Proxmox: lines it cannot parse are skipped (use :func:`validate_lxc_conf` to
-    see them). Returns the :class:`LxcConf`; raises nothing for any text.
+    see them), and so are ``lxc.*`` keys Proxmox refuses (:func:`lxc_raw_key_kept`); as Proxmox
+    does, ``lxc.environment.runtime`` lines become ``env`` (NUL-separated), boolean and integer
+    keys are converted (``yes`` -> ``1``, ``08`` -> ``8``) and the main section's ``snapstate``
+    is dropped. Returns the :class:`LxcConf`; raises nothing for any text.
     """
     conf = LxcConf()
     section: LxcSection = conf
