@@ -365,8 +365,9 @@ def _write_section(sec: LxcSection) -> str:
 def write_lxc_conf(conf: LxcConf) -> str:
     """The text pve-container's ``write_pct_config`` writes for ``conf``.
 
-    Description first as ``#`` lines, then the keys sorted, then the raw ``lxc.*`` lines in
-    order; ``[pve:pending]`` when it holds anything; snapshots sorted by name.
+    Description first as ``#`` lines, then the keys sorted, then ``env`` as
+    ``lxc.environment.runtime`` lines, then the raw ``lxc.*`` lines in order; ``[pve:pending]``
+    when it holds anything; snapshots sorted by name.
     Raises PveFormatError when a value contains a newline.
     """
     raw = _write_section(conf)
