@@ -6,9 +6,10 @@
 
 * a section starts with ``<type>: <id>`` and ends at a blank line; a property line is a tab,
   the key, and the value (a boolean may stand alone: ``\\tdisable``);
-* the writer (``SectionConfig::write_config``) puts ``comment`` first (``%XX``-escaped), then a
-  bare ``disable``, then the type's required options sorted by name, then the optional ones
-  sorted by name; booleans are ``0``/``1``;
+* the writer (``SectionConfig::write_config``) puts ``comment`` first (``%XX``-escaped in a rule
+  only: Rules.pm has the only ``encode_value`` for it), then a bare ``disable``, then the type's
+  required options sorted by name, then the optional ones sorted by name; booleans are
+  ``0``/``1``; every section, the last one too, is followed by a blank line;
 * a node-affinity rule's ``nodes`` is ``node[:priority]`` joined by ``,`` and sorted
   (``NodeAffinity.pm encode_plugin_value``), ``resources`` the sorted ``vm:<id>`` list.
 
@@ -31,6 +32,9 @@ OPTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "vm": ((), ("comment", "failback", "group", "max_relocate", "max_restart", "state")),
     "ct": ((), ("comment", "failback", "group", "max_relocate", "max_restart", "state")),
 }
+# the rule types: only Rules.pm decodes and encodes ``comment`` (decode_text/encode_text);
+# Groups.pm and Resources.pm keep it as written
+RULES = {"node-affinity", "resource-affinity"}
 BOOLEANS = {"disable", "strict", "restricted", "nofailback", "failback"}
 _HEADER = re.compile(r"^(\S+):\s*(\S+)\s*$")
 _PROP = re.compile(r"^\s+(\S+)(\s+(.*\S))?\s*$")
@@ -76,7 +80,7 @@ def parse_section_config(text: str) -> list[Section]:
             value = "1" if key in BOOLEANS else ""
         if key in current.props:
             continue
-        current.props[key] = decode_text(value) if key == "comment" else value
+        current.props[key] = decode_text(value) if key == "comment" and current.type in RULES else value
     return out
 
 
@@ -90,8 +94,16 @@ def write_section_config(sections: list[Section]) -> str:
         required, optional = OPTIONS[s.type]
         lines = [f"{s.type}: {s.id}"]
         props = dict(s.props)
+        if s.type in RULES:
+            # Rules.pm encode_value: the resources are a hash, written sorted and once each;
+            # NodeAffinity.pm encode_plugin_value: the nodes sorted by name
+            if props.get("resources"):
+                props["resources"] = ",".join(sorted(set(resource_list(props["resources"]))))
+            if s.type == "node-affinity" and props.get("nodes"):
+                props["nodes"] = format_node_list(node_list(props["nodes"]))
         if props.get("comment"):
-            lines.append(f"\tcomment {encode_text(props['comment'])}")
+            comment = props["comment"]
+            lines.append(f"\tcomment {encode_text(comment) if s.type in RULES else comment}")
         if props.get("disable") in ("1", "true"):
             lines.append("\tdisable")
         for key in sorted(required) + sorted(k for k in optional if k not in ("comment", "disable")):
@@ -103,8 +115,9 @@ def write_section_config(sections: list[Section]) -> str:
             if "\n" in value or "\r" in value:
                 raise ValueError(f"property '{key}' contains a line feed")
             lines.append(f"\t{key} {value}")
-        out.append("\n".join(lines) + "\n")
-    return "\n".join(out)
+        # SectionConfig::write_config appends "$data\n" for every section, the last one too
+        out.append("\n".join(lines) + "\n\n")
+    return "".join(out)
 
 
 def node_list(value: str) -> dict[str, int]:

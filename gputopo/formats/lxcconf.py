@@ -149,11 +149,140 @@ _SNAP_RE = re.compile(r"^\[([a-z][a-z0-9_-]+)\]\s*$", re.IGNORECASE)
 _DESCR_KEY_RE = re.compile(r"^description:\s*(.*\S)\s*$")
 
 
+# pve-container src/PVE/LXC/Config.pm ``is_valid_lxc_conf_key``: the raw keys parse_pct_config
+# keeps (``$valid_lxc_conf_keys`` entries valued 1, the ``$deprecated_lxc_conf_keys`` it renames
+# with a warning only, and four prefixes); any other ``lxc.*`` line is warned about and dropped
+_LXC_RAW_VALID = frozenset(
+    (
+        "lxc.apparmor.profile",
+        "lxc.apparmor.allow_incomplete",
+        "lxc.apparmor.allow_nesting",
+        "lxc.apparmor.raw",
+        "lxc.selinux.context",
+        "lxc.include",
+        "lxc.arch",
+        "lxc.uts.name",
+        "lxc.signal.halt",
+        "lxc.signal.reboot",
+        "lxc.signal.stop",
+        "lxc.init.cmd",
+        "lxc.init.cwd",
+        "lxc.init.uid",
+        "lxc.init.gid",
+        "lxc.init.groups",
+        "lxc.pty.max",
+        "lxc.console.logfile",
+        "lxc.console.path",
+        "lxc.tty.max",
+        "lxc.devtty.dir",
+        "lxc.hook.autodev",
+        "lxc.autodev",
+        "lxc.kmsg",
+        "lxc.mount.fstab",
+        "lxc.mount.entry",
+        "lxc.mount.auto",
+        "lxc.rootfs.mount",
+        "lxc.cap.drop",
+        "lxc.cap.keep",
+        "lxc.seccomp.profile",
+        "lxc.seccomp.notify.proxy",
+        "lxc.seccomp.notify.cookie",
+        "lxc.idmap",
+        "lxc.hook.pre-start",
+        "lxc.hook.pre-mount",
+        "lxc.hook.mount",
+        "lxc.hook.start",
+        "lxc.hook.stop",
+        "lxc.hook.post-stop",
+        "lxc.hook.clone",
+        "lxc.hook.destroy",
+        "lxc.hook.version",
+        "lxc.log.level",
+        "lxc.log.file",
+        "lxc.start.auto",
+        "lxc.start.delay",
+        "lxc.start.order",
+        "lxc.group",
+        "lxc.environment",
+        "lxc.environment.runtime",
+        "lxc.environment.hooks",
+        "lxc.sysctl.fs.mqueue",
+        "lxc.sysctl.kernel.msgmax",
+        "lxc.sysctl.kernel.msgmnb",
+        "lxc.sysctl.kernel.msgmni",
+        "lxc.sysctl.kernel.sem",
+        "lxc.sysctl.kernel.shmall",
+        "lxc.sysctl.kernel.shmmax",
+        "lxc.sysctl.kernel.shmmni",
+        "lxc.sysctl.kernel.shm_rmid_forced",
+    )
+)
+_LXC_RAW_DEPRECATED = frozenset(
+    (
+        "lxc.aa_profile",
+        "lxc.aa_allow_incomplete",
+        "lxc.console",
+        "lxc.devttydir",
+        "lxc.haltsignal",
+        "lxc.rebootsignal",
+        "lxc.stopsignal",
+        "lxc.id_map",
+        "lxc.init_cmd",
+        "lxc.loglevel",
+        "lxc.logfile",
+        "lxc.mount",
+        "lxc.network.type",
+        "lxc.network.flags",
+        "lxc.network.link",
+        "lxc.network.mtu",
+        "lxc.network.name",
+        "lxc.network.hwaddr",
+        "lxc.network.ipv4",
+        "lxc.network.ipv4.gateway",
+        "lxc.network.ipv6",
+        "lxc.network.ipv6.gateway",
+        "lxc.network.script.up",
+        "lxc.network.script.down",
+        "lxc.pts",
+        "lxc.se_context",
+        "lxc.seccomp",
+        "lxc.tty",
+        "lxc.utsname",
+    )
+)
+_LXC_RAW_PREFIXES = ("lxc.limit.", "lxc.cgroup.", "lxc.cgroup2.", "lxc.prlimit.", "lxc.net.")
+# the typed keys ``check_type`` converts while parsing: a boolean to 1/0, an integer to int()
+_LXC_BOOLEAN_KEYS = frozenset(("onboot", "template", "console", "protection", "unprivileged", "debug"))
+_LXC_INTEGER_KEYS = frozenset(("tty", "cores", "cpuunits", "memory", "swap", "snaptime"))
+
+
+def lxc_raw_key_kept(key: str) -> bool:
+    """Whether pve-container's parser keeps the raw ``lxc.*`` line ``key`` (it drops the rest
+    with a warning: ``lxc.rootfs.path``, ``lxc.rootfs.options``, unknown keys)."""
+    return key in _LXC_RAW_VALID or key in _LXC_RAW_DEPRECATED or key.startswith(_LXC_RAW_PREFIXES)
+
+
+def _typed_value(key: str, value: str) -> str:
+    """``check_type``'s conversion of a boolean or integer key's value; others unchanged (a
+    value that fails the check is kept as written, as the non-strict parser keeps it)."""
+    if key in _LXC_BOOLEAN_KEYS:
+        if value == "1" or re.fullmatch(r"on|yes|true", value, re.IGNORECASE):
+            return "1"
+        if value == "0" or re.fullmatch(r"off|no|false", value, re.IGNORECASE):
+            return "0"
+    elif key in _LXC_INTEGER_KEYS and re.fullmatch(r"\d+", value):
+        return str(int(value))
+    return value
+
+
 def parse_lxc_conf(text: str) -> LxcConf:
     """Parse a container config the way pve-container's ``parse_pct_config`` does.
 
     Lenient like Proxmox: lines it cannot parse are skipped (use :func:`validate_lxc_conf` to
-    see them). Returns the :class:`LxcConf`; raises nothing for any text.
+    see them), and so are ``lxc.*`` keys Proxmox refuses (:func:`lxc_raw_key_kept`); as Proxmox
+    does, ``lxc.environment.runtime`` lines become ``env`` (NUL-separated), boolean and integer
+    keys are converted (``yes`` -> ``1``, ``08`` -> ``8``) and the main section's ``snapstate``
+    is dropped. Returns the :class:`LxcConf`; raises nothing for any text.
     """
     conf = LxcConf()
     section: LxcSection = conf
@@ -182,19 +311,30 @@ def parse_lxc_conf(text: str) -> LxcConf:
             continue
         m = _LXC_RAW_RE.match(line)
         if m:
-            section.lxc.append((m.group(1), m.group(3)))
+            key, value = m.group(1), m.group(3)
+            if key == "lxc.environment.runtime":
+                # parse_pct_config gathers these into ``env``, NUL-separated
+                env = section.options.get("env")
+                section.options["env"] = value if env is None else f"{env}\0{value}"
+            elif lxc_raw_key_kept(key):
+                section.lxc.append((key, value))
             continue
         m = _DESCR_KEY_RE.match(line)
         if m:
             descr += decode_text(m.group(1))
+            continue
+        m = re.search(r"snapstate:\s*(prepare|delete)\s*$", line)
+        if m:
+            section.options["snapstate"] = m.group(1)
             continue
         m = _LXC_KEY_RE.match(line)
         if m:
             key = m.group(1)
             if key == "delete" and section is not conf.pending:
                 continue  # Proxmox warns and drops it outside [pve:pending]
-            section.options[key] = m.group(2)
+            section.options[key] = _typed_value(key, m.group(2))
     close(section, descr)
+    conf.options.pop("snapstate", None)  # parse_pct_config: delete $res->{snapstate}
     return conf
 
 
@@ -205,22 +345,29 @@ def _write_section(sec: LxcSection) -> str:
         descr_lines.pop()
     out = ["#" + encode_text(cl) + "\n" for cl in descr_lines]
     for key in sorted(sec.options):
-        if key in ("digest", "description", "pending", "snapshots", "snapname", "lxc"):
+        if key in ("digest", "description", "pending", "snapshots", "snapname", "env", "lxc"):
             continue
         value = sec.options[key]
         if "\n" in str(value):
             raise PveFormatError(key, "detected invalid newline inside property")
         out.append(f"{key}: {value}\n")
+    # write_pct_config: ``env`` as lxc.environment.runtime lines, before the other lxc.* lines
+    env = re.split("\0+", sec.options.get("env") or "")
+    while env and env[-1] == "":
+        env.pop()  # Perl's split drops trailing empty fields
+    out += [f"lxc.environment.runtime: {v}\n" for v in env]
     for k, v in sec.lxc:
-        out.append(f"{k}: {v}\n")
+        if k != "lxc.environment.runtime":
+            out.append(f"{k}: {v}\n")
     return "".join(out)
 
 
 def write_lxc_conf(conf: LxcConf) -> str:
     """The text pve-container's ``write_pct_config`` writes for ``conf``.
 
-    Description first as ``#`` lines, then the keys sorted, then the raw ``lxc.*`` lines in
-    order; ``[pve:pending]`` when it holds anything; snapshots sorted by name.
+    Description first as ``#`` lines, then the keys sorted, then ``env`` as
+    ``lxc.environment.runtime`` lines, then the raw ``lxc.*`` lines in order; ``[pve:pending]``
+    when it holds anything; snapshots sorted by name.
     Raises PveFormatError when a value contains a newline.
     """
     raw = _write_section(conf)

@@ -35,13 +35,16 @@ def map_node(entry: str) -> str | None:
 
 
 def map_paths(entry: str) -> list[str]:
-    """The devices of one map line (``path=A;B`` -> [A, B])."""
+    """The devices of one map line (``path=A;B`` -> [A, B]). A path without its function maps
+    the whole device (pve-guest-common Mapping/PCI.pm ``path``): it stands for function 0, the
+    GPU, so ``0000:07:00`` -> ``0000:07:00.0``."""
     return list(_paths(entry))
 
 
 @lru_cache(maxsize=_CACHE)
 def _paths(entry: str) -> tuple[str, ...]:
-    return tuple(p for p in dict(_fields(entry)).get("path", "").split(";") if p)
+    paths = dict(_fields(entry)).get("path", "").split(";")
+    return tuple(p if "." in p else f"{p}.0" for p in paths if p)
 
 
 @lru_cache(maxsize=_CACHE)

@@ -19,10 +19,12 @@ from gputopo.formats.propstring import BOOL01, CONFIGID_RE, NODE_RE, split_prope
 
 _MAP_KEYS = ("id", "iommugroup", "node", "path", "subsystem-id", "description")
 _MAP_REQUIRED = ("id", "node", "path")
-_HEXID_RE = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{4}$")
-_PCIPATH_RE = re.compile(
-    r"^[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7](?:;[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7])*$"
-)
+# pve-guest-common src/PVE/Mapping/PCI.pm ``$map_fmt``: ``id``/``subsystem-id`` take either case,
+# a ``path`` may leave out the function ("the whole device is mapped") and its function digit is
+# ``[a-f0-9]``; JSONSchema anchors a pattern at both ends
+_HEXID_RE = re.compile(r"^[0-9A-Fa-f]{4}:[0-9A-Fa-f]{4}$")
+_PCI_RE = r"[a-f0-9]{4,}:[a-f0-9]{2}:[a-f0-9]{2}(?:\.[a-f0-9])?"
+_PCIPATH_RE = re.compile(rf"^(?:{_PCI_RE};)*{_PCI_RE}$")
 _PCI_SECTION_KEYS = ("map", "description", "mdev", "live-migration-capable")
 
 
@@ -65,13 +67,13 @@ class PciMapping:
 def _map_value_problem(key: str, value: str) -> str | None:
     if key in ("id", "subsystem-id"):
         if not _HEXID_RE.match(value):
-            return f"{key}: value {value!r} is not vvvv:dddd in lowercase hex without 0x"
+            return f"{key}: value {value!r} is not vvvv:dddd in hex without 0x"
     elif key == "node":
         if not NODE_RE.match(value):
             return f"node: invalid format - value {value!r} does not look like a valid node name"
     elif key == "path":
         if not _PCIPATH_RE.match(value):
-            return f"path: value {value!r} is not dddd:bb:dd.f[;dddd:bb:dd.f...] in lowercase with the domain"
+            return f"path: value {value!r} is not dddd:bb:dd[.f][;dddd:bb:dd[.f]...] in lowercase with the domain"
     elif key == "iommugroup":
         if not re.match(r"^\d+$", value):
             return f"iommugroup: type check ('integer') failed - got {value!r}"
@@ -200,7 +202,7 @@ def parse_pci_cfg(text: str) -> list[PciMapping]:
 
 def write_pci_cfg(mappings: list[PciMapping]) -> str:
     """The text Proxmox writes for ``mappings``: a bare id line, tab-indented ``map`` lines
-    first, then the other keys sorted, a blank line between sections.
+    first, then the other keys sorted, a blank line after every section (the last one too).
 
     Raises PveFormatError for an invalid id, a mapping without ``map`` or a newline in a value.
     """
@@ -223,8 +225,9 @@ def write_pci_cfg(mappings: list[PciMapping]) -> str:
         for ln in lines:
             if "\n" in ln:
                 raise PveFormatError(f"mapping {mp.id}", "value contains a newline")
-        out.append("\n".join(lines) + "\n")
-    return "\n".join(out)
+        # SectionConfig::write_config appends "$data\n" for every section, the last one too
+        out.append("\n".join(lines) + "\n\n")
+    return "".join(out)
 
 
 def validate_pci_cfg(text: str) -> list[str]:

@@ -12,17 +12,30 @@ from gputopo.formats.propstring import sha1_digest
 from gputopo.formats.qemuconf import parse_qemu_conf
 
 
-def config_from_lxc_text(text: str) -> dict[str, Any]:
-    """A container config as the API's GET .../config returns it: keys, ``lxc`` pairs, digest.
+def _drop_pending_deletes(out: dict[str, Any], keys: list[str]) -> None:
+    """Remove the keys a pending ``delete`` names, as pve-guest-common AbstractConfig.pm
+    ``load_current_config`` does: only a key whose value is true to Perl (not ``""``/``0``)."""
+    for key in keys:
+        if out.get(key) not in (None, "", "0"):
+            del out[key]
 
-    Pending values are merged in and pending deletions removed (the API's default view).
+
+def config_from_lxc_text(text: str) -> dict[str, Any]:
+    """A container config as the API's GET .../config returns it: keys, the description,
+    ``lxc`` pairs, digest.
+
+    Pending values (the description too) are merged in and pending deletions removed (the API's
+    default view, ``load_current_config``).
     """
     conf = parse_lxc_conf(text)
     out: dict[str, Any] = dict(conf.options)
+    if conf.description:
+        out["description"] = conf.description
     out.update(conf.pending.options)
+    if conf.pending.description:
+        out["description"] = conf.pending.description
     out.pop("delete", None)
-    for key in conf.pending_delete:
-        out.pop(key, None)
+    _drop_pending_deletes(out, conf.pending_delete)
     if conf.lxc:
         out["lxc"] = [[k, v] for k, v in conf.lxc]
     out["digest"] = sha1_digest(text)
@@ -34,11 +47,10 @@ def config_from_qemu_text(text: str) -> dict[str, Any]:
     merged in and pending deletions removed, the description, the digest."""
     conf = parse_qemu_conf(text)
     out: dict[str, Any] = dict(conf.options)
-    out.update({k: v for k, v in conf.pending.items() if k != "delete"})
-    for key in conf.pending_delete:
-        out.pop(key, None)
     if conf.description is not None:
         out["description"] = conf.description
+    out.update({k: v for k, v in conf.pending.items() if k != "delete"})
+    _drop_pending_deletes(out, conf.pending_delete)
     out["digest"] = sha1_digest(text)
     return out
 

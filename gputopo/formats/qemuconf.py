@@ -70,25 +70,55 @@ class QemuConf:
 
 
 def parse_qemu_conf(text: str) -> QemuConf:
-    """Parse VM config text as qemu-server's non-strict parser does. Never raises: a line it
-    would warn about and skip is recorded in ``problems``."""
+    """Parse VM config text as qemu-server's non-strict parser does (``QemuServer.pm``
+    ``parse_vm_config``). Never raises: a line it would warn about and skip is recorded in
+    ``problems``.
+
+    Like Proxmox: ``#`` lines and ``description:`` values belong to the section they are in
+    (the main one's is :attr:`QemuConf.description`, another section's its ``description`` key),
+    with trailing whitespace removed; a repeated section replaces the earlier one; a main
+    ``snapstate`` is dropped.
+    """
     conf = QemuConf()
     section: dict[str, str] | None = conf.options
     name = ""
-    descr: list[str] = []
+    descr: str | None = None
+    seen_pending = False
+
+    def finish() -> None:
+        # parse_vm_config's $finish_description: the text so far belongs to the section it
+        # was read in, trailing whitespace removed
+        nonlocal descr
+        if descr is not None and section is not None:
+            if section is conf.options:
+                conf.description = descr.rstrip()
+            else:
+                section["description"] = descr.rstrip()
+        descr = None
+
     for line in text.split("\n"):
         if not line.strip():
             continue
         m = re.match(r"^\[(.*)\]\s*$", line)
         if m:
+            finish()
             head = m.group(1)
             if head.upper() == "PENDING":
-                section, name = conf.pending, "pending"
-            elif head.startswith("special:") and head[8:] in ("cloudinit", "fleecing"):
-                section = conf.special.setdefault(head[8:], {})
+                if seen_pending:
+                    conf.problems.append("duplicate section: pending")
+                seen_pending = True
+                section = conf.pending = {}
+                name = "pending"
+            elif re.fullmatch(r"special:(cloudinit|fleecing)", head, re.IGNORECASE):
+                kind = head[8:]
+                if kind in conf.special:
+                    conf.problems.append(f"duplicate special section: {kind}")
+                section = conf.special[kind] = {}
                 name = head
             elif re.fullmatch(r"[a-z][a-z0-9_\-]+", head, re.IGNORECASE):
-                section = conf.snapshots.setdefault(head, {})
+                if head in conf.snapshots:
+                    conf.problems.append(f"duplicate snapshot section: {head}")
+                section = conf.snapshots[head] = {}
                 name = head
             else:
                 conf.problems.append(f"skipping unknown section: '{head}'")
@@ -97,8 +127,15 @@ def parse_qemu_conf(text: str) -> QemuConf:
         if section is None:
             continue
         if line.startswith("#"):
-            if section is conf.options:
-                descr.append(decode_text(line[1:]))
+            descr = (descr or "") + decode_text(line[1:]) + "\n"
+            continue
+        dm = re.match(r"^description:\s*(.*\S)\s*$", line)
+        if dm:
+            descr = (descr or "") + decode_text(dm.group(1))
+            continue
+        sm = re.search(r"snapstate:\s*(prepare|delete)\s*$", line)
+        if sm:
+            section["snapstate"] = sm.group(1)
             continue
         am = _ARGS_RE.match(line)
         km = am or _KEY_RE.match(line)
@@ -109,36 +146,43 @@ def parse_qemu_conf(text: str) -> QemuConf:
         if key == "delete" and name != "pending":
             conf.problems.append("property 'delete' is only allowed in [PENDING]")
             continue
-        if key == "description" and section is conf.options:
-            descr.append(decode_text(value))
-            continue
         section[key] = value
-    if descr:
-        conf.description = "\n".join(descr)
+    finish()
+    conf.options.pop("snapstate", None)  # parse_vm_config: delete $res->{snapstate}
     return conf
 
 
 def write_qemu_conf(conf: QemuConf) -> str:
-    """The file text qemu-server writes for ``conf``. Raises PveFormatError for a value with a
+    """The file text qemu-server writes for ``conf`` (``write_vm_config``): in each section its
+    description as ``#`` lines, then every key sorted. Raises PveFormatError for a value with a
     line break (Proxmox refuses one)."""
 
-    def block(keys: dict[str, str]) -> str:
-        out = ""
+    def descr_lines(descr: str | None, pending: bool = False) -> str:
+        if descr is None:
+            return ""
+        if not descr:
+            return "#\n" if pending else ""
+        lines = descr.split("\n")
+        while lines and lines[-1] == "":
+            lines.pop()  # Perl's split drops trailing empty fields
+        return "".join(f"#{encode_text(line)}\n" for line in lines)
+
+    def block(keys: dict[str, str], pending: bool = False) -> str:
+        out = descr_lines(keys.get("description"), pending)
         for k in sorted(keys):
+            if k == "description":
+                continue
             v = str(keys[k])
             if "\n" in v or "\r" in v:
                 raise PveFormatError(k, "property contains a line feed")
             out += f"{k}: {v}\n"
         return out
 
-    raw = (
-        "".join(f"#{encode_text(line)}\n" for line in (conf.description or "").split("\n"))
-        if conf.description
-        else ""
-    )
-    raw += block(conf.options)
+    # a description set as a key (an API change) is the main section's newer one
+    raw = descr_lines(conf.options.get("description", conf.description))
+    raw += block({k: v for k, v in conf.options.items() if k not in ("description", "snapstate")})
     if conf.pending:
-        raw += "\n[PENDING]\n" + block(conf.pending)
+        raw += "\n[PENDING]\n" + block(conf.pending, pending=True)
     for name in sorted(conf.special):
         raw += f"\n[special:{name}]\n" + block(conf.special[name])
     for name in sorted(conf.snapshots):

@@ -99,7 +99,8 @@ def render_vm_keys(keys: dict[str, str], templates: str | None = None) -> str:
 def render_pci_cfg(sections: list[dict[str, Any]], templates: str | None = None) -> str:
     """``pci.cfg`` text for sections ``{id, map: [entries], description}``, sorted by id.
 
-    Proxmox's writer puts ``map`` lines first and the other keys sorted, a tab before each.
+    Proxmox's writer puts ``map`` lines first and the other keys sorted, a tab before each,
+    and a blank line after every section.
     """
     ordered = []
     for s in sorted(sections, key=lambda s: s["id"]):
@@ -109,7 +110,9 @@ def render_pci_cfg(sections: list[dict[str, Any]], templates: str | None = None)
         for k, v in sorted((s.get("other") or {}).items()):
             other.append((k, v))
         ordered.append({"id": s["id"], "map": list(s["map"]), "other": sorted(other)})
-    return _render("pci.cfg.j2", templates, sections=ordered)
+    text = _render("pci.cfg.j2", templates, sections=ordered)
+    # SectionConfig::write_config ends every section, the last one too, with a blank line
+    return text + "\n" if text else ""
 
 
 def render_udev_rules(addresses: list[str], templates: str | None = None) -> str:

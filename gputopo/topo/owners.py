@@ -59,7 +59,9 @@ def mapping_addresses(maps: list[str], node: str | None) -> set[str]:
             continue
         if node is not None and entry.node != node:
             continue
-        out.update(normalize_address(p) for p in entry.paths)
+        # a path without its function maps the whole device (pve-guest-common Mapping/PCI.pm
+        # ``path``): its function 0, the GPU, is among them
+        out.update(normalize_address(p if "." in p else f"{p}.0") for p in entry.paths)
     return out
 
 

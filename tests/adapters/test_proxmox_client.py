@@ -191,7 +191,7 @@ def test_local_backend_sends_map_as_repeated_options(srv, seed_root):
         c.mapping_create("pro6000-vm", [m2], None)
     assert ei.value.status == 500 and "already defined" in str(ei.value)
     with pytest.raises(ProxmoxError) as ei:
-        c.mapping_create("x1", ["id=10DE:2bb5,node=pve1,path=0000:91:00.0"], None)
+        c.mapping_create("x1", ["id=10dg:2bb5,node=pve1,path=0000:91:00.0"], None)
     assert ei.value.status == 400 and "map[0]" in ei.value.errors
     # a root@pam shell on the node may set devN; tasks run synchronously under pvesh
     conf = c.lxc_config(101)

@@ -59,10 +59,11 @@ def test_ha_rules_parse_and_write_as_proxmox_does():
     # SectionConfig write_config: comment, a bare disable, required keys sorted, optional sorted
     assert write_section_config(rules) == (
         "node-affinity: node-affinity-disabled\n\tdisable\n\tnodes node2\n\tresources vm:102\n\n"
-        "node-affinity: node-affinity-strict\n\tnodes node3\n\tresources vm:104\n\tstrict 1\n"
+        "node-affinity: node-affinity-strict\n\tnodes node3\n\tresources vm:104\n\tstrict 1\n\n"
     )
     group = Section(type="group", id="g1", props={"restricted": "1", "nodes": "pve1,pve2", "comment": "a: b"})
-    assert write_section_config([group]) == "group: g1\n\tcomment a%3A b\n\tnodes pve1,pve2\n\trestricted 1\n"
+    # Groups.pm has no encode_value for the comment (only Rules.pm encodes one): written as is
+    assert write_section_config([group]) == "group: g1\n\tcomment a: b\n\tnodes pve1,pve2\n\trestricted 1\n\n"
     assert parse_section_config(write_section_config([group]))[0].props["comment"] == "a: b"
     with pytest.raises(ValueError, match="missing value for required option 'nodes'"):
         write_section_config([Section(type="group", id="g2")])
@@ -145,7 +146,7 @@ def test_ha_rules_for_vms_on_several_nodes():
     assert path == "pve/ha/rules.cfg" and "gputopo-vm999" in before
     assert after == (
         "node-affinity: gputopo-vm203\n\tcomment gputopo%3A nodes with the GPUs of mapping pro6000-vm\n"
-        "\tnodes pve1,pve2,pve3\n\tresources vm:203\n\tstrict 1\n"
+        "\tnodes pve1,pve2,pve3\n\tresources vm:203\n\tstrict 1\n\n"
     )
 
 
@@ -191,7 +192,7 @@ def test_ha_groups_on_pve8():
         "put HA resource vm:203 in group gputopo-vm203",
     ]
     files = ha_files(state, changes)
-    assert files["pve/ha/resources.cfg"][1] == "vm: 203\n\tgroup gputopo-vm203\n\tstate stopped\n"
+    assert files["pve/ha/resources.cfg"][1] == "vm: 203\n\tgroup gputopo-vm203\n\tstate stopped\n\n"
 
 
 # --- node selection and order ----------------------------------------------------------------

@@ -256,6 +256,7 @@ pro6000-vm
 \tdescription RTX PRO 6000 on NUMA node 1 for VM passthrough
 \tlive-migration-capable 0
 \tmdev 0
+
 """
 
 
@@ -277,7 +278,7 @@ def test_write_pci_cfg_puts_map_first_and_sorts_rest():
     mp = PciMapping(id="gpu", maps=["id=10de:2bb5,node=pve1,path=0000:01:00.0"], description="d", mdev=True)
     assert (
         write_pci_cfg([mp])
-        == "gpu\n\tmap id=10de:2bb5,node=pve1,path=0000:01:00.0\n\tdescription d\n\tmdev 1\n"
+        == "gpu\n\tmap id=10de:2bb5,node=pve1,path=0000:01:00.0\n\tdescription d\n\tmdev 1\n\n"
     )
     with pytest.raises(PveFormatError, match="map"):
         write_pci_cfg([PciMapping(id="gpu")])
@@ -313,7 +314,7 @@ def test_map_entry_round_trip_and_order():
         ("id=10de:2bb5,path=0000:81:00.0", "node: property is missing"),
         ("id=10de:2bb5,node=pve1", "path: property is missing"),
         ("id=0x10de:0x2bb5,node=pve1,path=0000:81:00.0", "id:"),
-        ("id=10DE:2BB5,node=pve1,path=0000:81:00.0", "id:"),
+        ("id=10dg:2bb5,node=pve1,path=0000:81:00.0", "id:"),
         ("id=10de:2bb5,node=pve1,path=81:00.0", "path:"),
         ("id=10de:2bb5,node=pve1,path=0000:81:00.0;", "path:"),
         ("id=10de:2bb5,node=pve1,path=0000:8A:00.0", "path:"),

@@ -149,7 +149,7 @@ def test_pci_cfg_sorted_keys_and_sections():
     )
     assert text == (
         "alpha\n\tmap id=10de:2bb5,node=pve1,path=0000:01:00.0\n\tmap id=10de:2bb5,node=pve1,path=0000:11:00.0\n"
-        "\nzeta\n\tmap id=10de:2bb5,node=pve1,path=0000:81:00.0\n\tdescription z\n"
+        "\nzeta\n\tmap id=10de:2bb5,node=pve1,path=0000:81:00.0\n\tdescription z\n\n"
     )
     assert validate_pci_cfg(text) == []
 
@@ -238,7 +238,7 @@ BREAK_LXC = [
 BREAK_PCI = [
     (lambda t: t.replace("pro6000-vm\n", "pci: pro6000-vm\n", 1), "bare id"),
     (lambda t: t.replace("\tmap ", "    map ", 1), "tab"),
-    (lambda t: t.replace("id=10de:2bb5", "id=10DE:2BB5", 1), "id:"),
+    (lambda t: t.replace("id=10de:2bb5", "id=10de:2bbg", 1), "id:"),
     (lambda t: t.replace("path=0000:", "path=", 1), "path:"),
     (lambda t: t.replace("\n\npro6000-vm", "\npro6000-vm", 1), "no blank line"),
     (lambda t: "# managed\n" + t, "dropped"),

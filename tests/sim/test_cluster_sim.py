@@ -153,7 +153,7 @@ def test_ha_rules_on_pve9(template9, tmp_path):
         )
         assert (c.dir / "pve/ha/rules.cfg").read_text() == (
             "node-affinity: gputopo-vm201\n\tcomment placed%3A GPUs\n\tnodes pve1,pve2\n\tresources vm:201\n"
-            "\tstrict 1\n"
+            "\tstrict 1\n\n"
         )
         (rule,) = api.cluster.ha.rules.get()
         assert (rule["rule"], rule["nodes"], rule["strict"]) == ("gputopo-vm201", "pve1,pve2", 1)
@@ -191,7 +191,7 @@ def test_ha_groups_on_pve8(cluster):
     api.cluster.ha.resources("vm:201").put(group="gputopo-vm201")
     assert (
         cluster.dir / "pve/ha/groups.cfg"
-    ).read_text() == "group: gputopo-vm201\n\tnodes pve1,pve2\n\trestricted 1\n"
+    ).read_text() == "group: gputopo-vm201\n\tnodes pve1,pve2\n\trestricted 1\n\n"
     assert (
         "vm: 201\n\tgroup gputopo-vm201\n\tstate stopped\n"
         in (cluster.dir / "pve/ha/resources.cfg").read_text()

@@ -470,9 +470,10 @@ def test_mapping_file_is_written_like_proxmox(srv, seed_root):
     api.cluster.mapping.pci.post(id="pro6000-vm", map=[m81, m91], description="NUMA 1", mdev=0)
     api.cluster.mapping.pci.post(id="pro6000", map=[m81])
     text = (srv.pve_root / "mapping/pci.cfg").read_text()
-    # bare id line, tab-indented properties, map lines first, others sorted, blank line between
+    # bare id line, tab-indented properties, map lines first, others sorted, a blank line after
+    # every section
     assert text == (
-        f"pro6000-vm\n\tmap {m81}\n\tmap {m91}\n\tdescription NUMA 1\n\tmdev 0\n\npro6000\n\tmap {m81}\n"
+        f"pro6000-vm\n\tmap {m81}\n\tmap {m91}\n\tdescription NUMA 1\n\tmdev 0\n\npro6000\n\tmap {m81}\n\n"
     )
     assert write_pci_cfg(parse_pci_cfg(text)) == text and validate_pci_cfg(text) == []
 

@@ -73,8 +73,11 @@ class GuestConfigHandlers:
                 if _truthy(opts.get(k)):
                     opts.pop(k, None)
         out: dict[str, Any] = {k: _typed(k, v) for k, v in opts.items()}
-        if conf.description:
-            out["description"] = conf.description
+        descr = conf.description
+        if not current and conf.pending.description:
+            descr = conf.pending.description  # load_current_config takes the pending one in
+        if descr:
+            out["description"] = descr
         if conf.lxc and kind == "lxc":
             out["lxc"] = [[k, v] for k, v in conf.lxc]
         out["digest"] = sha1_digest(text)

@@ -166,6 +166,8 @@ def apply_pending(conf: QemuConf) -> None:
     the config."""
     for k in conf.pending_delete:
         conf.options.pop(k, None)
+        if k == "description":
+            conf.description = None
     conf.options.update({k: v for k, v in conf.pending.items() if k != "delete"})
     conf.pending = {}
 
@@ -174,10 +176,16 @@ def vm_view(text: str, current: bool) -> dict[str, Any]:
     """The VM config as GET answers it: pending values merged in unless ``current``."""
     conf = parse_qemu_conf(text)
     opts = dict(conf.options)
+    if conf.description:
+        opts["description"] = conf.description
     if not current:
+        # pve-guest-common AbstractConfig.pm load_current_config: pending values (a pending
+        # description too) replace the current ones; a pending delete removes a key whose value
+        # is true to Perl
         opts.update({k: v for k, v in conf.pending.items() if k != "delete"})
         for k in conf.pending_delete:
-            opts.pop(k, None)
+            if opts.get(k) not in (None, "", "0"):
+                del opts[k]
     out: dict[str, Any] = {}
     for k, v in opts.items():
         if k in _INT_KEYS and v.isdigit():
@@ -186,8 +194,6 @@ def vm_view(text: str, current: bool) -> dict[str, Any]:
             out[k] = 1 if v.lower() in ("1", "yes", "on", "true") else 0
         else:
             out[k] = v
-    if conf.description:
-        out["description"] = conf.description
     out["digest"] = sha1_digest(text)
     return out
 
