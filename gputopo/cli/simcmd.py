@@ -55,8 +55,22 @@ def sim() -> None:
     default=None,
     help="A cluster of this many nodes (pve1..pveN) sharing one /etc/pve instead of one host.",
 )
+@click.option(
+    "--ha",
+    "ha",
+    multiple=True,
+    metavar="SID",
+    help="Make a guest an HA resource (ct:101, vm:201; repeatable): its start and stop go through "
+    "the HA manager, which moves it seconds after the task ends.",
+)
 def create(
-    dir: Path, source: str, node: str | None, service: str, pve_version: str, count: int | None
+    dir: Path,
+    source: str,
+    node: str | None,
+    service: str,
+    pve_version: str,
+    count: int | None,
+    ha: tuple[str, ...] = (),
 ) -> None:
     """Create a simulated host in DIR (the seed story: container 101 serving on every GPU), or
     with --nodes N a cluster of N such hosts (containers 101.., VMs 201.., one /etc/pve)."""
@@ -74,6 +88,8 @@ def create(
     from gputopo.sim.host import SimHost
 
     host = SimHost.create(dir, source=source, node=node, service=service, pve_version=pve_version)
+    for sid in ha:
+        host.make_ha_managed(sid)
     click.echo(f"created simulated host {host.node} in {dir} (container {host.container})")
 
 
