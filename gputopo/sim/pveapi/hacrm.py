@@ -23,9 +23,10 @@ qemu-server src/PVE/API2/Qemu.pm vm_start/vm_stop/vm_shutdown, each behind
   ``state``, what ``ha-manager set`` calls: src/PVE/API2/HA/Resources.pm update) is moved by
   the CRM the same way (Manager.pm next_state_stopped / next_state_started).
 
-Here a request is a run-state entry (``ha-requests``) due after the CRM's delay (latency
-``ha.crm``: :data:`DEFAULT_CRM_DELAY` unless set, :data:`gputopo.sim.host.HA_CRM` times the
-pace scale when paced) plus the guest's own stop or start latency; it runs on a timer or when a
+Here a request is a run-state entry (``ha-requests``): the CRM takes it after half its delay
+(latency ``ha.crm``: :data:`DEFAULT_CRM_DELAY` unless set, :data:`gputopo.sim.host.HA_CRM`
+times the pace scale when paced; a ``stop`` then rewrites the requested state), and the guest
+moves after the whole delay plus its own stop or start latency; it runs on a timer or when a
 status read finds it due, so a restarted API server still carries it out. ``status/current``
 answers ``ha: {managed: 1, state: <the manager's service state>}`` (Config.pm
 get_service_status; ``{managed: 0}`` otherwise, and for a resource in state ``ignored``:
@@ -118,9 +119,13 @@ class HaCrmHandlers:
         return float(lat.get("ha.crm", DEFAULT_CRM_DELAY)) + own
 
     def ha_queue(self, kind: str, vmid: int, op: str, timeout: int = 0) -> None:
-        """Queue a CRM request to ``op`` (start, stop) the guest; it runs after the delay."""
+        """Queue a CRM request to ``op`` (start, stop) the guest: the CRM takes it after half
+        the delay (a ``stop`` then writes the requested state ``stopped``), the guest moves
+        after all of it."""
         sid = f"{SID_TYPE[kind]}:{vmid}"
         delay = self._crm_delay(kind, op)
+        now = time.time()
+        crm = float((state.read_state(self.run_dir, "latencies", {}) or {}).get("ha.crm", DEFAULT_CRM_DELAY))
         with state.locked(self.run_dir, REQUESTS):
             queue = state.read_state(self.run_dir, REQUESTS, []) or []
             queue.append(
@@ -130,24 +135,34 @@ class HaCrmHandlers:
                     "vmid": vmid,
                     "op": op,
                     "timeout": timeout,
-                    "due": time.time() + delay,
+                    "pickup": now + crm / 2,
+                    "due": now + delay,
                 }
             )
             state.write_state(self.run_dir, REQUESTS, queue)
-        timer = threading.Timer(delay, self.ha_tick)
-        timer.daemon = True
-        self._timers.append(timer)
-        timer.start()
+        for seconds in (crm / 2, delay):
+            timer = threading.Timer(seconds, self.ha_tick)
+            timer.daemon = True
+            self._timers.append(timer)
+            timer.start()
 
     def ha_tick(self) -> None:
         """Carry out every CRM request that is due (a timer, or a read after its due time)."""
         with state.locked(self.run_dir, REQUESTS):
             queue = state.read_state(self.run_dir, REQUESTS, []) or []
             now = time.time()
+            taken = [q for q in queue if q["pickup"] <= now and not q.get("taken")]
             due = [q for q in queue if q["due"] <= now]
-            if not due:
+            if not taken and not due:
                 return
+            for q in taken:
+                q["taken"] = True
             state.write_state(self.run_dir, REQUESTS, [q for q in queue if q["due"] > now])
+        for q in taken:
+            if q["op"] == "stop":
+                # Manager.pm manage, the 'stop' crm command: request_stop, and the requested
+                # state written back as 'stopped' (update_service_config)
+                self._ha_set_requested(q["sid"], "stopped")
         for q in due:
             self._ha_run(q)
 
@@ -156,12 +171,9 @@ class HaCrmHandlers:
         running = state.guest_status(self.run_dir, kind, vmid) == "running"
         result = "stopped"
         if q["op"] == "stop":
-            # Manager.pm manage, the 'stop' crm command: request_stop and the requested state
-            # written back as 'stopped' (update_service_config)
-            self._ha_set_requested(sid, "stopped")
             if running:
-                # the LRM's stop (PVEVM.pm shutdown: forceStop => 1; timeout 0: vm_stop): the
-                # guest ends stopped
+                # the LRM's stop (PVECT.pm / PVEVM.pm shutdown: timeout 0 is vm_stop, else
+                # vm_shutdown, a VM's with forceStop => 1): the guest ends stopped
                 self._stop_guest(kind, vmid, None, [])
         else:
             result = "started"
