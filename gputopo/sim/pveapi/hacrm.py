@@ -175,6 +175,11 @@ class HaCrmHandlers:
                 # the LRM's stop (PVECT.pm / PVEVM.pm shutdown: timeout 0 is vm_stop, else
                 # vm_shutdown, a VM's with forceStop => 1): the guest ends stopped
                 self._stop_guest(kind, vmid, None, [])
+            r = self.ha_resource_of(kind, vmid)
+            if r is not None and r.props.get("state", "started") == "started":
+                # asked for 'started' again meanwhile: the CRM starts the stopped service
+                # (Manager.pm next_state_stopped)
+                self.ha_queue(kind, vmid, "start")
         else:
             result = "started"
             if not running:
