@@ -113,8 +113,9 @@ def test_a_start_the_ha_manager_does_not_finish_in_time_fails_the_step_naming_it
     timeouts = dataclasses.replace(applysim.FAST_TIMEOUTS, guest=2.0)
     with pytest.raises(ApplyFailed) as e:
         apply(_spec(ha_host), ha_host.ports(), root=str(ha_host.paths.root), timeouts=timeouts)
-    assert "(start CT 101): CT 101 start: its task ended OK but CT 101 is still stopped (an HA resource" in str(
-        e.value
+    assert (
+        "(start CT 101): CT 101 start: its task ended OK but CT 101 is still stopped (an HA resource"
+        in str(e.value)
     )
     # the rollback gave the GPUs back, and the HA manager, asked for 'started', runs it again
     for _ in range(100):
@@ -158,3 +159,24 @@ def test_a_stop_undone_before_the_ha_manager_stopped_the_guest_sets_the_requeste
         time.sleep(0.1)
     assert state.guest_status(ha_host.paths.run, "lxc", 101) == "running"
     assert cfg.read_text() == HA_STARTED
+
+
+def test_the_switch_refuses_while_a_guest_the_plan_stopped_still_runs(ha_host):
+    """The rebind step checks the running state itself: a guest of the plan's stops that still
+    runs (whatever its stop task said) leaves every GPU where it is."""
+    from gputopo.actions import Rebind
+    from gputopo.apply.progress import Progress
+    from gputopo.apply.runner import step_context
+
+    before = applysim.fingerprint(ha_host)
+    ctx = step_context(ha_host.ports(), str(ha_host.paths.root), applysim.FAST_TIMEOUTS, Progress())
+    ctx.stopped_guests = {("lxc", 101)}
+    step = Rebind(
+        address="0000:81:00.0",
+        members=["0000:81:00.0"],
+        from_drivers={"0000:81:00.0": "nvidia"},
+        to_driver="vfio-pci",
+    )
+    with pytest.raises(Exception, match="CT 101 still running although the plan stopped it"):
+        step.do(ctx)
+    assert applysim.diff(before, applysim.fingerprint(ha_host)) == []

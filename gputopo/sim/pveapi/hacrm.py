@@ -174,7 +174,10 @@ class HaCrmHandlers:
             if running:
                 # the LRM's stop (PVECT.pm / PVEVM.pm shutdown: timeout 0 is vm_stop, else
                 # vm_shutdown, a VM's with forceStop => 1): the guest ends stopped
-                self._stop_guest(kind, vmid, None, [])
+                try:
+                    self._stop_guest(kind, vmid, None, [])
+                except Exception:  # Manager.pm next_state_request_stop: a failed stop is 'error'
+                    result = "error"
             r = self.ha_resource_of(kind, vmid)
             if r is not None and r.props.get("state", "started") == "started":
                 # asked for 'started' again meanwhile: the CRM starts the stopped service
