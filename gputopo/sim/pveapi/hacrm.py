@@ -148,6 +148,8 @@ class HaCrmHandlers:
 
     def ha_tick(self) -> None:
         """Carry out every CRM request that is due (a timer, or a read after its due time)."""
+        if not state.read_state(self.run_dir, REQUESTS, []):
+            return  # nothing queued: a read leaves the run state as it was
         with state.locked(self.run_dir, REQUESTS):
             queue = state.read_state(self.run_dir, REQUESTS, []) or []
             now = time.time()
