@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import signal
 import sys
@@ -85,12 +86,33 @@ def create(
         members = ", ".join(f"{n} ({c.addresses[n]}, CT {c.container(n)}, VM {c.vm(n)})" for n in c.nodes)
         click.echo(f"created simulated cluster of {len(c.nodes)} nodes in {dir}: {members}")
         return
+    from gputopo.errors import ConfigError
     from gputopo.sim.host import SimHost
 
-    host = SimHost.create(dir, source=source, node=node, service=service, pve_version=pve_version)
     for sid in ha:
-        host.make_ha_managed(sid)
+        if not re.fullmatch(r"(ct|vm):\d+", sid):
+            raise ConfigError(f"--ha {sid}: an HA resource id is ct:<vmid> or vm:<vmid>")
+    existed = dir.exists()
+    host = SimHost.create(dir, source=source, node=node, service=service, pve_version=pve_version)
+    try:
+        for sid in ha:
+            host.make_ha_managed(sid)
+    except BaseException:
+        _undo_create(dir, existed)
+        raise
     click.echo(f"created simulated host {host.node} in {dir} (container {host.container})")
+
+
+def _undo_create(dir: Path, existed: bool) -> None:
+    """Leave ``dir`` as it was before ``sim create`` made a host in it: absent, or empty."""
+    if not existed:
+        shutil.rmtree(dir, ignore_errors=True)
+        return
+    for p in dir.iterdir():
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
 
 
 @sim.command("serve")

@@ -6,6 +6,8 @@ prints ``Requesting HA ...`` and ends OK before the guest moves, the requested s
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import pytest
@@ -133,3 +135,24 @@ def test_setting_the_requested_state_back_makes_the_crm_start_the_guest(srv):
     assert _status(srv, "lxc", 101)["status"] == "stopped"
     time.sleep(CRM + 0.1)
     assert _status(srv, "lxc", 101)["status"] == "running"
+
+
+def test_sim_create_makes_the_guests_ha_resources_and_refuses_a_bad_id(tmp_path):
+    from click.testing import CliRunner
+
+    from gputopo.cli import cli
+
+    r = CliRunner().invoke(cli, ["sim", "create", str(tmp_path / "h"), "--ha", "ct:101"])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "h/pve/ha/resources.cfg").read_text() == "ct: 101\n\tstate started\n"
+
+    def create(dest: str, sid: str) -> subprocess.CompletedProcess:
+        argv = [sys.executable, "-m", "gputopo", "sim", "create", str(tmp_path / dest), "--ha", sid]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=60)
+
+    bad = create("bad", "101")
+    assert bad.returncode == 2 and not (tmp_path / "bad").exists()
+    assert bad.stderr == "gputopo: error: --ha 101: an HA resource id is ct:<vmid> or vm:<vmid>\n"
+    none = create("none", "vm:999")
+    assert none.returncode == 2 and not (tmp_path / "none").exists()
+    assert len(none.stderr.splitlines()) == 1 and "vm:999: no such guest" in none.stderr
