@@ -26,6 +26,7 @@ from gputopo.actions.base import (
     ActionModel,
     DiffContext,
     Phase,
+    PreflightContext,
     Resource,
     RunningBefore,
     StepContext,
@@ -136,6 +137,28 @@ class _GuestStep(ActionModel):
 
     def before(self, ctx: StepContext) -> GuestBefore:
         return GuestBefore(status=ctx.ports.proxmox.guest_status(self.guest, self.vmid))
+
+    def preflight(self, ctx: PreflightContext) -> list[str]:
+        """An HA resource in the HA manager's ``error`` state is neither stopped nor started by
+        it: a ``stop`` command only acts on a started service (pve-ha-manager HA/Manager.pm
+        next_state_started), ``ha-manager set --state started`` dies ``service ... in error
+        state, must be disabled and fixed first`` (API2/HA/Resources.pm check_service_state), and
+        only ``disabled`` leaves the state (next_state_error)."""
+        st = (
+            ctx.current.containers.get(self.vmid)
+            if self.guest == "lxc"
+            else ctx.current.guests.get(self.vmid)
+        )
+        if st is None or st.ha is None or st.ha.state != "error":
+            return []
+        if self.kind == "start_guest" and self.vmid in ctx.stopped_guests(self.guest):
+            return []  # its stop says it
+        sid = ha_sid(self.guest, self.vmid)
+        return [
+            f"{guest_name(self.guest, self.vmid)} is HA-managed ({sid}) and in the HA manager's error "
+            f"state: the manager will not {'stop' if self.kind == 'stop_guest' else 'start'} it; fix it, "
+            f"run 'ha-manager set {sid} --state disabled' and then '--state started' (or 'stopped')"
+        ]
 
     def was_running(self, current: CurrentState, out: RunningBefore) -> None:
         _record(current, self.guest, self.vmid, out)

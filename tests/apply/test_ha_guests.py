@@ -180,3 +180,20 @@ def test_the_switch_refuses_while_a_guest_the_plan_stopped_still_runs(ha_host):
     with pytest.raises(Exception, match="CT 101 still running although the plan stopped it"):
         step.do(ctx)
     assert applysim.diff(before, applysim.fingerprint(ha_host)) == []
+
+
+def test_preflight_refuses_a_container_in_the_ha_managers_error_state(ha_host):
+    """The manager neither stops nor starts a service in 'error' (Manager.pm next_state_error):
+    apply would wait out its timeout with the container running; preflight refuses, naming the
+    fix, and nothing changes."""
+    from gputopo.errors import PreflightFailed
+
+    state.write_state(ha_host.paths.run, "ha-service-states", {"ct:101": "error"})
+    before = applysim.fingerprint(ha_host)
+    with pytest.raises(PreflightFailed) as e:
+        apply(_spec(ha_host), ha_host.ports(), root=str(ha_host.paths.root), timeouts=applysim.FAST_TIMEOUTS)
+    text = str(e.value)
+    assert "CT 101 is HA-managed (ct:101) and in the HA manager's error state" in text
+    assert text.count("HA manager's error state") == 1
+    assert "ha-manager set ct:101 --state disabled" in text
+    assert applysim.diff(before, applysim.fingerprint(ha_host)) == []

@@ -160,8 +160,12 @@ class HaCrmHandlers:
             for q in taken:
                 q["taken"] = True
             state.write_state(self.run_dir, REQUESTS, [q for q in queue if q["due"] > now])
+        errored = state.read_state(self.run_dir, SERVICE_STATES, {}) or {}
+        # Manager.pm: a crm 'stop' acts only on a started service (next_state_started); one in
+        # 'error' stays as it is until it is disabled (next_state_error)
+        due = [q for q in due if errored.get(q["sid"]) != "error"]
         for q in taken:
-            if q["op"] == "stop":
+            if q["op"] == "stop" and errored.get(q["sid"]) != "error":
                 # Manager.pm manage, the 'stop' crm command: request_stop, and the requested
                 # state written back as 'stopped' (update_service_config)
                 self._ha_set_requested(q["sid"], "stopped")
