@@ -197,3 +197,21 @@ def test_preflight_refuses_a_container_in_the_ha_managers_error_state(ha_host):
     assert text.count("HA manager's error state") == 1
     assert "ha-manager set ct:101 --state disabled" in text
     assert applysim.diff(before, applysim.fingerprint(ha_host)) == []
+
+
+def test_an_ha_managed_vm_the_plan_starts_runs_when_apply_returns(ha_host):
+    """The VM side: VM 201 is an HA resource asked to stay stopped; the plan gives it the NUMA-1
+    GPUs and starts it. Its start is a hastart ('ha-manager set vm:201 --state started'), the
+    VM runs a second later: apply returns only once it does."""
+    from gputopo.facts.discover import discover
+    from gputopo.plan.starter import init_spec
+
+    ha_host.make_ha_managed("vm:201", "stopped")
+    spec = parse_spec(init_spec(discover(str(ha_host.paths.root)), container_mapping="pro6000", vm=201))
+    res = apply(spec, ha_host.ports(), root=str(ha_host.paths.root), timeouts=applysim.FAST_TIMEOUTS)
+    assert res.status == "applied"
+    assert state.guest_status(ha_host.paths.run, "qemu", 201) == "running"
+    assert [
+        w for w in res.plan.warnings if w.startswith("VM 201 is HA-managed (vm:201, requested state stopped)")
+    ]
+    assert (ha_host.paths.pve / "ha/resources.cfg").read_text() == HA_STARTED + "\nvm: 201\n\tstate started\n"
