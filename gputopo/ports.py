@@ -121,6 +121,12 @@ class ProxmoxReadPort(Protocol):
         """GET /nodes/{node}/{kind}: one dict per guest of the node, with ``vmid`` and ``status``."""
         ...
 
+    def guest_ha(self, kind: str, vmid: int) -> dict[str, Any]:
+        """Whether the guest is an HA resource: status/current's ``ha`` (``{"managed": 0}`` or
+        ``{"managed": 1, "state": ...}``) and, when managed, ``requested``: its state in
+        ``ha/resources.cfg`` (None when unreadable)."""
+        ...
+
     def qemu_config(self, vmid: int) -> dict[str, Any]:
         """GET .../qemu/{vmid}/config: pending changes merged in; includes ``digest``."""
         ...
@@ -163,6 +169,12 @@ class ProxmoxPort(ProxmoxReadPort, Protocol):
         come back in the result. Raises TaskFailed when the task fails, TaskTimeout when it does
         not finish within ``timeout``.
         """
+        ...
+
+    def ha_set_state(self, sid: str, state: str) -> None:
+        """Set an HA resource's requested state (``PUT /cluster/ha/resources/{sid}`` with
+        ``state``, what ``ha-manager set <sid> --state <state>`` does); the HA manager then moves
+        the guest."""
         ...
 
     def nodes(self) -> list[str]:

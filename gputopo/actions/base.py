@@ -358,6 +358,9 @@ class StepContext:
     # (container vmid, unit) of the services the plan stops, starts or starts again after a
     # rollback: an undo may stop one that holds a GPU it takes back (it started during the apply)
     services: set[tuple[int, str]] = field(default_factory=set)
+    # (kind, vmid) of the guests the run's plan stops before its driver switch (set by the runner):
+    # the switch checks each is really stopped before it moves a GPU
+    stopped_guests: set[tuple[str, int]] = field(default_factory=set)
 
     def exec(
         self, vmid: int, argv: list[str], check: bool = True, timeout: float | None = None

@@ -5,16 +5,28 @@ A shutdown sends Proxmox its ``timeout`` (the spec's ``policy.shutdown_timeout``
 down in time is then stopped by force and the step warns so; otherwise the task fails
 (``container did not stop``, ``VM quit/powerdown failed - got timeout``) and apply rolls back.
 A task that ends ``WARNINGS: N`` succeeded: its warnings become the step's (``ctx.warn``).
+
+A task's ``OK`` is not the guest's state: a guest that is an HA resource gets a ``hastart`` /
+``hastop`` task that only asks the HA manager, ends ``OK`` at once and the guest moves seconds
+later (pve-container API2/LXC/Status.pm and qemu-server API2/Qemu.pm, the
+``vm_is_ha_managed`` branches of vm_start/vm_stop/vm_shutdown). So every start, stop and
+shutdown waits until status/current says ``running`` / ``stopped`` (:func:`power`), within the
+step's limit, before the next step (a rebind) may touch the guest's GPUs. A stop of an HA
+resource also makes the HA manager write ``state stopped`` into ``ha/resources.cfg``
+(pve-ha-manager HA/Manager.pm, the ``stop`` command): the stop's undo sets the requested state
+back (``PUT /cluster/ha/resources/{sid}``, as ``ha-manager set`` does).
 """
 
 from __future__ import annotations
 
+import time
 from typing import Literal
 
 from gputopo.actions.base import (
     ActionModel,
     DiffContext,
     Phase,
+    PreflightContext,
     Resource,
     RunningBefore,
     StepContext,
@@ -22,6 +34,7 @@ from gputopo.actions.base import (
 )
 from gputopo.actions.dropin import load_dropin
 from gputopo.actions.shell import CommandContext, line
+from gputopo.errors import ProxmoxError
 from gputopo.model.state import CurrentState
 from gputopo.model.strict import Strict
 from gputopo.ports import TaskResult
@@ -31,6 +44,13 @@ SHUTDOWN_TIMEOUT = 60  # Proxmox's own default (API2/LXC/Status.pm vm_shutdown, 
 
 class GuestBefore(Strict):
     status: str  # running | stopped
+    # an HA resource's requested state in ha/resources.cfg before the step (None: not one)
+    ha_requested: str | None = None
+
+
+def ha_sid(guest: str, vmid: int) -> str:
+    """The HA resource id of a guest (pve-ha-manager Config.pm parse_sid): ``ct:101``, ``vm:201``."""
+    return f"{'ct' if guest == 'lxc' else 'vm'}:{vmid}"
 
 
 def guest_name(guest: str, vmid: int) -> str:
@@ -59,10 +79,12 @@ def power(
     # an LXC shutdown that fails runs twice its timeout and 5 s more (pve-container LXC.pm
     # vm_stop): wait at least that long before calling the task hung
     limit = max(ctx.timeouts.guest, 2 * shutdown_timeout + 35) if action == "shutdown" else ctx.timeouts.guest
+    t0 = time.monotonic()
     res = ctx.ports.proxmox.guest_action(
         guest, vmid, action, limit, shutdown_timeout=shutdown_timeout, force=force
     )
     name = guest_name(guest, vmid)
+    wait_status(ctx, guest, vmid, "running" if action == "start" else "stopped", t0 + limit, res.upid)
     for w in res.warnings:
         ctx.warn(f"{name} {action}: {w}")
     if res.forced:
@@ -71,6 +93,32 @@ def power(
             "(policy.force_stop)"
         )
     return res
+
+
+def wait_status(ctx: StepContext, guest: str, vmid: int, want: str, deadline: float, upid: str = "") -> None:
+    """Poll status/current until the guest is ``want`` (``running``, ``stopped``); raise
+    ProxmoxError naming it when it is not by ``deadline`` (``time.monotonic()``). The task that
+    asked for it may have ended long before: a ``hastart``/``hastop`` task only queues a request
+    for the HA manager (its CRM and LRM work in 10 s rounds, pve-ha-manager HA/CRM.pm, LRM.pm)."""
+    while True:
+        now = ctx.ports.proxmox.guest_status(guest, vmid)
+        if now == want:
+            return
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(ctx.timeouts.poll)
+    name = guest_name(guest, vmid)
+    ha = ":hastart:" in upid or ":hastop:" in upid
+    raise ProxmoxError(
+        f"{name} {'start' if want == 'running' else 'stop'}",
+        None,
+        f"its task ended OK but {name} is still {now}"
+        + (
+            f" (an HA resource: the HA manager moves it; see 'ha-manager status' on the node, task {upid})"
+            if ha
+            else f" (task {upid})"
+        ),
+    )
 
 
 def _set_status(world: World, guest: str, vmid: int, status: str) -> None:
@@ -107,6 +155,28 @@ class _GuestStep(ActionModel):
     def before(self, ctx: StepContext) -> GuestBefore:
         return GuestBefore(status=ctx.ports.proxmox.guest_status(self.guest, self.vmid))
 
+    def preflight(self, ctx: PreflightContext) -> list[str]:
+        """An HA resource in the HA manager's ``error`` state is neither stopped nor started by
+        it: a ``stop`` command only acts on a started service (pve-ha-manager HA/Manager.pm
+        next_state_started), ``ha-manager set --state started`` dies ``service ... in error
+        state, must be disabled and fixed first`` (API2/HA/Resources.pm check_service_state), and
+        only ``disabled`` leaves the state (next_state_error)."""
+        st = (
+            ctx.current.containers.get(self.vmid)
+            if self.guest == "lxc"
+            else ctx.current.guests.get(self.vmid)
+        )
+        if st is None or st.ha is None or st.ha.state != "error":
+            return []
+        if self.kind == "start_guest" and self.vmid in ctx.stopped_guests(self.guest):
+            return []  # its stop says it
+        sid = ha_sid(self.guest, self.vmid)
+        return [
+            f"{guest_name(self.guest, self.vmid)} is HA-managed ({sid}) and in the HA manager's error "
+            f"state: the manager will not {'stop' if self.kind == 'stop_guest' else 'start'} it; fix it, "
+            f"run 'ha-manager set {sid} --state disabled' and then '--state started' (or 'stopped')"
+        ]
+
     def was_running(self, current: CurrentState, out: RunningBefore) -> None:
         _record(current, self.guest, self.vmid, out)
 
@@ -134,6 +204,13 @@ class StopGuest(_GuestStep):
     def stopped_guest(self) -> tuple[str, int]:
         return self.guest, self.vmid
 
+    def before(self, ctx: StepContext) -> GuestBefore:
+        ha = ctx.ports.proxmox.guest_ha(self.guest, self.vmid)
+        return GuestBefore(
+            status=ctx.ports.proxmox.guest_status(self.guest, self.vmid),
+            ha_requested=ha.get("requested") if int(ha.get("managed") or 0) else None,
+        )
+
     def do(self, ctx: StepContext) -> None:
         if ctx.running(self.guest, self.vmid):
             power(ctx, self.guest, self.vmid, "shutdown", self.shutdown_timeout, self.force_stop)
@@ -149,10 +226,22 @@ class StopGuest(_GuestStep):
         )
 
     def undo(self, before: GuestBefore, ctx: StepContext) -> str:
+        done = []
         if before.status == "running" and not ctx.running(self.guest, self.vmid):
+            # an HA resource's start is a hastart task: 'ha-manager set <sid> --state started'
             power(ctx, self.guest, self.vmid, "start")
-            return f"started {self.guest} {self.vmid}"
-        return ""
+            done.append(f"started {self.guest} {self.vmid}")
+        if before.ha_requested is not None:
+            sid = ha_sid(self.guest, self.vmid)
+            now = ctx.ports.proxmox.guest_ha(self.guest, self.vmid).get("requested")
+            if now != before.ha_requested:
+                # the HA manager wrote 'state stopped' when it took the stop (HA/Manager.pm); left
+                # so, it would keep the guest stopped, or stop it again
+                ctx.ports.proxmox.ha_set_state(sid, before.ha_requested)
+                done.append(f"set HA resource {sid} back to state {before.ha_requested}")
+                if before.ha_requested == "started" and before.status == "running":
+                    wait_status(ctx, self.guest, self.vmid, "running", time.monotonic() + ctx.timeouts.guest)
+        return "; ".join(done)
 
     def undo_restores(self) -> set[Resource]:
         return {Resource("running", self.key)}

@@ -216,6 +216,7 @@ class Rebind(ActionModel):
         )
 
     def do(self, ctx: StepContext) -> None:
+        self._refuse_running(ctx)
         if self.to_driver == VFIO:
             ctx.binder.move_group(self.members, VFIO, self.keep_override)
             return
@@ -226,6 +227,41 @@ class Rebind(ActionModel):
         got = ctx.binder.driver_of(self.address)
         if got != NVIDIA:
             raise BindError(self.address, NVIDIA, got)
+
+    def _refuse_running(self, ctx: StepContext) -> None:
+        """Check, now, that no guest runs on this group: every guest the plan stopped before the
+        switch is stopped (a stop task's OK is not enough: an HA resource's ``hastop`` ends before
+        the HA manager stops it), and no running VM passes one of its devices. Raises
+        ProxmoxError naming the guest; nothing has moved then."""
+        running = sorted((kind, vmid) for kind, vmid in ctx.stopped_guests if ctx.running(kind, vmid))
+        if running:
+            names = ", ".join(f"{'CT' if k == 'lxc' else 'VM'} {v}" for k, v in running)
+            raise ProxmoxError(
+                f"switch {self.address}",
+                None,
+                f"{names} still running although the plan stopped it; the GPUs stay where they are",
+            )
+        mapping_paths = {
+            m["id"]: {p for e in m.get("map") or [] for p in map_paths(e)}
+            for m in ctx.ports.proxmox.mappings()
+        }
+        for g in ctx.ports.proxmox.list_guests("qemu"):
+            vmid = int(g["vmid"])
+            if ("qemu", vmid) in ctx.stopped_guests or not ctx.running("qemu", vmid):
+                continue
+            cfg = ctx.ports.proxmox.qemu_config(vmid)
+            for k, v in cfg.items():
+                hits = (
+                    hostpci_addresses(str(v), mapping_paths) & set(self.members)
+                    if is_hostpci_key(k)
+                    else set()
+                )
+                if hits:
+                    raise ProxmoxError(
+                        f"switch {self.address}",
+                        None,
+                        f"VM {vmid} is running with {', '.join(sorted(hits))} ({k}); the GPUs stay where they are",
+                    )
 
     def undo(self, before: RebindBefore, ctx: StepContext) -> str:
         if ctx.stuck & set(self.members):

@@ -188,6 +188,34 @@ class ProxmoxClient(ABC):
     def list_guests(self, kind: str) -> list[dict[str, Any]]:
         return self._call("GET", f"{self._n()}/{_kind(kind)}")
 
+    def guest_ha(self, kind: str, vmid: int) -> dict[str, Any]:
+        """status/current's ``ha`` (pve-container Status.pm vm_status / qemu-server Qemu.pm
+        vmstatus: PVE::HA::Config::get_service_status); when managed, ``requested`` is the
+        resource's state in GET /cluster/ha/resources (``started`` when it sets none, the
+        schema's default; None when that list cannot be read, e.g. a token without Sys.Audit
+        on /). Raises ProxmoxError when status/current fails."""
+        ha = self._call("GET", f"{self._n()}/{_kind(kind)}/{vmid}/status/current").get("ha") or {}
+        out: dict[str, Any] = {"managed": int(ha.get("managed") or 0)}
+        if not out["managed"]:
+            return out
+        out["state"] = ha.get("state")
+        sid = f"{'ct' if _kind(kind) == 'lxc' else 'vm'}:{vmid}"
+        try:
+            listed = self._call("GET", "/cluster/ha/resources") or []
+        except ProxmoxError:
+            listed = None
+        out["requested"] = (
+            None
+            if listed is None
+            else next((str(r.get("state") or "started") for r in listed if r.get("sid") == sid), None)
+        )
+        return out
+
+    def ha_set_state(self, sid: str, state: str) -> None:
+        """PUT /cluster/ha/resources/{sid} with ``state`` (pve-ha-manager API2/HA/Resources.pm
+        update, what ``ha-manager set`` calls). Raises ProxmoxError."""
+        self._call("PUT", f"/cluster/ha/resources/{sid}", state=state)
+
     def qemu_config(self, vmid: int) -> dict[str, Any]:
         return self._call("GET", f"{self._n()}/qemu/{vmid}/config")
 

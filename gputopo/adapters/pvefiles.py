@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gputopo.errors import ProxmoxError
+from gputopo.formats.hacfg import parse_section_config
 from gputopo.formats.pveview import config_from_lxc_text, config_from_qemu_text, mappings_from_pci_cfg
 
 DEFAULT_ROOT = "/etc/pve"
@@ -84,6 +85,27 @@ class PveFiles:
         Raises ProxmoxError when it has none."""
         self._config_text(kind, vmid)
         return "running"
+
+    def guest_ha(self, kind: str, vmid: int) -> dict[str, Any]:
+        """The guest's section of ``ha/resources.cfg`` read as pve-ha-manager Config.pm
+        vm_is_ha_managed does (``ct:ID`` or ``vm:ID``; ``ignored`` counts as unmanaged):
+        ``{"managed": 1, "requested": <state, started by default>}`` or ``{"managed": 0}``; the
+        manager's service state is not in the files."""
+        try:
+            text = (self.root / "ha" / "resources.cfg").read_text()
+        except (OSError, UnicodeDecodeError):
+            return {"managed": 0}
+        for section in parse_section_config(text):
+            if section.type in ("vm", "ct") and section.id == str(vmid):
+                requested = section.props.get("state") or "started"
+                if requested == "ignored":
+                    return {"managed": 0}
+                return {
+                    "managed": 1,
+                    "state": None,
+                    "requested": "started" if requested == "enabled" else requested,
+                }
+        return {"managed": 0}
 
     def lxc_config(self, vmid: int) -> dict[str, Any]:
         """The container's config with pending values merged in, as the API's GET shows it.

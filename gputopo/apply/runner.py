@@ -134,6 +134,7 @@ class Runner:
         """Run ``actions`` (index = position) except ``skip``. Raises the first failure after every
         worker of a parallel group ended (a hung device outranks the others: it decides the exit code)."""
         total = len(actions)
+        self.ctx.stopped_guests = {g for g in (a.stopped_guest() for a in actions) if g is not None}
         i = 0
         while i < total:
             a = actions[i]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import signal
 import sys
@@ -55,8 +56,22 @@ def sim() -> None:
     default=None,
     help="A cluster of this many nodes (pve1..pveN) sharing one /etc/pve instead of one host.",
 )
+@click.option(
+    "--ha",
+    "ha",
+    multiple=True,
+    metavar="SID",
+    help="Make a guest an HA resource (ct:101, vm:201; repeatable): its start and stop go through "
+    "the HA manager, which moves it seconds after the task ends.",
+)
 def create(
-    dir: Path, source: str, node: str | None, service: str, pve_version: str, count: int | None
+    dir: Path,
+    source: str,
+    node: str | None,
+    service: str,
+    pve_version: str,
+    count: int | None,
+    ha: tuple[str, ...] = (),
 ) -> None:
     """Create a simulated host in DIR (the seed story: container 101 serving on every GPU), or
     with --nodes N a cluster of N such hosts (containers 101.., VMs 201.., one /etc/pve)."""
@@ -71,10 +86,33 @@ def create(
         members = ", ".join(f"{n} ({c.addresses[n]}, CT {c.container(n)}, VM {c.vm(n)})" for n in c.nodes)
         click.echo(f"created simulated cluster of {len(c.nodes)} nodes in {dir}: {members}")
         return
+    from gputopo.errors import ConfigError
     from gputopo.sim.host import SimHost
 
+    for sid in ha:
+        if not re.fullmatch(r"(ct|vm):\d+", sid):
+            raise ConfigError(f"--ha {sid}: an HA resource id is ct:<vmid> or vm:<vmid>")
+    existed = dir.exists()
     host = SimHost.create(dir, source=source, node=node, service=service, pve_version=pve_version)
+    try:
+        for sid in ha:
+            host.make_ha_managed(sid)
+    except BaseException:
+        _undo_create(dir, existed)
+        raise
     click.echo(f"created simulated host {host.node} in {dir} (container {host.container})")
+
+
+def _undo_create(dir: Path, existed: bool) -> None:
+    """Leave ``dir`` as it was before ``sim create`` made a host in it: absent, or empty."""
+    if not existed:
+        shutil.rmtree(dir, ignore_errors=True)
+        return
+    for p in dir.iterdir():
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
 
 
 @sim.command("serve")

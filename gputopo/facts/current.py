@@ -19,7 +19,7 @@ from gputopo.formats.hostpci import hostpci_keys
 from gputopo.formats.systemctl import parse_tp
 from gputopo.formats.systemd import parse_show_properties, show_state
 from gputopo.model.reads import ContainerRead, Reads, ServiceRead
-from gputopo.model.state import ContainerState, CurrentState, GuestState, MappingState, ServiceState
+from gputopo.model.state import ContainerState, CurrentState, GuestState, HaState, MappingState, ServiceState
 from gputopo.ports import ExecPort, HostFilesPort, ProxmoxReadPort
 
 EXEC_TIMEOUT = 20.0
@@ -50,6 +50,14 @@ def _service_state(exec: ExecPort, vmid: int, svc: ServiceRead) -> ServiceState:
         dropin=dropin,
         found=load != "not-found",
     )
+
+
+def _ha(proxmox: ProxmoxReadPort, kind: str, vmid: int) -> HaState | None:
+    """The guest's HA resource state, or None when it is not one (status/current's ``ha``)."""
+    ha = proxmox.guest_ha(kind, vmid)
+    if not int(ha.get("managed") or 0):
+        return None
+    return HaState(state=ha.get("state"), requested=ha.get("requested"))
 
 
 def _status(proxmox: ProxmoxReadPort, kind: str, vmid: int, listed: str | None = None) -> str:
@@ -90,7 +98,9 @@ def read_current(
             if e.status in (404, 500) and "does not exist" in str(e):
                 continue
             raise
-        state.containers[c.vmid] = ContainerState(config=cfg, status=_status(proxmox, "lxc", c.vmid))
+        state.containers[c.vmid] = ContainerState(
+            config=cfg, status=_status(proxmox, "lxc", c.vmid), ha=_ha(proxmox, "lxc", c.vmid)
+        )
     for m in proxmox.mappings():
         state.mappings[m["id"]] = MappingState(
             map=list(m.get("map") or []), description=m.get("description"), digest=m.get("digest")
@@ -102,7 +112,10 @@ def read_current(
         except ProxmoxError:
             continue
         state.guests[vmid] = GuestState(
-            status=_status(proxmox, "qemu", vmid, listed.get(vmid)), hostpci=hostpci_values(cfg), config=cfg
+            status=_status(proxmox, "qemu", vmid, listed.get(vmid)),
+            hostpci=hostpci_values(cfg),
+            config=cfg,
+            ha=_ha(proxmox, "qemu", vmid),
         )
 
     if exec is not None:

@@ -7,9 +7,9 @@ elsewhere: a snapshot, ``gputopo discover --json`` of a cluster node), the read 
 Proxmox port (the API, or Proxmox's files), and the container and host-file ports. What to read
 comes from the caller as a function of the facts (the spec's node depends on the host's name;
 :func:`gputopo.plan.reads.spec_reads` says it for a spec), so reading needs nothing from
-planning. State the planner will need next (HA: whether a guest is HA-managed) belongs here
-too: one more read in :func:`gputopo.facts.current.read_current` through the same ports, one
-more field of :class:`gputopo.model.state.CurrentState`.
+planning. Whether a guest is HA-managed is read the same way: one more read in
+:func:`gputopo.facts.current.read_current` through the same ports (``guest_ha``), the ``ha``
+field of each guest's state in :class:`gputopo.model.state.CurrentState`.
 """
 
 from __future__ import annotations

@@ -19,6 +19,20 @@ class ServiceState(Strict):
     found: bool = Field(True, description="False when systemd has no such unit (LoadState=not-found)")
 
 
+class HaState(Strict):
+    """A guest that is an HA resource (pve-ha-manager: listed in ``ha/resources.cfg`` and not
+    ``ignored``): Proxmox hands its start, stop and shutdown to the HA manager, which moves the
+    guest seconds after the task ended."""
+
+    managed: bool = Field(True, description="status/current's ha.managed")
+    state: str | None = Field(None, description="The HA manager's service state (status/current's ha.state)")
+    requested: str | None = Field(
+        None,
+        description="The requested state in ha/resources.cfg (started, stopped, disabled); null when "
+        "it could not be read",
+    )
+
+
 class ContainerState(Strict):
     config: dict[str, Any] = Field(
         default_factory=dict, description="As GET .../lxc/{vmid}/config returns it"
@@ -28,6 +42,7 @@ class ContainerState(Strict):
     service_error: str | None = Field(
         None, description="Why the running container's service could not be read (no pct here...)"
     )
+    ha: HaState | None = Field(None, description="Set when the container is an HA resource")
 
 
 class MappingState(Strict):
@@ -43,6 +58,7 @@ class GuestState(Strict):
         default_factory=dict,
         description="As GET .../qemu/{vmid}/config returns it (pending merged in, digest)",
     )
+    ha: HaState | None = Field(None, description="Set when the VM is an HA resource")
 
 
 class CurrentState(Strict):

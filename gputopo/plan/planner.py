@@ -305,6 +305,7 @@ def plan(
     )
     found.raise_if_refused()
     ct_stops, vm_stops = _shutdown_policy(ct_stops, spec), _shutdown_policy(vm_stops, spec)
+    _warn_ha(current, [*ct_stops, *vm_stops, *ct_starts, *vm_starts], found)
     actions: list[Any] = [
         *_persistence_actions(vfio_all, current, templates),
         *mapping_actions,
@@ -338,6 +339,30 @@ def plan(
         warnings=found.warnings,
         actions=actions,
     )
+
+
+def _warn_ha(current: CurrentState, steps: list[Any], found: Findings) -> None:
+    """One line per HA resource the plan stops or starts: Proxmox hands its start, stop and
+    shutdown to the HA manager (a ``hastart``/``hastop`` task that ends before the guest moves,
+    pve-container API2/LXC/Status.pm, qemu-server API2/Qemu.pm), and the manager writes the
+    requested state into ha/resources.cfg."""
+    seen: set[tuple[str, int]] = set()
+    for a in steps:
+        key = a.stopped_guest() or a.started_guest()
+        if key is None or key in seen:
+            continue
+        seen.add(key)
+        kind, vmid = key
+        st = current.containers.get(vmid) if kind == "lxc" else current.guests.get(vmid)
+        if st is None or st.ha is None:
+            continue
+        name = f"{'CT' if kind == 'lxc' else 'VM'} {vmid}"
+        sid = f"{'ct' if kind == 'lxc' else 'vm'}:{vmid}"
+        found.warn(
+            f"{name} is HA-managed ({sid}, requested state {st.ha.requested or 'unknown'}): its stop and "
+            "start go through the HA manager, which moves it seconds after the task ends; apply waits "
+            "for its real state before touching its GPUs, and a rollback sets the requested state back"
+        )
 
 
 def _removed_stay_on_nvidia(

@@ -58,6 +58,10 @@ UNBIND_MIN, UNBIND_MAX = 1.0, 3.0
 # 180 s for its start/stop order, pve-docs qm.adoc "Shutdown timeout"). 20 s is a Linux guest
 # stopping its own inference server (as the container's does, 3 s) and the rest of its units.
 VM_SHUTDOWN = 20.0
+# The HA manager's delay between a hastart/hastop task's OK and the guest's move: the CRM and
+# the LRM each work in 10 s rounds (pve-ha-manager src/PVE/HA/CRM.pm / LRM.pm, $max_time = 10);
+# a request waits on average half a round for each.
+HA_CRM = 10.0
 
 
 def _extract_snapshot(archive: Path, dest: Path) -> None:
@@ -350,6 +354,7 @@ class SimHost:
                 "service.stop": SERVICE_STOP * scale,
                 "service.start": SERVICE_START * scale,
                 "qmshutdown": vm_shutdown * scale,
+                "ha.crm": HA_CRM * scale,
             },
         )
         out = {
@@ -358,11 +363,37 @@ class SimHost:
             "ct.stop": CT_STOP,
             "ct.start": CT_START,
             "vm.shutdown": vm_shutdown,
+            "ha.crm": HA_CRM,
             "vfio-pci.bind": VFIO_BIND,
             "nvidia.bind": NVIDIA_BIND,
         }
         out.update({f"unbind:{a}": v for a, v in unbind.items()})
         return out
+
+    def make_ha_managed(self, sid: str, requested: str = "started") -> None:
+        """Make guest ``sid`` (``ct:101``, ``vm:201``) an HA resource with requested state
+        ``requested``, as ``ha-manager add <sid> --state <requested>`` writes
+        ``ha/resources.cfg``; its start, stop and shutdown then go through the HA manager
+        (:mod:`gputopo.sim.pveapi.hacrm`). Raises SimHostError for a malformed ``sid``, a guest
+        that has no config or a state the HA manager does not know."""
+        from gputopo.formats.hacfg import Section, parse_section_config, write_section_config
+
+        kind, _, vmid = sid.partition(":")
+        if kind not in ("ct", "vm") or not vmid.isdigit():
+            raise SimHostError(sid, "an HA resource id is ct:<vmid> or vm:<vmid>")
+        if requested not in ("started", "stopped", "disabled", "ignored"):
+            raise SimHostError(sid, f"unknown HA state {requested!r} (started, stopped, disabled, ignored)")
+        conf = (
+            self.paths.pve / "nodes" / self.node / ("lxc" if kind == "ct" else "qemu-server") / f"{vmid}.conf"
+        )
+        if not conf.is_file():
+            raise SimHostError(sid, f"no such guest: {conf} does not exist")
+        path = self.paths.pve / "ha" / "resources.cfg"
+        sections = parse_section_config(path.read_text()) if path.is_file() else []
+        sections = [s for s in sections if s.sid != sid]
+        sections.append(Section(type=kind, id=vmid, props={"state": requested}))
+        path.parent.mkdir(exist_ok=True)
+        atomic_write(path, write_section_config(sections), PMXCFS_MODE)
 
     def credentials(self) -> dict[str, str]:
         """root@pam's password and an API token of root@pam, as the API server holds them."""

@@ -5,6 +5,9 @@ the work. A container's API refuses a start of a running one and a stop of a sto
 a 500 (pve-container API2/LXC/Status.pm); QEMU's checks nothing before it forks the worker
 (qemu-server API2/Qemu.pm vm_start/vm_stop/vm_shutdown): the start task of a running VM fails
 (``VM 201 already running``), the stop task of a stopped VM succeeds.
+
+A guest that is an HA resource gets a ``hastart``/``hastop`` task instead, after the same
+checks (:mod:`.hacrm`): it ends ``OK`` at once and the guest moves after the CRM's delay.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from gputopo.formats.lxcconf import parse_lxc_conf
 from gputopo.sim import state
 from gputopo.sim.pveapi.answers import die
 from gputopo.sim.pveapi.auth import Caller
+from gputopo.sim.pveapi.hacrm import HA_TASK
 
 TASK_TYPES = {
     ("lxc", "start"): "vzstart",
@@ -47,7 +51,7 @@ class GuestStatusHandlers:
             "netout": 0,
             "diskread": 0,
             "diskwrite": 0,
-            "ha": {"managed": 0},
+            "ha": self.ha_status(kind, vmid),  # Status.pm vm_status / Qemu.pm vmstatus
         }
         if kind == "lxc":
             out.update(
@@ -79,6 +83,12 @@ class GuestStatusHandlers:
             # what that query died of: "VM 201 not running" (QemuServer/Monitor.pm qmp_cmd)
             self.print_stderr(f"VM {vmid} not running\n\n")  # Perl: warn "$@\n", $@ ending in \n
         params = {k: p[k] for k in ("timeout", "forceStop") if p.get(k) is not None}
+        if self.ha_resource_of(kind, vmid) is not None:
+            # Status.pm / Qemu.pm: vm_is_ha_managed($vmid) -> fork_worker('hastart'|'hastop'),
+            # after the running checks above (a VM's shutdown checks vm_is_paused first)
+            return self._new_task(
+                HA_TASK[action], kind, vmid, f"ha{action}", caller.user if caller else "root@pam", params
+            )
         return self._new_task(
             TASK_TYPES[(kind, action)], kind, vmid, action, caller.user if caller else "root@pam", params
         )

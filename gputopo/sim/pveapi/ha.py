@@ -282,8 +282,18 @@ class HaHandlers:
                 raise die(f"update resource failed: service '{kind}:{vmid}' is not managed by ha")
             if "group" in p and not any(g.id == p["group"] for g in self._ha_read("groups.cfg")[1]):
                 raise die(f"update resource failed: group '{p['group']}' does not exist")
+            if (
+                self._ha_service_state("lxc" if kind == "ct" else "qemu", int(vmid), f"{kind}:{vmid}")
+                == "error"
+                and p.get("state") != "disabled"
+            ):
+                # API2/HA/Resources.pm update -> check_service_state
+                raise die(f"service '{kind}:{vmid}' in error state, must be disabled and fixed first")
+            was = r.props.get("state", "started")
             for key in p.get("delete", []):
                 r.props.pop(key, None)
             r.props.update({k: str(p[k]) for k in RESOURCE_KEYS if k in p})
             self._ha_write("resources.cfg", resources)
+            # the CRM moves the guest to the new requested state on its next rounds
+            self.ha_requested_changed(f"{kind}:{vmid}", was, r.props.get("state", "started"))
         return None

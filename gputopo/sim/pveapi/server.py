@@ -32,6 +32,7 @@ from gputopo.sim.pveapi.cluster import ClusterHandlers
 from gputopo.sim.pveapi.guest_config import GuestConfigHandlers
 from gputopo.sim.pveapi.guest_status import GuestStatusHandlers
 from gputopo.sim.pveapi.ha import HaHandlers
+from gputopo.sim.pveapi.hacrm import HaCrmHandlers
 from gputopo.sim.pveapi.http_handler import ApiRequestHandler
 from gputopo.sim.pveapi.mappings import MappingHandlers
 from gputopo.sim.pveapi.node import NodeHandlers
@@ -58,6 +59,7 @@ class PveApiServer(
     QemuVmHandlers,
     ClusterHandlers,
     HaHandlers,
+    HaCrmHandlers,
 ):
     """The simulated API server of one PVE node.
 

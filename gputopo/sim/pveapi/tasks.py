@@ -64,6 +64,10 @@ class TaskHandlers:
     ) -> str:
         params = params or {}
         lat = self._latency(ttype, vmid)
+        if action.startswith("ha"):
+            # the hastart/hastop worker only runs ha-manager: it ends at once (tasks' default
+            # latency), always before the CRM moves the guest (hacrm)
+            lat = min(lat, DEFAULT_LATENCY)
         outcome = None
         if action == "shutdown" and state.guest_status(self.run_dir, kind, vmid) == "running":
             second = float((state.read_state(self.run_dir, "latencies", {}) or {}).get("second", 1.0))
@@ -95,6 +99,8 @@ class TaskHandlers:
                 "due": time.time() + lat,
                 "log": [],
             }
+            if action.startswith("ha") and params:
+                tasks[upid]["params"] = params
             if outcome is not None:
                 tasks[upid]["outcome"] = {
                     "stopped": outcome.stopped,
@@ -140,7 +146,12 @@ class TaskHandlers:
             fault = self._take_fault(task["type"], vmid)
             if fault:
                 raise RuntimeError(fault)
-            if action == "start":
+            if action.startswith("ha"):
+                log += self.ha_task_lines(kind, vmid, action[2:])
+                params = task.get("params") or {}
+                timeout = int(params["timeout"]) if params.get("timeout") is not None else None
+                self.ha_task_effect(kind, vmid, action[2:], timeout)
+            elif action == "start":
                 warnings = self._start_guest(kind, vmid, log)
             else:
                 self._stop_guest(kind, vmid, task.get("outcome"), log)

@@ -1,0 +1,217 @@
+"""Apply on a simulated host whose container is an HA resource (``ct: 101`` in
+``ha/resources.cfg``): its stop and start are ``hastop``/``hastart`` tasks that end OK before the
+HA manager moves it, and the manager writes the requested state back.
+
+What runs is judged: the container's state at the moment each GPU is unbound (read from the
+simulator's run state by a sysfs port that wraps the real one), the container running again,
+and ``ha/resources.cfg``'s bytes after a rollback."""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from gputopo.apply import apply, read_and_plan
+from gputopo.errors import ApplyFailed
+from gputopo.plan.spec import parse_spec
+from gputopo.sim import state
+from gputopo.sim.kernel import SimKernel
+from helpers import applysim
+from helpers.applysim import template  # noqa: F401 (fixtures)
+
+pytestmark = pytest.mark.slow  # every test applies on a simulated host (seconds each); the full run only
+
+HA_STARTED = "ct: 101\n\tstate started\n"
+
+
+@pytest.fixture
+def ha_host(template):
+    base = Path(tempfile.mkdtemp(prefix="gputopo-ha-", dir=applysim.fast_tmp()))
+    h = applysim.copy_host(template, base / "sim")
+    h.make_ha_managed("ct:101")
+    # the HA manager takes a request after half a second and moves the guest after one
+    state.write_state(h.paths.run, "latencies", {"ha.crm": 1.0})
+    yield h
+    SimKernel(h.paths.root).clear_faults()
+    h.stop()
+    applysim.cleanup(base)
+
+
+class WatchedSysfs:
+    """The real sysfs port; each write to a driver's ``unbind`` first records whether CT 101
+    runs at that moment (the simulator's own record of its guests)."""
+
+    def __init__(self, inner, run_dir: Path):
+        self.inner, self.run_dir, self.seen = inner, run_dir, []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def write(self, path: str, value: str) -> None:
+        if path.endswith("/unbind"):
+            self.seen.append((value.strip(), state.guest_status(self.run_dir, "lxc", 101)))
+        self.inner.write(path, value)
+
+
+def _ports(host):
+    ports = host.ports()
+    watched = WatchedSysfs(ports.sysfs, host.paths.run)
+    return dataclasses.replace(ports, sysfs=watched), watched
+
+
+def _spec(host):
+    return parse_spec(applysim.restarting(applysim.seed_spec_text(host)))
+
+
+def test_the_gpus_move_only_once_the_ha_managed_container_is_really_stopped(ha_host):
+    ports, watched = _ports(ha_host)
+    res = apply(_spec(ha_host), ports, root=str(ha_host.paths.root), timeouts=applysim.FAST_TIMEOUTS)
+    assert res.status == "applied"
+    assert watched.seen, "the plan unbinds GPUs"
+    # the hastop task ended OK a second before the HA manager stopped CT 101: not one GPU was
+    # unbound while it still ran
+    assert [a for a, st in watched.seen if st == "running"] == []
+    # hastart: the container runs again, its service on the GPUs it kept, HA asks for it started
+    fp = applysim.fingerprint(ha_host)
+    assert fp["guests"]["lxc"]["101"] == "running"
+    assert fp["service"][0] == "active"
+    assert (ha_host.paths.pve / "ha/resources.cfg").read_text() == HA_STARTED
+
+
+def test_the_plan_says_the_container_is_ha_managed(ha_host):
+    _, current, plan = read_and_plan(_spec(ha_host), ha_host.ports(), root=str(ha_host.paths.root))
+    assert current.containers[101].ha is not None
+    assert current.containers[101].ha.requested == "started"
+    assert current.containers[101].ha.state == "started"
+    lines = [w for w in plan.warnings if "CT 101 is HA-managed" in w]
+    assert len(lines) == 1 and "(ct:101, requested state started)" in lines[0]
+
+
+def test_a_rollback_after_the_ha_stop_starts_the_container_and_asks_ha_for_started_again(ha_host):
+    before = applysim.fingerprint(ha_host)
+    # the vfio-pci bind of the first GPU of NUMA 1 fails: the apply rolls back after the stop
+    SimKernel(ha_host.paths.root).inject("0000:81:00.0", "bind", "errno", times=1)
+    ports, watched = _ports(ha_host)
+    with pytest.raises(ApplyFailed):
+        apply(_spec(ha_host), ports, root=str(ha_host.paths.root), timeouts=applysim.FAST_TIMEOUTS)
+    assert [a for a, st in watched.seen if st == "running"] == []
+    # the HA manager had written 'state stopped'; the rollback's start put 'started' back, and the
+    # container runs with its service as before, byte for byte
+    assert (ha_host.paths.pve / "ha/resources.cfg").read_text() == HA_STARTED
+    assert applysim.diff(before, applysim.fingerprint(ha_host)) == []
+
+
+def test_a_start_the_ha_manager_does_not_finish_in_time_fails_the_step_naming_it_and_rolls_back(ha_host):
+    before = applysim.fingerprint(ha_host)
+    # the manager moves the container 3 s after each request; a start may take 2 s (a shutdown
+    # waits at least its own timeout and more: the stop still succeeds)
+    state.write_state(ha_host.paths.run, "latencies", {"ha.crm": 3.0})
+    timeouts = dataclasses.replace(applysim.FAST_TIMEOUTS, guest=2.0)
+    with pytest.raises(ApplyFailed) as e:
+        apply(_spec(ha_host), ha_host.ports(), root=str(ha_host.paths.root), timeouts=timeouts)
+    assert (
+        "(start CT 101): CT 101 start: its task ended OK but CT 101 is still stopped (an HA resource"
+        in str(e.value)
+    )
+    # the rollback gave the GPUs back, and the HA manager, asked for 'started', runs it again
+    for _ in range(100):
+        if applysim.diff(before, applysim.fingerprint(ha_host)) == []:
+            break
+        time.sleep(0.1)
+    assert applysim.diff(before, applysim.fingerprint(ha_host)) == []
+    assert (ha_host.paths.pve / "ha/resources.cfg").read_text() == HA_STARTED
+
+
+def test_a_stop_undone_before_the_ha_manager_stopped_the_guest_sets_the_requested_state_back(ha_host):
+    """An apply that ends (a failed wait, a kill and recover) after the HA manager took the stop
+    but before it stopped the container: the undo finds it running with 'state stopped' in
+    resources.cfg, which would stop it for good; it sets 'started' back."""
+    from gputopo.actions import StopGuest
+    from gputopo.apply.progress import Progress
+    from gputopo.apply.runner import step_context
+
+    state.write_state(ha_host.paths.run, "latencies", {"ha.crm": 2.0})
+    ports = ha_host.ports()
+    ctx = step_context(ports, str(ha_host.paths.root), applysim.FAST_TIMEOUTS, Progress())
+    step = StopGuest(guest="lxc", vmid=101)
+    before = step.before(ctx)
+    assert before.status == "running" and before.ha_requested == "started"
+    ports.proxmox.guest_action("lxc", 101, "shutdown", 10)  # a hastop: OK at once
+    cfg = ha_host.paths.pve / "ha/resources.cfg"
+    for _ in range(50):  # the manager takes it after 1 s and writes the requested state
+        if "state stopped" in cfg.read_text():
+            break
+        time.sleep(0.05)
+    assert cfg.read_text() == "ct: 101\n\tstate stopped\n"
+    assert state.guest_status(ha_host.paths.run, "lxc", 101) == "running"
+    assert step.undo(before, ctx) == "set HA resource ct:101 back to state started"
+    assert cfg.read_text() == HA_STARTED
+    # the manager still stops it (it had taken the stop), then starts it again, as asked
+    for _ in range(100):
+        if not state.read_state(ha_host.paths.run, "ha-requests", []) and (
+            state.guest_status(ha_host.paths.run, "lxc", 101) == "running"
+        ):
+            break
+        time.sleep(0.1)
+    assert state.guest_status(ha_host.paths.run, "lxc", 101) == "running"
+    assert cfg.read_text() == HA_STARTED
+
+
+def test_the_switch_refuses_while_a_guest_the_plan_stopped_still_runs(ha_host):
+    """The rebind step checks the running state itself: a guest of the plan's stops that still
+    runs (whatever its stop task said) leaves every GPU where it is."""
+    from gputopo.actions import Rebind
+    from gputopo.apply.progress import Progress
+    from gputopo.apply.runner import step_context
+
+    before = applysim.fingerprint(ha_host)
+    ctx = step_context(ha_host.ports(), str(ha_host.paths.root), applysim.FAST_TIMEOUTS, Progress())
+    ctx.stopped_guests = {("lxc", 101)}
+    step = Rebind(
+        address="0000:81:00.0",
+        members=["0000:81:00.0"],
+        from_drivers={"0000:81:00.0": "nvidia"},
+        to_driver="vfio-pci",
+    )
+    with pytest.raises(Exception, match="CT 101 still running although the plan stopped it"):
+        step.do(ctx)
+    assert applysim.diff(before, applysim.fingerprint(ha_host)) == []
+
+
+def test_preflight_refuses_a_container_in_the_ha_managers_error_state(ha_host):
+    """The manager neither stops nor starts a service in 'error' (Manager.pm next_state_error):
+    apply would wait out its timeout with the container running; preflight refuses, naming the
+    fix, and nothing changes."""
+    from gputopo.errors import PreflightFailed
+
+    state.write_state(ha_host.paths.run, "ha-service-states", {"ct:101": "error"})
+    before = applysim.fingerprint(ha_host)
+    with pytest.raises(PreflightFailed) as e:
+        apply(_spec(ha_host), ha_host.ports(), root=str(ha_host.paths.root), timeouts=applysim.FAST_TIMEOUTS)
+    text = str(e.value)
+    assert "CT 101 is HA-managed (ct:101) and in the HA manager's error state" in text
+    assert text.count("HA manager's error state") == 1
+    assert "ha-manager set ct:101 --state disabled" in text
+    assert applysim.diff(before, applysim.fingerprint(ha_host)) == []
+
+
+def test_an_ha_managed_vm_the_plan_starts_runs_when_apply_returns(ha_host):
+    """The VM side: VM 201 is an HA resource asked to stay stopped; the plan gives it the NUMA-1
+    GPUs and starts it. Its start is a hastart ('ha-manager set vm:201 --state started'), the
+    VM runs a second later: apply returns only once it does."""
+    from gputopo.facts.discover import discover
+    from gputopo.plan.starter import init_spec
+
+    ha_host.make_ha_managed("vm:201", "stopped")
+    spec = parse_spec(init_spec(discover(str(ha_host.paths.root)), container_mapping="pro6000", vm=201))
+    res = apply(spec, ha_host.ports(), root=str(ha_host.paths.root), timeouts=applysim.FAST_TIMEOUTS)
+    assert res.status == "applied"
+    assert state.guest_status(ha_host.paths.run, "qemu", 201) == "running"
+    assert [
+        w for w in res.plan.warnings if w.startswith("VM 201 is HA-managed (vm:201, requested state stopped)")
+    ]
+    assert (ha_host.paths.pve / "ha/resources.cfg").read_text() == HA_STARTED + "\nvm: 201\n\tstate started\n"
