@@ -219,11 +219,21 @@ class StopGuest(_GuestStep):
         return [shutdown_command(self.guest, self.vmid, self.shutdown_timeout, self.force_stop)]
 
     def undo_commands(self, ctx: CommandContext) -> list[str]:
-        return (
+        out = (
             [line(cli(self.guest), "start", self.vmid)]
             if _was_running(ctx.current, self.guest, self.vmid)
             else []
         )
+        g = (
+            ctx.current.containers.get(self.vmid)
+            if self.guest == "lxc"
+            else ctx.current.guests.get(self.vmid)
+        )
+        ha = g.ha if g is not None else None
+        if ha is not None and ha.managed and ha.requested is not None:
+            # as undo() does: the HA manager wrote 'state stopped' when it took the stop
+            out.append(line("ha-manager", "set", ha_sid(self.guest, self.vmid), "--state", ha.requested))
+        return out
 
     def undo(self, before: GuestBefore, ctx: StepContext) -> str:
         done = []

@@ -25,7 +25,7 @@ from helpers.applysim import template  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.slow  # every test applies on a simulated host (seconds each); the full run only
 
-HA_STARTED = "ct: 101\n\tstate started\n"
+HA_STARTED = "ct: 101\n\tstate started\n\n"  # SectionConfig write_config ends every section with a blank line
 
 
 @pytest.fixture
@@ -146,7 +146,7 @@ def test_a_stop_undone_before_the_ha_manager_stopped_the_guest_sets_the_requeste
         if "state stopped" in cfg.read_text():
             break
         time.sleep(0.05)
-    assert cfg.read_text() == "ct: 101\n\tstate stopped\n"
+    assert cfg.read_text() == "ct: 101\n\tstate stopped\n\n"
     assert state.guest_status(ha_host.paths.run, "lxc", 101) == "running"
     assert step.undo(before, ctx) == "set HA resource ct:101 back to state started"
     assert cfg.read_text() == HA_STARTED
@@ -214,4 +214,18 @@ def test_an_ha_managed_vm_the_plan_starts_runs_when_apply_returns(ha_host):
     assert [
         w for w in res.plan.warnings if w.startswith("VM 201 is HA-managed (vm:201, requested state stopped)")
     ]
-    assert (ha_host.paths.pve / "ha/resources.cfg").read_text() == HA_STARTED + "\nvm: 201\n\tstate started\n"
+    assert (ha_host.paths.pve / "ha/resources.cfg").read_text() == HA_STARTED + "vm: 201\n\tstate started\n\n"
+
+
+def test_plan_commands_set_the_requested_ha_state_back_in_the_undo(ha_host, tmp_path, capsys):
+    """What ``plan --commands`` prints for the undo of an HA-managed container's stop: its start
+    and ``ha-manager set ct:101 --state started``, as the rollback does through the API."""
+    from helpers.cli import run
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(applysim.restarting(applysim.seed_spec_text(ha_host)))
+    code, out, err = run(capsys, "plan", "--sim", str(ha_host.dir), "--spec", str(spec), "--commands")
+    assert code == 0, err
+    forward, undo = out.split("\n# undo", 1) if "\n# undo" in out else (out, "")
+    assert "pct shutdown 101" in forward and "ha-manager" not in forward, out
+    assert "pct start 101" in undo and "ha-manager set ct:101 --state started" in undo, out

@@ -92,7 +92,7 @@ def test_a_shutdown_of_an_ha_container_is_a_hastop_task_that_ends_before_the_con
     assert _resources(srv) == "ct: 101\n\tstate started\n\nvm: 200\n\tstate started\n"
     # the CRM takes it (Manager.pm: the requested state becomes 'stopped'), the LRM stops it
     time.sleep(CRM / 2 + 0.1)
-    assert _resources(srv) == "ct: 101\n\tstate stopped\n\nvm: 200\n\tstate started\n"
+    assert _resources(srv) == "ct: 101\n\tstate stopped\n\nvm: 200\n\tstate started\n\n"
     time.sleep(CRM / 2)
     assert _status(srv, "lxc", 101)["status"] == "stopped"
     assert _status(srv, "lxc", 101)["ha"] == {"managed": 1, "state": "stopped"}
@@ -106,7 +106,7 @@ def test_a_start_writes_the_requested_state_at_once_and_the_guest_runs_after_the
     assert ":hastart:101:" in upid and st["exitstatus"] == "OK"
     assert log == ["Requesting HA start for CT 101", "TASK OK"]
     # ha-manager set ct:101 --state started ran in the task; the container is not up yet
-    assert _resources(srv) == "ct: 101\n\tstate started\n"
+    assert _resources(srv) == "ct: 101\n\tstate started\n\n"
     assert _status(srv, "lxc", 101)["status"] == "stopped"
     time.sleep(CRM + 0.1)
     assert _status(srv, "lxc", 101)["status"] == "running"
@@ -131,7 +131,7 @@ def test_setting_the_requested_state_back_makes_the_crm_start_the_guest(srv):
     state.set_guest_status(srv.run_dir, "lxc", 101, "stopped")
     # PUT /cluster/ha/resources/{sid} (API2/HA/Resources.pm update, what 'ha-manager set' calls)
     _call(srv, "PUT", "/cluster/ha/resources/ct:101", state="started")
-    assert _resources(srv) == "ct: 101\n\tstate started\n"
+    assert _resources(srv) == "ct: 101\n\tstate started\n\n"
     assert _status(srv, "lxc", 101)["status"] == "stopped"
     time.sleep(CRM + 0.1)
     assert _status(srv, "lxc", 101)["status"] == "running"
@@ -144,7 +144,7 @@ def test_sim_create_makes_the_guests_ha_resources_and_refuses_a_bad_id(tmp_path)
 
     r = CliRunner().invoke(cli, ["sim", "create", str(tmp_path / "h"), "--ha", "ct:101"])
     assert r.exit_code == 0, r.output
-    assert (tmp_path / "h/pve/ha/resources.cfg").read_text() == "ct: 101\n\tstate started\n"
+    assert (tmp_path / "h/pve/ha/resources.cfg").read_text() == "ct: 101\n\tstate started\n\n"
 
     def create(dest: str, sid: str) -> subprocess.CompletedProcess:
         argv = [sys.executable, "-m", "gputopo", "sim", "create", str(tmp_path / dest), "--ha", sid]
