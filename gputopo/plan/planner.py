@@ -284,7 +284,7 @@ def plan(
                 live.add(c.vmid)
                 if update is not None:
                     update.live = True
-                    if spec.policy.hotplug_failure == "restart":
+                    if spec.policy.hotplug_failure == "restart" and (update.set or update.resolve):
                         update.fallback = RestartFallback(
                             shutdown_timeout=spec.policy.shutdown_timeout, force_stop=spec.policy.force_stop
                         )
