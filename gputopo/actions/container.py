@@ -181,7 +181,8 @@ class UpdateContainer(ActionModel):
             )
             # the devN it did plug stay in the running container, and a running container takes
             # no new devN but by hot-plug: a stopped one takes the change at once
-            # (LXC/Config.pm update_pct_config: vmconfig_apply_pending when not running)
+            # (pve-container src/PVE/LXC/Config.pm update_pct_config l. 1392-1396:
+            # vmconfig_apply_pending when not running)
             power(ctx, "lxc", self.vmid, "shutdown", self.fallback.shutdown_timeout, self.fallback.force_stop)
             config.change(self.set, self.delete, lambda cfg: self._resolved(ctx, cfg))
             power(ctx, "lxc", self.vmid, "start")

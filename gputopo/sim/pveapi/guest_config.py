@@ -47,8 +47,8 @@ FASTPLUG = {
 }
 HOTPLUG = {"cpulimit", "cpuunits", "memory", "swap"}
 HOTPLUG_FAULTS = "hotplug-faults"  # run-state name: devN hot-plugs that fail
-# a failure device_passthrough_hotplug (pve-container src/PVE/LXC.pm) can die with: the
-# move_mount of the new node into the container's mount namespace refused
+# a failure device_passthrough_hotplug (pve-container src/PVE/LXC.pm l. 2336-2416) can die
+# with: the move_mount of the new node into the container's mount namespace refused (l. 2405)
 HOTPLUG_ERROR = "move_mount failed: Operation not permitted"
 
 
@@ -254,12 +254,13 @@ class GuestConfigHandlers:
             else:
                 pend.options.pop("delete", None)
             cleanup_pending(conf)
-            # LXC/Config.pm vmconfig_hotplug_pending: each new devN in key order, an error
-            # recorded as "unable to hotplug $opt: $msg" (the die text, its newline kept) and
-            # the loop going on; API2/LXC/Config.pm update_vm then raises them as parameter
-            # errors before write_config ("don't write to config if we get any errors"): 400,
-            # nothing written, while the devN plugged before or after the failed one stay in
-            # the running container
+            # pve-container (94f5585) src/PVE/LXC/Config.pm vmconfig_hotplug_pending: each new
+            # devN in key order (l. 1702-1736, device_passthrough_hotplug), an error recorded as
+            # "unable to hotplug $opt: $msg" (l. 1630-1633, the die text with its newline) and
+            # the loop going on, the key left pending (l. 1740-1745); src/PVE/API2/LXC/Config.pm
+            # update_vm then raises them as parameter errors (l. 258-259, raise_param_exc: 400
+            # "Parameter verification failed.") before write_config (l. 261): nothing written,
+            # while the devN plugged before or after the failed one stay in the running container
             errors = {}
             for k, _ in sorted(plugged):
                 msg = self._take_hotplug_fault(vmid, k)
