@@ -235,6 +235,14 @@ class UpdateContainer(ActionModel):
             )
         if words:
             out.append(line("pct", "set", self.vmid) + " " + " ".join(words))
+            if self.fallback is not None and self._may_restart():
+                stop = shutdown_command(
+                    "lxc", self.vmid, self.fallback.shutdown_timeout, self.fallback.force_stop
+                )
+                out.append(
+                    f"# if it answers 'unable to hotplug devN: ...' (nothing written): {stop}, "
+                    f"the pct set above again, pct start {self.vmid}"
+                )
         return out
 
     def undo_commands(self, ctx: CommandContext) -> list[str]:
