@@ -28,7 +28,7 @@ from gputopo.actions.base import (
     stop_window,
     undo_order,
 )
-from gputopo.actions.container import UpdateContainer
+from gputopo.actions.container import RestartFallback, UpdateContainer
 from gputopo.actions.dropin import WriteServiceDropin
 from gputopo.actions.guest import StartGuest, StopGuest
 from gputopo.actions.hostfile import RemoveHostFile, WriteHostFile
@@ -56,6 +56,7 @@ __all__ = [
     "Rebind",
     "RemoveHostFile",
     "Resource",
+    "RestartFallback",
     "RunningBefore",
     "SetMapping",
     "StartGuest",

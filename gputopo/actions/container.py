@@ -4,6 +4,15 @@ Set and delete only what changes, guarded by the digest read right before the PU
 back from vfio-pci are listed in ``resolve``: their ``/dev/nvidiaN`` minors exist only once nvidia
 has bound them in the switch phase (minors do not follow bus order and cannot be guessed), so
 their entries are computed here, from the minors read at that moment.
+
+A live change (``live``: the container keeps running) on PVE 9 hot-plugs each new devN; Proxmox
+answers a hot-plug that fails with 400 and writes nothing (pve-container API2/LXC/Config.pm
+update_vm raises the errors of LXC/Config.pm vmconfig_hotplug_pending before write_config), while
+the new devN it did plug stay in the container until it restarts. With a ``fallback`` (the spec's
+``policy.hotplug_failure: restart``) the step then stops the container, makes the same change
+(a stopped container takes it at once) and starts it again, and warns naming the devN and
+Proxmox's error; without one the error fails the step and apply rolls back (the rollback
+restarts the container, which still sees what was plugged).
 """
 
 from __future__ import annotations
@@ -21,10 +30,10 @@ from gputopo.actions.base import (
     StepContext,
     World,
 )
-from gputopo.actions.guest import shutdown_command
+from gputopo.actions.guest import power, shutdown_command
 from gputopo.actions.guestconfig import ConfigBefore, GuestConfig, restore_args, set_args
 from gputopo.actions.shell import CommandContext, line, q
-from gputopo.errors import BindError
+from gputopo.errors import BindError, ProxmoxError
 from gputopo.formats.devn import (
     by_dev_index,
     dev_entries,
@@ -35,7 +44,9 @@ from gputopo.formats.devn import (
     is_devn_key,
     resolve_devices,
 )
+from gputopo.formats.lxcconf import parse_dev_value
 from gputopo.model.state import ContainerState
+from gputopo.model.strict import Strict
 
 
 class ContainerBefore(ConfigBefore):
@@ -46,6 +57,27 @@ class ContainerBefore(ConfigBefore):
         description="/dev/nvidiaN nodes in the running container's /dev before a live change "
         "(None: not a live change, or the container was not running)",
     )
+
+
+class RestartFallback(Strict):
+    """How a live change restarts the container when a devN hot-plug fails: the stop's
+    parameters, as the spec's policy gives them to every guest stop."""
+
+    shutdown_timeout: int = 60
+    force_stop: bool = False
+
+
+def hotplug_errors(e: ProxmoxError) -> dict[str, str]:
+    """devN -> Proxmox's error, of a PUT that failed because a hot-plug did: pve-container's
+    vmconfig_hotplug_pending (LXC/Config.pm) records ``unable to hotplug $opt: $msg`` per key,
+    update_vm raises them as parameter errors (400). Empty for any other error."""
+    if e.status != 400:
+        return {}
+    return {
+        k: str(v).strip()
+        for k, v in e.errors.items()
+        if is_devn_key(k) and str(v).startswith(f"unable to hotplug {k}: ")
+    }
 
 
 class UpdateContainer(ActionModel):
@@ -68,6 +100,11 @@ class UpdateContainer(ActionModel):
         False,
         description="The container keeps running: a removal stays pending until its "
         "next restart, an addition is hot-plugged (PVE 9)",
+    )
+    fallback: RestartFallback | None = Field(
+        None,
+        description="A live change whose hot-plug Proxmox refuses restarts the container with "
+        "these stop parameters (policy.hotplug_failure: restart); None: the step fails",
     )
 
     Before = ContainerBefore
@@ -120,9 +157,35 @@ class UpdateContainer(ActionModel):
         return (self.vmid, before.seen) if before.seen is not None else None
 
     def do(self, ctx: StepContext) -> None:
-        GuestConfig.lxc(ctx.ports.proxmox, self.vmid).change(
-            self.set, self.delete, lambda cfg: self._resolved(ctx, cfg)
-        )
+        resolved: dict[str, str] = {}
+
+        def more(cfg: dict[str, Any]) -> dict[str, str]:
+            resolved.update(self._resolved(ctx, cfg))
+            return resolved
+
+        config = GuestConfig.lxc(ctx.ports.proxmox, self.vmid)
+        try:
+            config.change(self.set, self.delete, more)
+        except ProxmoxError as e:
+            failed = hotplug_errors(e) if self.live else {}
+            if not failed or self.fallback is None:
+                raise
+            sent = {**self.set, **resolved}
+            what = "; ".join(
+                f"{k} ({parse_dev_value(sent[k])['path'] if k in sent else '?'}): {msg}"
+                for k, msg in sorted(failed.items(), key=lambda kv: dev_sort(kv[0]))
+            )
+            ctx.warn(
+                f"CT {self.vmid}: Proxmox could not hot-plug {what}; restarting CT {self.vmid} "
+                "with the change (policy.hotplug_failure: restart)"
+            )
+            # the devN it did plug stay in the running container, and a running container takes
+            # no new devN but by hot-plug: a stopped one takes the change at once
+            # (pve-container src/PVE/LXC/Config.pm update_pct_config l. 1392-1396:
+            # vmconfig_apply_pending when not running)
+            power(ctx, "lxc", self.vmid, "shutdown", self.fallback.shutdown_timeout, self.fallback.force_stop)
+            config.change(self.set, self.delete, lambda cfg: self._resolved(ctx, cfg))
+            power(ctx, "lxc", self.vmid, "start")
 
     def _resolved(self, ctx: StepContext, cfg: dict[str, Any]) -> dict[str, str]:
         """devN entries of the GPUs that came back to nvidia in the switch phase, from their minors
@@ -172,6 +235,14 @@ class UpdateContainer(ActionModel):
             )
         if words:
             out.append(line("pct", "set", self.vmid) + " " + " ".join(words))
+            if self.fallback is not None and self._may_restart():
+                stop = shutdown_command(
+                    "lxc", self.vmid, self.fallback.shutdown_timeout, self.fallback.force_stop
+                )
+                out.append(
+                    f"# if it answers 'unable to hotplug devN: ...' (nothing written): {stop}, "
+                    f"the pct set above again, pct start {self.vmid}"
+                )
         return out
 
     def undo_commands(self, ctx: CommandContext) -> list[str]:
@@ -192,14 +263,26 @@ class UpdateContainer(ActionModel):
 
     def undo(self, before: ContainerBefore, ctx: StepContext) -> str:
         # every devN key: entries resolved at apply time are not in the journaled action
-        if not GuestConfig.lxc(ctx.ports.proxmox, self.vmid).restore(
+        restored = GuestConfig.lxc(ctx.ports.proxmox, self.vmid).restore(
             before.config, set(self.set) | set(self.delete), also=is_devn_key
-        ):
-            return ""
-        return f"CT {self.vmid}: restored its configuration"
+        )
+        said = [f"CT {self.vmid}: restored its configuration"] if restored else []
+        if self._may_restart() and before.seen is not None and not ctx.running("lxc", self.vmid):
+            # the fallback stopped it and did not start it again (its start failed, or the
+            # process was killed in between): it ran before, with the config now back
+            power(ctx, "lxc", self.vmid, "start")
+            said.append(f"started lxc {self.vmid}")
+        return "; ".join(said)
+
+    def _may_restart(self) -> bool:
+        """The step may stop and start the container: a live addition with a fallback."""
+        return self.live and self.fallback is not None and bool(self.set or self.resolve)
 
     def undo_restores(self) -> set[Resource]:
-        return {Resource("config", f"lxc/{self.vmid}")}
+        restores = {Resource("config", f"lxc/{self.vmid}")}
+        if self._may_restart():
+            restores.add(Resource("running", f"lxc/{self.vmid}"))
+        return restores
 
     def undo_needs(self) -> set[Resource]:
         # Proxmox refuses a devN whose /dev node does not exist, and the nodes of GPUs coming

@@ -24,6 +24,7 @@ from gputopo.actions import (
     VFIO,
     Rebind,
     RemoveHostFile,
+    RestartFallback,
     StartGuest,
     StopGuest,
     UpdateContainer,
@@ -283,6 +284,10 @@ def plan(
                 live.add(c.vmid)
                 if update is not None:
                     update.live = True
+                    if spec.policy.hotplug_failure == "restart" and (update.set or update.resolve):
+                        update.fallback = RestartFallback(
+                            shutdown_timeout=spec.policy.shutdown_timeout, force_stop=spec.policy.force_stop
+                        )
         svc_target, dropin = service_target(c, len(gpus), state, p2p, templates, found)
         if dropin is not None:
             dropins.append(dropin)

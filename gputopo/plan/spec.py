@@ -270,6 +270,14 @@ class Policy(Strict):
             "its next restart), one that gains GPUs on PVE 9 (devN hot-plug); always: stop and start it"
         ),
     )
+    hotplug_failure: Literal["restart", "rollback"] = Field(
+        "restart",
+        description=(
+            "A devN hot-plug Proxmox refuses while a container keeps running (container_restart: "
+            "auto, PVE 9): restart stops the container, makes the change and starts it again (as "
+            "a PVE 8 node needs anyway); rollback undoes the apply"
+        ),
+    )
     shutdown_timeout: int = Field(
         60,
         ge=1,

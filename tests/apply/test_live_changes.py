@@ -13,6 +13,7 @@ line of the service's main process, and the devN in its Proxmox config.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -344,3 +345,136 @@ def test_rollback_on_verify_failure_that_cannot_complete_says_so(new_host):
     res = recover(host.ports(), root=str(root), timeouts=T)
     assert res.status == "recovered"
     assert applysim.diff(before, applysim.fingerprint(host)) == []
+
+
+# --- a hot-plug that Proxmox refuses (PVE 9) ----------------------------------------------------
+
+HOTPLUG_ERROR = "unable to hotplug dev4: move_mount failed: Operation not permitted"
+
+
+def _rollback_on_hotplug_failure(text: str) -> str:
+    return text.replace("policy:\n", "policy:\n  hotplug_failure: rollback\n", 1)
+
+
+def _hotplug_fails(host) -> None:
+    """The next devN hot-plug into CT 101 fails: the first new key (dev4) of the grow's PUT."""
+    host.api.inject_hotplug_failure(101, message="move_mount failed: Operation not permitted")
+
+
+def _pending(host) -> dict[str, str]:
+    return parse_lxc_conf(host.paths.lxc_conf(101).read_text()).pending.options
+
+
+def test_a_refused_hot_plug_restarts_the_container_with_the_change(new_host):
+    """Proxmox answers a hot-plug that fails with 400 and writes nothing, but the other new devN
+    of that PUT are plugged already (pve-container LXC/Config.pm vmconfig_hotplug_pending goes on
+    after an error; API2/LXC/Config.pm update_vm raises before write_config). With
+    ``hotplug_failure: restart`` (the default) the step stops the container, makes the change and
+    starts it: it ends as a grow with ``container_restart: always`` would, and the step warns once,
+    naming the devN and Proxmox's error, in the progress and the journal."""
+    host, text = _live_grow_host(new_host)
+    twin, _ = _live_grow_host(new_host)
+    _apply(twin, _always(_grow(text)))  # the same grow, restarting the container
+    ct = Container(host.dir, 101)
+    booted = ct.booted_at()
+    _hotplug_fails(host)
+    notes = _Notes()
+    res = apply(parse_spec(_grow(text)), host.ports(), root=str(host.paths.root), timeouts=T, progress=notes)
+    assert res.status == "applied"
+    kinds = [a.kind for a in res.plan.actions]
+    assert "stop_guest" not in kinds and "start_guest" not in kinds  # planned live
+    assert ct.booted_at() != booted  # restarted by the fallback
+    assert _seen(host) == sorted(NUMA0 + NUMA1) and _tp(host) == "8" and _pending(host) == {}
+    assert applysim.diff(applysim.fingerprint(twin), applysim.fingerprint(host)) == []
+    said = [n for n in notes.notes if "could not hot-plug" in n]
+    assert len(said) == 1, notes.notes
+    assert re.fullmatch(
+        rf"step \d+: warning: CT 101: Proxmox could not hot-plug dev4 \(/dev/nvidia\d+\): {HOTPLUG_ERROR}; "
+        r"restarting CT 101 with the change \(policy.hotplug_failure: restart\)",
+        said[0],
+    ), said
+    done = [r for r in parse_journal(list_journals(host.paths.root)[-1].read_text()) if r.type == "done"]
+    journaled = [w for r in done for w in r.warnings if "could not hot-plug" in w]
+    assert journaled == [said[0].split(": warning: ", 1)[1]]
+
+
+def test_a_refused_hot_plug_rolls_back_where_the_policy_says_so(new_host):
+    """``hotplug_failure: rollback``: the container is not restarted for the change; the apply
+    rolls back, and the rollback restarts the container, which still sees the devN Proxmox did
+    plug (a hot-plugged device cannot leave a running container), so everything is as before."""
+    host, text = _live_grow_host(new_host)
+    ct = Container(host.dir, 101)
+    booted = ct.booted_at()
+    before = applysim.fingerprint(host)
+    _hotplug_fails(host)
+    notes = _Notes()
+    with pytest.raises(ApplyFailed) as e:
+        apply(
+            parse_spec(_rollback_on_hotplug_failure(_grow(text))),
+            host.ports(),
+            root=str(host.paths.root),
+            timeouts=T,
+            progress=notes,
+        )
+    assert e.value.rolled_back and e.value.exit_code == 1, str(e.value)
+    assert f"(dev4: {HOTPLUG_ERROR})" in str(e.value) and "\n" not in str(e.value), str(e.value)
+    assert applysim.diff(before, applysim.fingerprint(host)) == []
+    assert ct.booted_at() != booted and _pending(host) == {}
+    assert _seen(host) == NUMA0 and _tp(host) == "4"
+    said = [n for n in notes.notes if n.startswith("restarted CT 101")]
+    assert said and "hot-plugged" in said[0], notes.notes
+    recs = parse_journal(list_journals(host.paths.root)[-1].read_text())
+    failed = next(r for r in recs if r.type == "failed")
+    assert f"(dev4: {HOTPLUG_ERROR})" in failed.error
+    assert recs[-1].type == "end" and recs[-1].result == "rolled-back"
+
+
+def test_a_fallback_restart_that_fails_rolls_back(new_host):
+    """The container does not start again with the change (its start task fails): the step
+    fails and apply rolls back; the rollback puts the config back on the stopped container and
+    starts it as it was."""
+    host, text = _live_grow_host(new_host)
+    before = applysim.fingerprint(host)
+    _hotplug_fails(host)
+    host.api.inject_fault("vzstart", 101, "startup for container '101' failed")
+    with pytest.raises(ApplyFailed) as e:
+        apply(parse_spec(_grow(text)), host.ports(), root=str(host.paths.root), timeouts=T)
+    assert e.value.rolled_back and e.value.exit_code == 1, str(e.value)
+    assert "startup for container '101' failed" in str(e.value), str(e.value)
+    assert applysim.diff(before, applysim.fingerprint(host)) == []
+    assert _seen(host) == NUMA0 and _tp(host) == "4" and _pending(host) == {}
+
+
+def test_the_command_line_says_what_a_refused_hot_plug_did(new_host, capsys):
+    """Through ``gputopo apply``: the fallback exits 0 with the warning line after the step;
+    the rollback exits 1 with one error line quoting Proxmox's error, and ``history`` calls it
+    rolled back."""
+    from helpers.cli import run
+
+    for policy, code in (("restart", 0), ("rollback", 1)):
+        host, text = _live_grow_host(new_host)
+        spec = host.dir / "grow.yaml"
+        grow = _grow(text)
+        spec.write_text(grow if policy == "restart" else _rollback_on_hotplug_failure(grow))
+        _hotplug_fails(host)
+        got, out, err = run(
+            capsys, "apply", "--sim", str(host.dir), "--spec", str(spec), "--yes", "--no-verify"
+        )
+        assert got == code, (policy, out, err)
+        said = [ln for ln in (out + err).splitlines() if "hot-plug" in ln or "hotplug" in ln]
+        if policy == "restart":
+            assert len(said) == 1 and re.search(
+                rf"step \d+: warning: CT 101: Proxmox could not hot-plug dev4 \(/dev/nvidia\d+\): {HOTPLUG_ERROR}; "
+                r"restarting CT 101 with the change \(policy.hotplug_failure: restart\)$",
+                said[0],
+            ), out + err
+        else:
+            errors = [ln for ln in err.splitlines() if ln.startswith("gputopo: error:")]
+            assert len(errors) == 1 and errors[0].startswith("gputopo: error: apply failed at step "), err
+            assert errors[0].endswith(
+                f": PUT /nodes/pve1/lxc/101/config: 400 Parameter verification failed. (dev4: {HOTPLUG_ERROR}); "
+                "rolled back"
+            ), errors[0]
+            got, out, err = run(capsys, "history", "--sim", str(host.dir), "--json")
+            last = json.loads(out)["applies"][-1]
+            assert last["outcome"] == "rolled-back", last

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import requests
 from proxmoxer import ProxmoxAPI
+from proxmoxer.core import ResourceException
 from proxmoxer.tools import Tasks
 
 from gputopo.errors import SimHostError, TaskFailed
@@ -384,6 +385,42 @@ def test_new_dev_on_a_running_container_pending_or_hotplugged(tmp_path, version,
         _wait(api, ct.status.stop.post())
         _wait(api, ct.status.start.post())
         assert gpus() == 8  # a restart applies what was pending
+
+
+def test_a_failed_hot_plug_answers_400_writes_nothing_and_keeps_the_other_plugs(tmp_path):
+    """pve-container's vmconfig_hotplug_pending (LXC/Config.pm) records a devN that fails as
+    ``unable to hotplug devN: <die text>`` and goes on with the next one; update_vm
+    (API2/LXC/Config.pm) then answers 400 with those errors before write_config. The devN that
+    did plug stay in the running container; the config file is not touched."""
+    with SimHost.create(tmp_path / "sim", pve_version="9.1.2") as host:
+        api = _api(host)
+        ct = api.nodes("pve1").lxc(101)
+        sx = SimExec(host.dir)
+        _wait(api, ct.status.stop.post())
+        ct.config.put(delete="dev5,dev6,dev7")
+        _wait(api, ct.status.start.post())
+
+        def nodes():
+            out = sx.run(101, ["ls", "/dev"], timeout=5).stdout.split()
+            return sorted(n for n in out if re.fullmatch(r"nvidia\d+", n))
+
+        assert nodes() == [f"nvidia{m}" for m in range(5)]
+        conf = host.paths.lxc_conf(101).read_bytes()
+        host.api.inject_hotplug_failure(101, "dev21")
+        with pytest.raises(ResourceException) as e:
+            ct.config.put(dev20="/dev/nvidia5", dev21="/dev/nvidia6", dev22="/dev/nvidia7")
+        assert e.value.status_code == 400 and e.value.content == "Parameter verification failed."
+        assert e.value.errors == {
+            "dev21": "unable to hotplug dev21: move_mount failed: Operation not permitted\n"
+        }
+        assert host.paths.lxc_conf(101).read_bytes() == conf
+        assert nodes() == [f"nvidia{m}" for m in (0, 1, 2, 3, 4, 5, 7)]
+        # the fault was one failure: the same change plugs now
+        ct.config.put(dev20="/dev/nvidia5", dev21="/dev/nvidia6", dev22="/dev/nvidia7")
+        assert nodes() == [f"nvidia{m}" for m in range(8)]
+        assert {"dev20", "dev21", "dev22"} <= set(
+            parse_lxc_conf(host.paths.lxc_conf(101).read_text()).options
+        )
 
 
 def test_sim_create_takes_the_proxmox_release(tmp_path):

@@ -3,6 +3,10 @@
 A running container takes some keys at once (fast-plug), hot-plugs others and keeps the rest
 pending until its next start, as pve-container's LXC/Config.pm:update_pct_config decides; a
 PVE 9 node hot-plugs a new ``devN`` too. Only root@pam may configure device passthrough.
+
+A hot-plug can be made to fail (:meth:`GuestConfigHandlers.inject_hotplug_failure`); the PUT then
+answers as pve-container does: 400 with the devN's error, nothing written, and the other new devN
+of the same PUT hot-plugged all the same (the container keeps them until it restarts).
 """
 
 from __future__ import annotations
@@ -42,10 +46,37 @@ FASTPLUG = {
     "lock",
 }
 HOTPLUG = {"cpulimit", "cpuunits", "memory", "swap"}
+HOTPLUG_FAULTS = "hotplug-faults"  # run-state name: devN hot-plugs that fail
+# a failure device_passthrough_hotplug (pve-container src/PVE/LXC.pm l. 2336-2416) can die
+# with: the move_mount of the new node into the container's mount namespace refused (l. 2405)
+HOTPLUG_ERROR = "move_mount failed: Operation not permitted"
 
 
 class GuestConfigHandlers:
     """Guest config handlers of :class:`gputopo.sim.pveapi.PveApiServer` (a mixin)."""
+
+    def inject_hotplug_failure(
+        self, vmid: int, key: str | None = None, message: str = HOTPLUG_ERROR, count: int = 1
+    ) -> None:
+        """Make the next ``count`` hot-plugs of a new devN (``key``; any devN when None) into
+        running container ``vmid`` fail with ``message``, as ``device_passthrough_hotplug``
+        dies (``move_mount failed: ...``, ``failed to open pidfd of container ...``)."""
+        with state.locked(self.run_dir, HOTPLUG_FAULTS):
+            faults = state.read_state(self.run_dir, HOTPLUG_FAULTS, []) or []
+            faults.append({"vmid": vmid, "key": key, "message": message, "count": count})
+            state.write_state(self.run_dir, HOTPLUG_FAULTS, faults)
+
+    def _take_hotplug_fault(self, vmid: int, key: str) -> str | None:
+        if not (self.run_dir / f"{HOTPLUG_FAULTS}.json").exists():
+            return None
+        with state.locked(self.run_dir, HOTPLUG_FAULTS):
+            faults = state.read_state(self.run_dir, HOTPLUG_FAULTS, []) or []
+            for f in faults:
+                if f["vmid"] == vmid and f["key"] in (None, key) and f["count"] > 0:
+                    f["count"] -= 1
+                    state.write_state(self.run_dir, HOTPLUG_FAULTS, [x for x in faults if x["count"] > 0])
+                    return str(f["message"])
+        return None
 
     def _config_rel(self, kind: str, vmid: int) -> str:
         return f"nodes/{self.node}/{'lxc' if kind == 'lxc' else 'qemu-server'}/{vmid}.conf"
@@ -275,10 +306,26 @@ class GuestConfigHandlers:
             else:
                 pend.options.pop("delete", None)
             cleanup_pending(conf)
-            atomic_write(self.conf_path("lxc", vmid), write_lxc_conf(conf), PMXCFS_MODE)
+            # pve-container (94f5585) src/PVE/LXC/Config.pm vmconfig_hotplug_pending: each new
+            # devN in key order (l. 1702-1736, device_passthrough_hotplug), an error recorded as
+            # "unable to hotplug $opt: $msg" (l. 1630-1633, the die text with its newline) and
+            # the loop going on, the key left pending (l. 1740-1745); src/PVE/API2/LXC/Config.pm
+            # update_vm then raises them as parameter errors (l. 258-259, raise_param_exc: 400
+            # "Parameter verification failed.") before write_config (l. 261): nothing written,
+            # while the devN plugged before or after the failed one stay in the running container
+            errors = {}
+            for k, _ in sorted(plugged):
+                msg = self._take_hotplug_fault(vmid, k)
+                if msg is not None:
+                    errors[k] = f"unable to hotplug {k}: {msg.rstrip(chr(10))}\n"
+            plugged = [(k, v) for k, v in sorted(plugged) if k not in errors]
+            if not errors:
+                atomic_write(self.conf_path("lxc", vmid), write_lxc_conf(conf), PMXCFS_MODE)
         for k, v in plugged:
             if self.hooks is not None and hasattr(self.hooks, "on_lxc_hotplug"):
                 self.hooks.on_lxc_hotplug(vmid, k, v)
+        if errors:
+            raise param_error(errors)
         return None
 
 
