@@ -3,7 +3,9 @@
 Set and delete only what changes, guarded by the digest read right before the PUT. GPUs coming
 back from vfio-pci are listed in ``resolve``: their ``/dev/nvidiaN`` minors exist only once nvidia
 has bound them in the switch phase (minors do not follow bus order and cannot be guessed), so
-their entries are computed here, from the minors read at that moment.
+their entries are computed here, from the minors read at that moment, and their nodes made
+(:meth:`UpdateContainer.make_device_nodes`): the nvidia driver binds a GPU without making its
+``/dev/nvidiaN``, and Proxmox refuses a devN whose node is missing.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from gputopo.actions import devnodes
 from gputopo.actions.base import (
     ActionModel,
     DiffContext,
@@ -22,8 +25,15 @@ from gputopo.actions.base import (
     World,
 )
 from gputopo.actions.guestconfig import ConfigBefore, GuestConfig
-from gputopo.errors import BindError
-from gputopo.formats.devn import by_dev_index, dev_sort, gpu_nodes, is_devn_key, resolve_devices
+from gputopo.errors import BindError, HostCommandError
+from gputopo.formats.devn import (
+    by_dev_index,
+    dev_path,
+    dev_sort,
+    gpu_nodes,
+    is_devn_key,
+    resolve_devices,
+)
 from gputopo.model.state import ContainerState
 
 
@@ -118,9 +128,10 @@ class UpdateContainer(ActionModel):
         read now. Raises BindError for a GPU without one."""
         if not self.resolve:
             return {}
+        minors = ctx.read_minors()
         try:
-            return resolve_devices(
-                cfg, self.set, self.delete, self.resolve, self.dev_gid, self.dev_mode, ctx.read_minors()
+            entries = resolve_devices(
+                cfg, self.set, self.delete, self.resolve, self.dev_gid, self.dev_mode, minors
             )
         except KeyError as e:
             address = e.args[0]
@@ -130,6 +141,26 @@ class UpdateContainer(ActionModel):
                 ctx.binder.driver_of(address),
                 f"no /dev/nvidia minor for CT {self.vmid} (proc/driver/nvidia/gpus/{address} missing)",
             ) from None
+        self.make_device_nodes(ctx, entries, minors)
+        return entries
+
+    def make_device_nodes(
+        self, ctx: StepContext, entries: dict[str, str], minors: dict[str, int | None]
+    ) -> None:
+        """Make the missing host nodes of ``entries`` (devN -> value) with nvidia-modprobe before
+        they are written: a GPU that came back to nvidia in the switch phase has no
+        ``/dev/nvidiaN`` until something makes it (:mod:`gputopo.actions.devnodes`). Raises
+        HostCommandError naming the node when it is still missing (the step fails and rolls back)."""
+        wanted = {
+            dev_path(v): f"CT {self.vmid} {k}"
+            for k, v in sorted(entries.items(), key=lambda kv: dev_sort(kv[0]))
+        }
+        on_nvidia = {m: a for a, m in minors.items() if m is not None}
+        made, problems = devnodes.make_nodes(ctx.ports.host, ctx.root, wanted, on_nvidia, ctx.timeouts.exec)
+        for line in made:
+            ctx.note(line)
+        if problems:
+            raise HostCommandError([devnodes.NVIDIA_MODPROBE], "; ".join(problems))
 
     def undo(self, before: ContainerBefore, ctx: StepContext) -> str:
         # every devN key: entries resolved at apply time are not in the journaled action
