@@ -93,14 +93,14 @@ def _stale_nodes(ctx: Context, vmid: int) -> list[str]:
     except GputopoError:
         return []
     on_nvidia = {g.minor for g in ctx.facts.gpus if g.driver == "nvidia" and g.minor is not None}
-    off = [f"{g.address} is on {g.driver or 'no driver'}" for g in ctx.facts.gpus if g.driver != "nvidia"]
+    off = [f"{g.address} on {g.driver or 'no driver'}" for g in ctx.facts.gpus if g.driver != "nvidia"]
     out = []
     for k, v in sorted(devs.items(), key=lambda kv: dev_sort(kv[0])):
         m = re.fullmatch(r"/dev/nvidia(\d+)", dev_path(v))
         if m and int(m.group(1)) not in on_nvidia:
-            gone = f"; {', '.join(off)}" if off else ""
+            gone = f" while {', '.join(off)}" if off else ""
             out.append(
-                f"CT {vmid}: {k} {dev_path(v)} reaches no GPU (no GPU on nvidia has minor {m.group(1)}{gone}); "
+                f"CT {vmid}: {k} {dev_path(v)} reaches no GPU (no GPU on nvidia has minor {m.group(1)}{gone}), "
                 f"remove {k} or bind its GPU back to nvidia"
             )
     return out

@@ -118,7 +118,9 @@ def test_without_nvidia_modprobe_the_split_is_refused_before_anything_stops(bare
         apply(_split(bare), bare.ports(), root=str(bare.paths.root))
     lines = e.value.problems
     assert any(
-        line.startswith("/dev/nvidiactl does not exist and 'nvidia-modprobe -c 255' did not make it (not found")
+        line.startswith(
+            "/dev/nvidiactl does not exist and 'nvidia-modprobe -c 255' did not make it (not found"
+        )
         and "install nvidia-modprobe" in line
         for line in lines
     ), lines
@@ -143,7 +145,9 @@ def test_gpus_back_on_nvidia_get_their_nodes_before_their_devn(host):
     config = ev.events.index("step update_container")
     last_rebind = max(i for i, e in enumerate(ev.events) if e == "step rebind")
     for m in NUMA1.values():
-        made = next(i for i, e in enumerate(ev.events) if e.startswith(f"note made /dev/nvidia{m} for CT 101"))
+        made = next(
+            i for i, e in enumerate(ev.events) if e.startswith(f"note made /dev/nvidia{m} for CT 101")
+        )
         assert last_rebind < made and config < made  # inside the config step, before its PUT
         assert ["nvidia-modprobe", "-c", str(m)] in SimHostCommands(host.dir).ran()
     fp = applysim.fingerprint(host)
