@@ -141,28 +141,33 @@ class UpdateContainer(ActionModel):
                 ctx.binder.driver_of(address),
                 f"no /dev/nvidia minor for CT {self.vmid} (proc/driver/nvidia/gpus/{address} missing)",
             ) from None
-        self.make_device_nodes(ctx, entries, minors)
+        problems = self.make_device_nodes(ctx, entries, minors)
+        if problems:
+            raise HostCommandError([devnodes.NVIDIA_MODPROBE], "; ".join(problems))
         return entries
 
     def make_device_nodes(
-        self, ctx: StepContext, entries: dict[str, str], minors: dict[str, int | None]
-    ) -> None:
+        self, ctx: StepContext, entries: dict[str, Any], minors: dict[str, int | None]
+    ) -> list[str]:
         """Make the missing host nodes of ``entries`` (devN -> value) with nvidia-modprobe before
-        they are written: a GPU that came back to nvidia in the switch phase has no
-        ``/dev/nvidiaN`` until something makes it (:mod:`gputopo.actions.devnodes`). Raises
-        HostCommandError naming the node when it is still missing (the step fails and rolls back)."""
+        they are written: a GPU that came back to nvidia has no ``/dev/nvidiaN`` until something
+        makes it (:mod:`gputopo.actions.devnodes`). ``minors``: address -> minor, read now.
+        Returns one line per node still missing, naming it and the fix."""
         wanted = {
-            dev_path(v): f"CT {self.vmid} {k}"
+            dev_path(str(v)): f"CT {self.vmid} {k}"
             for k, v in sorted(entries.items(), key=lambda kv: dev_sort(kv[0]))
+            if is_devn_key(k)
         }
         on_nvidia = {m: a for a, m in minors.items() if m is not None}
         made, problems = devnodes.make_nodes(ctx.ports.host, ctx.root, wanted, on_nvidia, ctx.timeouts.exec)
         for line in made:
             ctx.note(line)
-        if problems:
-            raise HostCommandError([devnodes.NVIDIA_MODPROBE], "; ".join(problems))
+        return problems
 
     def undo(self, before: ContainerBefore, ctx: StepContext) -> str:
+        # the nodes of the entries coming back, where missing (their GPUs are on nvidia again:
+        # this undo needs the drivers restored); one still missing fails the PUT with Proxmox's words
+        self.make_device_nodes(ctx, before.config, ctx.read_minors())
         # every devN key: entries resolved at apply time are not in the journaled action
         if not GuestConfig.lxc(ctx.ports.proxmox, self.vmid).restore(
             before.config, set(self.set) | set(self.delete), also=is_devn_key
@@ -174,8 +179,8 @@ class UpdateContainer(ActionModel):
         return {Resource("config", f"lxc/{self.vmid}")}
 
     def undo_needs(self) -> set[Resource]:
-        # Proxmox refuses a devN whose /dev node does not exist, and the nodes of GPUs coming
-        # back from vfio-pci appear only once nvidia has them again
+        # Proxmox refuses a devN whose /dev node does not exist, and the node of a GPU coming
+        # back from vfio-pci is made (make_device_nodes) only once nvidia has it again
         return {Resource("driver")}
 
     def expect(self, world: World) -> None:
