@@ -3,7 +3,9 @@
 Set and delete only what changes, guarded by the digest read right before the PUT. GPUs coming
 back from vfio-pci are listed in ``resolve``: their ``/dev/nvidiaN`` minors exist only once nvidia
 has bound them in the switch phase (minors do not follow bus order and cannot be guessed), so
-their entries are computed here, from the minors read at that moment.
+their entries are computed here, from the minors read at that moment, and their nodes made
+(:meth:`UpdateContainer.make_device_nodes`): the nvidia driver binds a GPU without making its
+``/dev/nvidiaN``, and Proxmox refuses a devN whose node is missing.
 
 A live change (``live``: the container keeps running) on PVE 9 hot-plugs each new devN; Proxmox
 answers a hot-plug that fails with 400 and writes nothing (pve-container API2/LXC/Config.pm
@@ -21,6 +23,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from gputopo.actions import devnodes
 from gputopo.actions.base import (
     ActionModel,
     DiffContext,
@@ -33,10 +36,11 @@ from gputopo.actions.base import (
 from gputopo.actions.guest import power, shutdown_command
 from gputopo.actions.guestconfig import ConfigBefore, GuestConfig, restore_args, set_args
 from gputopo.actions.shell import CommandContext, line, q
-from gputopo.errors import BindError, ProxmoxError
+from gputopo.errors import BindError, HostCommandError, ProxmoxError
 from gputopo.formats.devn import (
     by_dev_index,
     dev_entries,
+    dev_path,
     dev_sort,
     format_dev,
     free_dev_key,
@@ -192,9 +196,10 @@ class UpdateContainer(ActionModel):
         read now. Raises BindError for a GPU without one."""
         if not self.resolve:
             return {}
+        minors = ctx.read_minors()
         try:
-            return resolve_devices(
-                cfg, self.set, self.delete, self.resolve, self.dev_gid, self.dev_mode, ctx.read_minors()
+            entries = resolve_devices(
+                cfg, self.set, self.delete, self.resolve, self.dev_gid, self.dev_mode, minors
             )
         except KeyError as e:
             address = e.args[0]
@@ -204,6 +209,28 @@ class UpdateContainer(ActionModel):
                 ctx.binder.driver_of(address),
                 f"no /dev/nvidia minor for CT {self.vmid} (proc/driver/nvidia/gpus/{address} missing)",
             ) from None
+        problems = self.make_device_nodes(ctx, entries, minors)
+        if problems:
+            raise HostCommandError([devnodes.NVIDIA_MODPROBE], "; ".join(problems))
+        return entries
+
+    def make_device_nodes(
+        self, ctx: StepContext, entries: dict[str, Any], minors: dict[str, int | None]
+    ) -> list[str]:
+        """Make the missing host nodes of ``entries`` (devN -> value) with nvidia-modprobe before
+        they are written: a GPU that came back to nvidia has no ``/dev/nvidiaN`` until something
+        makes it (:mod:`gputopo.actions.devnodes`). ``minors``: address -> minor, read now.
+        Returns one line per node still missing, naming it and the fix."""
+        wanted = {
+            dev_path(str(v)): f"CT {self.vmid} {k}"
+            for k, v in sorted(entries.items(), key=lambda kv: dev_sort(kv[0]))
+            if is_devn_key(k)
+        }
+        on_nvidia = {m: a for a, m in minors.items() if m is not None}
+        made, problems = devnodes.make_nodes(ctx.ports.host, ctx.root, wanted, on_nvidia, ctx.timeouts.exec)
+        for said in made:
+            ctx.note(said)
+        return problems
 
     def _resolved_keys(self, cfg: dict[str, Any]) -> dict[str, str]:
         """GPU address -> the devN key its entry gets (:func:`resolve_devices`' choice: the
@@ -227,6 +254,9 @@ class UpdateContainer(ActionModel):
             var = "minor_" + address.replace(":", "_").replace(".", "_")
             info = f"/proc/driver/nvidia/gpus/{address}/information"
             out.append(f"{var}=$(sed -n 's/^Device Minor:[[:space:]]*//p' {q(info)})")
+            # nvidia binds a GPU without making its node; Proxmox refuses a devN whose node is
+            # missing (make_device_nodes does the same)
+            out.append(f'[ -e "/dev/nvidia${{{var}}}" ] || nvidia-modprobe -c "${{{var}}}"')
             value = format_dev("/dev/nvidia0", self.dev_gid, self.dev_mode)
             words += [f"--{key}", f'"/dev/nvidia${{{var}}}{value[len("/dev/nvidia0") :]}"']
         if self.lxc_add or self.lxc_remove:
@@ -262,6 +292,9 @@ class UpdateContainer(ActionModel):
         return out
 
     def undo(self, before: ContainerBefore, ctx: StepContext) -> str:
+        # the nodes of the entries coming back, where missing (their GPUs are on nvidia again:
+        # this undo needs the drivers restored); one still missing fails the PUT with Proxmox's words
+        self.make_device_nodes(ctx, before.config, ctx.read_minors())
         # every devN key: entries resolved at apply time are not in the journaled action
         restored = GuestConfig.lxc(ctx.ports.proxmox, self.vmid).restore(
             before.config, set(self.set) | set(self.delete), also=is_devn_key
@@ -285,8 +318,8 @@ class UpdateContainer(ActionModel):
         return restores
 
     def undo_needs(self) -> set[Resource]:
-        # Proxmox refuses a devN whose /dev node does not exist, and the nodes of GPUs coming
-        # back from vfio-pci appear only once nvidia has them again
+        # Proxmox refuses a devN whose /dev node does not exist, and the node of a GPU coming
+        # back from vfio-pci is made (make_device_nodes) only once nvidia has it again
         return {Resource("driver")}
 
     def expect(self, world: World) -> None:

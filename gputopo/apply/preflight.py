@@ -9,6 +9,14 @@ the journal's directory can be written);
 everything else is each step's own ``preflight`` (:mod:`gputopo.actions`): IOMMU and drivers for
 rebinds, processes holding a moving GPU (from ``<root>/proc``), running VMs outside the plan that
 use a moving device, the login's right to change ``devN``, a running container for a drop-in.
+
+Device nodes (:mod:`gputopo.actions.devnodes`): every NVIDIA node a container of the plan will
+be given (its ``devN`` entries after the plan, of every container the plan changes or starts)
+must exist on the host, since Proxmox refuses a ``devN`` whose node is missing and the nvidia
+driver makes none. Preflight refuses a missing node that ``nvidia-modprobe`` cannot make; the
+ones it can make, :func:`make_device_nodes` makes under the lock before the first step (the one
+change made before the journal: a node the driver's own user space would make on first use),
+and refuses, nothing stopped, when it did not make them.
 """
 
 from __future__ import annotations
@@ -16,12 +24,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from gputopo.actions import PreflightContext
+from gputopo.actions import PreflightContext, UpdateContainer
+from gputopo.actions.devnodes import is_nvidia_node, make_nodes, missing_nodes, node_command, refusal
 from gputopo.apply.journal import JOURNAL_DIR
 from gputopo.errors import ConfigError, PreflightError, ProxmoxError
 from gputopo.facts.host import node_name
 from gputopo.facts.pci import read_drm_nodes
 from gputopo.facts.procfs import read_holders
+from gputopo.formats.devn import dev_entries, dev_path, dev_sort, is_devn_key
 from gputopo.model.facts import Facts
 from gputopo.model.state import CurrentState
 from gputopo.plan.model import Plan
@@ -155,4 +165,53 @@ def preflight(
         )
     for a in p.actions:
         problems += a.preflight(ctx)
+    problems += _node_problems(p, facts, current, ports, root)
     return list(dict.fromkeys(problems))  # one line per problem, in the order found
+
+
+def container_nodes(p: Plan, current: CurrentState) -> dict[str, str]:
+    """Every NVIDIA device node a container of ``p`` will be given -> who names it first
+    (``CT 101 dev4``): the ``devN`` entries each container the plan changes has after its
+    change, and those of each container it starts. The nodes of GPUs coming back to nvidia are
+    not known before their bind (the container step makes them, :mod:`gputopo.actions.devnodes`)."""
+    devs: dict[int, dict[str, str]] = {}
+    for a in p.actions:
+        if isinstance(a, UpdateContainer):
+            ct = current.containers.get(a.vmid)
+            cfg = {k: v for k, v in dev_entries(ct.config if ct else {}).items() if k not in a.delete}
+            cfg.update({k: v for k, v in a.set.items() if is_devn_key(k)})
+            devs[a.vmid] = cfg
+    for a in p.actions:
+        g = a.started_guest()
+        if g is not None and g[0] == "lxc" and g[1] not in devs and g[1] in current.containers:
+            devs[g[1]] = dev_entries(current.containers[g[1]].config)
+    out: dict[str, str] = {}
+    for vmid, cfg in devs.items():
+        for k, v in sorted(cfg.items(), key=lambda kv: dev_sort(kv[0])):
+            path = dev_path(v)
+            if is_nvidia_node(path):
+                out.setdefault(path, f"CT {vmid} {k}")
+    return out
+
+
+def _nvidia_minors(facts: Facts) -> dict[int, str]:
+    return {g.minor: g.address for g in facts.gpus if g.driver == "nvidia" and g.minor is not None}
+
+
+def _node_problems(p: Plan, facts: Facts, current: CurrentState, ports: Ports, root: str) -> list[str]:
+    """The missing nodes no command of this apply can make (:func:`make_device_nodes` makes the rest)."""
+    wanted = container_nodes(p, current)
+    minors = _nvidia_minors(facts)
+    refused = (
+        refusal(path, wanted[path], node_command(path, minors, root), minors, ports.host is not None)
+        for path in missing_nodes(root, list(wanted))
+    )
+    return [r for r in refused if r is not None]
+
+
+def make_device_nodes(
+    p: Plan, facts: Facts, current: CurrentState, ports: Ports, root: str, timeout: float
+) -> tuple[list[str], list[str]]:
+    """Make the missing NVIDIA nodes the containers of ``p`` will be given, before anything
+    stops. Returns (what was made, one line each; the nodes still missing, one line each)."""
+    return make_nodes(ports.host, root, container_nodes(p, current), _nvidia_minors(facts), timeout)

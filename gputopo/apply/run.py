@@ -10,6 +10,8 @@ b. preflight (:mod:`gputopo.apply.preflight`): every problem is one line of a
 c. the host lock ``<root>/run/lock/gputopo.lock`` (a second apply gets LockHeld);
 d. facts and state are read again under the lock and planned again: a different plan means the
    host changed since it was checked and confirmed (:class:`HostChanged`); preflight again;
+   the NVIDIA device nodes the containers will be given are made where missing
+   (:func:`gputopo.apply.preflight.make_device_nodes`), or the apply is refused, nothing stopped;
 e. the steps (:mod:`gputopo.apply.runner`), each journaled with the state before it, so any
    failure, or a later :func:`recover` after a crash, can undo the completed steps in reverse
    from the journal alone, then restart what ran before.
@@ -44,7 +46,13 @@ from gputopo.apply.journal import (
 )
 from gputopo.apply.lock import HostLock
 from gputopo.apply.outcome import left_over, next_step, would_recover
-from gputopo.apply.preflight import check_recover_node, preflight, refuse_other_node, refuse_other_node_here
+from gputopo.apply.preflight import (
+    check_recover_node,
+    make_device_nodes,
+    preflight,
+    refuse_other_node,
+    refuse_other_node_here,
+)
 from gputopo.apply.progress import ApplyResult, Progress, Quiet
 from gputopo.apply.runner import Runner, running_before_of, step_context
 from gputopo.errors import (
@@ -252,6 +260,12 @@ def apply(
         # again under the lock: the operator may have read the plan for minutes, long enough
         # for a job to open a GPU that is about to move (its unbind would then hang)
         problems = preflight(p, facts, current, spec, ports, root, node)
+        if problems:
+            raise PreflightFailed(problems)
+        # the NVIDIA device nodes the containers will be given, made before anything stops
+        made, problems = make_device_nodes(p, facts, current, ports, root, t.exec)
+        for line in made:
+            progress.note(line)
         if problems:
             raise PreflightFailed(problems)
         running_before = running_before_of(list(p.actions), current)

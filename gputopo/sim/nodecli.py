@@ -16,7 +16,7 @@
 * ``pct exec VMID -- CMD...`` and ``pct push VMID FILE DEST [--perms MODE]`` are
   :class:`gputopo.sim.container.SimExec` (pct.pm ``exec``: lxc-attach; ``push``: the file
   opened on the host, created in the container with its permissions);
-* ``update-initramfs`` is :class:`gputopo.sim.hostcmd.SimHostCommands`.
+* ``update-initramfs`` and ``nvidia-modprobe`` are :class:`gputopo.sim.hostcmd.SimHostCommands`.
 
 Nothing here models the kernel's sysfs: a write to an attribute is the simulated kernel's
 (:class:`gputopo.sim.kernel.SimKernel`), and a shell's ``echo > file`` cannot reach it by
@@ -34,14 +34,14 @@ from pathlib import Path
 from gputopo.errors import GputopoError
 from gputopo.sim import state
 
-TOOLS = ("pct", "qm", "pvesh", "update-initramfs")
+TOOLS = ("pct", "qm", "pvesh", "update-initramfs", "nvidia-modprobe")
 ENV = "GPUTOPO_SIM_DIR"
 TIMEOUT = 600.0
 GUEST_VERBS = {"start": "status/start", "stop": "status/stop", "shutdown": "status/shutdown"}
 
 
 def install_tools(bin_dir: str | os.PathLike, sim_dir: str | os.PathLike) -> Path:
-    """Write ``pct``, ``qm``, ``pvesh`` and ``update-initramfs`` for the simulated host in
+    """Write ``pct``, ``qm``, ``pvesh``, ``update-initramfs`` and ``nvidia-modprobe`` for the simulated host in
     ``sim_dir`` into ``bin_dir`` (made if missing); returns ``bin_dir``."""
     out = Path(bin_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         return _pct(rest, sim_dir)
     if tool == "qm":
         return _guest("qm", rest, sim_dir)
-    if tool == "update-initramfs":
+    if tool in ("update-initramfs", "nvidia-modprobe"):
         from gputopo.sim.hostcmd import SimHostCommands
 
         res = SimHostCommands(sim_dir).run([tool, *rest], TIMEOUT)

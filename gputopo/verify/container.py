@@ -1,9 +1,13 @@
 """Check ``container``: inside each container ``nvidia-smi --query-gpu`` lists exactly its
 planned GPUs, matched by bus id (missing and extra ones named); GPU device entries whose removal
-waits for the container's next restart are a WARN naming them."""
+waits for the container's next restart are a WARN naming them; a ``devN`` whose
+``/dev/nvidiaN`` no GPU on nvidia has FAILs, naming the GPUs that are off nvidia: the node
+outlives its GPU's unbind (the driver never made it, so nothing removes it), so Proxmox still
+starts the container with a node that reaches no GPU."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from gputopo.errors import GputopoError
@@ -29,6 +33,7 @@ def check(ctx: Context) -> Check:
         if t is None:
             problems.append(f"CT {c.vmid}: no plan for it")
             continue
+        problems += _stale_nodes(ctx, c.vmid)
         planned = list(t.gpus)
         if not planned:
             parts.append(f"CT {c.vmid}: no GPUs planned")
@@ -78,3 +83,24 @@ def _pending_removals(ctx: Context, vmid: int) -> dict[str, str]:
         for k, v in sorted(now.items(), key=lambda kv: dev_sort(kv[0]))
         if is_nvidia_dev(v) and k not in merged
     }
+
+
+def _stale_nodes(ctx: Context, vmid: int) -> list[str]:
+    """One line per ``devN`` of container ``vmid`` (its config with pending changes) naming a
+    ``/dev/nvidiaN`` that no GPU on the nvidia driver has as its minor."""
+    try:
+        devs = dev_entries(ctx.ports.proxmox.lxc_config(vmid))
+    except GputopoError:
+        return []
+    on_nvidia = {g.minor for g in ctx.facts.gpus if g.driver == "nvidia" and g.minor is not None}
+    off = [f"{g.address} on {g.driver or 'no driver'}" for g in ctx.facts.gpus if g.driver != "nvidia"]
+    out = []
+    for k, v in sorted(devs.items(), key=lambda kv: dev_sort(kv[0])):
+        m = re.fullmatch(r"/dev/nvidia(\d+)", dev_path(v))
+        if m and int(m.group(1)) not in on_nvidia:
+            gone = f" while {', '.join(off)}" if off else ""
+            out.append(
+                f"CT {vmid}: {k} {dev_path(v)} reaches no GPU (no GPU on nvidia has minor {m.group(1)}{gone}), "
+                f"remove {k} or bind its GPU back to nvidia"
+            )
+    return out

@@ -7,7 +7,7 @@ on ``PATH``), with the real tools' syntax; everything else is the real shell and
 
 The one rewrite of the printed text (:func:`rewrite`): on a command's own line (never in its
 here-document body, never in a ``pct`` line, whose paths are the container's), the host paths
-``/etc/`` and ``/proc/`` become the simulated root's, and ``/sys/`` becomes a staging tree with
+``/etc/``, ``/proc/`` and ``/dev/nvidia*`` become the simulated root's, and ``/sys/`` becomes a staging tree with
 the simulated sysfs's directories. A shell's ``echo VALUE > /sys/...`` only writes a file, so
 after each command the bytes the shell wrote there are handed to the simulated kernel
 (:meth:`gputopo.sim.kernel.SimKernel.write`, what the kernel does on that write) and the staged
@@ -59,7 +59,7 @@ def sections(text: str) -> tuple[list[str], list[str]]:
     return commands(forward), commands(undo.partition("\n")[2])
 
 
-HOST_PATH = re.compile(r"(?<![\w/$.-])/(etc|proc|sys)/")
+HOST_PATH = re.compile(r"(?<![\w/$.-])/(etc|proc|sys|dev(?=/nvidia))/")  # not /dev/stdin
 
 
 def rewrite(command: str, root: Path, staging: Path) -> str:

@@ -1,8 +1,12 @@
 """What binding, unbinding and removing a device change in the tree (state lock held).
 
 Side effects appear and vanish as on a real host: nvidia creates
-``proc/driver/nvidia/gpus/<bdf>/information`` and ``dev/nvidia<minor>``; vfio-pci creates
-``dev/vfio/<group>`` while any member of the group is bound to it. A device that falls off the
+``proc/driver/nvidia/gpus/<bdf>/information``; vfio-pci creates ``dev/vfio/<group>`` while any
+member of the group is bound to it. nvidia makes no ``/dev`` node: its module only registers the
+character device region (open-gpu-kernel-modules ``kernel-open/nvidia/nv.c``
+nv_register_chrdev: register_chrdev_region and cdev_add, no device_create), so binding a GPU
+does not create ``dev/nvidia<minor>`` and unbinding does not remove it. The nodes come from
+udev rules or ``nvidia-modprobe`` (:mod:`gputopo.sim.hostcmd`). A device that falls off the
 bus loses its directory and links; a dead one reads 0xff from its config space.
 """
 
@@ -49,10 +53,8 @@ class TreeChanges:
         self._unlink(self._p(f"sys/bus/pci/devices/{addr}/driver"))
         self._unlink(self._p(f"sys/bus/pci/drivers/{drv}/{addr}"))
         if drv == "nvidia":
+            # its /dev/nvidia<minor> stays: the driver never made it (see the module docstring)
             shutil.rmtree(self._p(f"proc/driver/nvidia/gpus/{addr}"), ignore_errors=True)
-            m = st["minors"].get(addr)
-            if m is not None:
-                self._unlink(self._p(f"dev/nvidia{m}"))
         elif drv == "vfio-pci":
             g = self.group_of(addr)
             if g is not None and not any(
@@ -81,8 +83,6 @@ class TreeChanges:
         d = self._p(f"proc/driver/nvidia/gpus/{addr}")
         d.mkdir(parents=True, exist_ok=True)
         write_attr(d / "information", set_minor_line(text, minor))
-        self._p("dev").mkdir(exist_ok=True)
-        self._p(f"dev/nvidia{minor}").touch()
 
     def _remove_device(self, st: dict, addr: str) -> None:
         if not self._exists(addr):

@@ -250,6 +250,10 @@ class GuestConfigHandlers:
                 raise perm_error(dev_rule)
             for k, v in sets.items():
                 if is_devn_key(k):
+                    # pve-container LXC/Config.pm update_pct_config validates every devN set with
+                    # LXC/Tools.pm get_device_mode_and_rdev: stat() of the host path, "Device
+                    # $path does not exist" on ENOENT (the container's start checks the same,
+                    # LXC.pm update_lxc_config: gputopo.sim.guesthooks)
                     path = parse_dev_value(v)["path"]
                     if self.sysfs_root is not None and not os.path.exists(self.sysfs_root / path.lstrip("/")):
                         raise die(f"Device {path} does not exist")

@@ -1,0 +1,167 @@
+"""NVIDIA device nodes on a host where nothing made them: the nvidia driver makes none (a bind
+leaves ``/dev/nvidiaN`` absent), and Proxmox refuses a ``devN`` whose node is missing
+(pve-container LXC/Tools.pm get_device_mode_and_rdev). A split on a host made without ``/dev``
+nodes used to stop the container, rebind, and only then fail at the ``devN`` step and roll back.
+Now apply makes the nodes with ``nvidia-modprobe`` before anything stops, or refuses with
+nothing stopped when it cannot; a GPU that comes back to nvidia gets its node before its
+``devN``, and a node that cannot be made fails that step and rolls back. Judged by what runs
+(``applysim.fingerprint``) and by what ran on the host, in order."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from gputopo.apply import Progress, apply
+from gputopo.errors import ApplyFailed, PreflightFailed
+from gputopo.facts.discover import discover
+from gputopo.plan.spec import parse_spec
+from gputopo.plan.starter import init_spec
+from gputopo.sim.host import SimHost
+from gputopo.sim.hostcmd import SimHostCommands
+from gputopo.sim.hostroot import materialize
+from gputopo.sim.kernel import SimKernel
+from helpers import applysim
+from helpers.applysim import host, template  # noqa: F401 (fixtures)
+
+pytestmark = pytest.mark.slow  # applies on a simulated host, seconds each
+
+NUMA1 = {"0000:81:00.0": 4, "0000:91:00.0": 5, "0000:e1:00.0": 6, "0000:f1:00.0": 7}
+
+
+class Events(Progress):
+    """Every step start and note, in order."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+
+    def step_begin(self, index: int, total: int, action) -> None:
+        self.events.append(f"step {action.kind}")
+
+    def note(self, text: str) -> None:
+        self.events.append(f"note {text}")
+
+
+def _gpu_nodes(held: list[str]) -> list[str]:
+    """The /dev/nvidiaN of ``held`` (not the control nodes), by minor."""
+    return sorted((n for n in held if n.removeprefix("/dev/nvidia").isdigit()), key=lambda n: int(n[11:]))
+
+
+def _drop_nvidia_nodes(root: Path) -> None:
+    for p in (root / "dev").glob("nvidia*"):
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+
+
+@pytest.fixture(scope="module")
+def bare_template():
+    """A simulated host made from a root without any NVIDIA node (a snapshot taken before
+    anything opened a GPU): container 101 has no devN yet, its service runs on no GPU."""
+    base = Path(tempfile.mkdtemp(prefix="gputopo-bare-", dir=applysim.fast_tmp()))
+    root = materialize("seed", base / "root")
+    _drop_nvidia_nodes(root)
+    SimHost.create(base / "sim", root=root)
+    SimKernel(base / "sim/root").configure(time_scale=applysim.SCALE)
+    yield base / "sim"
+    applysim.cleanup(base)
+
+
+@pytest.fixture
+def bare(bare_template):
+    base = Path(tempfile.mkdtemp(prefix="gputopo-host-", dir=applysim.fast_tmp()))
+    h = applysim.copy_host(bare_template, base / "sim")
+    yield h
+    h.stop()
+    applysim.cleanup(base)
+
+
+def _split(h: SimHost):
+    return parse_spec(applysim.restarting(init_spec(discover(str(h.paths.root)))))
+
+
+def test_split_on_a_host_without_nodes_makes_them_before_anything_stops(bare):
+    root = bare.paths.root
+    ev = Events()
+    res = apply(_split(bare), bare.ports(), root=str(root), progress=ev)
+    assert res.status == "applied"
+    first_step = next(i for i, e in enumerate(ev.events) if e.startswith("step "))
+    made = [e for e in ev.events[:first_step] if e.startswith("note made /dev/")]
+    assert "note made /dev/nvidiactl for CT 101 dev4 (nvidia-modprobe -c 255)" in made
+    assert len(made) == 10  # the four NUMA-0 GPUs and the six control nodes, all before any step
+    ran = SimHostCommands(bare.dir).ran()
+    assert ["nvidia-modprobe", "-u", "-c", "0"] in ran
+    fp = applysim.fingerprint(bare)
+    assert fp["dev/nvidia"] == [
+        "nvidia-caps",
+        "nvidia-modeset",
+        "nvidia-uvm",
+        "nvidia-uvm-tools",
+        "nvidia0",
+        "nvidia1",
+        "nvidia2",
+        "nvidia3",
+        "nvidiactl",
+    ]
+    # what runs: the container, its service on the four NUMA-0 GPUs it now sees
+    assert fp["guests"]["lxc"]["101"] == "running"
+    assert fp["service"][0] == "active"
+    assert _gpu_nodes(fp["service"][2]) == ["/dev/nvidia0", "/dev/nvidia1", "/dev/nvidia2", "/dev/nvidia3"]
+    assert {"nvidiactl", "nvidia0", "nvidia3"} <= set(fp["ct:/dev"])
+
+
+def test_without_nvidia_modprobe_the_split_is_refused_before_anything_stops(bare):
+    SimHostCommands(bare.dir).uninstall("nvidia-modprobe")
+    before = applysim.fingerprint(bare)
+    with pytest.raises(PreflightFailed) as e:
+        apply(_split(bare), bare.ports(), root=str(bare.paths.root))
+    lines = e.value.problems
+    assert any(
+        line.startswith(
+            "/dev/nvidiactl does not exist and 'nvidia-modprobe -c 255' did not make it (not found"
+        )
+        and "install nvidia-modprobe" in line
+        for line in lines
+    ), lines
+    assert any(line.startswith("/dev/nvidia0 does not exist") for line in lines), lines
+    assert applysim.fingerprint(bare) == before  # nothing stopped, nothing rebound
+
+
+def _split_then_lose_numa1_nodes(h: SimHost):
+    root = h.paths.root
+    split = applysim.restarting(init_spec(discover(str(root))))
+    assert apply(parse_spec(split), h.ports(), root=str(root)).status == "applied"
+    for m in NUMA1.values():
+        (root / f"dev/nvidia{m}").unlink()  # as after a reboot with no udev rule for them
+    return parse_spec(applysim.reverse(split))
+
+
+def test_gpus_back_on_nvidia_get_their_nodes_before_their_devn(host):
+    back = _split_then_lose_numa1_nodes(host)
+    ev = Events()
+    res = apply(back, host.ports(), root=str(host.paths.root), progress=ev)
+    assert res.status == "applied"
+    config = ev.events.index("step update_container")
+    last_rebind = max(i for i, e in enumerate(ev.events) if e == "step rebind")
+    for m in NUMA1.values():
+        made = next(
+            i for i, e in enumerate(ev.events) if e.startswith(f"note made /dev/nvidia{m} for CT 101")
+        )
+        assert last_rebind < made and config < made  # inside the config step, before its PUT
+        assert ["nvidia-modprobe", "-c", str(m)] in SimHostCommands(host.dir).ran()
+    fp = applysim.fingerprint(host)
+    assert [f"nvidia{m}" for m in range(8)] == [n for n in fp["dev/nvidia"] if n[6:].isdigit()]
+    assert fp["service"][0] == "active"
+    assert _gpu_nodes(fp["service"][2]) == [f"/dev/nvidia{m}" for m in range(8)]
+
+
+def test_a_returning_gpus_node_that_cannot_be_made_fails_its_step_and_rolls_back(host):
+    back = _split_then_lose_numa1_nodes(host)
+    SimHostCommands(host.dir).uninstall("nvidia-modprobe")
+    before = applysim.fingerprint(host)
+    with pytest.raises(ApplyFailed) as e:
+        apply(back, host.ports(), root=str(host.paths.root))
+    assert e.value.rolled_back
+    assert "/dev/nvidia4 does not exist and 'nvidia-modprobe -c 4' did not make it" in str(e.value)
+    assert applysim.fingerprint(host) == before  # the GPUs are back on vfio-pci, VM and CT as they were
