@@ -11,23 +11,16 @@ from gputopo.formats.lxcconf import parse_lxc_conf
 from gputopo.formats.pcicfg import parse_pci_cfg
 from gputopo.ports import ProxmoxPort
 from gputopo.sim import state
-from gputopo.sim.hostroot import materialize
-from gputopo.sim.pveapi import PveApiServer, PveshSim
+from gputopo.sim.pveapi import PveshSim
+from helpers.simapi import api_server, seed_root  # noqa: F401 (fixtures)
 
 CT = "arch: amd64\nhostname: llm\nmemory: 4096\ndev0: /dev/nvidia0,gid=44,mode=0666\n"
 M81 = "id=10de:2bb5,iommugroup={g},node=pve1,path=0000:81:00.0,subsystem-id=10de:204e"
 
 
-@pytest.fixture(scope="module")
-def seed_root(tmp_path_factory):
-    return materialize("seed", tmp_path_factory.mktemp("seed") / "root")
-
-
 @pytest.fixture
 def srv(tmp_path, seed_root):
-    s = PveApiServer(tmp_path / "pve", tmp_path / "run", seed_root, auth_fail_delay=0.0)
-    s.write_conf("lxc", 101, CT)
-    s.write_conf("qemu", 200, "name: gpuvm\nmemory: 8192\n")
+    s = api_server(tmp_path, seed_root, {("lxc", 101): CT, ("qemu", 200): "name: gpuvm\nmemory: 8192\n"})
     s.start()
     yield s
     s.stop()

@@ -15,6 +15,7 @@ from gputopo.plan.mappings import map_entry
 from gputopo.plan.planner import plan
 from gputopo.plan.spec import parse_spec
 from gputopo.plan.vm.perms import check_writer
+from helpers.hosts import SPLIT_SPEC
 
 VM201 = {
     "bios": "ovmf",
@@ -26,22 +27,7 @@ VM201 = {
     "sockets": "1",
     "digest": "2" * 40,
 }
-SPEC = """\
-apiVersion: gputopo/v1
-kind: GpuTopology
-nodes:
-  - name: pve1
-    containers:
-      - vmid: 101
-        gpus: {numa: [0]}
-    vms:
-      mappings:
-        - name: pro6000-vm
-          gpus: {numa: [1]}
-      consumers:
-        - vmid: 201
-          mapping: pro6000-vm
-"""
+SPEC = SPLIT_SPEC + "      consumers:\n        - vmid: 201\n          mapping: pro6000-vm\n"
 
 
 @pytest.fixture(scope="module")

@@ -16,16 +16,12 @@ from gputopo.sim.container import SimExec, write_unit
 from gputopo.sim.hostroot import materialize
 from gputopo.sim.kernel import SimKernel
 from gputopo.sim.pveapi import PveApiServer, PveshSim
+from helpers.simapi import seed_root  # noqa: F401 (fixtures)
 
 CT = (
     "arch: amd64\nhostname: llm\nmemory: 4096\ndev0: /dev/nvidia0,gid=44,mode=0666\n"
     "\n[before-split]\narch: amd64\nhostname: llm-old\nmemory: 1024\n"
 )
-
-
-@pytest.fixture(scope="module")
-def seed_root(tmp_path_factory):
-    return materialize("seed", tmp_path_factory.mktemp("seed") / "root")
 
 
 @pytest.fixture

@@ -13,24 +13,17 @@ from proxmoxer.core import ResourceException
 
 from gputopo.formats.propstring import sha1_digest
 from gputopo.sim import state
-from gputopo.sim.hostroot import materialize
 from gputopo.sim.pveapi import PveApiServer
+from helpers.simapi import api_server, seed_root  # noqa: F401 (fixtures)
 
 CT = "arch: amd64\nhostname: llm\nmemory: 4096\nostype: ubuntu\n"
 VM = "bios: ovmf\ncores: 4\nmachine: q35\nmemory: 8192\n"
 STALE = "0" * 40
 
 
-@pytest.fixture(scope="module")
-def seed_root(tmp_path_factory):
-    return materialize("seed", tmp_path_factory.mktemp("seed") / "root")
-
-
 @pytest.fixture
 def srv(tmp_path, seed_root):
-    s = PveApiServer(tmp_path / "pve", tmp_path / "run", seed_root, auth_fail_delay=0.0)
-    s.write_conf("lxc", 101, CT)
-    s.write_conf("qemu", 201, VM)
+    s = api_server(tmp_path, seed_root, {("lxc", 101): CT, ("qemu", 201): VM})
     s.start()
     yield s
     s.stop()

@@ -12,8 +12,8 @@ from gputopo.adapters.credentials import ApiConfig
 from gputopo.adapters.proxmox import ProxmoxClient
 from gputopo.errors import ProxmoxError, TaskFailed, TaskTimeout
 from gputopo.sim.container.distro import lsb_release, start_warnings
-from gputopo.sim.hostroot import materialize
 from gputopo.sim.pveapi import PveApiServer, PveshSim
+from helpers.simapi import seed_root  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.slow  # guest tasks that wait out their timeouts (seconds each); the full run only
 
@@ -25,11 +25,6 @@ UBUNTU_WARNING = (
     "the minimum supported version it's likely to work OK, but full compatibility cannot be "
     "guaranteed. Please check for PVE system updates."
 )
-
-
-@pytest.fixture(scope="module")
-def seed_root(tmp_path_factory):
-    return materialize("seed", tmp_path_factory.mktemp("seed") / "root")
 
 
 class Hooks:

@@ -21,17 +21,12 @@ from gputopo.errors import ProxmoxError
 from gputopo.formats.lxcconf import parse_lxc_conf
 from gputopo.formats.pcicfg import parse_pci_cfg
 from gputopo.sim import state
-from gputopo.sim.hostroot import materialize
 from gputopo.sim.pveapi import PveApiServer, PveshSim
+from helpers.simapi import seed_root  # noqa: F401 (fixtures)
 
 # as pct writes it (keys sorted): a rewrite that changes nothing keeps the digest
 CT = "arch: amd64\ndev0: /dev/nvidia0,gid=44,mode=0666\nhostname: llm\nmemory: 4096\nostype: ubuntu\n"
 MAP = "id=10de:2bb5,iommugroup={g},node=pve1,path=0000:81:00.0,subsystem-id=10de:204e"
-
-
-@pytest.fixture(scope="module")
-def seed_root(tmp_path_factory):
-    return materialize("seed", tmp_path_factory.mktemp("seed") / "root")
 
 
 def _server(tmp_path, root, **kw) -> PveApiServer:

@@ -14,14 +14,10 @@ from gputopo.formats.propstring import sha1_digest
 from gputopo.sim import state
 from gputopo.sim.hostroot import materialize
 from gputopo.sim.pveapi import PveApiServer
+from helpers.simapi import seed_root  # noqa: F401 (fixtures)
 
 CT = "arch: amd64\nhostname: llm\nmemory: 4096\ndev0: /dev/nvidia0,gid=44,mode=0666\nlxc.cgroup2.devices.allow: c 195:* rwm\n"
 GOOD_MAP = "id=10de:2bb5,iommugroup={g},node=pve1,path={p},subsystem-id=10de:204e"
-
-
-@pytest.fixture(scope="module")
-def seed_root(tmp_path_factory):
-    return materialize("seed", tmp_path_factory.mktemp("seed") / "root")
 
 
 def _server(tmp_path: Path, root: Path, version: str = "8.4.1", hooks=None) -> PveApiServer:

@@ -13,9 +13,9 @@ import time
 import pytest
 
 from gputopo.sim import state
-from gputopo.sim.hostroot import materialize
 from gputopo.sim.pveapi import PveApiServer
 from gputopo.sim.pveapi.answers import ApiError
+from helpers.simapi import api_server, seed_root  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.slow  # each test waits out the HA manager's delay (about a second)
 
@@ -24,17 +24,9 @@ VM = "memory: 8192\nname: gpuvm\nostype: l26\n"
 CRM = 0.6  # the HA manager's delay here: it takes a request after 0.3 s, moves the guest at 0.6 s
 
 
-@pytest.fixture(scope="module")
-def seed_root(tmp_path_factory):
-    return materialize("seed", tmp_path_factory.mktemp("seed") / "root")
-
-
 @pytest.fixture
 def srv(tmp_path, seed_root):
-    s = PveApiServer(tmp_path / "pve", tmp_path / "run", seed_root, auth_fail_delay=0.0)
-    s.write_conf("lxc", 101, CT)
-    s.write_conf("lxc", 102, CT)
-    s.write_conf("qemu", 200, VM)
+    s = api_server(tmp_path, seed_root, {("lxc", 101): CT, ("lxc", 102): CT, ("qemu", 200): VM})
     (tmp_path / "pve/ha").mkdir()
     (tmp_path / "pve/ha/resources.cfg").write_text("ct: 101\n\tstate started\n\nvm: 200\n\tstate started\n")
     state.set_guest_status(tmp_path / "run", "lxc", 101, "running")
