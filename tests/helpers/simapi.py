@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import requests
 
 from gputopo.sim.hostroot import materialize
 from gputopo.sim.pveapi import PveApiServer
@@ -24,3 +25,18 @@ def api_server(tmp_path: Path, seed_root: Path, confs: dict[tuple[str, int], str
     for (kind, vmid), text in confs.items():
         s.write_conf(kind, vmid, text)
     return s
+
+
+def token_put(s: PveApiServer, path: str, body: str) -> requests.Response:
+    """A PUT of the raw form ``body`` to ``path`` with root's API token, as a client sends it
+    (``application/x-www-form-urlencoded``), for what proxmoxer would encode differently."""
+    return requests.put(
+        f"{s.url}{path}",
+        data=body.encode(),
+        timeout=10,
+        verify=str(s.ca_cert_path),
+        headers={
+            "Content-Type": "application/x-www-form-urlencoded",
+            "Authorization": f"PVEAPIToken={s.root_token_id}={s.root_token_secret}",
+        },
+    )

@@ -7,14 +7,13 @@ from __future__ import annotations
 from urllib.parse import urlencode
 
 import pytest
-import requests
 from proxmoxer import ProxmoxAPI
 from proxmoxer.core import ResourceException
 
 from gputopo.formats.propstring import sha1_digest
 from gputopo.sim import state
 from gputopo.sim.pveapi import PveApiServer
-from helpers.simapi import api_server, seed_root  # noqa: F401 (fixtures)
+from helpers.simapi import api_server, seed_root, token_put  # noqa: F401 (fixtures)
 
 CT = "arch: amd64\nhostname: llm\nmemory: 4096\nostype: ubuntu\n"
 VM = "bios: ovmf\ncores: 4\nmachine: q35\nmemory: 8192\n"
@@ -49,19 +48,6 @@ def _vm_text(s: PveApiServer) -> str:
     return s.conf_path("qemu", 201).read_text()
 
 
-def _token_put(s: PveApiServer, path: str, body: str) -> requests.Response:
-    return requests.put(
-        f"{s.url}{path}",
-        data=body.encode(),
-        timeout=10,
-        verify=str(s.ca_cert_path),
-        headers={
-            "Content-Type": "application/x-www-form-urlencoded",
-            "Authorization": f"PVEAPIToken={s.root_token_id}={s.root_token_secret}",
-        },
-    )
-
-
 # --- keys only root@pam may set (qemu-server API2/Qemu.pm $check_vm_modify_config_perm) ----------
 
 
@@ -77,7 +63,7 @@ def _token_put(s: PveApiServer, path: str, body: str) -> requests.Response:
 def test_a_token_of_root_cannot_set_a_root_only_key_and_gets_qemu_servers_500(srv, params, key):
     before = _vm_text(srv)
     body = urlencode({**params, "digest": sha1_digest(before)})
-    r = _token_put(srv, "/nodes/pve1/qemu/201/config", body)
+    r = token_put(srv, "/nodes/pve1/qemu/201/config", body)
     # a plain die: 500, the first line as the reason phrase, the whole text in the body
     assert r.status_code == 500
     assert r.reason == f"only root can set '{key}' config"
@@ -130,7 +116,7 @@ def test_a_put_with_only_a_digest_is_no_options_specified_before_the_digest_is_c
         ResourceException, getattr(_token_api(srv).nodes("pve1"), kind)(vmid).config.put, digest=STALE
     )
     assert (e.value.status_code, e.value.content) == (500, "no options specified")
-    r = _token_put(srv, f"/nodes/pve1/{kind}/{vmid}/config", f"digest={STALE}")
+    r = token_put(srv, f"/nodes/pve1/{kind}/{vmid}/config", f"digest={STALE}")
     assert r.json() == {"data": None, "message": "no options specified\n"}
     assert srv.conf_path(kind, vmid).read_text() == before
 

@@ -10,7 +10,6 @@ import ssl
 import time
 
 import pytest
-import requests
 from cryptography import x509
 from proxmoxer import ProxmoxAPI
 from proxmoxer.core import ResourceException
@@ -22,7 +21,7 @@ from gputopo.formats.lxcconf import parse_lxc_conf
 from gputopo.formats.pcicfg import parse_pci_cfg
 from gputopo.sim import state
 from gputopo.sim.pveapi import PveApiServer, PveshSim
-from helpers.simapi import seed_root  # noqa: F401 (fixtures)
+from helpers.simapi import seed_root, token_put  # noqa: F401 (fixtures)
 
 # as pct writes it (keys sorted): a rewrite that changes nothing keeps the digest
 CT = "arch: amd64\ndev0: /dev/nvidia0,gid=44,mode=0666\nhostname: llm\nmemory: 4096\nostype: ubuntu\n"
@@ -99,33 +98,20 @@ def test_a_401_is_answered_after_3_s_by_default_and_after_the_configured_delay(t
 # --- the form body ------------------------------------------------------------------------
 
 
-def _form_put(s: PveApiServer, path: str, body: str) -> requests.Response:
-    return requests.put(
-        f"{s.url}{path}",
-        data=body.encode(),
-        timeout=10,
-        verify=str(s.ca_cert_path),
-        headers={
-            "Content-Type": "application/x-www-form-urlencoded",
-            "Authorization": f"PVEAPIToken={s.root_token_id}={s.root_token_secret}",
-        },
-    )
-
-
 def test_an_unencoded_semicolon_in_a_form_body_separates_parameters(srv):
     # pve-http-server AnyEvent.pm decode_urlencoded splits the body on [&;]
-    r = _form_put(srv, "/nodes/pve1/lxc/101/config", "memory=1024;swap=256")
+    r = token_put(srv, "/nodes/pve1/lxc/101/config", "memory=1024;swap=256")
     assert r.status_code == 200, r.text
     opts = parse_lxc_conf((srv.pve_root / "lxc/101.conf").read_text()).options
     assert (opts["memory"], opts["swap"]) == ("1024", "256")
-    r = _form_put(srv, "/nodes/pve1/lxc/101/config", "description=GPUs;for the VM")
+    r = token_put(srv, "/nodes/pve1/lxc/101/config", "description=GPUs;for the VM")
     assert r.status_code == 400
     assert r.json()["errors"] == {
         "for the VM": "property is not defined in schema and the schema does not allow additional properties"
     }
     # encoded, the same text is one value
     assert (
-        _form_put(srv, "/nodes/pve1/lxc/101/config", "description=GPUs%3Bfor%20the%20VM").status_code == 200
+        token_put(srv, "/nodes/pve1/lxc/101/config", "description=GPUs%3Bfor%20the%20VM").status_code == 200
     )
 
 
