@@ -274,26 +274,3 @@ def test_a_failing_node_stops_the_rollout_with_its_reason(cluster, tmp_path):
     assert "\n" not in failed["msg"] and failed["msg"].startswith("apply failed at step ")
     assert "rolled back" in failed["msg"]
     assert report["stats"]["pve2"]["failures"] == 1 and "pve3" not in report["stats"]
-
-
-def test_the_module_documents_itself_for_ansible_doc():
-    doc = Path(ansible_playbook()).parent / "ansible-doc"
-    res = subprocess.run(
-        [str(doc) if doc.exists() else "ansible-doc", "--json", "gputopo.proxmox.topology"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(REPO)),
-    )
-    assert res.returncode == 0, res.stderr
-    info = json.loads(res.stdout)["gputopo.proxmox.topology"]["doc"]
-    assert set(info["options"]) == {
-        "spec",
-        "spec_content",
-        "node",
-        "verify",
-        "sim",
-        "api_url",
-        "sysfs_timeout",
-        "executable",
-    }

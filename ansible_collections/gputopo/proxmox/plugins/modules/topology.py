@@ -17,7 +17,7 @@ description:
     C(gputopo verify). C(changed) is true only when steps ran (a plan holding only the HA
     placement of the VMs using this node's GPUs is a change too); a second run on a converged
     node changes nothing.
-  - With O(verify=true) a node that needs no change is verified as well (C(gputopo verify)):
+  - With O(verify=true) a node that needs no change is verified as well (C(gputopo verify));
     a FAIL there fails the task with C(changed=false).
   - A failure reports the one-line reason gputopo gives (C(msg)), naming this module's options
     where gputopo names its own command-line options, and gputopo's exit status (C(rc)).
@@ -86,7 +86,7 @@ options:
     description:
       - Check the API's TLS certificate (against the system's CAs, O(ca_bundle), or the pinned
         O(fingerprint)).
-      - V(false) checks nothing: anyone on the way can read the credentials (the task warns).
+      - "V(false) checks nothing: anyone on the way can read the credentials (the task warns)."
     type: bool
     default: true
   ca_bundle:
@@ -130,7 +130,7 @@ attributes:
 requirements:
   - gputopo on the managed node (the version the cluster runs)
 author:
-  - gputopo
+  - gputopo (@gputopo)
 """
 
 EXAMPLES = r"""
@@ -376,7 +376,7 @@ class Gputopo:
         if rc not in allowed:
             self.fail(argv, rc, out, err)
         try:
-            return rc, json.loads(out)
+            return json.loads(out)
         except ValueError:
             self.module.fail_json(
                 msg="gputopo %s printed no JSON" % command[0], rc=rc, stdout=out, stderr=err, cmd=argv
@@ -429,7 +429,7 @@ def main():
 def run(module, g):
     p = module.params
     result = g.result
-    _, plan = g.json(["plan", "--json"])
+    plan = g.json(["plan", "--json"])
     for w in plan.get("warnings", []):
         g.warn(w)
     result.update(
@@ -439,7 +439,7 @@ def run(module, g):
         status="check",
     )
     if module._diff:
-        _, report = g.json(["diff", "--json"])
+        report = g.json(["diff", "--json"])
         result["diff"] = file_diffs(report.get("changes", {}))
     if module.check_mode:
         result["changed"] = not plan.get("no_changes", True)
