@@ -1,8 +1,9 @@
 """The Ansible collection, run by real ansible-core: the example playbook (serial 1, max fail 0)
 with the gputopo.proxmox.topology module against a simulated cluster (local connection, each
-host's commands on its simulated node). Check mode plans and changes nothing, --diff shows files
-before and after, a run applies, a second run changes nothing, a failing node stops the rollout
-with gputopo's one-line reason.
+host's commands on its simulated node). The issue's rollout: check mode with --diff plans and
+changes nothing (the spec passed as content: no copy on the node yet), a run applies every node
+and places HA, a second run changes nothing, and the cluster shows no difference; a failing node
+stops the rollout with gputopo's one-line reason.
 
 Skips without ansible-core (pip install 'gputopo[test]'), unless GPUTOPO_REQUIRE_ANSIBLE=1.
 """
@@ -228,8 +229,9 @@ def test_check_diff_then_apply_then_again_writes_ha_and_leaves_no_difference(pve
         else:
             rules = [r for r in ha_sections(cluster, "rules.cfg").values() if r["type"] == "node-affinity"]
             for sid in vms:
-                (rule,) = [r for r in rules if sid in r["resources"].split(",")]
-                assert (rule["nodes"], rule.get("strict")) == ("pve1,pve2", "1"), (sid, rule)
+                found = [r for r in rules if sid in r["resources"].split(",")]
+                assert len(found) == 1, (sid, rules)
+                assert (found[0]["nodes"], found[0].get("strict")) == ("pve1,pve2", "1"), (sid, found)
         ha_applied = ha_files(cluster)
 
         # a second run changes nothing anywhere, HA included (and verifies every node again)
