@@ -272,3 +272,14 @@ def test_every_return_in_every_mode_the_plans_warnings_and_verify_without_change
     # verify=false: the task only says the node needs no change
     unchecked, _ = run_module(tmp_path, {**args, "verify": False})
     assert not unchecked.get("failed") and (unchecked["changed"], unchecked["verify"]) == (False, {})
+
+
+def test_a_bad_spec_content_and_a_wrong_node_are_named_as_the_task_names_them(sim, tmp_path):
+    bad = "apiVersion: gputopo/v1\nkind: GpuTopology\nnodes:\n  - name: pve1\n    bogus: 1\n"
+    got, _ = run_module(tmp_path, {"spec_content": bad, "sim": str(sim.dir)}, check=True)
+    assert got["failed"] is True and got["rc"] == 2
+    assert got["msg"] == "spec_content: nodes[0].bogus: unknown key"  # not the temporary file's path
+    got, _ = run_module(
+        tmp_path, {"spec": str(spec_file(sim)), "sim": str(sim.dir), "node": "pve7"}, check=True
+    )
+    assert got["msg"] == f"node pve7: the simulated host in {sim.dir} is node pve1"

@@ -225,9 +225,14 @@ ENV_TOKEN = "GPUTOPO_PVE_TOKEN"
 ENV_TOKEN_SECRET = "GPUTOPO_PVE_TOKEN_SECRET"
 
 
-def module_words(text, params):
-    """``text`` (gputopo's words) naming this module's options where gputopo names its own."""
+def module_words(text, params, spec_file=None):
+    """``text`` (gputopo's words) naming this module's options where gputopo names its own;
+    ``spec_file``: the temporary file holding O(spec_content), named as that option."""
+    if spec_file:
+        text = text.replace(spec_file, "spec_content")
     words = [
+        ("--node", "node"),
+        ("--sim", "sim"),
         ("--ca-bundle", "ca_bundle"),
         ("--fingerprint", "fingerprint"),
         ("--insecure", "validate_certs=false"),
@@ -338,8 +343,9 @@ def environment(p):
 class Gputopo:
     """Runs gputopo commands for one task: failures in the module's words, warnings collected."""
 
-    def __init__(self, module, exe, common):
+    def __init__(self, module, exe, common, spec_file=None):
         self.module = module
+        self.spec_file = spec_file
         self.exe = exe
         self.common = common
         self.env = environment(module.params)
@@ -347,7 +353,7 @@ class Gputopo:
         self.warned = []
 
     def warn(self, text):
-        text = module_words(text, self.module.params)
+        text = module_words(text, self.module.params, self.spec_file)
         if text not in self.warned:
             self.warned.append(text)
             self.module.warn(text)
@@ -363,7 +369,7 @@ class Gputopo:
         data = dict(self.result)
         data.update(extra)
         self.module.fail_json(
-            msg=module_words(one_line(err, out, rc), self.module.params),
+            msg=module_words(one_line(err, out, rc), self.module.params, self.spec_file),
             rc=rc,
             stdout=out,
             stderr=err,
@@ -420,7 +426,7 @@ def main():
         spec = tmp
     try:
         common = ["--spec", spec] + source_args(p) + (["--node", p["node"]] if p["node"] else [])
-        run(module, Gputopo(module, exe, common))
+        run(module, Gputopo(module, exe, common, spec_file=tmp))
     finally:
         if tmp is not None:
             os.unlink(tmp)
