@@ -119,6 +119,15 @@ class SimKernel(StateFile, Faults, PciTree, TreeChanges, Matching, EventLog):
                 return self._remove_id(drv, value)
         elif prel == "sys/bus/pci" and name == "drivers_probe":
             return self._drivers_probe(bus_name(value))
+        elif prel == "sys/bus/pci" and name == "rescan":
+            # rescan_store (drivers/pci/pci-sysfs.c): kstrtoul(buf, 0) or EINVAL; 0 does nothing
+            val = parse_kstrtoul(value)
+            if val is None:
+                raise Fail(errno.EINVAL)
+            if val:
+                for addr in self._rescan():
+                    self._drivers_probe(addr)
+            return None
         elif name in ("driver_override", "remove") and (parent / "vendor").exists():
             addr = parent.name
             if name == "driver_override":
