@@ -156,7 +156,7 @@ FAULTS: dict[str, Fault] = {
         Fault(
             "service-fails",
             "the inference service fails to start (crashes during startup) until healed",
-            "apply fails at the service's start and rolls back",
+            "apply stops at the service's start: it does not start again (exit 3), recover once healed",
             *_container("service_fails", message="RuntimeError: server crashed during startup"),
         ),
         Fault(
