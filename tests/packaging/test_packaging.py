@@ -234,7 +234,7 @@ def test_the_bash_completion_script_completes_commands_and_options(tmp_path):
     assert p.stdout.splitlines() == [
         "complete -o nosort -F _gputopo_completion gputopo",
         "gputopo di -> diff discover",
-        "gputopo sim c -> create",
+        "gputopo sim c -> cluster-ssh create",
         "gputopo apply --sp -> --spec",
     ]
 
