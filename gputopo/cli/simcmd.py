@@ -468,8 +468,8 @@ def break_(
 @click.argument("words", nargs=-1, required=True, metavar="[FAULT] DIR")
 @_fault_options
 def heal(words: tuple[str, ...], node: str | None) -> None:
-    """Take FAULT (every fault when none is named) out of the simulated host in DIR, or of a
-    cluster's node with --node."""
+    """Take FAULT (every fault when none is named) out of the simulated host in DIR, or out of
+    a simulated cluster's nodes (--node: that one alone)."""
     from gputopo.errors import ConfigError
     from gputopo.sim import faults
 

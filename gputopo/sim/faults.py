@@ -246,7 +246,12 @@ def put(dir, name: str, node: str | None = None, **opts: Any) -> str:
 
 
 def take(dir, name: str | None = None, node: str | None = None) -> list[str]:
-    """Heal ``name`` (every active fault when None); returns the names healed."""
+    """Heal ``name`` (every active fault when None); returns the names healed. On a cluster
+    without ``node``: on every node, each name healed then given as ``NODE: NAME``."""
+    from gputopo.sim.cluster import SimCluster
+
+    if node is None and SimCluster.is_cluster(dir):
+        return [f"{n}: {f}" for n in SimCluster(dir).nodes for f in take(dir, name, n)]
     host, in_cluster = target(dir, node)
     names = [name] if name is not None else [n for n, f in FAULTS.items() if not f.cluster_only or in_cluster]
     healed = []

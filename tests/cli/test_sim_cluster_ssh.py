@@ -152,6 +152,26 @@ def test_cluster_ssh_serves_each_node_until_sigterm_and_breaks_a_node_on_request
     assert all(refused(cluster.addresses[n], p) for n, p in served.ports.items())
 
 
+@pytest.mark.slow
+def test_a_killed_cluster_ssh_leaves_no_server_and_the_next_one_takes_over(cluster):
+    require_sshd()
+    first = Served(cluster.dir)
+    assert first.stop(signal.SIGKILL)[0] == -signal.SIGKILL
+    # each sshd goes with the command that started it
+    assert wait_for(lambda: all(refused(cluster.addresses[n], p) for n, p in first.ports.items()))
+    second = Served(cluster.dir)
+    try:
+        ok = subprocess.run(
+            ["ssh", "-F", str(cluster.dir / "ssh_config"), "pve1", "--", "gputopo", "--version"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert ok.returncode == 0, ok.stderr
+    finally:
+        assert second.stop()[0] == 0
+
+
 def test_cluster_ssh_refuses_in_one_line_without_sshd_or_root(capsys, cluster, monkeypatch):
     import gputopo.sim.cluster.sshd as sshd
 
@@ -208,6 +228,13 @@ def test_break_on_a_cluster_needs_a_node(capsys, cluster):
     assert code == 0 and out.startswith("broke wrong-answer: CT 103: ")  # pve3's own container
     code, out, _ = run(capsys, "sim", "heal", "--node", "pve3", str(cluster.dir))
     assert (code, out) == (0, "healed: wrong-answer\n")
+    # without --node, heal takes every fault out of every node
+    for node in ("pve1", "pve3"):
+        assert run(capsys, "sim", "break", "wrong-answer", "--node", node, str(cluster.dir))[0] == 0
+    assert run(capsys, "sim", "break", "node-unreachable", "--node", "pve2", str(cluster.dir))[0] == 0
+    code, out, _ = run(capsys, "sim", "heal", str(cluster.dir))
+    assert (code, out) == (0, "healed: pve1: wrong-answer, pve2: node-unreachable, pve3: wrong-answer\n")
+    assert run(capsys, "sim", "heal", str(cluster.dir))[1] == "nothing to heal\n"
 
 
 # --- init --sim <cluster dir> --------------------------------------------------------------------

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -94,8 +95,9 @@ class SshNodes:
     """One real sshd per node of ``cluster`` (a :class:`gputopo.sim.cluster.SimCluster`);
     ``config`` is the client's ssh_config, written in ``workdir`` with the servers' files."""
 
-    def __init__(self, cluster, workdir: Path, keys: Path):
+    def __init__(self, cluster, workdir: Path, keys: Path, die_with_parent: bool = False):
         self.cluster = cluster
+        self.die_with_parent = die_with_parent
         self.dir = Path(workdir)
         self.keys = Path(keys)
         self.procs: dict[str, subprocess.Popen] = {}
@@ -174,7 +176,11 @@ class SshNodes:
         conf.write_text("\n".join(lines) + "\n")
         with open(self.dir / f"sshd-{node}.log", "w") as log:
             self.procs[node] = subprocess.Popen(
-                [SSHD, "-D", "-e", "-f", str(conf)], stdout=log, stderr=log, stdin=subprocess.DEVNULL
+                [SSHD, "-D", "-e", "-f", str(conf)],
+                stdout=log,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=_die_with_parent if self.die_with_parent else None,
             )
 
     def stop(self, node: str | None = None) -> None:
@@ -197,6 +203,15 @@ class SshNodes:
         self._wait(node)
 
 
+def _die_with_parent() -> None:
+    """In the child before sshd runs: SIGTERM it when the process that started it ends, however
+    it ends (prctl(2) PR_SET_PDEATHSIG), so a killed ``sim cluster-ssh`` leaves no server behind."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def serve(cluster, stop, on_ready=None, poll: float = 0.5) -> None:
     """Serve ``cluster`` over SSH until ``stop`` (a threading.Event) is set: the keys (made once,
     kept in ``DIR/run/ssh/keys``), one sshd per node and ``DIR/ssh_config``. ``on_ready(nodes)``
@@ -217,7 +232,7 @@ def serve(cluster, stop, on_ready=None, poll: float = 0.5) -> None:
     if not all((keys / f).is_file() for f in ["user", *(f"host-{n}" for n in cluster.nodes)]):
         shutil.rmtree(keys, ignore_errors=True)
         make_keys(work, cluster.nodes)
-    nodes = SshNodes(cluster, work, keys)
+    nodes = SshNodes(cluster, work, keys, die_with_parent=True)
     try:
         nodes.start()
     except RuntimeError as e:
@@ -234,7 +249,10 @@ def serve(cluster, stop, on_ready=None, poll: float = 0.5) -> None:
                 if down and node in nodes.procs:
                     nodes.stop(node)
                 elif not down and node not in nodes.procs:
-                    nodes.restart(node)
+                    try:
+                        nodes.restart(node)
+                    except RuntimeError as e:
+                        raise SimHostError(str(cluster.dir), str(e)) from None
     finally:
         nodes.stop()
         (cluster.dir / "ssh_config").unlink(missing_ok=True)
