@@ -90,6 +90,14 @@ def _gpu_gone(host) -> bool:
 def _hotplug_put(host, opts: dict) -> str:
     from gputopo.sim.pveapi.guest_config import add_hotplug_fault
 
+    if int(host.version.split(".")[0]) < 9:
+        # before PVE 9 a new devN of a running container waits for its restart (pending): there
+        # is no hot-plug to fail (gputopo.sim.pveapi.guest_config, update of a running container)
+        raise SimHostError(
+            str(host.dir),
+            f"hotplug-fails: Proxmox VE {host.version} does not hot-plug devN into a running container "
+            "(sim create --pve-version 9.1.2 makes a node that does)",
+        )
     add_hotplug_fault(host.paths.run, host.container, count=None)
     return f"CT {host.container}: every hot-plug of a new devN fails"
 

@@ -21,6 +21,8 @@ from helpers.applysim import SCALE, cleanup, copy_host, fast_tmp, fingerprint, r
 from helpers.applysim import diff as fp_diff
 from helpers.cli import one_line, run
 
+pytestmark = pytest.mark.slow  # a simulated host per test, its API served for most commands
+
 README = TESTS.parent / "README.md"
 
 
@@ -89,6 +91,8 @@ def test_bad_input_is_one_line_and_breaks_nothing(capsys, templates, tmp_path):
             "no PCI device 0000:09:00.0",
         ),
         (["sim", "heal", "melted", str(host.dir)], "melted: unknown fault"),
+        (["sim", "break", "hotplug-fails", str(host.dir)], "Proxmox VE 8.4.1 does not hot-plug devN"),
+        (["sim", "break", str(host.dir)], "usage: gputopo sim break FAULT [--node NODE] DIR"),
         (["sim", "break", "wrong-answer", str(tmp_path)], "not a simulated host"),
     ):
         code, _, err = run(capsys, *argv)
@@ -99,7 +103,6 @@ def test_bad_input_is_one_line_and_breaks_nothing(capsys, templates, tmp_path):
     assert (code, out.strip()) == (0, "nothing to heal")
 
 
-@pytest.mark.slow
 def test_wrong_answer_fails_verify_and_heals(capsys, templates, tmp_path):
     host, d = _host(templates, tmp_path, capsys)
     assert _check(capsys, host, d / "back.yaml", "inference")["status"] == "PASS"
@@ -112,7 +115,6 @@ def test_wrong_answer_fails_verify_and_heals(capsys, templates, tmp_path):
     assert _check(capsys, host, d / "back.yaml", "inference")["status"] == "PASS"
 
 
-@pytest.mark.slow
 def test_a_hung_endpoint_fails_verify_after_its_timeout_and_heals(capsys, templates, tmp_path):
     host, d = _host(templates, tmp_path, capsys)
     spec = d / "back.yaml"
@@ -124,7 +126,6 @@ def test_a_hung_endpoint_fails_verify_after_its_timeout_and_heals(capsys, templa
     assert _check(capsys, host, spec, "inference")["status"] == "PASS"
 
 
-@pytest.mark.slow
 def test_a_gpu_off_the_bus_is_missed_then_a_rescan_brings_it_back(capsys, templates, tmp_path):
     host, d = _host(templates, tmp_path, capsys)
     before = fingerprint(host)
@@ -144,7 +145,6 @@ def test_a_gpu_off_the_bus_is_missed_then_a_rescan_brings_it_back(capsys, templa
     assert "Mapping pro6000-vm: 4 device(s)" in out
 
 
-@pytest.mark.slow
 def test_a_service_that_fails_to_start_needs_a_human_until_healed(capsys, templates, tmp_path):
     """It fails every start, the rollback's too: apply says so (exit 3) and names what to do;
     healed, recover starts the service as it was, and the apply goes through."""
@@ -167,7 +167,6 @@ def test_a_service_that_fails_to_start_needs_a_human_until_healed(capsys, templa
     assert main.endswith("--tp 4") and len(held) >= 4
 
 
-@pytest.mark.slow
 def test_a_slow_vm_shutdown_times_out_the_apply_until_healed(capsys, templates, tmp_path):
     host, d = _host(templates, tmp_path, capsys)
     with state.locked(host.paths.run, "latencies"):  # one of Proxmox's seconds lasts 10 ms here
@@ -187,7 +186,6 @@ def test_a_slow_vm_shutdown_times_out_the_apply_until_healed(capsys, templates, 
     assert "hostpci" not in (host.paths.pve / "nodes/pve1/qemu-server/201.conf").read_text()
 
 
-@pytest.mark.slow
 def test_a_failed_hot_plug_restarts_the_container_until_healed(capsys, templates, tmp_path):
     host, d = _host(templates, tmp_path, capsys, version="9.1.2")
     # the split restarts the container, so its devN are gone and the grow hot-plugs new ones

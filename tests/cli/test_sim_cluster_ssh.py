@@ -27,6 +27,8 @@ from helpers.applysim import fingerprint
 from helpers.cli import one_line, run
 from helpers.clusterharness import cleanup, copy_cluster, make_template, require_sshd
 
+pytestmark = pytest.mark.slow  # a simulated cluster per test, real sshd for some; the full run only
+
 README = TESTS.parent / "README.md"
 
 
@@ -108,7 +110,6 @@ def spec_of(cluster, tmp_path: Path) -> Path:
 # --- sim cluster-ssh ---------------------------------------------------------------------------
 
 
-@pytest.mark.slow
 def test_cluster_ssh_serves_each_node_until_sigterm_and_breaks_a_node_on_request(cluster, tmp_path):
     require_sshd()
     served = Served(cluster.dir)
@@ -152,7 +153,6 @@ def test_cluster_ssh_serves_each_node_until_sigterm_and_breaks_a_node_on_request
     assert all(refused(cluster.addresses[n], p) for n, p in served.ports.items())
 
 
-@pytest.mark.slow
 def test_a_killed_cluster_ssh_leaves_no_server_and_the_next_one_takes_over(cluster):
     require_sshd()
     first = Served(cluster.dir)
@@ -201,7 +201,6 @@ def test_cluster_ssh_of_a_host_directory_is_refused(capsys, tmp_path):
 # --- node-unreachable without sshd: the node's shell refuses -------------------------------------
 
 
-@pytest.mark.slow
 def test_an_unreachable_node_stops_the_plan_naming_it_until_healed(cluster, tmp_path):
     spec = spec_of(cluster, tmp_path)
     common = ["--sim", str(cluster.dir), "--spec", str(spec)]
@@ -240,7 +239,6 @@ def test_break_on_a_cluster_needs_a_node(capsys, cluster):
 # --- init --sim <cluster dir> --------------------------------------------------------------------
 
 
-@pytest.mark.slow
 def test_init_on_a_cluster_writes_every_node_and_cluster_plan_takes_it(cluster, tmp_path):
     spec = spec_of(cluster, tmp_path)
     doc = yaml.safe_load(spec.read_text())
@@ -291,7 +289,6 @@ def _ports_hidden(text: str) -> str:
     return re.sub(r" port \d+", " port N", text)
 
 
-@pytest.mark.slow
 def test_the_readme_cluster_walkthrough_runs_as_written(tmp_path):
     require_sshd()
     steps: list[tuple[str, list[str]]] = []
