@@ -65,8 +65,10 @@ def _kernel(host):
 
 
 def _gpu_off(host, opts: dict) -> str:
+    from gputopo.facts.discover import discover
+
     kernel = _kernel(host)
-    gpus = [a for a in kernel._addresses() if kernel._driver(a) == "nvidia"]
+    gpus = [g.address for g in discover(str(host.paths.root)).gpus if g.driver == "nvidia"]
     address = opts.get("address")
     if address is None:
         if not gpus:
@@ -84,7 +86,7 @@ def _gpu_rescan(host) -> None:
 
 
 def _gpu_gone(host) -> bool:
-    return bool(_kernel(host)._read_state().get("removed"))
+    return bool(_kernel(host).removed())
 
 
 def _hotplug_put(host, opts: dict) -> str:
