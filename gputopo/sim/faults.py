@@ -41,6 +41,7 @@ class Fault:
     take: Callable[[Any], None]
     active: Callable[[Any], bool]
     cluster_only: bool = False
+    options: tuple[str, ...] = ()  # what put() takes: address, seconds
 
 
 def _container(what: str, **defaults: Any):
@@ -180,6 +181,7 @@ FAULTS: dict[str, Fault] = {
             "the inference endpoint accepts requests and never answers (--seconds, default an hour)",
             "verify's smoke test FAILs after its timeout",
             *_container("hung_endpoint", seconds=3600.0),
+            options=("seconds",),
         ),
         Fault(
             "gpu-missing",
@@ -188,6 +190,7 @@ FAULTS: dict[str, Fault] = {
             _gpu_off,
             _gpu_rescan,
             _gpu_gone,
+            options=("address",),
         ),
         Fault(
             "hotplug-fails",
@@ -204,6 +207,7 @@ FAULTS: dict[str, Fault] = {
             _slow_put,
             _slow_take,
             _slow_active,
+            options=("seconds",),
         ),
         Fault(
             "node-unreachable",
@@ -247,6 +251,10 @@ def target(dir, node: str | None):
 def put(dir, name: str, node: str | None = None, **opts: Any) -> str:
     """Break ``name`` in the host in ``dir`` (or its ``node``); returns what was done."""
     f = fault(name)
+    for option in opts:
+        if option not in f.options:
+            takers = [n for n, g in FAULTS.items() if option in g.options]
+            raise SimHostError(name, f"--{option} is for {' and '.join(takers)}, not {name}")
     host, in_cluster = target(dir, node)
     if f.cluster_only and not in_cluster:
         raise SimHostError(
