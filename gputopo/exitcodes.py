@@ -114,7 +114,7 @@ COMMANDS: dict[str, dict[int, str]] = {
     },
     "demo": {OK: "the demo ran", FAILED: "a step of the demo failed", **_COMMON},
     "sim": {
-        OK: "done (serve: stopped by Ctrl-C or SIGTERM)",
+        OK: "done (serve, cluster-ssh: stopped by Ctrl-C or SIGTERM)",
         FAILED: "guest: the start or stop task failed",
         **_COMMON,
         NOTHING_CHANGED: "bad input (guest: no such guest, or Proxmox refused it: already running)",

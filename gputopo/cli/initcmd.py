@@ -81,22 +81,34 @@ def init(
 ):
     """Write a commented starter spec for this host: the split asked for, the service found
     inside the container (exit 2 for an option the spec would refuse, or a host that cannot be
-    split that way)."""
-    from gputopo.plan.starter import init_spec
-
+    split that way). With --sim on a simulated cluster (sim create --nodes N DIR): one entry per
+    node, each with that node's container and service, for 'gputopo cluster plan'; --node
+    writes that node's entry alone."""
+    options = dict(
+        container=container,
+        vm_mapping=vm_mapping,
+        container_mapping=container_mapping,
+        service_unit=service_unit,
+        tp_flag=tp_flag,
+        vm=vm,
+    )
     if output:
         refuse_existing(Path(output), force)
+    if conn.sim is not None and _is_cluster(conn.sim):
+        _emit(_cluster_spec(conn, split, options), output, force)
+        return
+    _emit(_node_spec(conn, split, options), output, force)
+
+
+def _node_spec(conn: Connection, split: str, options: dict) -> str:
+    """The starter spec of the one host ``conn`` reaches."""
+    from gputopo.plan.starter import init_spec
+
+    container = options["container"]
     ports = source_ports(conn, default_node=conn.node)
+    options = dict(options)
     try:
         facts = read_facts(host_root(conn))
-        options = dict(
-            container=container,
-            vm_mapping=vm_mapping,
-            container_mapping=container_mapping,
-            service_unit=service_unit,
-            tp_flag=tp_flag,
-            vm=vm,
-        )
         if ports is not None:
             require_container(ports, container)
             find_service(ports, container, options)
@@ -105,7 +117,55 @@ def init(
             ports.close()
     options.update(split=split, node=conn.node)
     quick_spec(facts, **options)  # the starter must be a spec plan accepts: check the options first
-    _emit(init_spec(facts, **options), output, force)
+    return init_spec(facts, **options)
+
+
+def _is_cluster(sim: str) -> bool:
+    from gputopo.sim.cluster import SimCluster
+
+    return SimCluster.is_cluster(sim)
+
+
+def _cluster_spec(conn: Connection, split: str, options: dict) -> str:
+    """One spec for the simulated cluster in ``conn.sim``: each node's starter entry (its own
+    container unless --container is given, the service found in it), the policy and verify
+    blocks once. Raises ConfigError for --vm without --node (a VM belongs to one node), and
+    what a node's starter raises."""
+    from dataclasses import replace
+
+    from click.core import ParameterSource
+
+    from gputopo.errors import ConfigError
+    from gputopo.sim.cluster import SimCluster
+
+    cluster = SimCluster(conn.sim)
+    nodes = [conn.node] if conn.node else cluster.nodes
+    for n in nodes:
+        cluster.node_dir(n)  # an unknown --node: SimHostError naming the members
+    if options["vm"] is not None and conn.node is None:
+        raise ConfigError("--vm names one node's VM: give --node with it on a simulated cluster")
+    given = click.get_current_context().get_parameter_source("container") == ParameterSource.COMMANDLINE
+    texts = []
+    for n in nodes:
+        node_conn = replace(conn, sim=str(cluster.node_dir(n)), node=n)
+        ct = options["container"] if given else cluster.container(n)
+        texts.append(_node_spec(node_conn, split, {**options, "container": ct}))
+    head, tail = _split_nodes(texts[0])
+    entries = [_split_nodes(t)[1][0] for t in texts]
+    intro = [
+        f"# A simulated cluster of {len(cluster.nodes)} nodes ({', '.join(cluster.nodes)}): one entry per node",
+        "# below. Check it with `gputopo cluster plan --sim DIR --spec FILE` (add --ssh-config).",
+    ]
+    return "\n".join(intro + head + [line for e in entries for line in e] + tail[1]) + "\n"
+
+
+def _split_nodes(text: str) -> tuple[list[str], tuple[list[str], list[str]]]:
+    """A starter spec's lines: (up to its first node entry), (that node's entry, from policy on)."""
+    lines = text.rstrip("\n").split("\n")
+    first = next(i for i, line in enumerate(lines) if line.startswith("  - name: "))
+    # the comment above the entry stays with the head
+    policy = lines.index("policy:")
+    return lines[:first], (lines[first:policy], lines[policy:])
 
 
 @click.command()

@@ -45,11 +45,12 @@ class ServeRecord:
         self._fd = -1
 
 
-def claim(run_dir: Path, where: str) -> ServeRecord:
+def claim(run_dir: Path, where: str, record: str = RECORD, by: str = "gputopo sim serve") -> ServeRecord:
     """Take the serving of the host whose state is in ``run_dir``. Raises SimHostError (exit 2)
     naming the server that holds it (pid, URL) while that one runs; a record whose server is
-    gone is taken over."""
-    path = Path(run_dir) / RECORD
+    gone is taken over. ``record`` and ``by``: another kind of server's record file and name
+    (``gputopo sim cluster-ssh``)."""
+    path = Path(run_dir) / record
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -59,7 +60,7 @@ def claim(run_dir: Path, where: str) -> ServeRecord:
         who = f"pid {holder.get('pid', '?')}" + (f" at {holder['url']}" if holder.get("url") else "")
         raise SimHostError(
             where,
-            f"already served by 'gputopo sim serve' ({who}); use that one, or stop it first",
+            f"already served by '{by}' ({who}); use that one, or stop it first",
         ) from None
     return ServeRecord(fd, path)
 

@@ -171,6 +171,9 @@ def test_a_man_page_for_every_command_with_its_options(tmp_path):
     want |= {
         "gputopo-sim-create.1",
         "gputopo-sim-serve.1",
+        "gputopo-sim-cluster-ssh.1",
+        "gputopo-sim-break.1",
+        "gputopo-sim-heal.1",
         "gputopo-sim-guest.1",
         *(f"gputopo-sim-guest-{verb}.1" for verb in ("start", "stop", "status")),
         "gputopo-fixtures-build.1",
@@ -231,7 +234,7 @@ def test_the_bash_completion_script_completes_commands_and_options(tmp_path):
     assert p.stdout.splitlines() == [
         "complete -o nosort -F _gputopo_completion gputopo",
         "gputopo di -> diff discover",
-        "gputopo sim c -> create",
+        "gputopo sim c -> cluster-ssh create",
         "gputopo apply --sp -> --spec",
     ]
 

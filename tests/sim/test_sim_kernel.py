@@ -379,6 +379,30 @@ def test_fall_off_removes_device_and_links(kern: SimKernel, root: Path) -> None:
     assert PRO[1] in kern._read_state()["removed"]
 
 
+def test_a_rescan_brings_back_a_device_that_fell_off_or_was_removed(kern: SimKernel, root: Path) -> None:
+    """rescan_store (drivers/pci/pci-sysfs.c): the device is found again, a new pci_dev (no
+    driver_override), and probed: on the driver that matches it, its links as before."""
+    group = kern.group_of(PRO[1])
+    kern.write(f"sys/bus/pci/devices/{PRO[1]}/driver_override", "vfio-pci")
+    kern.inject(PRO[1], "unbind", "fall_off")
+    assert err_of(kern, "sys/bus/pci/drivers/nvidia/unbind", PRO[1]) == errno.ENODEV
+    kern.write(f"sys/bus/pci/devices/{PRO[2]}/remove", "1")
+    assert err_of(kern, "sys/bus/pci/rescan", "x") == errno.EINVAL
+    kern.write("sys/bus/pci/rescan", "0")  # does nothing
+    assert not os.path.lexists(root / f"sys/bus/pci/devices/{PRO[1]}")
+    kern.write("sys/bus/pci/rescan", "1")
+    for addr in PRO[1:3]:
+        assert driver(root, addr) == "nvidia"
+        assert (root / f"sys/bus/pci/drivers/nvidia/{addr}").resolve() == (
+            root / f"sys/bus/pci/devices/{addr}"
+        ).resolve()
+        assert parse_override((root / f"sys/bus/pci/devices/{addr}/driver_override").read_text()) is None
+    assert os.path.lexists(root / f"sys/kernel/iommu_groups/{group}/devices/{PRO[1]}")
+    assert kern._read_state()["removed"] == []
+    kern.write("sys/bus/pci/rescan", "1")  # nothing left to find: nothing changes
+    assert driver(root, PRO[1]) == "nvidia"
+
+
 def test_dead_device_reads_ff(kern: SimKernel, root: Path) -> None:
     kern.kill_device(PRO[2])
     dev = root / f"sys/bus/pci/devices/{PRO[2]}"

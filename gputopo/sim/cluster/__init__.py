@@ -4,7 +4,10 @@ node that answers for all of them, and each node's shell as SSH reaches it.
 * :mod:`.build`: :func:`create_cluster` (``gputopo sim create --nodes N DIR``);
 * :mod:`.cluster`: :class:`SimCluster` (members, the API of any node, a local node shell);
 * :mod:`.peers`: the members one node's API server forwards node paths to;
-* :mod:`.nodeshell`: what ``ssh root@<node> -- COMMAND`` runs on a simulated node.
+* :mod:`.nodeshell`: what ``ssh root@<node> -- COMMAND`` runs on a simulated node;
+* :mod:`.sshd`: a real sshd per node on loopback and the ssh_config that reaches them
+  (``gputopo sim cluster-ssh DIR``);
+* :mod:`.reach`: a node broken to refuse SSH (``gputopo sim break node-unreachable``).
 
 The names are imported when first used: the node shell starts for every SSH command and needs
 none of them.

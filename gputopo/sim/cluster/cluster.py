@@ -108,4 +108,8 @@ class LocalNodeShell:
             )
         except subprocess.TimeoutExpired:
             raise NodeUnreachable(node, f"no answer within {timeout:g} s") from None
+        said = p.stderr.strip().splitlines()
+        if p.returncode == 255 and said and said[-1].startswith("ssh: "):
+            # the node refuses connections (sim break node-unreachable): what ssh says
+            raise NodeUnreachable(node, said[-1])
         return ExecResult(p.returncode, p.stdout, p.stderr)

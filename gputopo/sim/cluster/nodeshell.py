@@ -118,6 +118,13 @@ def main(argv: list[str] | None = None) -> None:
         sys.stderr.write("usage: python -m gputopo.sim.cluster.nodeshell NODE_DIR [COMMAND...]\n")
         sys.exit(2)
     node_dir = Path(argv[0]).resolve()
+    from gputopo.sim.cluster.reach import refusal, unreachable
+
+    if unreachable(node_dir):
+        # broken with 'gputopo sim break node-unreachable': as the client says for a node that
+        # refuses the connection (reach.py)
+        sys.stderr.write(refusal(node_dir) + "\n")
+        sys.exit(255)
     command = os.environ.get("SSH_ORIGINAL_COMMAND")
     words = shlex.split(command) if command is not None else argv[1:]
     code = run(node_dir, words)

@@ -4,7 +4,7 @@
 ``/sys`` when userspace writes the PCI driver attributes. Its parts:
 
 * :mod:`.bind`: :class:`SimKernel` and what each write does (bind, unbind, drivers_probe,
-  new_id, remove_id, driver_override, remove), with the kernel sources each rule follows;
+  new_id, remove_id, driver_override, remove, rescan), with the kernel sources each rule follows;
 * :mod:`.match`: which driver matches a device (id tables, dynamic ids, driver_override);
 * :mod:`.tree`: reading the PCI tree (addresses, drivers, ids, IOMMU groups, holders);
 * :mod:`.attach`: what binding, unbinding and removal change in the tree (links, nvidia's

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from gputopo.sim.files import atomic_write
 from gputopo.sim.kernel.nvidia import nvidia_information, set_minor_line
+from gputopo.sim.kernel.statefile import STATE_DIR
 
 
 class TreeChanges:
@@ -92,12 +93,47 @@ class TreeChanges:
             self._detach(st, addr, drv)
         dev = self._devdir(addr)
         g = self.group_of(addr)
+        # what a rescan finds again (the hardware is still in its slot): the device's attributes
+        stash = self._p(f"{STATE_DIR}/removed/{addr}")
+        shutil.rmtree(stash, ignore_errors=True)
+        shutil.copytree(dev, stash, symlinks=True)
+        st.setdefault("removed_at", {})[addr] = dev.relative_to(os.path.realpath(self._root)).as_posix()
         if g is not None:
             self._unlink(self._p(f"sys/kernel/iommu_groups/{g}/devices/{addr}"))
         self._unlink(self._p(f"sys/bus/pci/devices/{addr}"))
         shutil.rmtree(dev, ignore_errors=True)
         if addr not in st["removed"]:
             st["removed"].append(addr)
+
+    def _rescan(self) -> list[str]:
+        """``echo 1 > /sys/bus/pci/rescan``: the devices removed (or fallen off the bus) come back
+        with their directory and links, and are probed. Returns their addresses.
+
+        The kernel's rescan_store (drivers/pci/pci-sysfs.c) calls pci_rescan_bus for every root
+        bus (drivers/pci/probe.c: pci_scan_child_bus finds the device again,
+        pci_bus_add_devices -> pci_bus_add_device -> device_initial_probe binds the driver that
+        matches, as at boot). The pci_dev is a new one (pci_alloc_dev), so its driver_override is
+        unset again.
+        """
+        back = []
+        with self._state() as st:
+            at = st.setdefault("removed_at", {})
+            for addr in list(st["removed"]):
+                stash = self._p(f"{STATE_DIR}/removed/{addr}")
+                if addr not in at or not stash.is_dir():
+                    continue
+                dev = self._p(at.pop(addr))
+                shutil.copytree(stash, dev, symlinks=True, dirs_exist_ok=True)
+                shutil.rmtree(stash, ignore_errors=True)
+                if (dev / "driver_override").exists():
+                    write_attr(dev / "driver_override", "(null)\n")
+                self._link(self._p(f"sys/bus/pci/devices/{addr}"), dev)
+                g = self.group_of(addr)
+                if g is not None:
+                    self._link(self._p(f"sys/kernel/iommu_groups/{g}/devices/{addr}"), dev)
+                st["removed"].remove(addr)
+                back.append(addr)
+        return back
 
     def _make_dead(self, addr: str) -> None:
         base = self._devdir(addr)

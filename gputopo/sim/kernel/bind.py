@@ -18,6 +18,8 @@ drivers/pci/pci-driver.c and fs/sysfs/file.c:
   that now matches (pci_add_dynid -> driver_attach); EEXIST when the id already matches.
 * ``remove`` (remove_store): ``kstrtoul(buf, 0)`` or EINVAL; a non-zero number unbinds the
   driver and removes the device, ``0`` does nothing.
+* ``rescan`` (rescan_store, drivers/pci/pci-sysfs.c): the same parsing; a non-zero number finds
+  every removed device (or one that fell off the bus) again and probes it (pci_rescan_bus).
 * Writing below a driver directory that does not exist (a driver that is not loaded) fails
   with ENOENT, as opening a missing file does.
 
@@ -119,6 +121,15 @@ class SimKernel(StateFile, Faults, PciTree, TreeChanges, Matching, EventLog):
                 return self._remove_id(drv, value)
         elif prel == "sys/bus/pci" and name == "drivers_probe":
             return self._drivers_probe(bus_name(value))
+        elif prel == "sys/bus/pci" and name == "rescan":
+            # rescan_store (drivers/pci/pci-sysfs.c): kstrtoul(buf, 0) or EINVAL; 0 does nothing
+            val = parse_kstrtoul(value)
+            if val is None:
+                raise Fail(errno.EINVAL)
+            if val:
+                for addr in self._rescan():
+                    self._drivers_probe(addr)
+            return None
         elif name in ("driver_override", "remove") and (parent / "vendor").exists():
             addr = parent.name
             if name == "driver_override":

@@ -108,6 +108,10 @@ class Faults:
                 raise KeyError(address)
             self._remove_device(st, address)
 
+    def removed(self) -> list[str]:
+        """The devices removed or fallen off the bus, which a rescan would find again."""
+        return list(self._read_state().get("removed", []))
+
     def kill_device(self, address: str) -> None:
         """The device stops answering (config space reads 0xff); it stays bound and listed."""
         with self._state():

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 from typing import Any
 
 from gputopo.formats.devn import is_devn_key
@@ -56,15 +57,13 @@ class GuestConfigHandlers:
     """Guest config handlers of :class:`gputopo.sim.pveapi.PveApiServer` (a mixin)."""
 
     def inject_hotplug_failure(
-        self, vmid: int, key: str | None = None, message: str = HOTPLUG_ERROR, count: int = 1
+        self, vmid: int, key: str | None = None, message: str = HOTPLUG_ERROR, count: int | None = 1
     ) -> None:
-        """Make the next ``count`` hot-plugs of a new devN (``key``; any devN when None) into
-        running container ``vmid`` fail with ``message``, as ``device_passthrough_hotplug``
-        dies (``move_mount failed: ...``, ``failed to open pidfd of container ...``)."""
-        with state.locked(self.run_dir, HOTPLUG_FAULTS):
-            faults = state.read_state(self.run_dir, HOTPLUG_FAULTS, []) or []
-            faults.append({"vmid": vmid, "key": key, "message": message, "count": count})
-            state.write_state(self.run_dir, HOTPLUG_FAULTS, faults)
+        """Make the next ``count`` hot-plugs (every one until healed when None) of a new devN
+        (``key``; any devN when None) into running container ``vmid`` fail with ``message``, as
+        ``device_passthrough_hotplug`` dies (``move_mount failed: ...``, ``failed to open pidfd of
+        container ...``)."""
+        add_hotplug_fault(self.run_dir, vmid, key, message, count)
 
     def _take_hotplug_fault(self, vmid: int, key: str) -> str | None:
         if not (self.run_dir / f"{HOTPLUG_FAULTS}.json").exists():
@@ -72,9 +71,11 @@ class GuestConfigHandlers:
         with state.locked(self.run_dir, HOTPLUG_FAULTS):
             faults = state.read_state(self.run_dir, HOTPLUG_FAULTS, []) or []
             for f in faults:
-                if f["vmid"] == vmid and f["key"] in (None, key) and f["count"] > 0:
-                    f["count"] -= 1
-                    state.write_state(self.run_dir, HOTPLUG_FAULTS, [x for x in faults if x["count"] > 0])
+                if f["vmid"] == vmid and f["key"] in (None, key) and (f["count"] is None or f["count"] > 0):
+                    if f["count"] is not None:
+                        f["count"] -= 1
+                        faults = [x for x in faults if x["count"] is None or x["count"] > 0]
+                        state.write_state(self.run_dir, HOTPLUG_FAULTS, faults)
                     return str(f["message"])
         return None
 
@@ -367,3 +368,21 @@ def apply_pending(conf: LxcConf) -> None:
         if k != "delete":
             conf.options[k] = v
     conf.pending = LxcSection()
+
+
+def add_hotplug_fault(
+    run_dir: Path, vmid: int, key: str | None = None, message: str = HOTPLUG_ERROR, count: int | None = 1
+) -> None:
+    """Record a hot-plug fault in the run state of ``run_dir`` (see
+    :meth:`GuestConfigHandlers.inject_hotplug_failure`); no server needs to run."""
+    with state.locked(run_dir, HOTPLUG_FAULTS):
+        faults = state.read_state(run_dir, HOTPLUG_FAULTS, []) or []
+        faults.append({"vmid": vmid, "key": key, "message": message, "count": count})
+        state.write_state(run_dir, HOTPLUG_FAULTS, faults)
+
+
+def clear_hotplug_faults(run_dir: Path, vmid: int) -> None:
+    """Remove every hot-plug fault of container ``vmid``."""
+    with state.locked(run_dir, HOTPLUG_FAULTS):
+        faults = state.read_state(run_dir, HOTPLUG_FAULTS, []) or []
+        state.write_state(run_dir, HOTPLUG_FAULTS, [f for f in faults if f["vmid"] != vmid])
