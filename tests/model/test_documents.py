@@ -127,7 +127,7 @@ def test_the_ansible_module_reads_only_keys_the_apply_document_has():
     it takes from ``gputopo apply --json`` must be one the document declares."""
     text = MODULE.read_text()
     keys = set(re.findall(r'\bdata\.get\("(\w+)"', text)) | set(re.findall(r'\bdata\["(\w+)"\]', text))
-    assert {"status", "changed", "plan", "signature", "steps", "verify"} <= keys
+    assert {"status", "changed", "steps", "verify", "warnings"} <= keys
     assert keys <= set(ApplyDoc.model_fields), keys - set(ApplyDoc.model_fields)
 
 
@@ -138,9 +138,12 @@ def test_the_ansible_module_reads_only_keys_the_plan_and_diff_documents_have():
     text = MODULE.read_text()
     plan_keys = set(re.findall(r'\bplan\.get\("(\w+)"', text))
     diff_keys = set(re.findall(r'\breport\.get\("(\w+)"', text))
-    assert plan_keys == {"actions", "no_changes"} and diff_keys == {"changes"}
+    verify_keys = set(re.findall(r'\bverdict\.get\("(\w+)"', text))
+    assert {"actions", "no_changes", "signature", "warnings"} <= plan_keys and diff_keys == {"changes"}
+    assert verify_keys == {"ok"}
     assert plan_keys <= set(schema_of("plan")["properties"])
     assert diff_keys <= set(DiffDoc.model_fields)
+    assert verify_keys <= set(schema_of("verify")["properties"])
 
 
 def test_versioned_puts_the_version_first_and_keeps_a_documents_own():

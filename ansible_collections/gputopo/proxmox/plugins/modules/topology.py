@@ -494,13 +494,13 @@ def run(module, g):
             # on a node that needs no change fails the task)
             vargv, rc, out, err = g.run(["verify", "--json"])
             try:
-                report = json.loads(out)
+                verdict = json.loads(out)
             except ValueError:
-                report = None
-            if rc not in (0, 1) or not isinstance(report, dict):
+                verdict = None
+            if rc not in (0, 1) or not isinstance(verdict, dict):
                 g.fail(vargv, rc, out, err)
-            result["verify"] = report
-            if rc != 0 or not report.get("ok", False):
+            result["verify"] = verdict
+            if rc != 0 or not verdict.get("ok", False):
                 g.fail(vargv, rc, out, err)
     module.exit_json(**result)
 
