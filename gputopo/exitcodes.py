@@ -105,11 +105,14 @@ COMMANDS: dict[str, dict[int, str]] = {
     "completion": {OK: "the script", **_COMMON},
     "cluster": {
         OK: "a plan, all clear, applied or no changes (diff: no difference)",
-        FAILED: "a node failed (rolled back there) or a verify FAIL; diff --exit-code: any error",
-        NOTHING_CHANGED: "bad input, an unreachable node or another gputopo version anywhere; "
-        "diff --exit-code: differences",
-        NEEDS_HUMAN: "apply: a node's device needs a human",
-        LOCKED: "apply: another apply holds a node's lock",
+        FAILED: "apply: a node failed (rolled back there, or its verify failed and its changes "
+        "stay), or a node was changed and kept before a later one failed (refused, locked, "
+        "unreachable); verify: a FAIL; diff --exit-code: any error",
+        NOTHING_CHANGED: "nothing was changed anywhere: bad input, a refused plan, an unreachable "
+        "node or another gputopo version, a node that refused first; diff --exit-code: differences",
+        NEEDS_HUMAN: "apply: a node needs a human, or its outcome is unknown (the connection was "
+        "lost during its apply: the account names the next step)",
+        LOCKED: "apply: the first node's lock is held (nothing was changed anywhere)",
         SIGINT: "interrupted",
     },
     "demo": {OK: "the demo ran", FAILED: "a step of the demo failed", **_COMMON},
