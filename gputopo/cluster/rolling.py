@@ -72,7 +72,7 @@ FOR_A_HUMAN = (NEEDS_HUMAN, UNKNOWN)
 # the command started.
 _BEFORE_THE_COMMAND = re.compile(
     r"^(ssh: connect to host |ssh: Could not resolve hostname |Could not resolve hostname |"
-    r"Host key verification failed|Permission denied|kex_exchange_identification|"
+    r"Host key verification failed|(\S+@\S+: )?Permission denied|kex_exchange_identification|"
     r"Connection timed out during banner exchange|No route to host|Bad owner or permissions|"
     r"Load key|.*REMOTE HOST IDENTIFICATION HAS CHANGED)"
 )
@@ -305,6 +305,8 @@ def outcome_of(node: str, res: ExecResult, seconds: float) -> NodeOutcome:
     if doc is None:
         # no document: only the exit status says anything (2 and 4 change nothing, 3 needs a human)
         out.reason = error_line(res) if res.rc != 0 else (unread or "gputopo apply --json printed no result")
+        if res.rc == 255 and not res.stdout.strip() and _BEFORE_THE_COMMAND.match(out.reason):
+            return NodeOutcome(node, NOT_STARTED, seconds, reason=f"node {node}: {out.reason}", failed=True)
         if res.rc == 255:
             out.rc = None  # ssh's own status: the connection ended before the apply did
             out.reason = f"the connection was lost during its apply ({out.reason})"
