@@ -361,9 +361,11 @@ def apply_cmd(
             _read(c, conn, reach.timeout, None, with_ha=not no_ha)
             try:
                 cplan = _plan(c)
-            except SystemExit:  # a refused plan: its refusals are on stderr
+            except SystemExit as stop:  # a refused plan: its refusals are on stderr
                 if as_json:
-                    document(untouched(nodes, set()), "refused", GputopoError("the plan was refused"))
+                    refused = GputopoError("the plan was refused (its refusals are on stderr)")
+                    refused.exit_code = stop.code if isinstance(stop.code, int) else 2
+                    document(untouched(nodes, set()), "refused", refused)
                 raise
             batches(c.nodes, serial, canary)  # a bad --canary or --serial is refused before anything runs
             click.echo(cplan.to_text(), nl=False, err=as_json)

@@ -241,7 +241,7 @@ class RollingResult:
     def to_doc(self, status: str | None = None) -> ClusterApplyDoc:
         """The ``cluster apply --json`` document (``gputopo schema cluster-apply``)."""
         if status is None:
-            status = "stopped" if self.failed else ("applied" if self.kept() else "no-changes")
+            status = "stopped" if self.failed else ("applied" if self.kept() or self.ha else "no-changes")
         return ClusterApplyDoc(
             status=status,
             exit_code=self.exit_code,

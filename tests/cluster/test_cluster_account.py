@@ -302,3 +302,17 @@ def test_a_connection_lost_during_pve2s_apply_is_unknown_with_the_next_step(clus
     assert len(hist["applies"]) == 1
     assert_runs_the_spec(cluster, "pve1", spec)
     assert fp_diff(pve3, node_fp(cluster, "pve3")) == []
+
+
+def test_a_rollout_refused_before_any_node_says_so_in_its_document(cluster, tmp_path):
+    """Refused before any node's apply (a spec naming a node outside the cluster): the document
+    says refused, nothing changed, exit 2, with the one-line error."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(spec_text(cluster, split=["pve1"]) + "\n  - name: pve7\n")
+    res = cli("cluster", "apply", "--yes", "--json", "--sim", str(cluster.dir), "--spec", str(spec))
+    assert res.returncode == 2
+    doc = json.loads(res.stdout)
+    jsonschema.validate(doc, schema_of("cluster-apply"))
+    assert (doc["status"], doc["exit_code"], doc["changed"]) == ("refused", 2, False)
+    assert res.stderr.strip() == f"gputopo: error: {doc['error']}"
+    assert doc["error"].startswith("unknown node 'pve7'")
