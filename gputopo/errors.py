@@ -510,7 +510,8 @@ class HostCommandError(GputopoError):
 
 class NodeUnreachable(GputopoError):
     """A cluster node could not be reached over SSH (refused, timed out, host key or login
-    refused); nothing was run there."""
+    refused), or the session ended without an answer. Whether the command ran depends on when:
+    a rolling apply tells a failure before the command was sent from one after it (unknown)."""
 
     exit_code = 2
 
