@@ -30,7 +30,9 @@ the node's own apply printed (its apply document: status, steps, verify), never 
 
 The rollout's exit code (:attr:`RollingResult.exit_code`): 0 when every node is done; 3 when a
 node needs a human or its outcome is unknown; 2 or 4 (the refusing node's) only when nothing
-was changed anywhere; otherwise 1.
+was changed anywhere; otherwise 1. Ctrl-C ends it with the account too (130): the nodes
+applying then are told from what they answer (a node's apply that got the same Ctrl-C rolls
+back and says so), else unknown.
 """
 
 from __future__ import annotations
@@ -140,6 +142,7 @@ class RollingResult:
     ha: list[str] = field(default_factory=list)
     ha_error: str | None = None
     wall_s: float = 0.0
+    interrupted: bool = False  # Ctrl-C stopped the rollout
 
     def of(self, status: str | tuple[str, ...]) -> list[str]:
         wanted = (status,) if isinstance(status, str) else status
@@ -159,7 +162,7 @@ class RollingResult:
 
     @property
     def failed(self) -> bool:
-        return self.stopped_at is not None or self.ha_error is not None
+        return self.stopped_at is not None or self.ha_error is not None or self.interrupted
 
     @property
     def changed(self) -> bool | None:
@@ -175,6 +178,8 @@ class RollingResult:
         node's) only when nothing was changed anywhere; else 1."""
         if not self.failed:
             return 0
+        if self.interrupted:
+            return 130
         if self.of(FOR_A_HUMAN):
             return 3
         first = self.stopped_at
@@ -207,6 +212,8 @@ class RollingResult:
             if first is not None
             else ("HA placement failed" if self.ha_error else "cluster applied")
         )
+        if self.interrupted:
+            head = "interrupted (Ctrl-C)"
         return f"{head} in {self.wall_s:.1f} s: " + "; ".join(parts)
 
     def to_text(self) -> str:
@@ -227,6 +234,9 @@ class RollingResult:
         first = self.stopped_at
         node = first.node if first is not None else None
         reason = first.reason if first is not None else (self.ha_error or "")
+        if self.interrupted:
+            node = node or self.outcomes[-1].node
+            reason = f"interrupted (Ctrl-C) during its apply; {reason}" if reason else "interrupted (Ctrl-C)"
         return ClusterApplyFailed(
             node,
             reason,
@@ -398,6 +408,32 @@ def apply_node(
     return outcome_of(node, res, time.monotonic() - t0)
 
 
+CTRL_C_GRACE = 30.0  # seconds the nodes applying get to answer after Ctrl-C
+
+
+def _after_ctrl_c(batch: list[str], futures: list) -> list[NodeOutcome]:
+    """The outcomes of ``batch`` once Ctrl-C stopped the wait: each node's own, when its apply
+    (whose ssh got the same Ctrl-C on a terminal) answers within :data:`CTRL_C_GRACE`, else
+    unknown. A second Ctrl-C stops the wait."""
+    deadline = time.monotonic() + CTRL_C_GRACE
+    out = []
+    for node, f in zip(batch, futures, strict=True):
+        try:
+            out.append(f.result(timeout=max(0.0, deadline - time.monotonic())))
+        except (KeyboardInterrupt, TimeoutError):
+            deadline = 0.0
+            out.append(
+                NodeOutcome(
+                    node,
+                    UNKNOWN,
+                    reason="interrupted (Ctrl-C) while its apply ran",
+                    failed=True,
+                    next_step=look_at(node),
+                )
+            )
+    return out
+
+
 def _apply_ha(cplan: ClusterPlan, api: ClusterApiPort, result: RollingResult) -> None:
     """The HA placement, once every node is done; a failure is recorded in the account."""
     for change in cplan.ha:
@@ -424,7 +460,9 @@ def rolling_apply(
     """Apply ``cplan`` node by node (see the module docstring); ``report`` sees each outcome.
 
     Returns the account when every node is done. Raises ClusterApplyFailed carrying the account
-    (``account``) when a node failed, its exit code the rollout's (:attr:`RollingResult.exit_code`).
+    (``account``) when a node failed or Ctrl-C stopped the rollout (exit 130; the nodes applying
+    then are told as they answer, else unknown), its exit code the rollout's
+    (:attr:`RollingResult.exit_code`).
     """
     t0 = time.monotonic()
     order = [n.node for n in cplan.nodes]
@@ -438,14 +476,21 @@ def rolling_apply(
             except GputopoError as e:  # no ssh client here: the command never ran
                 return NodeOutcome(node, NOT_STARTED, reason=str(e), failed=True)
 
-        with ThreadPoolExecutor(max_workers=len(batch)) as ex:
-            outcomes = list(ex.map(one, batch))
+        ex = ThreadPoolExecutor(max_workers=len(batch))
+        futures = [ex.submit(one, n) for n in batch]
+        try:
+            outcomes = [f.result() for f in futures]
+        except KeyboardInterrupt:
+            result.interrupted = True
+            outcomes = _after_ctrl_c(batch, futures)
+        finally:
+            ex.shutdown(wait=False)
         for o in outcomes:
             report(o)
         result.outcomes += outcomes
-        if any(o.failed for o in outcomes):
+        if any(o.failed for o in outcomes) or result.interrupted:
             started = {o.node for o in result.outcomes}
-            stop = next(o.node for o in outcomes if o.failed)
+            stop = next((o.node for o in outcomes if o.failed), batch[-1])
             result.outcomes += [
                 NodeOutcome(n, NOT_STARTED, reason=f"the rollout stopped at {stop}")
                 for n in order

@@ -316,3 +316,53 @@ def test_a_rollout_refused_before_any_node_says_so_in_its_document(cluster, tmp_
     assert (doc["status"], doc["exit_code"], doc["changed"]) == ("refused", 2, False)
     assert res.stderr.strip() == f"gputopo: error: {doc['error']}"
     assert doc["error"].startswith("unknown node 'pve7'")
+
+
+def test_ctrl_c_during_pve2s_apply_ends_with_the_account_and_130(cluster, tmp_path):
+    """Ctrl-C (SIGINT to the terminal's process group, here the cluster apply and pve2's apply
+    under it) while pve2 applies: pve2 rolls itself back and says so, the rollout prints its
+    account and exits 130; pve1 stays applied, pve3 is not started."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(spec_text(cluster, split=["pve1", "pve2", "pve3"]))
+    before = {n: node_fp(cluster, n) for n in ("pve2", "pve3")}
+    break_container(cluster.node_dir("pve2"), cluster.container("pve2"), "slow_start", seconds=3)
+    run = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gputopo",
+            "cluster",
+            "apply",
+            "--yes",
+            "--sim",
+            str(cluster.dir),
+            "--spec",
+            str(spec),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        wait_for_journal(cluster.member("pve2").paths.root)
+        time.sleep(1.0)
+        os.killpg(run.pid, signal.SIGINT)
+        out, err = run.communicate(timeout=600)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    assert run.returncode == 130, err
+    assert account(out) == {
+        "pve1": "applied-and-kept",
+        "pve2": "applied-then-rolled-back",
+        "pve3": "not-started",
+    }
+    assert out.rstrip().splitlines()[-1].startswith("interrupted (Ctrl-C) in ")
+    (line,) = err.strip().splitlines()[-1:]
+    assert line.startswith("gputopo: error: stopped at node pve2: interrupted (Ctrl-C) during its apply; ")
+    assert line.endswith("; applied and kept: pve1; not started: pve3")
+    assert_runs_the_spec(cluster, "pve1", spec)
+    for n in ("pve2", "pve3"):
+        assert fp_diff(before[n], node_fp(cluster, n)) == [], n
