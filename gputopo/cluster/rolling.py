@@ -68,15 +68,18 @@ KEPT = (APPLIED, VERIFY_KEPT)
 # outcomes after which a human looks at the node before anything else runs there
 FOR_A_HUMAN = (NEEDS_HUMAN, UNKNOWN)
 
-# what ssh prints when it failed before the remote command was sent: connecting, the host key,
-# the login (ssh's connect.c ssh_connect_direct, sshconnect2.c; kex.c for the banner). Anything
-# else that ends the session (a connection closed or reset, no answer in time) may come after
-# the command started.
+# what ssh prints when it failed before the remote command was sent (OpenSSH portable): the name
+# (ssh.c resolve_host), the TCP connect (sshconnect.c ssh_connect_direct), the banner (kex.c
+# kex_exchange_identification), the host key (sshconnect2.c verify_host_key_callback; sshconnect.c
+# for a changed key), the login (sshconnect2.c userauth: "user@host: Permission denied (...)"),
+# the ssh_config's permissions (readconf.c). Anything else that ends the session (a connection
+# closed or reset, clientloop.c's "closed by remote host", no answer in time) may come after the
+# command started.
 _BEFORE_THE_COMMAND = re.compile(
-    r"^(ssh: connect to host |ssh: Could not resolve hostname |Could not resolve hostname |"
+    r"^(ssh: connect to host |ssh: Could not resolve hostname |"
     r"Host key verification failed|(\S+@\S+: )?Permission denied|kex_exchange_identification|"
-    r"Connection timed out during banner exchange|No route to host|Bad owner or permissions|"
-    r"Load key|.*REMOTE HOST IDENTIFICATION HAS CHANGED)"
+    r"Connection timed out during banner exchange|Bad owner or permissions|"
+    r".*REMOTE HOST IDENTIFICATION HAS CHANGED)"
 )
 
 
