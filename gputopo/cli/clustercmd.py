@@ -337,21 +337,9 @@ def apply_cmd(
     was changed anywhere; 1 a node failed and rolled back, or failed after another node was
     changed and kept; 3 a node needs a human or its outcome is unknown.
     """
-    from gputopo.cluster.rolling import NO_CHANGES, NOT_STARTED, RollingResult, batches, rolling_apply
+    from gputopo.cli.output import print_json
+    from gputopo.cluster.rolling import RollingResult, batches, rolling_apply
     from gputopo.errors import ClusterApplyFailed, ConfigError, GputopoError
-
-    def document(result: RollingResult, status: str | None = None, error: GputopoError | None = None) -> None:
-        from gputopo.cli.output import print_json
-
-        doc = result.to_doc(status)
-        if error is not None:
-            doc = doc.model_copy(update={"exit_code": error.exit_code, "error": str(error)})
-        print_json(doc)
-
-    def untouched(nodes: list[str], empty: set[str]) -> RollingResult:
-        from gputopo.cluster.rolling import NodeOutcome
-
-        return RollingResult([NodeOutcome(n, NO_CHANGES if n in empty else NOT_STARTED) for n in nodes])
 
     nodes: list[str] = []
     try:
@@ -365,14 +353,16 @@ def apply_cmd(
                 if as_json:
                     refused = GputopoError("the plan was refused (its refusals are on stderr)")
                     refused.exit_code = stop.code if isinstance(stop.code, int) else 2
-                    document(untouched(nodes, set()), "refused", refused)
+                    print_json(RollingResult.unstarted(nodes).to_doc("refused", refused))
                 raise
             batches(c.nodes, serial, canary)  # a bad --canary or --serial is refused before anything runs
             click.echo(cplan.to_text(), nl=False, err=as_json)
             empty = {n.node for n in cplan.nodes if n.plan.is_empty}
             if cplan.is_empty or dry_run:
                 if as_json:
-                    document(untouched(nodes, empty), "dry-run" if dry_run else "no-changes")
+                    print_json(
+                        RollingResult.unstarted(nodes, empty).to_doc("dry-run" if dry_run else "no-changes")
+                    )
                 return
             if not yes:
                 if not sys.stdin.isatty():
@@ -388,7 +378,7 @@ def apply_cmd(
                     raise ApplyCancelled()
 
             def report(o) -> None:
-                click.echo(f"{o.node}: {o.line().split('  ', 1)[1].strip()}", err=as_json)
+                click.echo(o.progress(), err=as_json)
 
             try:
                 result = rolling_apply(
@@ -405,7 +395,7 @@ def apply_cmd(
             except ClusterApplyFailed as e:
                 # the account, also (above all) when the rollout stopped
                 if as_json:
-                    document(e.account)
+                    print_json(e.account.to_doc())
                 else:
                     click.echo(e.account.to_text(), nl=False)
                 raise
@@ -416,10 +406,10 @@ def apply_cmd(
     except GputopoError as e:
         # refused before any node's apply: nothing was changed anywhere
         if as_json:
-            document(untouched(nodes, set()), "refused", e)
+            print_json(RollingResult.unstarted(nodes).to_doc("refused", e))
         raise
     if as_json:
-        document(result)
+        print_json(result.to_doc())
     else:
         click.echo(result.to_text(), nl=False)
 

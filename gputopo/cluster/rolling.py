@@ -123,6 +123,10 @@ class NodeOutcome:
             apply=self.doc,
         )
 
+    def progress(self) -> str:
+        """``pve1: applied-and-kept  13 steps in 4.2 s; ...``: the line as the node ends."""
+        return f"{self.node}: " + self.line().split("  ", 1)[1].strip()
+
     def line(self, width: int = 0, status_width: int = 0) -> str:
         """``pve1  applied-and-kept  13 steps in 4.2 s; verify: all clear: 9 PASS``, the node
         and the outcome padded to ``width`` and ``status_width``."""
@@ -251,15 +255,24 @@ class RollingResult:
             account=self,
         )
 
-    def to_doc(self, status: str | None = None) -> ClusterApplyDoc:
-        """The ``cluster apply --json`` document (``gputopo schema cluster-apply``)."""
+    @classmethod
+    def unstarted(cls, nodes: list[str], empty: set[str] | frozenset[str] = frozenset()) -> RollingResult:
+        """The account of a rollout that never started a node's apply (a dry run, no changes,
+        refused): the nodes in ``empty`` have no changes, the others are not started."""
+        return cls([NodeOutcome(n, NO_CHANGES if n in empty else NOT_STARTED) for n in nodes])
+
+    def to_doc(self, status: str | None = None, error: GputopoError | None = None) -> ClusterApplyDoc:
+        """The ``cluster apply --json`` document (``gputopo schema cluster-apply``); ``status``
+        and ``error`` for a rollout refused before it started (``error``'s exit code)."""
         if status is None:
             status = "stopped" if self.failed else ("applied" if self.kept() or self.ha else "no-changes")
+        if error is None and self.failed:
+            error = self.error()
         return ClusterApplyDoc(
             status=status,
-            exit_code=self.exit_code,
+            exit_code=self.exit_code if error is None else error.exit_code,
             changed=self.changed,
-            error=str(self.error()) if self.failed else None,
+            error=None if error is None else str(error),
             nodes=[o.to_doc() for o in self.outcomes],
             ha=list(self.ha),
             wall_s=round(self.wall_s, 3),
