@@ -510,7 +510,8 @@ class HostCommandError(GputopoError):
 
 class NodeUnreachable(GputopoError):
     """A cluster node could not be reached over SSH (refused, timed out, host key or login
-    refused); nothing was run there."""
+    refused), or the session ended without an answer. Whether the command ran depends on when:
+    a rolling apply tells a failure before the command was sent from one after it (unknown)."""
 
     exit_code = 2
 
@@ -570,16 +571,38 @@ class MappingConflict(GputopoError):
 
 
 class ClusterApplyFailed(GputopoError):
-    """A rolling apply stopped at a node; the nodes before it stay applied."""
+    """A rolling apply stopped at a node (or at the HA placement after every node). The line
+    names it and why, then what the rollout left: the nodes applied and kept (a node whose
+    verification failed keeps its changes too), those that need a human or whose outcome is
+    unknown, and those not started (``node`` None: the HA placement failed). ``exit_code`` is the rollout's: 2 or 4 only when nothing was
+    changed anywhere, 3 when a node needs a human or its outcome is unknown, else 1.
+    ``account``: every node's outcome (:class:`gputopo.cluster.rolling.RollingResult`)."""
 
-    def __init__(self, node: str, cause: GputopoError, done: list[str], not_started: list[str]):
+    def __init__(
+        self,
+        node: str | None,
+        reason: str,
+        exit_code: int,
+        *,
+        kept: list[str],
+        not_started: list[str],
+        unknown: list[str] = (),
+        needs_human: list[str] = (),
+        account: object = None,
+    ):
         self.node = node
-        self.cause = cause
-        self.done = done
-        self.not_started = not_started
-        self.exit_code = cause.exit_code
-        done_text = ", ".join(done) if done else "none"
-        rest = ", ".join(not_started) if not_started else "none"
-        super().__init__(
-            f"stopped at node {node}: {cause}; applied and kept: {done_text}; not started: {rest}"
-        )
+        self.reason = reason
+        self.exit_code = exit_code
+        self.kept = list(kept)
+        self.not_started = list(not_started)
+        self.unknown = list(unknown)
+        self.needs_human = list(needs_human)
+        self.account = account
+        parts = [f"applied and kept: {', '.join(self.kept) if self.kept else 'none'}"]
+        if self.needs_human:
+            parts.append(f"needs a human: {', '.join(self.needs_human)}")
+        if self.unknown:
+            parts.append(f"outcome unknown: {', '.join(self.unknown)} (see its 'gputopo history')")
+        parts.append(f"not started: {', '.join(self.not_started) if self.not_started else 'none'}")
+        head = f"stopped at node {node}" if node else "stopped at the HA placement, every node done"
+        super().__init__(f"{head}: {reason}; " + "; ".join(parts))

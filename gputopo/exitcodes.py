@@ -105,11 +105,15 @@ COMMANDS: dict[str, dict[int, str]] = {
     "completion": {OK: "the script", **_COMMON},
     "cluster": {
         OK: "a plan, all clear, applied or no changes (diff: no difference)",
-        FAILED: "a node failed (rolled back there) or a verify FAIL; diff --exit-code: any error",
-        NOTHING_CHANGED: "bad input, an unreachable node or another gputopo version anywhere; "
-        "diff --exit-code: differences",
-        NEEDS_HUMAN: "apply: a node's device needs a human",
-        LOCKED: "apply: another apply holds a node's lock",
+        FAILED: "apply: a node failed (rolled back there, or its verify failed and its changes "
+        "stay), or a node was changed and kept before a later one failed (refused, locked, "
+        "unreachable); verify: a FAIL; diff --exit-code: any error",
+        NOTHING_CHANGED: "nothing was changed anywhere: bad input, a refused plan, an unreachable "
+        "node or another gputopo version, a node refusing before any node changed; diff "
+        "--exit-code: differences",
+        NEEDS_HUMAN: "apply: a node needs a human, or its outcome is unknown (the connection was "
+        "lost during its apply: the account names the next step)",
+        LOCKED: "apply: a node's lock is held, and nothing was changed anywhere",
         SIGINT: "interrupted",
     },
     "demo": {OK: "the demo ran", FAILED: "a step of the demo failed", **_COMMON},
@@ -153,4 +157,12 @@ def markdown_table() -> str:
         having = [c for c in sorted(COMMANDS) if code in COMMANDS[c]]
         cmds = "every command" if len(having) == len(COMMANDS) else ", ".join(f"`{c}`" for c in having)
         lines.append(f"| {code} | {MEANING[code]} | {cmds} |")
+    return "\n".join(lines)
+
+
+def command_table(command: str) -> str:
+    """The README's table of what each code means for one ``command`` (the cluster commands':
+    whether anything changed anywhere)."""
+    lines = ["| code | " + f"`{command}` |", "|---|---|"]
+    lines += [f"| {code} | {text} |" for code, text in sorted(COMMANDS[command].items())]
     return "\n".join(lines)

@@ -79,6 +79,7 @@ def test_every_command_is_in_the_table_and_its_help_says_it(capsys):
 
 def test_the_readme_table_is_the_table():
     assert exitcodes.markdown_table() in README.read_text()
+    assert exitcodes.command_table("cluster") in README.read_text()
 
 
 def test_every_error_exits_with_a_code_of_the_table():

@@ -308,6 +308,13 @@ def diff_cmd(
 @click.option("--yes", "-y", is_flag=True, help="Do not ask before changing the cluster.")
 @click.option("--no-verify", is_flag=True, help="The nodes do not run verify after applying.")
 @click.option("--no-ha", is_flag=True, help="Leave the HA placement alone.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="One JSON document on stdout (gputopo schema cluster-apply): every node's outcome and its "
+    "own apply document; the plan and progress go to stderr.",
+)
 def apply_cmd(
     conn: Connection,
     reach: Reach,
@@ -318,57 +325,93 @@ def apply_cmd(
     yes,
     no_verify,
     no_ha,
+    as_json,
 ):
     """Apply node by node over SSH, each node its own apply (lock, journal, rollback); stop at
-    the first failure (that node rolled back, the nodes before it stay applied); then HA.
+    the first failure; then HA. It ends with an account, also when it fails: per node
+    applied-and-kept, no-changes, applied-then-rolled-back, failed-verify-kept (its changes stay),
+    needs-human, not-started, unknown (the connection was lost during its apply: the next step
+    is named) or refused (nothing changed there).
 
-    Exit codes: 0 applied (or no changes), 1 a node failed (rolled back there), 2 refused before
-    anything changed (bad input, unreachable node, version mismatch, a node's plan changed),
-    3 a node's device needs a human, 4 a node's lock is held.
+    Exit codes: 0 every node applied (or no changes); 2 (4: a node's lock) only when nothing
+    was changed anywhere; 1 a node failed and rolled back, or failed after another node was
+    changed and kept; 3 a node needs a human or its outcome is unknown.
     """
-    from gputopo.cluster.rolling import batches, rolling_apply
-    from gputopo.errors import ConfigError
+    from gputopo.cli.output import print_json
+    from gputopo.cluster.rolling import RollingResult, batches, rolling_apply
+    from gputopo.errors import ClusterApplyFailed, ConfigError, GputopoError
 
-    c = _open(conn, reach)
+    nodes: list[str] = []
     try:
-        _read(c, conn, reach.timeout, None, with_ha=not no_ha)
-        cplan = _plan(c)
-        batches(c.nodes, serial, canary)  # a bad --canary or --serial is refused before anything runs
-        click.echo(cplan.to_text(), nl=False)
-        if cplan.is_empty or dry_run:
-            return
-        if not yes:
-            if not sys.stdin.isatty():
-                raise ConfigError(
-                    "refusing to change the cluster without confirmation: pass --yes "
-                    "(stdin is not a terminal)"
+        c = _open(conn, reach)
+        nodes = c.nodes
+        try:
+            _read(c, conn, reach.timeout, None, with_ha=not no_ha)
+            try:
+                cplan = _plan(c)
+            except SystemExit as stop:  # a refused plan: its refusals are on stderr
+                if as_json:
+                    refused = GputopoError("the plan was refused (its refusals are on stderr)")
+                    refused.exit_code = stop.code if isinstance(stop.code, int) else 2
+                    print_json(RollingResult.unstarted(nodes).to_doc("refused", refused))
+                raise
+            batches(c.nodes, serial, canary)  # a bad --canary or --serial is refused before anything runs
+            click.echo(cplan.to_text(), nl=False, err=as_json)
+            empty = {n.node for n in cplan.nodes if n.plan.is_empty}
+            if cplan.is_empty or dry_run:
+                if as_json:
+                    print_json(
+                        RollingResult.unstarted(nodes, empty).to_doc("dry-run" if dry_run else "no-changes")
+                    )
+                return
+            if not yes:
+                if not sys.stdin.isatty():
+                    raise ConfigError(
+                        "refusing to change the cluster without confirmation: pass --yes "
+                        "(stdin is not a terminal)"
+                    )
+                if not click.confirm(
+                    f"Apply on {len(c.nodes)} node(s), {serial} at a time?", default=False, err=as_json
+                ):
+                    from gputopo.errors import ApplyCancelled
+
+                    raise ApplyCancelled()
+
+            def report(o) -> None:
+                click.echo(o.progress(), err=as_json)
+
+            try:
+                result = rolling_apply(
+                    cplan,
+                    c.spec_text,
+                    c.shell,
+                    None if no_ha else c.api,
+                    serial=serial,
+                    canary=canary,
+                    timeout=node_timeout,
+                    verify=not no_verify,
+                    report=report,
                 )
-            if not click.confirm(f"Apply on {len(c.nodes)} node(s), {serial} at a time?", default=False):
-                from gputopo.errors import ApplyCancelled
-
-                raise ApplyCancelled()
-
-        def report(o) -> None:
-            extra = f" ({o.steps} steps)" if o.steps else ""
-            why = f": {o.reason}" if o.reason else ""
-            click.echo(f"{o.node}: {o.status} in {o.seconds:.1f} s{extra}{why}")
-
-        result = rolling_apply(
-            cplan,
-            c.spec_text,
-            c.shell,
-            None if no_ha else c.api,
-            serial=serial,
-            canary=canary,
-            timeout=node_timeout,
-            verify=not no_verify,
-            report=report,
-        )
-    finally:
-        c.close()
-    for line in result.ha:
-        click.echo(f"HA: {line}")
-    click.echo(f"cluster applied in {result.wall_s:.1f} s: {', '.join(result.done())}")
+            except ClusterApplyFailed as e:
+                # the account, also (above all) when the rollout stopped
+                if as_json:
+                    print_json(e.account.to_doc())
+                else:
+                    click.echo(e.account.to_text(), nl=False)
+                raise
+        finally:
+            c.close()
+    except ClusterApplyFailed:
+        raise
+    except GputopoError as e:
+        # refused before any node's apply: nothing was changed anywhere
+        if as_json:
+            print_json(RollingResult.unstarted(nodes).to_doc("refused", e))
+        raise
+    if as_json:
+        print_json(result.to_doc())
+    else:
+        click.echo(result.to_text(), nl=False)
 
 
 @cluster.command("verify")

@@ -32,6 +32,7 @@ DOCUMENTS: dict[str, tuple[str, str]] = {
     "render-manifest": ("render --out DIR (.gputopo-render.json)", "gputopo.model.documents:RenderManifest"),
     "cluster-diff": ("cluster diff --json", "gputopo.model.documents:ClusterDiffDoc"),
     "cluster-verify": ("cluster verify --json", "gputopo.model.documents:ClusterReport"),
+    "cluster-apply": ("cluster apply --json", "gputopo.model.documents:ClusterApplyDoc"),
 }
 
 
@@ -72,6 +73,7 @@ def schema(what: str) -> None:
     render-manifest  render --out DIR's .gputopo-render.json
     cluster-diff     cluster diff --json
     cluster-verify   cluster verify --json
+    cluster-apply    cluster apply --json
     """
     if what == "spec":
         from gputopo.plan.spec import Spec

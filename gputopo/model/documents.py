@@ -328,6 +328,65 @@ class ClusterReport(_Doc):
         return head + f" ({len(self.nodes)} node(s)" + (f"; WARN: {', '.join(warn)}" if warn else "") + ")"
 
 
+# --- cluster apply -------------------------------------------------------------------------------
+
+NodeOutcomeName = Literal[
+    "applied-and-kept",
+    "no-changes",
+    "applied-then-rolled-back",
+    "failed-verify-kept",
+    "needs-human",
+    "not-started",
+    "unknown",
+    "refused",
+]
+
+
+class NodeApplyDoc(Strict):
+    """One node's part of a rolling apply, told from the node's own apply document."""
+
+    node: str
+    outcome: NodeOutcomeName = Field(
+        description="applied-and-kept; no-changes; applied-then-rolled-back (its apply failed and "
+        "rolled itself back); failed-verify-kept (applied, its verification failed, the changes "
+        "stay); needs-human (its rollback did not complete); not-started; unknown (the connection "
+        "was lost during its apply); refused (it refused before changing anything)"
+    )
+    kept: bool | None = Field(
+        description="Whether changes it made are still there; null: unknown (see next_step)"
+    )
+    failed: bool = Field(description="This node stopped the rollout")
+    exit_code: int | None = Field(
+        None, description="Its own apply's exit status; null when it did not run or the connection was lost"
+    )
+    seconds: float = 0.0
+    steps: int = Field(0, description="Steps its apply ran")
+    verify: str | None = Field(None, description="Its verification's summary line")
+    reason: str | None = Field(None, description="Why it failed or did not start, one line")
+    next_step: str | None = Field(None, description="What an operator does next, when anything")
+    apply: ApplyDoc | None = Field(
+        None, description="Its apply document, as it printed it (gputopo schema apply)"
+    )
+
+
+class ClusterApplyDoc(_Doc):
+    """``gputopo cluster apply --json``: every node's outcome, in the rollout's order."""
+
+    status: Literal["applied", "no-changes", "dry-run", "stopped", "refused"] = Field(
+        description="applied: every node applied (or had no changes); stopped: a node failed, the "
+        "rollout stopped (nodes say how); refused: refused before any node's apply"
+    )
+    exit_code: int
+    changed: bool | None = Field(
+        description="Whether any node was changed and kept; null when none is known to be but a "
+        "node's outcome is unknown"
+    )
+    error: str | None = None
+    nodes: list[NodeApplyDoc] = Field(default_factory=list)
+    ha: list[str] = Field(default_factory=list, description="The HA changes made after the nodes")
+    wall_s: float = 0.0
+
+
 # --- history -------------------------------------------------------------------------------------
 
 Outcome = Literal["applied", "rolled-back", "unfinished", "needs-human", "unreadable"]

@@ -23,7 +23,11 @@ from helpers.clusterharness import cleanup, copy_cluster, make_template, spec_te
 pytestmark = pytest.mark.slow  # every test applies on a simulated host (seconds each); the full run only
 
 BIN = Path(sys.executable).parent
-CLUSTER = ("cluster-diff", "cluster-verify")  # made on a simulated cluster (the test after the first)
+CLUSTER = (
+    "cluster-diff",
+    "cluster-verify",
+    "cluster-apply",
+)  # made on a simulated cluster (the test after the first)
 
 
 def _walk(value, path="$"):
@@ -127,6 +131,19 @@ def test_the_cluster_documents_validate_and_hold_each_nodes_diff_document(capsys
     code, out, err = run(capsys, "cluster", "verify", "--sim", s, "--spec", str(spec), "--json")
     assert code == 1, err  # not converged: the plan has actions
     made["cluster-verify"] = json.loads(out)
+    code, out, err = run(
+        capsys, "cluster", "apply", "--yes", "--no-verify", "--sim", s, "--spec", str(spec), "--json"
+    )
+    assert code == 0, err
+    made["cluster-apply"] = json.loads(out)
+    assert [(n["node"], n["outcome"]) for n in made["cluster-apply"]["nodes"]] == [
+        ("pve1", "applied-and-kept"),
+        ("pve2", "applied-and-kept"),
+        ("pve3", "applied-and-kept"),
+    ]
+    # each node's entry holds the document ``gputopo apply --json`` printed on that node
+    for entry in made["cluster-apply"]["nodes"]:
+        check(capsys, "apply", entry["apply"])
     assert set(made) == set(CLUSTER)
     for name, doc in made.items():
         check(capsys, name, doc)

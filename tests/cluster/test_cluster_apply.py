@@ -72,8 +72,17 @@ def test_the_first_failure_stops_the_run_and_names_what_is_done(cluster, tmp_pat
     (err,) = res.stderr.strip().splitlines()
     assert err.startswith("gputopo: error: stopped at node pve2: apply failed at step ")
     assert "rolled back" in err and err.endswith("; applied and kept: pve1; not started: pve3")
-    assert re.search(r"^pve1: applied", res.stdout, re.M) and re.search(r"^pve2: failed", res.stdout, re.M)
+    assert re.search(r"^pve1: applied-and-kept", res.stdout, re.M)
+    assert re.search(r"^pve2: applied-then-rolled-back", res.stdout, re.M)
     assert "pve3:" not in res.stdout
+    # the account at the end names every node's outcome
+    account = res.stdout.split("Rollout account:\n")[1].splitlines()
+    assert [ln.split()[:2] for ln in account[:3]] == [
+        ["pve1", "applied-and-kept"],
+        ["pve2", "applied-then-rolled-back"],
+        ["pve3", "not-started"],
+    ]
+    assert account[3].endswith("applied and kept: pve1; rolled back: pve2; not started: pve3")
     # pve2 is as it was (its own rollback), pve3 untouched, pve1 applied: its lines only
     for n in ("pve2", "pve3"):
         assert fp_diff(before[n], node_fp(cluster, n)) == [], n
@@ -124,9 +133,15 @@ def test_a_mapping_edited_by_hand_after_the_plan_is_not_overwritten(cluster, tmp
     ports.proxmox.mapping_create("pro6000-vm", [hand], "made by hand")
     with pytest.raises(ClusterApplyFailed) as e:
         rolling_apply(cplan, spec_yaml, shell, None, verify=False)
-    assert e.value.node == "pve2" and e.value.done == ["pve1"] and e.value.not_started == ["pve3"]
+    assert e.value.node == "pve2" and e.value.kept == ["pve1"] and e.value.not_started == ["pve3"]
     assert "the host changed since the plan was made (its plan is now" in str(e.value)
-    assert e.value.exit_code == 2
+    # pve2 refused (nothing changed there), but pve1 was changed and kept: not "nothing changed"
+    assert [(o.node, o.status) for o in e.value.account.outcomes] == [
+        ("pve1", "applied-and-kept"),
+        ("pve2", "refused"),
+        ("pve3", "not-started"),
+    ]
+    assert e.value.exit_code == 1
     maps = next(
         m for m in parse_pci_cfg((cluster.dir / "pve/mapping/pci.cfg").read_text()) if m.id == "pro6000-vm"
     )
@@ -199,20 +214,34 @@ def test_ha_rules_and_verify_on_pve9(template9, tmp_path):
 
 
 def test_a_node_whose_lock_is_held_stops_the_run_with_exit_4(cluster, tmp_path):
-    """Another apply running on pve2 (its lock held): pve2 refuses before changing anything, and
-    the rolling apply passes on its exit code 4 (another apply holds the lock)."""
+    """Another apply running on pve1, the first node (its lock held): pve1 refuses before
+    changing anything and the rollout passes on its exit code 4, as nothing was changed anywhere.
+    The same lock on pve2, after pve1 was changed and kept, is exit 1: something changed."""
     from gputopo.apply.lock import HostLock
 
     spec = write_spec(cluster, tmp_path, split=["pve1", "pve2", "pve3"])
-    before = {n: node_fp(cluster, n) for n in ("pve2", "pve3")}
-    with HostLock(str(cluster.member("pve2").paths.root)):
+    before = {n: node_fp(cluster, n) for n in cluster.nodes}
+    with HostLock(str(cluster.member("pve1").paths.root)):
         res = cli("cluster", "apply", "--yes", "--no-verify", "--sim", str(cluster.dir), "--spec", str(spec))
     assert res.returncode == 4, res.stderr
     (err,) = res.stderr.strip().splitlines()
+    assert err.startswith("gputopo: error: stopped at node pve1: ") and "lock" in err
+    assert err.endswith("; applied and kept: none; not started: pve2, pve3")
+    assert re.search(r"^  pve1  refused ", res.stdout, re.M)
+    assert res.stdout.rstrip().endswith("nothing was changed anywhere; not started: pve2, pve3")
+    for n in cluster.nodes:
+        assert fp_diff(before[n], node_fp(cluster, n)) == [], n
+
+    with HostLock(str(cluster.member("pve2").paths.root)):
+        res = cli("cluster", "apply", "--yes", "--no-verify", "--sim", str(cluster.dir), "--spec", str(spec))
+    assert res.returncode == 1, res.stderr
+    (err,) = res.stderr.strip().splitlines()
     assert err.startswith("gputopo: error: stopped at node pve2: ") and "lock" in err
     assert err.endswith("; applied and kept: pve1; not started: pve3")
+    assert "nothing was changed" not in res.stdout + res.stderr
     for n in ("pve2", "pve3"):
         assert fp_diff(before[n], node_fp(cluster, n)) == [], n
+    assert fp_diff(before["pve1"], node_fp(cluster, "pve1")) != []
 
 
 def test_a_node_whose_gpu_falls_off_the_bus_stops_the_run_with_exit_3(cluster, tmp_path):
@@ -227,5 +256,9 @@ def test_a_node_whose_gpu_falls_off_the_bus_stops_the_run_with_exit_3(cluster, t
     assert res.returncode == 3, res.stderr
     (err,) = res.stderr.strip().splitlines()
     assert err.startswith("gputopo: error: stopped at node pve2: ") and "needs a human: 0000:91:00.0" in err
-    assert err.endswith("; applied and kept: pve1; not started: pve3")
+    assert err.endswith("; applied and kept: pve1; needs a human: pve2; not started: pve3")
+    assert re.search(r"^  pve2  needs-human ", res.stdout, re.M)
+    assert re.search(
+        r"^\s+next: fix what the error names, then run 'gputopo recover' on pve2$", res.stdout, re.M
+    )
     assert fp_diff(before, node_fp(cluster, "pve3")) == []

@@ -98,13 +98,14 @@ def test_a_rolling_apply_reads_a_nodes_apply_document_strictly():
     doc, why = read_apply_doc(json.dumps(_apply_doc()))
     assert why is None and doc.status == "applied" and len(doc.steps) == 1
     outcome = apply_node(Shell(json.dumps(_apply_doc())), "pve2", "abc", "spec", 5.0)
-    assert (outcome.status, outcome.steps) == ("applied", 1)
+    assert (outcome.status, outcome.steps, outcome.failed) == ("applied-and-kept", 1, False)
     drifted = _apply_doc()
     drifted["steps"][0]["retries"] = 2
     doc, why = read_apply_doc(json.dumps(drifted))
     assert doc is None and "steps.0.retries" in why
     outcome = apply_node(Shell(json.dumps(drifted)), "pve2", "abc", "spec", 5.0)
-    assert outcome.status == "failed" and "cannot read" in outcome.reason
+    # it exited 0, but what it did cannot be told: unknown, never "applied"
+    assert outcome.status == "unknown" and outcome.failed and "cannot read" in outcome.reason
 
 
 def test_check_and_status_are_declared_once():
