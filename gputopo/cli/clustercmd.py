@@ -42,8 +42,12 @@ class _Cluster:
     members: list[str] | None = None
     inputs: dict = field(default_factory=dict)
     ha: Any = None
+    begun: Any = None  # the nodes' own reads, begun while the API is reached (until _read takes them)
 
     def close(self) -> None:
+        if self.begun is not None:
+            self.begun.close(abort=True)  # only reads run while they are here: their answers are not wanted
+            self.begun = None
         if self.ports is not None:
             self.ports.close()
 
@@ -135,6 +139,7 @@ def _open(conn: Connection, reach: Reach, facts_dir: str | None = None) -> _Clus
         options=reach.ssh_options,
         connect_timeout=reach.ssh_timeout,
     )
+    sim = None
     if conn.sim is not None:
         if conn.api_url is not None or conn.local:
             raise ConfigError(
@@ -145,10 +150,8 @@ def _open(conn: Connection, reach: Reach, facts_dir: str | None = None) -> _Clus
 
         require_sim_extra("cluster")
         sim = SimCluster(conn.sim)
-        c.ports = sim.ports()
         c.shell = ssh if reach.ssh_config else sim.shell()
     elif conn.live:
-        c.ports = build_ports(conn, default_node=spec.nodes[0].name)
         c.shell = ssh
     elif facts_dir is None:
         raise ConfigError(
@@ -156,6 +159,15 @@ def _open(conn: Connection, reach: Reach, facts_dir: str | None = None) -> _Clus
             "or plan offline with --facts DIR"
         )
     try:
+        if c.shell is not None and facts_dir is None:
+            from gputopo.cluster.gather import NodeReads
+
+            # each node reads itself (one round trip) while the API is reached; they only read
+            c.begun = NodeReads(spec, select_nodes(spec, wanted, None), c.shell, reach.timeout)
+        if sim is not None:
+            c.ports = sim.ports()
+        elif conn.live:
+            c.ports = build_ports(conn, default_node=spec.nodes[0].name)
         if c.ports is not None:
             from gputopo.adapters.clusterapi import ClusterApi
 
@@ -181,7 +193,8 @@ def _read(c: _Cluster, conn: Connection, timeout: float, facts_dir: str | None, 
             c.ports.proxmox if c.ports is not None else None,
         )
     else:
-        c.inputs = read_cluster(c.spec, c.nodes, c.shell, c.ports.proxmox, timeout)
+        begun, c.begun = c.begun, None
+        c.inputs = read_cluster(c.spec, c.nodes, c.shell, c.ports.proxmox, timeout, begun=begun)
     if with_ha and c.api is not None:
         c.ha = read_ha(c.api)
 
@@ -239,6 +252,46 @@ def plan_cmd(
         print_json(cplan.to_data())
     else:
         sys.stdout.write(cplan.to_text())
+
+
+@cluster.command("node-read", hidden=True)
+@click.option(
+    "--reads",
+    "reads_file",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="What to read here, as JSON (/dev/stdin: what the cluster side sends).",
+)
+@click.option(
+    "--sim",
+    "sim_dir",
+    type=click.Path(file_okay=False, exists=True),
+    default=None,
+    help="Read the simulated host in DIR (its root and containers).",
+)
+def node_read_cmd(reads_file, sim_dir):
+    """This node's facts and the reads a cluster command asked for, as one JSON document: what
+    the cluster commands run on each node over SSH (internal; the same gputopo on both ends).
+
+    Exit codes: 0 read, 2 bad input (the reads, the host root).
+    """
+    import json
+
+    from gputopo.adapters.hostfiles import RealHostFiles
+    from gputopo.cluster.noderead import read_node, read_reads
+
+    reads = read_reads(reads_file)  # no spec here: the node's part costs about what discover does
+    if sim_dir is not None:
+        from gputopo.sim.container import SimExec
+
+        root = str(Path(sim_dir) / "root")
+        exec_port = SimExec(sim_dir)
+    else:
+        from gputopo.adapters.pct import PctExec
+
+        root, exec_port = "/", PctExec()
+    doc = read_node(root, reads, exec_port, RealHostFiles(root))
+    sys.stdout.write(json.dumps(doc, ensure_ascii=False) + "\n")
 
 
 @cluster.command("diff")

@@ -1,25 +1,31 @@
 """Reading a cluster: each node's facts and node-local state over SSH, the rest from the API.
 
 What a node alone can tell (its PCI devices and drivers, its host files, the services in its
-containers) comes from that node through a :class:`gputopo.ports.NodeShellPort`: ``gputopo
---version`` first (a node running another gputopo would plan differently: refused with both
-versions), then ``gputopo discover --json``, ``pct exec`` and ``cat``. What the cluster shares
-(guest configs and states, the PCI mappings) comes from the API of any node, which forwards a
-node's paths to it. Nodes are read in parallel; the first failure, in node order, is raised
-before anything anywhere has changed.
+containers) comes from that node through a :class:`gputopo.ports.NodeShellPort`, in one round
+trip per node: ``gputopo cluster node-read`` (:mod:`gputopo.cluster.noderead`) gets what to
+read on stdin and prints the gputopo version it runs (a node running another gputopo would plan
+differently: refused with both versions), its facts (what ``gputopo discover --json`` prints)
+and the answers of the reads in one JSON document. What the cluster shares (guest configs and
+states, the PCI mappings) comes from the API of any node, which forwards a node's paths to it.
+Nodes are read in parallel, each node's guests from the API as soon as it answered; the
+first failure, in node order, is raised before anything anywhere has changed (a node that
+cannot be reached or runs another version before any failure of the API).
 
 Each node is read by :func:`gputopo.facts.observe.observe`, as a single host is, with the same
 rules. What differs is only where each part comes from, because this process does not run on
-the node: the facts are the node's own ``gputopo discover --json`` (its sysfs is not here to
-discover), the services and host files come over SSH (``SshExec``, ``SshFiles``) instead of
-``pct exec`` and local files, and the guests from one API login pointed at the node
-(:func:`node_view`). Offline (:func:`read_offline`), facts come from files and the guests from
-the API or Proxmox's files, with no services or host files.
+the node: the facts are the node's own (its sysfs is not here to discover), the services and
+host files are the answers the node recorded (``RecordedExec``, ``RecordedFiles``; a read it
+could not make is made again over SSH, ``SshExec``, ``SshFiles``) instead of ``pct exec`` and
+local files, and the guests come from one API login pointed at the node (:func:`node_view`).
+A node whose gputopo has no ``node-read`` (an older one) is asked ``gputopo --version``, so it
+is refused naming both versions. Offline (:func:`read_offline`), facts come from files and the
+guests from the API or Proxmox's files, with no services or host files.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -31,12 +37,14 @@ from pydantic import ValidationError
 
 from gputopo import __version__
 from gputopo.adapters.pvefiles import DEFAULT_ROOT, PveFiles
-from gputopo.adapters.ssh import SshExec, SshFiles
+from gputopo.adapters.ssh import RecordedExec, RecordedFiles, SshExec, SshFiles
+from gputopo.cluster.noderead import COMMAND, reads_document
 from gputopo.errors import RemoteCommandFailed, SpecError, UnknownNode, VersionMismatch
 from gputopo.facts.observe import observe
+from gputopo.model.documents import NodeReadDoc
 from gputopo.model.facts import Facts
 from gputopo.model.state import CurrentState
-from gputopo.plan.reads import spec_reads
+from gputopo.plan.reads import reads_of, spec_reads
 from gputopo.plan.spec import Spec
 from gputopo.ports import ExecResult, NodeShellPort, ProxmoxPort
 
@@ -84,17 +92,52 @@ def check_version(shell: NodeShellPort, node: str, timeout: float) -> str:
     return theirs
 
 
-def remote_facts(shell: NodeShellPort, node: str, timeout: float) -> Facts:
-    """``gputopo discover --json`` on ``node``. Raises RemoteCommandFailed, NodeUnreachable."""
-    res = shell.run(node, ["gputopo", "discover", "--json"], timeout)
-    if res.rc != 0:
-        raise RemoteCommandFailed(node, "gputopo discover --json", res.rc, error_line(res))
+@dataclass
+class NodeRead:
+    """What a node read of itself (``gputopo cluster node-read``): its facts, the result of each
+    command it ran in a container (by ``(vmid, argv)``), the host files it read."""
+
+    facts: Facts
+    exec: dict[tuple[int, tuple[str, ...]], ExecResult]
+    files: dict[str, str | None]
+
+
+NODE_READ = "gputopo cluster node-read"
+
+
+def parse_node_read(node: str, text: str) -> NodeRead:
+    """``node``'s node-read document. Raises VersionMismatch when another gputopo version wrote
+    it, RemoteCommandFailed when it is not such a document."""
     try:
-        return Facts.model_validate_json(res.stdout)
+        data = json.loads(text)
+    except ValueError:
+        raise RemoteCommandFailed(node, NODE_READ, 0, "not JSON") from None
+    theirs = data.get("gputopo_version") if isinstance(data, dict) else None
+    if not isinstance(theirs, str):
+        raise RemoteCommandFailed(node, NODE_READ, 0, "not a node-read document (no gputopo_version)")
+    if theirs != __version__:
+        # another version may write another document: the version decides, before the model
+        raise VersionMismatch(node, __version__, theirs)
+    try:
+        doc = NodeReadDoc.model_validate(data)
+        facts = Facts.model_validate(doc.facts)
     except ValidationError as e:
         raise RemoteCommandFailed(
-            node, "gputopo discover --json", 0, f"not facts JSON ({e.error_count()} errors)"
+            node, NODE_READ, 0, f"not a node-read document ({e.error_count()} errors)"
         ) from None
+    ran = {(r.vmid, tuple(r.argv)): ExecResult(r.rc, r.stdout, r.stderr) for r in doc.exec}
+    return NodeRead(facts, ran, dict(doc.files))
+
+
+def remote_read(shell: NodeShellPort, node: str, spec: Spec, timeout: float) -> NodeRead:
+    """``gputopo cluster node-read`` on ``node``, asked for what the spec's node reads there.
+    Raises VersionMismatch, RemoteCommandFailed, NodeUnreachable."""
+    reads = reads_of(spec.node(node))
+    res = shell.run(node, COMMAND, timeout, input=json.dumps(reads_document(reads)))
+    if res.rc != 0:
+        check_version(shell, node, timeout)  # a gputopo without node-read is another version
+        raise RemoteCommandFailed(node, NODE_READ, res.rc, error_line(res))
+    return parse_node_read(node, res.stdout)
 
 
 def node_view(proxmox: ProxmoxPort, node: str) -> ProxmoxPort:
@@ -136,6 +179,44 @@ def select_nodes(spec: Spec, wanted: list[str] | None, members: list[str] | None
     return chosen
 
 
+class NodeReads:
+    """Every node's own round trip (``gputopo cluster node-read``), begun in the background at
+    once: the cluster commands begin it as soon as the spec is read and reach the API meanwhile.
+    ``close(abort=True)`` ends what still runs (the shell's ``abort``, where it has one) when
+    something else failed first."""
+
+    def __init__(
+        self,
+        spec: Spec,
+        nodes: list[str],
+        shell: NodeShellPort,
+        timeout: float = DEFAULT_TIMEOUT,
+        workers: int = WORKERS,
+    ):
+        self.shell = shell
+        self.nodes = list(nodes)
+        self._pool = ThreadPoolExecutor(max_workers=max(1, min(workers, len(self.nodes))))
+        self.futures = {n: self._pool.submit(remote_read, shell, n, spec, timeout) for n in self.nodes}
+
+    def get(self, node: str) -> NodeRead:
+        """``node``'s answer, once it came. Raises its error."""
+        return self.futures[node].result()
+
+    def raise_first(self, nodes: list[str]) -> None:
+        """Once all of ``nodes`` answered: the first error among them, in ``nodes`` order."""
+        for n in nodes:
+            err = self.futures[n].exception()
+            if err is not None:
+                raise err
+
+    def close(self, abort: bool = False) -> None:
+        if abort:
+            end = getattr(self.shell, "abort", None)
+            if callable(end):
+                end()
+        self._pool.shutdown(wait=True)
+
+
 def read_cluster(
     spec: Spec,
     nodes: list[str],
@@ -143,22 +224,38 @@ def read_cluster(
     proxmox: ProxmoxPort,
     timeout: float = DEFAULT_TIMEOUT,
     workers: int = WORKERS,
+    begun: NodeReads | None = None,
 ) -> dict[str, NodeInput]:
-    """Every node's facts and current state, read live. Raises NodeUnreachable,
-    VersionMismatch, RemoteCommandFailed, ProxmoxError (the first, in node order)."""
-    parallel(nodes, lambda n: check_version(shell, n, timeout), workers)
+    """Every node's facts and current state, read live: each node's own round trip (``begun``
+    already, or begun here), then, as soon as a node answered, its guests from the API. Raises
+    NodeUnreachable, VersionMismatch, RemoteCommandFailed (the first, in node order), then
+    SpecError or ProxmoxError (the first, in node order)."""
+    pending = begun if begun is not None else NodeReads(spec, nodes, shell, timeout, workers)
 
     def read(node: str) -> NodeInput:
+        got = pending.get(node)
         facts, current = observe(
-            remote_facts(shell, node, timeout),
+            got.facts,
             spec_reads(spec, node),
             proxmox=node_view(proxmox, node),
-            exec=SshExec(shell, node),
-            files=SshFiles(shell, node, timeout),
+            exec=RecordedExec(got.exec, SshExec(shell, node)),
+            files=RecordedFiles(got.files, SshFiles(shell, node, timeout)),
         )
         return NodeInput(node, facts, current)
 
-    return parallel(nodes, read, workers)
+    try:
+        if not nodes:
+            return {}
+        with ThreadPoolExecutor(max_workers=max(1, min(workers, len(nodes)))) as ex:
+            futures = {n: ex.submit(read, n) for n in nodes}
+        pending.raise_first(nodes)  # a node unreachable or on another version comes first
+        for n in nodes:
+            err = futures[n].exception()
+            if err is not None:
+                raise err
+        return {n: futures[n].result() for n in nodes}
+    finally:
+        pending.close()
 
 
 def load_facts(path: Path) -> Facts:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+import gputopo
 from gputopo.sim.cluster import SimCluster, create_cluster
 from gputopo.sim.kernel import SimKernel
 from helpers.applysim import SCALE, cleanup, fast_tmp
@@ -203,7 +204,10 @@ class SshNodes:
             "LogLevel ERROR",
             f"ForceCommand {sys.executable} -m gputopo.sim.cluster.nodeshell {node_dir}",
         ]
-        for k, v in self.env.get(node, {}).items():
+        # sshd hands its sessions a fresh environment: the node runs the gputopo this process
+        # imports (a checkout's, not whatever copy is installed), unless ``env`` names another
+        env = {"PYTHONPATH": str(Path(gputopo.__file__).resolve().parent.parent), **self.env.get(node, {})}
+        for k, v in env.items():
             lines.append(f"SetEnv {k}={v}")
         conf.write_text("\n".join(lines) + "\n")
         log = open(self.dir / f"sshd-{node}.log", "w")
