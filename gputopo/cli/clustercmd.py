@@ -262,14 +262,8 @@ def plan_cmd(
     type=click.Path(dir_okay=False),
     help="What to read here, as JSON (/dev/stdin: what the cluster side sends).",
 )
-@click.option(
-    "--sim",
-    "sim_dir",
-    type=click.Path(file_okay=False, exists=True),
-    default=None,
-    help="Read the simulated host in DIR (its root and containers).",
-)
-def node_read_cmd(reads_file, sim_dir):
+@connection_options(api=False, node=False, root=False)
+def node_read_cmd(conn: Connection, reads_file):
     """This node's facts and the reads a cluster command asked for, as one JSON document: what
     the cluster commands run on each node over SSH (internal; the same gputopo on both ends).
 
@@ -281,11 +275,11 @@ def node_read_cmd(reads_file, sim_dir):
     from gputopo.cluster.noderead import read_node, read_reads
 
     reads = read_reads(reads_file)  # no spec here: the node's part costs about what discover does
-    if sim_dir is not None:
-        from gputopo.sim.container import SimExec
+    if conn.sim is not None:
+        from gputopo.sim.container import SimExec, SimPaths
 
-        root = str(Path(sim_dir) / "root")
-        exec_port = SimExec(sim_dir)
+        root = str(SimPaths(Path(conn.sim)).root)
+        exec_port = SimExec(conn.sim)
     else:
         from gputopo.adapters.pct import PctExec
 
