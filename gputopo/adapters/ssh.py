@@ -91,11 +91,17 @@ class SshRunner:
     def run(self, node: str, argv: list[str], timeout: float, input: str | None = None) -> ExecResult:
         """Run ``argv`` on ``node``. Raises NodeUnreachable (refused, timed out, host key or
         login refused), ConfigError when there is no ssh client."""
+        return self.start(node, argv, stdin=input is not None).result(timeout, input)
+
+    def start(self, node: str, argv: list[str], stdin: bool = True) -> SshCall:
+        """Begin ``argv`` on ``node`` now; its input is written, and its answer read, by
+        :meth:`SshCall.result`. So the connection and the node's start-up run while the caller
+        works out what to send. Raises ConfigError when there is no ssh client."""
         cmd = self.command(node) + [shlex.join(argv)]
         try:
             p = subprocess.Popen(
                 cmd,
-                stdin=subprocess.DEVNULL if input is None else subprocess.PIPE,
+                stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
@@ -104,26 +110,15 @@ class SshRunner:
             raise ConfigError(f"{self.binary}: the OpenSSH client is not installed") from None
         with self._lock:
             self._running.add(p)
-        try:
-            stdout, stderr = p.communicate(input, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.communicate()
-            raise NodeUnreachable(node, f"no answer within {timeout:g} s ({shlex.join(argv[:2])})") from None
-        finally:
-            with self._lock:
-                self._running.discard(p)
-                aborted = p in self._aborted
-                self._aborted.discard(p)
-        if aborted:
-            raise NodeUnreachable(
-                node, f"left unanswered ({shlex.join(argv[:2])}): another node failed first"
-            )
-        if p.returncode == 255:
-            last = _last_line(stderr)
-            if not last or _SSH_FAILURE.match(last):
-                raise NodeUnreachable(node, last or "ssh exited 255")
-        return ExecResult(p.returncode, stdout, stderr)
+        return SshCall(self, node, argv, p)
+
+    def _ended(self, p: subprocess.Popen) -> bool:
+        """Forget ``p``; whether :meth:`abort` ended it."""
+        with self._lock:
+            self._running.discard(p)
+            aborted = p in self._aborted
+            self._aborted.discard(p)
+        return aborted
 
     def abort(self) -> None:
         """End every command this runner has running now (each of those ``run`` calls raises
@@ -134,6 +129,42 @@ class SshRunner:
             self._aborted.update(running)
         for p in running:
             p.kill()
+
+
+class SshCall:
+    """A command :meth:`SshRunner.start` began on ``node``."""
+
+    def __init__(self, runner: SshRunner, node: str, argv: list[str], proc: subprocess.Popen):
+        self.runner = runner
+        self.node = node
+        self.argv = argv
+        self.proc = proc
+
+    def result(self, timeout: float, input: str | None = None) -> ExecResult:
+        """Write ``input`` to the command and wait at most ``timeout`` seconds for its end.
+        Raises NodeUnreachable (refused, timed out, host key or login refused, aborted)."""
+        p, what = self.proc, shlex.join(self.argv[:2])
+        try:
+            stdout, stderr = p.communicate(input, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.communicate()
+            raise NodeUnreachable(self.node, f"no answer within {timeout:g} s ({what})") from None
+        finally:
+            aborted = self.runner._ended(p)
+        if aborted:
+            raise NodeUnreachable(self.node, f"left unanswered ({what}): another node failed first")
+        if p.returncode == 255:
+            last = _last_line(stderr)
+            if not last or _SSH_FAILURE.match(last):
+                raise NodeUnreachable(self.node, last or "ssh exited 255")
+        return ExecResult(p.returncode, stdout, stderr)
+
+    def cancel(self) -> None:
+        """End the command unanswered (nothing was sent to it)."""
+        self.proc.kill()
+        self.proc.communicate()
+        self.runner._ended(self.proc)
 
 
 class SshExec:

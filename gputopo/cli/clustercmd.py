@@ -139,32 +139,33 @@ def _open(conn: Connection, reach: Reach, facts_dir: str | None = None) -> _Clus
         options=reach.ssh_options,
         connect_timeout=reach.ssh_timeout,
     )
-    sim = None
-    if conn.sim is not None:
-        if conn.api_url is not None or conn.local:
-            raise ConfigError(
-                "--sim excludes --api-url and --local (the simulated cluster serves its own API)"
-            )
-        from gputopo.cli.connect import require_sim_extra
-        from gputopo.sim.cluster import SimCluster
-
-        require_sim_extra("cluster")
-        sim = SimCluster(conn.sim)
-        c.shell = ssh if reach.ssh_config else sim.shell()
-    elif conn.live:
-        c.shell = ssh
-    elif facts_dir is None:
+    if conn.sim is not None and (conn.api_url is not None or conn.local):
+        raise ConfigError("--sim excludes --api-url and --local (the simulated cluster serves its own API)")
+    if not conn.live and facts_dir is None:
         raise ConfigError(
             "reach the cluster with --api-url URL (or --local on a node, --sim DIR), "
             "or plan offline with --facts DIR"
         )
-    try:
-        if c.shell is not None and facts_dir is None:
+    if conn.live and (conn.sim is None or reach.ssh_config):
+        c.shell = ssh  # (a simulated cluster without --ssh-config runs each node's shell here)
+
+    def begin() -> None:
+        # each node reads itself (one round trip) while the API is reached; they only read
+        if facts_dir is None and c.shell is not None and c.begun is None:
             from gputopo.cluster.gather import NodeReads
 
-            # each node reads itself (one round trip) while the API is reached; they only read
             c.begun = NodeReads(spec, select_nodes(spec, wanted, None), c.shell, reach.timeout)
-        if sim is not None:
+
+    try:
+        begin()
+        if conn.sim is not None:
+            from gputopo.cli.connect import require_sim_extra
+            from gputopo.sim.cluster import SimCluster
+
+            require_sim_extra("cluster")
+            sim = SimCluster(conn.sim)
+            c.shell = c.shell or sim.shell()
+            begin()
             c.ports = sim.ports()
         elif conn.live:
             c.ports = build_ports(conn, default_node=spec.nodes[0].name)
@@ -272,9 +273,8 @@ def node_read_cmd(conn: Connection, reads_file):
     import json
 
     from gputopo.adapters.hostfiles import RealHostFiles
-    from gputopo.cluster.noderead import read_node, read_reads
+    from gputopo.cluster.noderead import node_facts, read_node, read_reads
 
-    reads = read_reads(reads_file)  # no spec here: the node's part costs about what discover does
     if conn.sim is not None:
         from gputopo.sim.container import SimExec, SimPaths
 
@@ -284,7 +284,9 @@ def node_read_cmd(conn: Connection, reads_file):
         from gputopo.adapters.pct import PctExec
 
         root, exec_port = "/", PctExec()
-    doc = read_node(root, reads, exec_port, RealHostFiles(root))
+    facts = node_facts(root)  # first: the cluster side sends the reads meanwhile
+    reads = read_reads(reads_file)  # no spec here: the node's part costs about what discover does
+    doc = read_node(facts, reads, exec_port, RealHostFiles(root))
     sys.stdout.write(json.dumps(doc, ensure_ascii=False) + "\n")
 
 

@@ -44,7 +44,6 @@ from gputopo.facts.observe import observe
 from gputopo.model.documents import NodeReadDoc
 from gputopo.model.facts import Facts
 from gputopo.model.state import CurrentState
-from gputopo.plan.reads import reads_of, spec_reads
 from gputopo.plan.spec import Spec
 from gputopo.ports import ExecResult, NodeShellPort, ProxmoxPort
 
@@ -132,8 +131,17 @@ def parse_node_read(node: str, text: str) -> NodeRead:
 def remote_read(shell: NodeShellPort, node: str, spec: Spec, timeout: float) -> NodeRead:
     """``gputopo cluster node-read`` on ``node``, asked for what the spec's node reads there.
     Raises VersionMismatch, RemoteCommandFailed, NodeUnreachable."""
-    reads = reads_of(spec.node(node))
-    res = shell.run(node, COMMAND, timeout, input=json.dumps(reads_document(reads)))
+    start = getattr(shell, "start", None)  # SshRunner's: the node starts and discovers meanwhile
+    call = start(node, COMMAND) if callable(start) else None
+    try:
+        from gputopo.plan.reads import reads_of  # the planner's modules: after the call began
+
+        sent = json.dumps(reads_document(reads_of(spec.node(node))))
+    except BaseException:
+        if call is not None:
+            call.cancel()
+        raise
+    res = call.result(timeout, sent) if call is not None else shell.run(node, COMMAND, timeout, input=sent)
     if res.rc != 0:
         check_version(shell, node, timeout)  # a gputopo without node-read is another version
         raise RemoteCommandFailed(node, NODE_READ, res.rc, error_line(res))
@@ -232,6 +240,8 @@ def read_cluster(
     SpecError or ProxmoxError (the first, in node order)."""
     pending = begun if begun is not None else NodeReads(spec, nodes, shell, timeout, workers)
 
+    from gputopo.plan.reads import spec_reads
+
     def read(node: str) -> NodeInput:
         got = pending.get(node)
         facts, current = observe(
@@ -297,6 +307,8 @@ def read_offline(
     """Every node's facts from ``facts_dir`` and its state from the API (``proxmox``) or else
     Proxmox's files under ``pve_root`` (default ``/etc/pve``; guests count as running); services
     and host files are not read."""
+
+    from gputopo.plan.reads import spec_reads
 
     def read(node: str) -> NodeInput:
         source = node_view(proxmox, node) if proxmox is not None else PveFiles(pve_root or DEFAULT_ROOT, node)

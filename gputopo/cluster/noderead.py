@@ -32,6 +32,7 @@ from typing import Any
 from gputopo import __version__
 from gputopo.errors import GputopoError, SpecError
 from gputopo.facts.discover import discover
+from gputopo.model.facts import Facts
 from gputopo.model.reads import EXEC_TIMEOUT, ContainerRead, Reads, ServiceRead
 from gputopo.ports import ExecPort, HostFilesPort
 
@@ -103,13 +104,19 @@ def read_reads(path: str) -> Reads:
     return parse_reads(text, path)
 
 
-def read_node(root: str, reads: Reads, exec: ExecPort, files: HostFilesPort) -> dict[str, Any]:
-    """The node-read document of the host at ``root``: its facts, what ``reads`` asks of its
-    containers (through ``exec``) and of its host files (through ``files``). Raises what
-    discovery raises (RootError); a read that fails is left out (see the module's docstring).
-    """
+def node_facts(root: str) -> Facts:
+    """The facts of the host at ``root``, as ``gputopo discover --json`` prints them. Raises
+    RootError. The node discovers before it reads what to read: the cluster side works that out
+    while the node starts and discovers."""
     facts = discover(root)
-    facts.root = root  # as ``gputopo discover --json`` records it
+    facts.root = root
+    return facts
+
+
+def read_node(facts: Facts, reads: Reads, exec: ExecPort, files: HostFilesPort) -> dict[str, Any]:
+    """The node-read document: the node's ``facts``, what ``reads`` asks of its containers
+    (through ``exec``) and of its host files (through ``files``). A read that fails is left out
+    (see the module's docstring)."""
     ran = []
     for c in reads.containers or ():
         if c.service is None:
