@@ -238,9 +238,11 @@ def read_cluster(
     already, or begun here), then, as soon as a node answered, its guests from the API. Raises
     NodeUnreachable, VersionMismatch, RemoteCommandFailed (the first, in node order), then
     SpecError or ProxmoxError (the first, in node order)."""
-    pending = begun if begun is not None else NodeReads(spec, nodes, shell, timeout, workers)
-
+    # imported here, not above: the cluster commands import this module to begin the nodes'
+    # reads, and the planner's modules load while the nodes already answer
     from gputopo.plan.reads import spec_reads
+
+    pending = begun if begun is not None else NodeReads(spec, nodes, shell, timeout, workers)
 
     def read(node: str) -> NodeInput:
         got = pending.get(node)
