@@ -121,7 +121,6 @@ def _open(conn: Connection, reach: Reach, facts_dir: str | None = None) -> _Clus
     """Load the spec and reach the cluster as the options say. Raises ConfigError, SpecError,
     UnknownNode, ProxmoxError, SimHostError."""
     from gputopo.adapters.ssh import SshRunner
-    from gputopo.cluster.gather import select_nodes
     from gputopo.errors import ConfigError
     from gputopo.plan.spec import parse_spec, read_spec_text
 
@@ -150,11 +149,13 @@ def _open(conn: Connection, reach: Reach, facts_dir: str | None = None) -> _Clus
         c.shell = ssh  # (a simulated cluster without --ssh-config runs each node's shell here)
 
     def begin() -> None:
-        # each node reads itself (one round trip) while the API is reached; they only read
+        # each node reads itself (one round trip) while the rest loads and the API is reached;
+        # they only read (a node --nodes or the cluster does not know is refused below)
         if facts_dir is None and c.shell is not None and c.begun is None:
-            from gputopo.cluster.gather import NodeReads
+            from gputopo.cluster.noderead import NodeReads
 
-            c.begun = NodeReads(spec, select_nodes(spec, wanted, None), c.shell, reach.timeout)
+            names = [n.name for n in spec.nodes if wanted is None or n.name in wanted]
+            c.begun = NodeReads(spec, names, c.shell, reach.timeout)
 
     try:
         begin()
@@ -174,6 +175,8 @@ def _open(conn: Connection, reach: Reach, facts_dir: str | None = None) -> _Clus
 
             c.api = ClusterApi(c.ports.proxmox)
             c.members = c.api.members()
+        from gputopo.cluster.gather import select_nodes
+
         c.nodes = select_nodes(spec, wanted, c.members)
     except BaseException:
         c.close()

@@ -25,8 +25,6 @@ guests from the API or Proxmox's files, with no services or host files.
 from __future__ import annotations
 
 import copy
-import json
-import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -35,17 +33,15 @@ from typing import TypeVar
 
 from pydantic import ValidationError
 
-from gputopo import __version__
 from gputopo.adapters.pvefiles import DEFAULT_ROOT, PveFiles
 from gputopo.adapters.ssh import RecordedExec, RecordedFiles, SshExec, SshFiles
-from gputopo.cluster.noderead import COMMAND, reads_document
-from gputopo.errors import RemoteCommandFailed, SpecError, UnknownNode, VersionMismatch
+from gputopo.cluster.noderead import NodeReads, error_line, parse_version  # noqa: F401 (rolling's, verify's)
+from gputopo.errors import SpecError, UnknownNode
 from gputopo.facts.observe import observe
-from gputopo.model.documents import NodeReadDoc
 from gputopo.model.facts import Facts
 from gputopo.model.state import CurrentState
 from gputopo.plan.spec import Spec
-from gputopo.ports import ExecResult, NodeShellPort, ProxmoxPort
+from gputopo.ports import NodeShellPort, ProxmoxPort
 
 T = TypeVar("T")
 WORKERS = 16
@@ -59,93 +55,6 @@ class NodeInput:
     node: str
     facts: Facts
     current: CurrentState
-
-
-def error_line(res: ExecResult) -> str:
-    """The one-line reason a remote gputopo gave (``gputopo: error: ...``), else its last line."""
-    lines = [ln.strip() for ln in res.stderr.splitlines() if ln.strip()]
-    for ln in reversed(lines):
-        if ln.startswith("gputopo: error: "):
-            return ln[len("gputopo: error: ") :]
-    if lines:
-        return lines[-1]
-    out = [ln.strip() for ln in res.stdout.splitlines() if ln.strip()]
-    return out[-1] if out else f"exit status {res.rc}"
-
-
-def parse_version(text: str) -> str | None:
-    """The version in ``gputopo --version`` output (``gputopo, version 0.1.0``)."""
-    m = re.search(r"version (\S+)", text)
-    return m.group(1) if m else None
-
-
-def check_version(shell: NodeShellPort, node: str, timeout: float) -> str:
-    """The gputopo version ``node`` runs. Raises VersionMismatch when it is not this one,
-    RemoteCommandFailed when it has none, NodeUnreachable."""
-    res = shell.run(node, ["gputopo", "--version"], timeout)
-    theirs = parse_version(res.stdout) if res.rc == 0 else None
-    if theirs is None:
-        raise RemoteCommandFailed(node, "gputopo --version", res.rc, error_line(res))
-    if theirs != __version__:
-        raise VersionMismatch(node, __version__, theirs)
-    return theirs
-
-
-@dataclass
-class NodeRead:
-    """What a node read of itself (``gputopo cluster node-read``): its facts, the result of each
-    command it ran in a container (by ``(vmid, argv)``), the host files it read."""
-
-    facts: Facts
-    exec: dict[tuple[int, tuple[str, ...]], ExecResult]
-    files: dict[str, str | None]
-
-
-NODE_READ = "gputopo cluster node-read"
-
-
-def parse_node_read(node: str, text: str) -> NodeRead:
-    """``node``'s node-read document. Raises VersionMismatch when another gputopo version wrote
-    it, RemoteCommandFailed when it is not such a document."""
-    try:
-        data = json.loads(text)
-    except ValueError:
-        raise RemoteCommandFailed(node, NODE_READ, 0, "not JSON") from None
-    theirs = data.get("gputopo_version") if isinstance(data, dict) else None
-    if not isinstance(theirs, str):
-        raise RemoteCommandFailed(node, NODE_READ, 0, "not a node-read document (no gputopo_version)")
-    if theirs != __version__:
-        # another version may write another document: the version decides, before the model
-        raise VersionMismatch(node, __version__, theirs)
-    try:
-        doc = NodeReadDoc.model_validate(data)
-        facts = Facts.model_validate(doc.facts)
-    except ValidationError as e:
-        raise RemoteCommandFailed(
-            node, NODE_READ, 0, f"not a node-read document ({e.error_count()} errors)"
-        ) from None
-    ran = {(r.vmid, tuple(r.argv)): ExecResult(r.rc, r.stdout, r.stderr) for r in doc.exec}
-    return NodeRead(facts, ran, dict(doc.files))
-
-
-def remote_read(shell: NodeShellPort, node: str, spec: Spec, timeout: float) -> NodeRead:
-    """``gputopo cluster node-read`` on ``node``, asked for what the spec's node reads there.
-    Raises VersionMismatch, RemoteCommandFailed, NodeUnreachable."""
-    start = getattr(shell, "start", None)  # SshRunner's: the node starts and discovers meanwhile
-    call = start(node, COMMAND) if callable(start) else None
-    try:
-        from gputopo.plan.reads import reads_of  # the planner's modules: after the call began
-
-        sent = json.dumps(reads_document(reads_of(spec.node(node))))
-    except BaseException:
-        if call is not None:
-            call.cancel()
-        raise
-    res = call.result(timeout, sent) if call is not None else shell.run(node, COMMAND, timeout, input=sent)
-    if res.rc != 0:
-        check_version(shell, node, timeout)  # a gputopo without node-read is another version
-        raise RemoteCommandFailed(node, NODE_READ, res.rc, error_line(res))
-    return parse_node_read(node, res.stdout)
 
 
 def node_view(proxmox: ProxmoxPort, node: str) -> ProxmoxPort:
@@ -185,44 +94,6 @@ def select_nodes(spec: Spec, wanted: list[str] | None, members: list[str] | None
             if n not in members:
                 raise UnknownNode(n, "a member of the cluster", sorted(members))
     return chosen
-
-
-class NodeReads:
-    """Every node's own round trip (``gputopo cluster node-read``), begun in the background at
-    once: the cluster commands begin it as soon as the spec is read and reach the API meanwhile.
-    ``close(abort=True)`` ends what still runs (the shell's ``abort``, where it has one) when
-    something else failed first."""
-
-    def __init__(
-        self,
-        spec: Spec,
-        nodes: list[str],
-        shell: NodeShellPort,
-        timeout: float = DEFAULT_TIMEOUT,
-        workers: int = WORKERS,
-    ):
-        self.shell = shell
-        self.nodes = list(nodes)
-        self._pool = ThreadPoolExecutor(max_workers=max(1, min(workers, len(self.nodes))))
-        self.futures = {n: self._pool.submit(remote_read, shell, n, spec, timeout) for n in self.nodes}
-
-    def get(self, node: str) -> NodeRead:
-        """``node``'s answer, once it came. Raises its error."""
-        return self.futures[node].result()
-
-    def raise_first(self, nodes: list[str]) -> None:
-        """Once all of ``nodes`` answered: the first error among them, in ``nodes`` order."""
-        for n in nodes:
-            err = self.futures[n].exception()
-            if err is not None:
-                raise err
-
-    def close(self, abort: bool = False) -> None:
-        if abort:
-            end = getattr(self.shell, "abort", None)
-            if callable(end):
-                end()
-        self._pool.shutdown(wait=True)
 
 
 def read_cluster(

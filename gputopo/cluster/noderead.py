@@ -12,32 +12,45 @@ everything at once, with the gputopo version it runs (:func:`read_node`):
   status and output, as the node's ``pct exec`` gave them;
 * ``files``: each host file asked for, its text or null when it does not exist.
 
-Nothing is interpreted here. The cluster side (:mod:`gputopo.cluster.gather`) refuses another
+Nothing is interpreted on the node. The cluster side (:func:`parse_node_read`) refuses another
 gputopo version as before, checks the document against its strict model
-(:class:`gputopo.model.documents.NodeReadDoc`) and hands the answers to
-:func:`gputopo.facts.observe.observe` as recorded ports, so the state comes out of the same
-reader with the same rules as a host read in place. A read that failed here (a ``pct exec``
+(:class:`gputopo.model.documents.NodeReadDoc`), and :mod:`gputopo.cluster.gather` hands the
+answers to :func:`gputopo.facts.observe.observe` as recorded ports, so the state comes out of
+the same reader with the same rules as a host read in place. A read that failed here (a ``pct exec``
 that did not finish, a file that could not be read) is left out of the document; the cluster
 side then makes it again over SSH and reports its error as it always did.
 
+The cluster side's half is here too (:class:`NodeReads`, :func:`remote_read`): the cluster
+commands begin each node's round trip as soon as the spec is read, before the rest of the
+cluster code and the API are loaded.
+
 This module stays light: the node imports no pydantic and nothing of the planner, so its part
-costs about what ``gputopo discover --json`` costs.
+costs about what ``gputopo discover --json`` costs; the cluster side loads the document's model
+and the planner's reads once the node's call has begun.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+import re
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from gputopo import __version__
-from gputopo.errors import GputopoError, SpecError
+from gputopo.errors import GputopoError, RemoteCommandFailed, SpecError, VersionMismatch
 from gputopo.facts.discover import discover
 from gputopo.model.facts import Facts
 from gputopo.model.reads import EXEC_TIMEOUT, ContainerRead, Reads, ServiceRead
-from gputopo.ports import ExecPort, HostFilesPort
+from gputopo.ports import ExecPort, ExecResult, HostFilesPort, NodeShellPort
+
+if TYPE_CHECKING:
+    from gputopo.plan.spec import Spec
 
 READ_VERSION = 1  # the node-read document's schema_version (NodeReadDoc's)
 COMMAND = ["gputopo", "cluster", "node-read", "--reads", "/dev/stdin"]
+NODE_READ = "gputopo cluster node-read"
+WORKERS = 16
 
 
 def reads_document(reads: Reads) -> dict[str, Any]:
@@ -143,3 +156,132 @@ def read_node(facts: Facts, reads: Reads, exec: ExecPort, files: HostFilesPort) 
         "exec": ran,
         "files": texts,
     }
+
+
+# --- the cluster side -----------------------------------------------------------------------------
+
+
+def error_line(res: ExecResult) -> str:
+    """The one-line reason a remote gputopo gave (``gputopo: error: ...``), else its last line."""
+    lines = [ln.strip() for ln in res.stderr.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if ln.startswith("gputopo: error: "):
+            return ln[len("gputopo: error: ") :]
+    if lines:
+        return lines[-1]
+    out = [ln.strip() for ln in res.stdout.splitlines() if ln.strip()]
+    return out[-1] if out else f"exit status {res.rc}"
+
+
+def parse_version(text: str) -> str | None:
+    """The version in ``gputopo --version`` output (``gputopo, version 0.1.0``)."""
+    m = re.search(r"version (\S+)", text)
+    return m.group(1) if m else None
+
+
+def check_version(shell: NodeShellPort, node: str, timeout: float) -> str:
+    """The gputopo version ``node`` runs. Raises VersionMismatch when it is not this one,
+    RemoteCommandFailed when it has none, NodeUnreachable."""
+    res = shell.run(node, ["gputopo", "--version"], timeout)
+    theirs = parse_version(res.stdout) if res.rc == 0 else None
+    if theirs is None:
+        raise RemoteCommandFailed(node, "gputopo --version", res.rc, error_line(res))
+    if theirs != __version__:
+        raise VersionMismatch(node, __version__, theirs)
+    return theirs
+
+
+@dataclass
+class NodeRead:
+    """What a node read of itself (``gputopo cluster node-read``): its facts, the result of each
+    command it ran in a container (by ``(vmid, argv)``), the host files it read."""
+
+    facts: Facts
+    exec: dict[tuple[int, tuple[str, ...]], ExecResult]
+    files: dict[str, str | None]
+
+
+def parse_node_read(node: str, text: str) -> NodeRead:
+    """``node``'s node-read document. Raises VersionMismatch when another gputopo version wrote
+    it, RemoteCommandFailed when it is not such a document."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        raise RemoteCommandFailed(node, NODE_READ, 0, "not JSON") from None
+    theirs = data.get("gputopo_version") if isinstance(data, dict) else None
+    if not isinstance(theirs, str):
+        raise RemoteCommandFailed(node, NODE_READ, 0, "not a node-read document (no gputopo_version)")
+    if theirs != __version__:
+        # another version may write another document: the version decides, before the model
+        raise VersionMismatch(node, __version__, theirs)
+    from pydantic import ValidationError
+
+    from gputopo.model.documents import NodeReadDoc
+
+    try:
+        doc = NodeReadDoc.model_validate(data)
+        facts = Facts.model_validate(doc.facts)
+    except ValidationError as e:
+        raise RemoteCommandFailed(
+            node, NODE_READ, 0, f"not a node-read document ({e.error_count()} errors)"
+        ) from None
+    ran = {(r.vmid, tuple(r.argv)): ExecResult(r.rc, r.stdout, r.stderr) for r in doc.exec}
+    return NodeRead(facts, ran, dict(doc.files))
+
+
+def remote_read(shell: NodeShellPort, node: str, spec: Spec, timeout: float) -> NodeRead:
+    """``gputopo cluster node-read`` on ``node``, asked for what the spec's node reads there.
+    Raises VersionMismatch, RemoteCommandFailed, NodeUnreachable."""
+    start = getattr(shell, "start", None)  # SshRunner's: the node starts and discovers meanwhile
+    call = start(node, COMMAND) if callable(start) else None
+    try:
+        from gputopo.plan.reads import reads_of  # the planner's modules: after the call began
+
+        sent = json.dumps(reads_document(reads_of(spec.node(node))))
+    except BaseException:
+        if call is not None:
+            call.cancel()
+        raise
+    res = call.result(timeout, sent) if call is not None else shell.run(node, COMMAND, timeout, input=sent)
+    if res.rc != 0:
+        check_version(shell, node, timeout)  # a gputopo without node-read is another version
+        raise RemoteCommandFailed(node, NODE_READ, res.rc, error_line(res))
+    return parse_node_read(node, res.stdout)
+
+
+class NodeReads:
+    """Every node's own round trip (``gputopo cluster node-read``), begun in the background at
+    once: the cluster commands begin it as soon as the spec is read and reach the API meanwhile.
+    ``close(abort=True)`` ends what still runs (the shell's ``abort``, where it has one) when
+    something else failed first."""
+
+    def __init__(
+        self,
+        spec: Spec,
+        nodes: list[str],
+        shell: NodeShellPort,
+        timeout: float,
+        workers: int = WORKERS,
+    ):
+        self.shell = shell
+        self.nodes = list(nodes)
+        self._pool = ThreadPoolExecutor(max_workers=max(1, min(workers, len(self.nodes))))
+        self.futures = {n: self._pool.submit(remote_read, shell, n, spec, timeout) for n in self.nodes}
+
+    def get(self, node: str) -> NodeRead:
+        """``node``'s answer, once it came. Raises its error."""
+        return self.futures[node].result()
+
+    def raise_first(self, nodes: list[str]) -> None:
+        """Once all of ``nodes`` answered: the first error among them, in ``nodes`` order."""
+        for n in nodes:
+            err = self.futures[n].exception()
+            if err is not None:
+                raise err
+
+    def close(self, abort: bool = False) -> None:
+        if abort:
+            end = getattr(self.shell, "abort", None)
+            if callable(end):
+                end()
+        self._pool.shutdown(wait=True)

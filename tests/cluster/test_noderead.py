@@ -16,8 +16,17 @@ import gputopo
 from gputopo.adapters.hostfiles import RealHostFiles
 from gputopo.adapters.pvefiles import PveFiles
 from gputopo.adapters.ssh import RecordedExec, RecordedFiles, SshRunner
-from gputopo.cluster.gather import NodeReads, parse_node_read, read_cluster, remote_read
-from gputopo.cluster.noderead import COMMAND, node_facts, parse_reads, read_node, reads_document
+from gputopo.cluster.gather import read_cluster
+from gputopo.cluster.noderead import (
+    COMMAND,
+    NodeReads,
+    node_facts,
+    parse_node_read,
+    parse_reads,
+    read_node,
+    reads_document,
+    remote_read,
+)
 from gputopo.errors import NodeUnreachable, RemoteCommandFailed, SpecError, VersionMismatch
 from gputopo.facts.observe import observe
 from gputopo.model.documents import NodeReadDoc
