@@ -3,7 +3,8 @@
 Each node is reached as the cluster's nodes reach each other: ``ssh root@<node>`` (BatchMode,
 host keys checked; ``--ssh-config`` for an ssh_config of your own), where gputopo reads the
 node in one round trip (``gputopo cluster node-read``: its facts, services and host files) and
-applies (``gputopo apply``, the node's own lock and journal). The shared state (guests, PCI mappings, HA) comes from the API of any node:
+applies (``gputopo apply``, the node's own lock and journal). The shared state (guests, PCI
+mappings, HA) comes from the API of any node:
 ``--api-url``, ``--local`` on a node, or ``--sim DIR`` for a simulated cluster (``gputopo sim
 create --nodes 3 DIR``; without ``--ssh-config`` its nodes' shells run here). ``plan`` and
 ``diff`` can also work offline from ``--facts DIR`` (``<node>.json`` from ``gputopo discover

@@ -35,7 +35,12 @@ from pydantic import ValidationError
 
 from gputopo.adapters.pvefiles import DEFAULT_ROOT, PveFiles
 from gputopo.adapters.ssh import RecordedExec, RecordedFiles, SshExec, SshFiles
-from gputopo.cluster.noderead import NodeReads, error_line, parse_version  # noqa: F401 (rolling's, verify's)
+from gputopo.cluster.noderead import (  # noqa: F401 (error_line, parse_version: rolling's, verify's)
+    WORKERS,
+    NodeReads,
+    error_line,
+    parse_version,
+)
 from gputopo.errors import SpecError, UnknownNode
 from gputopo.facts.observe import observe
 from gputopo.model.facts import Facts
@@ -44,7 +49,6 @@ from gputopo.plan.spec import Spec
 from gputopo.ports import NodeShellPort, ProxmoxPort
 
 T = TypeVar("T")
-WORKERS = 16
 DEFAULT_TIMEOUT = 60.0
 
 

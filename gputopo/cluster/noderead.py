@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 READ_VERSION = 1  # the node-read document's schema_version (NodeReadDoc's)
 COMMAND = ["gputopo", "cluster", "node-read", "--reads", "/dev/stdin"]
 NODE_READ = "gputopo cluster node-read"
-WORKERS = 16
+WORKERS = 16  # nodes read at the same time
 
 
 def reads_document(reads: Reads) -> dict[str, Any]:

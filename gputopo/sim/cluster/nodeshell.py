@@ -6,7 +6,8 @@ the command as arguments. It answers the commands the cluster code runs on a nod
 node's simulated parts:
 
 * ``gputopo ...``: the gputopo installed for this interpreter, pointed at the node: ``--sim NODE_DIR`` for
-  the commands that take it (a real node's default is the local pvesh and pct), ``--root
+  the commands that take it and ``cluster node-read`` (a real node's default is the local
+  pvesh and pct), ``--root
   NODE_DIR/root`` for ``discover`` and ``snapshot``;
 * ``pct exec VMID -- ARGV``: the node's containers (:class:`gputopo.sim.container.SimExec`);
 * ``cat FILE...``, ``stat -c FMT FILE``, ``test -d DIR``: files of the node's root, with
