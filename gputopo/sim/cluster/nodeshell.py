@@ -7,8 +7,7 @@ node's simulated parts:
 
 * ``gputopo ...``: the gputopo installed for this interpreter, pointed at the node: ``--sim NODE_DIR`` for
   the commands that take it and ``cluster node-read`` (a real node's default is the local
-  pvesh and pct), ``--root
-  NODE_DIR/root`` for ``discover`` and ``snapshot``;
+  pvesh and pct), ``--root NODE_DIR/root`` for ``discover`` and ``snapshot``;
 * ``pct exec VMID -- ARGV``: the node's containers (:class:`gputopo.sim.container.SimExec`);
 * ``cat FILE...``, ``stat -c FMT FILE``, ``test -d DIR``: files of the node's root, with
   coreutils' messages;
