@@ -2,8 +2,9 @@
 
 Each node is reached as the cluster's nodes reach each other: ``ssh root@<node>`` (BatchMode,
 host keys checked; ``--ssh-config`` for an ssh_config of your own), where gputopo reads the
-node's facts (``gputopo discover --json``) and applies (``gputopo apply``, the node's own lock
-and journal). The shared state (guests, PCI mappings, HA) comes from the API of any node:
+node in one round trip (``gputopo cluster node-read``: its facts, services and host files) and
+applies (``gputopo apply``, the node's own lock and journal). The shared state (guests, PCI
+mappings, HA) comes from the API of any node:
 ``--api-url``, ``--local`` on a node, or ``--sim DIR`` for a simulated cluster (``gputopo sim
 create --nodes 3 DIR``; without ``--ssh-config`` its nodes' shells run here). ``plan`` and
 ``diff`` can also work offline from ``--facts DIR`` (``<node>.json`` from ``gputopo discover
@@ -42,8 +43,12 @@ class _Cluster:
     members: list[str] | None = None
     inputs: dict = field(default_factory=dict)
     ha: Any = None
+    begun: Any = None  # the nodes' own reads, begun while the API is reached (until _read takes them)
 
     def close(self) -> None:
+        if self.begun is not None:
+            self.begun.close(abort=True)  # only reads run while they are here: their answers are not wanted
+            self.begun = None
         if self.ports is not None:
             self.ports.close()
 
@@ -117,7 +122,6 @@ def _open(conn: Connection, reach: Reach, facts_dir: str | None = None) -> _Clus
     """Load the spec and reach the cluster as the options say. Raises ConfigError, SpecError,
     UnknownNode, ProxmoxError, SimHostError."""
     from gputopo.adapters.ssh import SshRunner
-    from gputopo.cluster.gather import select_nodes
     from gputopo.errors import ConfigError
     from gputopo.plan.spec import parse_spec, read_spec_text
 
@@ -135,32 +139,45 @@ def _open(conn: Connection, reach: Reach, facts_dir: str | None = None) -> _Clus
         options=reach.ssh_options,
         connect_timeout=reach.ssh_timeout,
     )
-    if conn.sim is not None:
-        if conn.api_url is not None or conn.local:
-            raise ConfigError(
-                "--sim excludes --api-url and --local (the simulated cluster serves its own API)"
-            )
-        from gputopo.cli.connect import require_sim_extra
-        from gputopo.sim.cluster import SimCluster
-
-        require_sim_extra("cluster")
-        sim = SimCluster(conn.sim)
-        c.ports = sim.ports()
-        c.shell = ssh if reach.ssh_config else sim.shell()
-    elif conn.live:
-        c.ports = build_ports(conn, default_node=spec.nodes[0].name)
-        c.shell = ssh
-    elif facts_dir is None:
+    if conn.sim is not None and (conn.api_url is not None or conn.local):
+        raise ConfigError("--sim excludes --api-url and --local (the simulated cluster serves its own API)")
+    if not conn.live and facts_dir is None:
         raise ConfigError(
             "reach the cluster with --api-url URL (or --local on a node, --sim DIR), "
             "or plan offline with --facts DIR"
         )
+    if conn.live and (conn.sim is None or reach.ssh_config):
+        c.shell = ssh  # (a simulated cluster without --ssh-config runs each node's shell here)
+
+    def begin() -> None:
+        # each node reads itself (one round trip) while the rest loads and the API is reached;
+        # they only read (a node --nodes or the cluster does not know is refused below)
+        if facts_dir is None and c.shell is not None and c.begun is None:
+            from gputopo.cluster.noderead import NodeReads
+
+            names = [n.name for n in spec.nodes if wanted is None or n.name in wanted]
+            c.begun = NodeReads(spec, names, c.shell, reach.timeout)
+
     try:
+        begin()
+        if conn.sim is not None:
+            from gputopo.cli.connect import require_sim_extra
+            from gputopo.sim.cluster import SimCluster
+
+            require_sim_extra("cluster")
+            sim = SimCluster(conn.sim)
+            c.shell = c.shell or sim.shell()
+            begin()
+            c.ports = sim.ports()
+        elif conn.live:
+            c.ports = build_ports(conn, default_node=spec.nodes[0].name)
         if c.ports is not None:
             from gputopo.adapters.clusterapi import ClusterApi
 
             c.api = ClusterApi(c.ports.proxmox)
             c.members = c.api.members()
+        from gputopo.cluster.gather import select_nodes
+
         c.nodes = select_nodes(spec, wanted, c.members)
     except BaseException:
         c.close()
@@ -181,7 +198,8 @@ def _read(c: _Cluster, conn: Connection, timeout: float, facts_dir: str | None, 
             c.ports.proxmox if c.ports is not None else None,
         )
     else:
-        c.inputs = read_cluster(c.spec, c.nodes, c.shell, c.ports.proxmox, timeout)
+        begun, c.begun = c.begun, None
+        c.inputs = read_cluster(c.spec, c.nodes, c.shell, c.ports.proxmox, timeout, begun=begun)
     if with_ha and c.api is not None:
         c.ha = read_ha(c.api)
 
@@ -239,6 +257,41 @@ def plan_cmd(
         print_json(cplan.to_data())
     else:
         sys.stdout.write(cplan.to_text())
+
+
+@cluster.command("node-read", hidden=True)
+@click.option(
+    "--reads",
+    "reads_file",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="What to read here, as JSON (/dev/stdin: what the cluster side sends).",
+)
+@connection_options(api=False, node=False, root=False)
+def node_read_cmd(conn: Connection, reads_file):
+    """This node's facts and the reads a cluster command asked for, as one JSON document: what
+    the cluster commands run on each node over SSH (internal; the same gputopo on both ends).
+
+    Exit codes: 0 read, 2 bad input (the reads, the host root).
+    """
+    import json
+
+    from gputopo.adapters.hostfiles import RealHostFiles
+    from gputopo.cluster.noderead import node_facts, read_node, read_reads
+
+    if conn.sim is not None:
+        from gputopo.sim.container import SimExec, SimPaths
+
+        root = str(SimPaths(Path(conn.sim)).root)
+        exec_port = SimExec(conn.sim)
+    else:
+        from gputopo.adapters.pct import PctExec
+
+        root, exec_port = "/", PctExec()
+    facts = node_facts(root)  # first: the cluster side sends the reads meanwhile
+    reads = read_reads(reads_file)  # no spec here: the node's part costs about what discover does
+    doc = read_node(facts, reads, exec_port, RealHostFiles(root))
+    sys.stdout.write(json.dumps(doc, ensure_ascii=False) + "\n")
 
 
 @cluster.command("diff")

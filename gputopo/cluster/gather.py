@@ -1,26 +1,30 @@
 """Reading a cluster: each node's facts and node-local state over SSH, the rest from the API.
 
 What a node alone can tell (its PCI devices and drivers, its host files, the services in its
-containers) comes from that node through a :class:`gputopo.ports.NodeShellPort`: ``gputopo
---version`` first (a node running another gputopo would plan differently: refused with both
-versions), then ``gputopo discover --json``, ``pct exec`` and ``cat``. What the cluster shares
-(guest configs and states, the PCI mappings) comes from the API of any node, which forwards a
-node's paths to it. Nodes are read in parallel; the first failure, in node order, is raised
-before anything anywhere has changed.
+containers) comes from that node through a :class:`gputopo.ports.NodeShellPort`, in one round
+trip per node: ``gputopo cluster node-read`` (:mod:`gputopo.cluster.noderead`) gets what to
+read on stdin and prints the gputopo version it runs (a node running another gputopo would plan
+differently: refused with both versions), its facts (what ``gputopo discover --json`` prints)
+and the answers of the reads in one JSON document. What the cluster shares (guest configs and
+states, the PCI mappings) comes from the API of any node, which forwards a node's paths to it.
+Nodes are read in parallel, each node's guests from the API as soon as it answered; the
+first failure, in node order, is raised before anything anywhere has changed (a node that
+cannot be reached or runs another version before any failure of the API).
 
 Each node is read by :func:`gputopo.facts.observe.observe`, as a single host is, with the same
 rules. What differs is only where each part comes from, because this process does not run on
-the node: the facts are the node's own ``gputopo discover --json`` (its sysfs is not here to
-discover), the services and host files come over SSH (``SshExec``, ``SshFiles``) instead of
-``pct exec`` and local files, and the guests from one API login pointed at the node
-(:func:`node_view`). Offline (:func:`read_offline`), facts come from files and the guests from
-the API or Proxmox's files, with no services or host files.
+the node: the facts are the node's own (its sysfs is not here to discover), the services and
+host files are the answers the node recorded (``RecordedExec``, ``RecordedFiles``; a read it
+could not make is made again over SSH, ``SshExec``, ``SshFiles``) instead of ``pct exec`` and
+local files, and the guests come from one API login pointed at the node (:func:`node_view`).
+A node whose gputopo has no ``node-read`` (an older one) is asked ``gputopo --version``, so it
+is refused naming both versions. Offline (:func:`read_offline`), facts come from files and the
+guests from the API or Proxmox's files, with no services or host files.
 """
 
 from __future__ import annotations
 
 import copy
-import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -29,19 +33,22 @@ from typing import TypeVar
 
 from pydantic import ValidationError
 
-from gputopo import __version__
 from gputopo.adapters.pvefiles import DEFAULT_ROOT, PveFiles
-from gputopo.adapters.ssh import SshExec, SshFiles
-from gputopo.errors import RemoteCommandFailed, SpecError, UnknownNode, VersionMismatch
+from gputopo.adapters.ssh import RecordedExec, RecordedFiles, SshExec, SshFiles
+from gputopo.cluster.noderead import (  # noqa: F401 (error_line, parse_version: rolling's, verify's)
+    WORKERS,
+    NodeReads,
+    error_line,
+    parse_version,
+)
+from gputopo.errors import SpecError, UnknownNode
 from gputopo.facts.observe import observe
 from gputopo.model.facts import Facts
 from gputopo.model.state import CurrentState
-from gputopo.plan.reads import spec_reads
 from gputopo.plan.spec import Spec
-from gputopo.ports import ExecResult, NodeShellPort, ProxmoxPort
+from gputopo.ports import NodeShellPort, ProxmoxPort
 
 T = TypeVar("T")
-WORKERS = 16
 DEFAULT_TIMEOUT = 60.0
 
 
@@ -52,49 +59,6 @@ class NodeInput:
     node: str
     facts: Facts
     current: CurrentState
-
-
-def error_line(res: ExecResult) -> str:
-    """The one-line reason a remote gputopo gave (``gputopo: error: ...``), else its last line."""
-    lines = [ln.strip() for ln in res.stderr.splitlines() if ln.strip()]
-    for ln in reversed(lines):
-        if ln.startswith("gputopo: error: "):
-            return ln[len("gputopo: error: ") :]
-    if lines:
-        return lines[-1]
-    out = [ln.strip() for ln in res.stdout.splitlines() if ln.strip()]
-    return out[-1] if out else f"exit status {res.rc}"
-
-
-def parse_version(text: str) -> str | None:
-    """The version in ``gputopo --version`` output (``gputopo, version 0.1.0``)."""
-    m = re.search(r"version (\S+)", text)
-    return m.group(1) if m else None
-
-
-def check_version(shell: NodeShellPort, node: str, timeout: float) -> str:
-    """The gputopo version ``node`` runs. Raises VersionMismatch when it is not this one,
-    RemoteCommandFailed when it has none, NodeUnreachable."""
-    res = shell.run(node, ["gputopo", "--version"], timeout)
-    theirs = parse_version(res.stdout) if res.rc == 0 else None
-    if theirs is None:
-        raise RemoteCommandFailed(node, "gputopo --version", res.rc, error_line(res))
-    if theirs != __version__:
-        raise VersionMismatch(node, __version__, theirs)
-    return theirs
-
-
-def remote_facts(shell: NodeShellPort, node: str, timeout: float) -> Facts:
-    """``gputopo discover --json`` on ``node``. Raises RemoteCommandFailed, NodeUnreachable."""
-    res = shell.run(node, ["gputopo", "discover", "--json"], timeout)
-    if res.rc != 0:
-        raise RemoteCommandFailed(node, "gputopo discover --json", res.rc, error_line(res))
-    try:
-        return Facts.model_validate_json(res.stdout)
-    except ValidationError as e:
-        raise RemoteCommandFailed(
-            node, "gputopo discover --json", 0, f"not facts JSON ({e.error_count()} errors)"
-        ) from None
 
 
 def node_view(proxmox: ProxmoxPort, node: str) -> ProxmoxPort:
@@ -143,22 +107,42 @@ def read_cluster(
     proxmox: ProxmoxPort,
     timeout: float = DEFAULT_TIMEOUT,
     workers: int = WORKERS,
+    begun: NodeReads | None = None,
 ) -> dict[str, NodeInput]:
-    """Every node's facts and current state, read live. Raises NodeUnreachable,
-    VersionMismatch, RemoteCommandFailed, ProxmoxError (the first, in node order)."""
-    parallel(nodes, lambda n: check_version(shell, n, timeout), workers)
+    """Every node's facts and current state, read live: each node's own round trip (``begun``
+    already, or begun here), then, as soon as a node answered, its guests from the API. Raises
+    NodeUnreachable, VersionMismatch, RemoteCommandFailed (the first, in node order), then
+    SpecError or ProxmoxError (the first, in node order)."""
+    # imported here, not above: the cluster commands import this module to begin the nodes'
+    # reads, and the planner's modules load while the nodes already answer
+    from gputopo.plan.reads import spec_reads
+
+    pending = begun if begun is not None else NodeReads(spec, nodes, shell, timeout, workers)
 
     def read(node: str) -> NodeInput:
+        got = pending.get(node)
         facts, current = observe(
-            remote_facts(shell, node, timeout),
+            got.facts,
             spec_reads(spec, node),
             proxmox=node_view(proxmox, node),
-            exec=SshExec(shell, node),
-            files=SshFiles(shell, node, timeout),
+            exec=RecordedExec(got.exec, SshExec(shell, node)),
+            files=RecordedFiles(got.files, SshFiles(shell, node, timeout)),
         )
         return NodeInput(node, facts, current)
 
-    return parallel(nodes, read, workers)
+    try:
+        if not nodes:
+            return {}
+        with ThreadPoolExecutor(max_workers=max(1, min(workers, len(nodes)))) as ex:
+            futures = {n: ex.submit(read, n) for n in nodes}
+        pending.raise_first(nodes)  # a node unreachable or on another version comes first
+        for n in nodes:
+            err = futures[n].exception()
+            if err is not None:
+                raise err
+        return {n: futures[n].result() for n in nodes}
+    finally:
+        pending.close()
 
 
 def load_facts(path: Path) -> Facts:
@@ -200,6 +184,8 @@ def read_offline(
     """Every node's facts from ``facts_dir`` and its state from the API (``proxmox``) or else
     Proxmox's files under ``pve_root`` (default ``/etc/pve``; guests count as running); services
     and host files are not read."""
+
+    from gputopo.plan.reads import spec_reads
 
     def read(node: str) -> NodeInput:
         source = node_view(proxmox, node) if proxmox is not None else PveFiles(pve_root or DEFAULT_ROOT, node)

@@ -18,11 +18,9 @@ from gputopo.errors import ExecError, ProxmoxError
 from gputopo.formats.hostpci import hostpci_keys
 from gputopo.formats.systemctl import parse_tp
 from gputopo.formats.systemd import parse_show_properties, show_state
-from gputopo.model.reads import ContainerRead, Reads, ServiceRead
+from gputopo.model.reads import EXEC_TIMEOUT, ContainerRead, Reads, ServiceRead
 from gputopo.model.state import ContainerState, CurrentState, GuestState, HaState, MappingState, ServiceState
 from gputopo.ports import ExecPort, HostFilesPort, ProxmoxReadPort
-
-EXEC_TIMEOUT = 20.0
 
 
 def hostpci_values(config: dict[str, Any]) -> list[str]:
@@ -31,16 +29,12 @@ def hostpci_values(config: dict[str, Any]) -> list[str]:
 
 
 def _service_state(exec: ExecPort, vmid: int, svc: ServiceRead) -> ServiceState:
-    res = exec.run(
-        vmid,
-        ["systemctl", "show", "-p", "ActiveState", "-p", "ExecStart", "-p", "LoadState", svc.unit],
-        EXEC_TIMEOUT,
-    )
+    res = exec.run(vmid, svc.show_argv(), EXEC_TIMEOUT)
     props = parse_show_properties(res.stdout) if res.rc == 0 else {}
     active, command = show_state(props) if props else (False, None)
     # systemd answers for any name: an unknown unit is LoadState=not-found
     load = props.get("LoadState", "").strip()
-    cat = exec.run(vmid, ["cat", svc.dropin_path], EXEC_TIMEOUT)
+    cat = exec.run(vmid, svc.dropin_argv(), EXEC_TIMEOUT)
     dropin = cat.stdout if cat.rc == 0 else None
     return ServiceState(
         unit=svc.unit,

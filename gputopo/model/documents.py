@@ -387,6 +387,30 @@ class ClusterApplyDoc(_Doc):
     wall_s: float = 0.0
 
 
+# --- a cluster node's own reads ------------------------------------------------------------------
+
+
+class NodeReadExec(Strict):
+    """One command run in a container of the node (``pct exec``), as it ended there."""
+
+    vmid: int
+    argv: list[str]
+    rc: int
+    stdout: str
+    stderr: str
+
+
+class NodeReadDoc(_Doc):
+    """``gputopo cluster node-read``: what a node read of itself for a cluster command, in one
+    SSH round trip (:mod:`gputopo.cluster.noderead`). Internal: the same gputopo version writes
+    and reads it (the cluster side refuses another version before this model)."""
+
+    gputopo_version: str
+    facts: dict[str, Any] = Field(description="What 'gputopo discover --json' prints")
+    exec: list[NodeReadExec] = Field(description="The service reads run in its containers")
+    files: dict[str, str | None] = Field(description="Host files asked for: text, null when absent")
+
+
 # --- history -------------------------------------------------------------------------------------
 
 Outcome = Literal["applied", "rolled-back", "unfinished", "needs-human", "unreadable"]

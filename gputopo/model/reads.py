@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+EXEC_TIMEOUT = 20.0  # seconds one read inside a container may take
+
 
 @dataclass(frozen=True)
 class ServiceRead:
@@ -17,6 +19,14 @@ class ServiceRead:
 
     unit: str
     dropin_path: str
+
+    def show_argv(self) -> list[str]:
+        """The unit's state, its command line and whether systemd knows it."""
+        return ["systemctl", "show", "-p", "ActiveState", "-p", "ExecStart", "-p", "LoadState", self.unit]
+
+    def dropin_argv(self) -> list[str]:
+        """gputopo's drop-in of the unit, as it is now."""
+        return ["cat", self.dropin_path]
 
 
 @dataclass(frozen=True)

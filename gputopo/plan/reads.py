@@ -14,13 +14,18 @@ from gputopo.model.facts import Facts
 from gputopo.model.reads import ContainerRead, Reads, ServiceRead
 from gputopo.plan.render import PERSISTENCE_PATHS, dropin_path
 from gputopo.plan.select import pick_node
-from gputopo.plan.spec import Spec
+from gputopo.plan.spec import Node, Spec
 
 
 def node_reads(spec: Spec, facts: Facts, node: str | None = None) -> Reads:
     """What to read for the spec's node for this host (:func:`pick_node`, whose SpecError it
     raises): its containers and services, every VM it names, the persistence files."""
-    n = pick_node(spec, facts, node)
+    return reads_of(pick_node(spec, facts, node))
+
+
+def reads_of(n: Node) -> Reads:
+    """What to read for the spec's node ``n``: what :func:`node_reads` says once the node is
+    picked (a cluster asks a node for it before that node's facts are here)."""
     containers = tuple(
         ContainerRead(
             c.vmid,

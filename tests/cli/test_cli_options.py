@@ -44,6 +44,7 @@ OFFERED = {
     "cluster diff": ["--pve-root", "--sim", *API],
     "cluster apply": ["--sim", *API],
     "cluster verify": ["--sim", *API],
+    "cluster node-read": ["--sim"],
 }
 CONNECTION = {"--root", "--pve-root", "--sim", "--node", *API}
 

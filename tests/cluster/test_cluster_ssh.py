@@ -19,9 +19,14 @@ from pathlib import Path
 import pytest
 
 import gputopo
-from gputopo.adapters.ssh import SshRunner
+from gputopo.adapters.ssh import SshExec, SshFiles, SshRunner
+from gputopo.cluster.gather import NodeInput, node_view, read_cluster
+from gputopo.cluster.plan import plan_cluster
 from gputopo.errors import NodeUnreachable
+from gputopo.facts.observe import observe
 from gputopo.model.facts import Facts
+from gputopo.plan.reads import spec_reads
+from gputopo.plan.spec import parse_spec
 from helpers.applysim import diff as fp_diff
 from helpers.applysim import fingerprint
 from helpers.clusterharness import (
@@ -131,6 +136,44 @@ def test_plan_apply_and_a_second_apply_over_ssh(cluster, ssh, tmp_path):
     assert "Cluster: no changes on 3 node(s)" in again.stdout
     diff = cli("cluster", "diff", "--exit-code", *common)
     assert diff.returncode == 0, diff.stdout + diff.stderr
+
+
+def test_one_round_trip_per_node_reads_what_the_reads_one_by_one_read(cluster, ssh):
+    """read_cluster over sshd (each node's node-read, one connection each) gives the facts,
+    the state and the cluster plan that reading each part over its own SSH call gives."""
+    ssh.start()
+    spec = parse_spec(spec_text(cluster, split=["pve1", "pve2"], whole=["pve3"]))
+    runner = SshRunner(config_file=str(ssh.config), connect_timeout=5)
+    calls = []
+    start = runner.start
+    runner.start = lambda node, argv, stdin=True: calls.append((node, argv[:3])) or start(node, argv, stdin)
+    ports = cluster.ports()
+    try:
+        fast = read_cluster(spec, cluster.nodes, runner, ports.proxmox)
+        assert sorted(calls) == [(n, ["gputopo", "cluster", "node-read"]) for n in cluster.nodes]
+        # each part read over SSH by itself, as the cluster commands read a node before
+        one_by_one = {}
+        for n in cluster.nodes:
+            facts = Facts.model_validate_json(runner.run(n, ["gputopo", "discover", "--json"], 60).stdout)
+            one_by_one[n] = NodeInput(
+                n,
+                *observe(
+                    facts,
+                    spec_reads(spec, n),
+                    proxmox=node_view(ports.proxmox, n),
+                    exec=SshExec(runner, n),
+                    files=SshFiles(runner, n),
+                ),
+            )
+        for n in cluster.nodes:
+            assert fast[n].facts.model_dump() == one_by_one[n].facts.model_dump()
+            assert fast[n].current == one_by_one[n].current
+        assert fast["pve1"].current.containers[cluster.container("pve1")].service.active
+        assert plan_cluster(spec, fast, cluster.nodes).to_data() == (
+            plan_cluster(spec, one_by_one, cluster.nodes).to_data()
+        )
+    finally:
+        cluster.stop()
 
 
 def test_an_unreachable_node_stops_everything_before_any_change(cluster, ssh, tmp_path):

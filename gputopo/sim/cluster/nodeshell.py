@@ -6,8 +6,8 @@ the command as arguments. It answers the commands the cluster code runs on a nod
 node's simulated parts:
 
 * ``gputopo ...``: the gputopo installed for this interpreter, pointed at the node: ``--sim NODE_DIR`` for
-  the commands that take it (a real node's default is the local pvesh and pct), ``--root
-  NODE_DIR/root`` for ``discover`` and ``snapshot``;
+  the commands that take it and ``cluster node-read`` (a real node's default is the local
+  pvesh and pct), ``--root NODE_DIR/root`` for ``discover`` and ``snapshot``;
 * ``pct exec VMID -- ARGV``: the node's containers (:class:`gputopo.sim.container.SimExec`);
 * ``cat FILE...``, ``stat -c FMT FILE``, ``test -d DIR``: files of the node's root, with
   coreutils' messages;
@@ -37,7 +37,9 @@ def with_node(args: list[str], node_dir: Path) -> list[str]:
         return args
     cmd, rest = args[i], args[i + 1 :]
     rest = [a for a in rest if a != "--local"]  # the node's own API is the simulated one
-    if cmd in SIM_COMMANDS and "--sim" not in rest:
+    if cmd == "cluster" and rest[:1] == ["node-read"] and "--sim" not in rest:
+        rest = ["node-read", "--sim", str(node_dir), *rest[1:]]  # the node's containers and root
+    elif cmd in SIM_COMMANDS and "--sim" not in rest:
         rest = ["--sim", str(node_dir)] + rest
     elif cmd in ROOT_COMMANDS and "--root" not in rest:
         rest = ["--root", str(node_dir / "root")] + rest
