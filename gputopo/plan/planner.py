@@ -60,7 +60,7 @@ from gputopo.plan.select import (
 )
 from gputopo.plan.spec import Spec
 from gputopo.plan.vm.consumers import VmPlan, plan_consumers
-from gputopo.plan.vm.safety import MapView, check_guests, check_restarts
+from gputopo.plan.vm.safety import MapView, check_guests, check_listed, check_restarts
 from gputopo.plan.vm.sets import consumer_sets, map_order
 
 
@@ -155,7 +155,8 @@ def _vm_restarts(
 ) -> tuple[list[StopGuest], list[StartGuest]]:
     """(stops, starts) of VMs: those using a changed mapping or a moving device, consumers whose
     config changes, consumers the spec says run. A VM whose mapping would list a container's GPU
-    (or be gone) is never started: the plan is refused instead."""
+    (or have no device here) is never started, and a mapping a VM of the node names may not list
+    a container's GPU after the plan: the plan is refused instead."""
     stops, starts = guest_restarts(spec_node, current, mappings, changed, rebinding)
     stopped = [s.vmid for s in stops]
     for vmid in vm_plan.restart:
@@ -168,6 +169,9 @@ def _vm_restarts(
     refused = check_guests(current, view, handled, set(stopped), found)
     configs = {vmid: g.config for vmid, g in current.guests.items()} | vm_plan.configs
     check_restarts([s.vmid for s in starts if s.vmid not in refused], configs, view, found)
+    # a consumer the consumer checks refused has no planned config: its refusal says it all
+    unplanned = handled - set(vm_plan.configs)
+    check_listed(current, configs, view, refused | unplanned | {s.vmid for s in starts}, found)
     return stops, starts
 
 

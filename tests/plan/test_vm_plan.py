@@ -343,7 +343,8 @@ def test_a_stopped_vm_on_a_deleted_mapping_is_a_warning(facts):
     back = spec_text(container="numa: [0, 1]").replace("gpus: {numa: [1]}", "gpus: rest")
     p = plan(f2, parse_spec(back), c2)
     assert (
-        "VM 201 (stopped) cannot start safely after the plan: its hostpci0 names mapping pro6000-vm, which "
-        "does not exist after the plan" in p.warnings
+        "VM 201 (stopped) cannot start on pve1: its hostpci0 names mapping pro6000-vm, which has no device "
+        "on pve1 after the plan (the plan deletes it); Proxmox refuses its start here (PCI device mapping not "
+        "found)" in p.warnings
     )
     assert not [a for a in p.actions if isinstance(a, (StopGuest, StartGuest)) and a.guest == "qemu"]
