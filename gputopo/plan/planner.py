@@ -44,6 +44,7 @@ from gputopo.plan.render import PERSISTENCE_PATHS, p2p_must_be_disabled, persist
 from gputopo.plan.restarts import (
     check_service_unit,
     container_restarts,
+    environment_only,
     guest_restarts,
     maps_a_moving_gpu,
     service_target,
@@ -265,6 +266,7 @@ def plan(
     dropins: list[WriteServiceDropin] = []
     touched: set[int] = set()
     live: set[int] = set()  # containers whose devices change while they keep running
+    settings_only: set[int] = set()  # containers whose drop-in changes only the environment
     p2p = p2p_must_be_disabled(facts)
     for owner, c in cts.items():
         gpus = sorted(selected.get(owner, []), key=lambda g: g.address)
@@ -295,6 +297,8 @@ def plan(
         svc_target, dropin = service_target(c, len(gpus), state, p2p, templates, found)
         if dropin is not None:
             dropins.append(dropin)
+            if c.vmid not in touched and environment_only(c, state, dropin, found):
+                settings_only.add(c.vmid)  # written, the running service left alone
         containers.append(
             ContainerTarget(
                 vmid=c.vmid,
@@ -307,7 +311,8 @@ def plan(
             )
         )
 
-    ct_stops, ct_starts = container_restarts(spec_node, current, touched, {d.vmid for d in dropins}, live)
+    restart_services = {d.vmid for d in dropins} - settings_only
+    ct_stops, ct_starts = container_restarts(spec_node, current, touched, restart_services, live)
     rebinding = {m for r in rebinds for m in r.members}
     vm_stops, vm_starts = _vm_restarts(
         spec_node, current, mappings, changed_mappings, rebinding, vm_plan, view, found
