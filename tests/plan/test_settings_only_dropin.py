@@ -14,8 +14,11 @@ import pytest
 from gputopo.actions import StartService, StopService, WriteServiceDropin
 from gputopo.apply import apply
 from gputopo.facts.observe import observe
+from gputopo.model.state import ContainerState, ServiceState
+from gputopo.plan.findings import Findings
 from gputopo.plan.planner import plan
 from gputopo.plan.reads import spec_reads
+from gputopo.plan.restarts import environment_only
 from gputopo.plan.spec import parse_spec
 from gputopo.sim.container import SimExec
 from gputopo.verify import verify
@@ -24,8 +27,6 @@ from helpers.applysim import (
     running_service,
     template,  # noqa: F401 (fixtures)
 )
-
-pytestmark = pytest.mark.slow  # applies on a simulated host (seconds); the full run only
 
 UNIT = "sglang.service"
 DROPIN = f"etc/systemd/system/{UNIT}.d/gputopo.conf"
@@ -67,6 +68,7 @@ def what_runs(host) -> tuple[str, str, str | None, list[str]]:
     )
 
 
+@pytest.mark.slow  # applies on a simulated host (seconds)
 def test_a_service_whose_gpus_stay_is_not_restarted_for_environment_settings(host):
     spec = parse_spec(SPEC)
     ports = host.ports()
@@ -122,6 +124,7 @@ def test_a_service_whose_gpus_stay_is_not_restarted_for_environment_settings(hos
     assert report.check("platform").status == "PASS", report.to_text()
 
 
+@pytest.mark.slow
 def test_a_drop_in_that_changes_the_command_still_restarts_the_service(host):
     """The same GPUs, but the spec's command differs from what runs: not settings only."""
     spec = parse_spec(
@@ -137,3 +140,37 @@ def test_a_drop_in_that_changes_the_command_still_restarts_the_service(host):
     kinds = [type(a) for a in p.actions]
     assert kinds == [WriteServiceDropin, StopService, StartService]
     assert not [w for w in p.warnings if "keeps running" in w]
+
+
+# --- what counts as settings only (pure) -----------------------------------------------------------
+
+RUNS = "/srv/server --model m --tp 8"
+OLD = f"[Service]\nExecStart=\nExecStart={RUNS}\nEnvironment=CUDA_DEVICE_ORDER=PCI_BUS_ID\n"
+
+
+def only_env(
+    new: str, old: str | None = OLD, active: bool = True, runs: str = RUNS
+) -> tuple[bool, list[str]]:
+    c = parse_spec(SPEC).nodes[0].containers[0]
+    state = ContainerState(
+        status="running", service=ServiceState(unit=UNIT, active=active, exec_start=runs, tp=8, dropin=old)
+    )
+    dropin = WriteServiceDropin(vmid=101, unit=UNIT, path="/" + DROPIN, content=new, tp=8)
+    found = Findings()
+    return environment_only(c, state, dropin, found), found.warnings
+
+
+def test_only_environment_and_comments_leave_the_service_running():
+    ok, (w,) = only_env(OLD.replace("PCI_BUS_ID", "FASTEST_FIRST") + '# why\nEnvironment="A=1 2" B=3\n')
+    assert ok and "environment (A, B, CUDA_DEVICE_ORDER)" in w and "peer-to-peer" not in w
+    assert only_env("# a comment only\n" + OLD) == (True, [])  # nothing to take effect: no warning
+
+
+def test_a_command_tp_or_other_directive_change_is_not_settings_only():
+    assert only_env(OLD.replace("--tp 8", "--tp 4"))[0] is False
+    assert only_env(OLD.replace("--model m", "--model n"))[0] is False
+    assert only_env(OLD + "LimitMEMLOCK=infinity\n")[0] is False
+    assert only_env(OLD + "Environment=X=1\n", active=False)[0] is False  # a stopped one starts anyway
+    # a %-sign is doubled in the file (systemd specifiers) and runs single
+    pct = OLD.replace("--model m", "--model 100%%")
+    assert only_env(pct, old=None, runs=RUNS.replace("--model m", "--model 100%"))[0] is True

@@ -193,7 +193,9 @@ def check_listed(
         for key, name in mapping_lines(configs.get(vmid, g.config)):
             mid = view.find(name)
             if mid is not None and view.container_gpus(mid):
-                users.setdefault(mid, []).append(f"VM {vmid} ({key}, {g.status})")
+                # read from Proxmox's files, whether it runs is not known (nor does it matter here)
+                status = f", {g.status}" if current.guest_status_known else ""
+                users.setdefault(mid, []).append(f"VM {vmid} ({key}{status})")
     for mid, vms in sorted(users.items()):
         found.refuse(
             None,
