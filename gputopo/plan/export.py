@@ -229,7 +229,7 @@ def export_yaml(ex: Exported, facts: Facts) -> str:
             lines += [
                 f"#   not managed by gputopo yet; to let tensor parallelism follow the GPUs, add to container {vmid}:",
                 f'#     service: {{unit: {u.unit}, tp_flag: "{u.tp_flag}"}}',
-                "#   (plan then writes a drop-in and restarts the service once)",
+                "#   (plan then writes a drop-in; the service restarts only when that changes its command)",
             ]
     Spec.model_validate(ex.data)  # what is written must be a spec: checked before a word of it is
     return (

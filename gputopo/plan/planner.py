@@ -44,6 +44,7 @@ from gputopo.plan.render import PERSISTENCE_PATHS, p2p_must_be_disabled, persist
 from gputopo.plan.restarts import (
     check_service_unit,
     container_restarts,
+    environment_only,
     guest_restarts,
     maps_a_moving_gpu,
     service_target,
@@ -60,7 +61,7 @@ from gputopo.plan.select import (
 )
 from gputopo.plan.spec import Spec
 from gputopo.plan.vm.consumers import VmPlan, plan_consumers
-from gputopo.plan.vm.safety import MapView, check_guests, check_restarts
+from gputopo.plan.vm.safety import MapView, check_guests, check_listed, check_restarts
 from gputopo.plan.vm.sets import consumer_sets, map_order
 
 
@@ -155,7 +156,8 @@ def _vm_restarts(
 ) -> tuple[list[StopGuest], list[StartGuest]]:
     """(stops, starts) of VMs: those using a changed mapping or a moving device, consumers whose
     config changes, consumers the spec says run. A VM whose mapping would list a container's GPU
-    (or be gone) is never started: the plan is refused instead."""
+    (or have no device here) is never started, and a mapping a VM of the node names may not list
+    a container's GPU after the plan: the plan is refused instead."""
     stops, starts = guest_restarts(spec_node, current, mappings, changed, rebinding)
     stopped = [s.vmid for s in stops]
     for vmid in vm_plan.restart:
@@ -168,6 +170,9 @@ def _vm_restarts(
     refused = check_guests(current, view, handled, set(stopped), found)
     configs = {vmid: g.config for vmid, g in current.guests.items()} | vm_plan.configs
     check_restarts([s.vmid for s in starts if s.vmid not in refused], configs, view, found)
+    # a consumer the consumer checks refused has no planned config: its refusal says it all
+    unplanned = handled - set(vm_plan.configs)
+    check_listed(current, configs, view, refused | unplanned | {s.vmid for s in starts}, found)
     return stops, starts
 
 
@@ -261,6 +266,7 @@ def plan(
     dropins: list[WriteServiceDropin] = []
     touched: set[int] = set()
     live: set[int] = set()  # containers whose devices change while they keep running
+    settings_only: set[int] = set()  # containers whose drop-in changes only the environment
     p2p = p2p_must_be_disabled(facts)
     for owner, c in cts.items():
         gpus = sorted(selected.get(owner, []), key=lambda g: g.address)
@@ -291,6 +297,8 @@ def plan(
         svc_target, dropin = service_target(c, len(gpus), state, p2p, templates, found)
         if dropin is not None:
             dropins.append(dropin)
+            if c.vmid not in touched and environment_only(c, state, dropin, found):
+                settings_only.add(c.vmid)  # written, the running service left alone
         containers.append(
             ContainerTarget(
                 vmid=c.vmid,
@@ -303,7 +311,8 @@ def plan(
             )
         )
 
-    ct_stops, ct_starts = container_restarts(spec_node, current, touched, {d.vmid for d in dropins}, live)
+    restart_services = {d.vmid for d in dropins} - settings_only
+    ct_stops, ct_starts = container_restarts(spec_node, current, touched, restart_services, live)
     rebinding = {m for r in rebinds for m in r.members}
     vm_stops, vm_starts = _vm_restarts(
         spec_node, current, mappings, changed_mappings, rebinding, vm_plan, view, found

@@ -3,6 +3,7 @@ changes, VMs whose passthrough devices move, and what the spec says serves but i
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 from gputopo.actions import (
@@ -24,6 +25,8 @@ from gputopo.plan.findings import Findings
 from gputopo.plan.model import MappingTarget, ServiceTarget
 from gputopo.plan.render import dropin_path, render_dropin
 from gputopo.plan.spec import Container, Node
+
+P2P_VAR = "NCCL_P2P_DISABLE"  # the template's variable that turns NCCL's peer-to-peer DMA off
 
 
 def check_service_unit(c: Container, state: ContainerState | None, tp: int, found: Findings) -> None:
@@ -104,6 +107,73 @@ def service_target(
         content=content,
         tp=tp,
     )
+
+
+def _dropin_parts(text: str | None) -> tuple[str | None, dict[str, str], list[str]]:
+    """(the command of its last ``ExecStart=``, its ``Environment=`` assignments, every other
+    directive) of a drop-in's text; comments, blank lines and section headers are left out (a
+    drop-in of gputopo's has one ``[Service]`` section)."""
+    command: str | None = None
+    env: dict[str, str] = {}
+    other: list[str] = []
+    for raw in (text or "").splitlines():
+        line = raw.strip()
+        if not line or line[0] in "#;[":
+            continue
+        key, _, value = line.partition("=")
+        if key == "ExecStart":
+            command = value.replace("%%", "%") or None  # an empty ExecStart= resets the list
+        elif key == "Environment":
+            try:
+                words = shlex.split(value)
+            except ValueError:
+                words = value.split()
+            env.update(w.partition("=")[::2] for w in words if "=" in w)
+        else:
+            other.append(line)
+    return command, env, other
+
+
+def _same_command(a: str, b: str) -> bool:
+    try:
+        return shlex.split(a) == shlex.split(b)
+    except ValueError:
+        return a.split() == b.split()
+
+
+def environment_only(
+    c: Container, state: ContainerState, dropin: WriteServiceDropin, found: Findings
+) -> bool:
+    """True when ``dropin`` changes nothing of container ``c``'s running service but its
+    environment: the service is active, the drop-in's command is the one it runs (tensor-parallel
+    size included) and no other directive changes. Called for a container whose GPUs do not move:
+    the service is then left running (restarting it would be an outage for settings only), the
+    drop-in is still written, and a warning says when its environment takes effect. systemd reads
+    a changed drop-in only at a ``daemon-reload`` (or the container's boot), so a restart alone
+    would still run the old one, as ``systemctl`` then warns; gputopo's own start of the service
+    reloads first."""
+    svc = state.service
+    if c.service is None or svc is None or not svc.active or state.status != "running" or not svc.exec_start:
+        return False
+    command, env, other = _dropin_parts(dropin.content)
+    _, old_env, old_other = _dropin_parts(svc.dropin)
+    if command is None or not _same_command(command, svc.exec_start) or other != old_other:
+        return False
+    names = sorted(k for k in {*env, *old_env} if env.get(k) != old_env.get(k))
+    if names:
+        unit = c.service.unit
+        found.warn(
+            f"CT {c.vmid}: {unit} keeps running, its GPUs do not move: its new drop-in only changes its "
+            f"environment ({', '.join(names)}), which takes effect at its next start after a daemon-reload "
+            f"(the next plan that moves its GPUs, a restart of CT {c.vmid}, or `systemctl daemon-reload && "
+            f"systemctl restart {unit}` in it)"
+            + (
+                "; until then peer-to-peer DMA stays on, which can corrupt data with SEV-SNP and a translating IOMMU"
+                if env.get(P2P_VAR) == "1" != old_env.get(P2P_VAR)
+                else ""
+            )
+        )
+    return True
 
 
 def _running_tp(svc: ServiceState | None) -> int | None:

@@ -83,10 +83,19 @@ def check(ctx: Context) -> Check:
                 f"CT {c.vmid}: cannot read {unit}'s environment ({err}); make sure {P2P_VAR}=1 is set"
             )
         else:
+            # a drop-in that sets it but was not loaded: a plan leaves a running service whose GPUs
+            # stay alone for environment settings, so applying again would change nothing
+            ct = ctx.current.containers.get(c.vmid) if ctx.current else None
+            dropin = ct.service.dropin if ct and ct.service else None
+            fix = (
+                f"its drop-in sets it; systemctl daemon-reload && systemctl restart {unit} in CT {c.vmid}"
+                if p2p_disabled(parse_environment(" ".join(_env_lines(dropin))), None)
+                else f"gputopo apply --spec FILE (its drop-in sets {P2P_VAR}=1)"
+            )
             warnings.append(
                 f"CT {c.vmid}: SEV-SNP on, IOMMU translating, {len(distinct)} root complexes "
                 f"({', '.join(distinct)}) and {unit} has no {P2P_VAR}=1: peer-to-peer DMA can "
-                f"corrupt data; fix: gputopo apply --spec FILE (its drop-in sets {P2P_VAR}=1)"
+                f"corrupt data; fix: {fix}"
             )
     return verdict(
         NAME,
@@ -94,3 +103,12 @@ def check(ctx: Context) -> Check:
         "SEV-SNP on, IOMMU translating; " + ("; ".join(parts) or "no multi-GPU service"),
         warnings=warnings,
     )
+
+
+def _env_lines(dropin: str | None) -> list[str]:
+    """The values of a drop-in's ``Environment=`` lines."""
+    return [
+        line.strip()[len("Environment=") :]
+        for line in (dropin or "").splitlines()
+        if line.strip().startswith("Environment=")
+    ]

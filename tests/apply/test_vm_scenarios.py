@@ -289,11 +289,17 @@ def test_verify_fails_when_a_vm_uses_a_mapping_listing_container_gpus_and_warns_
     (host.paths.pve / "nodes/pve1/qemu-server/203.conf").write_text(
         "hostpci0: mapping=pro6000,pcie=1\nmachine: q35\n"
     )
-    vm = verify(spec, ports, root=str(host.paths.root), only=["vm"]).check("vm")
-    assert (
-        vm.status == "FAIL"
-        and "and VM 203 uses it: Proxmox can give one of them to the VM at its start" in vm.summary
+    # a VM of the node now names it: a fresh plan of the spec is refused (verify is certain to
+    # fail on that state), so verify fails on the refusal, naming mapping, GPUs and VM
+    report = verify(spec, ports, root=str(host.paths.root), only=["converged", "vm"])
+    assert not report.ok
+    conv = report.check("converged")
+    assert conv.status == "FAIL" and conv.summary.startswith(
+        "the spec was refused: mapping pro6000 would still list GPU(s) of pve1 that a container gets "
+        "(0000:01:00.0, 0000:11:00.0"
     )
+    assert "while VM 203 (hostpci0, stopped) uses it" in conv.summary
+    assert report.check("vm").status == "SKIP"
 
 
 def test_verify_names_a_mapping_line_that_no_longer_matches_its_hardware(host):

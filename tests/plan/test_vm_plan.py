@@ -343,7 +343,93 @@ def test_a_stopped_vm_on_a_deleted_mapping_is_a_warning(facts):
     back = spec_text(container="numa: [0, 1]").replace("gpus: {numa: [1]}", "gpus: rest")
     p = plan(f2, parse_spec(back), c2)
     assert (
-        "VM 201 (stopped) cannot start safely after the plan: its hostpci0 names mapping pro6000-vm, which "
-        "does not exist after the plan" in p.warnings
+        "VM 201 (stopped) cannot start on pve1: its hostpci0 names mapping pro6000-vm, which has no device "
+        "on pve1 after the plan (the plan deletes it); Proxmox refuses its start here (PCI device mapping not "
+        "found)" in p.warnings
     )
     assert not [a for a in p.actions if isinstance(a, (StopGuest, StartGuest)) and a.guest == "qemu"]
+
+
+# --- what verify is certain to fail is refused ----------------------------------------------------
+
+GIVE_BACK = """\
+apiVersion: gputopo/v1
+kind: GpuTopology
+nodes:
+  - name: pve1
+    containers:
+      - vmid: 101
+        gpus: {numa: [0, 1]}
+"""
+
+
+def test_giving_the_gpus_back_without_saying_what_the_vm_mapping_keeps_is_refused(facts):
+    """The split, then a spec giving every GPU back that says nothing of pro6000-vm: the mapping
+    would still list the container's GPUs and stopped VM 201 names it, which verify's vm check
+    fails. Refused with one line naming mapping, node, GPUs, VM and the way out."""
+    f2, c2 = split_then(facts, spec_text(), current(facts))
+    with pytest.raises(PlanRefused) as e:
+        plan(f2, parse_spec(GIVE_BACK), c2)
+    assert e.value.exit_code == 2
+    (r,) = e.value.refusals
+    assert r.code == "mapping-lists-container-gpus" and r.address is None
+    assert r.reason == (
+        "mapping pro6000-vm would still list GPU(s) of pve1 that a container gets (0000:81:00.0, "
+        "0000:91:00.0, 0000:e1:00.0, 0000:f1:00.0 to container 101) while VM 201 (hostpci0, stopped) uses "
+        "it: verify fails on it, as Proxmox could give the VM one of them at its start; list it under "
+        "vms.mappings of pve1 with the GPUs it keeps (gpus: {addresses: []} for none), or remove the mapping"
+    )
+    # the way out the line gives: the mapping listed with no GPUs is deleted, VM 201 cannot start
+    # here (a warning: it stays stopped) and the result plans nothing again
+    way_out = (
+        GIVE_BACK + "    vms:\n      mappings:\n        - name: pro6000-vm\n          gpus: {addresses: []}\n"
+    )
+    p = plan(f2, parse_spec(way_out), c2)
+    assert {a.id for a in p.actions if isinstance(a, DeleteMapping)} == {"pro6000-vm"}
+    assert any(
+        w.startswith("VM 201 (stopped) cannot start on pve1: its hostpci0 names mapping") for w in p.warnings
+    )
+    f3, c3 = expected_after(p, f2, c2)
+    assert plan(f3, parse_spec(way_out), c3).actions == []
+
+
+def test_a_mapping_listing_container_gpus_that_no_vm_names_is_not_refused(facts):
+    # verify only warns about such a mapping (no VM can be given a container GPU through it)
+    vm = {k: v for k, v in VM201.items() if k != "hostpci0"}
+    f2, c2 = split_then(facts, spec_text(), current(facts, vm))
+    assert plan(f2, parse_spec(GIVE_BACK), c2).actions
+
+
+def test_a_running_vm_on_a_mapping_that_already_lists_container_gpus_is_refused(facts):
+    # nothing moves: pro6000 lists the container's eight GPUs now, and VM 202 runs on it
+    vm202 = {"machine": "q35", "hostpci0": "mapping=pro6000,pcie=1", "digest": "4" * 40}
+    spec = GIVE_BACK.replace("numa: [0, 1]", "count: 8")
+    (r,) = refused(facts, spec, current(facts, vm={}, vm_202=("running", vm202)))
+    assert r.startswith(
+        "mapping pro6000 would still list GPU(s) of pve1 that a container gets (0000:01:00.0,"
+    )
+    assert "while VM 202 (hostpci0, running) uses it" in r
+
+
+def test_a_vm_whose_mapping_has_no_device_on_this_node_is_said_so(facts):
+    """The mapping exists with another node's lines only: Proxmox's start on this node dies
+    ("PCI device mapping not found", qemu-server PCI.pm parse_hostpci): a stopped VM is warned
+    about (it stays stopped and can still run on pve2), in words that do not say the mapping is
+    gone."""
+    pve2 = [map_entry(g, "pve2") for g in facts.gpus if g.address in NUMA1]
+    cur = current(facts)
+    cur.mappings["pro6000-vm"] = MappingState(map=pve2, digest="5" * 40)
+    whole = GIVE_BACK.replace("numa: [0, 1]", "count: 8")
+    p = plan(facts, parse_spec(whole), cur)
+    assert (
+        "VM 201 (stopped) cannot start on pve1: its hostpci0 names mapping pro6000-vm, which has no device "
+        "on pve1 after the plan (as the other nodes are now, it lists devices of pve2 only); Proxmox refuses "
+        "its start here (PCI device mapping not found)" in p.warnings
+    )
+    # a mapping that does not exist at all (in a cluster another node may be creating it)
+    del cur.mappings["pro6000-vm"]
+    p = plan(facts, parse_spec(whole), cur)
+    assert (
+        "VM 201 (stopped) cannot start on pve1: its hostpci0 names mapping pro6000-vm, which has no device "
+        "on pve1 after the plan; Proxmox refuses its start here (PCI device mapping not found)" in p.warnings
+    )
