@@ -181,7 +181,7 @@ def _read(c: _Cluster, conn: Connection, timeout: float, facts_dir: str | None, 
             c.ports.proxmox if c.ports is not None else None,
         )
     else:
-        c.inputs = read_cluster(c.spec, c.nodes, c.shell, c.ports.proxmox, timeout)
+        c.inputs = read_cluster(c.spec, c.nodes, c.shell, c.ports.proxmox, timeout, ha=with_ha)
     if with_ha and c.api is not None:
         c.ha = read_ha(c.api)
 
@@ -307,7 +307,7 @@ def diff_cmd(
 @click.option("--dry-run", is_flag=True, help="Show the cluster plan; change nothing.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask before changing the cluster.")
 @click.option("--no-verify", is_flag=True, help="The nodes do not run verify after applying.")
-@click.option("--no-ha", is_flag=True, help="Leave the HA placement alone.")
+@click.option("--no-ha", is_flag=True, help="Leave the HA placement alone (passed on to each node's apply).")
 def apply_cmd(
     conn: Connection,
     reach: Reach,
@@ -319,8 +319,9 @@ def apply_cmd(
     no_verify,
     no_ha,
 ):
-    """Apply node by node over SSH, each node its own apply (lock, journal, rollback); stop at
-    the first failure (that node rolled back, the nodes before it stay applied); then HA.
+    """Apply node by node over SSH, each node its own apply (lock, journal, rollback, its part
+    of the HA placement); stop at the first failure (that node rolled back, the nodes before it
+    stay applied).
 
     Exit codes: 0 applied (or no changes), 1 a node failed (rolled back there), 2 refused before
     anything changed (bad input, unreachable node, version mismatch, a node's plan changed),
@@ -357,7 +358,7 @@ def apply_cmd(
             cplan,
             c.spec_text,
             c.shell,
-            None if no_ha else c.api,
+            not no_ha,
             serial=serial,
             canary=canary,
             timeout=node_timeout,
@@ -366,8 +367,6 @@ def apply_cmd(
         )
     finally:
         c.close()
-    for line in result.ha:
-        click.echo(f"HA: {line}")
     click.echo(f"cluster applied in {result.wall_s:.1f} s: {', '.join(result.done())}")
 
 

@@ -30,6 +30,8 @@ from typing import TypeVar
 from pydantic import ValidationError
 
 from gputopo import __version__
+from gputopo.actions.haplace import read_ha_config
+from gputopo.adapters.clusterapi import ClusterApi
 from gputopo.adapters.pvefiles import DEFAULT_ROOT, PveFiles
 from gputopo.adapters.ssh import SshExec, SshFiles
 from gputopo.errors import RemoteCommandFailed, SpecError, UnknownNode, VersionMismatch
@@ -143,10 +145,13 @@ def read_cluster(
     proxmox: ProxmoxPort,
     timeout: float = DEFAULT_TIMEOUT,
     workers: int = WORKERS,
+    ha: bool = True,
 ) -> dict[str, NodeInput]:
-    """Every node's facts and current state, read live. Raises NodeUnreachable,
-    VersionMismatch, RemoteCommandFailed, ProxmoxError (the first, in node order)."""
+    """Every node's facts and current state, read live; with ``ha``, the cluster's HA
+    configuration once, given to every node (each plans its HA step from it). Raises
+    NodeUnreachable, VersionMismatch, RemoteCommandFailed, ProxmoxError (the first, in node order)."""
     parallel(nodes, lambda n: check_version(shell, n, timeout), workers)
+    ha_read = read_ha_config(ClusterApi(proxmox)) if ha else (None, None)
 
     def read(node: str) -> NodeInput:
         facts, current = observe(
@@ -156,6 +161,8 @@ def read_cluster(
             exec=SshExec(shell, node),
             files=SshFiles(shell, node, timeout),
         )
+        current.ha_config = ha_read[0].model_copy(deep=True) if ha_read[0] is not None else None
+        current.ha_unread = ha_read[1]
         return NodeInput(node, facts, current)
 
     return parallel(nodes, read, workers)

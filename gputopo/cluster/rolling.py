@@ -8,8 +8,10 @@ that node (a node whose plan changed since refuses, nothing changed there). The 
 * ``canary`` first, alone; then the other nodes in spec order, ``serial`` at a time (the nodes of
   a batch apply concurrently: their mapping writes merge, see :mod:`gputopo.actions.mapping`);
 * the first failure stops the run once its batch has ended: that node rolled itself back, the
-  nodes done before stay done and are named, the rest are not started;
-* when every node is done, the HA placement changes are made through the API.
+  nodes done before stay done and are named, the rest are not started.
+
+HA placement is a step of each node's own apply (journaled, rolled back with the node's other
+steps: :mod:`gputopo.actions.ha`); ``--no-ha`` is passed on to every node.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from gputopo.cluster.gather import error_line
 from gputopo.cluster.plan import ClusterPlan
 from gputopo.errors import ClusterApplyFailed, ConfigError, GputopoError, UnknownNode
 from gputopo.model.documents import ApplyDoc
-from gputopo.ports import ClusterApiPort, NodeShellPort
+from gputopo.ports import NodeShellPort
 
 DEFAULT_NODE_TIMEOUT = 1800.0
 
@@ -47,7 +49,6 @@ class NodeOutcome:
 @dataclass
 class RollingResult:
     outcomes: list[NodeOutcome] = field(default_factory=list)
-    ha: list[str] = field(default_factory=list)
     wall_s: float = 0.0
 
     def done(self) -> list[str]:
@@ -91,7 +92,13 @@ def read_apply_doc(stdout: str) -> tuple[ApplyDoc | None, str | None]:
 
 
 def apply_node(
-    shell: NodeShellPort, node: str, signature: str, spec_text: str, timeout: float, verify: bool = True
+    shell: NodeShellPort,
+    node: str,
+    signature: str,
+    spec_text: str,
+    timeout: float,
+    verify: bool = True,
+    ha: bool = True,
 ) -> NodeOutcome:
     """Run the node's own apply. Returns its outcome (``failed`` with the node's one-line
     reason); raises NodeUnreachable."""
@@ -109,6 +116,8 @@ def apply_node(
     ]
     if not verify:
         argv.append("--no-verify")
+    if not ha:
+        argv.append("--no-ha")
     t0 = time.monotonic()
     res = shell.run(node, argv, timeout, input=spec_text)
     seconds = time.monotonic() - t0
@@ -134,7 +143,7 @@ def rolling_apply(
     cplan: ClusterPlan,
     spec_text: str,
     shell: NodeShellPort,
-    api: ClusterApiPort | None,
+    ha: bool = True,
     *,
     serial: int = 1,
     canary: str | None = None,
@@ -156,7 +165,7 @@ def rolling_apply(
 
         def one(node: str) -> NodeOutcome:
             try:
-                return apply_node(shell, node, plan_of[node].signature, spec_text, timeout, verify)
+                return apply_node(shell, node, plan_of[node].signature, spec_text, timeout, verify, ha)
             except GputopoError as e:
                 return NodeOutcome(node, "failed", reason=str(e), rc=e.exit_code)
 
@@ -172,9 +181,5 @@ def rolling_apply(
             cause = GputopoError(f.reason)
             cause.exit_code = f.rc if f.rc in (1, 2, 3, 4) else 1
             raise ClusterApplyFailed(f.node, cause, result.done(), [n for n in order if n not in started])
-    if api is not None:
-        for change in cplan.ha:
-            change.run(api)
-            result.ha.append(change.describe())
     result.wall_s = time.monotonic() - t0
     return result

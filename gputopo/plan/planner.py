@@ -38,6 +38,7 @@ from gputopo.model.owner import HOST, Owner
 from gputopo.model.state import ContainerState, CurrentState
 from gputopo.plan.devices import device_update
 from gputopo.plan.findings import Findings
+from gputopo.plan.ha import ha_step
 from gputopo.plan.mappings import mapping_changes, shrink_other_mappings
 from gputopo.plan.model import ContainerTarget, GpuTarget, MappingTarget, Plan
 from gputopo.plan.render import PERSISTENCE_PATHS, p2p_must_be_disabled, persistence_files
@@ -311,6 +312,9 @@ def plan(
     found.raise_if_refused()
     ct_stops, vm_stops = _shutdown_policy(ct_stops, spec), _shutdown_policy(vm_stops, spec)
     _warn_ha(current, [*ct_stops, *vm_stops, *ct_starts, *vm_starts], found)
+    ha = ha_step(
+        node_name, mappings, current, vm_plan.configs, found, bool(mapping_actions or vm_plan.updates)
+    )
     actions: list[Any] = [
         *_persistence_actions(vfio_all, current, templates),
         *mapping_actions,
@@ -324,6 +328,7 @@ def plan(
         *vm_plan.updates,
         *ct_starts,
         *vm_starts,
+        *([ha] if ha is not None else []),
     ]
     order = {p: i for i, p in enumerate(PHASES)}
     actions.sort(key=lambda a: order[a.phase])  # stable: keeps the order within a phase
