@@ -11,6 +11,7 @@ same way. What the cluster adds is the view of the placement once every node is 
 
 from __future__ import annotations
 
+from gputopo.actions import haplace
 from gputopo.actions.haplace import (
     GROUPS,
     PREFIX,
@@ -20,12 +21,21 @@ from gputopo.actions.haplace import (
     Placement,
     ha_changes,
     ha_files,
-    placements,
     read_ha,
 )
 from gputopo.model.state import HaConfig
+from gputopo.plan.model import MappingTarget
 
 HaState = HaConfig  # the name the cluster code and its callers know
+
+
+def placements(
+    vms: dict[int, tuple[str, list[str]]], mappings: dict[str, MappingTarget], order: list[str]
+) -> list[Placement]:
+    """Where each VM (vmid -> (its node, its ``hostpciN`` values)) can run, from the mappings as
+    they will be (every node's lines) over the nodes in ``order`` (:func:`haplace.placements`)."""
+    return haplace.placements(vms, {mid: list(m.map) for mid, m in mappings.items()}, order)
+
 
 __all__ = [
     "GROUPS",

@@ -155,7 +155,6 @@ def plan_cluster(
     )
     if ha is not None:
         vms = {vmid: (node, g.hostpci) for node in order for vmid, g in inputs[node].current.guests.items()}
-        lines = {mid: list(m.map) for mid, m in mappings.items()}
-        cplan.ha, cplan.warnings = ha_changes(placements(vms, lines, members or order), ha, scope=set(vms))
+        cplan.ha, cplan.warnings = ha_changes(placements(vms, mappings, members or order), ha, scope=set(vms))
         cplan.ha_release = ha.release
     return cplan
