@@ -17,9 +17,15 @@ from pathlib import Path
 
 import pytest
 
+from gputopo.adapters.clusterapi import ClusterApi
+from gputopo.adapters.credentials import ApiConfig
+from gputopo.adapters.proxmox import ProxmoxClient
+from gputopo.apply import apply
 from gputopo.apply.journal import list_journals, parse_journal
+from gputopo.plan.spec import parse_spec
+from gputopo.ports import Ports
 from gputopo.sim.cluster import SimCluster
-from gputopo.sim.pveapi import PveApiServer
+from gputopo.sim.pveapi import PveApiServer, PveshSim
 from helpers.clusterharness import cleanup, copy_cluster, make_template, spec_text
 
 pytestmark = pytest.mark.slow  # simulated clusters and node applies (seconds each)
@@ -194,3 +200,27 @@ def test_no_ha_leaves_ha_alone_and_a_plan_of_only_the_ha_step_is_applied(after_p
         str(spec),
     )
     assert diff.returncode == 0, diff.stdout
+
+
+def test_the_ha_step_reads_and_writes_through_pvesh_on_the_node(after_pve1):
+    """``--local``: the HA reads and writes are ``pvesh`` commands on the node, as every other call."""
+    cluster, spec = after_pve1
+    host = cluster.start("pve2")
+    sim_ports = host.ports()
+    pvesh = PveshSim(host.api)
+    client = ProxmoxClient.from_config(ApiConfig(backend="local", node="pve2", timeout=30), runner=pvesh)
+    ports = Ports(
+        sysfs=sim_ports.sysfs,
+        proxmox=client,
+        exec=sim_ports.exec,
+        files=sim_ports.files,
+        http=sim_ports.http,
+        cluster=ClusterApi(client),
+    )
+    res = apply(parse_spec(spec.read_text()), ports, root=str(host.paths.root), node="pve2")
+    assert res.status == "applied"
+    assert "group: gputopo-vm201\n" in ha_files(cluster)["groups.cfg"]
+    made = [c for c in pvesh.calls if c[1] == "create" and c[2].strip("/") == "cluster/ha/groups"]
+    assert len(made) == 3, pvesh.calls
+    # the other nodes' VMs were read through pvesh too (pveproxy hands their paths to them)
+    assert [c for c in pvesh.calls if c[1] == "get" and c[2].strip("/") == "nodes/pve1/qemu"]
