@@ -159,7 +159,7 @@ class PlaceHa(ActionModel):
     """Place the HA-managed VMs of this node's scope on the nodes that hold their GPUs."""
 
     kind: Literal["ha_placement"] = "ha_placement"
-    phase: Phase = "config"
+    phase: Phase = "start"
     node: str
     managed: list[str] = Field(default_factory=list, description="The mappings this node's spec manages")
     release: int = Field(description="The Proxmox VE release planned for: 9 rules, 8 groups")

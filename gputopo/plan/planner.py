@@ -327,8 +327,10 @@ def plan(
         *updates,
         *vm_plan.updates,
         *ct_starts,
-        *vm_starts,
+        # after the service is back (outside its stop window: the step reads the cluster's
+        # VMs again), before the VMs start, so that the HA manager starts them where it may
         *([ha] if ha is not None else []),
+        *vm_starts,
     ]
     order = {p: i for i, p in enumerate(PHASES)}
     actions.sort(key=lambda a: order[a.phase])  # stable: keeps the order within a phase

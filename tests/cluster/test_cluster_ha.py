@@ -93,22 +93,36 @@ def journal(cluster: SimCluster, node: str) -> list:
     return parse_journal(list_journals(cluster.node_dir(node) / "root")[-1].read_text())
 
 
-def test_a_node_whose_apply_fails_after_its_ha_step_puts_the_ha_placement_back(after_pve1):
+def test_a_node_whose_apply_fails_after_its_ha_step_puts_the_ha_placement_back(after_pve1, tmp_path):
     cluster, spec = after_pve1
-    before = ha_files(cluster)
-    # pve2's container will not start again: its start phase fails after its HA step is done
+    # pve2's VM 202 takes 4 of its mapping's GPUs and should run; its start, the step after the
+    # HA step, fails
+    text = spec.read_text()
+    head, sep, tail = text.partition("  - name: pve2\n")
+    node, _, rest = tail.partition("  - name: pve3\n")
+    assert node.endswith("description: GPUs for VM passthrough\n"), node
+    node += "      consumers:\n        - {vmid: 202, mapping: pro6000-vm, gpus: 4, start: true}\n"
+    started = tmp_path / "spec.yaml"
+    started.write_text(head + sep + node + "  - name: pve3\n" + rest)
+    # VM 202 is no HA resource here (its start is its own qmstart task, not the HA manager's)
+    resources = cluster.dir / "pve" / "ha" / "resources.cfg"
+    kept = [s for s in resources.read_text().split("\n\n") if s.strip() and not s.startswith("vm: 202\n")]
+    resources.write_text("\n\n".join(kept) + "\n\n")
     pve2 = cluster.member("pve2")
     PveApiServer(pve2.paths.pve, pve2.paths.run, pve2.paths.root, "pve2").inject_fault(
-        "vzstart", 102, "startup for container '102' failed"
+        "qmstart", 202, "start failed: QEMU exited with code 1"
     )
-    res = node_apply(cluster, "pve2", spec)
+    before = ha_files(cluster)
+    res = node_apply(cluster, "pve2", started)
     assert res.returncode == 1, res.stderr
-    assert "rolled back" in res.stderr and "startup for container '102' failed" in res.stderr
+    assert "rolled back" in res.stderr and "QEMU exited with code 1" in res.stderr
     records = journal(cluster, "pve2")
     (begin,) = [r for r in records if r.type == "begin" and r.action.kind == "ha_placement"]
     assert begin.action.changes, "the HA step planned no change: the test would prove nothing"
-    # the step was done, and its undo put back the groups and resources it had written
+    assert records[-1].type == "end"
+    # the step was done before the VM's start failed, and its undo put back what it had written
     assert any(r.type == "done" and r.step == begin.step for r in records)
+    assert any(r.type == "begin" and r.action.kind == "start_guest" and r.step > begin.step for r in records)
     (undone,) = [r for r in records if r.type == "undo-done" and r.step == begin.step]
     assert undone.what.startswith("restored HA placement: take HA resource vm:201 out of its group;")
     assert "delete HA group gputopo-vm201" in undone.what
