@@ -8,7 +8,8 @@ anew (an earlier node of a rollout may have changed them, or this apply's own ma
 steps did), so it is left out of :meth:`gputopo.plan.model.Plan.signature`. Its before-state
 is every rule, group and resource of its scope as it was; its undo puts exactly those back.
 Two nodes writing at once (a rollout's batch) may race on one rule or group: a write Proxmox
-refuses because the other node made it first is planned again from a fresh read.
+refuses because the other node made it first is planned again from a fresh read. A login that
+may read the HA configuration but not change it gets a warning, and the apply goes on.
 """
 
 from __future__ import annotations
@@ -203,6 +204,11 @@ class PlaceHa(ActionModel):
                     c.run(api)
                 return
             except ProxmoxError as e:
+                if e.status == 403:
+                    # a login that may read HA but not change it (no Sys.Console on /): the
+                    # node's other changes stand, the placement is left as it is and said so
+                    ctx.warn(f"HA placement not written: {e.pve_message} (it needs Sys.Console on /)")
+                    return
                 # another node wrote the same rule or group first: read and plan again
                 if not any(r in str(e) for r in RACED):
                     raise

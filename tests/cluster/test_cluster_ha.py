@@ -9,6 +9,7 @@ two nodes: its HA step makes a restricted group per VM and puts the VM in it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -238,3 +239,31 @@ def test_the_ha_step_reads_and_writes_through_pvesh_on_the_node(after_pve1):
     assert len(made) == 3, pvesh.calls
     # the other nodes' VMs were read through pvesh too (pveproxy hands their paths to them)
     assert [c for c in pvesh.calls if c[1] == "get" and c[2].strip("/") == "nodes/pve1/qemu"]
+
+
+def test_a_login_that_may_not_change_ha_leaves_it_with_a_warning(after_pve1):
+    """ops@pve may read the HA configuration (Sys.Audit) but not change it (no Sys.Console): the
+    node's apply goes on, its HA step says what it could not write."""
+    cluster, spec = after_pve1
+    assert node_apply(cluster, "pve2", spec, "--no-ha").returncode == 0
+    before = ha_files(cluster)
+    host = cluster.start("pve2")
+    root_ports = host.ports()
+    cfg = ApiConfig(
+        backend="https",
+        host="127.0.0.1",
+        port=host.api.port,
+        node="pve2",
+        user=host.api.operator_user,
+        token_name=host.api.operator_token_id.split("!")[1],
+        verify_ssl=bool(host.api.ca_cert_path),
+        ca_bundle=str(host.api.ca_cert_path) if host.api.ca_cert_path else None,
+        timeout=30.0,
+    )
+    ops = ProxmoxClient.from_config(cfg, env={"GPUTOPO_PVE_TOKEN_SECRET": host.api.operator_token_secret})
+    ports = dataclasses.replace(root_ports, proxmox=ops, cluster=ClusterApi(ops))
+    res = apply(parse_spec(spec.read_text()), ports, root=str(host.paths.root), node="pve2")
+    assert res.status == "applied"
+    (step,) = res.steps
+    assert step.warnings and step.warnings[0].startswith("HA placement not written: Permission check failed")
+    assert ha_files(cluster) == before
