@@ -327,6 +327,10 @@ class ClusterApiPort(Protocol):
         """The cluster's node names (GET /cluster/status)."""
         ...
 
+    def nodes(self) -> list[str]:
+        """GET /nodes: the cluster's node names (any login may list them; one outside a cluster)."""
+        ...
+
     def release(self) -> int:
         """The Proxmox VE major release (8: HA groups, 9: HA rules)."""
         ...
@@ -350,6 +354,14 @@ class ClusterApiPort(Protocol):
     def ha_group_delete(self, group: str) -> None: ...
 
     def ha_resource_update(self, sid: str, params: dict[str, Any]) -> None: ...
+
+    def node_vms(self, node: str) -> list[dict[str, Any]]:
+        """GET /nodes/{node}/qemu: the VMs of ``node`` (``vmid``, ``status``...)."""
+        ...
+
+    def vm_config(self, node: str, vmid: int) -> dict[str, Any]:
+        """GET /nodes/{node}/qemu/{vmid}/config: pending changes merged in."""
+        ...
 
     def migrate_check(self, node: str, vmid: int) -> dict[str, Any]:
         """GET /nodes/{node}/qemu/{vmid}/migrate: ``allowed_nodes``, ``not_allowed_nodes``..."""
@@ -417,3 +429,5 @@ class Ports:
     close: Callable[[], None] = field(default=_nothing)
     host: HostCommandPort | None = None  # commands on the host; None where none can run
     udev: DeviceEventsPort | None = None  # udev's processed events; None where no udev runs
+    # the cluster-wide calls of the same API login (HA placement); None where none are made
+    cluster: ClusterApiPort | None = None

@@ -31,6 +31,7 @@ from gputopo.actions.base import (
 from gputopo.actions.container import RestartFallback, UpdateContainer
 from gputopo.actions.dropin import WriteServiceDropin
 from gputopo.actions.guest import StartGuest, StopGuest
+from gputopo.actions.ha import PlaceHa
 from gputopo.actions.hostfile import RemoveHostFile, WriteHostFile
 from gputopo.actions.mapping import DeleteMapping, SetMapping
 from gputopo.actions.rebind import NVIDIA, VFIO, Rebind
@@ -52,6 +53,7 @@ __all__ = [
     "DiffContext",
     "Holder",
     "Phase",
+    "PlaceHa",
     "PreflightContext",
     "Rebind",
     "RemoveHostFile",

@@ -38,7 +38,8 @@ undo has not completed, in the order :func:`undo_order` computes from what each 
   driver_override), ``mapping:<id>``, ``config:lxc/<vmid>`` or ``config:qemu/<vmid>`` (a guest's
   config), ``file:<path>`` (a host file), ``dropin:<vmid>/<unit>``, ``running:<guest>`` (a guest
   that ran before runs again: the undo of a stop) and ``stopped:<guest or vmid/unit>`` (a guest
-  or service the apply started is stopped again: the undo of a start);
+  or service the apply started is stopped again: the undo of a start), ``ha:placement`` (the
+  cluster's HA rules or groups of the node's VMs);
 * ``undo_needs()`` -- what must be back before its undo can run; a need named ``*`` (``mapping:*``)
   is every resource of that kind, for a step that cannot know which one (a VM's start needs the
   mappings its restored config names). A guest's start (the undo of its stop) needs its config,
@@ -76,7 +77,7 @@ from gputopo.ports import ExecResult, Ports
 Phase = Literal["prepare", "stop", "switch", "config", "start"]
 PHASES: tuple[str, ...] = ("prepare", "stop", "switch", "config", "start")
 
-ResourceKind = Literal["driver", "mapping", "config", "file", "dropin", "running", "stopped"]
+ResourceKind = Literal["driver", "mapping", "config", "file", "dropin", "running", "stopped", "ha"]
 EVERY = "*"
 
 
@@ -118,6 +119,8 @@ class ActionModel(Strict):
     counts_as: ClassVar[str | None] = None
     # it changes what the host reads at boot: the initramfs must be rebuilt after it
     changes_boot: ClassVar[bool] = False
+    # part of the plan's signature (False: derived data the step plans again when it runs)
+    in_signature: ClassVar[bool] = True
 
     @classmethod
     def __pydantic_init_subclass__(cls, **kw: Any) -> None:

@@ -34,6 +34,9 @@ class ClusterApi:
     def members(self) -> list[str]:
         return [e["name"] for e in self._call("GET", "/cluster/status") if e.get("type") == "node"]
 
+    def nodes(self) -> list[str]:
+        return self.client.nodes()
+
     def release(self) -> int:
         from gputopo.plan.restarts import pve_major
 
@@ -68,6 +71,12 @@ class ClusterApi:
 
     def ha_resource_update(self, sid: str, params: dict[str, Any]) -> None:
         self._call("PUT", f"/cluster/ha/resources/{sid}", **_wire(params))
+
+    def node_vms(self, node: str) -> list[dict[str, Any]]:
+        return self._call("GET", f"/nodes/{node}/qemu") or []
+
+    def vm_config(self, node: str, vmid: int) -> dict[str, Any]:
+        return self._call("GET", f"/nodes/{node}/qemu/{vmid}/config") or {}
 
     def migrate_check(self, node: str, vmid: int) -> dict[str, Any]:
         return self._call("GET", f"/nodes/{node}/qemu/{vmid}/migrate") or {}

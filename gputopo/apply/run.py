@@ -79,14 +79,20 @@ from gputopo.ports import Ports
 
 
 def read_and_plan(
-    spec: Spec, ports: Ports, root: str, node: str | None = None
+    spec: Spec, ports: Ports, root: str, node: str | None = None, ha: bool = True
 ) -> tuple[Facts, CurrentState, Plan]:
-    """Discover ``root``, read the current state through ``ports`` and plan.
+    """Discover ``root``, read the current state through ``ports`` and plan; ``ha`` False
+    leaves the cluster's HA placement out (not read, not planned).
 
     Raises what observe and plan raise (RootError, SpecError, ProxmoxError, PlanRefused...).
     """
     facts, current = observe(
-        root, spec_reads(spec, node), proxmox=ports.proxmox, exec=ports.exec, files=ports.files
+        root,
+        spec_reads(spec, node),
+        proxmox=ports.proxmox,
+        exec=ports.exec,
+        files=ports.files,
+        cluster=ports.cluster if ha else None,
     )
     return facts, current, make_plan(facts, spec, current, node=node)
 
@@ -186,13 +192,13 @@ def _roll_back_and_raise(
     raise err from exc
 
 
-def _read_checked(spec, ports, root, node, expected, spec_path):
+def _read_checked(spec, ports, root, node, expected, spec_path, ha=True):
     """(facts, current, plan) read now, refusing an earlier apply's open journal first; with a
     saved plan, its actions, refused when the host is no longer what it was made from."""
     j0 = find_unfinished(root)
     if j0 is not None:
         raise j0.unfinished_error()
-    facts, current, p = read_and_plan(spec, ports, root, node)
+    facts, current, p = read_and_plan(spec, ports, root, node, ha)
     if expected is not None:
         p = expected.checked(facts, current, spec_path or "saved plan")
     return facts, current, p
@@ -213,6 +219,7 @@ def apply(
     node: str | None = None,
     expected: SavedPlan | None = None,
     expect_plan: str | None = None,
+    ha: bool = True,
 ) -> ApplyResult:
     """Bring the host to what ``spec`` asks (see the module docstring for the order).
 
@@ -223,7 +230,8 @@ def apply(
     ``confirm(plan)`` is asked before anything changes (False cancels); ``verify()`` runs after
     a successful apply and returns a report with ``.ok``. ``expect_plan`` is the signature
     (``Plan.signature``) of the plan the operator was shown elsewhere (a cluster's rolling
-    apply): any other plan is refused as HostChanged. Returns an :class:`ApplyResult`.
+    apply): any other plan is refused as HostChanged. ``ha`` False leaves the cluster's HA
+    placement alone (``--no-ha``). Returns an :class:`ApplyResult`.
     Raises PreflightError (an API whose node is not this host), UnfinishedApply (an earlier
     apply's journal is open), PlanRefused, PreflightFailed, ApplyCancelled, LockHeld,
     HostChanged (all: nothing changed), ApplyFailed (rolled back, or exit 3 naming the device
@@ -235,7 +243,7 @@ def apply(
     progress = progress or Progress()
     t_start = time.monotonic()
     HostLock(root).check()  # a running apply is named before its journal is blamed
-    facts, current, p = _read_checked(spec, ports, root, node, expected, spec_path)
+    facts, current, p = _read_checked(spec, ports, root, node, expected, spec_path, ha)
     if expect_plan is not None and p.signature() != expect_plan:
         raise HostChanged(f"its plan is now {p.signature()}, not the plan {expect_plan} that was shown")
     progress.plan(p)
@@ -253,7 +261,7 @@ def apply(
     t_start += time.monotonic() - asked
     progress = Quiet(progress)
     with HostLock(root), signals.interruptible():
-        facts, current, p2 = _read_checked(spec, ports, root, node, expected, spec_path)
+        facts, current, p2 = _read_checked(spec, ports, root, node, expected, spec_path, ha)
         if p2.signature() != p.signature():  # without the digests re-read before each write
             raise HostChanged(_diff_text(p, p2))
         p = p2

@@ -84,6 +84,11 @@ def _load(plan_file: str | None, spec_file: str | None):
 @click.option("--rollback-on-verify-failure", is_flag=True, help="Roll back when verification finds a FAIL.")
 @click.option("--no-verify", is_flag=True, help="Do not run verify after applying.")
 @click.option(
+    "--no-ha",
+    is_flag=True,
+    help="Leave the cluster's HA placement (rules on PVE 9, groups on PVE 8) alone: not read, not written.",
+)
+@click.option(
     "--refresh-boot",
     is_flag=True,
     help="When boot persistence changed, run update-initramfs -u -k all (and proxmox-boot-tool "
@@ -113,6 +118,7 @@ def apply(
     timeouts,
     rollback_on_verify_failure: bool,
     no_verify: bool,
+    no_ha: bool,
     refresh_boot: bool,
     expect_plan: str | None,
     as_json: bool,
@@ -165,6 +171,7 @@ def apply(
                 node=conn.node,
                 expected=saved,
                 expect_plan=expect_plan,
+                ha=not no_ha,
             )
             boot = after_apply(result, ports, refresh_boot, progress.note)
         finally:

@@ -199,7 +199,7 @@ def _read(c: _Cluster, conn: Connection, timeout: float, facts_dir: str | None, 
         )
     else:
         begun, c.begun = c.begun, None
-        c.inputs = read_cluster(c.spec, c.nodes, c.shell, c.ports.proxmox, timeout, begun=begun)
+        c.inputs = read_cluster(c.spec, c.nodes, c.shell, c.ports.proxmox, timeout, begun=begun, ha=with_ha)
     if with_ha and c.api is not None:
         c.ha = read_ha(c.api)
 
@@ -360,7 +360,7 @@ def diff_cmd(
 @click.option("--dry-run", is_flag=True, help="Show the cluster plan; change nothing.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask before changing the cluster.")
 @click.option("--no-verify", is_flag=True, help="The nodes do not run verify after applying.")
-@click.option("--no-ha", is_flag=True, help="Leave the HA placement alone.")
+@click.option("--no-ha", is_flag=True, help="Leave the HA placement alone (passed on to each node's apply).")
 @click.option(
     "--json",
     "as_json",
@@ -381,7 +381,7 @@ def apply_cmd(
     as_json,
 ):
     """Apply node by node over SSH, each node its own apply (lock, journal, rollback); stop at
-    the first failure; then HA. It ends with an account, also when it fails: per node
+    the first failure. Each node's apply makes its part of the HA placement. It ends with an account, also when it fails: per node
     applied-and-kept, no-changes, applied-then-rolled-back, failed-verify-kept (its changes stay),
     needs-human, not-started, unknown (the connection was lost during its apply: the next step
     is named) or refused (nothing changed there).
@@ -438,7 +438,7 @@ def apply_cmd(
                     cplan,
                     c.spec_text,
                     c.shell,
-                    None if no_ha else c.api,
+                    not no_ha,
                     serial=serial,
                     canary=canary,
                     timeout=node_timeout,

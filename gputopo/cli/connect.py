@@ -404,6 +404,8 @@ def build_ports(
 
     # commands run here change this machine: only when it is the host (--root /)
     host = RealHostCommands() if root == "/" else None
+    from gputopo.adapters.clusterapi import ClusterApi
+
     return Ports(
         sysfs=RealSysfs(root),
         proxmox=client,
@@ -413,6 +415,7 @@ def build_ports(
         host=host,
         # udev's events are this machine's: heard only when the root is the host's
         udev=UdevEvents() if root == "/" else None,
+        cluster=ClusterApi(client),
     )
 
 

@@ -138,7 +138,12 @@ def _current(spec, facts, root: str, conn: Connection, ports):
 
     if ports is not None:
         return observe(
-            facts, spec_reads(spec, conn.node), proxmox=ports.proxmox, exec=ports.exec, files=ports.files
+            facts,
+            spec_reads(spec, conn.node),
+            proxmox=ports.proxmox,
+            exec=ports.exec,
+            files=ports.files,
+            cluster=ports.cluster,
         ).current
     from gputopo.adapters.hostfiles import RealHostFiles
     from gputopo.adapters.pvefiles import PveFiles

@@ -1,8 +1,10 @@
 """How a cluster differs from its spec: each node's diff, the HA files, in one report.
 
 A node's part is :func:`gputopo.plan.diff.diff` on that node's facts and state (so it is empty
-exactly when the node's plan is); the HA part shows ``rules.cfg`` (PVE 9) or ``groups.cfg`` and
-``resources.cfg`` (PVE 8) before and after the placement changes. Its document
+exactly when the node's plan is, its HA placement step included); the cluster is without
+differences exactly when every node is. The HA part shows ``rules.cfg`` (PVE 9) or
+``groups.cfg`` and ``resources.cfg`` (PVE 8) before and after the placement once every node
+is done. Its document
 (``gputopo cluster diff --json``) holds each node's as ``gputopo diff --json`` prints it.
 """
 
@@ -27,7 +29,8 @@ class ClusterDiff(Strict):
 
     @property
     def is_empty(self) -> bool:
-        return not self.ha and all(n.is_empty for n in self.nodes)
+        # the HA placement is each node's step: it differs only where a node's diff does
+        return all(n.is_empty for n in self.nodes)
 
     def to_data(self) -> dict[str, Any]:
         """The cluster diff document (``gputopo schema cluster-diff``) without ``schema_version``:
@@ -45,7 +48,7 @@ class ClusterDiff(Strict):
     def to_text(self) -> str:
         out = [n.to_text().rstrip("\n") for n in self.nodes]
         if self.ha:
-            out.append("HA placement")
+            out.append("HA placement once every node is done")
             out += [f"  {line}" for line in self.ha]
             out += [unified(path, c.before, c.after).rstrip("\n") for path, c in self.ha_files.items()]
         out.append("Cluster: no differences" if self.is_empty else "Cluster: differences")

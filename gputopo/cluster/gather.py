@@ -33,6 +33,8 @@ from typing import TypeVar
 
 from pydantic import ValidationError
 
+from gputopo.actions.haplace import read_ha_config
+from gputopo.adapters.clusterapi import ClusterApi
 from gputopo.adapters.pvefiles import DEFAULT_ROOT, PveFiles
 from gputopo.adapters.ssh import RecordedExec, RecordedFiles, SshExec, SshFiles
 from gputopo.cluster.noderead import (  # noqa: F401 (error_line, parse_version: rolling's, verify's)
@@ -41,7 +43,7 @@ from gputopo.cluster.noderead import (  # noqa: F401 (error_line, parse_version:
     error_line,
     parse_version,
 )
-from gputopo.errors import SpecError, UnknownNode
+from gputopo.errors import GputopoError, SpecError, UnknownNode
 from gputopo.facts.observe import observe
 from gputopo.model.facts import Facts
 from gputopo.model.state import CurrentState
@@ -108,16 +110,19 @@ def read_cluster(
     timeout: float = DEFAULT_TIMEOUT,
     workers: int = WORKERS,
     begun: NodeReads | None = None,
+    ha: bool = True,
 ) -> dict[str, NodeInput]:
     """Every node's facts and current state, read live: each node's own round trip (``begun``
-    already, or begun here), then, as soon as a node answered, its guests from the API. Raises
-    NodeUnreachable, VersionMismatch, RemoteCommandFailed (the first, in node order), then
-    SpecError or ProxmoxError (the first, in node order)."""
+    already, or begun here), then, as soon as a node answered, its guests from the API; with
+    ``ha``, the cluster's HA configuration once, given to every node (each plans its HA step
+    from it). Raises NodeUnreachable, VersionMismatch, RemoteCommandFailed (the first, in node
+    order), then SpecError or ProxmoxError (the first, in node order)."""
     # imported here, not above: the cluster commands import this module to begin the nodes'
     # reads, and the planner's modules load while the nodes already answer
     from gputopo.plan.reads import spec_reads
 
     pending = begun if begun is not None else NodeReads(spec, nodes, shell, timeout, workers)
+    ha_read: tuple = (None, None)
 
     def read(node: str) -> NodeInput:
         got = pending.get(node)
@@ -128,14 +133,24 @@ def read_cluster(
             exec=RecordedExec(got.exec, SshExec(shell, node)),
             files=RecordedFiles(got.files, SshFiles(shell, node, timeout)),
         )
+        current.ha_config = ha_read[0].model_copy(deep=True) if ha_read[0] is not None else None
+        current.ha_unread = ha_read[1]
         return NodeInput(node, facts, current)
 
     try:
         if not nodes:
             return {}
+        ha_error: GputopoError | None = None
+        if ha:
+            try:
+                ha_read = read_ha_config(ClusterApi(proxmox))
+            except GputopoError as e:  # raised after the nodes' own errors, which come first
+                ha_error = e
         with ThreadPoolExecutor(max_workers=max(1, min(workers, len(nodes)))) as ex:
             futures = {n: ex.submit(read, n) for n in nodes}
         pending.raise_first(nodes)  # a node unreachable or on another version comes first
+        if ha_error is not None:
+            raise ha_error
         for n in nodes:
             err = futures[n].exception()
             if err is not None:

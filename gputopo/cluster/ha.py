@@ -1,318 +1,52 @@
-"""HA placement of VMs whose GPUs come from a mapping that spans several nodes.
+"""HA placement of a cluster's VMs whose GPUs come from a mapping that spans several nodes.
 
-A VM with ``hostpciN: mapping=NAME`` starts only on a node where that mapping has enough
-devices; the HA manager, recovering it after a node failure, does not know that. So each
-HA-managed VM whose mappings have enough devices on at least two nodes gets a strict placement
-on exactly those nodes (the ones with as many mapped GPUs as it uses):
-
-* PVE 9: a node-affinity rule ``gputopo-vm<vmid>`` (``/cluster/ha/rules``: ``type
-  node-affinity``, ``resources vm:<vmid>``, ``nodes``, ``strict 1``);
-* PVE 8: a restricted HA group ``gputopo-vm<vmid>`` and the resource's ``group`` set to it.
-
-Rules and groups named ``gputopo-*`` are ours: updated when the nodes change, removed when no
-longer wanted. A VM that is not HA-managed, or that another rule or group already places, is
-left alone with a warning. The changes are data (:class:`HaChange`) with a one-line
-``describe``; :func:`ha_files` renders the files before and after for ``diff``.
+The rules (``gputopo-vm<vmid>``: node-affinity rules on PVE 9, restricted groups on PVE 8) are
+:mod:`gputopo.actions.haplace`'s, which the cluster shares with every node: each node's own
+apply writes the placement of the VMs in its scope (its plan's
+:class:`gputopo.actions.ha.PlaceHa` step, journaled and rolled back with the node's other
+steps), so ``gputopo cluster apply`` and any other path that runs a node's apply write it the
+same way. What the cluster adds is the view of the placement once every node is done
+(:func:`gputopo.cluster.plan.plan_cluster`) and its checks (:mod:`gputopo.cluster.verify`).
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from typing import Any, Literal
-
-from pydantic import Field
-
-from gputopo.formats.hacfg import (
-    Section,
-    format_node_list,
-    node_list,
-    resource_list,
-    sid_id,
-    vm_sid,
-    write_section_config,
+from gputopo.actions import haplace
+from gputopo.actions.haplace import (
+    GROUPS,
+    PREFIX,
+    RESOURCES,
+    RULES,
+    HaChange,
+    Placement,
+    ha_changes,
+    ha_files,
+    read_ha,
 )
-from gputopo.formats.hostpci import hostpci_refs
-from gputopo.formats.mapline import map_node
-from gputopo.model.strict import Strict
+from gputopo.model.state import HaConfig
 from gputopo.plan.model import MappingTarget
-from gputopo.ports import ClusterApiPort
 
-PREFIX = "gputopo-vm"
-RULES = "pve/ha/rules.cfg"
-GROUPS = "pve/ha/groups.cfg"
-RESOURCES = "pve/ha/resources.cfg"
-
-
-class HaState(Strict):
-    """The HA configuration now: the release decides rules (9) or groups (8)."""
-
-    release: int
-    resources: dict[str, dict[str, Any]] = Field(default_factory=dict, description="sid -> resource")
-    rules: list[dict[str, Any]] = Field(default_factory=list)
-    groups: list[dict[str, Any]] = Field(default_factory=list)
-
-    @property
-    def uses_rules(self) -> bool:
-        return self.release >= 9
-
-
-class Placement(Strict):
-    """Where a VM can run: the nodes with as many devices of each of its mappings as it uses."""
-
-    vmid: int
-    node: str
-    needs: dict[str, int]
-    nodes: list[str]
-
-
-class HaChange(Strict):
-    op: Literal[
-        "create-rule",
-        "update-rule",
-        "delete-rule",
-        "create-group",
-        "update-group",
-        "delete-group",
-        "set-group",
-        "unset-group",
-    ]
-    id: str
-    params: dict[str, Any] = Field(default_factory=dict)
-
-    def describe(self) -> str:
-        nodes = self.params.get("nodes")
-        what = {
-            "create-rule": "create HA rule",
-            "update-rule": "update HA rule",
-            "delete-rule": "delete HA rule",
-            "create-group": "create HA group",
-            "update-group": "update HA group",
-            "delete-group": "delete HA group",
-        }  # set-group and unset-group say more, below
-        if self.op == "set-group":
-            return f"put HA resource {self.id} in group {self.params['group']}"
-        if self.op == "unset-group":
-            return f"take HA resource {self.id} out of its group"
-        whom = f"{self.params['resources']} " if self.params.get("resources") else ""
-        on = f": {whom}on {nodes} (strict)" if nodes else ""
-        return f"{what[self.op]} {self.id}{on}"
-
-    def run(self, api: ClusterApiPort) -> None:
-        """Carry the change out through the API. Raises ProxmoxError."""
-        if self.op == "create-rule":
-            api.ha_rule_create(self.id, self.params)
-        elif self.op == "update-rule":
-            api.ha_rule_update(self.id, self.params)
-        elif self.op == "delete-rule":
-            api.ha_rule_delete(self.id)
-        elif self.op == "create-group":
-            api.ha_group_create(self.id, self.params)
-        elif self.op == "update-group":
-            api.ha_group_update(self.id, self.params)
-        elif self.op == "delete-group":
-            api.ha_group_delete(self.id)
-        elif self.op == "set-group":
-            api.ha_resource_update(self.id, {"group": self.params["group"]})
-        else:
-            api.ha_resource_update(self.id, {"delete": "group"})
-
-
-def read_ha(api: ClusterApiPort) -> HaState:
-    """The HA configuration through the API. Raises ProxmoxError."""
-    release = api.release()
-    state = HaState(release=release, resources={r["sid"]: r for r in api.ha_resources()})
-    if state.uses_rules:
-        state.rules = api.ha_rules()
-    else:
-        state.groups = api.ha_groups()
-    return state
+HaState = HaConfig  # the name the cluster code and its callers know
 
 
 def placements(
     vms: dict[int, tuple[str, list[str]]], mappings: dict[str, MappingTarget], order: list[str]
 ) -> list[Placement]:
     """Where each VM (vmid -> (its node, its ``hostpciN`` values)) can run, from the mappings as
-    they will be (``mappings``: every node's lines) over the nodes in ``order``. VMs without a
-    mapped device are left out."""
-    per_node: dict[str, Counter] = {}
-    for mid, target in mappings.items():
-        per_node[mid] = Counter(map_node(e) for e in target.map)
-    out = []
-    for vmid, (node, hostpci) in sorted(vms.items()):
-        needs = Counter(m for m in (hostpci_refs(h)[1] for h in hostpci) if m)
-        if not needs:
-            continue
-        nodes = [n for n in order if all(per_node.get(m, Counter())[n] >= k for m, k in needs.items())]
-        out.append(Placement(vmid=vmid, node=node, needs=dict(needs), nodes=nodes))
-    return out
+    they will be (every node's lines) over the nodes in ``order`` (:func:`haplace.placements`)."""
+    return haplace.placements(vms, {mid: list(m.map) for mid, m in mappings.items()}, order)
 
 
-def _rule_params(p: Placement) -> dict[str, Any]:
-    maps = ", ".join(sorted(p.needs))
-    return {
-        "type": "node-affinity",
-        "resources": vm_sid(p.vmid),
-        "nodes": format_node_list({n: 0 for n in p.nodes}),
-        "strict": True,
-        "comment": f"gputopo: nodes with the GPUs of mapping {maps}",
-    }
-
-
-def ha_changes(
-    wanted: list[Placement], state: HaState, scope: set[int] | None = None
-) -> tuple[list[HaChange], list[str]]:
-    """The changes that make the HA configuration place ``wanted`` VMs, and warnings.
-
-    Only placements of VMs in ``scope`` (None: every VM) are removed when no longer wanted: a
-    run over some nodes leaves the other nodes' VMs as they are.
-    """
-    changes: list[HaChange] = []
-    warnings: list[str] = []
-    ours_wanted: dict[str, Placement] = {}
-    for p in wanted:
-        sid = vm_sid(p.vmid)
-        if len(p.nodes) < 2:
-            continue
-        if sid not in state.resources:
-            warnings.append(
-                f"VM {p.vmid}: its GPUs can run on {', '.join(p.nodes)} but it is not HA-managed; "
-                f"no placement rule (ha-manager add {sid})"
-            )
-            continue
-        other = _placed_elsewhere(sid, state)
-        if other:
-            warnings.append(
-                f"VM {p.vmid}: {other} already places it; not adding a placement for {', '.join(p.nodes)}"
-            )
-            continue
-        ours_wanted[f"{PREFIX}{p.vmid}"] = p
-    if state.uses_rules:
-        have = {r["rule"]: r for r in state.rules if str(r.get("rule", "")).startswith(PREFIX)}
-        for rid, p in ours_wanted.items():
-            params = _rule_params(p)
-            if rid not in have:
-                changes.append(HaChange(op="create-rule", id=rid, params=params))
-            elif not _rule_same(have[rid], params):
-                changes.append(
-                    HaChange(
-                        op="update-rule", id=rid, params={k: v for k, v in params.items() if k != "type"}
-                    )
-                )
-        changes += [
-            HaChange(op="delete-rule", id=rid)
-            for rid in sorted(set(have) - set(ours_wanted))
-            if _in_scope(rid, scope)
-        ]
-        return changes, warnings
-    have_g = {g["group"]: g for g in state.groups if str(g.get("group", "")).startswith(PREFIX)}
-    for gid, p in ours_wanted.items():
-        params = {
-            "nodes": format_node_list({n: 0 for n in p.nodes}),
-            "restricted": True,
-            "comment": _rule_params(p)["comment"],
-        }
-        if gid not in have_g:
-            changes.append(HaChange(op="create-group", id=gid, params=params))
-        elif node_list(str(have_g[gid].get("nodes", ""))) != node_list(params["nodes"]) or not int(
-            have_g[gid].get("restricted", 0)
-        ):
-            changes.append(HaChange(op="update-group", id=gid, params=params))
-        if state.resources[vm_sid(p.vmid)].get("group") != gid:
-            changes.append(HaChange(op="set-group", id=vm_sid(p.vmid), params={"group": gid}))
-    for gid in sorted(g for g in set(have_g) - set(ours_wanted) if _in_scope(g, scope)):
-        for sid, r in sorted(state.resources.items()):
-            if r.get("group") == gid:
-                changes.append(HaChange(op="unset-group", id=sid))
-        changes.append(HaChange(op="delete-group", id=gid))
-    return changes, warnings
-
-
-def _in_scope(rid: str, scope: set[int] | None) -> bool:
-    vmid = rid[len(PREFIX) :]
-    return scope is None or (vmid.isdigit() and int(vmid) in scope)
-
-
-def _placed_elsewhere(sid: str, state: HaState) -> str | None:
-    if state.uses_rules:
-        for r in state.rules:
-            if (
-                r.get("type") == "node-affinity"
-                and not str(r.get("rule", "")).startswith(PREFIX)
-                and not int(r.get("disable", 0))
-                and sid in resource_list(str(r.get("resources", "")))
-            ):
-                return f"HA rule {r['rule']}"
-        return None
-    group = state.resources.get(sid, {}).get("group")
-    return f"HA group {group}" if group and not str(group).startswith(PREFIX) else None
-
-
-def _rule_same(have: dict[str, Any], params: dict[str, Any]) -> bool:
-    return (
-        node_list(str(have.get("nodes", ""))) == node_list(params["nodes"])
-        and resource_list(str(have.get("resources", ""))) == resource_list(params["resources"])
-        and bool(int(have.get("strict", 0))) == params["strict"]
-    )
-
-
-def _sections(items: list[dict[str, Any]], type_key: str, id_key: str) -> list[Section]:
-    out = []
-    for it in items:
-        props = {
-            k: str(int(v)) if isinstance(v, bool) else str(v)
-            for k, v in it.items()
-            if k not in (type_key, id_key, "digest", "order", "errors", "sid") and v is not None
-        }
-        out.append(Section(type=str(it.get(type_key, "group")), id=str(it[id_key]), props=props))
-    return out
-
-
-def ha_files(state: HaState, changes: list[HaChange]) -> dict[str, tuple[str | None, str | None]]:
-    """path -> (before, after) of the HA files ``changes`` touch, as Proxmox writes them."""
-    if not changes:
-        return {}
-    out: dict[str, tuple[str | None, str | None]] = {}
-    if state.uses_rules:
-        before = _sections(state.rules, "type", "rule")
-        after = {s.id: s for s in before}
-        for c in changes:
-            if c.op == "delete-rule":
-                after.pop(c.id, None)
-            else:
-                s = after.setdefault(c.id, Section(type="node-affinity", id=c.id))
-                s.props.update(
-                    {
-                        k: str(int(v)) if isinstance(v, bool) else str(v)
-                        for k, v in c.params.items()
-                        if k != "type"
-                    }
-                )
-        out[RULES] = (
-            write_section_config(before) or None,
-            write_section_config(list(after.values())) or None,
-        )
-        return out
-    groups = _sections([dict(g, type="group") for g in state.groups], "type", "group")
-    gafter = {s.id: Section(s.type, s.id, dict(s.props)) for s in groups}
-    res = [
-        Section(
-            type=r.get("type", "vm"),
-            id=sid_id(sid),
-            props={k: str(v) for k, v in r.items() if k not in ("sid", "type", "digest")},
-        )
-        for sid, r in state.resources.items()
-    ]
-    rafter = {s.sid: Section(s.type, s.id, dict(s.props)) for s in res}
-    for c in changes:
-        if c.op == "delete-group":
-            gafter.pop(c.id, None)
-        elif c.op in ("create-group", "update-group"):
-            g = gafter.setdefault(c.id, Section(type="group", id=c.id))
-            g.props.update({k: str(int(v)) if isinstance(v, bool) else str(v) for k, v in c.params.items()})
-        elif c.op == "set-group":
-            rafter[c.id].props["group"] = c.params["group"]
-        elif c.op == "unset-group":
-            rafter[c.id].props.pop("group", None)
-    out[GROUPS] = (write_section_config(groups) or None, write_section_config(list(gafter.values())) or None)
-    out[RESOURCES] = (write_section_config(res) or None, write_section_config(list(rafter.values())) or None)
-    return out
+__all__ = [
+    "GROUPS",
+    "PREFIX",
+    "RESOURCES",
+    "RULES",
+    "HaChange",
+    "HaState",
+    "Placement",
+    "ha_changes",
+    "ha_files",
+    "placements",
+    "read_ha",
+]

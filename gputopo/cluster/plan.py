@@ -5,6 +5,11 @@ facts and state): the same actions its own ``gputopo apply`` will find, identifi
 signature (``Plan.signature``), which the rolling apply hands to the node so that it refuses a
 plan that changed since it was shown. A mapping is one file for the cluster: its target holds
 every planned node's own lines and, for the nodes outside this run, the lines they have now.
+
+HA placement is a step of each node's plan (:class:`gputopo.actions.ha.PlaceHa`, planned from
+that node's lines and the others' as they are now, planned again when it runs), so the cluster
+has changes exactly when a node's plan has. ``ha`` is the placement once every node of the run
+is done (from the merged mappings): what the nodes' steps end with, shown, not run.
 """
 
 from __future__ import annotations
@@ -38,7 +43,8 @@ class ClusterPlan(Strict):
 
     @property
     def is_empty(self) -> bool:
-        return not self.ha and all(n.plan.is_empty for n in self.nodes)
+        # the HA placement is written by the nodes' own steps: it changes only when a plan does
+        return all(n.plan.is_empty for n in self.nodes)
 
     def node(self, name: str) -> NodePlan:
         return next(n for n in self.nodes if n.node == name)
@@ -74,7 +80,7 @@ class ClusterPlan(Strict):
                 out += [f"    map {e}" for e in m.map]
         if self.ha or self.ha_release is not None:
             kind = "rules" if (self.ha_release or 0) >= 9 else "groups"
-            out.append(f"HA placement ({kind}):")
+            out.append(f"HA placement ({kind}) once every node is done (each node's apply writes its part):")
             out += [f"  - {c.describe()}" for c in self.ha] or ["  no changes"]
         if self.warnings:
             out.append("Cluster warnings:")
@@ -86,7 +92,6 @@ class ClusterPlan(Strict):
             out.append(
                 f"Cluster: changes on {len(changed)} of {len(self.nodes)} node(s)"
                 + (f" ({', '.join(changed)})" if changed else "")
-                + (f", {len(self.ha)} HA change(s)" if self.ha else "")
             )
         return "\n".join(out) + "\n"
 

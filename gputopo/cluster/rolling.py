@@ -8,8 +8,10 @@ that node (a node whose plan changed since refuses, nothing changed there). The 
 * ``canary`` first, alone; then the other nodes in spec order, ``serial`` at a time (the nodes of
   a batch apply concurrently: their mapping writes merge, see :mod:`gputopo.actions.mapping`);
 * the first failure stops the run once its batch has ended; the nodes not reached are not
-  started;
-* when every node is done, the HA placement changes are made through the API.
+  started.
+
+HA placement is a step of each node's own apply (journaled, rolled back with the node's other
+steps: :mod:`gputopo.actions.ha`); ``--no-ha`` is passed on to every node.
 
 Every run ends with an account (:class:`RollingResult`): one outcome per node, told from what
 the node's own apply printed (its apply document: status, steps, verify), never guessed:
@@ -50,7 +52,7 @@ from gputopo.cluster.gather import error_line
 from gputopo.cluster.plan import ClusterPlan
 from gputopo.errors import ClusterApplyFailed, ConfigError, GputopoError, NodeUnreachable, UnknownNode
 from gputopo.model.documents import ApplyDoc, ClusterApplyDoc, NodeApplyDoc
-from gputopo.ports import ClusterApiPort, ExecResult, NodeShellPort
+from gputopo.ports import ExecResult, NodeShellPort
 
 DEFAULT_NODE_TIMEOUT = 1800.0
 
@@ -146,8 +148,6 @@ class RollingResult:
     """The rollout's account: every node's outcome, in the order they were to apply."""
 
     outcomes: list[NodeOutcome] = field(default_factory=list)
-    ha: list[str] = field(default_factory=list)
-    ha_error: str | None = None
     wall_s: float = 0.0
     interrupted: bool = False  # Ctrl-C stopped the rollout
 
@@ -169,13 +169,13 @@ class RollingResult:
 
     @property
     def failed(self) -> bool:
-        return self.stopped_at is not None or self.ha_error is not None or self.interrupted
+        return self.stopped_at is not None or self.interrupted
 
     @property
     def changed(self) -> bool | None:
         """Whether any node was changed and kept; None when none is known to be and a node's
         outcome is unknown."""
-        if self.kept() or self.of(NEEDS_HUMAN) or self.ha:
+        if self.kept() or self.of(NEEDS_HUMAN):
             return True
         return None if self.of(UNKNOWN) else False
 
@@ -211,14 +211,8 @@ class RollingResult:
         not_started = self.of(NOT_STARTED)
         if not_started:
             parts.append(f"not started: {', '.join(not_started)}")
-        if self.ha_error is not None:
-            parts.append(f"HA placement failed: {self.ha_error}")
         first = self.stopped_at
-        head = (
-            f"stopped at node {first.node}"
-            if first is not None
-            else ("HA placement failed" if self.ha_error else "cluster applied")
-        )
+        head = f"stopped at node {first.node}" if first is not None else "cluster applied"
         if self.interrupted:
             head = "interrupted (Ctrl-C)"
         return f"{head} in {self.wall_s:.1f} s: " + "; ".join(parts)
@@ -232,7 +226,6 @@ class RollingResult:
             lines.append("  " + o.line(width, status_width))
             if o.next_step:
                 lines.append(f"  {' ' * width}  next: {o.next_step}")
-        lines += [f"HA: {h}" for h in self.ha]
         lines.append(self.summary())
         return "\n".join(lines) + "\n"
 
@@ -240,7 +233,7 @@ class RollingResult:
         """The error a failed rollout ends with (one line, the account's summary)."""
         first = self.stopped_at
         node = first.node if first is not None else None
-        reason = first.reason if first is not None else (self.ha_error or "")
+        reason = first.reason if first is not None else ""
         if self.interrupted:
             node = node or self.outcomes[-1].node
             reason = f"interrupted (Ctrl-C) during its apply; {reason}" if reason else "interrupted (Ctrl-C)"
@@ -265,7 +258,7 @@ class RollingResult:
         """The ``cluster apply --json`` document (``gputopo schema cluster-apply``); ``status``
         and ``error`` for a rollout refused before it started (``error``'s exit code)."""
         if status is None:
-            status = "stopped" if self.failed else ("applied" if self.kept() or self.ha else "no-changes")
+            status = "stopped" if self.failed else ("applied" if self.kept() else "no-changes")
         if error is None and self.failed:
             error = self.error()
         return ClusterApplyDoc(
@@ -274,7 +267,6 @@ class RollingResult:
             changed=self.changed,
             error=None if error is None else str(error),
             nodes=[o.to_doc() for o in self.outcomes],
-            ha=list(self.ha),
             wall_s=round(self.wall_s, 3),
         )
 
@@ -399,7 +391,13 @@ def lost(node: str, err: NodeUnreachable, seconds: float) -> NodeOutcome:
 
 
 def apply_node(
-    shell: NodeShellPort, node: str, signature: str, spec_text: str, timeout: float, verify: bool = True
+    shell: NodeShellPort,
+    node: str,
+    signature: str,
+    spec_text: str,
+    timeout: float,
+    verify: bool = True,
+    ha: bool = True,
 ) -> NodeOutcome:
     """Run the node's own apply; returns its outcome (:func:`outcome_of`, :func:`lost`)."""
     argv = [
@@ -416,6 +414,8 @@ def apply_node(
     ]
     if not verify:
         argv.append("--no-verify")
+    if not ha:
+        argv.append("--no-ha")
     t0 = time.monotonic()
     try:
         res = shell.run(node, argv, timeout, input=spec_text)
@@ -450,22 +450,11 @@ def _after_ctrl_c(batch: list[str], futures: list) -> list[NodeOutcome]:
     return out
 
 
-def _apply_ha(cplan: ClusterPlan, api: ClusterApiPort, result: RollingResult) -> None:
-    """The HA placement, once every node is done; a failure is recorded in the account."""
-    for change in cplan.ha:
-        try:
-            change.run(api)
-        except GputopoError as e:
-            result.ha_error = f"{change.describe()}: {e}"
-            return
-        result.ha.append(change.describe())
-
-
 def rolling_apply(
     cplan: ClusterPlan,
     spec_text: str,
     shell: NodeShellPort,
-    api: ClusterApiPort | None,
+    ha: bool = True,
     *,
     serial: int = 1,
     canary: str | None = None,
@@ -488,7 +477,7 @@ def rolling_apply(
 
         def one(node: str) -> NodeOutcome:
             try:
-                return apply_node(shell, node, plan_of[node].signature, spec_text, timeout, verify)
+                return apply_node(shell, node, plan_of[node].signature, spec_text, timeout, verify, ha)
             except GputopoError as e:  # no ssh client here: the command never ran
                 return NodeOutcome(node, NOT_STARTED, reason=str(e), failed=True)
 
@@ -514,8 +503,6 @@ def rolling_apply(
             ]
             result.wall_s = time.monotonic() - t0
             raise result.error()
-    if api is not None:
-        _apply_ha(cplan, api, result)
     result.wall_s = time.monotonic() - t0
     if result.failed:
         raise result.error()

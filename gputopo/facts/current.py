@@ -14,13 +14,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from gputopo.actions.haplace import read_ha_config
 from gputopo.errors import ExecError, ProxmoxError
 from gputopo.formats.hostpci import hostpci_keys
 from gputopo.formats.systemctl import parse_tp
 from gputopo.formats.systemd import parse_show_properties, show_state
 from gputopo.model.reads import EXEC_TIMEOUT, ContainerRead, Reads, ServiceRead
 from gputopo.model.state import ContainerState, CurrentState, GuestState, HaState, MappingState, ServiceState
-from gputopo.ports import ExecPort, HostFilesPort, ProxmoxReadPort
+from gputopo.ports import ClusterApiPort, ExecPort, HostFilesPort, ProxmoxReadPort
 
 
 def hostpci_values(config: dict[str, Any]) -> list[str]:
@@ -64,9 +65,13 @@ def read_current(
     proxmox: ProxmoxReadPort,
     exec: ExecPort | None = None,
     files: HostFilesPort | None = None,
+    cluster: ClusterApiPort | None = None,
 ) -> CurrentState:
     """Read what ``proxmox``'s node has now: the containers and VMs ``reads`` names (every VM
-    the node lists besides), the mappings, the services, the host files.
+    the node lists besides), the mappings, the services, the host files, and (``cluster``
+    given, on a member of a cluster) the HA configuration with the cluster's VMs that take
+    mapped devices (:func:`gputopo.actions.haplace.read_ha_config`; an HA read the API
+    refuses is said in ``ha_unread``).
 
     A container that does not exist is left out, as is a VM whose config cannot be read.
     Services are read only when ``exec`` is given and the container runs. Returns the
@@ -131,4 +136,6 @@ def read_current(
     if files is not None:
         for path in reads.files:
             state.files[path] = files.read(path)
+    if cluster is not None:
+        state.ha_config, state.ha_unread = read_ha_config(cluster)
     return state

@@ -23,7 +23,7 @@ from gputopo.facts.discover import discover
 from gputopo.model.facts import Facts
 from gputopo.model.reads import Reads
 from gputopo.model.state import CurrentState
-from gputopo.ports import ExecPort, HostFilesPort, ProxmoxReadPort
+from gputopo.ports import ClusterApiPort, ExecPort, HostFilesPort, ProxmoxReadPort
 
 
 class Observed(NamedTuple):
@@ -40,12 +40,16 @@ def observe(
     proxmox: ProxmoxReadPort,
     exec: ExecPort | None = None,
     files: HostFilesPort | None = None,
+    cluster: ClusterApiPort | None = None,
 ) -> Observed:
     """The facts of ``host`` (a root to discover, or facts already read) and the current state
-    ``reads(facts)`` asks for, read through ``proxmox``, ``exec`` (services) and ``files``.
+    ``reads(facts)`` asks for, read through ``proxmox``, ``exec`` (services) and ``files``;
+    with ``cluster``, the cluster's HA configuration too (HA placement is planned from it).
 
     Raises what discover raises (RootError), what ``reads`` raises (SpecError: no node of the
     spec is this host) before anything is read, and ProxmoxError from the source.
     """
     facts = host if isinstance(host, Facts) else discover(str(host))
-    return Observed(facts, read_current(reads(facts), proxmox=proxmox, exec=exec, files=files))
+    return Observed(
+        facts, read_current(reads(facts), proxmox=proxmox, exec=exec, files=files, cluster=cluster)
+    )

@@ -383,7 +383,6 @@ class ClusterApplyDoc(_Doc):
     )
     error: str | None = None
     nodes: list[NodeApplyDoc] = Field(default_factory=list)
-    ha: list[str] = Field(default_factory=list, description="The HA changes made after the nodes")
     wall_s: float = 0.0
 
 

@@ -61,6 +61,33 @@ class GuestState(Strict):
     ha: HaState | None = Field(None, description="Set when the VM is an HA resource")
 
 
+class ClusterVm(Strict):
+    """A VM of the cluster that takes a device from a PCI mapping: its node and its ``hostpciN``
+    values (in index order)."""
+
+    node: str
+    hostpci: list[str] = Field(default_factory=list)
+
+
+class HaConfig(Strict):
+    """The cluster's HA configuration as the API lists it, and the cluster's VMs with mapped
+    devices (what HA placement is planned from, see :mod:`gputopo.actions.haplace`). The
+    release decides rules (PVE 9) or groups (PVE 8)."""
+
+    release: int
+    members: list[str] = Field(default_factory=list, description="The cluster's nodes")
+    resources: dict[str, dict[str, Any]] = Field(default_factory=dict, description="sid -> resource")
+    rules: list[dict[str, Any]] = Field(default_factory=list)
+    groups: list[dict[str, Any]] = Field(default_factory=list)
+    vms: dict[int, ClusterVm] = Field(
+        default_factory=dict, description="Every VM of the cluster whose hostpciN names a mapping"
+    )
+
+    @property
+    def uses_rules(self) -> bool:
+        return self.release >= 9
+
+
 class CurrentState(Strict):
     """What Proxmox, the containers and the host files say now (read by gputopo.current)."""
 
@@ -86,4 +113,12 @@ class CurrentState(Strict):
         True,
         description="False when read from Proxmox's files, which cannot tell whether a guest runs "
         "(every guest then counts as running)",
+    )
+    ha_config: HaConfig | None = Field(
+        None,
+        description="The cluster's HA configuration and its VMs with mapped devices; null on a host "
+        "that is not in a cluster, or when it was not read (--no-ha, Proxmox's files, no Sys.Audit)",
+    )
+    ha_unread: str | None = Field(
+        None, description="Why the cluster's HA configuration could not be read (the API's refusal)"
     )

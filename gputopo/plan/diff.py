@@ -33,6 +33,7 @@ AREAS = (
     "service",
     "persistence files",
     "guests and services",
+    "ha placement",
 )
 
 

@@ -98,9 +98,12 @@ class Plan(Strict):
 
     def signature(self) -> str:
         """A hash of what the actions will do (``ActionModel.signature``: without the digests
-        read again before each write). Two plans with the same signature make the same changes;
-        ``gputopo apply --expect-plan`` refuses a plan whose signature is not the one shown."""
-        data = json.dumps([a.signature() for a in self.actions], sort_keys=True, separators=(",", ":"))
+        read again before each write; HA placement, planned again when it runs, left out). Two
+        plans with the same signature make the same changes; ``gputopo apply --expect-plan``
+        refuses a plan whose signature is not the one shown."""
+        data = json.dumps(
+            [a.signature() for a in self.actions if a.in_signature], sort_keys=True, separators=(",", ":")
+        )
         return hashlib.sha256(data.encode()).hexdigest()[:16]
 
     def to_data(self, summary: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -38,6 +38,7 @@ from gputopo.model.owner import HOST, Owner
 from gputopo.model.state import ContainerState, CurrentState
 from gputopo.plan.devices import device_update
 from gputopo.plan.findings import Findings
+from gputopo.plan.ha import ha_step
 from gputopo.plan.mappings import mapping_changes, shrink_other_mappings
 from gputopo.plan.model import ContainerTarget, GpuTarget, MappingTarget, Plan
 from gputopo.plan.render import PERSISTENCE_PATHS, p2p_must_be_disabled, persistence_files
@@ -320,6 +321,9 @@ def plan(
     found.raise_if_refused()
     ct_stops, vm_stops = _shutdown_policy(ct_stops, spec), _shutdown_policy(vm_stops, spec)
     _warn_ha(current, [*ct_stops, *vm_stops, *ct_starts, *vm_starts], found)
+    ha = ha_step(
+        node_name, mappings, current, vm_plan.configs, found, bool(mapping_actions or vm_plan.updates)
+    )
     actions: list[Any] = [
         *_persistence_actions(vfio_all, current, templates),
         *mapping_actions,
@@ -332,6 +336,9 @@ def plan(
         *updates,
         *vm_plan.updates,
         *ct_starts,
+        # after the service is back (outside its stop window: the step reads the cluster's
+        # VMs again), before the VMs start, so that the HA manager starts them where it may
+        *([ha] if ha is not None else []),
         *vm_starts,
     ]
     order = {p: i for i, p in enumerate(PHASES)}

@@ -312,6 +312,8 @@ class SimHost:
             http.close()
             self.stop()
 
+        from gputopo.adapters.clusterapi import ClusterApi
+
         return Ports(
             sysfs=SimKernel(str(self.paths.root)),
             proxmox=client,
@@ -320,6 +322,7 @@ class SimHost:
             http=http,
             close=close,
             host=SimHostCommands(self.dir),
+            cluster=ClusterApi(client),
         )
 
     def set_latencies(

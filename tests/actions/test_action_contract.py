@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -40,6 +41,7 @@ from typing import Any
 import pytest
 
 from gputopo.actions import ActionModel, World, action_kinds
+from gputopo.actions.haplace import read_ha
 from gputopo.actions.shell import CommandContext
 from gputopo.apply import Progress, apply
 from gputopo.apply.journal import Begin, Done, Header, Journal, UndoDone
@@ -47,12 +49,13 @@ from gputopo.apply.runner import Runner, running_before_of, step_context
 from gputopo.facts.observe import observe
 from gputopo.formats.mapline import normalize_map_entry
 from gputopo.model.facts import Facts
-from gputopo.model.state import CurrentState
+from gputopo.model.state import CurrentState, HaConfig
 from gputopo.plan.planner import plan as make_plan
 from gputopo.plan.reads import spec_reads
 from gputopo.plan.spec import Spec, parse_spec
+from gputopo.sim.cluster import SimCluster
 from gputopo.sim.host import SimHost
-from helpers import applysim
+from helpers import applysim, clusterharness
 from helpers.applysim import template  # noqa: F401 (fixtures)
 
 VM_CONSUMER = (
@@ -82,6 +85,11 @@ def reverse(text: str) -> str:
     return applysim.reverse(text)
 
 
+def cluster_split(text: str) -> str:
+    """Not a host's spec: the ``cluster`` host plans the cluster's split (see :func:`pve1_applied`)."""
+    return text
+
+
 @dataclass(frozen=True)
 class Case:
     """Where one instance of a kind comes from: the host (the seed, or the seed after applying
@@ -90,7 +98,7 @@ class Case:
 
     kind: str
     spec: Callable[[str], str]
-    host: str = "seed"  # seed | applied
+    host: str = "seed"  # seed | applied | cluster (node pve2 of a cluster where pve1 applied the split)
     where: Callable[[ActionModel], bool] = field(default=lambda a: True)
     name: str = ""
     # the kinds of the plan's earlier steps done first (None: every earlier step, the host as
@@ -125,6 +133,8 @@ CASES: list[Case] = [
     Case("delete_mapping", reverse, host="applied"),
     Case("rebind", reverse, host="applied", where=lambda a: a.to_driver == "nvidia", name="to-nvidia"),
     Case("update_container", reverse, host="applied", where=lambda a: bool(a.resolve), name="resolve"),
+    # pve2's lines join pve1's in the VM mapping: the cluster's VMs using it may now run on both
+    Case("ha_placement", cluster_split, host="cluster"),
 ]
 
 
@@ -176,6 +186,27 @@ def applied(template):
     applysim.cleanup(base)
 
 
+@pytest.fixture(scope="module")
+def pve1_applied():
+    """A three-node PVE 8 cluster whose node pve1 applied the cluster's split (pve1 and pve2 give
+    NUMA 1 to the VM mapping, pve3 keeps its GPUs), and that split's spec text."""
+    d = clusterharness.make_template()
+    cluster = SimCluster(d)
+    text = clusterharness.spec_text(cluster, split=["pve1", "pve2"], whole=["pve3"])
+    spec = d.parent / "spec.yaml"
+    spec.write_text(text)
+    res = subprocess.run(
+        [sys.executable, "-m", "gputopo", "cluster", "apply", "--yes", "--no-verify", "--nodes", "pve1"]
+        + ["--sim", str(d), "--spec", str(spec)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stderr
+    yield d, text
+    applysim.cleanup(d.parent)
+
+
 @pytest.fixture
 def work():
     """A scratch directory on tmpfs for one case's host copy and journal."""
@@ -196,6 +227,7 @@ def read_state(host: SimHost, spec: Spec, ports: Any) -> tuple[Facts, CurrentSta
             proxmox=ports.proxmox,
             exec=ports.exec,
             files=ports.files,
+            cluster=ports.cluster,
         )
     )
 
@@ -205,7 +237,7 @@ def host_view(host: SimHost, ports: Any) -> dict[str, Any]:
     nodes, host and container files with their modes, guest states, what the service runs, the
     container's ``/dev``), with Proxmox's configs and mappings as the API answers them instead of
     its files' bytes (a change kept pending and one made at once read the same there)."""
-    out = {k: v for k, v in applysim.fingerprint(host).items() if not k.startswith("pve:")}
+    out = {k: v for k, v in applysim.fingerprint(host, host.container).items() if not k.startswith("pve:")}
     px = ports.proxmox
     for g in px.list_guests("lxc"):
         out[f"api:lxc/{g['vmid']}"] = _config(px.lxc_config(int(g["vmid"])))
@@ -213,6 +245,24 @@ def host_view(host: SimHost, ports: Any) -> dict[str, Any]:
         out[f"api:qemu/{g['vmid']}"] = _config(px.qemu_config(int(g["vmid"])))
     for m in px.mappings():
         out[f"api:mapping/{m['id']}"] = (list(m.get("map") or []), m.get("description"))
+    if len(px.nodes()) > 1:  # a cluster's HA placement, as the API lists it
+        out.update(ha_view(read_ha(ports.cluster)))
+    return out
+
+
+def ha_view(config: HaConfig | None) -> dict[str, Any]:
+    """HA rules, groups and each resource's group as comparable data (no digests)."""
+    if config is None:
+        return {}
+    out: dict[str, Any] = {}
+    for r in config.rules:
+        out[f"ha:rule/{r['rule']}"] = {
+            k: str(v) for k, v in r.items() if k not in ("digest", "order", "rule")
+        }
+    for g in config.groups:
+        out[f"ha:group/{g['group']}"] = {k: str(v) for k, v in g.items() if k not in ("digest", "group")}
+    for sid, r in config.resources.items():
+        out[f"ha:resource/{sid}"] = r.get("group")
     return out
 
 
@@ -244,6 +294,7 @@ def view(facts: Facts, current: CurrentState, services: set[int]) -> dict[str, A
         out[f"mapping:{mid}"] = (sorted(map(normalize_map_entry, m.map)), m.description)
     for path, text in current.files.items():
         out[f"file:{path}"] = text
+    out.update(ha_view(current.ha_config))
     return out
 
 
@@ -270,13 +321,19 @@ def test_action_contract(kind: str, case: Case | None, template, work: Path, req
     assert case is not None, (
         f"action kind {kind!r} has no case in tests/actions/test_action_contract.py: add one to CASES"
     )
-    # the applied host is made only when a case selected to run needs it
-    source = template if case.host == "seed" else request.getfixturevalue("applied")
-    host = applysim.copy_host(source, work / "sim")
+    # the applied host (and the cluster) is made only when a case selected to run needs it
+    if case.host == "cluster":
+        source, text = request.getfixturevalue("pve1_applied")
+        cluster = clusterharness.copy_cluster(source, work / "cluster")
+        host = cluster.start("pve2")
+    else:
+        source = template if case.host == "seed" else request.getfixturevalue("applied")
+        host = applysim.copy_host(source, work / "sim")
+        text = applysim.seed_spec_text(host)
     try:
         ports = host.ports()
         root = str(host.paths.root)
-        spec = parse_spec(case.spec(applysim.seed_spec_text(host)))
+        spec = parse_spec(case.spec(text))
         facts, current = read_state(host, spec, ports)
         actions = make_plan(facts, spec, current).actions
         picks = [i for i, x in enumerate(actions) if x.kind == kind and case.where(x)]

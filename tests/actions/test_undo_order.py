@@ -11,6 +11,7 @@ import pytest
 from gputopo.actions import (
     ActionModel,
     DeleteMapping,
+    PlaceHa,
     Rebind,
     RemoveHostFile,
     Resource,
@@ -59,7 +60,7 @@ def reverse_steps() -> list[ActionModel]:
 
 def split_steps() -> list[ActionModel]:
     """The split with the container restarted (policy.container_restart: always) and VM 201 a
-    consumer that runs afterwards."""
+    consumer that runs afterwards, on a member of a cluster (its HA placement)."""
     return [
         WriteHostFile(path="etc/modprobe.d/gputopo-vfio.conf", content="x\n"),
         SetMapping(id="pro6000-vm", node="pve1", map=_map(NUMA1), create=True),
@@ -72,6 +73,7 @@ def split_steps() -> list[ActionModel]:
         ],
         UpdateContainer(vmid=101, delete=["dev4", "dev5", "dev6", "dev7"]),
         UpdateVmConfig(vmid=201, set={"hostpci0": "mapping=pro6000-vm,pcie=1"}),
+        PlaceHa(node="pve1", managed=["pro6000-vm"], release=9),
         StartGuest(guest="lxc", vmid=101),
         StartService(vmid=101, unit="sglang.service"),
         StartGuest(guest="qemu", vmid=201),

@@ -177,9 +177,13 @@ def test_ha_rules_and_verify_on_pve9(template9, tmp_path):
             str(spec),
         )
         assert res.returncode == 0, res.stderr
-        assert "HA: create HA rule gputopo-vm201: vm:201 on pve1,pve2 (strict)" in res.stdout
+        # the plan shows the placement once every node is done; the nodes (all three at once)
+        # each write their part in their own apply
+        assert "  - create HA rule gputopo-vm201: vm:201 on pve1,pve2 (strict)" in res.stdout
         rules = (cluster.dir / "pve/ha/rules.cfg").read_text()
         assert rules.count("node-affinity: gputopo-vm") == 3 and "\tnodes pve1,pve2\n" in rules
+        diff = cli("cluster", "diff", "--exit-code", "--sim", str(cluster.dir), "--spec", str(spec))
+        assert diff.returncode == 0, diff.stdout
         ver = cli("cluster", "verify", "--json", "--sim", str(cluster.dir), "--spec", str(spec))
         report = json.loads(ver.stdout)
         assert ver.returncode == 0, ver.stderr
