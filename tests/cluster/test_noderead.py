@@ -277,7 +277,7 @@ def test_each_node_is_reached_once(host):
     text = json.dumps(node_document(host))
     shell = Shell({" ".join(COMMAND): ExecResult(0, text, "")})
     spec = seed_spec(host)
-    got = read_cluster(spec, [host.node], shell, PveFiles(host.paths.pve, host.node))
+    got = read_cluster(spec, [host.node], shell, PveFiles(host.paths.pve, host.node), ha=False)
     assert shell.ran == [" ".join(COMMAND)]
     assert got[host.node].current.containers[101].service.active
 
