@@ -149,7 +149,7 @@ def test_one_round_trip_per_node_reads_what_the_reads_one_by_one_read(cluster, s
     runner.start = lambda node, argv, stdin=True: calls.append((node, argv[:3])) or start(node, argv, stdin)
     ports = cluster.ports()
     try:
-        fast = read_cluster(spec, cluster.nodes, runner, ports.proxmox)
+        fast = read_cluster(spec, cluster.nodes, runner, ports.proxmox, ha=False)  # HA: from the API, not ssh
         assert sorted(calls) == [(n, ["gputopo", "cluster", "node-read"]) for n in cluster.nodes]
         # each part read over SSH by itself, as the cluster commands read a node before
         one_by_one = {}
