@@ -571,11 +571,11 @@ class MappingConflict(GputopoError):
 
 
 class ClusterApplyFailed(GputopoError):
-    """A rolling apply stopped at a node (or at the HA placement after every node). The line
-    names it and why, then what the rollout left: the nodes applied and kept (a node whose
-    verification failed keeps its changes too), those that need a human or whose outcome is
-    unknown, and those not started (``node`` None: the HA placement failed). ``exit_code`` is the rollout's: 2 or 4 only when nothing was
-    changed anywhere, 3 when a node needs a human or its outcome is unknown, else 1.
+    """A rolling apply stopped at a node. The line names it and why, then what the rollout left:
+    the nodes applied and kept (a node whose verification failed keeps its changes too), those
+    that need a human or whose outcome is unknown, and those not started. ``exit_code`` is the
+    rollout's: 2 or 4 only when nothing was changed anywhere, 3 when a node needs a human or its
+    outcome is unknown, else 1.
     ``account``: every node's outcome (:class:`gputopo.cluster.rolling.RollingResult`)."""
 
     def __init__(
@@ -603,6 +603,7 @@ class ClusterApplyFailed(GputopoError):
             parts.append(f"needs a human: {', '.join(self.needs_human)}")
         if self.unknown:
             parts.append(f"outcome unknown: {', '.join(self.unknown)} (see its 'gputopo history')")
-        parts.append(f"not started: {', '.join(self.not_started) if self.not_started else 'none'}")
+        if self.not_started:
+            parts.append(f"not started: {', '.join(self.not_started)}")
         head = f"stopped at node {node}" if node else "stopped at the HA placement, every node done"
         super().__init__(f"{head}: {reason}; " + "; ".join(parts))

@@ -200,9 +200,12 @@ class _MappingStep(ActionModel):
     def signature(self) -> dict[str, Any]:
         if self.node is None:
             return super().signature()
-        # other nodes' lines and create-or-update are settled at write time, not by the plan
+        # other nodes' lines, and whether the write creates, updates or deletes the mapping, are
+        # settled at write time, not by the plan: a node's lines emptied are the same step whether
+        # other nodes still had lines when the plan was made (update) or not any more (delete),
+        # as in a rollout where the nodes before it gave their lines up
         return {
-            "kind": self.kind,
+            "kind": "node_mapping_lines",
             "id": self.id,
             "node": self.node,
             "own": sorted(map(normalize_map_entry, self.own())),

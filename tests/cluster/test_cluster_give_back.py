@@ -6,6 +6,7 @@ mapping without a device on it is told so, not that the mapping is gone."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -85,3 +86,46 @@ def test_a_cluster_give_back_that_verify_would_fail_is_refused_on_each_node_and_
     assert (cluster.dir / "pve/mapping/pci.cfg").read_text() == pci
     for n in cluster.nodes:
         assert diff(before[n], fingerprint(cluster.member(n), cluster.container(n))) == [], n
+
+
+WAY_OUT = (
+    NODE
+    + """\
+    vms:
+      mappings:
+        - name: pro6000-vm
+          gpus: {{addresses: []}}
+"""
+)
+
+
+def test_the_way_out_gives_every_gpu_back_on_every_node_in_one_rollout(cluster, tmp_path):
+    """Each node gives its lines of pro6000-vm up in turn; the last one's step deletes the
+    mapping where the plan shown had it update it (the others' lines were there then): the same
+    step, so that node applies instead of refusing a changed plan."""
+    split = tmp_path / "split.yaml"
+    split.write_text(spec_text(cluster, split=list(cluster.nodes), whole=[]))
+    res = cli("cluster", "apply", "--yes", "--no-verify", "--sim", str(cluster.dir), "--spec", str(split))
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = tmp_path / "out.yaml"
+    out.write_text(
+        GIVE_BACK.format(
+            nodes="".join(WAY_OUT.format(name=n, ct=cluster.container(n)) for n in cluster.nodes)
+        )
+    )
+    plan = cli("cluster", "plan", "--sim", str(cluster.dir), "--spec", str(out))
+    assert plan.returncode == 0, plan.stderr
+    assert plan.stdout.count("update PCI mapping pro6000-vm: 0 device(s)") == 3, plan.stdout
+    res = cli("cluster", "apply", "--yes", "--json", "--sim", str(cluster.dir), "--spec", str(out))
+    assert res.returncode == 0, res.stdout + res.stderr
+    doc = json.loads(res.stdout)
+    assert [(n["node"], n["outcome"]) for n in doc["nodes"]] == [
+        (n, "applied-and-kept") for n in cluster.nodes
+    ]
+    assert "pro6000-vm" not in (cluster.dir / "pve/mapping/pci.cfg").read_text()
+    for n in cluster.nodes:  # the VM GPUs of every node are back on nvidia
+        fp = fingerprint(cluster.member(n), cluster.container(n))
+        vm_gpus = ("0000:81:00.0", "0000:91:00.0", "0000:e1:00.0", "0000:f1:00.0")
+        assert [fp[f"pci:{a}"][0] for a in vm_gpus] == ["nvidia"] * 4, n
+    diff_ = cli("cluster", "diff", "--exit-code", "--sim", str(cluster.dir), "--spec", str(out))
+    assert diff_.returncode == 0, diff_.stdout + diff_.stderr
