@@ -109,7 +109,7 @@ out=$(node bash -c '
     done') || fail "bash completion did not load (exit $?)"
 echo "$out"
 echo "$out" | grep -qx "gputopo di -> diff discover" || fail "completion of 'gputopo di'"
-echo "$out" | grep -qx "gputopo sim c -> create" || fail "completion of 'gputopo sim c'"
+echo "$out" | grep -qx "gputopo sim c -> cluster-ssh create" || fail "completion of 'gputopo sim c'"
 echo "$out" | grep -qx "gputopo apply --sp -> --spec" || fail "completion of 'gputopo apply --sp'"
 
 say "apt-get remove gputopo"
