@@ -1,5 +1,5 @@
 """The exit codes of every command, in one table: what each code means, and which codes each
-command can end with. The commands' ``--help`` and the README's table are written from it, and
+command can end with. The commands' ``--help`` and docs/exit-codes.md's table are written from it, and
 ``tests/test_exit_codes.py`` walks it. Imports nothing.
 
 Every command also exits 2 for a usage error (an unknown option, a bad value), 130 when
@@ -151,7 +151,7 @@ def with_exit_codes(command: str):
 
 
 def markdown_table() -> str:
-    """The README's table: each code, its meaning and the commands that end with it."""
+    """docs/exit-codes.md's table: each code, its meaning and the commands that end with it."""
     lines = ["| code | meaning | commands |", "|---|---|---|"]
     for code in sorted(MEANING):
         having = [c for c in sorted(COMMANDS) if code in COMMANDS[c]]
@@ -161,7 +161,7 @@ def markdown_table() -> str:
 
 
 def command_table(command: str) -> str:
-    """The README's table of what each code means for one ``command`` (the cluster commands':
+    """docs/exit-codes.md's table of what each code means for one ``command`` (the cluster commands':
     whether anything changed anywhere)."""
     lines = ["| code | " + f"`{command}` |", "|---|---|"]
     lines += [f"| {code} | {text} |" for code, text in sorted(COMMANDS[command].items())]

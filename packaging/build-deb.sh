@@ -17,7 +17,7 @@
 # The package is lintian-clean (.ci/run lints it): a changelog, a machine-readable copyright file
 # (packaging/gen-copyright.py), stripped extension modules, xz members, md5sums, an Installed-Size
 # with the bytecode counted, and packaging/debian/lintian-overrides for what is so on purpose.
-# README.md, "On a Proxmox node", says why it is built this way.
+# docs/operator-guide.md, "On a Proxmox node", says why it is built this way.
 set -euo pipefail
 
 release=${1:-}
@@ -133,7 +133,7 @@ fi
 mkdir -p "$stage/usr/share/lintian/overrides"
 cp "$src/packaging/debian/lintian-overrides" "$stage/usr/share/lintian/overrides/gputopo"
 
-# The drift watch's units (packaging/systemd), left disabled: README, "Drift watch". bookworm's
+# The drift watch's units (packaging/systemd), left disabled: docs/watch.md. bookworm's
 # packages ship units under /lib, trixie's under /usr/lib (the /usr merge).
 unitdir=/usr/lib/systemd/system
 if [ "$release" = bookworm ]; then unitdir=/lib/systemd/system; fi

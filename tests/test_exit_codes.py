@@ -1,4 +1,4 @@
-"""The exit codes are one table (``gputopo.exitcodes``): every command's ``--help`` and the README
+"""The exit codes are one table (``gputopo.exitcodes``): every command's ``--help`` and docs/exit-codes.md
 say what it says, every error class exits with a code of it, and every code a command documents
 is seen: here, by running the command into it, or by the test named for it."""
 
@@ -20,7 +20,7 @@ from helpers import TESTS
 from helpers.applysim import copy_host, seed_spec_text, template  # noqa: F401 (fixtures)
 from helpers.cli import run
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+EXIT_CODES_PAGE = Path(__file__).resolve().parent.parent / "docs" / "exit-codes.md"
 
 # (command, code) -> the test that sees it, where it takes a scenario too long to repeat here
 WITNESSES = {
@@ -77,9 +77,9 @@ def test_every_command_is_in_the_table_and_its_help_says_it(capsys):
         assert _help_codes(capsys, name) == codes, name
 
 
-def test_the_readme_table_is_the_table():
-    assert exitcodes.markdown_table() in README.read_text()
-    assert exitcodes.command_table("cluster") in README.read_text()
+def test_the_docs_table_is_the_table():
+    assert exitcodes.markdown_table() in EXIT_CODES_PAGE.read_text()
+    assert exitcodes.command_table("cluster") in EXIT_CODES_PAGE.read_text()
 
 
 def test_every_error_exits_with_a_code_of_the_table():

@@ -3,7 +3,7 @@
 The metrics are made with ``prometheus_client`` (a registry holding one collector of this pass)
 and written with its ``write_to_textfile``: a temporary file beside the target, renamed over it,
 so node_exporter never reads half a file and never picks up the temporary one (it reads only
-``*.prom``). README's "Drift watch" section lists the metrics; docs/watch-alerts.yml alerts on
+``*.prom``). docs/watch.md lists the metrics; docs/watch-alerts.yml alerts on
 them.
 
 Conventions (https://prometheus.io/docs/practices/naming/): every name starts with

@@ -1,6 +1,6 @@
 """Bad input through the real entry point (``gputopo.cli.main``): every expected error is ONE line
-on stderr with a documented exit code (README: 2 bad input, 1 a failure, 130 interrupted), no
-traceback, and an apply that is refused leaves the simulated host exactly as it was."""
+on stderr with a documented exit code (docs/exit-codes.md: 2 bad input, 1 a failure, 130
+interrupted), no traceback, and an apply that is refused leaves the simulated host exactly as it was."""
 
 from __future__ import annotations
 

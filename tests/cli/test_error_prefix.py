@@ -1,7 +1,7 @@
 """One error prefix everywhere: whichever path prints it (click's usage errors, gputopo's own
 errors, a refused plan's reasons, ``diff --exit-code``'s errors, the simulator's commands), every
-error line on stderr starts ``gputopo: error: ``, and the exit code is the one README's table
-gives the command (:mod:`gputopo.exitcodes`). Every command of the table is walked."""
+error line on stderr starts ``gputopo: error: ``, and the exit code is the one docs/exit-codes.md's
+table gives the command (:mod:`gputopo.exitcodes`). Every command of the table is walked."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""README's rehearsal of the split and its reverse, run as written: its two specs (``split.yaml``,
-``back.yaml``) and the commands after them, on a simulated host made by the first command. Each
-command must exit 0 and print exactly the lines README shows under it (none shown: not compared);
-then what runs must be what README says: every GPU back on nvidia, held by the container's
-service, and VM 201 running without GPUs."""
+"""The rehearsal of the split and its reverse in docs/simulator.md, run as written: its two specs
+(``split.yaml``, ``back.yaml``) and the commands after them, on a simulated host made by the first
+command. Each command must exit 0 and print exactly the lines the page shows under it (none
+shown: not compared); then what runs must be what the page says: every GPU back on nvidia, held
+by the container's service, and VM 201 running without GPUs."""
 
 from __future__ import annotations
 
@@ -17,12 +17,12 @@ from helpers.cli import run
 
 pytestmark = pytest.mark.slow  # two applies on a simulated host
 
-README = TESTS.parent / "README.md"
+PAGE = TESTS.parent / "docs" / "simulator.md"
 
 
 def _blocks() -> tuple[dict[str, str], str]:
     """({file name: spec text}, the console block after them)."""
-    text = README.read_text()
+    text = PAGE.read_text()
     specs = {m[1]: m[2] for m in re.finditer(r"```yaml\n# (split\.yaml|back\.yaml)\n(.*?)```", text, re.S)}
     assert set(specs) == {"split.yaml", "back.yaml"}
     after = text[text.index("# back.yaml\n") :]
@@ -50,7 +50,7 @@ def test_the_readme_split_and_reverse_run_as_written(capsys, tmp_path, monkeypat
     specs, console = _blocks()
     for name, text in specs.items():
         (tmp_path / name).write_text(text)
-    monkeypatch.chdir(tmp_path)  # the specs by the names README gives them
+    monkeypatch.chdir(tmp_path)  # the specs by the names the page gives them
     host_dir = str(tmp_path / "pve1")
     steps = _steps(console.replace("/tmp/pve1", host_dir))
     assert [a[:3] for a, _, _ in steps][:2] == [["sim", "create", host_dir], ["apply", "--sim", host_dir]]

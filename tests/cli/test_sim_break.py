@@ -1,7 +1,7 @@
 """``gputopo sim break FAULT DIR`` / ``gputopo sim heal [FAULT] DIR`` on a simulated host: each
 fault is put in from the command line, gputopo sees it (verify FAILs, apply rolls back or warns,
 in the words that name it), it is healed, and gputopo sees the host healthy again. The specs
-are README's rehearsal (``split.yaml``, ``back.yaml``); what is judged is what runs (drivers,
+are docs/simulator.md's rehearsal (``split.yaml``, ``back.yaml``); what is judged is what runs (drivers,
 the service's command line, guests) and the documents gputopo prints."""
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from helpers.cli import one_line, run
 
 pytestmark = pytest.mark.slow  # a simulated host per test, its API served for most commands
 
-README = TESTS.parent / "README.md"
+REHEARSAL = TESTS.parent / "docs" / "simulator.md"
 
 
 def _readme_spec(name: str) -> str:
-    m = re.search(rf"```yaml\n# {re.escape(name)}\n(.*?)```", README.read_text(), re.S)
+    m = re.search(rf"```yaml\n# {re.escape(name)}\n(.*?)```", REHEARSAL.read_text(), re.S)
     assert m, name
     return m[1]
 

@@ -29,7 +29,7 @@ from helpers.clusterharness import cleanup, copy_cluster, make_template, require
 
 pytestmark = pytest.mark.slow  # a simulated cluster per test, real sshd for some; the full run only
 
-README = TESTS.parent / "README.md"
+CLUSTERS = TESTS.parent / "docs" / "clusters.md"
 
 
 @pytest.fixture(scope="module")
@@ -274,14 +274,14 @@ def test_init_on_a_cluster_refuses_what_names_one_node_without_node(capsys, clus
     assert not out.exists()
 
 
-# --- README's "trying a cluster", as written -----------------------------------------------------
+# --- docs/clusters.md's "trying a cluster", as written ----------------------------------------
 
 
 def _readme_console() -> str:
-    text = README.read_text()
-    section = text[text.index("### trying a cluster\n") :]
+    text = CLUSTERS.read_text()
+    section = text[text.index("## trying a cluster\n") :]
     m = re.search(r"```\n(\$ gputopo sim create --nodes 3 .*?)```", section, re.S)
-    assert m, "no console block in README's 'trying a cluster'"
+    assert m, "no console block in docs/clusters.md's 'trying a cluster'"
     return m[1]
 
 
@@ -318,4 +318,4 @@ def test_the_readme_cluster_walkthrough_runs_as_written(tmp_path):
     finally:
         if served is not None:
             assert served.stop()[0] == 0
-    assert served is not None, "README's walkthrough starts no sim cluster-ssh"
+    assert served is not None, "the walkthrough starts no sim cluster-ssh"

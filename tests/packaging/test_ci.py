@@ -1,7 +1,7 @@
-"""CI runs the README's test command, that command runs every test, and a plain ``pytest`` is the
-quick loop: it leaves out exactly the markers the full run adds. The one exception is the crash
-matrix at every point (``matrix_full``): ``tests/conftest.py`` deselects it unless ``-m`` names it,
-and the full run takes the matrix's sample (``matrix``) instead."""
+"""CI runs the README's test command (docs/tests.md explains it), that command runs every test,
+and a plain ``pytest`` is the quick loop: it leaves out exactly the markers the full run adds. The
+one exception is the crash matrix at every point (``matrix_full``): ``tests/conftest.py`` deselects
+it unless ``-m`` names it, and the full run takes the matrix's sample (``matrix``) instead."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def m_option(argv: list[str]) -> str:
 def test_ci_runs_the_readme_test_command(sources):
     ci, readme, _ = sources
     (command,) = [line for line in ci.splitlines() if line.startswith("pip install '.[test]'")]
-    assert f"```sh\n{command}\n```" in readme  # the Tests section
+    assert f"```sh\n{command}\n```" in (REPO / "docs" / "tests.md").read_text()  # the Tests page
     top = readme.split("\n## ", 1)[0]
     assert command in top  # and the first lines of the README
 

@@ -45,8 +45,8 @@ def test_the_timer_starts_the_one_pass_service_and_can_be_enabled():
     assert "gputopo-watch.timer" in unit("gputopo-watch-follow.service")["Unit"]["Conflicts"].split()
 
 
-def test_the_enable_command_is_the_one_the_readme_gives():
-    assert "systemctl enable --now gputopo-watch.timer" in (REPO / "README.md").read_text()
+def test_the_enable_command_is_the_one_the_docs_give():
+    assert "systemctl enable --now gputopo-watch.timer" in (REPO / "docs" / "watch.md").read_text()
 
 
 def test_build_deb_installs_every_unit():
