@@ -56,7 +56,8 @@ def test_the_readme_tour_runs_as_written(capsys, tmp_path, monkeypatch):
         if shown:
             assert out.splitlines()[-tail if tail else 0 :] == shown, (argv, out)
 
-    assert (tmp_path / "docs" / "seed-split.svg").read_text() == (REPO / "docs" / "seed-split.svg").read_text()
+    picture = "docs/seed-split.svg"
+    assert (tmp_path / picture).read_text() == (REPO / picture).read_text()
     from gputopo.facts.discover import discover
 
     drivers = sorted(g.driver for g in discover(str(tmp_path / "pve1" / "root")).gpus)
