@@ -1,7 +1,8 @@
 """The simulators must not be kinder than the real systems they stand in for.
 
-Each test cites the statement it checks: ``wire`` = ../shared/docs/proxmox-api-wire.md,
-``pve`` = ../shared/docs/proxmox.md, or the kernel/Proxmox source named in the test.
+Each test cites the statement it checks: quoted from a reference of the Proxmox VE API's wire
+behaviour (``wire N``: its section N, 0 the request pipeline, 2 error responses, 4 shapes, 6 pvesh
+and proxmoxer's local backend), or the kernel/Proxmox source named in the test.
 """
 
 import errno
