@@ -1,7 +1,7 @@
 """Trying a simulated cluster from the command line: ``gputopo sim cluster-ssh DIR`` (a real sshd
 per node on loopback, DIR/ssh_config for the cluster commands), ``gputopo sim break|heal
-node-unreachable --node NODE``, ``gputopo init --sim <cluster dir>``, and README's "trying a
-cluster" run as written.
+node-unreachable --node NODE``, ``gputopo init --sim <cluster dir>``, and docs/clusters.md's
+"trying a cluster" run as written.
 
 The tests that start sshd skip without it (or not as root), unless GPUTOPO_REQUIRE_SSH=1.
 """
