@@ -26,7 +26,7 @@ from typing import Any
 from gputopo.errors import PveFormatError
 from gputopo.formats.devn import is_devn_key
 from gputopo.formats.hostpci import hostpci_refs
-from gputopo.formats.lxcconf import parse_dev_value
+from gputopo.formats.lxcdev import parse_dev_value
 from gputopo.formats.systemctl import InferenceUnit
 from gputopo.model.facts import Facts, Gpu, nvidia_gpus
 from gputopo.model.state import CurrentState
