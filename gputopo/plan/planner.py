@@ -16,7 +16,7 @@ Decisions recorded here:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from gputopo.actions import (
     NVIDIA,
@@ -31,7 +31,7 @@ from gputopo.model.facts import Facts, Gpu
 from gputopo.model.owner import Owner
 from gputopo.model.state import CurrentState
 from gputopo.plan.binding import gpu_targets, needed_rebinds, persistence_actions
-from gputopo.plan.containers import plan_containers
+from gputopo.plan.containers import ContainerChanges, plan_containers
 from gputopo.plan.findings import Findings
 from gputopo.plan.ha import ha_step
 from gputopo.plan.mappings import mapping_changes, shrink_other_mappings
@@ -135,37 +135,14 @@ def plan(
         facts, spec, cts, selected, current, rebinds, target, p2p, templates, node_name, found
     )
 
-    restart_services = {d.vmid for d in cp.dropins} - cp.settings_only
-    ct_stops, ct_starts = container_restarts(spec_node, current, cp.touched, restart_services, cp.live)
-    rebinding = {m for r in rebinds for m in r.members}
-    vm_stops, vm_starts = _vm_restarts(
-        spec_node, current, mappings, changed_mappings, rebinding, vm_plan, view, found
+    guests = _guest_steps(
+        spec, spec_node, current, cp, rebinds, mappings, changed_mappings, vm_plan, view, found
     )
-    found.raise_if_refused()
-    ct_stops, vm_stops = _shutdown_policy(ct_stops, spec), _shutdown_policy(vm_stops, spec)
-    _warn_ha(current, [*ct_stops, *vm_stops, *ct_starts, *vm_starts], found)
     ha = ha_step(
         node_name, mappings, current, vm_plan.configs, found, bool(mapping_actions or vm_plan.updates)
     )
-    actions: list[Any] = [
-        *persistence_actions(vfio_all, current, templates),
-        *mapping_actions,
-        *cp.dropins,
-        # VMs stop before the containers' services: a guest's shutdown (seconds to tens of
-        # seconds, up to policy.shutdown_timeout) is then not part of the service's downtime
-        *vm_stops,
-        *ct_stops,
-        *rebinds,
-        *cp.updates,
-        *vm_plan.updates,
-        *ct_starts,
-        # after the service is back (outside its stop window: the step reads the cluster's
-        # VMs again), before the VMs start, so that the HA manager starts them where it may
-        *([ha] if ha is not None else []),
-        *vm_starts,
-    ]
-    order = {p: i for i, p in enumerate(PHASES)}
-    actions.sort(key=lambda a: order[a.phase])  # stable: keeps the order within a phase
+    persistence = persistence_actions(vfio_all, current, templates)
+    actions = _in_order(persistence, mapping_actions, cp, guests, rebinds, vm_plan, ha)
     return Plan(
         node=node_name,
         target=target,
@@ -183,6 +160,74 @@ def plan(
         warnings=found.warnings,
         actions=actions,
     )
+
+
+class _GuestSteps(NamedTuple):
+    """The plan's stops and starts of containers and VMs."""
+
+    ct_stops: list[Any]
+    ct_starts: list[Any]
+    vm_stops: list[Any]
+    vm_starts: list[Any]
+
+
+def _guest_steps(
+    spec: Spec,
+    spec_node: Node,
+    current: CurrentState,
+    cp: ContainerChanges,
+    rebinds: list[Rebind],
+    mappings: dict[str, MappingTarget],
+    changed_mappings: set[str],
+    vm_plan: VmPlan,
+    view: MapView,
+    found: Findings,
+) -> _GuestSteps:
+    """The containers and VMs that stop and start again, each stop with the spec's shutdown
+    policy; a line per HA resource among them. Raises PlanRefused when a VM may not be
+    (re)started (:func:`_vm_restarts`) or anything else was refused so far."""
+    restart_services = {d.vmid for d in cp.dropins} - cp.settings_only
+    ct_stops, ct_starts = container_restarts(spec_node, current, cp.touched, restart_services, cp.live)
+    rebinding = {m for r in rebinds for m in r.members}
+    vm_stops, vm_starts = _vm_restarts(
+        spec_node, current, mappings, changed_mappings, rebinding, vm_plan, view, found
+    )
+    found.raise_if_refused()
+    ct_stops, vm_stops = _shutdown_policy(ct_stops, spec), _shutdown_policy(vm_stops, spec)
+    _warn_ha(current, [*ct_stops, *vm_stops, *ct_starts, *vm_starts], found)
+    return _GuestSteps(ct_stops, ct_starts, vm_stops, vm_starts)
+
+
+def _in_order(
+    persistence: list[Any],
+    mapping_actions: list[Any],
+    cp: ContainerChanges,
+    guests: _GuestSteps,
+    rebinds: list[Rebind],
+    vm_plan: VmPlan,
+    ha: Any,
+) -> list[Any]:
+    """Every step of the plan in the order apply runs them: by phase, and within a phase in
+    the order below."""
+    actions: list[Any] = [
+        *persistence,
+        *mapping_actions,
+        *cp.dropins,
+        # VMs stop before the containers' services: a guest's shutdown (seconds to tens of
+        # seconds, up to policy.shutdown_timeout) is then not part of the service's downtime
+        *guests.vm_stops,
+        *guests.ct_stops,
+        *rebinds,
+        *cp.updates,
+        *vm_plan.updates,
+        *guests.ct_starts,
+        # after the service is back (outside its stop window: the step reads the cluster's
+        # VMs again), before the VMs start, so that the HA manager starts them where it may
+        *([ha] if ha is not None else []),
+        *guests.vm_starts,
+    ]
+    order = {p: i for i, p in enumerate(PHASES)}
+    return sorted(actions, key=lambda a: order[a.phase])  # stable: keeps the order within a phase
 
 
 def _refuse_missing_containers(spec_node: Node, current: CurrentState, found: Findings) -> None:

@@ -26,7 +26,7 @@ from gputopo.formats.hostpci import (
 )
 from gputopo.formats.qemuconf import check_qemu_option, start_problems
 from gputopo.model.facts import Facts, Gpu
-from gputopo.model.state import CurrentState
+from gputopo.model.state import CurrentState, GuestState
 from gputopo.plan.findings import Findings
 from gputopo.plan.model import VmTarget
 from gputopo.plan.placement import explain
@@ -140,16 +140,29 @@ def _consumer(
             notes=notes,
         )
     )
-    sets = {k: v for k, v in want.items() if cfg.get(k) != v}
-    if sets or deletes:
-        check_writer(c.vmid, sets, deletes, current.api_user, found)
-        out.updates.append(
-            UpdateVmConfig(vmid=c.vmid, set=sets, delete=deletes, digest=g.config.get("digest"))
-        )
-        if g.status == "running":
-            out.restart.append(c.vmid)
+    _config_update(c.vmid, g, want, deletes, current.api_user, found, out)
     if c.start and g.status != "running":
         out.start.append(c.vmid)
+
+
+def _config_update(
+    vmid: int,
+    g: GuestState,
+    want: dict[str, str],
+    deletes: list[str],
+    api_user: str | None,
+    found: Findings,
+    out: VmPlan,
+) -> None:
+    """Add the update that sets ``want`` and deletes ``deletes`` in VM ``vmid``'s config
+    (nothing when it has them already) to ``out``, and its restart when it runs."""
+    cfg = {k: str(v) for k, v in g.config.items() if k != "digest"}
+    sets = {k: v for k, v in want.items() if cfg.get(k) != v}
+    if sets or deletes:
+        check_writer(vmid, sets, deletes, api_user, found)
+        out.updates.append(UpdateVmConfig(vmid=vmid, set=sets, delete=deletes, digest=g.config.get("digest")))
+        if g.status == "running":
+            out.restart.append(vmid)
 
 
 def _mapping_id(c: VmConsumer, view: MapView, found: Findings) -> str | None:
