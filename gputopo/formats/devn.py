@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from gputopo.formats.lxcconf import format_dev_value
+from gputopo.formats.lxcdev import format_dev_value
 
 DEV_KEY = re.compile(r"^dev(\d+)$")
 MAX_DEV_INDEX = 255

@@ -102,27 +102,8 @@ def parse_qemu_conf(text: str) -> QemuConf:
         m = re.match(r"^\[(.*)\]\s*$", line)
         if m:
             finish()
-            head = m.group(1)
-            if head.upper() == "PENDING":
-                if seen_pending:
-                    conf.problems.append("duplicate section: pending")
-                seen_pending = True
-                section = conf.pending = {}
-                name = "pending"
-            elif re.fullmatch(r"special:(cloudinit|fleecing)", head, re.IGNORECASE):
-                kind = head[8:]
-                if kind in conf.special:
-                    conf.problems.append(f"duplicate special section: {kind}")
-                section = conf.special[kind] = {}
-                name = head
-            elif re.fullmatch(r"[a-z][a-z0-9_\-]+", head, re.IGNORECASE):
-                if head in conf.snapshots:
-                    conf.problems.append(f"duplicate snapshot section: {head}")
-                section = conf.snapshots[head] = {}
-                name = head
-            else:
-                conf.problems.append(f"skipping unknown section: '{head}'")
-                section = None
+            section, name = _open_section(conf, m.group(1), seen_pending)
+            seen_pending = seen_pending or name == "pending"
             continue
         if section is None:
             continue
@@ -137,19 +118,49 @@ def parse_qemu_conf(text: str) -> QemuConf:
         if sm:
             section["snapstate"] = sm.group(1)
             continue
-        am = _ARGS_RE.match(line)
-        km = am or _KEY_RE.match(line)
-        if not km:
-            conf.problems.append(f"unable to parse config: {line}")
-            continue
-        key, value = km.group(1), km.group(2)
-        if key == "delete" and name != "pending":
-            conf.problems.append("property 'delete' is only allowed in [PENDING]")
-            continue
-        section[key] = value
+        setting = _setting(line, name == "pending", conf.problems)
+        if setting is not None:
+            section[setting[0]] = setting[1]
     finish()
     conf.options.pop("snapstate", None)  # parse_vm_config: delete $res->{snapstate}
     return conf
+
+
+def _open_section(conf: QemuConf, head: str, seen_pending: bool) -> tuple[dict[str, str] | None, str]:
+    """(the section the header ``[head]`` opens in ``conf``, its name): ``[PENDING]``, a
+    ``special:`` section or a snapshot, each replacing one of the same name (with a problem);
+    None for a header qemu-server skips. ``seen_pending``: a ``[PENDING]`` was read before."""
+    if head.upper() == "PENDING":
+        if seen_pending:
+            conf.problems.append("duplicate section: pending")
+        conf.pending = {}
+        return conf.pending, "pending"
+    if re.fullmatch(r"special:(cloudinit|fleecing)", head, re.IGNORECASE):
+        kind = head[8:]
+        if kind in conf.special:
+            conf.problems.append(f"duplicate special section: {kind}")
+        conf.special[kind] = {}
+        return conf.special[kind], head
+    if re.fullmatch(r"[a-z][a-z0-9_\-]+", head, re.IGNORECASE):
+        if head in conf.snapshots:
+            conf.problems.append(f"duplicate snapshot section: {head}")
+        conf.snapshots[head] = {}
+        return conf.snapshots[head], head
+    conf.problems.append(f"skipping unknown section: '{head}'")
+    return None, head
+
+
+def _setting(line: str, in_pending: bool, problems: list[str]) -> tuple[str, str] | None:
+    """(key, value) of a setting line; None, with a problem, for a line qemu-server skips."""
+    km = _ARGS_RE.match(line) or _KEY_RE.match(line)
+    if not km:
+        problems.append(f"unable to parse config: {line}")
+        return None
+    key, value = km.group(1), km.group(2)
+    if key == "delete" and not in_pending:
+        problems.append("property 'delete' is only allowed in [PENDING]")
+        return None
+    return key, value
 
 
 def write_qemu_conf(conf: QemuConf) -> str:

@@ -26,9 +26,9 @@ from typing import Any
 from gputopo.errors import PveFormatError
 from gputopo.formats.devn import is_devn_key
 from gputopo.formats.hostpci import hostpci_refs
-from gputopo.formats.lxcconf import parse_dev_value
+from gputopo.formats.lxcdev import parse_dev_value
 from gputopo.formats.systemctl import InferenceUnit
-from gputopo.model.facts import Facts, nvidia_gpus
+from gputopo.model.facts import Facts, Gpu, nvidia_gpus
 from gputopo.model.state import CurrentState
 from gputopo.plan.planner import plan as make_plan
 from gputopo.plan.spec import API_VERSION, KIND, Spec
@@ -77,53 +77,110 @@ def export_spec(
 ) -> Exported:
     """The spec of ``facts`` + ``state`` for ``node``; ``units`` are the inference units found in
     each container, ``manage`` the containers whose unit goes in the spec (default: none)."""
-    manage = manage or set()
     gpus = nvidia_gpus(facts)
-    by_minor = {g.minor: g for g in gpus if g.driver == "nvidia" and g.minor is not None}
-    notes: list[str] = []
     out = Exported(data={})
+    containers = _containers(gpus, state, units, manage or set(), out)
+    vfio = {g.address for g in gpus if g.driver == "vfio-pci"}
+    mappings, taken = _vm_mappings(gpus, state, node, containers, vfio, out.notes)
+    names = {m["name"] for m in mappings}
+    guests = sorted(
+        vmid for vmid, g in state.guests.items() if any(hostpci_refs(v)[1] in names for v in g.hostpci)
+    )
+    raw = sorted(a for a in vfio - taken)
+    if raw:
+        out.notes.append(f"{', '.join(raw)} on vfio-pci without a mapping of this node: left as they are")
+    overrides = {g.driver_override for g in gpus if g.address in taken}
+    node_data: dict[str, Any] = {
+        "name": node,
+        "containers": containers,
+        "vms": {"mappings": mappings, "guests": guests},
+    }
+    out.data = {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "nodes": [node_data],
+        "policy": {"keep_driver_override": overrides != {None}},
+    }
+    return out
+
+
+def _containers(
+    gpus: list[Gpu],
+    state: CurrentState,
+    units: dict[int, list[InferenceUnit]],
+    manage: set[int],
+    out: Exported,
+) -> list[dict[str, Any]]:
+    """The spec's entry of every container whose devices grant GPUs on nvidia, by vmid; a GPU
+    two containers share stays with the first (a note says so). Their units go to ``out``."""
+    by_minor = {g.minor: g for g in gpus if g.driver == "nvidia" and g.minor is not None}
     claimed: dict[str, int] = {}
     containers: list[dict[str, Any]] = []
     for vmid, ct in sorted(state.containers.items()):
         minors = container_minors(ct.config)
         mine = sorted(by_minor[m].address for m in minors if m in by_minor)
-        shared = [a for a in mine if a in claimed]
-        for a in shared:
-            notes.append(
-                f"{a} is in the devices of containers {claimed[a]} and {vmid}: left with {claimed[a]}"
-            )
+        for a in mine:
+            if a in claimed:
+                out.notes.append(
+                    f"{a} is in the devices of containers {claimed[a]} and {vmid}: left with {claimed[a]}"
+                )
         mine = [a for a in mine if a not in claimed]
         if not mine:
             continue
         claimed.update({a: vmid for a in mine})
         entry: dict[str, Any] = {"vmid": vmid, "gpus": {"addresses": mine}}
-        if _legacy(ct.config):
-            entry["device_mode"] = "legacy"
-        else:
-            mode, gid = _dev_options(ct.config, minors)
-            if mode:
-                entry["mode"] = mode
-            else:
-                notes.append(
-                    f"container {vmid}: its GPU entries have no mode; the spec's default 0666 will be set"
-                )
-            if gid is not None:
-                entry["gid"] = gid
-        found = units.get(vmid) or []
-        if found:
-            out.units[vmid] = found[0]
-            if len(found) > 1:
-                notes.append(
-                    f"container {vmid}: also runs {', '.join(u.unit for u in found[1:])}; "
-                    f"{found[0].unit} is the one listed"
-                )
-            if vmid in manage:
-                entry["service"] = {"unit": found[0].unit, "tp_flag": found[0].tp_flag}
-                out.managed.add(vmid)
+        _device_options(entry, ct.config, minors, out.notes)
+        _service(entry, units.get(vmid) or [], vmid in manage, out)
         containers.append(entry)
+    return containers
 
+
+def _device_options(
+    entry: dict[str, Any], config: dict[str, Any], minors: set[int], notes: list[str]
+) -> None:
+    """Add the container's device mode (legacy), or its GPU entries' mode and gid, to ``entry``."""
+    if _legacy(config):
+        entry["device_mode"] = "legacy"
+        return
+    mode, gid = _dev_options(config, minors)
+    if mode:
+        entry["mode"] = mode
+    else:
+        notes.append(
+            f"container {entry['vmid']}: its GPU entries have no mode; the spec's default 0666 will be set"
+        )
+    if gid is not None:
+        entry["gid"] = gid
+
+
+def _service(entry: dict[str, Any], found: list[InferenceUnit], manage: bool, out: Exported) -> None:
+    """Record the container's first inference unit in ``out``, and add it to ``entry`` as its
+    service when ``manage``; a note names the others."""
+    if not found:
+        return
+    vmid = entry["vmid"]
+    out.units[vmid] = found[0]
+    if len(found) > 1:
+        out.notes.append(
+            f"container {vmid}: also runs {', '.join(u.unit for u in found[1:])}; {found[0].unit} is the one listed"
+        )
+    if manage:
+        entry["service"] = {"unit": found[0].unit, "tp_flag": found[0].tp_flag}
+        out.managed.add(vmid)
+
+
+def _vm_mappings(
+    gpus: list[Gpu],
+    state: CurrentState,
+    node: str,
+    containers: list[dict[str, Any]],
+    vfio: set[str],
+    notes: list[str],
+) -> tuple[list[dict[str, Any]], set[str]]:
+    """(the spec's VM mappings, the addresses they take): every mapping whose lines for ``node``
+    name only GPUs on vfio-pci no other mapping took. One naming exactly a container's GPUs
+    becomes that container's ``mapping`` instead; one mixing both sides is left, with a note."""
     ct_sets = {c["vmid"]: set(c["gpus"]["addresses"]) for c in containers}
-    vfio = {g.address for g in gpus if g.driver == "vfio-pci"}
     mappings: list[dict[str, Any]] = []
     taken: set[str] = set()
     for mid, m in sorted(state.mappings.items()):
@@ -143,27 +200,7 @@ def export_spec(
             mappings.append(vm)
         else:
             notes.append(f"mapping {mid} mixes GPUs of both sides (or of another mapping): left as it is")
-    names = {m["name"] for m in mappings}
-    guests = sorted(
-        vmid for vmid, g in state.guests.items() if any(hostpci_refs(v)[1] in names for v in g.hostpci)
-    )
-    raw = sorted(a for a in vfio - taken)
-    if raw:
-        notes.append(f"{', '.join(raw)} on vfio-pci without a mapping of this node: left as they are")
-    overrides = {g.driver_override for g in gpus if g.address in taken}
-    node_data: dict[str, Any] = {
-        "name": node,
-        "containers": containers,
-        "vms": {"mappings": mappings, "guests": guests},
-    }
-    out.data = {
-        "apiVersion": API_VERSION,
-        "kind": KIND,
-        "nodes": [node_data],
-        "policy": {"keep_driver_override": overrides != {None}},
-    }
-    out.notes = notes
-    return out
+    return mappings, taken
 
 
 def _steps(facts: Facts, ex: Exported, node: str, read: Callable[[Spec], CurrentState]) -> list[str]:

@@ -7,7 +7,7 @@ from gputopo.formats.mapline import map_node, map_paths, normalize_map_entry
 from gputopo.formats.pcicfg import MapEntry, format_map_entry
 from gputopo.model.facts import Gpu
 from gputopo.model.owner import Owner
-from gputopo.model.state import CurrentState
+from gputopo.model.state import CurrentState, MappingState
 from gputopo.plan.model import MappingTarget
 from gputopo.plan.spec import Container, VmMapping
 
@@ -64,46 +64,57 @@ def mapping_changes(
         other_nodes = [e for e in (cur.map if cur else []) if map_node(e) != node_name]
         base = [e for e in (cur.map if cur else []) if map_node(e) == node_name]
         order = (orders or {}).get(mid)
-        rank = {a: i for i, a in enumerate(order or [])}
-        ours = [
-            map_entry(g, node_name)
-            for g in sorted(gpus, key=lambda g: (rank.get(g.address, len(rank)), g.address))
-        ]
+        ours = _node_entries(gpus, node_name, order)
         want = other_nodes + ours
         desc = description or (cur.description if cur and cur.description else None)
         if desc is None and ours:
             desc = f"{len(ours)} GPU(s) for {purpose} (gputopo)"
         mappings[mid] = MappingTarget(map=want, description=desc if want else None)
-        if not want:
-            if cur is not None:
-                actions.append(DeleteMapping(id=mid, digest=cur.digest, node=node_name, base=base))
-                changed.add(mid)
-        elif cur is None:
-            actions.append(
-                SetMapping(id=mid, map=want, description=desc, create=True, node=node_name, base=base)
-            )
+        step, map_changes = _step(mid, cur, want, desc, base, ours, order is not None, node_name)
+        if step is not None:
+            actions.append(step)
+        if map_changes:
             changed.add(mid)
-        else:
-            same_map = sorted(map(normalize_map_entry, cur.map)) == sorted(map(normalize_map_entry, want))
-            if order is not None:  # which GPU a VM gets follows the order of the lines
-                same_map = same_map and list(map(normalize_map_entry, base)) == list(
-                    map(normalize_map_entry, ours)
-                )
-            if not same_map or (cur.description or None) != desc:
-                actions.append(
-                    SetMapping(
-                        id=mid,
-                        map=want,
-                        description=desc,
-                        create=False,
-                        digest=cur.digest,
-                        node=node_name,
-                        base=base,
-                    )
-                )
-            if not same_map:
-                changed.add(mid)
     return mappings, actions, changed
+
+
+def _node_entries(gpus: list[Gpu], node: str, order: list[str] | None) -> list[str]:
+    """The map lines of ``gpus`` for ``node``: in ``order`` (addresses), those it does not name
+    last, each group in address order."""
+    rank = {a: i for i, a in enumerate(order or [])}
+    return [
+        map_entry(g, node) for g in sorted(gpus, key=lambda g: (rank.get(g.address, len(rank)), g.address))
+    ]
+
+
+def _step(
+    mid: str,
+    cur: MappingState | None,
+    want: list[str],
+    desc: str | None,
+    base: list[str],
+    ours: list[str],
+    ordered: bool,
+    node: str,
+) -> tuple[SetMapping | DeleteMapping | None, bool]:
+    """(the step that makes mapping ``mid``'s lines ``want`` and its description ``desc``, None
+    when it already is so; whether its ``map`` changes). ``ordered``: which GPU a VM gets follows
+    the order of the node's lines (``ours``), so lines in another order are a change."""
+    if not want:
+        if cur is None:
+            return None, False
+        return DeleteMapping(id=mid, digest=cur.digest, node=node, base=base), True
+    if cur is None:
+        return SetMapping(id=mid, map=want, description=desc, create=True, node=node, base=base), True
+    same_map = sorted(map(normalize_map_entry, cur.map)) == sorted(map(normalize_map_entry, want))
+    if ordered:
+        same_map = same_map and list(map(normalize_map_entry, base)) == list(map(normalize_map_entry, ours))
+    if same_map and (cur.description or None) == desc:
+        return None, False
+    step = SetMapping(
+        id=mid, map=want, description=desc, create=False, digest=cur.digest, node=node, base=base
+    )
+    return step, not same_map
 
 
 def shrink_other_mappings(

@@ -16,41 +16,28 @@ Decisions recorded here:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from gputopo.actions import (
     NVIDIA,
     PHASES,
     VFIO,
     Rebind,
-    RemoveHostFile,
-    RestartFallback,
     StartGuest,
     StopGuest,
-    UpdateContainer,
     World,
-    WriteHostFile,
-    WriteServiceDropin,
 )
-from gputopo.formats.devn import dev_path
-from gputopo.model.facts import Facts, Gpu, MemberRole
-from gputopo.model.owner import HOST, Owner
-from gputopo.model.state import ContainerState, CurrentState
-from gputopo.plan.devices import device_update
+from gputopo.model.facts import Facts, Gpu
+from gputopo.model.owner import Owner
+from gputopo.model.state import CurrentState
+from gputopo.plan.binding import gpu_targets, needed_rebinds, persistence_actions
+from gputopo.plan.containers import ContainerChanges, plan_containers
 from gputopo.plan.findings import Findings
 from gputopo.plan.ha import ha_step
 from gputopo.plan.mappings import mapping_changes, shrink_other_mappings
-from gputopo.plan.model import ContainerTarget, GpuTarget, MappingTarget, Plan
-from gputopo.plan.render import PERSISTENCE_PATHS, p2p_must_be_disabled, persistence_files
-from gputopo.plan.restarts import (
-    check_service_unit,
-    container_restarts,
-    environment_only,
-    guest_restarts,
-    maps_a_moving_gpu,
-    service_target,
-    stays_running,
-)
+from gputopo.plan.model import MappingTarget, Plan
+from gputopo.plan.render import p2p_must_be_disabled
+from gputopo.plan.restarts import check_service_unit, container_restarts, guest_restarts
 from gputopo.plan.select import (
     assign,
     check_container,
@@ -60,89 +47,10 @@ from gputopo.plan.select import (
     held_now,
     pick_node,
 )
-from gputopo.plan.spec import Spec
+from gputopo.plan.spec import Container, Node, Spec, VmMapping
 from gputopo.plan.vm.consumers import VmPlan, plan_consumers
 from gputopo.plan.vm.safety import MapView, check_guests, check_listed, check_restarts
 from gputopo.plan.vm.sets import consumer_sets, map_order
-
-
-def _targets(facts: Facts, owner_of: dict[str, Owner]) -> list[GpuTarget]:
-    """Every GPU of ``facts`` with its owner and target driver (None: left with the host)."""
-    target = []
-    for g in facts.gpus:
-        owner = owner_of.get(g.address, HOST)
-        drv = NVIDIA if owner.is_container else VFIO if owner.is_vm else None
-        target.append(
-            GpuTarget(
-                address=g.address,
-                owner=owner,
-                driver=drv,
-                current_driver=g.driver,
-                companions=g.companions,
-                numa_node=g.numa_node,
-                minor=g.minor,
-                iommu_group=g.iommu_group,
-            )
-        )
-    return target
-
-
-def _persistence_actions(
-    vfio_addresses: list[str], current: CurrentState, templates: str | None
-) -> list[WriteHostFile | RemoveHostFile]:
-    """Writes of the persistence files that differ, removals of those no longer wanted."""
-    want = persistence_files(vfio_addresses, templates)
-    actions: list[WriteHostFile | RemoveHostFile] = []
-    for path in PERSISTENCE_PATHS:
-        have = current.files.get(path)
-        if path in want:
-            if have != want[path]:
-                actions.append(WriteHostFile(path=path, content=want[path]))
-        elif have is not None:
-            actions.append(RemoveHostFile(path=path))
-    return actions
-
-
-def _rebinds(facts: Facts, target: list[GpuTarget], keep_override: bool, pin_native: bool) -> list[Rebind]:
-    """One Rebind per IOMMU group that is not yet where the target wants it. ``keep_override``
-    pins VM GPUs to vfio-pci, ``pin_native`` container GPUs to nvidia (``driver_override``)."""
-    rebinds: list[Rebind] = []
-    seen_groups: set[Any] = set()
-    for t in target:
-        if t.driver is None:
-            continue
-        g = facts.gpu(t.address)
-        assert g is not None
-        gkey = g.iommu_group if g.iommu_group is not None else g.address
-        keep = keep_override if t.driver == VFIO else pin_native
-        if gkey in seen_groups or not _needs_rebind(g, t.driver, keep):
-            continue
-        seen_groups.add(gkey)
-        members = {
-            g.address: g.driver,
-            **{m.address: m.driver for m in g.iommu_members if m.role != MemberRole.BRIDGE},
-        }
-        rebinds.append(
-            Rebind(
-                address=g.address,
-                members=sorted(members),
-                from_drivers=dict(sorted(members.items())),
-                to_driver=t.driver,
-                keep_override=keep,
-            )
-        )
-    return rebinds
-
-
-def _needs_rebind(g: Gpu, to: str, keep_override: bool) -> bool:
-    others = [m for m in g.iommu_members if m.role != MemberRole.BRIDGE]
-    if to == VFIO:
-        if g.driver != VFIO or any(m.driver != VFIO for m in others):
-            return True
-        return keep_override and g.driver_override != VFIO
-    if g.driver != NVIDIA or g.driver_override != (NVIDIA if keep_override else None):
-        return True
-    return any(m.driver == VFIO and m.role == MemberRole.FUNCTION for m in others)
 
 
 def _vm_restarts(
@@ -207,18 +115,146 @@ def plan(
     spec_node = pick_node(spec, facts, node)
     node_name = spec_node.name
     found = Findings()
-    if current.containers_known:
-        # as apply's preflight: a container that is not there means the spec is for another
-        # host, and every other finding would follow from that mistake
-        for c in spec_node.containers:
-            if c.vmid not in current.containers:
-                found.refuse(
-                    None, f"container {c.vmid} does not exist on node {node_name}", "no-such-container"
-                )
-        found.raise_if_refused()
+    _refuse_missing_containers(spec_node, current, found)
     cts = {Owner.container(c.vmid): c for c in spec_node.containers}
     vms = {Owner.vm(m.name): m for m in spec_node.vms.mappings}
+    selected, owner_of, placement = _select(facts, spec, current, node_name, cts, vms, found)
 
+    keep_override = spec.policy.keep_driver_override
+    target = gpu_targets(facts, owner_of)
+    vfio_all = sorted({a for t in target if t.driver == VFIO for a in [t.address, *t.companions]})
+    rebinds = needed_rebinds(facts, target, keep_override, spec.policy.pin_native_driver)
+    consumers = spec_node.vms.consumers
+    sets = consumer_sets(consumers, {m.name.lower(): selected.get(o, []) for o, m in vms.items()}, facts.nics)
+    mappings, mapping_actions, changed_mappings, view = _mappings(
+        spec_node, cts, vms, selected, owner_of, current, sets, rebinds
+    )
+    vm_plan = plan_consumers(consumers, facts, current, view, found, sets)
+    p2p = p2p_must_be_disabled(facts)
+    cp = plan_containers(
+        facts, spec, cts, selected, current, rebinds, target, p2p, templates, node_name, found
+    )
+
+    guests = _guest_steps(
+        spec, spec_node, current, cp, rebinds, mappings, changed_mappings, vm_plan, view, found
+    )
+    ha = ha_step(
+        node_name, mappings, current, vm_plan.configs, found, bool(mapping_actions or vm_plan.updates)
+    )
+    persistence = persistence_actions(vfio_all, current, templates)
+    actions = _in_order(persistence, mapping_actions, cp, guests, rebinds, vm_plan, ha)
+    return Plan(
+        node=node_name,
+        target=target,
+        containers=cp.containers,
+        vms=vm_plan.targets,
+        mappings=mappings,
+        kept_mappings={
+            mid: MappingTarget(map=list(m.map), description=m.description)
+            for mid, m in current.mappings.items()
+            if mid not in mappings
+        },
+        p2p_disable=p2p,
+        keep_override=keep_override,
+        placement=placement,
+        warnings=found.warnings,
+        actions=actions,
+    )
+
+
+class _GuestSteps(NamedTuple):
+    """The plan's stops and starts of containers and VMs."""
+
+    ct_stops: list[Any]
+    ct_starts: list[Any]
+    vm_stops: list[Any]
+    vm_starts: list[Any]
+
+
+def _guest_steps(
+    spec: Spec,
+    spec_node: Node,
+    current: CurrentState,
+    cp: ContainerChanges,
+    rebinds: list[Rebind],
+    mappings: dict[str, MappingTarget],
+    changed_mappings: set[str],
+    vm_plan: VmPlan,
+    view: MapView,
+    found: Findings,
+) -> _GuestSteps:
+    """The containers and VMs that stop and start again, each stop with the spec's shutdown
+    policy; a line per HA resource among them. Raises PlanRefused when a VM may not be
+    (re)started (:func:`_vm_restarts`) or anything else was refused so far."""
+    restart_services = {d.vmid for d in cp.dropins} - cp.settings_only
+    ct_stops, ct_starts = container_restarts(spec_node, current, cp.touched, restart_services, cp.live)
+    rebinding = {m for r in rebinds for m in r.members}
+    vm_stops, vm_starts = _vm_restarts(
+        spec_node, current, mappings, changed_mappings, rebinding, vm_plan, view, found
+    )
+    found.raise_if_refused()
+    ct_stops, vm_stops = _shutdown_policy(ct_stops, spec), _shutdown_policy(vm_stops, spec)
+    _warn_ha(current, [*ct_stops, *vm_stops, *ct_starts, *vm_starts], found)
+    return _GuestSteps(ct_stops, ct_starts, vm_stops, vm_starts)
+
+
+def _in_order(
+    persistence: list[Any],
+    mapping_actions: list[Any],
+    cp: ContainerChanges,
+    guests: _GuestSteps,
+    rebinds: list[Rebind],
+    vm_plan: VmPlan,
+    ha: Any,
+) -> list[Any]:
+    """Every step of the plan in the order apply runs them: by phase, and within a phase in
+    the order below."""
+    actions: list[Any] = [
+        *persistence,
+        *mapping_actions,
+        *cp.dropins,
+        # VMs stop before the containers' services: a guest's shutdown (seconds to tens of
+        # seconds, up to policy.shutdown_timeout) is then not part of the service's downtime
+        *guests.vm_stops,
+        *guests.ct_stops,
+        *rebinds,
+        *cp.updates,
+        *vm_plan.updates,
+        *guests.ct_starts,
+        # after the service is back (outside its stop window: the step reads the cluster's
+        # VMs again), before the VMs start, so that the HA manager starts them where it may
+        *([ha] if ha is not None else []),
+        *guests.vm_starts,
+    ]
+    order = {p: i for i, p in enumerate(PHASES)}
+    return sorted(actions, key=lambda a: order[a.phase])  # stable: keeps the order within a phase
+
+
+def _refuse_missing_containers(spec_node: Node, current: CurrentState, found: Findings) -> None:
+    """Raise PlanRefused when a container of the spec's node is not on the host (as apply's
+    preflight: the spec is then for another host, and every other finding would follow from that
+    mistake). Nothing is checked when the containers could not be read."""
+    if not current.containers_known:
+        return
+    for c in spec_node.containers:
+        if c.vmid not in current.containers:
+            found.refuse(
+                None, f"container {c.vmid} does not exist on node {spec_node.name}", "no-such-container"
+            )
+    found.raise_if_refused()
+
+
+def _select(
+    facts: Facts,
+    spec: Spec,
+    current: CurrentState,
+    node_name: str,
+    cts: dict[Owner, Container],
+    vms: dict[Owner, VmMapping],
+    found: Findings,
+) -> tuple[dict[Owner, list[Gpu]], dict[str, Owner], list[str]]:
+    """(owner -> its GPUs, address -> its owner, the placement's lines): which GPUs each owner
+    gets, and the checks of that choice. Raises PlanRefused when a check refuses it."""
     held = held_by(held_now(facts, current, node_name), [*cts, *vms])
     selected, owner_of = assign(facts, cts, vms, found, held)
     placement = check_locality(facts, selected, held, spec, found)
@@ -232,13 +268,24 @@ def plan(
             "drop iommu=pt from the kernel command line"
         )
     found.raise_if_refused()
+    return selected, owner_of, placement
 
-    keep_override = spec.policy.keep_driver_override
-    target = _targets(facts, owner_of)
-    vfio_all = sorted({a for t in target if t.driver == VFIO for a in [t.address, *t.companions]})
-    rebinds = _rebinds(facts, target, keep_override, spec.policy.pin_native_driver)
+
+def _mappings(
+    spec_node: Node,
+    cts: dict[Owner, Container],
+    vms: dict[Owner, VmMapping],
+    selected: dict[Owner, list[Gpu]],
+    owner_of: dict[str, Owner],
+    current: CurrentState,
+    sets: Any,
+    rebinds: list[Rebind],
+) -> tuple[dict[str, MappingTarget], list[Any], set[str], MapView]:
+    """(mapping id -> its target, the mapping steps, the ids of the mappings changed, the view of
+    the mappings before and after): the node's VM mappings, and the other mappings shrunk off
+    the containers' GPUs when the spec says so."""
+    node_name = spec_node.name
     consumers = spec_node.vms.consumers
-    sets = consumer_sets(consumers, {m.name.lower(): selected.get(o, []) for o, m in vms.items()}, facts.nics)
     orders = {m.name: map_order(consumers, sets, m.name) for m in vms.values()}
     mappings, mapping_actions, changed_mappings = mapping_changes(
         node_name, cts, vms, selected, current, orders
@@ -260,106 +307,7 @@ def plan(
         to_container={r.address for r in rebinds if r.to_driver == NVIDIA},
         managed={m.name for m in spec_node.vms.mappings},
     )
-    vm_plan = plan_consumers(consumers, facts, current, view, found, sets)
-
-    containers: list[ContainerTarget] = []
-    updates: list[UpdateContainer] = []
-    dropins: list[WriteServiceDropin] = []
-    touched: set[int] = set()
-    live: set[int] = set()  # containers whose devices change while they keep running
-    settings_only: set[int] = set()  # containers whose drop-in changes only the environment
-    p2p = p2p_must_be_disabled(facts)
-    for owner, c in cts.items():
-        gpus = sorted(selected.get(owner, []), key=lambda g: g.address)
-        state = current.containers.get(c.vmid)
-        if state is None:
-            found.warn(f"container {c.vmid}: no configuration found on node {node_name}")
-            state = ContainerState()
-        devices, lxc, update = device_update(c, gpus, state.config)
-        if update is not None:
-            updates.append(update)
-        if update is not None or maps_a_moving_gpu(state.config, facts, rebinds):
-            touched.add(c.vmid)
-            if stays_running(
-                c,
-                update,
-                len(gpus),
-                current,
-                spec.policy.container_restart,
-                _removed_stay_on_nvidia(update, state.config, facts, target),
-            ):
-                live.add(c.vmid)
-                if update is not None:
-                    update.live = True
-                    if spec.policy.hotplug_failure == "restart" and (update.set or update.resolve):
-                        update.fallback = RestartFallback(
-                            shutdown_timeout=spec.policy.shutdown_timeout, force_stop=spec.policy.force_stop
-                        )
-        svc_target, dropin = service_target(c, len(gpus), state, p2p, templates, found)
-        if dropin is not None:
-            dropins.append(dropin)
-            if c.vmid not in touched and environment_only(c, state, dropin, found):
-                settings_only.add(c.vmid)  # written, the running service left alone
-        containers.append(
-            ContainerTarget(
-                vmid=c.vmid,
-                gpus=[g.address for g in gpus],
-                device_mode=c.device_mode,
-                devices=devices,
-                lxc=lxc,
-                mapping=c.mapping,
-                service=svc_target,
-            )
-        )
-
-    restart_services = {d.vmid for d in dropins} - settings_only
-    ct_stops, ct_starts = container_restarts(spec_node, current, touched, restart_services, live)
-    rebinding = {m for r in rebinds for m in r.members}
-    vm_stops, vm_starts = _vm_restarts(
-        spec_node, current, mappings, changed_mappings, rebinding, vm_plan, view, found
-    )
-    found.raise_if_refused()
-    ct_stops, vm_stops = _shutdown_policy(ct_stops, spec), _shutdown_policy(vm_stops, spec)
-    _warn_ha(current, [*ct_stops, *vm_stops, *ct_starts, *vm_starts], found)
-    ha = ha_step(
-        node_name, mappings, current, vm_plan.configs, found, bool(mapping_actions or vm_plan.updates)
-    )
-    actions: list[Any] = [
-        *_persistence_actions(vfio_all, current, templates),
-        *mapping_actions,
-        *dropins,
-        # VMs stop before the containers' services: a guest's shutdown (seconds to tens of
-        # seconds, up to policy.shutdown_timeout) is then not part of the service's downtime
-        *vm_stops,
-        *ct_stops,
-        *rebinds,
-        *updates,
-        *vm_plan.updates,
-        *ct_starts,
-        # after the service is back (outside its stop window: the step reads the cluster's
-        # VMs again), before the VMs start, so that the HA manager starts them where it may
-        *([ha] if ha is not None else []),
-        *vm_starts,
-    ]
-    order = {p: i for i, p in enumerate(PHASES)}
-    actions.sort(key=lambda a: order[a.phase])  # stable: keeps the order within a phase
-    return Plan(
-        node=node_name,
-        target=target,
-        containers=containers,
-        vms=vm_plan.targets,
-        mappings=mappings,
-        kept_mappings={
-            mid: MappingTarget(map=list(m.map), description=m.description)
-            for mid, m in current.mappings.items()
-            if mid not in mappings
-        },
-        p2p_disable=p2p,
-        keep_override=keep_override,
-        placement=placement,
-        warnings=found.warnings,
-        actions=actions,
-    )
+    return mappings, mapping_actions, changed_mappings, view
 
 
 def _warn_ha(current: CurrentState, steps: list[Any], found: Findings) -> None:
@@ -384,23 +332,6 @@ def _warn_ha(current: CurrentState, steps: list[Any], found: Findings) -> None:
             "start go through the HA manager, which moves it seconds after the task ends; apply waits "
             "for its real state before touching its GPUs, and a rollback sets the requested state back"
         )
-
-
-def _removed_stay_on_nvidia(
-    update: UpdateContainer | None, config: dict[str, Any], facts: Facts, target: list[GpuTarget]
-) -> bool:
-    """True when a GPU whose device entry ``update`` deletes stays on nvidia (another container's)."""
-    if update is None or not update.delete:
-        return False
-    by_minor = {g.minor: g.address for g in facts.gpus if g.minor is not None}
-    drivers = {t.address: t.driver for t in target}
-    for key in update.delete:
-        path = dev_path(str(config.get(key, "")))
-        if path.startswith("/dev/nvidia") and path[len("/dev/nvidia") :].isdigit():
-            address = by_minor.get(int(path[len("/dev/nvidia") :]))
-            if address is not None and drivers.get(address) == NVIDIA:
-                return True
-    return False
 
 
 def expected_after(p: Plan, facts: Facts, current: CurrentState) -> tuple[Facts, CurrentState]:

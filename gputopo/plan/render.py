@@ -27,7 +27,7 @@ import jinja2
 
 from gputopo.errors import ConfigError
 from gputopo.formats.devn import by_dev_index
-from gputopo.formats.lxcconf import validate_lxc_conf
+from gputopo.formats.lxcrules import validate_lxc_conf
 from gputopo.formats.pcicfg import validate_pci_cfg
 from gputopo.formats.qemuconf import validate_qemu_conf
 from gputopo.formats.systemctl import set_tp

@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from gputopo.errors import SpecError
-from gputopo.model.facts import Facts, nvidia_gpus
+from gputopo.model.facts import Facts, Gpu, nvidia_gpus
 from gputopo.model.owner import Owner
 from gputopo.model.state import CurrentState
 from gputopo.plan import placement
@@ -84,51 +84,47 @@ def spec_from_split(
     ``auto`` keeps GPUs in (the fewest moves among equally good splits). Raises SpecError when the host cannot
     be split that way or a name is invalid.
     """
-    now = None
-    if split == "auto" and current is not None:
-        sides = [Owner.container(container), Owner.vm(vm_mapping)]
-        held = held_by(held_now(facts, current, node or (facts.host.hostname or "").split(".")[0]), sides)
-        now = {o: held.get(o, set()) for o in sides}
+    now = _now(facts, current, container, vm_mapping, node) if split == "auto" else None
     ct_sel, vm_sel = split_selectors(facts, split, now)
+    container_data: dict[str, Any] = {
+        "vmid": container,
+        "gpus": ct_sel.model_dump(exclude_none=True),
+        **({"mapping": container_mapping} if container_mapping else {}),
+        **({"service": {"unit": service_unit, "tp_flag": tp_flag}} if service_unit else {}),
+    }
+    vms_data: dict[str, Any] = {
+        "mappings": [{"name": vm_mapping, "gpus": vm_sel.model_dump(exclude_none=True)}],
+        **({"consumers": [_consumer_data(vm, vm_mapping)]} if vm else {}),
+    }
     data: dict[str, Any] = {
         "apiVersion": API_VERSION,
         "kind": KIND,
         "nodes": [
-            {
-                "name": node or facts.host.hostname or "pve1",
-                "containers": [
-                    {
-                        "vmid": container,
-                        "gpus": ct_sel.model_dump(exclude_none=True),
-                        **({"mapping": container_mapping} if container_mapping else {}),
-                        **({"service": {"unit": service_unit, "tp_flag": tp_flag}} if service_unit else {}),
-                    }
-                ],
-                "vms": {
-                    "mappings": [{"name": vm_mapping, "gpus": vm_sel.model_dump(exclude_none=True)}],
-                    **(
-                        {
-                            "consumers": [
-                                {
-                                    "vmid": vm,
-                                    "mapping": vm_mapping,
-                                    "when_gpus_leave": "remove",
-                                    "start": True,
-                                    "verify_guest": True,
-                                }
-                            ]
-                        }
-                        if vm
-                        else {}
-                    ),
-                },
-            }
+            {"name": node or facts.host.hostname or "pve1", "containers": [container_data], "vms": vms_data}
         ],
     }
     try:
         return Spec.model_validate(data)
     except ValidationError as e:
         raise format_validation_error("--split", e) from None
+
+
+def _now(
+    facts: Facts, current: CurrentState | None, container: int, vm_mapping: str, node: str | None
+) -> dict[Owner, set[str]] | None:
+    """The container's and the VM mapping's GPUs now, in that order, for ``auto`` to keep them
+    where they are; None without a current state."""
+    if current is None:
+        return None
+    sides = [Owner.container(container), Owner.vm(vm_mapping)]
+    held = held_by(held_now(facts, current, node or (facts.host.hostname or "").split(".")[0]), sides)
+    return {o: held.get(o, set()) for o in sides}
+
+
+def _consumer_data(vm: int, mapping: str) -> dict[str, Any]:
+    """VM ``vm`` as the consumer of every GPU of ``mapping``: started, checked from its guest, its
+    lines removed when the GPUs go back."""
+    return {"vmid": vm, "mapping": mapping, "when_gpus_leave": "remove", "start": True, "verify_guest": True}
 
 
 def _consumer_lines(vm: int | None, mapping: str, gpus: int) -> list[str]:
@@ -174,26 +170,52 @@ def init_spec(
     spec = spec_from_split(facts, split, service_unit=service_unit, **options)
     node_spec = spec.nodes[0]
     ct = node_spec.containers[0]
-    container, container_mapping = ct.vmid, ct.mapping
     tp_flag = ct.service.tp_flag if ct.service else options.get("tp_flag", "--tp")
-    vm_mapping = node_spec.vms.mappings[0].name
+    vm_mapping = node_spec.vms.mappings[0]
     vm = node_spec.vms.consumers[0].vmid if node_spec.vms.consumers else None
-    ct_sel = spec.nodes[0].containers[0].gpus
-    vm_sel = spec.nodes[0].vms.mappings[0].gpus
-    assert isinstance(vm_sel, GpuSelector)
+    assert isinstance(vm_mapping.gpus, GpuSelector)
     gpus = nvidia_gpus(facts)
-    by_numa: dict[Any, list[str]] = {}
-    for g in gpus:
-        by_numa.setdefault(g.numa_node, []).append(g.address)
-
-    def sel_lines(sel: GpuSelector, indent: str) -> list[str]:
-        if sel.numa is not None:
-            return [f"{indent}numa: {_yaml_list(sel.numa)}"]
-        return [f"{indent}addresses:"] + [f'{indent}  - "{a}"' for a in sel.addresses or []]
-
+    ct_sel = ct.gpus
     n_ct = len(
         [g for g in gpus if g.numa_node in (ct_sel.numa or []) or g.address in (ct_sel.addresses or [])]
     )
+    lines = [
+        *_header_lines(gpus),
+        f"apiVersion: {API_VERSION}   # the spec format version",
+        f"kind: {KIND}",
+        "nodes:",
+        "  # one entry per Proxmox node; name is the node name Proxmox uses",
+        f"  - name: {node_spec.name}",
+        *_container_lines(ct.vmid, ct_sel, ct.mapping),
+        *_service_lines(service_unit, tp_flag, n_ct),
+        "    vms:",
+        "      mappings:",
+        "        # a PCI mapping for VM passthrough; its GPUs are bound to vfio-pci per address",
+        f"        - name: {vm_mapping.name}",
+        "          # gpus: a selector like the container's, or 'rest' (every GPU no container claims)",
+        "          gpus:",
+        *_selector_lines(vm_mapping.gpus, "            "),
+        "          # description: shown in Proxmox's mapping list (default: N GPU(s) for VM passthrough)",
+        "      # guests: VM vmids using these mappings (stopped/started when their GPUs change)",
+        "      guests: []",
+        *_consumer_lines(vm, vm_mapping.name, len(gpus) - n_ct),
+        *_POLICY_AND_VERIFY,
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _selector_lines(sel: GpuSelector, indent: str) -> list[str]:
+    """A NUMA or address selector as the lines under ``gpus:``."""
+    if sel.numa is not None:
+        return [f"{indent}numa: {_yaml_list(sel.numa)}"]
+    return [f"{indent}addresses:"] + [f'{indent}  - "{a}"' for a in sel.addresses or []]
+
+
+def _header_lines(gpus: list[Gpu]) -> list[str]:
+    """The comment the file opens with: what it is, and the GPUs discovered by NUMA node."""
+    by_numa: dict[Any, list[str]] = {}
+    for g in gpus:
+        by_numa.setdefault(g.numa_node, []).append(g.address)
     lines = [
         "# gputopo spec: which GPUs of this Proxmox host go to an LXC container (host nvidia",
         "# driver) and which to VM passthrough (vfio-pci). Check it with `gputopo plan --spec FILE`.",
@@ -202,33 +224,36 @@ def init_spec(
     for numa, addrs in sorted(by_numa.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)):
         label = "unknown" if numa is None else str(numa)
         lines.append(f"#   NUMA {label}: {', '.join(addrs)}")
-    lines += [
-        f"apiVersion: {API_VERSION}   # the spec format version",
-        f"kind: {KIND}",
-        "nodes:",
-        "  # one entry per Proxmox node; name is the node name Proxmox uses",
-        f"  - name: {spec.nodes[0].name}",
+    return lines
+
+
+def _container_lines(vmid: int, sel: GpuSelector, mapping: str | None) -> list[str]:
+    """The container's entry up to its service block."""
+    lines = [
         "    containers:",
         "      # vmid: the LXC container that keeps GPUs on the host nvidia driver",
-        f"      - vmid: {container}",
+        f"      - vmid: {vmid}",
         "        # gpus: exactly one of numa: [ids], addresses: [PCI addresses], count: N",
         "        gpus:",
-        *sel_lines(ct_sel, "          "),
+        *_selector_lines(sel, "          "),
     ]
-    if container_mapping:
+    if mapping:
         lines += [
             "        # mapping: a PCI mapping listing the container's GPUs (informational for Proxmox)",
-            f"        mapping: {container_mapping}",
+            f"        mapping: {mapping}",
         ]
     else:
         lines += ["        # mapping: optional PCI mapping listing the container's GPUs (informational)"]
-    lines += [
+    return lines + [
         "        # device_mode: devN (Proxmox >= 8.1) or legacy (lxc.cgroup2 + lxc.mount.entry lines)",
         "        device_mode: devN",
         "        # mode: the device nodes' mode in the container; gid: their group (unset: root)",
         '        mode: "0666"',
-        "        # service: the inference server whose tensor-parallel size follows the GPU count",
     ]
+
+
+def _service_lines(service_unit: str | None, tp_flag: str, n_ct: int) -> list[str]:
+    """The container's service block; commented out, with how to manage it, without a unit."""
     service = [
         "        service:",
         f"          unit: {service_unit or 'sglang.service'}",
@@ -240,48 +265,41 @@ def init_spec(
         "          # attention_heads: 64   # the TP size must divide it",
         "          dropin: gputopo.conf",
     ]
+    head = ["        # service: the inference server whose tensor-parallel size follows the GPU count"]
     if service_unit:
-        lines += service
-    else:
-        lines += [
+        return head + service
+    return (
+        head
+        + [
             "        # not managed: no unit was named or found inside the container (init with --sim,",
             "        # --api-url or --local looks for the unit that runs sglang or vllm). To manage it:",
         ]
-        lines += ["        # " + ln[8:] for ln in service]
-    lines += [
-        "    vms:",
-        "      mappings:",
-        "        # a PCI mapping for VM passthrough; its GPUs are bound to vfio-pci per address",
-        f"        - name: {vm_mapping}",
-        "          # gpus: a selector like the container's, or 'rest' (every GPU no container claims)",
-        "          gpus:",
-        *sel_lines(vm_sel, "            "),
-        "          # description: shown in Proxmox's mapping list (default: N GPU(s) for VM passthrough)",
-        "      # guests: VM vmids using these mappings (stopped/started when their GPUs change)",
-        "      guests: []",
-        *_consumer_lines(vm, vm_mapping, len(gpus) - n_ct),
-        "policy:",
-        "  # keep driver_override=vfio-pci after binding, so a reprobe cannot take a VM GPU back",
-        "  keep_driver_override: true",
-        "  # tp_check: error or warn when the TP size is not a power of two / does not divide the heads",
-        "  tp_check: error",
-        "  # allow_cross_numa: silence the warning for a container spanning NUMA nodes",
-        "  allow_cross_numa: false",
-        "  # locality: GPUs of a container or VM mapping whose farthest pair is SYS (across",
-        "  # sockets): prefer warns, strict refuses the plan",
-        "  locality: prefer",
-        "  # shutdown_timeout: seconds Proxmox waits for a guest to shut down cleanly",
-        "  shutdown_timeout: 60",
-        "  # force_stop: let Proxmox stop a guest by force after that (the step then warns);",
-        "  # false: the step fails and apply rolls back",
-        "  force_stop: false",
-        "verify:",
-        "  # max spread of memory use across the container's GPUs, in percent",
-        "  memory_spread_pct: 5",
-        "  # min_headroom_mib: free memory each GPU must keep (unset: not checked)",
-        "  # a smoke-test prompt, the text the answer must contain, and its timeout in seconds",
-        '  prompt: "What is 7 x 13? Answer with the number only."',
-        '  expect: "91"',
-        "  timeout: 120",
-    ]
-    return "\n".join(lines) + "\n"
+        + ["        # " + ln[8:] for ln in service]
+    )
+
+
+_POLICY_AND_VERIFY = [
+    "policy:",
+    "  # keep driver_override=vfio-pci after binding, so a reprobe cannot take a VM GPU back",
+    "  keep_driver_override: true",
+    "  # tp_check: error or warn when the TP size is not a power of two / does not divide the heads",
+    "  tp_check: error",
+    "  # allow_cross_numa: silence the warning for a container spanning NUMA nodes",
+    "  allow_cross_numa: false",
+    "  # locality: GPUs of a container or VM mapping whose farthest pair is SYS (across",
+    "  # sockets): prefer warns, strict refuses the plan",
+    "  locality: prefer",
+    "  # shutdown_timeout: seconds Proxmox waits for a guest to shut down cleanly",
+    "  shutdown_timeout: 60",
+    "  # force_stop: let Proxmox stop a guest by force after that (the step then warns);",
+    "  # false: the step fails and apply rolls back",
+    "  force_stop: false",
+    "verify:",
+    "  # max spread of memory use across the container's GPUs, in percent",
+    "  memory_spread_pct: 5",
+    "  # min_headroom_mib: free memory each GPU must keep (unset: not checked)",
+    "  # a smoke-test prompt, the text the answer must contain, and its timeout in seconds",
+    '  prompt: "What is 7 x 13? Answer with the number only."',
+    '  expect: "91"',
+    "  timeout: 120",
+]

@@ -5,15 +5,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gputopo.errors import GputopoError, PveFormatError
-from gputopo.formats.lxcconf import (
-    LxcConf,
-    LxcSection,
-    format_dev_value,
-    parse_dev_value,
-    parse_lxc_conf,
-    validate_lxc_conf,
-    write_lxc_conf,
-)
+from gputopo.formats.lxcconf import LxcConf, LxcSection, parse_lxc_conf, write_lxc_conf
+from gputopo.formats.lxcdev import format_dev_value, parse_dev_value
+from gputopo.formats.lxcrules import validate_lxc_conf
 from gputopo.formats.pcicfg import (
     MapEntry,
     PciMapping,

@@ -21,7 +21,7 @@ import pytest
 from gputopo.errors import PlanRefused
 from gputopo.facts.discover import discover
 from gputopo.formats.devn import format_dev
-from gputopo.formats.lxcconf import validate_lxc_conf
+from gputopo.formats.lxcrules import validate_lxc_conf
 from gputopo.formats.pcicfg import validate_pci_cfg
 from gputopo.formats.qemuconf import QemuConf, validate_qemu_conf, write_qemu_conf
 from gputopo.model.facts import Facts

@@ -1,4 +1,4 @@
-"""Renderer tests: Proxmox files pass Proxmox's rules (gputopo.formats.lxcconf, gputopo.formats.pcicfg), the TP flag, overrides."""
+"""Renderer tests: Proxmox files pass Proxmox's rules (gputopo.formats.lxcrules, gputopo.formats.pcicfg), the TP flag, overrides."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from gputopo.actions import WriteHostFile, WriteServiceDropin
 from gputopo.errors import ConfigError
-from gputopo.formats.lxcconf import validate_lxc_conf
+from gputopo.formats.lxcrules import validate_lxc_conf
 from gputopo.formats.pcicfg import parse_pci_cfg, validate_pci_cfg
 from gputopo.formats.systemctl import parse_tp, set_tp
 from gputopo.plan.planner import plan
