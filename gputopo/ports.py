@@ -9,6 +9,10 @@ Each external system sits behind one small Protocol; a real adapter and the simu
   so tests use the real client); its read half :class:`ProxmoxReadPort` is also answered by
   Proxmox's files (``gputopo.adapters.pvefiles.PveFiles``)
 * :class:`ExecPort`   -- commands inside a container (real: ``pct exec``/``pct push``)
+* :class:`ContainerSystemdPort` -- systemd inside a container (``gputopo.adapters.systemctl``:
+  ``systemctl`` over the ExecPort)
+* :class:`GroupBinder` -- IOMMU groups moved between drivers over the SysfsPort
+  (``gputopo.adapters.sysfs.Binder``)
 * :class:`HostFilesPort` -- files on the host under the root (persistence files)
 * :class:`HttpPort`   -- HTTP to the services the containers run (the inference endpoint that
   verify probes; real: ``gputopo.adapters.http.RequestsHttp``)
@@ -27,7 +31,7 @@ nothing else travels with them, so no code path can tell a simulated host from a
 from __future__ import annotations
 
 import json as _json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -64,6 +68,63 @@ class ExecPort(Protocol):
     def push(self, vmid: int, path: str, content: str, mode: int = 0o644) -> None:
         """Write a file inside the container (``pct push``)."""
         ...
+
+
+class ContainerSystemdPort(Protocol):
+    """systemd inside a container: a unit's state and command lines, its start and restart
+    watched until it is active. Every method raises ExecError when a command fails or times out."""
+
+    def service_active(self, vmid: int, unit: str) -> bool: ...
+
+    def service_state(self, vmid: int, unit: str) -> str:
+        """``systemctl is-active``'s answer; ``inactive`` when the container is not running."""
+        ...
+
+    def wait_active(self, vmid: int, unit: str, deadline: float | None = None) -> None:
+        """Wait until ``unit`` is active with no job queued, until ``deadline`` (monotonic)."""
+        ...
+
+    def service_commands(self, vmid: int, unit: str) -> tuple[str, str | None, str | None]:
+        """(state, the unit's command, the running main process's command)."""
+        ...
+
+    def start_service(self, vmid: int, unit: str) -> None: ...
+
+    def restart_service(self, vmid: int, unit: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class MemberState:
+    """A PCI function's driver and driver_override before a move (None = none)."""
+
+    driver: str | None
+    override: str | None
+
+
+class GroupBinder(Protocol):
+    """Moves IOMMU groups between drivers. Its moves raise SysfsWriteError, SysfsTimeout or
+    BindError, with the members' states before it as the error's ``previous``."""
+
+    stuck: list[str]  # the devices on which a write hung
+
+    def move_group(
+        self,
+        members: list[str],
+        to_driver: str | None,
+        keep_override: bool = False,
+        natives: dict[str, str | None] | None = None,
+    ) -> dict[str, MemberState]:
+        """Move every member to ``to_driver`` (None: its native driver, by name where ``natives``
+        knows it); returns each member's state before the move."""
+        ...
+
+    def restore(self, previous: Mapping[str, MemberState] | Mapping[str, str | None]) -> None:
+        """Put every member back on its previous driver and override."""
+        ...
+
+    def state_of(self, address: str) -> MemberState: ...
+
+    def driver_of(self, address: str) -> str | None: ...
 
 
 @dataclass

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gputopo.actions.haplace import read_ha_config
 from gputopo.errors import ExecError, ProxmoxError
+from gputopo.facts.ha import read_ha_config
 from gputopo.formats.hostpci import hostpci_keys
 from gputopo.formats.systemctl import parse_tp
 from gputopo.formats.systemd import parse_show_properties, show_state
@@ -70,7 +70,7 @@ def read_current(
     """Read what ``proxmox``'s node has now: the containers and VMs ``reads`` names (every VM
     the node lists besides), the mappings, the services, the host files, and (``cluster``
     given, on a member of a cluster) the HA configuration with the cluster's VMs that take
-    mapped devices (:func:`gputopo.actions.haplace.read_ha_config`; an HA read the API
+    mapped devices (:func:`gputopo.facts.ha.read_ha_config`; an HA read the API
     refuses is said in ``ha_unread``).
 
     A container that does not exist is left out, as is a VM whose config cannot be read.
