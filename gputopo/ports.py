@@ -170,6 +170,11 @@ class ProxmoxReadPort(Protocol):
         """GET /version: ``{version, release, repoid}``; {} when the source cannot tell."""
         ...
 
+    def identity(self) -> str | None:
+        """The user the source acts as (``root@pam``, ``root@pam!gputopo`` for a token); None
+        where it has no login (Proxmox's files do not say who will apply)."""
+        ...
+
     def lxc_config(self, vmid: int) -> dict[str, Any]:
         """GET .../lxc/{vmid}/config: pending changes merged in; includes ``digest``."""
         ...
