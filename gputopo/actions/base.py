@@ -74,6 +74,7 @@ from gputopo.actions.context import (
     World,
 )
 from gputopo.actions.shell import CommandContext
+from gputopo.errors import GputopoError
 from gputopo.model.facts import Facts, Holder
 from gputopo.model.state import CurrentState
 from gputopo.model.strict import Strict
@@ -332,6 +333,23 @@ class PreflightContext:
     def stopped_services(self) -> set[tuple[int, str]]:
         """(container vmid, unit) of the services the plan stops before it switches drivers."""
         return {s for s in (a.stopped_service() for a in self.actions) if s is not None}
+
+    def running_vm_configs(self) -> dict[int, dict[str, Any]]:
+        """vmid -> config of every running VM (one whose config cannot be read is left out),
+        read once per preflight. Raises ProxmoxError when the VMs cannot be listed."""
+        return self.cached("running-vms", self._read_running_vm_configs)
+
+    def _read_running_vm_configs(self) -> dict[int, dict[str, Any]]:
+        out: dict[int, dict[str, Any]] = {}
+        for g in self.ports.proxmox.list_guests("qemu"):
+            vmid = int(g["vmid"])
+            if self.ports.proxmox.guest_status("qemu", vmid) != "running":
+                continue
+            try:
+                out[vmid] = self.ports.proxmox.qemu_config(vmid)
+            except GputopoError:
+                continue
+        return out
 
     def cached(self, key: str, make: Callable[[], Any]) -> Any:
         """``make()`` once per preflight (e.g. the list of running VMs and their configs)."""
