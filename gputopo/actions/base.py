@@ -1,4 +1,5 @@
-"""What every action kind shares: the base model, the registry, and the contexts it works in.
+"""What every action kind shares: the base model, the registry, the undo order, and the
+preflight's context (the other contexts are :mod:`gputopo.actions.context`'s, importable from here).
 
 An action is one typed step of a plan (pyinfra's operations, terraform's resources): a pydantic
 model whose class holds the kind's whole meaning, in one place:
