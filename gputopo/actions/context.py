@@ -19,6 +19,7 @@ from gputopo.ports import (
     ContainerSystemdPort,
     ExecResult,
     GroupBinder,
+    PciMapping,
     Ports,
     ProxmoxReadPort,
 )
@@ -81,11 +82,6 @@ class StepContext:
     binder: GroupBinder
     read_minors: Callable[[], dict[str, int | None]]  # address -> /dev/nvidia minor, read now
     device_present: Callable[[str], bool]  # the PCI device is on the bus
-    # systemd in the containers (gputopo.adapters.systemctl.ExecSystemd); None where no step
-    # of the run starts or stops a service
-    systemd: ContainerSystemdPort | None = None
-    # what the HA placement step reads and plans with when it runs; None where it cannot run
-    ha: HaRules | None = None
     native_driver: Callable[[str], str | None] = lambda address: None  # its native module's driver
     note: Callable[[str], None] = lambda text: None
     warn: Callable[[str], None] = lambda text: (
@@ -103,6 +99,11 @@ class StepContext:
     # (kind, vmid) of the guests the run's plan stops before its driver switch (set by the runner):
     # the switch checks each is really stopped before it moves a GPU
     stopped_guests: set[tuple[str, int]] = field(default_factory=set)
+    # systemd in the containers (gputopo.adapters.systemctl.ExecSystemd); None where the context
+    # was built without it: its steps' services cannot be started then
+    systemd: ContainerSystemdPort | None = None
+    # what the HA placement step reads and plans with when it runs; None: it cannot run
+    ha: HaRules | None = None
 
     def exec(
         self, vmid: int, argv: list[str], check: bool = True, timeout: float | None = None
@@ -123,7 +124,7 @@ class StepContext:
             raise ConfigError("this run has no systemd client for the containers' services")
         return self.systemd
 
-    def mapping(self, id: str) -> dict[str, Any] | None:
+    def mapping(self, id: str) -> PciMapping | None:
         """The PCI mapping ``id`` as the API lists it (``map``, ``description``, ``digest``), or None."""
         for m in self.ports.proxmox.mappings():
             if m["id"] == id:
