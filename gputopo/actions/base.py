@@ -1,4 +1,5 @@
-"""What every action kind shares: the base model, the registry, and the contexts it works in.
+"""What every action kind shares: the base model, the registry, the undo order, and the
+preflight's context (the other contexts are :mod:`gputopo.actions.context`'s, importable from here).
 
 An action is one typed step of a plan (pyinfra's operations, terraform's resources): a pydantic
 model whose class holds the kind's whole meaning, in one place:
@@ -57,22 +58,50 @@ nobody pending restores is met already (undone by an earlier process, or never c
 
 from __future__ import annotations
 
-import dataclasses
 import graphlib
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, Protocol
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel
 
+from gputopo.actions.context import (
+    DiffArea,
+    DiffContext,
+    HaRules,
+    RunningBefore,
+    StepContext,
+    Timeouts,
+    World,
+)
 from gputopo.actions.shell import CommandContext
-from gputopo.errors import ExecError
-from gputopo.formats.systemd import exec_start_command, parse_cmdline, parse_show_properties
+from gputopo.errors import GputopoError
 from gputopo.model.facts import Facts, Holder
 from gputopo.model.state import CurrentState
 from gputopo.model.strict import Strict
-from gputopo.ports import ExecResult, Ports
+from gputopo.ports import Ports
+
+# the contexts, where every kind's module has always found them
+__all__ = [
+    "PHASES",
+    "ActionModel",
+    "DiffArea",
+    "DiffContext",
+    "HaRules",
+    "Holder",
+    "NoBefore",
+    "Phase",
+    "PreflightContext",
+    "Resource",
+    "RunningBefore",
+    "StepContext",
+    "Timeouts",
+    "World",
+    "action_class",
+    "action_kinds",
+    "stop_window",
+    "undo_order",
+]
 
 Phase = Literal["prepare", "stop", "switch", "config", "start"]
 PHASES: tuple[str, ...] = ("prepare", "stop", "switch", "config", "start")
@@ -283,213 +312,6 @@ def undo_order(pending: list[tuple[int, ActionModel]]) -> list[int]:
     return order
 
 
-# --- contexts --------------------------------------------------------------------------------
-
-
-@dataclass
-class Timeouts:
-    """Seconds each kind of operation may take before it counts as failed."""
-
-    sysfs: float = 30.0  # one sysfs write (an unbind that blocks longer needs a human)
-    guest: float = 300.0  # a container/VM start or shutdown task
-    exec: float = 60.0  # one command in a container (systemctl stop/start)
-    service: float = 900.0  # until the service reports active (model loading)
-    poll: float = 0.1
-
-    # the kinds an operator may set (CLI ``--timeout KIND=SECONDS``, the spec's policy.timeouts)
-    KINDS: ClassVar[tuple[str, ...]] = ("sysfs", "guest", "exec", "service")
-
-    def with_(self, seconds: dict[str, float]) -> Timeouts:
-        """A copy with the kinds in ``seconds`` replaced. Raises KeyError naming an unknown kind."""
-        unknown = sorted(set(seconds) - set(self.KINDS))
-        if unknown:
-            raise KeyError(unknown[0])
-        return dataclasses.replace(self, **seconds)
-
-
-class GroupBinder(Protocol):
-    """Moves IOMMU groups between drivers (``gputopo.adapters.sysfs.Binder``)."""
-
-    stuck: list[str]
-
-    def move_group(
-        self,
-        members: list[str],
-        to_driver: str | None,
-        keep_override: bool = False,
-        natives: dict[str, str | None] | None = None,
-    ) -> Any: ...
-
-    def restore(self, previous: dict[str, Any]) -> None: ...
-
-    def state_of(self, address: str) -> Any: ...
-
-    def driver_of(self, address: str) -> str | None: ...
-
-
-@dataclass
-class RunningBefore:
-    """What ran before an apply and must run again after a rollback: guests (``lxc/101`` ->
-    running|stopped) and services (``101/sglang.service`` -> active|inactive)."""
-
-    guests: dict[str, str] = field(default_factory=dict)
-    services: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass
-class StepContext:
-    """What a step's before/do/undo work with: the ports, the binder, the timeouts, and the
-    bookkeeping a rollback shares between steps. Built by apply for one run."""
-
-    ports: Ports
-    root: str
-    timeouts: Timeouts
-    binder: GroupBinder
-    read_minors: Callable[[], dict[str, int | None]]  # address -> /dev/nvidia minor, read now
-    device_present: Callable[[str], bool]  # the PCI device is on the bus
-    native_driver: Callable[[str], str | None] = lambda address: None  # its native module's driver
-    note: Callable[[str], None] = lambda text: None
-    warn: Callable[[str], None] = lambda text: (
-        None
-    )  # something that succeeded with a warning (a task's WARNINGS)
-    stuck: set[str] = field(default_factory=set)  # devices an undo must leave alone
-    gone: set[str] = field(default_factory=set)  # devices a rollback found gone from the bus
-    service_changed: set[int] = field(default_factory=set)  # containers whose drop-in an undo restored
-    # the processes that hold device nodes open: node -> its holders (``/proc/<pid>/fd``)
-    holders: Callable[[list[str]], dict[str, list[Holder]]] = lambda paths: {}
-    drm_nodes: Callable[[str], list[str]] = lambda address: []  # the /dev/dri names of a PCI device
-    # (container vmid, unit) of the services the plan stops, starts or starts again after a
-    # rollback: an undo may stop one that holds a GPU it takes back (it started during the apply)
-    services: set[tuple[int, str]] = field(default_factory=set)
-    # (kind, vmid) of the guests the run's plan stops before its driver switch (set by the runner):
-    # the switch checks each is really stopped before it moves a GPU
-    stopped_guests: set[tuple[str, int]] = field(default_factory=set)
-
-    def exec(
-        self, vmid: int, argv: list[str], check: bool = True, timeout: float | None = None
-    ) -> ExecResult:
-        """Run ``argv`` in container ``vmid`` for at most ``timeout`` seconds (the exec timeout
-        when None). Raises ExecError when it fails (and ``check``) or times out."""
-        res = self.ports.exec.run(vmid, argv, self.timeouts.exec if timeout is None else timeout)
-        if check and res.rc != 0:
-            raise ExecError(vmid, argv, res.rc, res.stderr)
-        return res
-
-    def running(self, kind: str, vmid: int) -> bool:
-        return self.ports.proxmox.guest_status(kind, vmid) == "running"
-
-    def service_active(self, vmid: int, unit: str) -> bool:
-        return self.service_state(vmid, unit) == "active"
-
-    def service_state(self, vmid: int, unit: str) -> str:
-        """What ``systemctl is-active`` says of ``unit`` (``active``, ``activating`` while it
-        starts, ``failed``...); ``inactive`` when its container is not running."""
-        if not self.running("lxc", vmid):
-            return "inactive"
-        return self.exec(vmid, ["systemctl", "is-active", unit], check=False).stdout.strip() or "unknown"
-
-    def _left(self, deadline: float) -> float:
-        """Seconds one command may take before ``deadline``: the exec timeout at most."""
-        return max(0.0, min(self.timeouts.exec, deadline - time.monotonic()))
-
-    def wait_active(self, vmid: int, unit: str, deadline: float | None = None) -> None:
-        """Wait until ``unit`` is active with no job of it still queued, until ``deadline``
-        (``time.monotonic()``; the service timeout from now when None).
-
-        A start or restart asked with ``--no-block`` is a queued job until systemd finishes it
-        (systemctl(1) ``--no-block``: the job is only verified and enqueued): until then the unit
-        may still show its state from before (``inactive``, ``failed``, or ``active`` before a
-        restart), so a state counts only once no job is left (``Job=`` empty: ``systemctl show
-        -p`` prints an asked property even when it is empty, systemd src/systemctl/systemctl.c
-        ``-p``, and the Job property as its id or nothing, src/systemctl/systemctl-show.c
-        print_property). Raises ExecError when it fails, or when the deadline passes first."""
-        if deadline is None:
-            deadline = time.monotonic() + self.timeouts.service
-        argv = ["systemctl", "show", "-p", "ActiveState", "-p", "Job", unit]
-        state = "not active yet"
-        while True:
-            try:
-                res = self.exec(vmid, argv, timeout=self._left(deadline))
-            except ExecError as e:
-                if e.rc is None and time.monotonic() >= deadline:  # the last look ran out of time
-                    break
-                raise
-            props = parse_show_properties(res.stdout)
-            state = props.get("ActiveState", "").strip() or "unknown"
-            queued = props.get("Job", "").strip() != ""
-            if state == "active" and not queued:
-                return
-            if state in ("failed", "inactive") and not queued:
-                raise ExecError(
-                    vmid,
-                    ["systemctl", "is-active", unit],
-                    3,
-                    f'{unit} is {state}: see "systemctl status {unit}" and "journalctl -xeu {unit}" for details',
-                )
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            time.sleep(min(self.timeouts.poll, left))
-        raise ExecError(
-            vmid,
-            ["systemctl", "is-active", unit],
-            None,
-            f"{unit} is still {state} after {self.timeouts.service:g} s (the service timeout)",
-        )
-
-    def service_commands(self, vmid: int, unit: str) -> tuple[str, str | None, str | None]:
-        """(state, the unit's command, the running main process's command) of ``unit``: what the
-        unit file says (``ExecStart`` as systemd loaded it) against what actually runs
-        (``/proc/<MainPID>/cmdline``); a command is None when it cannot be read or nothing runs.
-        Raises ExecError when ``systemctl show`` itself fails."""
-        res = self.exec(
-            vmid, ["systemctl", "show", "-p", "MainPID", "-p", "ExecStart", "-p", "ActiveState", unit]
-        )
-        props = parse_show_properties(res.stdout)
-        state = props.get("ActiveState", "").strip() or "unknown"
-        running = None
-        pid = props.get("MainPID", "0").strip()
-        if pid.isdigit() and int(pid) > 0:
-            raw = self.exec(vmid, ["cat", f"/proc/{pid}/cmdline"], check=False)
-            running = parse_cmdline(raw.stdout) if raw.rc == 0 else None
-        return state, exec_start_command(props.get("ExecStart", "")), running
-
-    def start_service(self, vmid: int, unit: str) -> None:
-        """daemon-reload, start ``unit`` and wait until it is active, all within the service
-        timeout: the start is only queued (``--no-block``) and then watched, so a slow model
-        load fails when that timeout says, not when one blocking command's exec limit does.
-        Raises ExecError (rc None: the timeout passed)."""
-        self._start(vmid, unit, "start")
-
-    def restart_service(self, vmid: int, unit: str) -> None:
-        """Restart ``unit`` and wait until it is active again, within the service timeout.
-        Raises ExecError."""
-        self._start(vmid, unit, "restart")
-
-    def _start(self, vmid: int, unit: str, verb: str) -> None:
-        deadline = time.monotonic() + self.timeouts.service
-        if verb == "start":
-            self.exec(vmid, ["systemctl", "daemon-reload"], timeout=self._left(deadline))
-        self.exec(vmid, ["systemctl", verb, "--no-block", unit], timeout=self._left(deadline))
-        self.wait_active(vmid, unit, deadline)
-
-    def mapping(self, id: str) -> dict[str, Any] | None:
-        """The PCI mapping ``id`` as the API lists it (``map``, ``description``, ``digest``), or None."""
-        for m in self.ports.proxmox.mappings():
-            if m["id"] == id:
-                return m
-        return None
-
-    def read_file_in(self, vmid: int, path: str) -> str | None:
-        """A file's text inside container ``vmid``; None when it does not exist. Raises ExecError."""
-        res = self.exec(vmid, ["cat", path], check=False)
-        if res.rc == 0:
-            return res.stdout
-        if "No such file" in res.stderr:
-            return None
-        raise ExecError(vmid, ["cat", path], res.rc, res.stderr)
-
-
 @dataclass
 class PreflightContext:
     """What a step's preflight may look at: the facts and state the plan was made from, the
@@ -513,72 +335,25 @@ class PreflightContext:
         """(container vmid, unit) of the services the plan stops before it switches drivers."""
         return {s for s in (a.stopped_service() for a in self.actions) if s is not None}
 
+    def running_vm_configs(self) -> dict[int, dict[str, Any]]:
+        """vmid -> config of every running VM (one whose config cannot be read is left out),
+        read once per preflight. Raises ProxmoxError when the VMs cannot be listed."""
+        return self.cached("running-vms", self._read_running_vm_configs)
+
+    def _read_running_vm_configs(self) -> dict[int, dict[str, Any]]:
+        out: dict[int, dict[str, Any]] = {}
+        for g in self.ports.proxmox.list_guests("qemu"):
+            vmid = int(g["vmid"])
+            if self.ports.proxmox.guest_status("qemu", vmid) != "running":
+                continue
+            try:
+                out[vmid] = self.ports.proxmox.qemu_config(vmid)
+            except GputopoError:
+                continue
+        return out
+
     def cached(self, key: str, make: Callable[[], Any]) -> Any:
         """``make()`` once per preflight (e.g. the list of running VMs and their configs)."""
         if key not in self._cache:
             self._cache[key] = make()
         return self._cache[key]
-
-
-@dataclass
-class World:
-    """The facts and current state a plan turns into, step by step (see ``expected_after``).
-
-    GPUs that reach nvidia without a known minor get the lowest free one, as the driver does,
-    when :meth:`settle` runs (after the switch phase, before anything reads the minors).
-    """
-
-    facts: Facts
-    current: CurrentState
-    drivers: dict[str, str | None] = field(default_factory=dict)
-    overrides: dict[str, str | None] = field(default_factory=dict)
-    # container vmid -> (ExecStart, tp) of a drop-in written but not loaded yet: systemd shows
-    # the old command until a daemon-reload or the container's next boot
-    reloads: dict[int, tuple[str | None, int]] = field(default_factory=dict)
-
-    def settle(self) -> None:
-        if not self.drivers:
-            return
-        drivers = self.drivers
-        used = {
-            g.minor
-            for g in self.facts.gpus
-            if g.minor is not None and drivers.get(g.address, g.driver) == "nvidia"
-        }
-        for g in self.facts.gpus:
-            if g.address in drivers:
-                g.driver = drivers[g.address]
-                g.driver_override = self.overrides.get(g.address)
-                if g.driver == "nvidia" and g.minor is None:
-                    g.minor = min(set(range(256)) - used)
-                    used.add(g.minor)
-                elif g.driver != "nvidia":
-                    g.minor = None
-            for m in g.iommu_members:
-                if m.address in drivers:
-                    m.driver = drivers[m.address]
-        self.drivers = {}
-        self.overrides = {}
-
-
-@dataclass
-class DiffArea:
-    lines: list[str] = field(default_factory=list)
-    files: dict[str, str] = field(default_factory=dict)  # path -> unified diff
-
-
-@dataclass
-class DiffContext:
-    """What a step's diff may look at, and the areas it adds to."""
-
-    plan: Any  # gputopo.plan.model.Plan
-    spec: Any  # gputopo.plan.spec.Spec
-    current: CurrentState
-    rendered: dict[str, str]
-    areas: dict[str, DiffArea]
-    unified: Callable[[str, str | None, str | None], str]  # (path, before, after) -> unified diff
-    render_pci_cfg: Callable[[list[dict[str, Any]]], str]  # sections -> pci.cfg text
-    render_devices: Callable[[dict[str, Any], int], str]  # (container config, vmid) -> its GPU lines
-
-    def area(self, name: str) -> DiffArea:
-        return self.areas.setdefault(name, DiffArea())

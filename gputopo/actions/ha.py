@@ -1,11 +1,15 @@
 """HA placement written by a node's own apply: the ``gputopo-vm<vmid>`` rules (PVE 9) or
-groups (PVE 8) of the VMs in the node's scope (:func:`gputopo.actions.haplace.node_scope`).
+groups (PVE 8) of the VMs in the node's scope (:func:`gputopo.plan.ha.node_scope`), and the
+changes it makes (:class:`HaChange`: data with a one-line ``describe``, carried out through a
+:class:`gputopo.ports.ClusterApiPort`).
 
 The step is planned from the node's planned map lines and the other nodes' lines as they were
 read, but what it writes is derived data, like a digest: right before it writes, it reads the
 HA configuration, the mappings and the cluster's VM configs again and plans the placement
 anew (an earlier node of a rollout may have changed them, or this apply's own mapping and VM
-steps did), so it is left out of :meth:`gputopo.plan.model.Plan.signature`. Its before-state
+steps did), so it is left out of :meth:`gputopo.plan.model.Plan.signature`. The reads
+(:mod:`gputopo.facts.ha`) and the rules (:mod:`gputopo.plan.ha`) it plans with come with the
+step context (:class:`gputopo.actions.base.HaRules`). Its before-state
 is every rule, group and resource of its scope as it was; its undo puts exactly those back.
 Two nodes writing at once (a rollout's batch) may race on one rule or group: a write Proxmox
 refuses because the other node made it first is planned again from a fresh read. A login that
@@ -19,19 +23,10 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from gputopo.actions.base import ActionModel, DiffContext, Phase, Resource, StepContext, World
-from gputopo.actions.haplace import (
-    PREFIX,
-    HaChange,
-    apply_changes,
-    ha_files,
-    mapped_vms,
-    plan_placement,
-    read_ha,
-)
+from gputopo.actions.base import ActionModel, DiffContext, HaRules, Phase, Resource, StepContext, World
 from gputopo.actions.shell import CommandContext, line
 from gputopo.errors import ConfigError, ProxmoxError
-from gputopo.formats.hacfg import vm_sid
+from gputopo.formats.hacfg import PREFIX, ha_files, text_value, vm_sid
 from gputopo.model.state import HaConfig
 from gputopo.model.strict import Strict
 from gputopo.ports import ClusterApiPort
@@ -43,6 +38,88 @@ ATTEMPTS = 10
 RACED = ("already defined", "no such ha", "does not exist")
 RULE_KEYS = ("type", "resources", "nodes", "strict", "comment", "disable")
 GROUP_KEYS = ("nodes", "restricted", "nofailback", "comment")
+
+
+class HaChange(Strict):
+    """One change of the HA configuration: ``op`` on the rule, group or resource ``id``, with
+    the ``params`` its API call takes."""
+
+    op: Literal[
+        "create-rule",
+        "update-rule",
+        "delete-rule",
+        "create-group",
+        "update-group",
+        "delete-group",
+        "set-group",
+        "unset-group",
+    ]
+    id: str
+    params: dict[str, Any] = Field(default_factory=dict)
+
+    def describe(self) -> str:
+        nodes = self.params.get("nodes")
+        what = {
+            "create-rule": "create HA rule",
+            "update-rule": "update HA rule",
+            "delete-rule": "delete HA rule",
+            "create-group": "create HA group",
+            "update-group": "update HA group",
+            "delete-group": "delete HA group",
+        }  # set-group and unset-group say more, below
+        if self.op == "set-group":
+            return f"put HA resource {self.id} in group {self.params['group']}"
+        if self.op == "unset-group":
+            return f"take HA resource {self.id} out of its group"
+        whom = f"{self.params['resources']} " if self.params.get("resources") else ""
+        on = f": {whom}on {nodes} (strict)" if nodes else ""
+        return f"{what[self.op]} {self.id}{on}"
+
+    def run(self, api: ClusterApiPort) -> None:
+        """Carry the change out through the API. Raises ProxmoxError."""
+        if self.op == "create-rule":
+            api.ha_rule_create(self.id, self.params)
+        elif self.op == "update-rule":
+            api.ha_rule_update(self.id, self.params)
+        elif self.op == "delete-rule":
+            api.ha_rule_delete(self.id)
+        elif self.op == "create-group":
+            api.ha_group_create(self.id, self.params)
+        elif self.op == "update-group":
+            api.ha_group_update(self.id, self.params)
+        elif self.op == "delete-group":
+            api.ha_group_delete(self.id)
+        elif self.op == "set-group":
+            api.ha_resource_update(self.id, {"group": self.params["group"]})
+        else:
+            api.ha_resource_update(self.id, {"delete": "group"})
+
+
+def apply_changes(state: HaConfig, changes: list[HaChange]) -> HaConfig:
+    """``state`` as the API will list it once ``changes`` are made (what a step expects)."""
+    out = state.model_copy(deep=True)
+    rules = {str(r["rule"]): r for r in out.rules}
+    groups = {str(g["group"]): g for g in out.groups}
+    for c in changes:
+        props = {k: text_value(v) for k, v in c.params.items()}
+        if c.op == "create-rule":
+            rules[c.id] = {"rule": c.id, **props, "strict": int(c.params.get("strict", False))}
+        elif c.op == "update-rule":
+            rules[c.id].update({**props, "strict": int(c.params.get("strict", False))})
+        elif c.op == "delete-rule":
+            rules.pop(c.id, None)
+        elif c.op == "create-group":
+            groups[c.id] = {"group": c.id, "type": "group", **props}
+        elif c.op == "update-group":
+            groups[c.id].update(props)
+        elif c.op == "delete-group":
+            groups.pop(c.id, None)
+        elif c.op == "set-group":
+            out.resources[c.id]["group"] = c.params["group"]
+        else:
+            out.resources[c.id].pop("group", None)
+    out.rules, out.groups = list(rules.values()), list(groups.values())
+    return out
 
 
 class HaBefore(Strict):
@@ -62,6 +139,12 @@ def _api(ctx: StepContext) -> ClusterApiPort:
             "HA placement needs the cluster calls of the Proxmox API, which this connection lacks"
         )
     return api
+
+
+def _rules(ctx: StepContext) -> HaRules:
+    if ctx.ha is None:
+        raise ConfigError("HA placement needs the HA reads and rules, which this run was built without")
+    return ctx.ha
 
 
 def _props(item: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
@@ -87,8 +170,7 @@ def _snapshot(config: HaConfig, ids: set[str], sids: set[str]) -> HaBefore:
 def _same(have: dict[str, Any] | None, want: dict[str, Any] | None) -> bool:
     if have is None or want is None:
         return have is want
-    text = {k: str(int(v)) if isinstance(v, bool) else str(v) for k, v in have.items()}
-    return text == {k: str(int(v)) if isinstance(v, bool) else str(v) for k, v in want.items()}
+    return {k: text_value(v) for k, v in have.items()} == {k: text_value(v) for k, v in want.items()}
 
 
 def restore_changes(now: HaConfig, before: HaBefore) -> list[HaChange]:
@@ -179,12 +261,9 @@ class PlaceHa(ActionModel):
     def _plan_now(self, api: ClusterApiPort, ctx: StepContext) -> tuple[HaConfig, list[HaChange], set[int]]:
         """The HA configuration, the mappings and the cluster's VMs read now, and the changes
         and scope planned from them."""
-        members = sorted(api.nodes())
-        config = read_ha(api)
-        config.members = members
-        config.vms = mapped_vms(api, members)
-        maps = {m["id"]: list(m.get("map") or []) for m in ctx.ports.proxmox.mappings()}
-        changes, _warnings, scope = plan_placement(self.node, set(self.managed), maps, config)
+        rules = _rules(ctx)
+        config, maps = rules.read_inputs(api, ctx.ports.proxmox)
+        changes, _warnings, scope = rules.plan(self.node, set(self.managed), maps, config)
         return config, changes, scope
 
     def before(self, ctx: StepContext) -> HaBefore:
@@ -217,7 +296,7 @@ class PlaceHa(ActionModel):
 
     def undo(self, before: HaBefore, ctx: StepContext) -> str:
         api = _api(ctx)
-        now = read_ha(api)
+        now = _rules(ctx).read(api)
         done = []
         for c in restore_changes(now, before):
             c.run(api)

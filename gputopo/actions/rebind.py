@@ -8,7 +8,7 @@ group to a human (the rollback does not race the worker that may still be blocke
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import RootModel
 
@@ -21,44 +21,15 @@ from gputopo.actions.base import (
     StepContext,
     World,
 )
-from gputopo.actions.shell import CommandContext, sysfs_write
-from gputopo.errors import BindError, GputopoError, ProxmoxError
+from gputopo.actions.shell import CommandContext, move_group_writes, restore_writes
+from gputopo.errors import BindError, ProxmoxError
 from gputopo.formats.hostpci import hostpci_refs, is_hostpci_key
 from gputopo.formats.mapline import map_paths
 from gputopo.model.strict import Strict
+from gputopo.ports import MemberState
 
 VFIO = "vfio-pci"
 NVIDIA = "nvidia"
-# drivers that bind only what they are told to (gputopo.adapters.sysfs.OVERRIDE_DRIVERS)
-OVERRIDE_DRIVERS = frozenset({"vfio-pci", "pci-stub"})
-NATIVE = "(native)"  # in commands: a member on whichever native driver probed it, not known at plan time
-
-
-class _Writes:
-    """The sysfs writes of a move as ``echo`` commands, with each member's driver and override
-    as they are after the writes so far (a write the Binder would skip is left out)."""
-
-    def __init__(self, drivers: dict[str, str | None], overrides: dict[str, str | None]):
-        self.drivers = dict(drivers)
-        self.overrides = dict(overrides)
-        self.out: list[str] = []
-
-    def override(self, m: str, driver: str | None) -> None:
-        if self.overrides[m] != driver:
-            self.out.append(sysfs_write(f"sys/bus/pci/devices/{m}/driver_override", driver))
-            self.overrides[m] = driver
-
-    def unbind(self, m: str) -> None:
-        drv = self.drivers[m]
-        if drv == NATIVE:  # whichever driver it is on: through the device's own driver link
-            self.out.append(sysfs_write(f"sys/bus/pci/devices/{m}/driver/unbind", m))
-        elif drv is not None:
-            self.out.append(sysfs_write(f"sys/bus/pci/drivers/{drv}/unbind", m))
-        self.drivers[m] = None
-
-    def probe(self, m: str, becomes: str | None) -> None:
-        self.out.append(sysfs_write("sys/bus/pci/drivers_probe", m))
-        self.drivers[m] = becomes
 
 
 class MemberBefore(Strict):
@@ -183,7 +154,7 @@ class Rebind(ActionModel):
         if not ctx.api_ok:
             return []
         try:
-            vms = ctx.cached("running-vms", lambda: _running_vm_configs(ctx))
+            vms = ctx.running_vm_configs()
         except ProxmoxError as e:
             return [f"cannot list VMs: {e}"]
         mapping_paths = {
@@ -282,7 +253,7 @@ class Rebind(ActionModel):
             # its unbind would block until the holder lets go: the group stays on nvidia, whole
             ctx.stuck.update(self.members)
             return "; ".join([*stopped, held, *([left] if left else [])])
-        ctx.binder.restore(prev)
+        ctx.binder.restore({m: MemberState(s.driver, s.override) for m, s in prev.items()})
         back = (
             f"rebound {self.address} back to {prev[self.address].driver or 'none'}"
             if self.address in prev
@@ -361,53 +332,16 @@ class Rebind(ActionModel):
         return {m: NVIDIA if m == self.address else ctx.native_driver(m) for m in self.members}
 
     def commands(self, ctx: CommandContext) -> list[str]:
-        # Binder.move_group's writes in its order: overrides set, every member unbound, then
-        # probed, then the overrides cleared unless kept; a member already there only gets
-        # its override right
-        want = self._wanted(ctx)
-        w = _Writes(self.from_drivers, {m: ctx.override_of(m) for m in self.members})
-        todo = []
-        for m in self.members:
-            drv = w.drivers.get(m)
-            if want[m] is None:
-                if drv is not None and w.overrides[m] is None and drv not in OVERRIDE_DRIVERS:
-                    continue
-            elif drv == want[m]:
-                w.override(m, want[m] if self.keep_override else None)
-                continue
-            todo.append(m)
-        for m in todo:
-            w.override(m, want[m])
-        for m in todo:
-            if w.drivers.get(m) != want[m] or want[m] is None:
-                w.unbind(m)
-        for m in todo:
-            if w.drivers.get(m) is None:
-                w.probe(m, want[m])
-        if not self.keep_override:
-            for m in todo:
-                w.override(m, None)
-        return w.out
+        overrides = {m: ctx.override_of(m) for m in self.members}
+        return move_group_writes(
+            self.members, self.from_drivers, overrides, self._wanted(ctx), self.keep_override
+        )
 
     def undo_commands(self, ctx: CommandContext) -> list[str]:
-        # Binder.restore's writes: what had no driver is unbound, the rest unbound and probed
-        # by name (the driver as override), then every override as it was
-        want = self._wanted(ctx)
-        after = {m: want[m] if self.keep_override and want[m] is not None else None for m in self.members}
-        w = _Writes({m: NATIVE if d is None else d for m, d in want.items()}, after)
-        prev = {m: self.from_drivers.get(m) for m in self.members}
-        for m, drv in prev.items():
-            if drv is None:
-                w.unbind(m)
-        moving = [m for m, drv in prev.items() if drv is not None and w.drivers[m] != drv]
-        for m in moving:
-            w.override(m, prev[m])
-            w.unbind(m)
-        for m in moving:
-            w.probe(m, prev[m])
-        for m in self.members:
-            w.override(m, ctx.override_of(m))
-        return w.out
+        overrides = {m: ctx.override_of(m) for m in self.members}
+        return restore_writes(
+            self.members, self.from_drivers, overrides, self._wanted(ctx), self.keep_override
+        )
 
     # -- expect, diff ---------------------------------------------------------------------------
 
@@ -424,19 +358,6 @@ class Rebind(ActionModel):
         area = ctx.area("driver bindings")
         for m in self.members:
             area.lines.append(f"{m}: {self.from_drivers.get(m) or 'none'} -> {self.to_driver}")
-
-
-def _running_vm_configs(ctx: PreflightContext) -> dict[int, dict[str, Any]]:
-    out: dict[int, dict[str, Any]] = {}
-    for g in ctx.ports.proxmox.list_guests("qemu"):
-        vmid = int(g["vmid"])
-        if ctx.ports.proxmox.guest_status("qemu", vmid) != "running":
-            continue
-        try:
-            out[vmid] = ctx.ports.proxmox.qemu_config(vmid)
-        except GputopoError:
-            continue
-    return out
 
 
 def hostpci_addresses(value: str, mapping_paths: dict[str, set[str]]) -> set[str]:

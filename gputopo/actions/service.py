@@ -32,7 +32,7 @@ class _ServiceStep(ActionModel):
     Before = ServiceBefore
 
     def before(self, ctx: StepContext) -> ServiceBefore:
-        return ServiceBefore(active=ctx.service_active(self.vmid, self.unit))
+        return ServiceBefore(active=ctx.systemctl().service_active(self.vmid, self.unit))
 
     def was_running(self, current: CurrentState, out: RunningBefore) -> None:
         record_service(current, self.vmid, self.unit, out)
@@ -81,7 +81,7 @@ class StartService(_ServiceStep):
         return self.vmid, self.unit
 
     def do(self, ctx: StepContext) -> None:
-        ctx.start_service(self.vmid, self.unit)
+        ctx.systemctl().start_service(self.vmid, self.unit)
 
     def commands(self, ctx: CommandContext) -> list[str]:
         # apply queues the start (--no-block) and watches it under its own timeout; pasted,

@@ -72,3 +72,99 @@ class CommandContext:
         """The driver_override of ``address`` (a GPU's from the facts)."""
         g = self.facts.gpu(address)
         return g.driver_override if g is not None else self.read_override(address)
+
+
+# drivers that bind only what they are told to (gputopo.adapters.sysfs.OVERRIDE_DRIVERS)
+OVERRIDE_DRIVERS = frozenset({"vfio-pci", "pci-stub"})
+NATIVE = "(native)"  # a member on whichever native driver probed it, not known at plan time
+
+
+class _Writes:
+    """The sysfs writes of a move as ``echo`` commands, with each member's driver and override
+    as they are after the writes so far (a write the Binder would skip is left out)."""
+
+    def __init__(self, drivers: dict[str, str | None], overrides: dict[str, str | None]):
+        self.drivers = dict(drivers)
+        self.overrides = dict(overrides)
+        self.out: list[str] = []
+
+    def override(self, m: str, driver: str | None) -> None:
+        if self.overrides[m] != driver:
+            self.out.append(sysfs_write(f"sys/bus/pci/devices/{m}/driver_override", driver))
+            self.overrides[m] = driver
+
+    def unbind(self, m: str) -> None:
+        drv = self.drivers[m]
+        if drv == NATIVE:  # whichever driver it is on: through the device's own driver link
+            self.out.append(sysfs_write(f"sys/bus/pci/devices/{m}/driver/unbind", m))
+        elif drv is not None:
+            self.out.append(sysfs_write(f"sys/bus/pci/drivers/{drv}/unbind", m))
+        self.drivers[m] = None
+
+    def probe(self, m: str, becomes: str | None) -> None:
+        self.out.append(sysfs_write("sys/bus/pci/drivers_probe", m))
+        self.drivers[m] = becomes
+
+
+def move_group_writes(
+    members: list[str],
+    drivers: dict[str, str | None],
+    overrides: dict[str, str | None],
+    want: dict[str, str | None],
+    keep_override: bool,
+) -> list[str]:
+    """The writes of :meth:`gputopo.adapters.sysfs.Binder.move_group` in its order, from each
+    member's driver and override now to ``want`` (None: whichever native driver probes it):
+    overrides set, every member unbound, then probed, then the overrides cleared unless kept; a
+    member already there only gets its override right."""
+    w = _Writes(drivers, overrides)
+    todo = []
+    for m in members:
+        drv = w.drivers.get(m)
+        if want[m] is None:
+            if drv is not None and w.overrides[m] is None and drv not in OVERRIDE_DRIVERS:
+                continue
+        elif drv == want[m]:
+            w.override(m, want[m] if keep_override else None)
+            continue
+        todo.append(m)
+    for m in todo:
+        w.override(m, want[m])
+    for m in todo:
+        if w.drivers.get(m) != want[m] or want[m] is None:
+            w.unbind(m)
+    for m in todo:
+        if w.drivers.get(m) is None:
+            w.probe(m, want[m])
+    if not keep_override:
+        for m in todo:
+            w.override(m, None)
+    return w.out
+
+
+def restore_writes(
+    members: list[str],
+    drivers: dict[str, str | None],
+    overrides: dict[str, str | None],
+    want: dict[str, str | None],
+    keep_override: bool,
+) -> list[str]:
+    """The writes of :meth:`gputopo.adapters.sysfs.Binder.restore` after
+    :func:`move_group_writes`, back to ``drivers`` and ``overrides``: what had no driver is
+    unbound, the rest unbound and probed by name (the driver as override), then every override
+    as it was."""
+    after = {m: want[m] if keep_override and want[m] is not None else None for m in members}
+    w = _Writes({m: NATIVE if d is None else d for m, d in want.items()}, after)
+    prev = {m: drivers.get(m) for m in members}
+    for m, drv in prev.items():
+        if drv is None:
+            w.unbind(m)
+    moving = [m for m, drv in prev.items() if drv is not None and w.drivers[m] != drv]
+    for m in moving:
+        w.override(m, prev[m])
+        w.unbind(m)
+    for m in moving:
+        w.probe(m, prev[m])
+    for m in members:
+        w.override(m, overrides[m])
+    return w.out

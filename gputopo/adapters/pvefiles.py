@@ -62,6 +62,10 @@ class PveFiles:
         except (OSError, UnicodeDecodeError) as e:
             raise ProxmoxError(f"read {self.root / rel}", 500, f"cannot read: {e}") from None
 
+    def identity(self) -> None:
+        """None: files have no login, so they do not say who will apply."""
+        return None
+
     def version(self) -> dict[str, Any]:
         """{}: the files do not say which release wrote them."""
         return {}

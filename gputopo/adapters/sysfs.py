@@ -22,14 +22,13 @@ from __future__ import annotations
 import errno
 import os
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from gputopo.adapters.udev import Expect, await_events, say_once
 from gputopo.errors import BindError, SysfsTimeout, SysfsWriteError, UdevTimeout
 from gputopo.model.facts import normalize_address
-from gputopo.ports import DeviceEventListener, DeviceEventsPort, SysfsPort
+from gputopo.ports import DeviceEventListener, DeviceEventsPort, MemberState, SysfsPort
 
 # Drivers that bind only what they are told to (their id tables match nothing by themselves).
 OVERRIDE_DRIVERS = frozenset({"vfio-pci", "pci-stub"})
@@ -65,14 +64,6 @@ class RealSysfs:
             raise SysfsWriteError(rel, value, e.errno or errno.EIO) from None
         finally:
             os.close(fd)
-
-
-@dataclass(frozen=True)
-class MemberState:
-    """A function's driver and driver_override before a move (None = none)."""
-
-    driver: str | None
-    override: str | None
 
 
 def _devpath(address: str) -> str:
@@ -244,19 +235,9 @@ class Binder:
         native = to_driver is None or to_driver not in OVERRIDE_DRIVERS
         want = {m: (to_driver if to_driver is not None else (natives or {}).get(m)) for m in members}
         listener, groups = self._listen(members)
-        unbound: set[str] = set()
         try:
             todo = [m for m in members if not self._already(m, want[m], native, keep_override)]
-            for m in todo:
-                self._set_override(m, want[m])
-            for m in todo:
-                if (self.driver_of(m) != want[m] or want[m] is None) and self._unbind(m):
-                    unbound.add(m)
-            probed: set[str] = set()
-            for m in todo:
-                if self.driver_of(m) is None:
-                    self._probe(m)
-                    probed.add(m)
+            unbound, probed = self._rebind(todo, want)
             for m in members:
                 self._check(m, want[m], native)
             if to_driver == "vfio-pci":
@@ -274,6 +255,22 @@ class Binder:
             if listener is not None:
                 listener.close()
         return previous
+
+    def _rebind(self, todo: list[str], want: dict[str, str | None]) -> tuple[set[str], set[str]]:
+        """The writes of a move: each member of ``todo`` gets its override, then every one is
+        unbound, then every one without a driver probed. Returns (unbound, probed)."""
+        unbound: set[str] = set()
+        for m in todo:
+            self._set_override(m, want[m])
+        for m in todo:
+            if (self.driver_of(m) != want[m] or want[m] is None) and self._unbind(m):
+                unbound.add(m)
+        probed: set[str] = set()
+        for m in todo:
+            if self.driver_of(m) is None:
+                self._probe(m)
+                probed.add(m)
+        return unbound, probed
 
     # --- udev -------------------------------------------------------------------------------
 
@@ -331,7 +328,7 @@ class Binder:
             self._set_override(m, want_override)
         return True
 
-    def restore(self, previous: dict[str, MemberState] | dict[str, str | None]) -> None:
+    def restore(self, previous: Mapping[str, MemberState] | Mapping[str, str | None]) -> None:
         """Undo :meth:`move_group`: put every member back on its previous driver and override.
 
         ``previous`` is what move_group returned (or anything with ``driver`` and ``override``),

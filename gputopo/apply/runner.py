@@ -20,8 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from gputopo.actions import ActionModel, RunningBefore, StepContext, Timeouts, stop_window, undo_order
+from gputopo.actions.base import HaRules
 from gputopo.actions.guest import power
 from gputopo.adapters.sysfs import Binder
+from gputopo.adapters.systemctl import ExecSystemd
 from gputopo.apply import signals
 from gputopo.apply.journal import (
     Begin,
@@ -38,10 +40,12 @@ from gputopo.apply.journal import (
 from gputopo.apply.progress import Progress, StepResult
 from gputopo.errors import ExecError, GputopoError, SysfsTimeout
 from gputopo.facts.discover import discover
+from gputopo.facts.ha import read_ha, read_placement_inputs
 from gputopo.facts.modalias import native_driver
 from gputopo.facts.pci import read_drm_nodes
 from gputopo.facts.procfs import read_holders
 from gputopo.formats.devn import dev_entries, dev_path, gpu_nodes
+from gputopo.plan.ha import plan_placement
 from gputopo.ports import Ports
 
 
@@ -60,6 +64,8 @@ def step_context(ports: Ports, root: str, timeouts: Timeouts, progress: Progress
         note=progress.note,
         holders=lambda paths: read_holders(root, paths),
         drm_nodes=lambda address: read_drm_nodes(root, address),
+        systemd=ExecSystemd(ports, timeouts),
+        ha=HaRules(read=read_ha, read_inputs=read_placement_inputs, plan=plan_placement),
     )
     binder.warn = lambda text: ctx.warn(text)  # the step's warning (the runner sets ctx.warn later)
     return ctx
@@ -344,9 +350,9 @@ class Runner:
         if not ctx.running("lxc", vmid):
             raise ExecError(vmid, ["systemctl", "start", unit], 255, f"CT {vmid} is not running")
         ctx.exec(vmid, ["systemctl", "daemon-reload"])
-        state, wanted, running = ctx.service_commands(vmid, unit)
+        state, wanted, running = ctx.systemctl().service_commands(vmid, unit)
         if state in ("active", "activating", "reloading") and running is not None and running == wanted:
-            ctx.wait_active(vmid, unit)
+            ctx.systemctl().wait_active(vmid, unit)
             return
         if state in ("active", "activating", "reloading"):
             why = (
@@ -356,10 +362,10 @@ class Runner:
                 if dropin_restored
                 else "its command line could not be read"
             )
-            ctx.restart_service(vmid, unit)
+            ctx.systemctl().restart_service(vmid, unit)
             self.progress.note(f"CT {vmid}: restarted {unit} with its previous configuration ({why})")
             return
-        ctx.start_service(vmid, unit)
+        ctx.systemctl().start_service(vmid, unit)
         self.progress.note(f"CT {vmid}: started {unit}")
 
     def _restart(self, running_before: RunningBefore, changed: set[int]) -> bool:

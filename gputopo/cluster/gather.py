@@ -33,7 +33,6 @@ from typing import TypeVar
 
 from pydantic import ValidationError
 
-from gputopo.actions.haplace import read_ha_config
 from gputopo.adapters.clusterapi import ClusterApi
 from gputopo.adapters.pvefiles import DEFAULT_ROOT, PveFiles
 from gputopo.adapters.ssh import RecordedExec, RecordedFiles, SshExec, SshFiles
@@ -44,6 +43,7 @@ from gputopo.cluster.noderead import (  # noqa: F401 (error_line, parse_version:
     parse_version,
 )
 from gputopo.errors import GputopoError, SpecError, UnknownNode
+from gputopo.facts.ha import read_ha_config
 from gputopo.facts.observe import observe
 from gputopo.model.facts import Facts
 from gputopo.model.state import CurrentState

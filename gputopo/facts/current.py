@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gputopo.actions.haplace import read_ha_config
 from gputopo.errors import ExecError, ProxmoxError
+from gputopo.facts.ha import read_ha_config
 from gputopo.formats.hostpci import hostpci_keys
 from gputopo.formats.systemctl import parse_tp
 from gputopo.formats.systemd import parse_show_properties, show_state
@@ -70,26 +70,41 @@ def read_current(
     """Read what ``proxmox``'s node has now: the containers and VMs ``reads`` names (every VM
     the node lists besides), the mappings, the services, the host files, and (``cluster``
     given, on a member of a cluster) the HA configuration with the cluster's VMs that take
-    mapped devices (:func:`gputopo.actions.haplace.read_ha_config`; an HA read the API
+    mapped devices (:func:`gputopo.facts.ha.read_ha_config`; an HA read the API
     refuses is said in ``ha_unread``).
 
     A container that does not exist is left out, as is a VM whose config cannot be read.
     Services are read only when ``exec`` is given and the container runs. Returns the
     :class:`CurrentState`; raises ProxmoxError for any other failure of the source.
     """
+    state = CurrentState(guest_status_known=proxmox.status_known, containers_known=proxmox.guests_known)
     # what a running container can take without a restart depends on the release (PVE 9
     # hot-plugs devN); a version the source does not tell counts as the older one
-    state = CurrentState(guest_status_known=proxmox.status_known, containers_known=proxmox.guests_known)
     state.pve_version = str(proxmox.version().get("version") or "") or None
     # what the API lets this login change depends on who it is (only root@pam may set some VM
     # keys); Proxmox's files do not say who will apply
-    identity = getattr(proxmox, "identity", None)
-    state.api_user = identity() if callable(identity) else None
+    state.api_user = proxmox.identity()
     wanted = reads.containers
     if wanted is None:
         wanted = tuple(
             ContainerRead(vmid) for vmid in sorted(int(g["vmid"]) for g in proxmox.list_guests("lxc"))
         )
+    state.containers = _containers(proxmox, wanted)
+    state.mappings = _mappings(proxmox)
+    state.guests = _vms(proxmox, reads.vms)
+    if exec is not None:
+        _read_services(exec, wanted, state.containers)
+    if files is not None:
+        for path in reads.files:
+            state.files[path] = files.read(path)
+    if cluster is not None:
+        state.ha_config, state.ha_unread = read_ha_config(cluster)
+    return state
+
+
+def _containers(proxmox: ProxmoxReadPort, wanted: tuple[ContainerRead, ...]) -> dict[int, ContainerState]:
+    """The containers of ``wanted`` that exist: config, status, HA state. Raises ProxmoxError."""
+    out: dict[int, ContainerState] = {}
     for c in wanted:
         try:
             cfg = proxmox.lxc_config(c.vmid)
@@ -97,45 +112,56 @@ def read_current(
             if e.status in (404, 500) and "does not exist" in str(e):
                 continue
             raise
-        state.containers[c.vmid] = ContainerState(
+        out[c.vmid] = ContainerState(
             config=cfg, status=_status(proxmox, "lxc", c.vmid), ha=_ha(proxmox, "lxc", c.vmid)
         )
-    for m in proxmox.mappings():
-        state.mappings[m["id"]] = MappingState(
+    return out
+
+
+def _mappings(proxmox: ProxmoxReadPort) -> dict[str, MappingState]:
+    """Every PCI mapping: its map lines, description and digest. Raises ProxmoxError."""
+    return {
+        m["id"]: MappingState(
             map=list(m.get("map") or []), description=m.get("description"), digest=m.get("digest")
         )
+        for m in proxmox.mappings()
+    }
+
+
+def _vms(proxmox: ProxmoxReadPort, named: tuple[int, ...]) -> dict[int, GuestState]:
+    """Every VM the node lists and those ``named``, whose config can be read. Raises ProxmoxError."""
     listed = {int(g["vmid"]): g.get("status") for g in proxmox.list_guests("qemu")}
-    for vmid in sorted(set(listed) | set(reads.vms)):
+    out: dict[int, GuestState] = {}
+    for vmid in sorted(set(listed) | set(named)):
         try:
             cfg = proxmox.qemu_config(vmid)
         except ProxmoxError:
             continue
-        state.guests[vmid] = GuestState(
+        out[vmid] = GuestState(
             status=_status(proxmox, "qemu", vmid, listed.get(vmid)),
             hostpci=hostpci_values(cfg),
             config=cfg,
             ha=_ha(proxmox, "qemu", vmid),
         )
+    return out
 
-    if exec is not None:
-        for c in wanted:
-            ct = state.containers.get(c.vmid)
-            if c.service is None or ct is None or ct.status != "running":
-                continue
-            try:
-                ct.service = _service_state(exec, c.vmid, c.service)
-            except ExecError as e:
-                # kept for the planner: a service it cannot read must not be planned away
-                ct.service = None
-                ct.service_error = (
-                    f"no {e.stderr.split(':', 1)[0] or 'pct'} on this machine"
-                    if e.rc == 127
-                    else str(e).removeprefix(f"CT {c.vmid}: ")
-                )
 
-    if files is not None:
-        for path in reads.files:
-            state.files[path] = files.read(path)
-    if cluster is not None:
-        state.ha_config, state.ha_unread = read_ha_config(cluster)
-    return state
+def _read_services(
+    exec: ExecPort, wanted: tuple[ContainerRead, ...], containers: dict[int, ContainerState]
+) -> None:
+    """Each running container's service of ``wanted`` into its state; one that cannot be read
+    is kept as ``service_error`` for the planner (a service it cannot read must not be planned
+    away)."""
+    for c in wanted:
+        ct = containers.get(c.vmid)
+        if c.service is None or ct is None or ct.status != "running":
+            continue
+        try:
+            ct.service = _service_state(exec, c.vmid, c.service)
+        except ExecError as e:
+            ct.service = None
+            ct.service_error = (
+                f"no {e.stderr.split(':', 1)[0] or 'pct'} on this machine"
+                if e.rc == 127
+                else str(e).removeprefix(f"CT {c.vmid}: ")
+            )

@@ -14,15 +14,25 @@
   (``NodeAffinity.pm encode_plugin_value``), ``resources`` the sorted ``vm:<id>`` list.
 
 :func:`parse_section_config` and :func:`write_section_config` read and write them;
-:func:`node_list` / :func:`format_node_list` the node lists.
+:func:`node_list` / :func:`format_node_list` the node lists; :func:`ha_files` the files before
+and after the changes of gputopo's HA placement (``gputopo-vm<vmid>`` rules or groups).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from gputopo.formats.propstring import decode_text, encode_text
+from gputopo.model.state import HaConfig
+
+# the rules and groups gputopo places VMs with: gputopo-vm<vmid>
+PREFIX = "gputopo-vm"
+RULES_CFG = "pve/ha/rules.cfg"
+GROUPS_CFG = "pve/ha/groups.cfg"
+RESOURCES_CFG = "pve/ha/resources.cfg"
 
 # type -> (required options, optional options), from each plugin's options()
 OPTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -149,3 +159,95 @@ def sid_id(sid: str) -> str:
 def resource_list(value: str) -> list[str]:
     """``vm:201,vm:202`` -> the sorted resource ids."""
     return sorted(p for p in re.split(r"[,;\s]+", value or "") if p)
+
+
+class HaChangeLike(Protocol):
+    """What :func:`ha_files` reads of a change (:class:`gputopo.actions.ha.HaChange`): its
+    ``op`` (``create-rule``, ``set-group``...), the rule, group or resource ``id``, and the
+    ``params`` it sends."""
+
+    op: str
+    id: str
+    params: dict[str, Any]
+
+
+def text_value(v: Any) -> str:
+    """A property's value as the API lists it and the file holds it (booleans ``0``/``1``)."""
+    return str(int(v)) if isinstance(v, bool) else str(v)
+
+
+def _sections(items: list[dict[str, Any]], type_key: str, id_key: str) -> list[Section]:
+    out = []
+    for it in items:
+        props = {
+            k: text_value(v)
+            for k, v in it.items()
+            if k not in (type_key, id_key, "digest", "order", "errors", "sid") and v is not None
+        }
+        out.append(Section(type=str(it.get(type_key, "group")), id=str(it[id_key]), props=props))
+    return out
+
+
+def _copy(sections: list[Section]) -> dict[str, Section]:
+    return {s.sid: Section(s.type, s.id, dict(s.props)) for s in sections}
+
+
+def _rules_files(
+    state: HaConfig, changes: Sequence[HaChangeLike]
+) -> dict[str, tuple[str | None, str | None]]:
+    before = _sections(state.rules, "type", "rule")
+    after = _copy(before)
+    for c in changes:
+        if c.op == "delete-rule":
+            after.pop(c.id, None)
+        else:
+            s = after.setdefault(c.id, Section(type="node-affinity", id=c.id))
+            s.props.update({k: text_value(v) for k, v in c.params.items() if k != "type"})
+    return {
+        RULES_CFG: (write_section_config(before) or None, write_section_config(list(after.values())) or None)
+    }
+
+
+def _groups_files(
+    state: HaConfig, changes: Sequence[HaChangeLike]
+) -> dict[str, tuple[str | None, str | None]]:
+    groups = _sections([dict(g, type="group") for g in state.groups], "type", "group")
+    gafter = _copy(groups)
+    res = [
+        Section(
+            type=r.get("type", "vm"),
+            id=sid_id(sid),
+            props={k: str(v) for k, v in r.items() if k not in ("sid", "type", "digest")},
+        )
+        for sid, r in state.resources.items()
+    ]
+    rafter = _copy(res)
+    for c in changes:
+        if c.op == "delete-group":
+            gafter.pop(c.id, None)
+        elif c.op in ("create-group", "update-group"):
+            g = gafter.setdefault(c.id, Section(type="group", id=c.id))
+            g.props.update({k: text_value(v) for k, v in c.params.items()})
+        elif c.op == "set-group":
+            rafter[c.id].props["group"] = c.params["group"]
+        elif c.op == "unset-group":
+            rafter[c.id].props.pop("group", None)
+    return {
+        GROUPS_CFG: (
+            write_section_config(groups) or None,
+            write_section_config(list(gafter.values())) or None,
+        ),
+        RESOURCES_CFG: (
+            write_section_config(res) or None,
+            write_section_config(list(rafter.values())) or None,
+        ),
+    }
+
+
+def ha_files(state: HaConfig, changes: Sequence[HaChangeLike]) -> dict[str, tuple[str | None, str | None]]:
+    """path -> (before, after) of the HA files ``changes`` touch, as Proxmox writes them: the
+    rules on PVE 9, the groups and resources on PVE 8. Raises ValueError like
+    :func:`write_section_config`."""
+    if not changes:
+        return {}
+    return _rules_files(state, changes) if state.uses_rules else _groups_files(state, changes)

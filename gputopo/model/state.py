@@ -71,7 +71,7 @@ class ClusterVm(Strict):
 
 class HaConfig(Strict):
     """The cluster's HA configuration as the API lists it, and the cluster's VMs with mapped
-    devices (what HA placement is planned from, see :mod:`gputopo.actions.haplace`). The
+    devices (what HA placement is planned from, see :mod:`gputopo.plan.ha`). The
     release decides rules (PVE 9) or groups (PVE 8)."""
 
     release: int

@@ -1,24 +1,227 @@
-"""The HA placement step of a node's plan (:class:`gputopo.actions.ha.PlaceHa`). Pure.
+"""HA placement of VMs whose GPUs come from a mapping that spans several nodes: the rules, pure.
+
+A VM with ``hostpciN: mapping=NAME`` starts only on a node where that mapping has enough
+devices; the HA manager, recovering it after a node failure, does not know that. So each
+HA-managed VM whose mappings have enough devices on at least two nodes gets a strict placement
+on exactly those nodes (the ones with as many mapped GPUs as it uses):
+
+* PVE 9: a node-affinity rule ``gputopo-vm<vmid>`` (``/cluster/ha/rules``: ``type
+  node-affinity``, ``resources vm:<vmid>``, ``nodes``, ``strict 1``);
+* PVE 8: a restricted HA group ``gputopo-vm<vmid>`` and the resource's ``group`` set to it.
+
+Rules and groups named ``gputopo-*`` are ours: updated when the nodes change, removed when no
+longer wanted. A VM that is not HA-managed, or that another rule or group already places, is
+left alone with a warning. The changes are :class:`gputopo.actions.ha.HaChange` data.
+
+A node places the VMs of its scope (:func:`node_scope`: the VMs anywhere in the cluster that use
+a mapping its spec manages, and its own VMs) from its planned map lines and the other nodes'
+lines as they are (:func:`plan_placement`); :func:`ha_step` makes its plan's step
+(:class:`gputopo.actions.ha.PlaceHa`), which plans again with the same rules right before it
+writes (from what :mod:`gputopo.facts.ha` reads then). ``gputopo cluster`` uses them too
+(:mod:`gputopo.cluster.ha`): one set of rules. The files before and after are
+:func:`gputopo.formats.hacfg.ha_files`.
 
 On a member of a cluster whose HA configuration was read (``CurrentState.ha_config``), the
-node places the HA-managed VMs of its scope (those anywhere that use a mapping its spec
-manages, and its own) on the nodes whose map lines hold their GPUs: this node's lines as
-planned, every other node's as they are now, this node's VMs with their configs as planned.
-A node outside a cluster gets no step and no word; one whose login may not read the HA
-configuration gets no step and a warning. The step plans again when it runs (see its module).
+node's step places its scope's VMs on the nodes whose map lines hold their GPUs: this node's
+lines as planned, every other node's as they are now, this node's VMs with their configs as
+planned. A node outside a cluster gets no step and no word; one whose login may not read the
+HA configuration gets no step and a warning.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
-from gputopo.actions.ha import PlaceHa
-from gputopo.actions.haplace import plan_placement
-from gputopo.formats.hostpci import hostpci_keys
+from gputopo.actions.ha import HaChange, PlaceHa
+from gputopo.formats.hacfg import PREFIX, format_node_list, node_list, resource_list, vm_sid
+from gputopo.formats.hostpci import hostpci_keys, hostpci_refs
 from gputopo.formats.mapline import map_node
-from gputopo.model.state import CurrentState
+from gputopo.model.state import CurrentState, HaConfig
+from gputopo.model.strict import Strict
 from gputopo.plan.findings import Findings
 from gputopo.plan.model import MappingTarget
+
+
+class Placement(Strict):
+    """Where a VM can run: the nodes with as many devices of each of its mappings as it uses."""
+
+    vmid: int
+    node: str
+    needs: dict[str, int]
+    nodes: list[str]
+
+
+def placements(
+    vms: dict[int, tuple[str, list[str]]], mappings: dict[str, list[str]], order: list[str]
+) -> list[Placement]:
+    """Where each VM (vmid -> (its node, its ``hostpciN`` values)) can run, from the mappings as
+    they will be (``mappings``: id -> every node's map lines) over the nodes in ``order``. VMs
+    without a mapped device are left out."""
+    per_node = {mid: Counter(map_node(e) for e in lines) for mid, lines in mappings.items()}
+    out = []
+    for vmid, (node, hostpci) in sorted(vms.items()):
+        needs = Counter(m for m in (hostpci_refs(h)[1] for h in hostpci) if m)
+        if not needs:
+            continue
+        nodes = [n for n in order if all(per_node.get(m, Counter())[n] >= k for m, k in needs.items())]
+        out.append(Placement(vmid=vmid, node=node, needs=dict(needs), nodes=nodes))
+    return out
+
+
+def node_scope(node: str, managed: set[str], vms: dict[int, tuple[str, list[str]]]) -> set[int]:
+    """The VMs a node's HA step places: those anywhere that use a mapping of ``managed`` (the
+    mappings its spec manages), and its own VMs with a mapped device."""
+    out = set()
+    for vmid, (where, hostpci) in vms.items():
+        used = {m for m in (hostpci_refs(h)[1] for h in hostpci) if m}
+        if used and (where == node or used & managed):
+            out.add(vmid)
+    return out
+
+
+def plan_placement(
+    node: str,
+    managed: set[str],
+    mappings: dict[str, list[str]],
+    config: HaConfig,
+    own: dict[int, list[str]] | None = None,
+) -> tuple[list[HaChange], list[str], set[int]]:
+    """(changes, warnings, the VMs in scope) of ``node``'s HA step: the placement of
+    :func:`node_scope`'s VMs from ``mappings`` (id -> the map lines as they will be) over the
+    cluster's members, against ``config``. ``own`` (vmid -> hostpciN values) replaces what
+    ``config`` holds for this node's VMs (their configs as planned, or read just now)."""
+    vms = {vmid: (v.node, list(v.hostpci)) for vmid, v in config.vms.items()}
+    if own is not None:
+        vms = {vmid: v for vmid, v in vms.items() if v[0] != node}
+        vms.update({vmid: (node, list(hostpci)) for vmid, hostpci in own.items()})
+    scope = node_scope(node, managed, vms)
+    picked = {vmid: vms[vmid] for vmid in scope}
+    changes, warnings = ha_changes(placements(picked, mappings, config.members), config, scope=scope)
+    return changes, warnings, scope
+
+
+def _rule_params(p: Placement) -> dict[str, Any]:
+    maps = ", ".join(sorted(p.needs))
+    return {
+        "type": "node-affinity",
+        "resources": vm_sid(p.vmid),
+        "nodes": format_node_list({n: 0 for n in p.nodes}),
+        "strict": True,
+        "comment": f"gputopo: nodes with the GPUs of mapping {maps}",
+    }
+
+
+def ha_changes(
+    wanted: list[Placement], state: HaConfig, scope: set[int] | None = None
+) -> tuple[list[HaChange], list[str]]:
+    """The changes that make the HA configuration place ``wanted`` VMs, and warnings.
+
+    Only placements of VMs in ``scope`` (None: every VM) are removed when no longer wanted: a
+    run over some nodes leaves the other nodes' VMs as they are.
+    """
+    ours, warnings = _ours_wanted(wanted, state)
+    if state.uses_rules:
+        return _rule_changes(ours, state, scope), warnings
+    return _group_changes(ours, state, scope), warnings
+
+
+def _ours_wanted(wanted: list[Placement], state: HaConfig) -> tuple[dict[str, Placement], list[str]]:
+    """Our rule or group id -> the placement it stands for, of each VM that can run on two nodes
+    or more, is HA-managed and is placed by nothing else; warnings for the others."""
+    warnings: list[str] = []
+    ours: dict[str, Placement] = {}
+    for p in wanted:
+        sid = vm_sid(p.vmid)
+        if len(p.nodes) < 2:
+            continue
+        if sid not in state.resources:
+            warnings.append(
+                f"VM {p.vmid}: its GPUs can run on {', '.join(p.nodes)} but it is not HA-managed; "
+                f"no placement rule (ha-manager add {sid})"
+            )
+            continue
+        other = _placed_elsewhere(sid, state)
+        if other:
+            warnings.append(
+                f"VM {p.vmid}: {other} already places it; not adding a placement for {', '.join(p.nodes)}"
+            )
+            continue
+        ours[f"{PREFIX}{p.vmid}"] = p
+    return ours, warnings
+
+
+def _rule_changes(ours: dict[str, Placement], state: HaConfig, scope: set[int] | None) -> list[HaChange]:
+    """PVE 9: our node-affinity rules created, updated, and deleted where no longer wanted."""
+    changes: list[HaChange] = []
+    have = {r["rule"]: r for r in state.rules if str(r.get("rule", "")).startswith(PREFIX)}
+    for rid, p in ours.items():
+        params = _rule_params(p)
+        if rid not in have:
+            changes.append(HaChange(op="create-rule", id=rid, params=params))
+        elif not _rule_same(have[rid], params):
+            changes.append(
+                HaChange(op="update-rule", id=rid, params={k: v for k, v in params.items() if k != "type"})
+            )
+    changes += [
+        HaChange(op="delete-rule", id=rid) for rid in sorted(set(have) - set(ours)) if _in_scope(rid, scope)
+    ]
+    return changes
+
+
+def _group_changes(ours: dict[str, Placement], state: HaConfig, scope: set[int] | None) -> list[HaChange]:
+    """PVE 8: our restricted groups created or updated and the resources put in them; the
+    groups no longer wanted emptied and deleted."""
+    changes: list[HaChange] = []
+    have = {g["group"]: g for g in state.groups if str(g.get("group", "")).startswith(PREFIX)}
+    for gid, p in ours.items():
+        params = {
+            "nodes": format_node_list({n: 0 for n in p.nodes}),
+            "restricted": True,
+            "comment": _rule_params(p)["comment"],
+        }
+        if gid not in have:
+            changes.append(HaChange(op="create-group", id=gid, params=params))
+        elif node_list(str(have[gid].get("nodes", ""))) != node_list(params["nodes"]) or not int(
+            have[gid].get("restricted", 0)
+        ):
+            changes.append(HaChange(op="update-group", id=gid, params=params))
+        if state.resources[vm_sid(p.vmid)].get("group") != gid:
+            changes.append(HaChange(op="set-group", id=vm_sid(p.vmid), params={"group": gid}))
+    for gid in sorted(g for g in set(have) - set(ours) if _in_scope(g, scope)):
+        for sid, r in sorted(state.resources.items()):
+            if r.get("group") == gid:
+                changes.append(HaChange(op="unset-group", id=sid))
+        changes.append(HaChange(op="delete-group", id=gid))
+    return changes
+
+
+def _in_scope(rid: str, scope: set[int] | None) -> bool:
+    vmid = rid[len(PREFIX) :]
+    return scope is None or (vmid.isdigit() and int(vmid) in scope)
+
+
+def _placed_elsewhere(sid: str, state: HaConfig) -> str | None:
+    if state.uses_rules:
+        for r in state.rules:
+            if (
+                r.get("type") == "node-affinity"
+                and not str(r.get("rule", "")).startswith(PREFIX)
+                and not int(r.get("disable", 0))
+                and sid in resource_list(str(r.get("resources", "")))
+            ):
+                return f"HA rule {r['rule']}"
+        return None
+    group = state.resources.get(sid, {}).get("group")
+    return f"HA group {group}" if group and not str(group).startswith(PREFIX) else None
+
+
+def _rule_same(have: dict[str, Any], params: dict[str, Any]) -> bool:
+    return (
+        node_list(str(have.get("nodes", ""))) == node_list(params["nodes"])
+        and resource_list(str(have.get("resources", ""))) == resource_list(params["resources"])
+        and bool(int(have.get("strict", 0))) == params["strict"]
+    )
 
 
 def ha_step(

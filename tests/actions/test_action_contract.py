@@ -41,11 +41,11 @@ from typing import Any
 import pytest
 
 from gputopo.actions import ActionModel, World, action_kinds
-from gputopo.actions.haplace import read_ha
 from gputopo.actions.shell import CommandContext
 from gputopo.apply import Progress, apply
 from gputopo.apply.journal import Begin, Done, Header, Journal, UndoDone
 from gputopo.apply.runner import Runner, running_before_of, step_context
+from gputopo.facts.ha import read_ha
 from gputopo.facts.observe import observe
 from gputopo.formats.mapline import normalize_map_entry
 from gputopo.model.facts import Facts

@@ -10,16 +10,16 @@ from typing import Any
 
 import pytest
 
-from gputopo.actions.ha import PlaceHa, _snapshot, restore_changes
-from gputopo.actions.haplace import HaChange, apply_changes, plan_placement, read_ha_config
+from gputopo.actions.ha import HaChange, PlaceHa, _snapshot, apply_changes, restore_changes
 from gputopo.actions.shell import CommandContext
 from gputopo.apply import read_and_plan
 from gputopo.cluster.rolling import apply_node
 from gputopo.errors import ProxmoxError
+from gputopo.facts.ha import read_ha_config
 from gputopo.model.facts import Facts, HostFacts
 from gputopo.model.state import ClusterVm, CurrentState, GuestState, HaConfig, MappingState
 from gputopo.plan.findings import Findings
-from gputopo.plan.ha import ha_step
+from gputopo.plan.ha import ha_step, plan_placement
 from gputopo.plan.model import MappingTarget, Plan
 from gputopo.plan.spec import parse_spec
 from gputopo.ports import ExecResult

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from gputopo.adapters.sysfs import Binder, MemberState, RealSysfs
+from gputopo.adapters.sysfs import Binder, RealSysfs
 from gputopo.errors import BindError, SysfsTimeout, SysfsWriteError
-from gputopo.ports import SysfsPort
+from gputopo.ports import MemberState, SysfsPort
 from gputopo.sim.kernel import SimKernel
 from gputopo.sim.kernel.nvidia import parse_minor
 from helpers.simkernel import ADA, ADA_AUDIO, DUMMY, PRO, kern, overlap_all, root  # noqa: F401 (fixtures)
