@@ -4,38 +4,29 @@
   password turned into a ticket);
 * :class:`LocalClient` -- ``pvesh`` on the node itself (:mod:`gputopo.adapters.pvesh`).
 
-:meth:`ProxmoxClient.from_config` builds the one an :class:`ApiConfig` asks for. Secrets come
-from :mod:`gputopo.adapters.credentials` and never appear in ``repr``, logs or errors.
+:meth:`ProxmoxClient.from_config` builds the one an :class:`ApiConfig` asks for; the calls
+themselves are :class:`gputopo.adapters.pvecalls.PveCalls`. Secrets come from
+:mod:`gputopo.adapters.credentials` and never appear in ``repr``, logs or errors.
 """
 
 from __future__ import annotations
 
 import os
-import time
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from typing import Any
 
 from gputopo.adapters.credentials import ENV_PASSWORD, ApiConfig, Credentials, resolve_credentials
-from gputopo.adapters.pvesh import Pvesh, Runner, wire_value
-from gputopo.errors import ConfigError, ConnectFailed, LoginFailed, ProxmoxError, TaskFailed, TaskTimeout
-from gputopo.formats.tasklog import exitstatus_ok, parse_task_warnings, qemu_forced_stop
-from gputopo.ports import TaskResult
+from gputopo.adapters.pvecalls import PveCalls
+from gputopo.adapters.pvesh import Pvesh, Runner
+from gputopo.errors import ConfigError, ConnectFailed, LoginFailed, ProxmoxError, TaskTimeout
 
 
-class ProxmoxClient(ABC):
-    """The ``ProxmoxPort`` calls, written once over :meth:`_call`, which each backend provides.
-
-    Every call raises :class:`ProxmoxError` (call, HTTP status, PVE's first-line message, its
-    ``errors`` dict) when Proxmox refuses it; ``guest_action`` raises :class:`TaskFailed` or
-    :class:`TaskTimeout`.
-    """
+class ProxmoxClient(PveCalls):
+    """A Proxmox VE API client: the ``ProxmoxPort`` calls of :class:`PveCalls` (and the errors
+    they raise) over one backend, which :meth:`from_config` picks."""
 
     status_known = True  # the API tells whether a guest runs
     guests_known = True  # and which guests the node has
-
-    def __init__(self, cfg: ApiConfig):
-        self._cfg = cfg
-        self.node = cfg.node
 
     @staticmethod
     def from_config(
@@ -50,12 +41,6 @@ class ProxmoxClient(ABC):
         if cfg.backend == "local":
             return LocalClient(cfg, Pvesh(runner, cfg.timeout))
         return HttpsClient.connect(cfg, dict(os.environ if env is None else env))
-
-    @abstractmethod
-    def _call(self, method: str, path: str, _timeout: float | None = None, **params: Any) -> Any:
-        """``method`` (GET, POST, PUT, DELETE) on the API ``path``: the result's ``data``.
-        ``_timeout`` replaces the per-call timeout (pvesh: a task runs to its end within the
-        call). Raises ProxmoxError when Proxmox refuses the call or cannot be reached."""
 
     @property
     @abstractmethod
@@ -72,223 +57,6 @@ class ProxmoxClient(ABC):
 
         Returns (ok, why): ``why`` says what works when ``ok`` is False.
         """
-
-    def _n(self) -> str:
-        return f"/nodes/{self.node}"
-
-    def _check_null(self, out: Any, call: str) -> None:
-        # proxmoxer turns a body that is not JSON into {"errors": body}: an empty one is
-        # Proxmox's null, anything else means a message came instead of a result
-        if isinstance(out, dict) and set(out) == {"errors"} and str(out["errors"]).strip() not in ("", "b''"):
-            raise ProxmoxError(call, 500, str(out["errors"]).strip().splitlines()[0])
-
-    # --- ProxmoxPort ----------------------------------------------------------------------
-
-    def version(self) -> dict[str, Any]:
-        """GET /version: ``{version, release, repoid}``."""
-        return self._call("GET", "/version")
-
-    def lxc_config(self, vmid: int, current: bool = False) -> dict[str, Any]:
-        """GET the container config with pending changes merged in (``current``: the values in
-        effect); includes ``digest``."""
-        params = {"current": 1} if current else {}
-        return self._call("GET", f"{self._n()}/lxc/{vmid}/config", **params)
-
-    def lxc_update(self, vmid: int, set: dict[str, str], delete: list[str], digest: str) -> None:
-        """PUT the container config: ``set`` keys, ``delete`` keys, guarded by ``digest``.
-
-        Booleans go as 0/1 (Proxmox refuses ``True``). Raises ProxmoxError.
-        """
-        self._put_config("lxc", vmid, set, delete, digest)
-
-    def guest_status(self, kind: str, vmid: int) -> str:
-        """'running' or 'stopped' (GET .../status/current)."""
-        return self._call("GET", f"{self._n()}/{_kind(kind)}/{vmid}/status/current")["status"]
-
-    def guest_action(
-        self,
-        kind: str,
-        vmid: int,
-        action: str,
-        timeout: float,
-        *,
-        shutdown_timeout: int | None = None,
-        force: bool = False,
-    ) -> TaskResult:
-        """POST status/{start|stop|shutdown} and wait up to ``timeout`` s for the task.
-
-        A shutdown sends ``timeout=shutdown_timeout`` and ``forceStop=1`` only with ``force``.
-        Returns the task's :class:`TaskResult`: ``WARNINGS: N`` is success, its ``WARN:`` lines
-        are the warnings; ``forced`` says a forced shutdown had to kill the guest (QEMU logs it;
-        an LXC task that ran the whole shutdown timeout was killed by lxc-stop, which logs
-        nothing). Raises ProxmoxError when refused, TaskFailed when the task fails, TaskTimeout
-        when it does not finish within ``timeout``.
-        """
-        if action not in ("start", "stop", "shutdown"):
-            raise ConfigError(f"unknown guest action {action!r} (start, stop, shutdown)")
-        what = f"{'CT' if _kind(kind) == 'lxc' else 'VM'} {vmid} {action}"
-        params: dict[str, Any] = {}
-        if action == "shutdown":
-            if shutdown_timeout is not None:
-                params["timeout"] = int(shutdown_timeout)
-            if force:
-                params["forceStop"] = 1
-        call = f"POST {self._n()}/{kind}/{vmid}/status/{action}"
-        t0 = time.monotonic()
-        upid = self._start_task(f"{self._n()}/{kind}/{vmid}/status/{action}", params, what, timeout)
-        if isinstance(upid, dict) or not isinstance(upid, str) or not upid.startswith("UPID:"):
-            raise ProxmoxError(call, None, f"expected a task id, got {str(upid)[:80]!r}")
-        exitstatus = self.wait_task(upid, max(0.0, timeout - (time.monotonic() - t0)), what, timeout)
-        seconds = time.monotonic() - t0
-        result = TaskResult(upid=upid, exitstatus=exitstatus, seconds=seconds)
-        if exitstatus != "OK" or (action == "shutdown" and force):
-            log = self.task_log(upid)
-            result.warnings = parse_task_warnings(log)
-            if action == "shutdown" and force:
-                limit = 60 if shutdown_timeout is None else shutdown_timeout
-                result.forced = qemu_forced_stop(log) if kind == "qemu" else seconds >= limit
-        return result
-
-    def _start_task(self, path: str, params: dict[str, Any], what: str, timeout: float) -> Any:
-        """POST ``path``: what Proxmox answers (a UPID). Raises ProxmoxError, TaskTimeout."""
-        return self._call("POST", path, **params)
-
-    def wait_task(
-        self, upid: str, timeout: float, what: str | None = None, limit: float | None = None
-    ) -> str:
-        """Poll the task until it stops; its exitstatus (``OK`` or ``WARNINGS: N``).
-
-        Raises TaskFailed for any other exitstatus, TaskTimeout (naming ``what`` and ``limit``,
-        default ``timeout``) when it is still running after ``timeout`` seconds.
-        """
-        deadline = time.monotonic() + timeout
-        interval = min(self._cfg.poll_interval, 0.05) if timeout < 5 else self._cfg.poll_interval
-        while True:
-            st = self._call("GET", f"{self._n()}/tasks/{upid}/status")
-            if st.get("status") == "stopped":
-                exitstatus = st.get("exitstatus")
-                if not exitstatus_ok(exitstatus):
-                    raise TaskFailed(upid, exitstatus, what)
-                return exitstatus
-            if time.monotonic() >= deadline:
-                raise TaskTimeout(upid, what or f"task {upid}", timeout if limit is None else limit)
-            time.sleep(min(interval, max(0.0, deadline - time.monotonic())) or 0.01)
-
-    def task_log(self, upid: str) -> list[str]:
-        """The lines of a task's log (GET .../tasks/{upid}/log, up to 1000 lines)."""
-        out = self._call("GET", f"{self._n()}/tasks/{upid}/log", start=0, limit=1000) or []
-        return [str(item.get("t", "")) for item in out if isinstance(item, dict)]
-
-    def nodes(self) -> list[str]:
-        """GET /nodes: the names of the nodes this API serves."""
-        return [
-            str(n["node"]) for n in self._call("GET", "/nodes") or [] if isinstance(n, dict) and n.get("node")
-        ]
-
-    def list_guests(self, kind: str) -> list[dict[str, Any]]:
-        return self._call("GET", f"{self._n()}/{_kind(kind)}")
-
-    def guest_ha(self, kind: str, vmid: int) -> dict[str, Any]:
-        """status/current's ``ha`` (pve-container Status.pm vm_status / qemu-server Qemu.pm
-        vmstatus: PVE::HA::Config::get_service_status); when managed, ``requested`` is the
-        resource's state in GET /cluster/ha/resources (``started`` when it sets none, the
-        schema's default; None when that list cannot be read, e.g. a token without Sys.Audit
-        on /). Raises ProxmoxError when status/current fails."""
-        ha = self._call("GET", f"{self._n()}/{_kind(kind)}/{vmid}/status/current").get("ha") or {}
-        out: dict[str, Any] = {"managed": int(ha.get("managed") or 0)}
-        if not out["managed"]:
-            return out
-        out["state"] = ha.get("state")
-        sid = f"{'ct' if _kind(kind) == 'lxc' else 'vm'}:{vmid}"
-        try:
-            listed = self._call("GET", "/cluster/ha/resources") or []
-        except ProxmoxError:
-            listed = None
-        out["requested"] = (
-            None
-            if listed is None
-            else next((str(r.get("state") or "started") for r in listed if r.get("sid") == sid), None)
-        )
-        return out
-
-    def ha_set_state(self, sid: str, state: str) -> None:
-        """PUT /cluster/ha/resources/{sid} with ``state`` (pve-ha-manager API2/HA/Resources.pm
-        update, what ``ha-manager set`` calls). Raises ProxmoxError."""
-        self._call("PUT", f"/cluster/ha/resources/{sid}", state=state)
-
-    def qemu_config(self, vmid: int) -> dict[str, Any]:
-        return self._call("GET", f"{self._n()}/qemu/{vmid}/config")
-
-    def qemu_update(self, vmid: int, set: dict[str, str], delete: list[str], digest: str) -> None:
-        """PUT the VM config (synchronous): ``set`` keys, ``delete`` keys, guarded by ``digest``.
-
-        Raises ProxmoxError.
-        """
-        self._put_config("qemu", vmid, set, delete, digest)
-
-    def _put_config(self, kind: str, vmid: int, set: dict[str, str], delete: list[str], digest: str) -> None:
-        params: dict[str, Any] = {k: wire_value(v) for k, v in set.items()}
-        if delete:
-            params["delete"] = ",".join(delete)
-        params["digest"] = digest
-        path = f"{self._n()}/{kind}/{vmid}/config"
-        self._check_null(self._call("PUT", path, **params), f"PUT {path}")
-
-    def agent_ping(self, vmid: int) -> None:
-        """POST .../agent/ping. Raises ProxmoxError when the VM has no agent, is not running or its
-        agent does not answer (qemu-server waits 3 s for ``guest-ping``)."""
-        self._call("POST", f"{self._n()}/qemu/{vmid}/agent/ping")
-
-    def agent_exec(self, vmid: int, argv: list[str]) -> int:
-        """POST .../agent/exec with ``command`` as an array (one form field per word); the pid.
-
-        Raises ProxmoxError, also when the answer carries no pid.
-        """
-        out = self._call("POST", f"{self._n()}/qemu/{vmid}/agent/exec", command=list(argv))
-        if not isinstance(out, dict) or "pid" not in out:
-            raise ProxmoxError(
-                f"POST {self._n()}/qemu/{vmid}/agent/exec", None, f"no pid in the answer {str(out)[:80]!r}"
-            )
-        return int(out["pid"])
-
-    def agent_exec_status(self, vmid: int, pid: int) -> dict[str, Any]:
-        """GET .../agent/exec-status?pid=N: ``exited`` and, once exited, ``exitcode``, ``out-data``."""
-        return self._call("GET", f"{self._n()}/qemu/{vmid}/agent/exec-status", pid=pid)
-
-    def lxc_interfaces(self, vmid: int) -> list[dict[str, Any]]:
-        """GET .../lxc/{vmid}/interfaces; [] for a stopped container (Proxmox answers null)."""
-        return self._call("GET", f"{self._n()}/lxc/{vmid}/interfaces") or []
-
-    def mappings(self, check_node: str | None = None) -> list[dict[str, Any]]:
-        """GET /cluster/mapping/pci (with ``checks`` per entry when ``check_node`` is set)."""
-        params = {"check-node": check_node} if check_node else {}
-        return self._call("GET", "/cluster/mapping/pci", **params)
-
-    def mapping_create(self, id: str, map: list[str], description: str | None) -> None:
-        if not map:
-            raise ConfigError(f"mapping {id}: at least one map entry is required")
-        params: dict[str, Any] = {"id": id, "map": list(map)}
-        if description is not None:
-            params["description"] = description
-        self._check_null(self._call("POST", "/cluster/mapping/pci", **params), "POST /cluster/mapping/pci")
-
-    def mapping_update(self, id: str, map: list[str], description: str | None, digest: str) -> None:
-        """PUT a mapping; ``map`` is always sent (Proxmox requires it on every update)."""
-        if not map:
-            raise ConfigError(f"mapping {id}: at least one map entry is required")
-        params: dict[str, Any] = {"map": list(map), "digest": digest}
-        if description is not None:
-            params["description"] = description
-        else:
-            params["delete"] = "description"
-        self._check_null(
-            self._call("PUT", f"/cluster/mapping/pci/{id}", **params), f"PUT /cluster/mapping/pci/{id}"
-        )
-
-    def mapping_delete(self, id: str) -> None:
-        self._check_null(
-            self._call("DELETE", f"/cluster/mapping/pci/{id}"), f"DELETE /cluster/mapping/pci/{id}"
-        )
 
 
 class LocalClient(ProxmoxClient):
@@ -364,57 +132,10 @@ class HttpsClient(ProxmoxClient):
         when the login is refused or the certificate is not the pinned one, ProxmoxError when
         the host cannot be reached.
         """
-        from proxmoxer import ProxmoxAPI
-        from proxmoxer.core import AuthenticationError
-
-        from gputopo.adapters.pinning import pinned_api, presented_fingerprint
-
         creds = resolve_credentials(cfg, env)
         if cfg.ca_bundle and not os.path.isfile(cfg.ca_bundle):
             raise ConfigError(f"{cfg.ca_bundle}: CA bundle not found")
-        verify: bool | str = cfg.ca_bundle if (cfg.verify_ssl and cfg.ca_bundle) else cfg.verify_ssl
-        where = f"connect https://{cfg.host}:{cfg.port}"
-        try:
-            if cfg.fingerprint:
-                api = pinned_api(
-                    cfg.host,
-                    cfg.port,
-                    cfg.fingerprint,
-                    creds.user,
-                    cfg.timeout,
-                    password=creds.password,
-                    token_name=creds.token_name,
-                    token_value=creds.token_secret,
-                )
-            else:
-                kw: dict[str, Any] = dict(
-                    host=cfg.host,
-                    port=cfg.port,
-                    user=creds.user,
-                    verify_ssl=verify,
-                    timeout=cfg.timeout,
-                    service="PVE",
-                )
-                if creds.token_name:
-                    api = ProxmoxAPI(
-                        backend="https", token_name=creds.token_name, token_value=creds.token_secret, **kw
-                    )
-                else:
-                    api = ProxmoxAPI(backend="https", password=creds.password, **kw)
-        except AuthenticationError:
-            raise LoginFailed(
-                "POST /access/ticket", 401, f"authentication failure for {creds.user}"
-            ) from None
-        except Exception as e:  # requests' connection/TLS errors; never echo the secret
-            got = presented_fingerprint(e)
-            if got:
-                raise LoginFailed(
-                    where,
-                    None,
-                    f"the certificate's SHA-256 fingerprint is {got}, not the pinned {cfg.fingerprint}",
-                ) from None
-            first = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise ConnectFailed(where, None, creds.scrub(first), tls_hint(e, cfg.ca_bundle)) from None
+        api = _login(cfg, creds)
         client = cls(api, cfg, creds)
         if creds.token_name:
             try:
@@ -478,6 +199,60 @@ class HttpsClient(ProxmoxClient):
         return True, "ticket login as root@pam"
 
 
+def _login(cfg: ApiConfig, creds: Credentials) -> Any:
+    """The proxmoxer API logged in with ``creds``: a pinned certificate (``cfg.fingerprint``), else
+    one ``cfg.ca_bundle`` or the system CAs check (``cfg.verify_ssl`` False: none). Raises
+    LoginFailed when the login is refused or the certificate is not the pinned one,
+    ConnectFailed when the host cannot be reached."""
+    from proxmoxer import ProxmoxAPI
+    from proxmoxer.core import AuthenticationError
+
+    from gputopo.adapters.pinning import pinned_api, presented_fingerprint
+
+    verify: bool | str = cfg.ca_bundle if (cfg.verify_ssl and cfg.ca_bundle) else cfg.verify_ssl
+    where = f"connect https://{cfg.host}:{cfg.port}"
+    try:
+        if cfg.fingerprint:
+            api = pinned_api(
+                cfg.host,
+                cfg.port,
+                cfg.fingerprint,
+                creds.user,
+                cfg.timeout,
+                password=creds.password,
+                token_name=creds.token_name,
+                token_value=creds.token_secret,
+            )
+        else:
+            kw: dict[str, Any] = dict(
+                host=cfg.host,
+                port=cfg.port,
+                user=creds.user,
+                verify_ssl=verify,
+                timeout=cfg.timeout,
+                service="PVE",
+            )
+            if creds.token_name:
+                api = ProxmoxAPI(
+                    backend="https", token_name=creds.token_name, token_value=creds.token_secret, **kw
+                )
+            else:
+                api = ProxmoxAPI(backend="https", password=creds.password, **kw)
+    except AuthenticationError:
+        raise LoginFailed("POST /access/ticket", 401, f"authentication failure for {creds.user}") from None
+    except Exception as e:  # requests' connection/TLS errors; never echo the secret
+        got = presented_fingerprint(e)
+        if got:
+            raise LoginFailed(
+                where,
+                None,
+                f"the certificate's SHA-256 fingerprint is {got}, not the pinned {cfg.fingerprint}",
+            ) from None
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ConnectFailed(where, None, creds.scrub(first), tls_hint(e, cfg.ca_bundle)) from None
+    return api
+
+
 PVE_CA = "/etc/pve/pve-root-ca.pem"
 
 
@@ -490,9 +265,3 @@ def tls_hint(exc: BaseException, ca_bundle: str | None) -> str:
     if ca_bundle:
         return f"the certificate does not chain to {ca_bundle}; pass the node's {PVE_CA} as --ca-bundle"
     return f"pass --ca-bundle {PVE_CA} (copied from the node) or --insecure"
-
-
-def _kind(kind: str) -> str:
-    if kind not in ("lxc", "qemu"):
-        raise ConfigError(f"guest kind must be lxc or qemu, not {kind!r}")
-    return kind

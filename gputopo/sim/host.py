@@ -1,7 +1,7 @@
 """A whole simulated Proxmox VE host in one directory, and the ports that drive it.
 
-``SimHost.create(dir)`` builds the seed story (docs/DESIGN.md) on a host root made from a
-fixture or a ``gputopo snapshot``: container 101 running with ``devN`` entries for every GPU
+``SimHost.create(dir)`` builds the seed story (:mod:`gputopo.sim.seed`; docs/ARCHITECTURE.md,
+"Simulated host") on a host root made from a fixture or a ``gputopo snapshot``: container 101 running with ``devN`` entries for every GPU
 (real minors) and the nvidia control nodes, the PCI mapping ``pro6000`` with every GPU, a
 stopped VM 201 (q35, OVMF, guest agent) with ``hostpci0: mapping=pro6000-vm,pcie=1``, and in the container an SGLang
 (or vLLM) unit serving with ``--tp <all GPUs>``. ``host.start()`` serves the Proxmox API
@@ -13,74 +13,19 @@ All state lives in files, so ``SimHost.open(dir)`` in another process sees the s
 from __future__ import annotations
 
 import os
-import re
 import shutil
 from pathlib import Path
 from typing import Any
 
 from gputopo.errors import SimHostError
-from gputopo.formats.devn import devn_key
-from gputopo.formats.lxcconf import LxcConf, format_dev_value, write_lxc_conf
-from gputopo.formats.pcicfg import MapEntry, PciMapping, format_map_entry, write_pci_cfg
-from gputopo.sim import state
-from gputopo.sim.container import Container, EndpointServer, SimExec, SimPaths, write_unit
-from gputopo.sim.container.distro import lsb_release
+from gputopo.sim import pace, state
+from gputopo.sim.container import EndpointServer, SimExec, SimPaths
 from gputopo.sim.files import PMXCFS_MODE, atomic_write
 from gputopo.sim.guesthooks import Hooks
-from gputopo.sim.hostroot import materialize
+from gputopo.sim.pace import HA_CRM, VM_SHUTDOWN
+from gputopo.sim.seed import DEFAULT_CT, DEFAULT_VM, SERVICE_COMMANDS, build_host
 
-DEFAULT_CT = 101
-DEFAULT_VM = 201
-CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
-SERVICE_COMMANDS = {
-    "sglang": (
-        "/opt/sglang/.venv/bin/python -m sglang.launch_server --model-path /models/Qwen3-235B-A22B-FP8 "
-        "--served-model-name qwen3 --host 0.0.0.0 --port 30000 --tp {tp}"
-    ),
-    "vllm": (
-        "/usr/local/bin/vllm serve /models/Qwen3-235B-A22B-FP8 --served-model-name qwen3 "
-        "--host 0.0.0.0 --port 8000 --tensor-parallel-size {tp}"
-    ),
-}
-
-
-UBUNTU_RELEASE = "24.04"  # the container's distribution release (a known one: its start does not warn)
-
-# A real server's pace (seconds), used by set_latencies(): what an operator waits for.
-SERVICE_STOP, SERVICE_START = 3.0, 20.0
-CT_STOP, CT_START = 4.0, 6.0
-VFIO_BIND, NVIDIA_BIND = 0.3, 0.5
-UNBIND_MIN, UNBIND_MAX = 1.0, 3.0
-# A guest OS's own shutdown after Proxmox's ACPI powerdown (qmshutdown): its services stop, its
-# filesystems sync and unmount. Seconds to tens of seconds: a graceful guest stop "typically takes
-# 30 to 60 seconds" (HP Integrity Virtual Machines Manager 4.1 user guide, "Stopping virtual
-# machines"), and Proxmox waits 60 s for it by default (qemu-server QemuServer.pm _do_vm_stop;
-# 180 s for its start/stop order, pve-docs qm.adoc "Shutdown timeout"). 20 s is a Linux guest
-# stopping its own inference server (as the container's does, 3 s) and the rest of its units.
-VM_SHUTDOWN = 20.0
-# The HA manager's delay between a hastart/hastop task's OK and the guest's move: the CRM and
-# the LRM each work in 10 s rounds (pve-ha-manager src/PVE/HA/CRM.pm / LRM.pm, $max_time = 10);
-# a request waits on average half a round for each.
-HA_CRM = 10.0
-
-
-def _extract_snapshot(archive: Path, dest: Path) -> None:
-    """Unpack a ``gputopo snapshot`` archive into ``dest`` (the root holds ``sys/``), refusing
-    unsafe members like every other reader of snapshots; an archive made with ``tar`` around one
-    top directory is accepted too. Raises SimHostError when no ``sys/`` tree comes out and
-    :class:`gputopo.errors.SnapshotError` for an unreadable or unsafe archive."""
-    from gputopo.facts.snapshot import extract
-
-    extract(archive, dest)
-    if not (dest / "sys").is_dir():
-        tops = [p for p in dest.iterdir() if p.is_dir()]
-        if len(tops) == 1 and (tops[0] / "sys").is_dir():
-            inner = tops[0]
-            for child in list(inner.iterdir()):
-                child.rename(dest / child.name)
-            inner.rmdir()
-    if not (dest / "sys").is_dir():
-        raise SimHostError(str(archive), "snapshot holds no sys/ tree")
+__all__ = ["DEFAULT_CT", "DEFAULT_VM", "HA_CRM", "SERVICE_COMMANDS", "VM_SHUTDOWN", "SimHost"]
 
 
 class SimHost:
@@ -129,11 +74,11 @@ class SimHost:
             raise SimHostError(str(dir), "directory is not empty")
         if service not in SERVICE_COMMANDS:
             raise SimHostError(str(dir), f"unknown service {service!r} (sglang or vllm)")
-        paths = SimPaths(dir)
         src = str(source)
         existed = dir.exists()
         try:
-            return cls._build(dir, paths, src, node, container, service, pve_version, root, vm)
+            build_host(dir, src, node, container, service, pve_version, root, vm)
+            return cls(dir)
         except BaseException:
             # a failed create leaves nothing behind: the directory is as it was (absent or empty)
             if existed:
@@ -145,66 +90,6 @@ class SimHost:
             else:
                 shutil.rmtree(dir, ignore_errors=True)
             raise
-
-    @classmethod
-    def _build(
-        cls,
-        dir: Path,
-        paths: SimPaths,
-        src: str,
-        node: str | None,
-        container: int,
-        service: str,
-        pve_version: str,
-        root: str | os.PathLike | None,
-        vm: int = DEFAULT_VM,
-    ) -> SimHost:
-        from gputopo.facts.discover import discover
-
-        if root is not None:
-            shutil.copytree(root, paths.root, symlinks=True)
-        elif src.endswith((".tar.gz", ".tgz", ".tar")):
-            _extract_snapshot(Path(src), paths.root)
-        else:
-            materialize(src, paths.root)
-        facts = discover(str(paths.root))
-        hostname = node or facts.host.hostname or "pve"
-        if hostname != facts.host.hostname:
-            # Proxmox's node name is the host's name: the root must say the same
-            (paths.root / "proc/sys/kernel").mkdir(parents=True, exist_ok=True)
-            (paths.root / "proc/sys/kernel/hostname").write_text(hostname + "\n")
-        gpus = [g for g in facts.gpus if g.driver == "nvidia" and g.minor is not None]
-        if not gpus:
-            raise SimHostError(src, "the host has no GPU on the nvidia driver to give the container")
-        _write_pve(paths, hostname, container, facts, vm)
-        state.write_state(
-            paths.run,
-            "host",
-            {
-                "node": hostname,
-                "pve_version": pve_version,
-                "container": container,
-                "vm": vm,
-                "service": service,
-                "source": src,
-            },
-        )
-        unit = f"{service}.service"
-        write_unit(
-            dir,
-            container,
-            unit,
-            f"[Unit]\nDescription={service} inference server\nAfter=network-online.target\n\n"
-            f"[Service]\nType=simple\nExecStart={SERVICE_COMMANDS[service].format(tp=len(gpus))}\n"
-            f"Restart=on-failure\n\n[Install]\nWantedBy=multi-user.target\n",
-        )
-        release = paths.rootfs(container) / "etc/lsb-release"
-        release.parent.mkdir(parents=True, exist_ok=True)
-        release.write_text(lsb_release(UBUNTU_RELEASE))
-        state.set_guest_status(paths.run, "lxc", container, "running")
-        state.set_guest_status(paths.run, "qemu", vm, "stopped")
-        Container(dir, container).boot()
-        return cls(dir)
 
     @classmethod
     def open(cls, dir: str | os.PathLike) -> SimHost:
@@ -337,41 +222,7 @@ class SimHost:
         so a caller can compute a critical path. A host without this call answers every task
         at once (the tests' pace).
         """
-        from gputopo.sim.kernel import SimKernel
-
-        moving = moving or []
-        step = (UNBIND_MAX - UNBIND_MIN) / max(1, len(moving) - 1)
-        unbind = {a: UNBIND_MIN + i * step for i, a in enumerate(moving)}
-        SimKernel(str(self.paths.root)).configure(
-            time_scale=scale,
-            latency={"vfio-pci.bind": VFIO_BIND, "nvidia.bind": NVIDIA_BIND, "nvidia.unbind": UNBIND_MIN},
-            address_latency={a: {"unbind": v} for a, v in unbind.items()},
-        )
-        state.write_state(
-            self.paths.run,
-            "latencies",
-            {
-                "vzshutdown": CT_STOP * scale,
-                "vzstop": CT_STOP * scale,
-                "vzstart": CT_START * scale,
-                "service.stop": SERVICE_STOP * scale,
-                "service.start": SERVICE_START * scale,
-                "qmshutdown": vm_shutdown * scale,
-                "ha.crm": HA_CRM * scale,
-            },
-        )
-        out = {
-            "service.stop": SERVICE_STOP,
-            "service.start": SERVICE_START,
-            "ct.stop": CT_STOP,
-            "ct.start": CT_START,
-            "vm.shutdown": vm_shutdown,
-            "ha.crm": HA_CRM,
-            "vfio-pci.bind": VFIO_BIND,
-            "nvidia.bind": NVIDIA_BIND,
-        }
-        out.update({f"unbind:{a}": v for a, v in unbind.items()})
-        return out
+        return pace.set_latencies(self.paths.root, self.paths.run, scale, moving, vm_shutdown)
 
     def make_ha_managed(self, sid: str, requested: str = "started") -> None:
         """Make guest ``sid`` (``ct:101``, ``vm:201``) an HA resource with requested state
@@ -411,72 +262,3 @@ class SimHost:
             "token_value": api.root_token_secret,
             "token_id": token_id,
         }
-
-
-def _write_pve(paths: SimPaths, node: str, ctid: int, facts, vmid: int = DEFAULT_VM) -> None:
-    """Write /etc/pve for the seed story from the host's facts."""
-    nodedir = paths.pve / "nodes" / node
-    (nodedir / "lxc").mkdir(parents=True, exist_ok=True)
-    (nodedir / "qemu-server").mkdir(parents=True, exist_ok=True)
-    for name in ("lxc", "qemu-server"):
-        link = paths.pve / name
-        if not link.is_symlink():
-            link.symlink_to(f"nodes/{node}/{name}")
-    (paths.pve / "mapping").mkdir(exist_ok=True)
-
-    gpus = sorted(
-        (g for g in facts.gpus if g.driver == "nvidia" and g.minor is not None), key=lambda g: g.minor
-    )
-    nodes = [f"/dev/nvidia{g.minor}" for g in gpus] + [f"/dev/{n}" for n in CONTROL_NODES]
-    caps = paths.root / "dev/nvidia-caps"
-    if caps.is_dir():
-        nodes += [f"/dev/nvidia-caps/{p.name}" for p in sorted(caps.iterdir())]
-    nodes = [n for n in nodes if os.path.lexists(paths.root / n.lstrip("/"))]
-    options = {
-        "arch": "amd64",
-        "cores": "32",
-        "hostname": "llm",
-        "memory": "262144",
-        "net0": "name=eth0,bridge=vmbr0,hwaddr=BC:24:11:00:01:01,ip=dhcp,type=veth",
-        "ostype": "ubuntu",
-        "rootfs": f"local-lvm:vm-{ctid}-disk-0,size=200G",
-        "swap": "0",
-    }
-    for i, n in enumerate(nodes):
-        options[devn_key(i)] = format_dev_value(n, mode="0666")
-    atomic_write(nodedir / "lxc" / f"{ctid}.conf", write_lxc_conf(LxcConf(options=options)), PMXCFS_MODE)
-
-    atomic_write(
-        nodedir / "qemu-server" / f"{vmid}.conf",
-        "agent: 1\nbios: ovmf\nboot: order=scsi0\ncores: 32\ncpu: host\n"
-        f"efidisk0: local-lvm:vm-{vmid}-disk-1,efitype=4m,pre-enrolled-keys=1,size=4M\n"
-        "hostpci0: mapping=pro6000-vm,pcie=1\nmachine: q35\n"
-        "memory: 131072\nname: gpu-vm\nnet0: virtio=BC:24:11:00:02:01,bridge=vmbr0\nnuma: 1\nostype: l26\n"
-        f"scsi0: local-lvm:vm-{vmid}-disk-0,iothread=1,size=100G\nscsihw: virtio-scsi-single\n"
-        f"sockets: 1\nvmgenid: 6f1c2c4e-0000-4000-8000-{vmid:012d}\n",
-        PMXCFS_MODE,
-    )
-
-    maps = []
-    for g in sorted(gpus, key=lambda g: g.address):
-        entry = MapEntry(
-            id=f"{_hex(g.vendor)}:{_hex(g.device)}",
-            node=node,
-            path=g.address,
-            iommugroup=g.iommu_group,
-            subsystem_id=(
-                f"{_hex(g.subsystem_vendor)}:{_hex(g.subsystem_device)}"
-                if g.subsystem_vendor and g.subsystem_device
-                else None
-            ),
-        )
-        maps.append(format_map_entry(entry))
-    atomic_write(
-        paths.pve / "mapping" / "pci.cfg",
-        write_pci_cfg([PciMapping(id="pro6000", maps=maps, description="GPUs of the inference container")]),
-        PMXCFS_MODE,
-    )
-
-
-def _hex(value: str | None) -> str:
-    return re.sub(r"^0x", "", value or "").lower()

@@ -37,7 +37,7 @@ from pathlib import Path
 from gputopo.errors import HostCommandError
 from gputopo.ports import ExecResult
 from gputopo.sim import state
-from gputopo.sim.hostroot.presets import NVIDIA_CAPS_MAJOR, NVIDIA_MAJOR, NVIDIA_UVM_MAJOR
+from gputopo.sim.hostroot.drivers import NVIDIA_CAPS_MAJOR, NVIDIA_MAJOR, NVIDIA_UVM_MAJOR
 from gputopo.sim.kernel.nvidia import parse_minor
 
 COMMANDS = "host-commands"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import ipaddress
 from pathlib import Path
+from typing import Any
 
 NODE_NAMES = ("127.0.0.1", "::1", "localhost")  # pve-cluster gen_pve_ssl_cert, before the node's own
 
@@ -34,17 +35,24 @@ def make_ca_and_server_cert(directory: Path, node: str = "pve1") -> tuple[Path, 
     cannot be written.
     """
     hosts = (*NODE_NAMES, node)
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
     directory.mkdir(parents=True, exist_ok=True)
     now = datetime.datetime.now(datetime.UTC)
     existing = _reusable(directory, now, hosts)
     if existing is not None:
         # Another server of the same simulated host may be running: its clients trust this CA.
         return existing
+    ca_key, ca_cert = _ca_certificate(now)
+    key, cert = _server_certificate(ca_key, ca_cert.subject, node, hosts, now)
+    return _write_pems(directory, ca_cert, cert, key)
+
+
+def _ca_certificate(now: datetime.datetime) -> tuple[Any, Any]:
+    """A new CA key and its self-signed certificate, named like a Proxmox cluster's CA."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name(
         [
@@ -68,6 +76,18 @@ def make_ca_and_server_cert(directory: Path, node: str = "pve1") -> tuple[Path, 
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
+    return ca_key, ca_cert
+
+
+def _server_certificate(
+    ca_key: Any, ca_name: Any, node: str, hosts: tuple[str, ...], now: datetime.datetime
+) -> tuple[Any, Any]:
+    """A new server key and its certificate for ``node``, naming ``hosts``, signed by the CA."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
     key = ec.generate_private_key(ec.SECP256R1())
     names: list[x509.GeneralName] = []
     for h in hosts:
@@ -99,6 +119,13 @@ def make_ca_and_server_cert(directory: Path, node: str = "pve1") -> tuple[Path, 
         )
         .sign(ca_key, hashes.SHA256())
     )
+    return key, cert
+
+
+def _write_pems(directory: Path, ca_cert: Any, cert: Any, key: Any) -> tuple[Path, Path, Path]:
+    """Write the CA certificate, the server certificate and its key (0600) as PEM files."""
+    from cryptography.hazmat.primitives import serialization
+
     ca_path = directory / "ca.pem"
     cert_path = directory / "server.pem"
     key_path = directory / "server.key"

@@ -108,11 +108,7 @@ class EndpointServer:
         if active is None or float(active[1].get("ready_at", 0.0)) > time.time():
             req.close_connection = True
             return
-        hang = faults_of(self.sim_dir, self.vmid).get("hung_endpoint")
-        if hang is not None:
-            deadline = time.monotonic() + float(hang.get("seconds", 3600))
-            while time.monotonic() < deadline and not self._stop.is_set():
-                time.sleep(0.05)
+        if self._hang_if_hung():
             req.close_connection = True
             return
         unit, svc = active
@@ -123,22 +119,7 @@ class EndpointServer:
         if method == "GET" and path == "/health":
             return self._send(req, 200, b"", None)
         if method == "GET" and path == "/v1/models":
-            return self._json(
-                req,
-                200,
-                {
-                    "object": "list",
-                    "data": [
-                        {
-                            "id": model,
-                            "object": "model",
-                            "created": int(svc.get("started", 0)),
-                            "owned_by": flavor,
-                            "root": model,
-                        }
-                    ],
-                },
-            )
+            return self._json(req, 200, _models(svc, model, flavor))
         if method == "POST" and path == "/v1/chat/completions":
             return self._chat(req, body, model)
         if flavor == "sglang" and method == "GET" and path == "/get_server_info":
@@ -153,21 +134,20 @@ class EndpointServer:
                 },
             )
         if flavor == "vllm" and method == "GET" and path == "/metrics":
-            blocks = self._kv_tokens(ct, svc) // 16
-            text = (
-                "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
-                "# TYPE vllm:cache_config_info gauge\n"
-                f'vllm:cache_config_info{{block_size="16",cache_dtype="auto",gpu_memory_utilization="0.9",'
-                f'num_cpu_blocks="0",num_gpu_blocks="{blocks}"}} 1.0\n'
-                "# HELP vllm:num_gpu_blocks Number of GPU KV-cache blocks\n"
-                "# TYPE vllm:num_gpu_blocks gauge\n"
-                f'vllm:num_gpu_blocks{{model_name="{model}"}} {float(blocks)}\n'
-                "# HELP vllm:num_requests_running Number of requests currently running on GPU.\n"
-                "# TYPE vllm:num_requests_running gauge\n"
-                f'vllm:num_requests_running{{model_name="{model}"}} 0.0\n'
-            )
+            text = _vllm_metrics(model, self._kv_tokens(ct, svc) // 16)
             return self._send(req, 200, text.encode(), "text/plain; version=0.0.4; charset=utf-8")
         return self._json(req, 404, {"detail": "Not Found"})
+
+    def _hang_if_hung(self) -> bool:
+        """Hold the request as a hung server does (fault ``hung_endpoint``, until its seconds pass
+        or the server stops); False when the endpoint is not hung."""
+        hang = faults_of(self.sim_dir, self.vmid).get("hung_endpoint")
+        if hang is None:
+            return False
+        deadline = time.monotonic() + float(hang.get("seconds", 3600))
+        while time.monotonic() < deadline and not self._stop.is_set():
+            time.sleep(0.05)
+        return True
 
     @staticmethod
     def _kv_tokens(ct: Container, svc: dict) -> int:
@@ -234,3 +214,35 @@ class EndpointServer:
         req.send_header("Content-Length", str(len(body)))
         req.end_headers()
         req.wfile.write(body)
+
+
+def _models(svc: dict, model: str, flavor: str) -> dict:
+    """The OpenAI ``/v1/models`` answer: the one model the server serves."""
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": model,
+                "object": "model",
+                "created": int(svc.get("started", 0)),
+                "owned_by": flavor,
+                "root": model,
+            }
+        ],
+    }
+
+
+def _vllm_metrics(model: str, blocks: int) -> str:
+    """vLLM's ``/metrics`` (Prometheus text): its KV-cache blocks and running requests."""
+    return (
+        "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+        "# TYPE vllm:cache_config_info gauge\n"
+        f'vllm:cache_config_info{{block_size="16",cache_dtype="auto",gpu_memory_utilization="0.9",'
+        f'num_cpu_blocks="0",num_gpu_blocks="{blocks}"}} 1.0\n'
+        "# HELP vllm:num_gpu_blocks Number of GPU KV-cache blocks\n"
+        "# TYPE vllm:num_gpu_blocks gauge\n"
+        f'vllm:num_gpu_blocks{{model_name="{model}"}} {float(blocks)}\n'
+        "# HELP vllm:num_requests_running Number of requests currently running on GPU.\n"
+        "# TYPE vllm:num_requests_running gauge\n"
+        f'vllm:num_requests_running{{model_name="{model}"}} 0.0\n'
+    )

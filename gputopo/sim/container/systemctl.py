@@ -89,51 +89,7 @@ def systemctl(ct: Container, args: list[str]) -> ExecResult:
         ct.daemon_reload()
         return result(0)
     if verb == "show":
-        props: list[str] = []
-        units: list[str] = []
-        i = 0
-        while i < len(rest):
-            if rest[i] in VALUED and i + 1 < len(rest):
-                if rest[i] in ("-p", "--property"):
-                    props.extend(rest[i + 1].split(","))
-                i += 2
-                continue
-            if rest[i].startswith("--property="):
-                props.extend(rest[i].split("=", 1)[1].split(","))
-            elif not rest[i].startswith("-"):
-                units.append(rest[i])
-            i += 1
-        out = []
-        for name in units:
-            unit, _ = ct.effective_unit(name)
-            svc = ct.service(name)
-            # systemd prints service properties (MainPID, ExecStart) before unit ones (ActiveState)
-            order = ["MainPID", "ExecStart", "Id", "LoadState", "ActiveState", "SubState", "Job", "Result"]
-            active = _ready_state(svc)  # activating until the server is ready, as is-active says
-            sub = _SUB.get(active, "dead")
-            values = {
-                "MainPID": str(svc.get("pid", 0)),
-                "Id": name,
-                "ExecStart": _exec_start_prop(svc, unit) if unit and unit.exec_start else "",
-                "LoadState": "loaded" if unit else "not-found",
-                "ActiveState": active,
-                "SubState": sub,
-                "Result": svc.get("result", "success"),
-                # the job queued for the unit: its id while a start runs (until the server is
-                # ready), else empty (src/systemctl/systemctl-show.c print_property, "Job")
-                "Job": str(svc.get("job", "")) if active == "activating" else "",
-                # when it last became active: a restart changes it (the simulator's clock is
-                # wall time in microseconds, systemd's is CLOCK_MONOTONIC; both only grow)
-                "ActiveEnterTimestampMonotonic": str(int(svc.get("started", 0) * 1_000_000)),
-                # systemd joins every Environment= assignment of the unit and its drop-ins
-                "Environment": " ".join(unit.environment) if unit else "",
-            }
-            for p in [p for p in order if p in props] + [p for p in props if p not in order]:
-                if p in values:
-                    out.append(f"{p}={values[p]}")
-            if len(units) > 1:
-                out.append("")
-        return result(0, "".join(line + "\n" for line in out))
+        return _show(ct, rest)
     if verb in ("list-units", "list-unit-files"):
         return _list(ct, verb, rest)
     units = [unit_name(w) for w in words[1:]]
@@ -142,29 +98,87 @@ def systemctl(ct: Container, args: list[str]) -> ExecResult:
         rc = 0 if states and all(s == "active" for s in states) else 3
         return result(rc, "".join(s + "\n" for s in states))
     if verb in ("start", "stop", "restart"):
-        # systemctl(1) --no-block: the job is only verified and enqueued, and the command
-        # returns; without it, it waits until the job is done (a start: the server is ready)
-        err = ""
-        for name in units:
-            stopping = 0.0
-            if verb in ("stop", "restart"):
-                if ct.service(name).get("state") == "active":
-                    stopping = service_latency(ct.sim_dir, "stop")
-                    if not no_block:
-                        time.sleep(stopping)
-                rc, e = ct.stop_service(name)
-                if rc and verb == "stop":
-                    return result(rc, err=err + e)
-            if verb in ("start", "restart"):
-                rc, e = ct.start_service(name, verb, block=not no_block, after=stopping if no_block else 0.0)
-                err += e
-                if rc:
-                    return result(rc, err=err)
-                if not no_block:
-                    # like a Type=notify unit: start returns once the server says it is ready
-                    time.sleep(max(0.0, float(ct.service(name).get("ready_at", 0.0)) - time.time()))
-        return result(0, err=err)
+        return _run_jobs(ct, verb, units, no_block)
     return result(1, err=f"Unknown command verb {verb}.\n")
+
+
+def _show(ct: Container, rest: list[str]) -> ExecResult:
+    """``systemctl show [-p PROP]... UNIT...``: the asked properties of each unit."""
+    props: list[str] = []
+    units: list[str] = []
+    i = 0
+    while i < len(rest):
+        if rest[i] in VALUED and i + 1 < len(rest):
+            if rest[i] in ("-p", "--property"):
+                props.extend(rest[i + 1].split(","))
+            i += 2
+            continue
+        if rest[i].startswith("--property="):
+            props.extend(rest[i].split("=", 1)[1].split(","))
+        elif not rest[i].startswith("-"):
+            units.append(rest[i])
+        i += 1
+    out = []
+    # systemd prints service properties (MainPID, ExecStart) before unit ones (ActiveState)
+    order = ["MainPID", "ExecStart", "Id", "LoadState", "ActiveState", "SubState", "Job", "Result"]
+    for name in units:
+        values = _unit_properties(ct, name)
+        for p in [p for p in order if p in props] + [p for p in props if p not in order]:
+            if p in values:
+                out.append(f"{p}={values[p]}")
+        if len(units) > 1:
+            out.append("")
+    return result(0, "".join(line + "\n" for line in out))
+
+
+def _unit_properties(ct: Container, name: str) -> dict[str, str]:
+    """The properties ``systemctl show`` knows of unit ``name``."""
+    unit, _ = ct.effective_unit(name)
+    svc = ct.service(name)
+    active = _ready_state(svc)  # activating until the server is ready, as is-active says
+    return {
+        "MainPID": str(svc.get("pid", 0)),
+        "Id": name,
+        "ExecStart": _exec_start_prop(svc, unit) if unit and unit.exec_start else "",
+        "LoadState": "loaded" if unit else "not-found",
+        "ActiveState": active,
+        "SubState": _SUB.get(active, "dead"),
+        "Result": svc.get("result", "success"),
+        # the job queued for the unit: its id while a start runs (until the server is
+        # ready), else empty (src/systemctl/systemctl-show.c print_property, "Job")
+        "Job": str(svc.get("job", "")) if active == "activating" else "",
+        # when it last became active: a restart changes it (the simulator's clock is
+        # wall time in microseconds, systemd's is CLOCK_MONOTONIC; both only grow)
+        "ActiveEnterTimestampMonotonic": str(int(svc.get("started", 0) * 1_000_000)),
+        # systemd joins every Environment= assignment of the unit and its drop-ins
+        "Environment": " ".join(unit.environment) if unit else "",
+    }
+
+
+def _run_jobs(ct: Container, verb: str, units: list[str], no_block: bool) -> ExecResult:
+    """``systemctl start|stop|restart UNIT...``. With --no-block (systemctl(1)) the job is only
+    verified and enqueued, and the command returns; without it, it waits until the job is done
+    (a start: the server is ready)."""
+    err = ""
+    for name in units:
+        stopping = 0.0
+        if verb in ("stop", "restart"):
+            if ct.service(name).get("state") == "active":
+                stopping = service_latency(ct.sim_dir, "stop")
+                if not no_block:
+                    time.sleep(stopping)
+            rc, e = ct.stop_service(name)
+            if rc and verb == "stop":
+                return result(rc, err=err + e)
+        if verb in ("start", "restart"):
+            rc, e = ct.start_service(name, verb, block=not no_block, after=stopping if no_block else 0.0)
+            err += e
+            if rc:
+                return result(rc, err=err)
+            if not no_block:
+                # like a Type=notify unit: start returns once the server says it is ready
+                time.sleep(max(0.0, float(ct.service(name).get("ready_at", 0.0)) - time.time()))
+    return result(0, err=err)
 
 
 _SUB = {"active": "running", "activating": "start", "failed": "failed"}

@@ -19,8 +19,6 @@ from typing import Any
 from gputopo.formats.devn import is_devn_key
 from gputopo.formats.lxcconf import (
     LxcConf,
-    LxcSection,
-    check_lxc_option,
     parse_dev_value,
     parse_lxc_conf,
     write_lxc_conf,
@@ -29,24 +27,11 @@ from gputopo.formats.propstring import sha1_digest
 from gputopo.sim import state
 from gputopo.sim.addresses import container_address
 from gputopo.sim.files import PMXCFS_MODE, atomic_write
-from gputopo.sim.pveapi.answers import die, param_error, perm_error
+from gputopo.sim.pveapi.answers import die, param_error
 from gputopo.sim.pveapi.auth import Caller
+from gputopo.sim.pveapi.lxc_update import apply_update, check_update_keys
 from gputopo.sim.pveapi.params import BOOL_KEYS, INT_KEYS
 
-# Keys a running container takes at once (fast-plug) or hot-plugs (pve-container
-# LXC/Config.pm:update_pct_config); anything else on a running CT stays pending.
-FASTPLUG = {
-    "description",
-    "onboot",
-    "startup",
-    "protection",
-    "hostname",
-    "hookscript",
-    "cores",
-    "tags",
-    "lock",
-}
-HOTPLUG = {"cpulimit", "cpuunits", "memory", "swap"}
 HOTPLUG_FAULTS = "hotplug-faults"  # run-state name: devN hot-plugs that fail
 # a failure device_passthrough_hotplug (pve-container src/PVE/LXC.pm l. 2336-2416) can die
 # with: the move_mount of the new node into the container's mount namespace refused (l. 2405)
@@ -201,6 +186,18 @@ class GuestConfigHandlers:
             )
         return out
 
+    def _check_devn_paths(self, sets: dict) -> None:
+        """Every devN set names a host path that exists, or the API dies."""
+        for k, v in sets.items():
+            if is_devn_key(k):
+                # pve-container LXC/Config.pm update_pct_config validates every devN set with
+                # LXC/Tools.pm get_device_mode_and_rdev: stat() of the host path, "Device
+                # $path does not exist" on ENOENT (the container's start checks the same,
+                # LXC.pm update_lxc_config: gputopo.sim.guesthooks)
+                path = parse_dev_value(v)["path"]
+                if self.sysfs_root is not None and not os.path.exists(self.sysfs_root / path.lstrip("/")):
+                    raise die(f"Device {path} does not exist")
+
     def h_lxc_put(self, caller: Caller, p: dict) -> Any:
         vmid = p.pop("vmid")
         p.pop("node")
@@ -221,96 +218,11 @@ class GuestConfigHandlers:
                 raise die(f"CT is locked ({lock})")
             if digest and sha1_digest(text) != digest:
                 raise die("detected modified configuration - file changed by other user? Try again.")
-            dev_rule = "configuring device passthrough is only allowed for root@pam"
-            # check_ct_modify_config_perm: the deleted keys, then the reverted ones (lines 179-184)
-            if (
-                caller is not None
-                and not caller.is_root_pam
-                and any(is_devn_key(k) for k in deletes + reverts)
-            ):
-                raise perm_error(dev_rule)
-            for k in reverts:
-                # update_vm lines 186-192
-                why = check_lxc_option(k, "0")
-                if why and why.startswith("unknown setting") and k != "description":
-                    raise param_error({"revert": f"unknown option '{k}'"})
-                if k in sets:
-                    raise param_error({"revert": f"you can't use '-{k}' and '-revert {k}' at the same time"})
-            for k in deletes:
-                # pve-container API2/LXC/Config.pm update_vm: unknown option, then set and delete
-                why = check_lxc_option(k, "0")
-                if why and why.startswith("unknown setting") and k != "description":
-                    raise param_error({"delete": f"unknown option '{k}'"})
-                if k in sets:
-                    raise param_error({"delete": f"you can't use '-{k}' and -delete {k}' at the same time"})
-                if k in reverts:
-                    raise param_error(
-                        {"delete": f"you can't use '-delete {k}' and '-revert {k}' at the same time"}
-                    )
-            if caller is not None and not caller.is_root_pam and any(is_devn_key(k) for k in sets):
-                raise perm_error(dev_rule)
-            for k, v in sets.items():
-                if is_devn_key(k):
-                    # pve-container LXC/Config.pm update_pct_config validates every devN set with
-                    # LXC/Tools.pm get_device_mode_and_rdev: stat() of the host path, "Device
-                    # $path does not exist" on ENOENT (the container's start checks the same,
-                    # LXC.pm update_lxc_config: gputopo.sim.guesthooks)
-                    path = parse_dev_value(v)["path"]
-                    if self.sysfs_root is not None and not os.path.exists(self.sysfs_root / path.lstrip("/")):
-                        raise die(f"Device {path} does not exist")
+            check_update_keys(caller, sets, deletes, reverts)
+            self._check_devn_paths(sets)
             running = state.guest_status(self.run_dir, "lxc", vmid) == "running"
             major = int(self.version.split(".")[0])
-            plugged = []
-            pend = conf.pending
-            # LXC/Config.pm update_pct_config (lines 1306-1309): a revert drops the key's pending
-            # value and its pending delete, before anything else; the only way to take back a
-            # pending devN that is not set now (a delete of it leaves the pending value)
-            for k in reverts:
-                pend.options.pop(k, None)
-            pdel = [d for d in conf.pending_delete if d not in sets and d not in deletes and d not in reverts]
-            for k, v in sets.items():
-                pend.options.pop(k, None)
-                now = (
-                    not running
-                    or k in FASTPLUG
-                    or k in HOTPLUG
-                    or (re.match(r"^net\d+$", k) and k not in conf.options)
-                    or (major >= 9 and is_devn_key(k) and k not in conf.options)
-                )
-                if now:
-                    if running and is_devn_key(k):
-                        plugged.append((k, v))
-                    if k == "description":
-                        conf.description = v
-                    else:
-                        conf.options[k] = v
-                else:
-                    pend.options[k] = v
-            for k in deletes:
-                # LXC/Config.pm update_pct_config: a key set neither now nor pending is skipped
-                # with a Perl warn, on a running container too (no pending delete is queued)
-                if (
-                    k not in conf.options
-                    and k not in pend.options
-                    and not (k == "description" and conf.description)
-                ):
-                    self.print_stderr(f"cannot delete '{k}' - not set in current configuration!")
-                    continue
-                if not running or k in FASTPLUG:
-                    pend.options.pop(k, None)
-                    conf.options.pop(k, None)
-                    if k == "description":
-                        conf.description = None
-                else:
-                    # add_to_pending_delete (pve-guest-common AbstractConfig.pm) leaves a pending
-                    # value where it is: a key set only in [pve:pending] keeps it (cleanup_pending
-                    # then drops the delete of a key not set now); only 'revert' takes it back
-                    pdel.append(k)
-            if pdel:
-                pend.options["delete"] = ",".join(pdel)
-            else:
-                pend.options.pop("delete", None)
-            cleanup_pending(conf)
+            plugged = apply_update(conf, sets, deletes, reverts, running, major, self.print_stderr)
             # pve-container (94f5585) src/PVE/LXC/Config.pm vmconfig_hotplug_pending: each new
             # devN in key order (l. 1702-1736, device_passthrough_hotplug), an error recorded as
             # "unable to hotplug $opt: $msg" (l. 1630-1633, the die text with its newline) and
@@ -344,30 +256,6 @@ def _typed(key: str, value: str) -> Any:
     if key in BOOL_KEYS:
         return 1 if value.lower() in ("1", "yes", "on", "true") else 0
     return value
-
-
-def cleanup_pending(conf: LxcConf) -> None:
-    """Drop pending changes that change nothing (pve-guest-common AbstractConfig.pm
-    cleanup_pending, run by update_pct_config after every change): a pending value equal to the
-    current one, a pending delete of a key that is not set."""
-    pend = conf.pending
-    for k in [k for k, v in pend.options.items() if k != "delete" and conf.options.get(k) == v]:
-        del pend.options[k]
-    keep = [d for d in conf.pending_delete if d in conf.options]
-    if keep:
-        pend.options["delete"] = ",".join(keep)
-    else:
-        pend.options.pop("delete", None)
-
-
-def apply_pending(conf: LxcConf) -> None:
-    """Make ``conf``'s pending changes current (what a container start does)."""
-    for k in conf.pending_delete:
-        conf.options.pop(k, None)
-    for k, v in conf.pending.options.items():
-        if k != "delete":
-            conf.options[k] = v
-    conf.pending = LxcSection()
 
 
 def add_hotplug_fault(

@@ -24,7 +24,7 @@ qemu-server src/PVE/API2/Qemu.pm vm_start/vm_stop/vm_shutdown, each behind
   the CRM the same way (Manager.pm next_state_stopped / next_state_started).
 
 Here a request is a run-state entry (``ha-requests``): the CRM takes it after half its delay
-(latency ``ha.crm``: :data:`DEFAULT_CRM_DELAY` unless set, :data:`gputopo.sim.host.HA_CRM`
+(latency ``ha.crm``: :data:`DEFAULT_CRM_DELAY` unless set, :data:`gputopo.sim.pace.HA_CRM`
 times the pace scale when paced; a ``stop`` then rewrites the requested state), and the guest
 moves after the whole delay plus its own stop or start latency; it runs on a timer or when a
 status read finds it due, so a restarted API server still carries it out. ``status/current``

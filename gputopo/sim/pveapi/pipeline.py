@@ -95,65 +95,7 @@ class Pipeline:
             # pveproxy proxies a node's method to that node after its own permission check
             # (pve-manager PVE/HTTPServer.pm rest_handler); the node checks everything again
             return peer.dispatch(method, path, {k: v for k, v in params.items() if k not in uri}, caller)
-        values, errors = {}, {}
-        for name, spec in route.params.items():
-            if params.get(name) is None:  # JSONSchema check_prop: an undef value is a missing one
-                if not spec.optional:
-                    errors[name] = "property is missing and it is not optional"
-                continue
-            try:
-                values[name] = spec.fmt(params[name])
-            except ItemErrors as e:
-                errors.update({f"{name}[{i}]": msg for i, msg in e.by_index.items()})
-            except ValueError as e:
-                errors[name] = str(e)
-        for name, value in params.items():
-            if name in route.params or name == "_dc":
-                continue
-            if route.extra == "lxc":
-                if (
-                    value is None
-                    and re.match(r"^[a-z][a-z_]*\d*$", name)
-                    and not ((check_lxc_option(name, "") or "").startswith("unknown setting"))
-                ):
-                    continue  # an undef value of an optional option: check_prop skips it
-                why = (
-                    check_lxc_option(name, str(value))
-                    if re.match(r"^[a-z][a-z_]*\d*$", name)
-                    else "unknown setting"
-                )
-                if why is None and name in BOOL_KEYS:
-                    try:  # the wire takes only 0/1 (JSONSchema check_type), the file parser more
-                        value = int(fmt_bool(value))
-                    except ValueError as e:
-                        why = str(e)
-                if why and why.startswith("unknown setting"):
-                    errors[name] = (
-                        "property is not defined in schema and the schema does not allow additional properties"
-                    )
-                elif why:
-                    errors[name] = (
-                        why if why.startswith(("type check", "value ")) else f"invalid format - {why}\n"
-                    )
-                else:
-                    values[name] = str(value)
-            elif route.extra == "qemu":
-                if value is None and qemu_key_known(name):
-                    # an undef value (``affinity=`` on the wire) passes check_prop; update_vm_api
-                    # keeps the key and write_vm_config prints undef as an empty value
-                    values[name] = ""
-                    continue
-                why = qemu_param_problem(name, value)
-                if why:
-                    errors[name] = why
-                else:
-                    values[name] = str(value)
-            else:
-                errors[name] = (
-                    "property is not defined in schema and the schema does not allow additional properties"
-                )
-        if errors:
-            raise param_error(errors)
+        values = _checked_params(route, params)
         if "node" in values and values["node"] != self.node:
             raise die(
                 f"hostname lookup '{values['node']}' failed - failed to get address info for: {values['node']}: Name or service not known"
@@ -169,3 +111,73 @@ class Pipeline:
         finally:
             _printed.lines = []
         return res
+
+
+_NO_SUCH_PROPERTY = "property is not defined in schema and the schema does not allow additional properties"
+
+
+def _checked_params(route: Route, params: dict[str, Any]) -> dict[str, Any]:
+    """The route's parameters checked as the API's JSONSchema does, and the guest config options
+    a config route takes besides. Raises the API's 400 with every parameter's error."""
+    values, errors = {}, {}
+    for name, spec in route.params.items():
+        if params.get(name) is None:  # JSONSchema check_prop: an undef value is a missing one
+            if not spec.optional:
+                errors[name] = "property is missing and it is not optional"
+            continue
+        try:
+            values[name] = spec.fmt(params[name])
+        except ItemErrors as e:
+            errors.update({f"{name}[{i}]": msg for i, msg in e.by_index.items()})
+        except ValueError as e:
+            errors[name] = str(e)
+    for name, value in params.items():
+        if name in route.params or name == "_dc":
+            continue
+        if route.extra == "lxc":
+            checked, why = _lxc_option(name, value)
+        elif route.extra == "qemu":
+            checked, why = _qemu_option(name, value)
+        else:
+            checked, why = None, _NO_SUCH_PROPERTY
+        if why:
+            errors[name] = why
+        elif checked is not None:
+            values[name] = checked
+    if errors:
+        raise param_error(errors)
+    return values
+
+
+def _lxc_option(name: str, value: Any) -> tuple[str | None, str | None]:
+    """A container config option on the wire: (its value, None), (None, its error) or
+    (None, None) for one the check skips."""
+    if (
+        value is None
+        and re.match(r"^[a-z][a-z_]*\d*$", name)
+        and not ((check_lxc_option(name, "") or "").startswith("unknown setting"))
+    ):
+        return None, None  # an undef value of an optional option: check_prop skips it
+    why = check_lxc_option(name, str(value)) if re.match(r"^[a-z][a-z_]*\d*$", name) else "unknown setting"
+    if why is None and name in BOOL_KEYS:
+        try:  # the wire takes only 0/1 (JSONSchema check_type), the file parser more
+            value = int(fmt_bool(value))
+        except ValueError as e:
+            why = str(e)
+    if why and why.startswith("unknown setting"):
+        return None, _NO_SUCH_PROPERTY
+    if why:
+        return None, why if why.startswith(("type check", "value ")) else f"invalid format - {why}\n"
+    return str(value), None
+
+
+def _qemu_option(name: str, value: Any) -> tuple[str | None, str | None]:
+    """A VM config option on the wire: (its value, None) or (None, its error)."""
+    if value is None and qemu_key_known(name):
+        # an undef value (``affinity=`` on the wire) passes check_prop; update_vm_api
+        # keeps the key and write_vm_config prints undef as an empty value
+        return "", None
+    why = qemu_param_problem(name, value)
+    if why:
+        return None, why
+    return str(value), None

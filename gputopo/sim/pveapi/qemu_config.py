@@ -256,21 +256,7 @@ class QemuConfigHandlers:
         # update_vm_api (API2/Qemu.pm): nothing to set, delete or revert dies first (line 2110)
         if not sets and not deletes and not reverts:
             raise die("no options specified")
-        for k in reverts:  # lines 2116-2125, the wording (and the 'delete' key) as Proxmox has it
-            if not qemu_key_known(k):
-                raise param_error({"revert": f"unknown option '{k}'"})
-            if k in sets:
-                raise param_error({"delete": f"you can't use '-{k}' and -revert {k}' at the same time"})
-        for k in deletes:
-            if k in reverts:
-                raise param_error(
-                    {"revert": f"you can't use '-delete {k}' and -revert {k}' at the same time"}
-                )
-        for k in deletes:
-            if k in sets:
-                raise param_error({"delete": f"you can't use '-{k}' and -delete {k}' at the same time"})
-            if not qemu_key_known(k):
-                raise param_error({"delete": f"unknown option '{k}'"})
+        _check_update_keys(sets, deletes, reverts)
         # update_vm_api (API2/Qemu.pm lines 2196-2198): the deletes' keys, then the set ones,
         # before the config is read and its digest compared
         self._check_modify_perm(caller, vmid, deletes)
@@ -285,28 +271,7 @@ class QemuConfigHandlers:
             conf = parse_qemu_conf(text)
             if conf.options.get("lock") and not skiplock:
                 raise die(f"VM is locked ({conf.options['lock']})")
-            # $load_and_check_config: a reverted key set now is set to its current value (which
-            # drops its pending change); one set only pending is deleted (which drops it)
-            for k in reverts:
-                if k in conf.options:
-                    sets[k] = conf.options[k]
-                elif k in conf.pending:
-                    deletes.append(k)
-            pdel = [d for d in conf.pending_delete if d not in sets]
-            for k in deletes:
-                if k not in conf.options and k not in conf.pending:
-                    continue  # "cannot delete '$opt' - not set in current configuration!" (a warning)
-                conf.pending.pop(k, None)
-                if k in conf.options and k not in pdel:
-                    pdel.append(k)
-            conf.pending.update(sets)
-            # cleanup_pending: a pending value equal to the current one is no change
-            for k in [k for k, v in conf.pending.items() if k != "delete" and conf.options.get(k) == v]:
-                del conf.pending[k]
-            if pdel:
-                conf.pending["delete"] = ",".join(pdel)
-            else:
-                conf.pending.pop("delete", None)
+            _queue_update(conf, sets, deletes, reverts)
             if state.guest_status(self.run_dir, "qemu", vmid) != "running":
                 apply_pending(conf)
             else:
@@ -314,3 +279,48 @@ class QemuConfigHandlers:
                     conf.options[k] = conf.pending.pop(k)
             atomic_write(self.conf_path("qemu", vmid), write_qemu_conf(conf), PMXCFS_MODE)
         return None
+
+
+def _check_update_keys(sets: dict[str, str], deletes: list[str], reverts: list[str]) -> None:
+    """update_vm_api's checks of the keys (API2/Qemu.pm lines 2116-2125, the wording and the
+    'delete' key as Proxmox has it): known keys, none both reverted or deleted and set, none
+    both deleted and reverted. Raises the API's 400."""
+    for k in reverts:
+        if not qemu_key_known(k):
+            raise param_error({"revert": f"unknown option '{k}'"})
+        if k in sets:
+            raise param_error({"delete": f"you can't use '-{k}' and -revert {k}' at the same time"})
+    for k in deletes:
+        if k in reverts:
+            raise param_error({"revert": f"you can't use '-delete {k}' and -revert {k}' at the same time"})
+    for k in deletes:
+        if k in sets:
+            raise param_error({"delete": f"you can't use '-{k}' and -delete {k}' at the same time"})
+        if not qemu_key_known(k):
+            raise param_error({"delete": f"unknown option '{k}'"})
+
+
+def _queue_update(conf: QemuConf, sets: dict[str, str], deletes: list[str], reverts: list[str]) -> None:
+    """Queue the change in ``conf``'s pending section, as update_vm_api writes it."""
+    # $load_and_check_config: a reverted key set now is set to its current value (which
+    # drops its pending change); one set only pending is deleted (which drops it)
+    for k in reverts:
+        if k in conf.options:
+            sets[k] = conf.options[k]
+        elif k in conf.pending:
+            deletes.append(k)
+    pdel = [d for d in conf.pending_delete if d not in sets]
+    for k in deletes:
+        if k not in conf.options and k not in conf.pending:
+            continue  # "cannot delete '$opt' - not set in current configuration!" (a warning)
+        conf.pending.pop(k, None)
+        if k in conf.options and k not in pdel:
+            pdel.append(k)
+    conf.pending.update(sets)
+    # cleanup_pending: a pending value equal to the current one is no change
+    for k in [k for k, v in conf.pending.items() if k != "delete" and conf.options.get(k) == v]:
+        del conf.pending[k]
+    if pdel:
+        conf.pending["delete"] = ",".join(pdel)
+    else:
+        conf.pending.pop("delete", None)

@@ -27,7 +27,7 @@ from gputopo.sim import state
 from gputopo.sim.files import PMXCFS_MODE, atomic_write
 from gputopo.sim.pveapi.answers import ApiError, Result, param_error
 from gputopo.sim.pveapi.auth import Caller
-from gputopo.sim.pveapi.guest_config import apply_pending
+from gputopo.sim.pveapi.lxc_update import apply_pending
 from gputopo.sim.pveapi.shutdown import lxc_shutdown, qemu_shutdown
 
 DEFAULT_LATENCY = 0.05

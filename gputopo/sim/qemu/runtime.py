@@ -75,22 +75,7 @@ def start(
     """Start VM ``vmid`` with ``conf`` (pending already applied). Raises PassthroughError with
     qemu-server's message when the start fails (nothing of it is left behind then)."""
     opts = conf.options
-    q35 = "q35" in opts.get("machine", "")
-    pcie: dict[str, bool] = {}
-    node_maps = {
-        m.id for m in mappings if any(parse_map_entry(e).get("node") == passthrough.node for e in m.maps)
-    }
-    for key, value in sorted(opts.items(), key=lambda kv: (len(kv[0]), kv[0])):
-        if is_hostpci_key(key):
-            # the value parsed (the mapping looked up) comes before the q35 check, line by line
-            props = hostpci_props(value)
-            if "mapping" in props and props["mapping"] not in node_maps:
-                raise PassthroughError(f"PCI device mapping not found for '{props['mapping']}'")
-            if _truthy(props.get("pcie")) and not q35:
-                # qemu-server 9.2.6 src/PVE/QemuServer/PCI.pm parse_hostpci_devices, line 510: a
-                # die without "\n", so Perl appends where it died (the installed module's path)
-                raise PassthroughError(Q35_DIE)
-            pcie[key] = _truthy(props.get("pcie"))
+    pcie = _hostpci_pcie(opts, passthrough.node, mappings)
     if opts.get("hugepages") and not _truthy(opts.get("numa")):
         raise PassthroughError("numa needs to be enabled to use hugepages")
     try:
@@ -101,10 +86,7 @@ def start(
     affinity = opts.get("affinity")
     pid = vm_pid(vmid)
     try:
-        if affinity is not None:
-            cpus = parse_cpulist(affinity) if affinity.strip() else set()
-            if not cpus & host_cpus(root):
-                raise PassthroughError(f"taskset: failed to set pid {pid}'s affinity: Invalid argument")
+        _check_affinity(root, pid, affinity)
     except (PassthroughError, ValueError):
         passthrough.release(vmid)
         raise
@@ -132,6 +114,36 @@ def start(
         all_rt = state.read_state(run_dir, RUNTIME, {}) or {}
         all_rt[str(vmid)] = runtime
         state.write_state(run_dir, RUNTIME, all_rt)
+
+
+def _hostpci_pcie(opts: dict[str, str], node: str, mappings: list[Any]) -> dict[str, bool]:
+    """Whether each ``hostpciN`` is a PCIe device, its mapping checked to exist on ``node`` and a
+    PCIe device checked to be on a q35 machine, key by key (qemu-server's order). Raises
+    PassthroughError with qemu-server's message."""
+    q35 = "q35" in opts.get("machine", "")
+    pcie: dict[str, bool] = {}
+    node_maps = {m.id for m in mappings if any(parse_map_entry(e).get("node") == node for e in m.maps)}
+    for key, value in sorted(opts.items(), key=lambda kv: (len(kv[0]), kv[0])):
+        if is_hostpci_key(key):
+            # the value parsed (the mapping looked up) comes before the q35 check, line by line
+            props = hostpci_props(value)
+            if "mapping" in props and props["mapping"] not in node_maps:
+                raise PassthroughError(f"PCI device mapping not found for '{props['mapping']}'")
+            if _truthy(props.get("pcie")) and not q35:
+                # qemu-server 9.2.6 src/PVE/QemuServer/PCI.pm parse_hostpci_devices, line 510: a
+                # die without "\n", so Perl appends where it died (the installed module's path)
+                raise PassthroughError(Q35_DIE)
+            pcie[key] = _truthy(props.get("pcie"))
+    return pcie
+
+
+def _check_affinity(root: Path, pid: int, affinity: str | None) -> None:
+    """taskset's check of the VM's ``affinity``: some of its CPUs are the host's. Raises
+    PassthroughError as taskset fails, ValueError for a malformed list."""
+    if affinity is not None:
+        cpus = parse_cpulist(affinity) if affinity.strip() else set()
+        if not cpus & host_cpus(root):
+            raise PassthroughError(f"taskset: failed to set pid {pid}'s affinity: Invalid argument")
 
 
 def _identity(root: Path, address: str) -> dict[str, Any]:
