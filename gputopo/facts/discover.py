@@ -253,14 +253,16 @@ class _Bus:
 
 
 class _Reading:
-    """One discovery's readers and tables: what it read once (the bus, the IOMMU groups, the
-    NUMA nodes, the model names) and each device then looks up."""
+    """One discovery's readers and tables: what it reads once (the IOMMU groups, the NUMA
+    nodes, the model names, the nvidia driver's GPU directories) and each device then looks up.
+    A NUMA node whose cpulist does not parse adds a line to ``warnings``."""
 
-    def __init__(self, root: str, rd: AttrReader, bus: _Bus, groups: IommuGroups, warnings: list[str]):
-        self.root, self.rd, self.bus, self.groups, self.warnings = root, rd, bus, groups, warnings
-        self.nodes: dict[int, set[int]] = {}
-        self.names: dict[str, str] = {}
-        self.nv_dirs: dict[str, str] = {}
+    def __init__(self, root: str, rd: AttrReader, bus: _Bus, warnings: list[str]):
+        self.root, self.rd, self.bus, self.warnings = root, rd, bus, warnings
+        self.groups = IommuGroups(root)
+        self.nodes = read_numa(root, warnings)
+        self.names = load_pci_names(root, bus.named())
+        self.nv_dirs = addresses_in(os.path.join(root, NVIDIA_GPUS))
 
     def function(self, addr: str) -> PciFunction:
         """The function at ``addr`` whole: its attributes, model name and IOMMU group."""
@@ -314,13 +316,10 @@ def discover(
         rules.append((None, "0x03"))
     warnings: list[str] = []
     bus = _Bus(rd, rules, warnings)
-    reading = _Reading(root_s, rd, bus, IommuGroups(root_s), warnings)
-    reading.nodes = read_numa(root_s, warnings)
+    reading = _Reading(root_s, rd, bus, warnings)
     host = read_host_facts(root_s, reading.groups, reading.nodes, warnings)
     if not reading.groups.count:
         warnings.append(f"no IOMMU groups under {IOMMU_GROUPS}: the IOMMU is off; passthrough is impossible")
-    reading.nv_dirs = addresses_in(os.path.join(root_s, NVIDIA_GPUS))
-    reading.names = load_pci_names(root_s, bus.named())
     facts = Facts(
         root=root_s,
         gpus=[reading.gpu(a) for a in bus.gpus],
