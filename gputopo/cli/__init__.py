@@ -14,9 +14,12 @@ a command killed by SIGPIPE ends in a shell, whichever of the two entries was wr
 from __future__ import annotations
 
 import sys
-from typing import NoReturn
 
 from gputopo.cli.commands import COMMANDS, DESCRIPTION, SUMMARIES, report_error, version_message
+
+TYPE_CHECKING = False  # typing costs start-up (gputopo --version); the annotations need it only
+if TYPE_CHECKING:
+    from typing import NoReturn
 
 __all__ = ["COMMANDS", "DESCRIPTION", "SUMMARIES", "main", "report_error", "version_message"]
 

@@ -213,6 +213,86 @@ def _peripheral(f: PciFunction, path: str) -> Peripheral:
 # --- discovery ---------------------------------------------------------------------------
 
 
+class _Bus:
+    """The PCI functions of a root sorted by what discovery makes of them: each one's ids and
+    directory name by address, the functions of each slot, and the addresses of the GPUs,
+    NVSwitches, network adapters and NVMe drives (not their SR-IOV VFs), in address order."""
+
+    def __init__(self, rd: AttrReader, rules: list[tuple[str | None, str | None]], warnings: list[str]):
+        entries = sorted_addresses(rd.devdir)
+        self.name_of = dict(entries)
+        self.ids: dict[str, Ids] = {}
+        self.by_slot: dict[str, list[str]] = {}
+        self.gpus: list[str] = []
+        self.nvswitches: list[str] = []
+        self.nics: list[str] = []
+        self.nvme: list[str] = []
+        for addr, name in entries:
+            vendor, device, klass = self.ids[addr] = rd.ids(name)
+            self.by_slot.setdefault(slot_of(addr), []).append(addr)
+            if vendor is None or device is None:
+                warnings.append(
+                    f"{addr}: vendor/device ids unreadable (0xffff, 0x0000 or missing); "
+                    "the device may have fallen off the bus"
+                )
+                continue
+            if vendor == NVIDIA_VENDOR and klass and klass.startswith("0x0680"):
+                self.nvswitches.append(addr)
+            elif _matches(vendor, klass, rules):
+                self.gpus.append(addr)
+            elif klass and klass.startswith(("0x02", "0x0108")):
+                if not os.path.lexists(f"{rd.devdir}/{name}/physfn"):  # a VF sits where its PF does
+                    (self.nics if klass.startswith("0x02") else self.nvme).append(addr)
+
+    def named(self) -> dict[str, tuple[str, str]]:
+        """The functions discovery names from pci.ids: {address: (vendor, device)}, no ``0x``."""
+        return {
+            a: (self.ids[a][0][2:], self.ids[a][1][2:])
+            for a in self.gpus + self.nvswitches + self.nics + self.nvme
+        }
+
+
+class _Reading:
+    """One discovery's readers and tables: what it reads once (the IOMMU groups, the NUMA
+    nodes, the model names, the nvidia driver's GPU directories) and each device then looks up.
+    A NUMA node whose cpulist does not parse adds a line to ``warnings``."""
+
+    def __init__(self, root: str, rd: AttrReader, bus: _Bus, warnings: list[str]):
+        self.root, self.rd, self.bus, self.warnings = root, rd, bus, warnings
+        self.groups = IommuGroups(root)
+        self.nodes = read_numa(root, warnings)
+        self.names = load_pci_names(root, bus.named())
+        self.nv_dirs = addresses_in(os.path.join(root, NVIDIA_GPUS))
+
+    def function(self, addr: str) -> PciFunction:
+        """The function at ``addr`` whole: its attributes, model name and IOMMU group."""
+        f = read_function(self.rd, self.bus.name_of[addr], addr)
+        if f.vendor and f.device:
+            f.model = self.names.get(addr)
+        listed = self.groups.group_of(addr, hint=f.iommu_group)
+        f.iommu_group = listed if listed is not None else f.iommu_group
+        return f
+
+    def peripheral(self, addr: str) -> Peripheral:
+        """The network adapter or NVMe drive at ``addr``."""
+        return _peripheral(self.function(addr), f"{self.rd.devdir}/{self.bus.name_of[addr]}")
+
+    def gpu(self, addr: str) -> Gpu:
+        """The GPU at ``addr``: the function, its NUMA node, IOMMU group's members, the other
+        functions of its card, link, BARs and what the nvidia driver says of it."""
+        rd, name, warnings = self.rd, self.bus.name_of[addr], self.warnings
+        g = Gpu(**self.function(addr).model_dump(by_alias=True))
+        g.numa_node, g.numa_source = _gpu_numa(rd, name, addr, self.nodes, warnings)
+        if g.iommu_group is not None:
+            members = self.groups.members(g.iommu_group)
+            g.iommu_members = _group_members(rd, addr, members, self.bus.ids, self.bus.name_of)
+        g.functions = [a for a in self.bus.by_slot[slot_of(addr)] if a != addr]
+        _fill_gpu(g, rd, name)
+        g.bars = read_bars(rd, name)
+        _add_nvidia_information(g, self.root, self.nv_dirs.get(addr), warnings)
+        return g
+
+
 def discover(
     root: str | Path = "/",
     *,
@@ -230,72 +310,22 @@ def discover(
     Raises :class:`RootError` when ``root`` holds no ``sys/bus/pci/devices``.
     """
     root_s = str(root)
-    devdir = pci_devices_dir(root_s)
+    rd = AttrReader(pci_devices_dir(root_s))
     rules = list(gpu_match) if gpu_match is not None else list(DEFAULT_GPU_MATCH)
     if all_vendors:
         rules.append((None, "0x03"))
     warnings: list[str] = []
-    rd = AttrReader(devdir)
-    entries = sorted_addresses(devdir)
-    name_of = dict(entries)
-    ids: dict[str, Ids] = {}
-    by_slot: dict[str, list[str]] = {}
-    gpu_addrs, nvswitch_addrs, nic_addrs, nvme_addrs = [], [], [], []
-    for addr, name in entries:
-        vendor, device, klass = ids[addr] = rd.ids(name)
-        by_slot.setdefault(slot_of(addr), []).append(addr)
-        if vendor is None or device is None:
-            warnings.append(
-                f"{addr}: vendor/device ids unreadable (0xffff, 0x0000 or missing); "
-                "the device may have fallen off the bus"
-            )
-            continue
-        if vendor == NVIDIA_VENDOR and klass and klass.startswith("0x0680"):
-            nvswitch_addrs.append(addr)
-        elif _matches(vendor, klass, rules):
-            gpu_addrs.append(addr)
-        elif klass and klass.startswith(("0x02", "0x0108")):
-            if not os.path.lexists(os.path.join(devdir, name, "physfn")):  # a VF sits where its PF does
-                (nic_addrs if klass.startswith("0x02") else nvme_addrs).append(addr)
-
-    groups = IommuGroups(root_s)
-    nodes = read_numa(root_s, warnings)
-    host = read_host_facts(root_s, groups, nodes, warnings)
-    if not groups.count:
+    bus = _Bus(rd, rules, warnings)
+    reading = _Reading(root_s, rd, bus, warnings)
+    host = read_host_facts(root_s, reading.groups, reading.nodes, warnings)
+    if not reading.groups.count:
         warnings.append(f"no IOMMU groups under {IOMMU_GROUPS}: the IOMMU is off; passthrough is impossible")
-    nv_dirs = addresses_in(os.path.join(root_s, NVIDIA_GPUS))
-    names = load_pci_names(
-        root_s,
-        {a: (ids[a][0][2:], ids[a][1][2:]) for a in gpu_addrs + nvswitch_addrs + nic_addrs + nvme_addrs},
-    )
-
-    def full(addr: str) -> PciFunction:
-        f = read_function(rd, name_of[addr], addr)
-        if f.vendor and f.device:
-            f.model = names.get(addr)
-        listed = groups.group_of(addr, hint=f.iommu_group)
-        f.iommu_group = listed if listed is not None else f.iommu_group
-        return f
-
-    gpus: list[Gpu] = []
-    for addr in gpu_addrs:
-        name = name_of[addr]
-        g = Gpu(**full(addr).model_dump(by_alias=True))
-        g.numa_node, g.numa_source = _gpu_numa(rd, name, addr, nodes, warnings)
-        if g.iommu_group is not None:
-            g.iommu_members = _group_members(rd, addr, groups.members(g.iommu_group), ids, name_of)
-        g.functions = [a for a in by_slot[slot_of(addr)] if a != addr]
-        _fill_gpu(g, rd, name)
-        g.bars = read_bars(rd, name)
-        _add_nvidia_information(g, root_s, nv_dirs.get(addr), warnings)
-        gpus.append(g)
-
     facts = Facts(
         root=root_s,
-        gpus=gpus,
-        nvswitches=[full(a) for a in nvswitch_addrs],
-        nics=[_peripheral(full(a), os.path.join(devdir, name_of[a])) for a in nic_addrs],
-        nvme=[_peripheral(full(a), os.path.join(devdir, name_of[a])) for a in nvme_addrs],
+        gpus=[reading.gpu(a) for a in bus.gpus],
+        nvswitches=[reading.function(a) for a in bus.nvswitches],
+        nics=[reading.peripheral(a) for a in bus.nics],
+        nvme=[reading.peripheral(a) for a in bus.nvme],
         host=host,
         warnings=warnings,
     )

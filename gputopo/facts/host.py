@@ -7,7 +7,6 @@ Pure ``parse_*`` functions first, then the readers; every reader takes the host 
 from __future__ import annotations
 
 import os
-import socket
 from itertools import groupby
 
 from gputopo.facts.files import addresses_in, list_dir, read_text, stripped
@@ -215,4 +214,8 @@ def node_name(root: str) -> str:
     """This host's name as Proxmox names its node: the short hostname under ``root``
     (``proc/sys/kernel/hostname``), else this machine's."""
     name = stripped(read_text(os.path.join(root, "proc/sys/kernel/hostname"))) or ""
-    return (name or socket.gethostname()).split(".")[0]
+    if not name:
+        import socket  # here: importing it costs discovery's start-up a sixth, for a fallback
+
+        name = socket.gethostname()
+    return name.split(".")[0]

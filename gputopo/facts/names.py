@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Mapping
 
 from gputopo.facts.files import read_whole
+
+TYPE_CHECKING = False  # collections.abc costs discovery's start-up; the annotations need it only
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
 
 # Where distributions keep the PCI id database, relative to the root.
 PCI_IDS_PATHS = ("usr/share/misc/pci.ids", "usr/share/hwdata/pci.ids", "usr/share/pci.ids")

@@ -16,7 +16,6 @@ Pure ``parse_*`` functions do the work; :func:`add_topology` is what discovery c
 from __future__ import annotations
 
 import os
-import re
 
 from gputopo.facts.files import address_of, addresses_in, read_text
 from gputopo.facts.names import load_pci_names
@@ -35,7 +34,20 @@ PORT_KINDS = {
     8: "pci_to_pcie",
 }
 _CAP_EXP = 0x10
-_HOST_BRIDGE_RE = re.compile(r"^pci([0-9a-fA-F]{4,}):([0-9a-fA-F]{2})$")
+_HEX = frozenset("0123456789abcdefABCDEF")
+
+
+def _host_bridge(part: str) -> str | None:
+    """``'pci0000:00'`` -> ``'0000:00'`` (domain of 4 digits or more, bus of 2, normalised);
+    None for any other path component."""
+    if not part.startswith("pci"):
+        return None
+    domain, colon, bus = part[3:].partition(":")
+    if bus[-1:] == "\n":
+        bus = bus[:-1]  # as a regular expression's $ would have it
+    if not colon or len(domain) < 4 or len(bus) != 2 or not _HEX.issuperset(domain + bus):
+        return None
+    return f"{int(domain, 16):04x}:{int(bus, 16):02x}"
 
 
 # --- pure parsers ------------------------------------------------------------------------
@@ -53,10 +65,10 @@ def parse_device_path(rel: str) -> tuple[str | None, list[str]]:
     host: str | None = None
     addresses: list[str] = []
     for part in [p for p in rel.split("/") if p and p != "."]:
-        m = _HOST_BRIDGE_RE.match(part)
-        if m:
+        bridge = _host_bridge(part)
+        if bridge is not None:
             if host is None:
-                host = f"{int(m.group(1), 16):04x}:{int(m.group(2), 16):02x}"
+                host = bridge
             continue
         if host is None:
             continue

@@ -156,21 +156,23 @@ def test_the_schema_carries_the_declarations():
 HEAVY = ("click", "pydantic", "pydantic_core", "typing", "dataclasses", "rich", "yaml", "jinja2", "pathlib")
 
 
-def test_discover_json_imports_none_of_the_heavy_modules(materialized):
-    # what keeps gputopo discover --json at lspci's pace (benchmarks/bench_discover.py times it)
-    # modules the interpreter itself loaded before gputopo (a site .pth may import typing or
-    # pathlib on some installs) are not gputopo's doing, so only what appeared after counts
+@pytest.mark.parametrize("args", [["--version"], ["--help"], ["discover", "--json", "--root", "SEED"]])
+def test_the_quick_command_lines_import_none_of_the_heavy_modules(materialized, args):
+    # what keeps gputopo discover --json at lspci's pace and --version at Python's own start-up
+    # (benchmarks/bench_discover.py times both); modules the interpreter itself loaded before
+    # gputopo (a site .pth may import typing or pathlib on some installs) are not gputopo's doing,
+    # so only what appeared after counts: CI runs this in a fresh venv, where none is loaded
     probe = (
         "import sys\nbefore = set(sys.modules)\nfrom gputopo.cli import main\n"
         "try:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
         f"print(sorted(m for m in set(sys.modules) - before if m.split('.')[0] in {HEAVY!r}),"
         " file=sys.stderr)\n"
     )
-    p = subprocess.run(
-        [sys.executable, "-c", probe, "discover", "--json", "--root", str(materialized("seed"))],
-        capture_output=True,
-        text=True,
-    )
+    argv = [str(materialized("seed")) if a == "SEED" else a for a in args]
+    p = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
-    assert json.loads(p.stdout)["gpus"]
+    if args[0] == "discover":
+        assert json.loads(p.stdout)["gpus"]
+    else:
+        assert p.stdout.startswith("gputopo, version" if args == ["--version"] else "Usage: gputopo")
     assert p.stderr.strip().splitlines()[-1] == "[]"

@@ -48,6 +48,29 @@ def test_ci_runs_the_readme_test_command(sources):
     assert command in top  # and the first lines of the README
 
 
+def test_ci_runs_the_readmes_first_command_and_its_tests_in_a_fresh_venv(sources):
+    # a newcomer's venv: the machine's site-packages can hide neither a missing dependency nor a
+    # start-up import (a site .pth importing typing before gputopo starts)
+    ci, readme, _ = sources
+    first = readme.split("```sh\n", 1)[1].splitlines()[0].split("#")[0].strip()
+    assert first.startswith("pip install '.[sim]'")
+    lines = ci.splitlines()
+    at = {
+        what: next(i for i, line in enumerate(lines) if line.startswith(start))
+        for what, start in (
+            ("venv", "python3 -m venv "),
+            ("activate", ". "),
+            ("demo", first),
+            ("ruff", "ruff check"),
+            ("tests", "pip install '.[test]' && "),
+        )
+    }
+    venv = lines[at["venv"]].split()[-1].strip('"')
+    assert lines[at["activate"]].split()[-1].strip('"') == f"{venv}/bin/activate"  # the one made
+    assert at["venv"] < at["activate"] < min(at["demo"], at["ruff"], at["tests"])
+    assert not [line for line in lines[at["activate"] :] if line.startswith(("deactivate", "python3 "))]
+
+
 def test_the_full_run_selects_every_test_and_a_plain_pytest_leaves_out_the_slow_ones(sources):
     ci, _, ini = sources
     known = {m.split(":")[0] for m in ini["markers"]}
