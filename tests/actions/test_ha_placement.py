@@ -14,7 +14,7 @@ from gputopo.actions.ha import PlaceHa, _snapshot, restore_changes
 from gputopo.actions.haplace import HaChange, apply_changes, plan_placement, read_ha_config
 from gputopo.actions.shell import CommandContext
 from gputopo.apply import read_and_plan
-from gputopo.cluster.rolling import apply_node
+from gputopo.cluster.noderun import apply_node
 from gputopo.errors import ProxmoxError
 from gputopo.model.facts import Facts, HostFacts
 from gputopo.model.state import ClusterVm, CurrentState, GuestState, HaConfig, MappingState
