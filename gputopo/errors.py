@@ -576,7 +576,7 @@ class ClusterApplyFailed(GputopoError):
     that need a human or whose outcome is unknown, and those not started. ``exit_code`` is the
     rollout's: 2 or 4 only when nothing was changed anywhere, 3 when a node needs a human or its
     outcome is unknown, else 1.
-    ``account``: every node's outcome (:class:`gputopo.cluster.rolling.RollingResult`)."""
+    ``account``: every node's outcome (:class:`gputopo.cluster.account.RollingResult`)."""
 
     def __init__(
         self,

@@ -18,6 +18,9 @@ SIGHUP = 129
 SIGINT = 130
 SIGPIPE = 141
 SIGTERM = 143
+# ssh's own exit status when it failed or its connection ended before the remote command did
+# (what a cluster command tells from a node's answer): no gputopo command ends with it
+SSH_ERROR = 255
 
 MEANING: dict[int, str] = {
     OK: "done, no changes, or all clear",

@@ -13,71 +13,27 @@ create --nodes 3 DIR``; without ``--ssh-config`` its nodes' shells run here). ``
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import click
 
-from gputopo.cli.connect import Connection, build_ports, connection_options, pve_root
+from gputopo.cli.connect import Connection, build_ports, connection_options, require_sim_extra
 from gputopo.cli.params import Finite
 from gputopo.exitcodes import with_exit_codes
-
-DEFAULT_TIMEOUT = 120.0
-
-
-@dataclass
-class _Cluster:
-    """What one cluster command works with; ``close()`` stops what was started."""
-
-    spec: Any
-    spec_text: str
-    nodes: list[str]
-    shell: Any = None
-    ports: Any = None
-    api: Any = None
-    members: list[str] | None = None
-    inputs: dict = field(default_factory=dict)
-    ha: Any = None
-    begun: Any = None  # the nodes' own reads, begun while the API is reached (until _read takes them)
-
-    def close(self) -> None:
-        if self.begun is not None:
-            self.begun.close(abort=True)  # only reads run while they are here: their answers are not wanted
-            self.begun = None
-        if self.ports is not None:
-            self.ports.close()
-
-
-def _nodes_option(value: str | None) -> list[str] | None:
-    return [n.strip() for n in value.split(",") if n.strip()] if value else None
-
-
-@dataclass(frozen=True)
-class Reach:
-    """The spec, the node selection and how nodes are reached: what every cluster command takes."""
-
-    spec_file: str
-    nodes: str | None
-    ssh_config: str | None
-    ssh_user: str
-    ssh_options: tuple[str, ...]
-    ssh_timeout: float
-    timeout: float
+from gputopo.usecases.cluster_connect import DEFAULT_TIMEOUT, ClusterReach, ClusterSource
 
 
 def cluster_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """The spec, the node selection and how nodes are reached (SSH, timeouts), handed to the
-    command as one ``reach`` (:class:`Reach`)."""
-    names = [fl.name for fl in dataclasses.fields(Reach)]
+    command as one ``reach`` (:class:`ClusterReach`)."""
+    names = list(ClusterReach.model_fields)
 
     @functools.wraps(command)
     def f(*args: Any, **kwargs: Any) -> Any:
-        return command(*args, reach=Reach(**{n: kwargs.pop(n) for n in names}), **kwargs)
+        return command(*args, reach=ClusterReach(**{n: kwargs.pop(n) for n in names}), **kwargs)
 
     f = click.option(
         "--timeout",
@@ -118,103 +74,22 @@ def cluster_options(command: Callable[..., Any]) -> Callable[..., Any]:
     return f
 
 
-def _open(conn: Connection, reach: Reach, facts_dir: str | None = None) -> _Cluster:
-    """Load the spec and reach the cluster as the options say. Raises ConfigError, SpecError,
-    UnknownNode, ProxmoxError, SimHostError."""
-    from gputopo.adapters.ssh import SshRunner
-    from gputopo.errors import ConfigError
-    from gputopo.plan.spec import parse_spec, read_spec_text
-
-    text = read_spec_text(reach.spec_file)  # once: the nodes are sent this text, and it may be a pipe
-    spec = parse_spec(text, reach.spec_file)
-    wanted = _nodes_option(reach.nodes)
-    if conn.live and conn.pve_root is not None:
-        raise ConfigError(
-            "--pve-root reads Proxmox's files; --sim, --api-url and --local read the API instead"
-        )
-    c = _Cluster(spec=spec, spec_text=text, nodes=[])
-    ssh = SshRunner(
-        user=reach.ssh_user,
-        config_file=reach.ssh_config,
-        options=reach.ssh_options,
-        connect_timeout=reach.ssh_timeout,
+def _source(conn: Connection) -> ClusterSource:
+    """Where the connection options say the shared state comes from: ``--sim``, the API of
+    ``--api-url`` or ``--local`` (built when the cluster is reached), else Proxmox's files."""
+    api = None
+    if conn.api_url is not None or conn.local:
+        api = functools.partial(_api_ports, conn)
+    return ClusterSource(
+        sim=conn.sim,
+        api=api,
+        pve_root=conn.pve_root,
+        sim_ready=functools.partial(require_sim_extra, "cluster"),
     )
-    if conn.sim is not None and (conn.api_url is not None or conn.local):
-        raise ConfigError("--sim excludes --api-url and --local (the simulated cluster serves its own API)")
-    if not conn.live and facts_dir is None:
-        raise ConfigError(
-            "reach the cluster with --api-url URL (or --local on a node, --sim DIR), "
-            "or plan offline with --facts DIR"
-        )
-    if conn.live and (conn.sim is None or reach.ssh_config):
-        c.shell = ssh  # (a simulated cluster without --ssh-config runs each node's shell here)
-
-    def begin() -> None:
-        # each node reads itself (one round trip) while the rest loads and the API is reached;
-        # they only read (a node --nodes or the cluster does not know is refused below)
-        if facts_dir is None and c.shell is not None and c.begun is None:
-            from gputopo.cluster.noderead import NodeReads
-
-            names = [n.name for n in spec.nodes if wanted is None or n.name in wanted]
-            c.begun = NodeReads(spec, names, c.shell, reach.timeout)
-
-    try:
-        begin()
-        if conn.sim is not None:
-            from gputopo.cli.connect import require_sim_extra
-            from gputopo.sim.cluster import SimCluster
-
-            require_sim_extra("cluster")
-            sim = SimCluster(conn.sim)
-            c.shell = c.shell or sim.shell()
-            begin()
-            c.ports = sim.ports()
-        elif conn.live:
-            c.ports = build_ports(conn, default_node=spec.nodes[0].name)
-        if c.ports is not None:
-            from gputopo.adapters.clusterapi import ClusterApi
-
-            c.api = ClusterApi(c.ports.proxmox)
-            c.members = c.api.members()
-        from gputopo.cluster.gather import select_nodes
-
-        c.nodes = select_nodes(spec, wanted, c.members)
-    except BaseException:
-        c.close()
-        raise
-    return c
 
 
-def _read(c: _Cluster, conn: Connection, timeout: float, facts_dir: str | None, with_ha: bool = True) -> None:
-    from gputopo.cluster.gather import read_cluster, read_offline
-    from gputopo.cluster.ha import read_ha
-
-    if facts_dir is not None:
-        c.inputs = read_offline(
-            c.spec,
-            c.nodes,
-            Path(facts_dir),
-            pve_root(conn) if c.ports is None else None,
-            c.ports.proxmox if c.ports is not None else None,
-        )
-    else:
-        begun, c.begun = c.begun, None
-        c.inputs = read_cluster(c.spec, c.nodes, c.shell, c.ports.proxmox, timeout, begun=begun, ha=with_ha)
-    if with_ha and c.api is not None:
-        c.ha = read_ha(c.api)
-
-
-def _plan(c: _Cluster):
-    from gputopo.cluster.plan import plan_cluster
-    from gputopo.errors import PlanRefused
-
-    try:
-        return plan_cluster(c.spec, c.inputs, c.nodes, ha=c.ha, members=c.members)
-    except PlanRefused as e:
-        from gputopo.cli.output import print_refused
-
-        print_refused(e)
-        sys.exit(e.exit_code)
+def _api_ports(conn: Connection, default_node: str):
+    return build_ports(conn, default_node=default_node)
 
 
 @click.group()
@@ -234,26 +109,17 @@ def cluster() -> None:
     help="Plan offline: <node>.json (gputopo discover --json) or <node>.tar.gz (gputopo snapshot) per node.",
 )
 @click.option("--json", "as_json", is_flag=True, help="The cluster plan as JSON.")
-def plan_cmd(
-    conn: Connection,
-    reach: Reach,
-    facts_dir,
-    as_json,
-):
+def plan_cmd(conn: Connection, reach: ClusterReach, facts_dir, as_json):
     """One section per node, the cluster-wide mappings once, the HA placement.
 
     Exit codes: 0 a plan (or no changes), 2 bad input, a refused plan, an unreachable node or a
     node running another gputopo version (nothing was changed anywhere).
     """
-    c = _open(conn, reach, facts_dir)
-    try:
-        _read(c, conn, reach.timeout, facts_dir)
-        cplan = _plan(c)
-    finally:
-        c.close()
-    if as_json:
-        from gputopo.cli.output import print_json
+    from gputopo.cli.output import print_json
+    from gputopo.usecases.cluster_plan import ClusterPlanRequest, cluster_plan
 
+    cplan = cluster_plan(ClusterPlanRequest(reach, _source(conn), facts_dir))
+    if as_json:
         print_json(cplan.to_data())
     else:
         sys.stdout.write(cplan.to_text())
@@ -276,21 +142,9 @@ def node_read_cmd(conn: Connection, reads_file):
     """
     import json
 
-    from gputopo.adapters.hostfiles import RealHostFiles
-    from gputopo.cluster.noderead import node_facts, read_node, read_reads
+    from gputopo.usecases.cluster_noderead import NodeReadRequest, node_read
 
-    if conn.sim is not None:
-        from gputopo.sim.container import SimExec, SimPaths
-
-        root = str(SimPaths(Path(conn.sim)).root)
-        exec_port = SimExec(conn.sim)
-    else:
-        from gputopo.adapters.pct import PctExec
-
-        root, exec_port = "/", PctExec()
-    facts = node_facts(root)  # first: the cluster side sends the reads meanwhile
-    reads = read_reads(reads_file)  # no spec here: the node's part costs about what discover does
-    doc = read_node(facts, reads, exec_port, RealHostFiles(root))
+    doc = node_read(NodeReadRequest(reads_file=reads_file, sim=conn.sim))
     sys.stdout.write(json.dumps(doc, ensure_ascii=False) + "\n")
 
 
@@ -308,30 +162,19 @@ def node_read_cmd(conn: Connection, reads_file):
     "--exit-code", "exit_code", is_flag=True, help="Exit 0: no difference, 2: differences, 1: error."
 )
 @click.option("--json", "as_json", is_flag=True, help="The differences as JSON.")
-def diff_cmd(
-    conn: Connection,
-    reach: Reach,
-    facts_dir,
-    exit_code,
-    as_json,
-):
+def diff_cmd(conn: Connection, reach: ClusterReach, facts_dir, exit_code, as_json):
     """How every node (and the HA placement) differs from the spec.
 
     Exit codes: 0, or 2 for bad input; with --exit-code 0 no difference anywhere, 2 differences,
     1 any error.
     """
     from gputopo.cli.output import exit_with_error, print_diff
-    from gputopo.cluster.diff import diff_cluster
     from gputopo.errors import GputopoError
+    from gputopo.usecases.cluster_diff import cluster_diff
+    from gputopo.usecases.cluster_plan import ClusterPlanRequest
 
     try:
-        c = _open(conn, reach, facts_dir)
-        try:
-            _read(c, conn, reach.timeout, facts_dir)
-            cplan = _plan(c)
-            report = diff_cluster(c.spec, c.inputs, c.nodes, cplan.ha, c.ha)
-        finally:
-            c.close()
+        report = cluster_diff(ClusterPlanRequest(reach, _source(conn), facts_dir))
     except GputopoError as e:
         if not exit_code:
             raise
@@ -370,7 +213,7 @@ def diff_cmd(
 )
 def apply_cmd(
     conn: Connection,
-    reach: Reach,
+    reach: ClusterReach,
     serial,
     canary,
     node_timeout,
@@ -390,137 +233,52 @@ def apply_cmd(
     was changed anywhere; 1 a node failed and rolled back, or failed after another node was
     changed and kept; 3 a node needs a human or its outcome is unknown.
     """
-    from gputopo.cli.output import print_json
-    from gputopo.cluster.rolling import RollingResult, batches, rolling_apply
-    from gputopo.errors import ClusterApplyFailed, ConfigError, GputopoError
+    from gputopo.cli.clusterview import print_applied
+    from gputopo.usecases.cluster_apply import ClusterApplyRequest, cluster_apply
 
-    nodes: list[str] = []
-    try:
-        c = _open(conn, reach)
-        nodes = c.nodes
-        try:
-            _read(c, conn, reach.timeout, None, with_ha=not no_ha)
-            try:
-                cplan = _plan(c)
-            except SystemExit as stop:  # a refused plan: its refusals are on stderr
-                if as_json:
-                    refused = GputopoError("the plan was refused (its refusals are on stderr)")
-                    refused.exit_code = stop.code if isinstance(stop.code, int) else 2
-                    print_json(RollingResult.unstarted(nodes).to_doc("refused", refused))
-                raise
-            batches(c.nodes, serial, canary)  # a bad --canary or --serial is refused before anything runs
-            click.echo(cplan.to_text(), nl=False, err=as_json)
-            empty = {n.node for n in cplan.nodes if n.plan.is_empty}
-            if cplan.is_empty or dry_run:
-                if as_json:
-                    print_json(
-                        RollingResult.unstarted(nodes, empty).to_doc("dry-run" if dry_run else "no-changes")
-                    )
-                return
-            if not yes:
-                if not sys.stdin.isatty():
-                    raise ConfigError(
-                        "refusing to change the cluster without confirmation: pass --yes "
-                        "(stdin is not a terminal)"
-                    )
-                if not click.confirm(
-                    f"Apply on {len(c.nodes)} node(s), {serial} at a time?", default=False, err=as_json
-                ):
-                    from gputopo.errors import ApplyCancelled
+    def confirm(question: str) -> bool:
+        return click.confirm(question, default=False, err=as_json)
 
-                    raise ApplyCancelled()
-
-            def report(o) -> None:
-                click.echo(o.progress(), err=as_json)
-
-            try:
-                result = rolling_apply(
-                    cplan,
-                    c.spec_text,
-                    c.shell,
-                    not no_ha,
-                    serial=serial,
-                    canary=canary,
-                    timeout=node_timeout,
-                    verify=not no_verify,
-                    report=report,
-                )
-            except ClusterApplyFailed as e:
-                # the account, also (above all) when the rollout stopped
-                if as_json:
-                    print_json(e.account.to_doc())
-                else:
-                    click.echo(e.account.to_text(), nl=False)
-                raise
-        finally:
-            c.close()
-    except ClusterApplyFailed:
-        raise
-    except GputopoError as e:
-        # refused before any node's apply: nothing was changed anywhere
-        if as_json:
-            print_json(RollingResult.unstarted(nodes).to_doc("refused", e))
-        raise
-    if as_json:
-        print_json(result.to_doc())
-    else:
-        click.echo(result.to_text(), nl=False)
+    result = cluster_apply(
+        ClusterApplyRequest(
+            reach=reach,
+            source=_source(conn),
+            serial=serial,
+            canary=canary,
+            node_timeout=node_timeout,
+            dry_run=dry_run,
+            yes=yes,
+            verify=not no_verify,
+            ha=not no_ha,
+            show=lambda text: click.echo(text, nl=False, err=as_json),
+            progress=lambda line: click.echo(line, err=as_json),
+            confirm=confirm if sys.stdin.isatty() else None,
+        )
+    )
+    print_applied(result, as_json)
+    if result.error is not None:
+        raise result.error
 
 
 @cluster.command("verify")
 @cluster_options
 @connection_options(node=False, root=False)
 @click.option("--json", "as_json", is_flag=True, help="The report as JSON.")
-def verify_cmd(conn: Connection, reach: Reach, as_json):
+def verify_cmd(conn: Connection, reach: ClusterReach, as_json):
     """Every node's own verify (Proxmox's mapping check for that node included) and the
     cluster's checks: converged, offline migration to nodes without the mapping.
 
     Exit codes: 0 all clear, 1 any FAIL, 2 bad input or an unreachable node.
     """
-    from gputopo.cluster.verify import verify_cluster
+    from gputopo.cli.clusterview import print_cluster_report
+    from gputopo.cli.output import print_json
     from gputopo.errors import VerifyFailed
+    from gputopo.usecases.cluster_verify import ClusterVerifyRequest, cluster_verify
 
-    c = _open(conn, reach)
-    try:
-        _read(c, conn, reach.timeout, None)
-        cplan = _plan(c)
-        vms = [(n, vmid) for n in c.nodes for vmid in c.inputs[n].current.guests]
-        # a node's verify waits for its inference probe (verify.timeout) on top of its checks
-        report = verify_cluster(
-            cplan,
-            c.spec_text,
-            c.shell,
-            c.api,
-            c.ha,
-            vms,
-            max(reach.timeout, c.spec.verify.timeout + DEFAULT_TIMEOUT),
-        )
-    finally:
-        c.close()
+    report = cluster_verify(ClusterVerifyRequest(reach, _source(conn)))
     if as_json:
-        from gputopo.cli.output import print_json
-
         print_json(report)
     else:
-        _print_report(report)
+        print_cluster_report(report)
     if not report.ok:
         raise VerifyFailed(report.summary_line())
-
-
-def _print_report(report) -> None:
-    from rich.table import Table
-    from rich.text import Text
-
-    from gputopo.cli.output import STYLE, console
-
-    table = Table(title="gputopo cluster verify", title_justify="left")
-    for col in ("NODE", "CHECK", "STATUS", "RESULT"):
-        table.add_column(col, no_wrap=col != "RESULT", overflow="fold")
-    for n in report.nodes:
-        for ch in n.checks:
-            table.add_row(n.node, ch.name, Text(ch.status, style=STYLE[ch.status]), ch.summary)
-    for ch in report.checks:
-        table.add_row("cluster", ch.name, Text(ch.status, style=STYLE[ch.status]), ch.summary)
-    out = console()
-    out.print(table)
-    out.print(Text(report.summary_line(), style="bold green" if report.ok else "bold red"))

@@ -134,6 +134,11 @@ def plan_cluster(
     """Plan every node of ``inputs`` (in ``order``), merge the mappings, and (``ha`` given) plan
     the HA placement of the VMs on them over ``members`` (default: ``order``).
 
+    Each node's plan is made here from what was read of it (its facts and state in
+    ``inputs``), as a single node's read-and-plan makes it (:func:`gputopo.plan.planner.plan`);
+    a per-node read-and-plan of the use-case layer can take this place, the reads staying the
+    cluster's (one round trip per node).
+
     Raises PlanRefused with every node's refusals, each prefixed with its node.
     """
     plans: dict[str, Plan] = {}

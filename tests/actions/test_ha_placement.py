@@ -13,7 +13,7 @@ import pytest
 from gputopo.actions.ha import HaChange, PlaceHa, _snapshot, apply_changes, restore_changes
 from gputopo.actions.shell import CommandContext
 from gputopo.apply import read_and_plan
-from gputopo.cluster.rolling import apply_node
+from gputopo.cluster.noderun import apply_node
 from gputopo.errors import ProxmoxError
 from gputopo.facts.ha import read_ha_config
 from gputopo.model.facts import Facts, HostFacts

@@ -11,7 +11,9 @@ import jsonschema
 import pytest
 
 from gputopo.cli.schema import schema_of
-from gputopo.cluster.rolling import RollingResult, apply_node, rolling_apply
+from gputopo.cluster.account import RollingResult
+from gputopo.cluster.noderun import apply_node
+from gputopo.cluster.rolling import rolling_apply
 from gputopo.errors import ClusterApplyFailed, NodeUnreachable
 from gputopo.model.documents import versioned
 from gputopo.ports import ExecResult
@@ -162,7 +164,7 @@ def test_ssh_failing_before_the_command_is_not_started_after_it_unknown(reason, 
 
 
 def outcomes(*pairs: tuple[str, str]) -> RollingResult:
-    from gputopo.cluster.rolling import NodeOutcome
+    from gputopo.cluster.account import NodeOutcome
 
     return RollingResult(
         [
@@ -190,7 +192,7 @@ def test_the_rollouts_exit_code_says_whether_anything_changed(pairs, code):
 
 
 def test_a_first_node_locked_passes_on_4_only_while_nothing_changed():
-    from gputopo.cluster.rolling import NodeOutcome
+    from gputopo.cluster.account import NodeOutcome
 
     r = RollingResult([NodeOutcome("pve1", "refused", rc=4, failed=True), NodeOutcome("pve2", "not-started")])
     assert r.exit_code == 4 and "nothing was changed anywhere" in r.summary()

@@ -8,7 +8,7 @@ import ast
 import json
 import re
 
-from gputopo.cluster.rolling import apply_node, read_apply_doc
+from gputopo.cluster.noderun import apply_node, read_apply_doc
 from gputopo.cluster.verify import node_report
 from gputopo.model.documents import ApplyDoc, Check, VerifyReport, versioned
 from gputopo.ports import ExecResult
