@@ -22,6 +22,21 @@ SIGTERM = 143
 # (what a cluster command tells from a node's answer): no gputopo command ends with it
 SSH_ERROR = 255
 
+# the signals a command ends with (their numbers on Linux; this module imports nothing) and how
+# its messages name them
+_SIGNALS = {2: (SIGINT, "Ctrl-C"), 15: (SIGTERM, "SIGTERM"), 1: (SIGHUP, "SIGHUP")}
+
+
+def of_signal(signum: int) -> int:
+    """The exit code of a command that ``signum`` (SIGINT, SIGTERM, SIGHUP) stopped: 128 + signum."""
+    return _SIGNALS[signum][0] if signum in _SIGNALS else 128 + signum
+
+
+def signal_name(signum: int) -> str:
+    """How messages name ``signum``: "Ctrl-C", "SIGTERM", "SIGHUP"."""
+    return _SIGNALS[signum][1] if signum in _SIGNALS else f"signal {signum}"
+
+
 MEANING: dict[int, str] = {
     OK: "done, no changes, or all clear",
     FAILED: "a failure while acting or verifying (an apply is rolled back); a verify FAIL",
@@ -117,7 +132,10 @@ COMMANDS: dict[str, dict[int, str]] = {
         NEEDS_HUMAN: "apply: a node needs a human, or its outcome is unknown (the connection was "
         "lost during its apply: the account names the next step)",
         LOCKED: "apply: a node's lock is held, and nothing was changed anywhere",
-        SIGINT: "interrupted",
+        SIGHUP: "apply: SIGHUP (the session it ran in dropped), with the account; the nodes "
+        "applying then answer or are unknown",
+        SIGINT: "interrupted (apply: with the account)",
+        SIGTERM: "apply: SIGTERM, with the account; the nodes applying then answer or are unknown",
     },
     "demo": {OK: "the demo ran", FAILED: "a step of the demo failed", **_COMMON},
     "sim": {

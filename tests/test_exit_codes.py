@@ -54,6 +54,14 @@ WITNESSES = {
         3,
     ): "cluster/test_cluster_apply.py::test_a_node_whose_gpu_falls_off_the_bus_stops_the_run_with_exit_3",
     ("cluster", 4): "cluster/test_cluster_apply.py::test_a_node_whose_lock_is_held_stops_the_run_with_exit_4",
+    (
+        "cluster",
+        129,
+    ): "cluster/test_cluster_account.py::test_a_signal_during_pve2s_apply_ends_with_the_account",
+    (
+        "cluster",
+        143,
+    ): "cluster/test_cluster_account.py::test_a_signal_during_pve2s_apply_ends_with_the_account",
 }
 # every command: Ctrl-C anywhere is 130 (main turns KeyboardInterrupt into it)
 # and a reader gone early is 141 (main ends it quietly)

@@ -19,7 +19,8 @@ apply document: status, steps, verify), never guessed:
 
 The rollout's exit code (:attr:`RollingResult.exit_code`, codes of :mod:`gputopo.exitcodes`):
 0 when every node is done; 3 when a node needs a human or its outcome is unknown; 2 or 4 (the
-refusing node's) only when nothing was changed anywhere; 130 when Ctrl-C stopped it; otherwise 1.
+refusing node's) only when nothing was changed anywhere; 130, 143 or 129 when Ctrl-C, SIGTERM or
+SIGHUP (a dropped session to the machine it runs on) stopped it; otherwise 1.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from enum import StrEnum
 
 from gputopo import exitcodes
 from gputopo.errors import ClusterApplyFailed, GputopoError
+from gputopo.exitcodes import signal_name
 from gputopo.model.documents import ApplyDoc, ClusterApplyDoc, NodeApplyDoc
 
 
@@ -136,7 +138,12 @@ class RollingResult:
 
     outcomes: list[NodeOutcome] = field(default_factory=list)
     wall_s: float = 0.0
-    interrupted: bool = False  # Ctrl-C stopped the rollout
+    signum: int | None = None  # the signal that stopped the rollout: SIGINT (Ctrl-C), SIGTERM, SIGHUP
+
+    @property
+    def interrupted(self) -> bool:
+        """Whether a signal stopped the rollout."""
+        return self.signum is not None
 
     def of(self, status: Outcome | tuple[Outcome, ...]) -> list[str]:
         wanted = (status,) if isinstance(status, str) else status
@@ -169,11 +176,11 @@ class RollingResult:
     @property
     def exit_code(self) -> int:
         """0 done; 3 a node needs a human or its outcome is unknown; 2 or 4 (the refusing
-        node's) only when nothing was changed anywhere; 130 Ctrl-C; else 1."""
+        node's) only when nothing was changed anywhere; 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP; else 1."""
         if not self.failed:
             return exitcodes.OK
-        if self.interrupted:
-            return exitcodes.SIGINT
+        if self.signum is not None:
+            return exitcodes.of_signal(self.signum)
         if self.of(FOR_A_HUMAN):
             return exitcodes.NEEDS_HUMAN
         first = self.stopped_at
@@ -200,8 +207,8 @@ class RollingResult:
             parts.append(f"not started: {', '.join(not_started)}")
         first = self.stopped_at
         head = f"stopped at node {first.node}" if first is not None else "cluster applied"
-        if self.interrupted:
-            head = "interrupted (Ctrl-C)"
+        if self.signum is not None:
+            head = f"interrupted ({signal_name(self.signum)})"
         return f"{head} in {self.wall_s:.1f} s: " + "; ".join(parts)
 
     def to_text(self) -> str:
@@ -221,9 +228,10 @@ class RollingResult:
         first = self.stopped_at
         node = first.node if first is not None else None
         reason = first.reason if first is not None else ""
-        if self.interrupted:
+        if self.signum is not None:
             node = node or self.outcomes[-1].node
-            reason = f"interrupted (Ctrl-C) during its apply; {reason}" if reason else "interrupted (Ctrl-C)"
+            said = f"interrupted ({signal_name(self.signum)})"
+            reason = f"{said} during its apply; {reason}" if reason else said
         return ClusterApplyFailed(
             node,
             reason,

@@ -12,13 +12,16 @@ HA placement is a step of each node's own apply (journaled, rolled back with the
 steps: :mod:`gputopo.actions.ha`); ``--no-ha`` is passed on to every node.
 
 Every run ends with an account (:class:`gputopo.cluster.account.RollingResult`): one outcome per
-node, told from what the node's own apply printed. Ctrl-C ends it with the account too (130):
-the nodes applying then are told from what they answer (a node's apply that got the same
-Ctrl-C rolls back and says so), else unknown.
+node, told from what the node's own apply printed. Ctrl-C, SIGTERM and SIGHUP end it with the
+account too (130, 143, 129; the caller turns SIGTERM and SIGHUP into a KeyboardInterrupt that
+carries its ``signum``, :class:`gputopo.apply.signals.Signalled`): the nodes applying then are
+told from what they answer within :data:`CTRL_C_GRACE` (a node's apply that got the same signal
+rolls back and says so), else unknown.
 """
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -28,9 +31,10 @@ from gputopo.cluster.account import NodeOutcome, Outcome, RollingResult, look_at
 from gputopo.cluster.noderun import DEFAULT_NODE_TIMEOUT, apply_node
 from gputopo.cluster.plan import ClusterPlan
 from gputopo.errors import ConfigError, GputopoError, UnknownNode
+from gputopo.exitcodes import signal_name
 from gputopo.ports import NodeShellPort
 
-CTRL_C_GRACE = 30.0  # seconds the nodes applying get to answer after Ctrl-C
+CTRL_C_GRACE = 30.0  # seconds the nodes applying get to answer after Ctrl-C (SIGTERM, SIGHUP)
 
 
 def batches(order: list[str], serial: int, canary: str | None) -> list[list[str]]:
@@ -49,10 +53,11 @@ def batches(order: list[str], serial: int, canary: str | None) -> list[list[str]
     return out
 
 
-def _after_ctrl_c(batch: list[str], futures: list[Future[NodeOutcome]]) -> list[NodeOutcome]:
-    """The outcomes of ``batch`` once Ctrl-C stopped the wait: each node's own, when its apply
-    (whose ssh got the same Ctrl-C on a terminal) answers within :data:`CTRL_C_GRACE`, else
-    unknown. A second Ctrl-C stops the wait."""
+def _after_ctrl_c(batch: list[str], futures: list[Future[NodeOutcome]], signum: int) -> list[NodeOutcome]:
+    """The outcomes of ``batch`` once ``signum`` (Ctrl-C, SIGTERM, SIGHUP) stopped the wait: each
+    node's own, when its apply (whose ssh got the same signal: a terminal's Ctrl-C, systemd's stop
+    of the unit, a dropped session's hangup reach the whole process group) answers within
+    :data:`CTRL_C_GRACE`, else unknown. A second signal stops the wait."""
     deadline = time.monotonic() + CTRL_C_GRACE
     out = []
     for node, f in zip(batch, futures, strict=True):
@@ -64,7 +69,7 @@ def _after_ctrl_c(batch: list[str], futures: list[Future[NodeOutcome]]) -> list[
                 NodeOutcome(
                     node,
                     Outcome.UNKNOWN,
-                    reason="interrupted (Ctrl-C) while its apply ran",
+                    reason=f"interrupted ({signal_name(signum)}) while its apply ran",
                     failed=True,
                     next_step=look_at(node),
                 )
@@ -72,17 +77,28 @@ def _after_ctrl_c(batch: list[str], futures: list[Future[NodeOutcome]]) -> list[
     return out
 
 
-def _run_batch(batch: list[str], one: Callable[[str], NodeOutcome]) -> tuple[list[NodeOutcome], bool]:
-    """The outcomes of the nodes of ``batch``, applying at the same time, and whether Ctrl-C
-    stopped the wait for them."""
+def _run_batch(batch: list[str], one: Callable[[str], NodeOutcome]) -> tuple[list[NodeOutcome], int | None]:
+    """The outcomes of the nodes of ``batch``, applying at the same time, and the signal that
+    stopped the wait for them (None: none did)."""
     ex = ThreadPoolExecutor(max_workers=len(batch))
     futures = [ex.submit(one, n) for n in batch]
     try:
-        return [f.result() for f in futures], False
-    except KeyboardInterrupt:
-        return _after_ctrl_c(batch, futures), True
+        return [f.result() for f in futures], None
+    except KeyboardInterrupt as e:
+        signum = getattr(e, "signum", signal.SIGINT)
+        return _after_ctrl_c(batch, futures, signum), signum
     finally:
         ex.shutdown(wait=False)
+
+
+def _not_started(result: RollingResult, order: list[str], stop: str) -> None:
+    """The nodes of ``order`` the rollout stopped at ``stop`` before, not started."""
+    started = {o.node for o in result.outcomes}
+    result.outcomes += [
+        NodeOutcome(n, Outcome.NOT_STARTED, reason=f"the rollout stopped at {stop}")
+        for n in order
+        if n not in started
+    ]
 
 
 def rollout(
@@ -99,7 +115,7 @@ def rollout(
 ) -> RollingResult:
     """Apply ``cplan`` node by node (see the module docstring); ``report`` sees each outcome.
     Returns the account, however the rollout ended (:attr:`RollingResult.failed`: a node failed
-    or Ctrl-C stopped it; the nodes not reached are not started). Raises UnknownNode and
+    or a signal stopped it; the nodes not reached are not started). Raises UnknownNode and
     ConfigError (:func:`batches`) before any node's apply."""
     t0 = time.monotonic()
     order = [n.node for n in cplan.nodes]
@@ -113,18 +129,17 @@ def rollout(
             return NodeOutcome(node, Outcome.NOT_STARTED, reason=str(e), failed=True)
 
     for batch in batches(order, serial, canary):
-        outcomes, result.interrupted = _run_batch(batch, one)
-        for o in outcomes:
-            report(o)
+        outcomes: list[NodeOutcome] = []
+        try:
+            outcomes, result.signum = _run_batch(batch, one)
+            for o in outcomes:
+                report(o)
+        except KeyboardInterrupt as e:  # while the outcomes were shown, or between two batches
+            result.signum = getattr(e, "signum", signal.SIGINT)
         result.outcomes += outcomes
         if any(o.failed for o in outcomes) or result.interrupted:
-            started = {o.node for o in result.outcomes}
             stop = next((o.node for o in outcomes if o.failed), batch[-1])
-            result.outcomes += [
-                NodeOutcome(n, Outcome.NOT_STARTED, reason=f"the rollout stopped at {stop}")
-                for n in order
-                if n not in started
-            ]
+            _not_started(result, order, stop)
             break
     result.wall_s = time.monotonic() - t0
     return result
@@ -139,7 +154,7 @@ def rolling_apply(
 ) -> RollingResult:
     """:func:`rollout` for a caller that wants only the account of a rollout where every node
     is done. Raises ClusterApplyFailed carrying the account (``account``) when a node failed
-    or Ctrl-C stopped the rollout (exit 130), its exit code the rollout's
+    or a signal stopped the rollout (exit 130, 143, 129), its exit code the rollout's
     (:attr:`RollingResult.exit_code`)."""
     result = rollout(cplan, spec_text, shell, ha, **options)
     if result.failed:

@@ -2,17 +2,24 @@
 
 The flow: read every node and plan (a refused plan changes nothing anywhere), check the order
 (``--serial``, ``--canary``), show the plan, ask (unless ``yes``), then the rollout
-(:func:`gputopo.cluster.rolling.rollout`: node by node, stop at the first failure, Ctrl-C's
-account). However it ends, the result holds the rollout's document
+(:func:`gputopo.cluster.rolling.rollout`: node by node, stop at the first failure). Ctrl-C,
+SIGTERM (systemd stopping the unit it runs in, ``kill``) and SIGHUP (the SSH session to the
+machine it runs on dropped) during the rollout end it alike: the nodes applying then answer or
+are unknown, and the account is printed with exit 130, 143 or 129 (:func:`_signals_stop_it`). However it ends, the result holds the rollout's document
 (:class:`gputopo.model.documents.ClusterApplyDoc`): every node's outcome, or ``refused``,
 ``dry-run``, ``no-changes`` when no node's apply started; and the error it ends with, if any.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import signal
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
+from gputopo.apply.signals import Signalled
 from gputopo.cluster.account import RollingResult
 from gputopo.cluster.noderun import DEFAULT_NODE_TIMEOUT
 from gputopo.cluster.plan import ClusterPlan
@@ -97,6 +104,26 @@ def _confirmed(req: ClusterApplyRequest, nodes: list[str]) -> None:
         raise ApplyCancelled()
 
 
+@contextlib.contextmanager
+def _signals_stop_it() -> Iterator[None]:
+    """While inside, SIGTERM and SIGHUP raise :class:`Signalled` (a KeyboardInterrupt carrying the
+    signal) as Ctrl-C raises KeyboardInterrupt, so the rollout ends with its account whichever
+    of them stops it. Outside the main thread (no handler can be set there) it changes nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise Signalled(signum)
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
 def _run(req: ClusterApplyRequest, c: OpenCluster, cplan: ClusterPlan) -> ClusterApplyResult:
     """Show the plan, ask, roll it out: the result of a cluster that was read and planned."""
     batches(c.nodes, req.serial, req.canary)  # a bad --canary or --serial is refused before anything runs
@@ -107,17 +134,18 @@ def _run(req: ClusterApplyRequest, c: OpenCluster, cplan: ClusterPlan) -> Cluste
             RollingResult.unstarted(c.nodes, empty).to_doc("dry-run" if req.dry_run else "no-changes")
         )
     _confirmed(req, c.nodes)
-    result = rollout(
-        cplan,
-        c.spec_text,
-        c.shell,
-        req.ha,
-        serial=req.serial,
-        canary=req.canary,
-        timeout=req.node_timeout,
-        verify=req.verify,
-        report=lambda o: req.progress(o.progress()),
-    )
+    with _signals_stop_it():
+        result = rollout(
+            cplan,
+            c.spec_text,
+            c.shell,
+            req.ha,
+            serial=req.serial,
+            canary=req.canary,
+            timeout=req.node_timeout,
+            verify=req.verify,
+            report=lambda o: req.progress(o.progress()),
+        )
     error = result.error() if result.failed else None
     return ClusterApplyResult(result.to_doc(), result.to_text(), error)
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from gputopo import exitcodes
 from gputopo.apply.journal import list_journals
 from gputopo.apply.lock import HostLock
 from gputopo.cli.schema import schema_of
@@ -318,10 +319,21 @@ def test_a_rollout_refused_before_any_node_says_so_in_its_document(cluster, tmp_
     assert doc["error"].startswith("unknown node 'pve7'")
 
 
-def test_ctrl_c_during_pve2s_apply_ends_with_the_account_and_130(cluster, tmp_path):
-    """Ctrl-C (SIGINT to the terminal's process group, here the cluster apply and pve2's apply
-    under it) while pve2 applies: pve2 rolls itself back and says so, the rollout prints its
-    account and exits 130; pve1 stays applied, pve3 is not started."""
+@pytest.mark.parametrize(
+    ("signum", "code", "said"),
+    [
+        (signal.SIGINT, 130, "Ctrl-C"),
+        (signal.SIGTERM, 143, "SIGTERM"),  # systemd stopping the unit it runs in, a kill
+        (signal.SIGHUP, 129, "SIGHUP"),  # the SSH session to the jump host dropped
+    ],
+    ids=["ctrl-c", "sigterm", "sighup"],
+)
+def test_a_signal_during_pve2s_apply_ends_with_the_account(cluster, tmp_path, signum, code, said):
+    """Ctrl-C, SIGTERM or SIGHUP to the process group (the terminal's Ctrl-C, systemd's stop, a
+    dropped session's hangup all reach the cluster apply and the ssh of pve2's apply under it)
+    while pve2 applies: pve2 rolls itself back and says so, the rollout prints its account and
+    exits 130, 143 or 129 (each in the cluster exit table); pve1 stays applied, pve3 is not
+    started."""
     spec = tmp_path / "spec.yaml"
     spec.write_text(spec_text(cluster, split=["pve1", "pve2", "pve3"]))
     before = {n: node_fp(cluster, n) for n in ("pve2", "pve3")}
@@ -347,21 +359,22 @@ def test_ctrl_c_during_pve2s_apply_ends_with_the_account_and_130(cluster, tmp_pa
     try:
         wait_for_journal(cluster.member("pve2").paths.root)
         time.sleep(1.0)
-        os.killpg(run.pid, signal.SIGINT)
+        os.killpg(run.pid, signum)
         out, err = run.communicate(timeout=600)
     finally:
         if run.poll() is None:
             run.kill()
             run.wait()
-    assert run.returncode == 130, err
+    assert run.returncode == code, err
+    assert code in exitcodes.COMMANDS["cluster"]
     assert account(out) == {
         "pve1": "applied-and-kept",
         "pve2": "applied-then-rolled-back",
         "pve3": "not-started",
     }
-    assert out.rstrip().splitlines()[-1].startswith("interrupted (Ctrl-C) in ")
+    assert out.rstrip().splitlines()[-1].startswith(f"interrupted ({said}) in ")
     (line,) = err.strip().splitlines()[-1:]
-    assert line.startswith("gputopo: error: stopped at node pve2: interrupted (Ctrl-C) during its apply; ")
+    assert line.startswith(f"gputopo: error: stopped at node pve2: interrupted ({said}) during its apply; ")
     assert line.endswith("; applied and kept: pve1; not started: pve3")
     assert_runs_the_spec(cluster, "pve1", spec)
     for n in ("pve2", "pve3"):
