@@ -1,8 +1,8 @@
 """``gputopo sim``: create and serve a simulated Proxmox VE host (rehearsal and demos).
 
 The group and ``sim create`` are here; the other commands live by concern: :mod:`.simserve`
-(``serve``), :mod:`.simguest` (``guest``), :mod:`.simcluster` (``cluster-ssh``) and
-:mod:`.simfaults` (``break``, ``heal``)."""
+(``serve``), :mod:`.simguest` (``guest``), :mod:`.simcluster` (``cluster-ssh``),
+:mod:`.simfaults` (``break``, ``heal``) and :mod:`.simshell` (``shell``)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from gputopo.cli.simcluster import cluster_ssh
 from gputopo.cli.simfaults import break_, heal
 from gputopo.cli.simguest import guest
 from gputopo.cli.simserve import serve
+from gputopo.cli.simshell import shell
 from gputopo.exitcodes import with_exit_codes
 
 
@@ -124,3 +125,4 @@ sim.add_command(guest)
 sim.add_command(cluster_ssh)
 sim.add_command(break_)
 sim.add_command(heal)
+sim.add_command(shell)

@@ -150,9 +150,17 @@ def _unreachable_put(host, opts: dict) -> str:
 
 
 def _unreachable_take(host) -> None:
+    """Heal the node; while ``sim cluster-ssh`` serves the cluster, return once the node's sshd
+    accepts a connection again (SimHostError when it does not within a bound)."""
+    from gputopo.sim.cluster.peers import cluster_dir_of
     from gputopo.sim.cluster.reach import set_unreachable
+    from gputopo.sim.cluster.served import revive, serving, wait_accepting
 
     set_unreachable(host.dir, False)
+    cluster_dir = cluster_dir_of(host)
+    if serving(cluster_dir):
+        revive(cluster_dir, host.node)
+        wait_accepting(cluster_dir, host.node)
 
 
 def _unreachable_active(host) -> bool:
@@ -265,11 +273,34 @@ def put(dir, name: str, node: str | None = None, **opts: Any) -> str:
 
 def take(dir, name: str | None = None, node: str | None = None) -> list[str]:
     """Heal ``name`` (every active fault when None); returns the names healed. On a cluster
-    without ``node``: on every node, each name healed then given as ``NODE: NAME``."""
+    without ``node``: on every node, each name healed then given as ``NODE: NAME``. On a
+    cluster that ``sim cluster-ssh`` serves, healing every fault or ``node-unreachable`` also
+    starts again an sshd that exited without ``sim break`` (said as ``sshd started again``)."""
     from gputopo.sim.cluster import SimCluster
 
     if node is None and SimCluster.is_cluster(dir):
-        return [f"{n}: {f}" for n in SimCluster(dir).nodes for f in take(dir, name, n)]
+        nodes = SimCluster(dir).nodes
+        healed = [f"{n}: {f}" for n in nodes for f in _take(dir, name, n)]
+        return healed + [f"{n}: {did}" for n, did in _sshd_again(dir, name, nodes).items()]
+    healed = _take(dir, name, node)
+    if node is not None and SimCluster.is_cluster(dir):
+        healed += list(_sshd_again(dir, name, [node]).values())
+    return healed
+
+
+def _sshd_again(dir, name: str | None, nodes: list[str]) -> dict[str, str]:
+    """The sshd of each of ``nodes`` that exited by itself, started again (see :func:`take`)."""
+    from gputopo.sim.cluster import SimCluster
+    from gputopo.sim.cluster.reach import unreachable
+    from gputopo.sim.cluster.served import restart_exited
+
+    if name not in (None, "node-unreachable"):
+        return {}
+    cluster = SimCluster(dir)
+    return restart_exited(cluster.dir, nodes, lambda n: unreachable(cluster.node_dir(n)))
+
+
+def _take(dir, name: str | None, node: str | None) -> list[str]:
     host, in_cluster = target(dir, node)
     names = [name] if name is not None else [n for n, f in FAULTS.items() if not f.cluster_only or in_cluster]
     healed = []

@@ -20,7 +20,7 @@
 
 Nothing here models the kernel's sysfs: a write to an attribute is the simulated kernel's
 (:class:`gputopo.sim.kernel.SimKernel`), and a shell's ``echo > file`` cannot reach it by
-itself (the test that pastes the commands forwards each write to it).
+itself: :class:`gputopo.sim.hostshell.HostShell` (``gputopo sim shell``) hands each write to it.
 """
 
 from __future__ import annotations

@@ -5,6 +5,9 @@ pvesh; the one rewrite, of host paths) is in :mod:`helpers.pasted`."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -13,7 +16,7 @@ import pytest
 from helpers import applysim
 from helpers.applysim import template  # noqa: F401 (fixtures)
 from helpers.cli import one_line, run
-from helpers.pasted import PastedShell, rewrite, sections
+from helpers.pasted import UNDO_MARK, PastedShell, rewrite, sections
 
 
 def _hosts(template, n: int):
@@ -140,9 +143,74 @@ def test_only_host_paths_outside_here_documents_and_pct_lines_are_rewritten():
     assert (
         rewrite("pvesh delete /cluster/mapping/pci/x", root, staging) == "pvesh delete /cluster/mapping/pci/x"
     )
+    # a /sys path that is read is the simulated root's (the shell's reads see the kernel's files)
+    assert (
+        rewrite("cat /sys/bus/pci/devices/x/driver_override >/etc/o", root, staging)
+        == "cat /s/root/sys/bus/pci/devices/x/driver_override >/s/root/etc/o"
+    )
+    assert rewrite("echo 1 >'/sys/bus/pci/rescan'", root, staging) == "echo 1 >'/s/stage/sys/bus/pci/rescan'"
 
 
 def test_commands_and_json_together_are_refused_in_one_line(template, capsys):
     rc, out, err = run(capsys, "plan", "--sim", str(template), "--split", "numa", "--commands", "--json")
     assert rc == 2 and out == ""
     assert one_line(err) == "gputopo: error: --commands and --json: choose one"
+
+
+@pytest.mark.slow
+def test_sim_shell_runs_the_printed_commands_to_what_apply_reaches(template, capsys):
+    """'gputopo sim shell DIR -c' with the steps 'plan --commands' printed, as an operator pastes
+    them: the simulated host reaches what 'gputopo apply' reaches on a fresh copy."""
+    base, (pasted, applied) = _hosts(template, 2)
+    try:
+        text = applysim.seed_spec_text(pasted)
+        rc, printed, err = run(
+            capsys, "plan", "--spec", str(_spec(pasted, text)), "--sim", str(pasted.dir), "--commands"
+        )
+        assert rc == 0, err
+        steps = printed.partition(UNDO_MARK)[0]
+        rc, out, err = run(
+            capsys,
+            "apply",
+            "--spec",
+            str(_spec(applied, text)),
+            "--sim",
+            str(applied.dir),
+            "--yes",
+            "--no-verify",
+        )
+        assert rc == 0, out + err
+        shell = subprocess.run(
+            [sys.executable, "-m", "gputopo", "sim", "shell", str(pasted.dir), "-c", steps],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env={**os.environ, "SHELL": "/bin/bash"},
+        )
+        assert shell.returncode == 0, shell.stdout + shell.stderr
+        assert applysim.diff(applysim.fingerprint(pasted), applysim.fingerprint(applied)) == []
+        assert not list(pasted.paths.run.glob("shell-*"))  # its tools and staging tree go with it
+    finally:
+        pasted.stop()
+        applied.stop()
+        applysim.cleanup(base)
+
+
+def test_sim_shell_stops_at_the_first_failing_command_with_its_status(template):
+    shell = subprocess.run(
+        [sys.executable, "-m", "gputopo", "sim", "shell", str(template), "-c", "echo one\nfalse\necho two\n"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (shell.returncode, shell.stdout) == (1, "one\n")
+    assert shell.stderr == "gputopo sim shell: exit 1: false; the commands after it not run\n"
+    status = subprocess.run(
+        [sys.executable, "-m", "gputopo", "sim", "shell", str(template)],
+        input="qm set 999 --affinity 1\necho status $?\ncat /sys/bus/pci/devices/0000:01:00.0/vendor\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert status.returncode == 0
+    assert status.stdout.splitlines()[-2:] == ["status 255", "0x10de"]

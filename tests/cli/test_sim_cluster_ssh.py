@@ -153,6 +153,52 @@ def test_cluster_ssh_serves_each_node_until_sigterm_and_breaks_a_node_on_request
     assert all(refused(cluster.addresses[n], p) for n, p in served.ports.items())
 
 
+def test_heal_returns_once_the_nodes_sshd_accepts(cluster):
+    """'sim heal node-unreachable' on a served cluster: the very next connection is accepted,
+    every time."""
+    require_sshd()
+    served = Served(cluster.dir)
+    try:
+        for _ in range(3):
+            broke = cli("sim", "break", "node-unreachable", "--node", "pve2", str(cluster.dir))
+            assert broke.returncode == 0, broke.stderr
+            assert wait_for(lambda: refused("127.0.0.12", served.ports["pve2"]))
+            healed = cli("sim", "heal", "node-unreachable", "--node", "pve2", str(cluster.dir))
+            assert healed.stdout == "healed: node-unreachable\n", healed.stderr
+            assert not refused("127.0.0.12", served.ports["pve2"])
+    finally:
+        assert served.stop()[0] == 0
+
+
+def test_heal_starts_again_an_sshd_that_was_killed_and_says_so(cluster):
+    """An sshd killed outside 'sim break': the server says so on stderr, and 'sim heal' (every
+    fault, or the node's) starts it again and says so."""
+    require_sshd()
+    served = Served(cluster.dir)
+    try:
+        for heal in (["sim", "heal", str(cluster.dir)], ["sim", "heal", "--node", "pve3", str(cluster.dir)]):
+            pid = int((cluster.dir / "run/ssh/sshd-pve3.pid").read_text())
+            os.kill(pid, signal.SIGKILL)
+            assert wait_for(lambda: refused("127.0.0.13", served.ports["pve3"]))
+            healed = cli(*heal)
+            assert healed.returncode == 0, healed.stderr
+            said = "sshd started again (it had been killed by signal 9)"
+            assert healed.stdout == f"healed: {'pve3: ' if '--node' not in heal else ''}{said}\n"
+            assert not refused("127.0.0.13", served.ports["pve3"])
+            ok = subprocess.run(
+                ["ssh", "-F", str(cluster.dir / "ssh_config"), "pve3", "--", "gputopo", "--version"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert ok.returncode == 0, ok.stderr
+        assert cli("sim", "heal", str(cluster.dir)).stdout == "nothing to heal\n"
+    finally:
+        rc, err = served.stop()
+    assert rc == 0
+    assert err.count("the sshd of pve3 has been killed by signal 9: 'gputopo sim heal") == 2, err
+
+
 def test_a_killed_cluster_ssh_leaves_no_server_and_the_next_one_takes_over(cluster):
     require_sshd()
     first = Served(cluster.dir)

@@ -276,3 +276,57 @@ def test_a_failing_node_stops_the_rollout_with_its_reason(cluster, tmp_path):
     assert "\n" not in failed["msg"] and failed["msg"].startswith("apply failed at step ")
     assert "rolled back" in failed["msg"]
     assert report["stats"]["pve2"]["failures"] == 1 and "pve3" not in report["stats"]
+
+
+CLUSTERS = REPO / "docs" / "clusters.md"
+
+
+def _rehearsal_script() -> tuple[str, list[str]]:
+    """docs/clusters.md's playbook on a simulated cluster: (its commands as one bash script,
+    what its last command shows)."""
+    text = CLUSTERS.read_text()
+    section = text[text.index("### the playbook on a simulated cluster\n") :]
+    block = re.search(r"```\n(\$ .*?)```", section, re.S)
+    assert block, "no console block under 'the playbook on a simulated cluster'"
+    script: list[str] = []
+    shown: list[str] = []
+    delimiter = None
+    for line in block[1].splitlines():
+        if delimiter is not None:
+            script.append(line)
+            delimiter = None if line == delimiter else delimiter
+        elif line.startswith("$ "):
+            script.append(line[2:])
+            shown = []
+            m = re.search(r"<<'(\w+)'$", line)
+            delimiter = m[1] if m else None
+        else:
+            shown.append(line)
+    return "\n".join(script) + "\n", shown
+
+
+def test_the_docs_playbook_rehearsal_runs_as_written(tmp_path):
+    """The commands docs/clusters.md gives for running the playbook on a simulated cluster, run
+    as written (the checkout for <checkout>, a private directory for /tmp/rollout)."""
+    ansible_playbook()
+    script, shown = _rehearsal_script()
+    assert "ansible-playbook -i inventory.yml gputopo.proxmox.rolling_apply" in script
+    script = script.replace("/tmp/rollout", str(tmp_path / "rollout")).replace("<checkout>", str(REPO))
+    env = dict(
+        os.environ,
+        ANSIBLE_LOCAL_TEMP=str(tmp_path / "ansible-local"),
+        ANSIBLE_REMOTE_TEMP=str(tmp_path / "ansible-remote"),
+        ANSIBLE_NOCOLOR="1",
+        PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+    )
+    res = subprocess.run(
+        ["bash", "-e", "-o", "pipefail", "-c", script],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=900,
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert res.stdout.splitlines()[-len(shown) :] == shown, res.stdout[-3000:]
+    assert "changed=1" in res.stdout  # the second run applied each node

@@ -174,6 +174,7 @@ def test_a_man_page_for_every_command_with_its_options(tmp_path):
         "gputopo-sim-cluster-ssh.1",
         "gputopo-sim-break.1",
         "gputopo-sim-heal.1",
+        "gputopo-sim-shell.1",
         "gputopo-sim-guest.1",
         *(f"gputopo-sim-guest-{verb}.1" for verb in ("start", "stop", "status")),
         "gputopo-fixtures-build.1",

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import configparser
 import os
+import re
 import shlex
 import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from gputopo.cli.watchcmd import watch
 from helpers import REPO
@@ -73,3 +75,33 @@ def test_the_package_ships_the_units_disabled(release, unitdir, tmp_path):
         p.read_text() for p in (tmp_path / "control").iterdir() if p.name in ("postinst", "preinst")
     )
     assert "gputopo-watch" not in scripts  # and none made at install
+
+
+SPEC_PATH = re.compile(r"/etc/gputopo/[\w.-]+\.ya?ml")
+PLAYBOOK = REPO / "ansible_collections/gputopo/proxmox/playbooks/rolling_apply.yml"
+NAMING_THE_SPEC = [
+    UNITS / "gputopo-watch.service",
+    UNITS / "gputopo-watch-follow.service",
+    PLAYBOOK,
+    REPO / "ansible_collections/gputopo/proxmox/README.md",
+    REPO / "ansible_collections/gputopo/proxmox/plugins/modules/topology.py",
+    REPO / "docs/watch.md",
+    REPO / "docs/clusters.md",
+]
+
+
+def test_one_default_spec_path_in_the_watch_its_units_the_playbook_and_the_docs():
+    """Where the playbook leaves the spec is where the watch and its units read it: the watch's
+    default, the CLI's, every node spec path the units, the collection and the docs name."""
+    from gputopo.watch.run import DEFAULT_SPEC
+
+    assert {p.name: p.default for p in watch.params}["spec_file"] == DEFAULT_SPEC
+    for name in ("gputopo-watch.service", "gputopo-watch-follow.service"):
+        argv = shlex.split(unit(name)["Service"]["ExecStart"])
+        assert watch.make_context("watch", argv[2:]).params["spec_file"] == DEFAULT_SPEC, name
+    named = {str(p.relative_to(REPO)): set(SPEC_PATH.findall(p.read_text())) for p in NAMING_THE_SPEC}
+    assert {p: paths - {DEFAULT_SPEC} for p, paths in named.items()} == {p: set() for p in named}
+    assert DEFAULT_SPEC in named["docs/watch.md"] and DEFAULT_SPEC in named["docs/clusters.md"]
+    tasks = yaml.safe_load(PLAYBOOK.read_text())[0]["tasks"]
+    copy = next(t["ansible.builtin.copy"] for t in tasks if "ansible.builtin.copy" in t)
+    assert copy["dest"] == "{{ gputopo_spec_path | default('" + DEFAULT_SPEC + "') }}"

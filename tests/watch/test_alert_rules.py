@@ -38,8 +38,16 @@ def test_each_alert_fires_on_what_the_watch_writes_and_only_then(tmp_path):
         {"series": f'gputopo_drift{{{NODE},area="driver_bindings"}}', "values": "0x35"},
         {"series": f'gputopo_check{{{NODE},check="container"}}', "values": "1x35"},
         {"series": f'gputopo_check{{{NODE},check="vm"}}', "values": "1x4 0x30"},
-        # one GPU of eight gone at minute 20
-        {"series": f"gputopo_gpus{{{NODE}}}", "values": "8x19 7x15"},
+        # one GPU of two, held by CT 101, gone at minute 20 (no apply ever)
+        {"series": f"gputopo_gpus{{{NODE}}}", "values": "2x19 1x15"},
+        {
+            "series": f'gputopo_gpu_owner{{{NODE},address="0000:01:00.0",owner="container:101"}}',
+            "values": "1x35",
+        },
+        {
+            "series": f'gputopo_gpu_owner{{{NODE},address="0000:81:00.0",owner="container:101"}}',
+            "values": "1x19 stale",
+        },
         {"series": f"gputopo_watch_up{{{NODE}}}", "values": "1x35"},
         # an apply from minute 1 to 3, then nothing unfinished; passes stop being written at minute 10
         {"series": f"gputopo_apply_in_progress{{{NODE}}}", "values": "0 1 1 0x32"},
@@ -57,7 +65,8 @@ def test_each_alert_fires_on_what_the_watch_writes_and_only_then(tmp_path):
         _fired("GputopoDrift", "16m", area="mappings", severity="warning"),
         _fired("GputopoCheckFailing", "16m", check="vm", severity="warning"),
         _silent("GputopoGpuGone", "19m"),
-        _fired("GputopoGpuGone", "21m", severity="critical"),
+        _silent("GputopoGpuGone", "23m"),  # 'for: 5m' not yet over
+        _fired("GputopoGpuGone", "26m", address="0000:81:00.0", severity="critical"),
         # pve1's apply was unfinished only while it ran
         _fired("GputopoApplyNeedsHuman", "30m", **PVE2_LABELS, outcome="needs-human", severity="critical"),
         _silent("GputopoApplyRunningLong", "30m"),
@@ -77,6 +86,48 @@ def test_each_alert_fires_on_what_the_watch_writes_and_only_then(tmp_path):
         "tests": [{"interval": "1m", "input_series": series, "alert_rule_test": checks}],
     }
     path = tmp_path / "watch-alerts.test.yml"
+    path.write_text(yaml.safe_dump(test, sort_keys=False))
+    got = promtool.run("test", "rules", path)
+    assert got.returncode == 0, textwrap.shorten(got.stdout + got.stderr, 4000)
+
+
+def test_a_gpu_lost_pages_and_a_planned_removal_does_not(tmp_path):
+    """GputopoGpuGone: pve1's GPU, held by its container, falls off the bus after the last apply
+    (fires once 'for: 5m' is over); pve2's is pulled, then a spec without it applied; pve3's is
+    released by an apply (owner free), then pulled: both planned, both silent."""
+    rules = yaml.safe_load(RULES.read_text())
+
+    def owner(node: str, address: str, who: str, values: str) -> dict:
+        return {"series": f'gputopo_gpu_owner{{{node},address="{address}",owner="{who}"}}', "values": values}
+
+    series = [
+        {"series": f"gputopo_last_apply_timestamp_seconds{{{NODE}}}", "values": "60x40"},
+        {"series": f"gputopo_gpus{{{NODE}}}", "values": "2x9 1x30"},
+        owner(NODE, "0000:01:00.0", "container:101", "1x40"),
+        owner(NODE, "0000:81:00.0", "container:101", "1x9 stale"),
+        # pve2: pulled at minute 5 (the node down meanwhile), the spec without it applied at 8
+        {"series": f"gputopo_last_apply_timestamp_seconds{{{PVE2}}}", "values": "0x7 480x32"},
+        {"series": f"gputopo_gpus{{{PVE2}}}", "values": "2x4 stale _x1 1x32"},
+        owner(PVE2, "0000:01:00.0", "container:102", "1x4 stale _x1 1x32"),
+        owner(PVE2, "0000:81:00.0", "container:102", "1x4 stale"),
+        # pve3: an apply at minute 3 releases it (free), pulled at minute 10
+        {"series": f"gputopo_last_apply_timestamp_seconds{{{PVE3}}}", "values": "0x2 180x37"},
+        {"series": f"gputopo_gpus{{{PVE3}}}", "values": "2x9 1x30"},
+        owner(PVE3, "0000:01:00.0", "container:103", "1x40"),
+        owner(PVE3, "0000:81:00.0", "container:103", "1x2 stale"),
+        owner(PVE3, "0000:81:00.0", "free", "_x3 1x6 stale"),
+    ]
+    fired = _fired("GputopoGpuGone", "16m", address="0000:81:00.0", severity="critical")
+    checks = [_silent("GputopoGpuGone", "13m"), fired, fired | {"eval_time": "39m"}]
+    for c in checks:
+        for a in c["exp_alerts"]:
+            a["exp_annotations"] = _annotations(rules, c["alertname"], a["exp_labels"])
+    test = {
+        "rule_files": [str(RULES)],
+        "evaluation_interval": "1m",
+        "tests": [{"interval": "1m", "input_series": series, "alert_rule_test": checks}],
+    }
+    path = tmp_path / "gpu-gone.test.yml"
     path.write_text(yaml.safe_dump(test, sort_keys=False))
     got = promtool.run("test", "rules", path)
     assert got.returncode == 0, textwrap.shorten(got.stdout + got.stderr, 4000)

@@ -4,6 +4,7 @@ their values, the textfile written in one step, and promtool's verdict on every 
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -12,7 +13,7 @@ from gputopo.errors import OutputError
 from gputopo.model.documents import FAIL, PASS, SKIP, WARN, Check
 from gputopo.watch.metrics import OUTCOMES, TEXTFILE, exposition, text, textfile_path, write_textfile
 from gputopo.watch.run import LastApply, WatchResult
-from helpers import promtool
+from helpers import REPO, promtool
 
 T = 1_800_000_000.0
 
@@ -127,3 +128,19 @@ def test_the_default_directory_is_node_exporters_under_the_root(tmp_path):
     d.mkdir(parents=True)
     assert textfile_path(tmp_path) == d / TEXTFILE
     assert textfile_path(tmp_path, file=str(tmp_path / "x.prom")) == tmp_path / "x.prom"
+
+
+def test_the_docs_metric_table_names_every_drift_area_and_check_the_watch_emits():
+    """docs/watch.md's table lists every ``area`` of gputopo_drift (diff's areas, and ``spec``)
+    and every ``check`` of gputopo_check, as the code emits them."""
+    from gputopo.plan.diff import AREAS
+    from gputopo.watch.run import QUICK_CHECKS, SPEC_AREA
+
+    rows = {}
+    for line in (REPO / "docs" / "watch.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].startswith("`gputopo_"):
+            rows[cells[0].strip("`")] = set(re.findall(r"`([\w-]+)`", cells[1]))
+    areas = {a.replace(" ", "_") for a in AREAS} | {SPEC_AREA}
+    assert areas - rows["gputopo_drift"] == set()
+    assert set(QUICK_CHECKS) - rows["gputopo_check"] == set()

@@ -7,7 +7,11 @@ node's simulated parts:
 
 * ``gputopo ...``: the gputopo installed for this interpreter, pointed at the node: ``--sim NODE_DIR`` for
   the commands that take it and ``cluster node-read`` (a real node's default is the local
-  pvesh and pct), ``--root NODE_DIR/root`` for ``discover`` and ``snapshot``;
+  pvesh and pct), ``--root NODE_DIR/root`` for ``discover`` and ``snapshot``. ``history``,
+  ``show``, ``export`` and ``watch`` read the node's files, run in its home directory
+  (``/root`` of the node's root) with their absolute paths under the node's root: ``watch``'s
+  spec is the node's ``/etc/gputopo/spec.yaml``, as on a real node. Any other gputopo command
+  is refused in one line (exit 2): none of them may read the machine the simulator runs on;
 * ``pct exec VMID -- ARGV``: the node's containers (:class:`gputopo.sim.container.SimExec`);
 * ``cat FILE...``, ``stat -c FMT FILE``, ``test -d DIR``: files of the node's root, with
   coreutils' messages;
@@ -24,20 +28,87 @@ import shlex
 import sys
 from pathlib import Path
 
-SIM_COMMANDS = {"plan", "render", "diff", "apply", "recover", "verify", "init", "topo"}
+SIM_COMMANDS = {
+    "plan",
+    "render",
+    "diff",
+    "apply",
+    "recover",
+    "verify",
+    "init",
+    "topo",
+    "history",
+    "export",
+    "watch",
+}
 ROOT_COMMANDS = {"discover", "snapshot"}
+# the commands that read or write the node's own files by path: run in the node's home, their
+# absolute paths under the node's root
+NODE_FILES = {"history", "show", "export", "watch"}
+PATH_OPTIONS = {"--spec", "-o", "--output", "--textfile-dir"}
+WATCH_SPEC = "/etc/gputopo/spec.yaml"  # gputopo watch's default spec on a node
+
+
+class NotOnNode(Exception):
+    """A gputopo command the simulated node does not run (it would read the real machine)."""
+
+
+def answered() -> str:
+    """The gputopo commands a simulated node runs, for the refusal's message."""
+    return ", ".join(sorted(SIM_COMMANDS | ROOT_COMMANDS | NODE_FILES | {"cluster node-read"}))
+
+
+def on_node(path: str, node_dir: Path) -> str:
+    """A path named on the node's command line, as a path of the simulator: an absolute one under
+    the node's root; a relative one stays (the command runs in the node's home)."""
+    return str(_under(node_dir, path)) if path.startswith("/") else path
+
+
+def _node_paths(cmd: str, rest: list[str], node_dir: Path) -> list[str]:
+    """``rest`` of a :data:`NODE_FILES` command with its paths on the node (and ``watch``'s
+    default spec, the node's)."""
+    out: list[str] = []
+    it = iter(rest)
+    for a in it:
+        name, eq, value = a.partition("=")
+        if a in PATH_OPTIONS:
+            out += [a, on_node(next(it, ""), node_dir)]
+        elif eq and name in PATH_OPTIONS:
+            out.append(f"{name}={on_node(value, node_dir)}")
+        elif cmd == "show" and not a.startswith("-"):
+            out.append(on_node(a, node_dir))  # the saved plan
+        else:
+            out.append(a)
+    if cmd == "watch" and not any(a == "--spec" or a.startswith("--spec=") for a in rest):
+        out = ["--spec", on_node(WATCH_SPEC, node_dir), *out]
+    return out
+
+
+def _command_at(args: list[str]) -> int:
+    """Where the command is in ``gputopo`` arguments: after the global options (--debug,
+    --version); ``len(args)`` when there is none."""
+    i = 0
+    while i < len(args) and args[i].startswith("-"):
+        i += 1
+    return i
 
 
 def with_node(args: list[str], node_dir: Path) -> list[str]:
-    """``gputopo`` arguments pointed at the simulated node in ``node_dir``."""
-    i = 0
-    while i < len(args) and args[i].startswith("-"):
-        i += 1  # global options (--debug, --version)
+    """``gputopo`` arguments pointed at the simulated node in ``node_dir``. Raises NotOnNode for
+    a command the node does not run."""
+    i = _command_at(args)
     if i >= len(args):
         return args
     cmd, rest = args[i], args[i + 1 :]
     rest = [a for a in rest if a != "--local"]  # the node's own API is the simulated one
-    if cmd == "cluster" and rest[:1] == ["node-read"] and "--sim" not in rest:
+    if "--help" in rest or "-h" in rest:
+        return args  # the command's help reads nothing
+    node_read = cmd == "cluster" and rest[:1] == ["node-read"]
+    if not node_read and cmd not in SIM_COMMANDS | ROOT_COMMANDS | NODE_FILES:
+        raise NotOnNode(f"gputopo {cmd}{' ' + rest[0] if cmd == 'cluster' and rest else ''}")
+    if cmd in NODE_FILES and cmd != "history":
+        rest = _node_paths(cmd, rest, node_dir)
+    if node_read and "--sim" not in rest:
         rest = ["node-read", "--sim", str(node_dir), *rest[1:]]  # the node's containers and root
     elif cmd in SIM_COMMANDS and "--sim" not in rest:
         rest = ["--sim", str(node_dir)] + rest
@@ -99,9 +170,21 @@ def run(node_dir: Path, words: list[str]) -> int:
         return 1
     name, args = os.path.basename(words[0]), words[1:]
     if name == "gputopo":
+        try:
+            argv = with_node(args, node_dir)
+        except NotOnNode as e:
+            sys.stderr.write(
+                f"gputopo: error: '{e}' does not run on a simulated node (it runs: {answered()})\n"
+            )
+            return 2
+        at = _command_at(argv)
+        if at < len(argv) and argv[at] in NODE_FILES:
+            home = node_dir / "root" / "root"  # root's home on the node, where ssh starts
+            home.mkdir(parents=True, exist_ok=True)
+            os.chdir(home)
         # the node's installed gputopo (this interpreter's), in its own process
         sys.stdout.flush()
-        os.execv(sys.executable, [sys.executable, "-m", "gputopo", *with_node(args, node_dir)])
+        os.execv(sys.executable, [sys.executable, "-m", "gputopo", *argv])
     if name == "pct":
         return _pct(node_dir, args)
     if name == "cat":

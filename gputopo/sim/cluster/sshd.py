@@ -217,11 +217,11 @@ def serve(cluster, stop, on_ready=None, poll: float = 0.5) -> None:
     kept in ``DIR/run/ssh/keys``), one sshd per node and ``DIR/ssh_config``. ``on_ready(nodes)``
     is called once every server greets. While it serves, a node broken with ``gputopo sim break
     node-unreachable`` has its sshd stopped (a connection is refused, as a node that is down
-    answers) and started again once healed.
+    answers) and started again once healed; an sshd that exits otherwise is said on stderr and
+    started again by ``gputopo sim heal`` (:mod:`.served`).
 
     Raises SimHostError when sshd cannot run here (not installed, not root) or does not come up.
     """
-    from gputopo.sim.cluster.reach import unreachable
 
     why = sshd_missing()
     if why is not None:
@@ -232,6 +232,7 @@ def serve(cluster, stop, on_ready=None, poll: float = 0.5) -> None:
     if not all((keys / f).is_file() for f in ["user", *(f"host-{n}" for n in cluster.nodes)]):
         shutil.rmtree(keys, ignore_errors=True)
         make_keys(work, cluster.nodes)
+    (work / "died.json").unlink(missing_ok=True)  # an earlier server's record of exited sshds
     nodes = SshNodes(cluster, work, keys, die_with_parent=True)
     try:
         nodes.start()
@@ -244,15 +245,41 @@ def serve(cluster, stop, on_ready=None, poll: float = 0.5) -> None:
         if on_ready is not None:
             on_ready(nodes)
         while not stop.wait(poll):
-            for node in cluster.nodes:
-                down = unreachable(cluster.node_dir(node))
-                if down and node in nodes.procs:
-                    nodes.stop(node)
-                elif not down and node not in nodes.procs:
-                    try:
-                        nodes.restart(node)
-                    except RuntimeError as e:
-                        raise SimHostError(str(cluster.dir), str(e)) from None
+            _keep(cluster, nodes)
     finally:
         nodes.stop()
         (cluster.dir / "ssh_config").unlink(missing_ok=True)
+
+
+def _exit_words(code: int) -> str:
+    return f"been killed by signal {-code}" if code < 0 else f"exited with status {code}"
+
+
+def _keep(cluster, nodes: SshNodes) -> None:
+    """One look at every node: stop the sshd of a node broken with ``sim break
+    node-unreachable``, start a healed one's again, and record one that exited by itself (it
+    stays down until ``sim heal`` revives it). Raises SimHostError for an sshd that does not
+    come up again."""
+    from gputopo.sim.cluster.reach import unreachable
+    from gputopo.sim.cluster.served import died, mark_died
+
+    gone = died(cluster.dir)
+    for node in cluster.nodes:
+        down = unreachable(cluster.node_dir(node))
+        proc = nodes.procs.get(node)
+        if proc is not None and proc.poll() is not None and not down:
+            nodes.procs.pop(node)
+            how = _exit_words(proc.returncode)
+            mark_died(cluster.dir, node, how)
+            sys.stderr.write(
+                f"gputopo sim cluster-ssh: the sshd of {node} has {how}: "
+                f"'gputopo sim heal {cluster.dir}' starts it again\n"
+            )
+            sys.stderr.flush()
+        elif down and node in nodes.procs:
+            nodes.stop(node)
+        elif not down and node not in nodes.procs and node not in gone:
+            try:
+                nodes.restart(node)
+            except RuntimeError as e:
+                raise SimHostError(str(cluster.dir), str(e)) from None

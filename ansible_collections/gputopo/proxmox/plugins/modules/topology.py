@@ -141,7 +141,7 @@ EXAMPLES = r"""
 
 - name: The same over the node's API, its certificate pinned
   gputopo.proxmox.topology:
-    spec: /etc/gputopo/cluster.yaml
+    spec: /etc/gputopo/spec.yaml
     api_host: "{{ inventory_hostname }}"
     api_user: root@pam
     api_password: "{{ vault_pve_root_password }}"
