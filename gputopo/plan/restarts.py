@@ -229,6 +229,17 @@ def stays_running(
     return not adds or pve_major(current.pve_version) >= 9
 
 
+def service_may_run(state: ContainerState) -> bool:
+    """Whether the service of a container in ``state`` may be running: read as active, or not
+    read at all in a running container (``--api-url`` has no exec into a container, Proxmox's
+    files tell nothing of it). One that cannot be seen counts as running, so every source plans
+    the same stop before its GPUs move; stopping a unit that turns out to be stopped changes
+    nothing."""
+    if state.service is not None:
+        return state.service.active
+    return state.status == "running"
+
+
 def container_restarts(
     spec_node: Node, current: CurrentState, touched: set[int], restart_services: set[int], live: set[int]
 ) -> tuple[list[StopService | StopGuest], list[StartGuest | StartService]]:
@@ -241,7 +252,7 @@ def container_restarts(
         state = current.containers.get(c.vmid) or ContainerState()
         running = state.status == "running"
         svc = c.service
-        svc_active = bool(state.service and state.service.active)
+        svc_active = service_may_run(state)
         if c.vmid in touched and running and c.vmid not in live:
             if svc is not None and svc_active:
                 stops.append(StopService(vmid=c.vmid, unit=svc.unit))
