@@ -3,10 +3,10 @@ socket's error in two or three layers of repr (``HTTPSConnectionPool(...): Max r
 ... (Caused by NewConnectionError(...: [Errno 111] Connection refused))``), of which an operator
 needs the last clause only.
 
-The reasons: ``connection refused``, ``no route to host``, ``network unreachable``, ``name HOST
-not found``, ``timed out``, ``the certificate expired on DATE`` (the date read from the
-certificate the server presents), ``certificate verify failed: WHY`` (OpenSSL's reason); any
-other error's first line, its wrapping cut off.
+The reasons: the socket error's own words (``Connection refused``, ``No route to host``,
+``Network is unreachable``), ``name HOST not found``, ``timed out``, ``the certificate expired
+on DATE`` (the date read from the certificate the server presents), ``certificate verify
+failed: WHY`` (OpenSSL's reason); any other error's first line, its wrapping cut off.
 """
 
 from __future__ import annotations
@@ -55,13 +55,7 @@ def connection_reason(error: BaseException, host: str | None = None) -> str:
         return f"name {host} not found" if host else "name not found"
     if "Timeout" in text or "timed out" in text.lower():
         return "timed out"
-    if "Connection refused" in text:
-        return "connection refused"
-    if "No route to host" in text:
-        return "no route to host"
-    if "Network is unreachable" in text:
-        return "network unreachable"
-    m = _ERRNO_RE.search(text)
+    m = _ERRNO_RE.search(text)  # the socket's own words: Connection refused, No route to host, ...
     if m:
         return m.group(1).strip()
     first = str(error).splitlines()[0] if str(error) else type(error).__name__

@@ -1,5 +1,5 @@
 """A connection to the Proxmox API that fails is said in one short line, not urllib3's repr:
-connection refused, no route to host, name not found, timed out; an expired certificate says
+Connection refused, No route to host, name not found, timed out; an expired certificate says
 that it expired, when, and how Proxmox renews it."""
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def _free_port() -> int:
 
 def test_refused_and_a_name_not_found_are_a_few_words():
     port = _free_port()
-    assert _connect("127.0.0.1", port) == f"connect https://127.0.0.1:{port}: connection refused"
+    assert _connect("127.0.0.1", port) == f"connect https://127.0.0.1:{port}: Connection refused"
     # .invalid never resolves (RFC 6761)
     assert _connect("pve1.invalid", 8006) == "connect https://pve1.invalid:8006: name pve1.invalid not found"
 
@@ -55,9 +55,9 @@ def test_no_route_and_unreachable_from_urllib3s_wrapping():
         "/api2/json/access/ticket (Caused by NewConnectionError(\"HTTPSConnection(host='10.0.0.9', "
         'port=8006): Failed to establish a new connection: [Errno 113] No route to host"))'
     )
-    assert connection_reason(ConnectionError(wrapped)) == "no route to host"
+    assert connection_reason(ConnectionError(wrapped)) == "No route to host"
     unreachable = wrapped.replace("[Errno 113] No route to host", "[Errno 101] Network is unreachable")
-    assert connection_reason(ConnectionError(unreachable)) == "network unreachable"
+    assert connection_reason(ConnectionError(unreachable)) == "Network is unreachable"
 
 
 def _expired_cert(tmp_path):
