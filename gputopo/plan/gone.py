@@ -19,6 +19,9 @@ from gputopo.plan.spec import Node
 
 NVIDIA_VENDOR = "10de"
 NODE_PREFIX = "/dev/nvidia"
+FIX = (
+    "check the card and its slot, bring it back (echo 1 > /sys/bus/pci/rescan, or a reboot), then plan again"
+)
 
 
 def _present(facts: Facts) -> set[str]:
@@ -66,14 +69,20 @@ def orphan_nodes(facts: Facts, current: CurrentState, spec_node: Node) -> dict[i
     return {vmid: sorted(paths) for vmid, paths in out.items()}
 
 
+def _all_numbered(facts: Facts) -> bool:
+    """True when every GPU of the host is on nvidia with the minor its driver gave it: a device
+    node of no GPU is then one whose GPU is gone, not one of a GPU on another driver."""
+    return bool(facts.gpus) and all(g.driver == "nvidia" and g.minor is not None for g in facts.gpus)
+
+
 def refuse_gone_gpus(facts: Facts, current: CurrentState, spec_node: Node, found: Findings) -> None:
     """Refuse, one line per GPU, every NVIDIA device a PCI mapping of this node lists that has
     left the bus, naming its address and its owner (the container still mapping a device node
-    of no GPU when there is one such container, and the mappings listing it). Raises PlanRefused
+    of no GPU when there is one such container, and the mappings listing it). Where no mapping
+    names it and every GPU left is on nvidia with its minor, a container of the spec that maps
+    a /dev/nvidiaN of no GPU is refused the same way, by its device node. Raises PlanRefused
     when there is any: every other finding would follow from the missing GPU."""
     gone = gone_addresses(facts, current, spec_node.name)
-    if not gone:
-        return
     orphans = orphan_nodes(facts, current, spec_node)
     for address, mappings in gone.items():
         listed = f"in mapping {', '.join(mappings)}"
@@ -82,10 +91,14 @@ def refuse_gone_gpus(facts: Facts, current: CurrentState, spec_node: Node, found
             whose = f"container {vmid}'s GPU ({', '.join(paths)}, {listed})"
         else:
             whose = f"the GPU {listed}"
-        found.refuse(
-            address,
-            f"{whose} left the bus: the host no longer has it; check the card and its slot, bring it "
-            "back (echo 1 > /sys/bus/pci/rescan, or a reboot), then plan again",
-            "gpu-left-bus",
-        )
+        found.refuse(address, f"{whose} left the bus: the host no longer has it; {FIX}", "gpu-left-bus")
+    if not gone and _all_numbered(facts):
+        # no mapping names it: the device nodes its container still maps are all that is left
+        for vmid, paths in orphans.items():
+            found.refuse(
+                None,
+                f"container {vmid}'s GPU ({', '.join(paths)}) left the bus: no GPU on the host has "
+                f"{'that minor' if len(paths) == 1 else 'those minors'} any more; {FIX}",
+                "gpu-left-bus",
+            )
     found.raise_if_refused()

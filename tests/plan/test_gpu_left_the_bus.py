@@ -42,3 +42,32 @@ def test_a_gpu_gone_from_the_bus_is_named_with_its_owner(host, capsys):
     code, out, err = run(capsys, "verify", "--sim", str(host.dir), "--spec", str(spec), "--json")
     assert code != 0
     assert "left the bus" in out and "tensor parallel 3" not in out
+
+
+def test_without_a_mapping_naming_it_the_container_and_its_device_node_are_named(host, capsys):
+    """No PCI mapping lists the GPU: every GPU left is on nvidia with its minor, so the
+    container's /dev/nvidiaN of no GPU is its GPU that left."""
+    pci_cfg = host.paths.pve / "mapping/pci.cfg"
+    pci_cfg.write_text("")
+    spec = host.dir / "spec.yaml"
+    spec.write_text(applysim.seed_spec_text(host))
+    code, out, err = run(capsys, "sim", "break", "gpu-missing", str(host.dir), "--address", "0000:71:00.0")
+    assert code == 0, out + err
+    code, out, err = run(capsys, "plan", "--sim", str(host.dir), "--spec", str(spec))
+    assert code == 2, out + err
+    assert one_line(err) == (
+        "gputopo: error: refused: container 101's GPU (/dev/nvidia2) left the bus: no GPU on the host "
+        "has that minor any more; check the card and its slot, bring it back "
+        "(echo 1 > /sys/bus/pci/rescan, or a reboot), then plan again"
+    )
+
+
+def test_a_healthy_host_after_the_split_is_not_refused(host, capsys):
+    """GPUs on vfio-pci have no minor: the container's config no longer maps theirs, and nothing
+    is said of a bus."""
+    spec = host.dir / "spec.yaml"
+    spec.write_text(applysim.seed_spec_text(host))
+    code, out, err = run(capsys, "apply", "--yes", "--sim", str(host.dir), "--spec", str(spec))
+    assert code == 0, out + err
+    code, out, err = run(capsys, "plan", "--sim", str(host.dir), "--spec", str(spec))
+    assert code == 0 and "left the bus" not in out + err, out + err
