@@ -216,8 +216,9 @@ def stays_running(
     and from PVE 9 on hot-plugs a new one (device_passthrough_hotplug, added in pve-container 6.x;
     earlier a new devN on a running container waits in [pve:pending] too). Legacy lxc.* lines
     and a container left without GPUs restart, and so does one whose removed GPUs stay on nvidia
-    (for another container): until its restart it keeps their device nodes, which would still
-    reach them. So does a container whose service the spec does not name: gputopo could not stop
+    (another container's, or left on the host): until its restart it keeps their device nodes,
+    which would still reach them (verify would find them in it). Removed GPUs that move to
+    vfio-pci are unusable to it anyway: those removals wait for its next restart. So does a container whose service the spec does not name: gputopo could not stop
     what uses its GPUs inside it, and stopping the container is the only way it knows they are
     released (with a named service, preflight still refuses any other process in it that holds a
     moving GPU)."""
