@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Callable
 
+from gputopo.adapters.cannotrun import start_failure
 from gputopo.errors import HostCommandError
 from gputopo.ports import ExecResult
 
@@ -26,6 +27,8 @@ class RealHostCommands:
             cp = self.runner(list(argv), capture_output=True, text=True, timeout=timeout, check=False)
         except FileNotFoundError:
             raise HostCommandError(argv, "not found (is this the Proxmox node?)") from None
+        except OSError as e:
+            raise HostCommandError(argv, start_failure(argv[0], e)) from None
         except subprocess.TimeoutExpired:
             raise HostCommandError(argv, f"did not finish within {timeout:g} s") from None
         return ExecResult(cp.returncode, cp.stdout or "", cp.stderr or "")

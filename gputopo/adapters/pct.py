@@ -13,6 +13,7 @@ import subprocess
 import tempfile
 from collections.abc import Callable
 
+from gputopo.adapters.cannotrun import cannot_run
 from gputopo.errors import ExecError
 from gputopo.ports import ExecResult
 
@@ -35,7 +36,7 @@ class PctExec:
 
         A non-zero exit is returned, not raised (the caller decides what it means).
         Raises :class:`ExecError` (rc None) when it does not finish within ``timeout`` seconds,
-        and (rc 127) when ``pct`` itself cannot be started.
+        (rc 127) when ``pct`` is not found and (rc 126) when it cannot be started.
         """
         cmd = [self.pct, "exec", str(int(vmid)), "--", *argv]
         try:
@@ -44,6 +45,8 @@ class PctExec:
             raise ExecError(vmid, list(argv), None, _text(e.stderr)) from None
         except FileNotFoundError as e:
             raise ExecError(vmid, list(argv), 127, f"{self.pct}: {e.strerror or 'not found'}") from None
+        except OSError as e:
+            raise ExecError(vmid, list(argv), 126, cannot_run(self.pct, e)) from None
         return ExecResult(rc=cp.returncode, stdout=cp.stdout or "", stderr=cp.stderr or "")
 
     def push(self, vmid: int, path: str, content: str, mode: int = 0o644) -> None:
@@ -64,6 +67,8 @@ class PctExec:
                 raise ExecError(vmid, argv, None, _text(e.stderr)) from None
             except FileNotFoundError as e:
                 raise ExecError(vmid, argv, 127, f"{self.pct}: {e.strerror or 'not found'}") from None
+            except OSError as e:
+                raise ExecError(vmid, argv, 126, cannot_run(self.pct, e)) from None
             if cp.returncode != 0:
                 raise ExecError(vmid, argv, cp.returncode, cp.stderr or cp.stdout or "")
         finally:

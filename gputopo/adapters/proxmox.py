@@ -179,7 +179,9 @@ class HttpsClient(ProxmoxClient):
                     None,
                     f"the certificate's SHA-256 fingerprint is {got}, not the pinned {self._cfg.fingerprint}",
                 ) from None
-            raise ProxmoxError(call, None, str(e).splitlines()[0] if str(e) else type(e).__name__) from None
+            from gputopo.adapters.neterrors import connection_reason
+
+            raise ProxmoxError(call, None, connection_reason(e, self._cfg.host)) from None
 
     def identity(self) -> str:
         """The authenticated user id (``root@pam!gputopo`` for a token)."""
@@ -248,8 +250,12 @@ def _login(cfg: ApiConfig, creds: Credentials) -> Any:
                 None,
                 f"the certificate's SHA-256 fingerprint is {got}, not the pinned {cfg.fingerprint}",
             ) from None
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise ConnectFailed(where, None, creds.scrub(first), tls_hint(e, cfg.ca_bundle)) from None
+        from gputopo.adapters.neterrors import connection_reason, expired, expired_message
+
+        if expired(e):
+            raise ConnectFailed(where, None, expired_message(cfg.host, cfg.port, cfg.timeout)) from None
+        reason = connection_reason(e, cfg.host)
+        raise ConnectFailed(where, None, creds.scrub(reason), tls_hint(e, cfg.ca_bundle)) from None
     return api
 
 

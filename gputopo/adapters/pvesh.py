@@ -25,6 +25,7 @@ import subprocess
 from collections.abc import Callable
 from typing import Any
 
+from gputopo.adapters.cannotrun import cannot_run
 from gputopo.errors import ConfigError, ProxmoxError
 
 # runner(argv, timeout) -> (stdout, stderr, returncode): how pvesh is run
@@ -110,13 +111,15 @@ def parse_pvesh_output(call: str, stdout: str, stderr: str, rc: int) -> Any:
 
 def run_command(argv: list[str], timeout: float) -> tuple[str, str, int]:
     """Run ``argv``; (stdout, stderr, exit code). Raises ConfigError when the program is not
-    installed, ProxmoxError when it runs longer than ``timeout`` seconds."""
+    installed or cannot be started, ProxmoxError when it runs longer than ``timeout`` seconds."""
     try:
         p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     except FileNotFoundError:
         raise ConfigError(
             f"{argv[0]}: not found (the local backend runs on the Proxmox node itself)"
         ) from None
+    except OSError as e:
+        raise ConfigError(cannot_run(argv[0], e)) from None
     except subprocess.TimeoutExpired:
         raise ProxmoxError(" ".join(argv[:3]), None, f"timed out after {timeout:g} s") from None
     return p.stdout, p.stderr, p.returncode

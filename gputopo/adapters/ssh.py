@@ -23,6 +23,7 @@ import subprocess
 import threading
 from collections.abc import Mapping, Sequence
 
+from gputopo.adapters.cannotrun import cannot_run
 from gputopo.errors import ConfigError, ExecError, HostFileError, NodeUnreachable
 from gputopo.ports import ExecResult, FileMeta
 
@@ -108,6 +109,8 @@ class SshRunner:
             )
         except FileNotFoundError:
             raise ConfigError(f"{self.binary}: the OpenSSH client is not installed") from None
+        except OSError as e:
+            raise ConfigError(cannot_run(self.binary, e)) from None
         with self._lock:
             self._running.add(p)
         return SshCall(self, node, argv, p)

@@ -100,11 +100,14 @@ def _update_live(update: UpdateContainer, spec: Spec) -> None:
 def _removed_stay_on_nvidia(
     update: UpdateContainer | None, config: dict[str, Any], facts: Facts, target: list[GpuTarget]
 ) -> bool:
-    """True when a GPU whose device entry ``update`` deletes stays on nvidia (another container's)."""
+    """True when a GPU whose device entry ``update`` deletes stays on nvidia: another
+    container's, or one the spec leaves on the host (untouched, on nvidia now). The running
+    container keeps its device node until it restarts, so it could still open that GPU; one
+    that moves to vfio-pci is unusable to it anyway."""
     if update is None or not update.delete:
         return False
     by_minor = {g.minor: g.address for g in facts.gpus if g.minor is not None}
-    drivers = {t.address: t.driver for t in target}
+    drivers = {t.address: t.driver or t.current_driver for t in target}
     for key in update.delete:
         path = dev_path(str(config.get(key, "")))
         if path.startswith("/dev/nvidia") and path[len("/dev/nvidia") :].isdigit():

@@ -33,6 +33,7 @@ from gputopo.model.state import CurrentState
 from gputopo.plan.binding import gpu_targets, needed_rebinds, persistence_actions
 from gputopo.plan.containers import ContainerChanges, plan_containers
 from gputopo.plan.findings import Findings
+from gputopo.plan.gone import refuse_gone_gpus
 from gputopo.plan.ha import ha_step
 from gputopo.plan.mappings import mapping_changes, shrink_other_mappings
 from gputopo.plan.model import MappingTarget, Plan
@@ -116,6 +117,7 @@ def plan(
     node_name = spec_node.name
     found = Findings()
     _refuse_missing_containers(spec_node, current, found)
+    refuse_gone_gpus(facts, current, spec_node, found)
     cts = {Owner.container(c.vmid): c for c in spec_node.containers}
     vms = {Owner.vm(m.name): m for m in spec_node.vms.mappings}
     selected, owner_of, placement = _select(facts, spec, current, node_name, cts, vms, found)

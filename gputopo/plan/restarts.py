@@ -216,8 +216,9 @@ def stays_running(
     and from PVE 9 on hot-plugs a new one (device_passthrough_hotplug, added in pve-container 6.x;
     earlier a new devN on a running container waits in [pve:pending] too). Legacy lxc.* lines
     and a container left without GPUs restart, and so does one whose removed GPUs stay on nvidia
-    (for another container): until its restart it keeps their device nodes, which would still
-    reach them. So does a container whose service the spec does not name: gputopo could not stop
+    (another container's, or left on the host): until its restart it keeps their device nodes,
+    which would still reach them (verify would find them in it). Removed GPUs that move to
+    vfio-pci are unusable to it anyway: those removals wait for its next restart. So does a container whose service the spec does not name: gputopo could not stop
     what uses its GPUs inside it, and stopping the container is the only way it knows they are
     released (with a named service, preflight still refuses any other process in it that holds a
     moving GPU)."""
@@ -227,6 +228,17 @@ def stays_running(
         return False
     adds = update is not None and (bool(update.set) or bool(update.resolve))
     return not adds or pve_major(current.pve_version) >= 9
+
+
+def service_may_run(state: ContainerState) -> bool:
+    """Whether the service of a container in ``state`` may be running: read as active, or not
+    read at all in a running container (``--api-url`` has no exec into a container, Proxmox's
+    files tell nothing of it). One that cannot be seen counts as running, so every source plans
+    the same stop before its GPUs move; stopping a unit that turns out to be stopped changes
+    nothing."""
+    if state.service is not None:
+        return state.service.active
+    return state.status == "running"
 
 
 def container_restarts(
@@ -241,7 +253,7 @@ def container_restarts(
         state = current.containers.get(c.vmid) or ContainerState()
         running = state.status == "running"
         svc = c.service
-        svc_active = bool(state.service and state.service.active)
+        svc_active = service_may_run(state)
         if c.vmid in touched and running and c.vmid not in live:
             if svc is not None and svc_active:
                 stops.append(StopService(vmid=c.vmid, unit=svc.unit))

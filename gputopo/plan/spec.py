@@ -295,7 +295,12 @@ class Policy(Strict):
 
 
 class Verify(Strict):
-    memory_spread_pct: float = Field(5, ge=0)
+    memory_spread_pct: float = Field(
+        5,
+        ge=0,
+        le=100,
+        description="Most the memory use of the container's GPUs may spread ((max-min)/max), in percent",
+    )
     min_headroom_mib: int | None = Field(None, ge=0)
     prompt: str = "What is 7 x 13? Answer with the number only."
     expect: str = "91"

@@ -135,7 +135,12 @@ def test_a_gpu_off_the_bus_is_missed_then_a_rescan_brings_it_back(capsys, templa
     _, out, _ = run(capsys, "discover", "--root", str(host.paths.root), "--json")
     assert len(json.loads(out)["gpus"]) == 7 and "0000:91:00.0" not in out
     code, out, err = run(capsys, "plan", "--sim", str(host.dir), "--spec", str(d / "split.yaml"))
-    assert code == 0 and "Mapping pro6000-vm: 3 device(s)" in out, err  # NUMA 1 has 3 GPUs left
+    # named first, with its owner: not planned around (a mapping of NUMA 1's 3 GPUs left)
+    assert code == 2 and err.strip().splitlines() == [
+        "gputopo: error: refused: 0000:91:00.0: container 101's GPU (/dev/nvidia5, in mapping pro6000) "
+        "left the bus: the host no longer has it; check the card and its slot, bring it back "
+        "(echo 1 > /sys/bus/pci/rescan, or a reboot), then plan again"
+    ], err
     assert run(capsys, "sim", "heal", "gpu-missing", str(host.dir))[1].strip() == "healed: gpu-missing"
     # back on nvidia, its driver_override unset: the host as it was
     assert fp_diff(before, fingerprint(host)) == []

@@ -273,3 +273,19 @@ def test_init_spec_refuses_what_the_spec_would_refuse(option, value, field):
     with pytest.raises(SpecError) as e:
         init_spec(seed_facts(), **{option: value})
     assert e.value.field == field and len(str(e.value).splitlines()) == 1
+
+
+def test_a_memory_spread_over_100_percent_is_refused_naming_the_key(tmp_path):
+    """A percentage over 100 is a mistake (500 for 5.00?): one line naming the key."""
+    text = init_spec(seed_facts()).replace("memory_spread_pct: 5", "memory_spread_pct: {}")
+    assert "memory_spread_pct: {}" in text
+    path = tmp_path / "s.yaml"
+    path.write_text(text.replace("{}", "500"))
+    with pytest.raises(SpecError) as e:
+        load_spec(str(path))
+    assert (
+        str(e.value)
+        == f"{path}: verify.memory_spread_pct: Input should be less than or equal to 100 (got 500)"
+    )
+    path.write_text(text.replace("{}", "100"))
+    assert load_spec(str(path)).verify.memory_spread_pct == 100
