@@ -194,7 +194,7 @@ FAULTS: dict[str, Fault] = {
         Fault(
             "gpu-missing",
             "a GPU falls off the PCI bus (--address, default the last GPU on nvidia); heal rescans the bus",
-            "plan and verify miss the GPU; apply refuses a spec that names it",
+            "plan, verify and watch refuse, naming the address, its owner and that it left the bus",
             _gpu_off,
             _gpu_rescan,
             _gpu_gone,
