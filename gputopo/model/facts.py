@@ -14,8 +14,7 @@ pydantic provides on first use, so discovery never waits for pydantic to load. T
 
 from __future__ import annotations
 
-from enum import Enum
-
+from gputopo.model.declare import Choices
 from gputopo.model.record import Field, Literal, Record
 
 # Importing typing would cost discovery's start-up a third of Python's own: annotations are text,
@@ -107,7 +106,7 @@ class Model(Record):
     model_config = {"extra": "forbid", "populate_by_name": True}
 
 
-class MemberRole(str, Enum):
+class MemberRole(Choices):
     """How a device in a GPU's IOMMU group relates to that GPU."""
 
     GPU = "gpu"  # the GPU itself
