@@ -29,22 +29,39 @@ def parse_pci_ids(text: str | bytes, wanted: set[tuple[str, str]]) -> dict[tuple
     data = text.encode() if isinstance(text, str) else text
     names: dict[tuple[str, str], str] = {}
     for vendor in sorted({v for v, _ in wanted}):
-        key = vendor.encode()
-        if data.startswith(key):
-            start = 0
-        else:
-            start = data.find(b"\n" + key) + 1
-            if start == 0:
-                continue
-        # the vendor's block: its line, then device lines (one tab) and subsystem lines (two),
-        # up to the next line that starts with neither a tab nor a comment
-        block = data[start : _block_end(data, start)]
+        block = _vendor_block(data, vendor)
+        if block is None:
+            continue
         lowered = block.lower()
         for v, did in wanted:
             name = _device_name(block, lowered, did) if v == vendor else None
             if name is not None:
                 names[(vendor, did)] = name
     return names
+
+
+# (database, {vendor: its block or None}): the blocks of the last database looked in, since
+# discovery looks names up twice (its devices, then the bridges above them)
+_BLOCKS: tuple[bytes, dict[str, bytes | None]] = (b"", {})
+
+
+def _vendor_block(data: bytes, vendor: str) -> bytes | None:
+    """The block of ``vendor`` in the database ``data``: its line (the first line that starts
+    with its id), then device lines (one tab) and subsystem lines (two), up to the next line
+    that starts with neither a tab nor a comment; None when no line starts with the id."""
+    global _BLOCKS
+    if _BLOCKS[0] is not data:
+        _BLOCKS = (data, {})
+    blocks = _BLOCKS[1]
+    if vendor not in blocks:
+        key = vendor.encode()
+        # the id itself is rare elsewhere (a subsystem line's vendor now and then), whereas
+        # searching for a newline and the id stops at every line
+        start = data.find(key)
+        while start > 0 and data[start - 1] != 0x0A:
+            start = data.find(key, start + 1)
+        blocks[vendor] = data[start : _block_end(data, start)] if start >= 0 else None
+    return blocks[vendor]
 
 
 def _device_name(block: bytes, lowered: bytes, did: str) -> str | None:
@@ -72,13 +89,12 @@ _LINE_STARTS = bytes(b if b in b"\t#\n" else 0x78 for b in range(256))
 def _block_end(data: bytes, start: int) -> int:
     """Where the vendor block starting at ``start`` ends: the newline before the first line
     that starts with neither a tab, a comment sign nor a newline; else the end of ``data``."""
-    step = 1 << 13
-    pos = start
+    pos, size = start, 1 << 14
     while pos < len(data) - 1:
-        at = data[pos : pos + step + 1].translate(_LINE_STARTS).find(b"\nx")
+        at = data[pos : pos + size + 1].translate(_LINE_STARTS).find(b"\nx")
         if at >= 0:
             return pos + at
-        pos += step  # the next stretch starts with this one's last byte
+        pos, size = pos + size, size * 2  # the next stretch starts with this one's last byte
     return len(data)
 
 
