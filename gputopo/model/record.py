@@ -212,6 +212,10 @@ _ESCAPES.update(
 _FLOATS = {float("inf"): "Infinity", float("-inf"): "-Infinity"}
 
 
+# (record class, by alias, key separator) -> [(field name, its key as written: '"name": ')]
+_JSON_KEYS: dict[tuple[type, bool, str], list[tuple[str, str]]] = {}
+
+
 class _JsonText:
     """The text ``json.dumps(_dump(record, True, by_alias), indent=indent, ensure_ascii=False,
     separators=...)`` gives, written straight from the records. Raises :class:`_NotPlain` for
@@ -236,24 +240,33 @@ class _JsonText:
             out(f'"{value.translate(_ESCAPES)}"')
         elif value is None:
             out("null")
-        elif value is True:
-            out("true")
-        elif value is False:
-            out("false")
+        elif t is bool:
+            out("true" if value else "false")
         elif t is int:
             out(int.__repr__(value))
         elif isinstance(value, Record):
             d = value.__dict__
-            fields = value.model_fields.items()
-            self.write_items([((f.alias or n) if self.by_alias else n, d[n]) for n, f in fields], newline)
+            self.write_items([(key, d[name]) for name, key in self.keys(t)], newline)
         elif t is list or t is tuple:
             self.write_list(value, newline)
         elif t is dict:
             if not all(type(k) is str for k in value):
                 raise _NotPlain
-            self.write_items(list(value.items()), newline)
+            sep = self.key_separator
+            self.write_items([(f'"{k.translate(_ESCAPES)}"{sep}', v) for k, v in value.items()], newline)
         else:
             self.write_scalar(value)
+
+    def keys(self, cls: type) -> list[tuple[str, str]]:
+        """The fields of the record class ``cls``: (name, key as written), worked out once."""
+        at = (cls, self.by_alias, self.key_separator)
+        keys = _JSON_KEYS.get(at)
+        if keys is None:
+            keys = _JSON_KEYS[at] = [
+                (n, f'"{((f.alias or n) if self.by_alias else n).translate(_ESCAPES)}"{self.key_separator}')
+                for n, f in cls.model_fields.items()
+            ]
+        return keys
 
     def write_scalar(self, value) -> None:
         """A float, an Enum member (its value: a string, a number, null) or an instance of a
@@ -281,20 +294,37 @@ class _JsonText:
             out("[]")
             return
         inner = newline + self.indent if self.indent is not None else ""
-        out("[")
-        for i, v in enumerate(values):
-            out("," + inner if i else inner)
-            self.write(v, inner)
+        sep, more = "[" + inner, "," + inner
+        for v in values:
+            out(sep)
+            sep = more
+            if type(v) is str:
+                out(f'"{v.translate(_ESCAPES)}"')
+            else:
+                self.write(v, inner)
         out(newline + "]")
 
-    def write_items(self, items: list, newline: str) -> None:
+    def write_items(self, items: list[tuple[str, object]], newline: str) -> None:
+        """An object from (key as written, value) pairs."""
         out = self.parts.append
         if not items:
             out("{}")
             return
         inner = newline + self.indent if self.indent is not None else ""
-        out("{")
-        for i, (k, v) in enumerate(items):
-            out(f'{"," if i else ""}{inner}"{k.translate(_ESCAPES)}"{self.key_separator}')
-            self.write(v, inner)
+        sep, more = "{" + inner, "," + inner
+        write = self.write
+        for key, v in items:
+            out(sep + key)
+            sep = more
+            t = type(v)
+            if t is str:
+                out(f'"{v.translate(_ESCAPES)}"')
+            elif v is None:
+                out("null")
+            elif t is int:
+                out(int.__repr__(v))
+            elif t is bool:
+                out("true" if v else "false")
+            else:
+                write(v, inner)
         out(newline + "}")
