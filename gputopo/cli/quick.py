@@ -154,3 +154,6 @@ def _discover_json(options: dict) -> None:
         report_error(e)
     facts.root = root
     sys.stdout.write(facts.to_json() + "\n")
+    # The interpreter's exit collects garbage over every object still there, modules included,
+    # ignoring gc.disable(): frozen objects it leaves alone (a twentieth of the run).
+    gc.freeze()
