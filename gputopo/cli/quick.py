@@ -129,11 +129,12 @@ def _discover_json(options: dict) -> None:
     """What ``gputopo discover --json`` prints (gputopo.cli.discover.discover)."""
     import gc
 
-    from gputopo.facts.discover import discover, parse_gpu_match
-
-    # Everything discovery builds lives until the process ends, a moment later: collecting
-    # garbage would only walk those objects again and again (a tenth of the run on a large host).
+    # Everything discovery builds lives until the process ends, a moment later, and so do the
+    # modules it imports: collecting garbage would only walk those objects again and again (a
+    # tenth of the run on a large host).
     gc.disable()
+
+    from gputopo.facts.discover import discover, parse_gpu_match
 
     try:
         rules = [parse_gpu_match(v) for v in options["gpu_match"]] or None
