@@ -1,11 +1,12 @@
-"""The parsers on discovery's path do without regular expressions (importing re costs discovery's
-start-up more than discovery itself): each must accept and give exactly what its regular
-expression did, for any text."""
+"""The parsers on discovery's path do without regular expressions, enum and itertools (importing
+re costs discovery's start-up more than discovery itself): each must accept and give exactly
+what it did with them, for any text."""
 
 from __future__ import annotations
 
 import copy
 import enum
+import itertools
 import pickle
 import re
 
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 
 from gputopo.errors import AddressError, InputError
 from gputopo.facts.discover import parse_gpu_match
+from gputopo.facts.host import _natural
 from gputopo.facts.names import parse_pci_ids
 from gputopo.model.facts import GroupMember, MemberRole, canonical_address, normalize_address
 
@@ -180,3 +182,20 @@ def test_pydantic_sees_member_role_as_an_enum():
         GroupMember.model_validate_json(GroupMember.model_validate(data).model_dump_json()).role
         is MemberRole.BRIDGE
     )
+
+
+def natural_by_groupby(s: str) -> list | type:
+    try:
+        return [int("".join(g)) if digits else "".join(g) for digits, g in itertools.groupby(s, str.isdigit)]
+    except ValueError:
+        return ValueError
+
+
+@given(text=st.text("ab09٣²x", max_size=12) | st.text(max_size=8))
+@settings(max_examples=1000, deadline=None)
+def test_the_natural_sort_key_is_what_groupby_made(text):
+    try:
+        got = _natural(text)
+    except ValueError:
+        got = ValueError
+    assert got == natural_by_groupby(text)
