@@ -1,8 +1,9 @@
 """Data models shared by every layer: the host facts that discovery produces.
 
-This module imports nothing of gputopo's except ``record`` (and ``errors`` to raise one): the facts are plain
-records (:mod:`gputopo.model.record`), declared like pydantic models, whose schema and validation
-pydantic provides on first use, so discovery never waits for pydantic to load. The JSON form of
+This module imports nothing of gputopo's except ``declare`` and ``record`` (and ``errors`` to raise
+one), nor re, enum or typing: the facts are plain records (:mod:`gputopo.model.record`), declared
+like pydantic models, whose schema and validation pydantic provides on first use, so discovery
+never waits for pydantic to load. The JSON form of
 :class:`Facts` (``gputopo discover --json``) is a stable, documented schema (``gputopo schema facts``):
 
 * ids are strings as sysfs spells them: ``vendor`` ``"0x10de"``, ``device`` ``"0x2bb5"``,
