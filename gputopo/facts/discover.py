@@ -15,9 +15,7 @@ resort. None of them is required.
 from __future__ import annotations
 
 import os
-import re
 
-from gputopo.errors import InputError
 from gputopo.facts.bars import read_bars
 from gputopo.facts.files import addresses_in, class_devices, read_text, sorted_addresses, stripped
 from gputopo.facts.host import (
@@ -53,6 +51,8 @@ NVIDIA_GPUS = "proc/driver/nvidia/gpus"
 
 DEFAULT_GPU_MATCH: list[tuple[str | None, str | None]] = [(NVIDIA_VENDOR, "0x03")]
 
+_LOWER_HEX = frozenset("0123456789abcdef")
+
 Ids = tuple[str | None, str | None, str | None]
 
 
@@ -72,7 +72,9 @@ def parse_gpu_match(text: str) -> tuple[str | None, str | None]:
             out.append(None)
             continue
         digits = part[2:] if part.startswith("0x") else part
-        if not re.fullmatch(r"[0-9a-f]{1,6}", digits):
+        if not (0 < len(digits) <= 6 and _LOWER_HEX.issuperset(digits)):
+            from gputopo.errors import InputError  # here: discovery's start-up need not build them
+
             raise InputError(f"--gpu-match {text!r}: {what} {part!r} is not hex")
         out.append("0x" + (digits.zfill(4) if what == "vendor" else digits))
     return out[0], out[1]

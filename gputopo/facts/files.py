@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import os
 
-from gputopo.errors import AddressError
-from gputopo.model.facts import normalize_address
+from gputopo.model.facts import canonical_address
 
 # The classes whose devices name a network adapter or an NVMe drive: a driver's class devices
 # sit under the PCI function in a directory named after their class (drivers/base/core.c,
@@ -121,13 +120,8 @@ def address_of(name: str) -> str | None:
         return _ADDRESS_OF[name]
     except KeyError:
         pass
-    if _canonical(name):  # how the kernel names them: already normalised
-        addr: str | None = name
-    else:
-        try:
-            addr = normalize_address(name)
-        except AddressError:
-            addr = None
+    # how the kernel names them is already normalised
+    addr = name if _canonical(name) else canonical_address(name)
     _ADDRESS_OF[name] = addr
     return addr
 

@@ -7,7 +7,6 @@ Pure ``parse_*`` functions first, then the readers; every reader takes the host 
 from __future__ import annotations
 
 import os
-from itertools import groupby
 
 from gputopo.facts.files import addresses_in, list_dir, read_text, stripped
 from gputopo.model.facts import HostFacts, Modules, NumaNode, format_cpulist, parse_cpulist
@@ -84,7 +83,16 @@ def numa_from_cpulist(local: set[int], nodes: dict[int, set[int]]) -> int | None
 
 def _natural(s: str) -> list:
     """Sort key: 'nvidia10' after 'nvidia9'."""
-    return [int("".join(g)) if digits else "".join(g) for digits, g in groupby(s, str.isdigit)]
+    parts: list = []
+    run = ""  # the digits or the other characters read since the last change between them
+    for c in s:
+        if run and c.isdigit() != run[-1].isdigit():
+            parts.append(int(run) if run[-1].isdigit() else run)
+            run = ""
+        run += c
+    if run:
+        parts.append(int(run) if run[-1].isdigit() else run)
+    return parts
 
 
 # --- reading -----------------------------------------------------------------------------

@@ -6,7 +6,6 @@ A model name is a nicety: nothing here is required, and nothing here raises.
 from __future__ import annotations
 
 import os
-import re
 
 from gputopo.facts.files import read_whole
 
@@ -16,7 +15,6 @@ if TYPE_CHECKING:
 
 # Where distributions keep the PCI id database, relative to the root.
 PCI_IDS_PATHS = ("usr/share/misc/pci.ids", "usr/share/hwdata/pci.ids", "usr/share/pci.ids")
-_NEXT_BLOCK = re.compile(rb"\n[^\t#\n]")  # a line that is neither a device, a comment nor empty
 
 
 def parse_pci_ids(text: str | bytes, wanted: set[tuple[str, str]]) -> dict[tuple[str, str], str]:
@@ -29,26 +27,75 @@ def parse_pci_ids(text: str | bytes, wanted: set[tuple[str, str]]) -> dict[tuple
     has no line that starts with a vendor id, and its first line ends the last vendor's block.
     """
     data = text.encode() if isinstance(text, str) else text
-    end = len(data)
     names: dict[tuple[str, str], str] = {}
     for vendor in sorted({v for v, _ in wanted}):
-        key = vendor.encode()
-        if data.startswith(key):
-            start = 0
-        else:
-            start = data.find(b"\n" + key, 0, end) + 1
-            if start == 0:
-                continue
-        # the vendor's block: its line, then device lines (one tab) and subsystem lines (two),
-        # up to the next line that starts with neither a tab nor a comment
-        nxt = _NEXT_BLOCK.search(data, start, end)
-        block = data[start : nxt.start() if nxt else end].decode("utf-8", "replace")
-        for line in block.split("\n")[1:]:
-            if line[:1] == "\t" and line[1:2] != "\t":
-                did = line[1:5].lower()
-                if (vendor, did) in wanted:
-                    names[(vendor, did)] = line[5:].strip()
+        block = _vendor_block(data, vendor)
+        if block is None:
+            continue
+        lowered = block.lower()
+        for v, did in wanted:
+            name = _device_name(block, lowered, did) if v == vendor else None
+            if name is not None:
+                names[(vendor, did)] = name
     return names
+
+
+# (database, {vendor: its block or None}): the blocks of the last database looked in, since
+# discovery looks names up twice (its devices, then the bridges above them)
+_BLOCKS: tuple[bytes, dict[str, bytes | None]] = (b"", {})
+
+
+def _vendor_block(data: bytes, vendor: str) -> bytes | None:
+    """The block of ``vendor`` in the database ``data``: its line (the first line that starts
+    with its id), then device lines (one tab) and subsystem lines (two), up to the next line
+    that starts with neither a tab nor a comment; None when no line starts with the id."""
+    global _BLOCKS
+    if _BLOCKS[0] is not data:
+        _BLOCKS = (data, {})
+    blocks = _BLOCKS[1]
+    if vendor not in blocks:
+        key = vendor.encode()
+        # the id itself is rare elsewhere (a subsystem line's vendor now and then), whereas
+        # searching for a newline and the id stops at every line
+        start = data.find(key)
+        while start > 0 and data[start - 1] != 0x0A:
+            start = data.find(key, start + 1)
+        blocks[vendor] = data[start : _block_end(data, start)] if start >= 0 else None
+    return blocks[vendor]
+
+
+def _device_name(block: bytes, lowered: bytes, did: str) -> str | None:
+    """The name on the last device line of a vendor's ``block`` (``lowered``: the same, in
+    lower case) whose id, in any case, is ``did``; None when no line is."""
+    if len(did) != 4:  # not an id as the database writes one: only a line that is just it
+        lines = block.decode("utf-8", "replace").split("\n")[1:]
+        found = [
+            ln[5:].strip() for ln in lines if ln[:1] == "\t" and ln[1:2] != "\t" and ln[1:5].lower() == did
+        ]
+        return found[-1] if found else None
+    at = lowered.rfind(b"\n\t" + did.encode())
+    if at < 0:
+        return None
+    line_end = block.find(b"\n", at + 1)
+    return block[at + 6 : line_end if line_end >= 0 else len(block)].decode("utf-8", "replace").strip()
+
+
+# Every byte but the three a line inside a vendor's block may start with (a tab: a device or
+# subsystem line; ``#``: a comment; a newline: an empty line) made ``x``: in a stretch of the
+# database so translated, ``\nx`` is the first line after the block.
+_LINE_STARTS = bytes(b if b in b"\t#\n" else 0x78 for b in range(256))
+
+
+def _block_end(data: bytes, start: int) -> int:
+    """Where the vendor block starting at ``start`` ends: the newline before the first line
+    that starts with neither a tab, a comment sign nor a newline; else the end of ``data``."""
+    pos, size = start, 1 << 14
+    while pos < len(data) - 1:
+        at = data[pos : pos + size + 1].translate(_LINE_STARTS).find(b"\nx")
+        if at >= 0:
+            return pos + at
+        pos, size = pos + size, size * 2  # the next stretch starts with this one's last byte
+    return len(data)
 
 
 # path -> ((mtime, size), bytes): the last pci.ids read. Discovery looks names up twice (its

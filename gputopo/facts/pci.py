@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 
-from gputopo.errors import RootError
 from gputopo.facts.files import link_name, list_dir, read_attr, sorted_addresses, stripped
 from gputopo.model.facts import PciFunction, normalize_address
 
@@ -74,6 +73,8 @@ def pci_devices_dir(root: str | Path) -> str:
     """``<root>/sys/bus/pci/devices``. Raises :class:`RootError` when the root has none."""
     d = os.path.join(str(root), PCI_DEVICES)
     if not os.path.isdir(d):
+        from gputopo.errors import RootError  # here: discovery's start-up need not build them
+
         raise RootError(str(root), f"no {PCI_DEVICES}")
     return d
 

@@ -68,3 +68,76 @@ class Declared:
     model_config: dict = {}
     _frozen = False
     _record_parent: type | None = None
+
+
+class _ChoicesType(type):
+    """The metaclass of :class:`Choices`: the class lists its members, in order, as an Enum
+    class does (``list(MemberRole)``, ``len``, ``__members__``)."""
+
+    def __iter__(cls):
+        return iter(cls._members.values())
+
+    def __len__(cls) -> int:
+        return len(cls._members)
+
+    @property
+    def __members__(cls) -> dict:
+        return dict(cls._members)
+
+
+class Choices(str, metaclass=_ChoicesType):
+    """A string enumeration for a module that must not import enum (importing it costs
+    discovery's start-up a third of Python's own): ``class Role(Choices)`` with ``GPU = "gpu"``
+    behaves as ``class Role(str, Enum)`` does where gputopo uses one. Each upper-case string
+    attribute becomes a member: a ``Role`` that is equal to, and hashes as, its value;
+    ``Role.GPU.name`` is ``"GPU"``, ``.value`` is ``"gpu"``; ``Role("gpu")`` is ``Role.GPU``
+    (a ValueError for a value that is none); repr, str and format are Enum's. Pydantic sees an
+    Enum of the same name, docstring and values (:mod:`gputopo.model.mirror`), so the schema and
+    validation are an Enum's too."""
+
+    _members: dict = {}
+    _by_value: dict = {}
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._members, cls._by_value = {}, {}
+        for name, value in list(vars(cls).items()):
+            if name.isupper() and type(value) is str:
+                member = str.__new__(cls, value)
+                member._name_ = name
+                setattr(cls, name, member)
+                cls._members[name] = cls._by_value[value] = member
+
+    def __new__(cls, value):
+        if type(value) is cls:
+            return value
+        try:
+            return cls._by_value[value]
+        except (KeyError, TypeError):
+            raise ValueError(f"{value!r} is not a valid {cls.__qualname__}") from None
+
+    @property
+    def name(self) -> str:
+        return self._name_
+
+    @property
+    def value(self) -> str:
+        return str.__str__(self)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__}.{self._name_}: {str.__repr__(self)}>"
+
+    def __str__(self) -> str:
+        return f"{type(self).__name__}.{self._name_}"
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
+
+    def __reduce_ex__(self, protocol):
+        return type(self), (str.__str__(self),)
+
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        return self

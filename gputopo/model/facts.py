@@ -1,8 +1,9 @@
 """Data models shared by every layer: the host facts that discovery produces.
 
-This module imports nothing of gputopo's except ``errors`` and ``record``: the facts are plain
-records (:mod:`gputopo.model.record`), declared like pydantic models, whose schema and validation
-pydantic provides on first use, so discovery never waits for pydantic to load. The JSON form of
+This module imports nothing of gputopo's except ``declare`` and ``record`` (and ``errors`` to raise
+one), nor re, enum or typing: the facts are plain records (:mod:`gputopo.model.record`), declared
+like pydantic models, whose schema and validation pydantic provides on first use, so discovery
+never waits for pydantic to load. The JSON form of
 :class:`Facts` (``gputopo discover --json``) is a stable, documented schema (``gputopo schema facts``):
 
 * ids are strings as sysfs spells them: ``vendor`` ``"0x10de"``, ``device`` ``"0x2bb5"``,
@@ -14,10 +15,7 @@ pydantic provides on first use, so discovery never waits for pydantic to load. T
 
 from __future__ import annotations
 
-import re
-from enum import Enum
-
-from gputopo.errors import AddressError
+from gputopo.model.declare import Choices
 from gputopo.model.record import Field, Literal, Record
 
 # Importing typing would cost discovery's start-up a third of Python's own: annotations are text,
@@ -29,9 +27,7 @@ if TYPE_CHECKING:
 
 SCHEMA_VERSION = 1
 
-_ADDR_RE = re.compile(
-    r"^(?:(?P<domain>[0-9a-fA-F]{1,8}):)?(?P<bus>[0-9a-fA-F]{1,2}):(?P<dev>[0-9a-fA-F]{1,2})\.(?P<fn>[0-7])$"
-)
+_HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
 
 NVIDIA_VENDOR = "0x10de"
 
@@ -45,16 +41,30 @@ def normalize_address(text: str) -> str:
 
     Raises :class:`AddressError` for anything else.
     """
-    m = _ADDR_RE.match(text.strip())
-    if not m:
+    address = canonical_address(text)
+    if address is None:
+        # here: discovery meets no bad address, and its start-up need not build the error classes
+        from gputopo.errors import AddressError
+
         raise AddressError(text)
-    domain = int(m.group("domain") or "0", 16)
-    bus = int(m.group("bus"), 16)
-    dev = int(m.group("dev"), 16)
-    fn = int(m.group("fn"))
-    if dev > 0x1F:
-        raise AddressError(text)
-    return f"{domain:04x}:{bus:02x}:{dev:02x}.{fn}"
+    return address
+
+
+def canonical_address(text: str) -> str | None:
+    """:func:`normalize_address` of ``text``, or None where that raises."""
+    head, dot, fn = text.strip().rpartition(".")
+    parts = head.split(":")
+    if len(parts) == 2:
+        parts.insert(0, "0")
+    # [domain:]bus:dev.fn: 1-8, 1-2 and 1-2 hex digits and a function 0-7
+    if not (dot and len(fn) == 1 and fn in "01234567" and len(parts) == 3):
+        return None
+    domain, bus, dev = parts
+    if not (0 < len(domain) <= 8 and 0 < len(bus) <= 2 and 0 < len(dev) <= 2):
+        return None
+    if not _HEX_DIGITS.issuperset(domain + bus + dev) or int(dev, 16) > 0x1F:
+        return None
+    return f"{int(domain, 16):04x}:{int(bus, 16):02x}:{int(dev, 16):02x}.{fn}"
 
 
 def slot_of(address: str) -> str:
@@ -97,7 +107,7 @@ class Model(Record):
     model_config = {"extra": "forbid", "populate_by_name": True}
 
 
-class MemberRole(str, Enum):
+class MemberRole(Choices):
     """How a device in a GPU's IOMMU group relates to that GPU."""
 
     GPU = "gpu"  # the GPU itself
