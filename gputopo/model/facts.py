@@ -1,7 +1,7 @@
 """Data models shared by every layer: the host facts that discovery produces.
 
-This module imports nothing of gputopo's except ``declare`` and ``record`` (and ``errors`` to raise
-one), nor re, enum or typing: the facts are plain records (:mod:`gputopo.model.record`), declared
+This module imports nothing of gputopo's except ``record`` (and ``errors`` to raise one), nor re
+or typing: the facts are plain records (:mod:`gputopo.model.record`), declared
 like pydantic models, whose schema and validation pydantic provides on first use, so discovery
 never waits for pydantic to load. The JSON form of
 :class:`Facts` (``gputopo discover --json``) is a stable, documented schema (``gputopo schema facts``):
@@ -15,7 +15,8 @@ never waits for pydantic to load. The JSON form of
 
 from __future__ import annotations
 
-from gputopo.model.declare import Choices
+from enum import Enum
+
 from gputopo.model.record import Field, Literal, Record
 
 # Importing typing would cost discovery's start-up a third of Python's own: annotations are text,
@@ -107,7 +108,7 @@ class Model(Record):
     model_config = {"extra": "forbid", "populate_by_name": True}
 
 
-class MemberRole(Choices):
+class MemberRole(str, Enum):
     """How a device in a GPU's IOMMU group relates to that GPU."""
 
     GPU = "gpu"  # the GPU itself

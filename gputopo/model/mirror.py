@@ -6,7 +6,6 @@ and its validation is how plain data becomes records (``Facts.model_validate_jso
 
 from __future__ import annotations
 
-import enum
 import sys
 import typing
 from typing import Any
@@ -14,12 +13,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, create_model
 from pydantic import Field as PydanticField
 
-from gputopo.model.declare import Choices, Declared, LiteralText
+from gputopo.model.declare import Declared, LiteralText
 
 _MIRRORS: dict[type, type[BaseModel]] = {}
 _RECORDS: dict[type[BaseModel], type] = {}
-_ENUMS: dict[type, type[enum.Enum]] = {}  # a Choices class -> the Enum pydantic sees
-_CHOICES: dict[type[enum.Enum], type] = {}
 _MISSING = object()
 
 
@@ -36,8 +33,6 @@ class _Names(dict):
         value = self.module_globals.get(key, _MISSING)
         if isinstance(value, type) and issubclass(value, Declared):
             return mirror(value)
-        if isinstance(value, type) and issubclass(value, Choices):
-            return as_enum(value)
         if isinstance(value, LiteralText):
             return typing.Literal
         if value is not _MISSING:
@@ -85,16 +80,6 @@ def mirror(cls: type) -> type[BaseModel]:
     return model
 
 
-def as_enum(cls: type) -> type[enum.Enum]:
-    """The ``(str, Enum)`` class pydantic sees for the :class:`Choices` class ``cls``: the same
-    name, docstring, members and values (built once)."""
-    if cls not in _ENUMS:
-        e = enum.Enum(cls.__name__, [(m.name, m.value) for m in cls], type=str, module=cls.__module__)
-        e.__doc__ = cls.__doc__
-        _ENUMS[cls], _CHOICES[e] = e, cls
-    return _ENUMS[cls]
-
-
 def to_record(value: Any) -> Any:
     """A validated pydantic value turned into records (models into their record classes)."""
     if isinstance(value, BaseModel):
@@ -104,8 +89,6 @@ def to_record(value: Any) -> Any:
         return [to_record(v) for v in value]
     if isinstance(value, dict):
         return {k: to_record(v) for k, v in value.items()}
-    if type(value) in _CHOICES:
-        return _CHOICES[type(value)](value.value)
     return value
 
 

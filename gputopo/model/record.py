@@ -22,7 +22,7 @@ pydantic's, only the cheap half is done here.
 
 from __future__ import annotations
 
-import sys
+from enum import Enum
 
 from gputopo.model.declare import MISSING, Declared, Field, FieldInfo, Literal, LiteralText
 
@@ -128,21 +128,17 @@ class Record(Declared):
 
     def model_dump_json(self, *, indent: int | None = None, by_alias: bool = False) -> str:
         """The JSON text pydantic's ``model_dump_json`` gives for the same data (non-ASCII kept,
-        no spaces without ``indent``): the text ``json.dumps`` gives for :meth:`model_dump`'s
-        data, written here without importing json (it costs discovery's start-up a third)."""
-        try:
-            return _JsonText(indent, by_alias).of(self)
-        except _NotPlain:  # some data only json can write (or fail on): leave it to json
-            import json
+        no spaces without ``indent``)."""
+        import json
 
-            # check_circular=False: a record is a tree, and the check costs every list and dict
-            return json.dumps(
-                _dump(self, True, by_alias),
-                indent=indent,
-                ensure_ascii=False,
-                check_circular=False,
-                separators=(",", ": ") if indent is not None else (",", ":"),
-            )
+        # check_circular=False: a record is a tree, and the check costs every list and dict
+        return json.dumps(
+            _dump(self, True, by_alias),
+            indent=indent,
+            ensure_ascii=False,
+            check_circular=False,
+            separators=(",", ": ") if indent is not None else (",", ":"),
+        )
 
     def model_copy(self, *, update: dict | None = None, deep: bool = False):
         """A copy (``deep``: nested records and lists copied too) with ``update`` applied."""
@@ -175,13 +171,6 @@ class Record(Declared):
         return mirror(cls).model_json_schema(by_alias=by_alias, mode=mode)
 
 
-def _enum_value(value):
-    """``value.value`` when ``value`` is an Enum member (the enum module is loaded then), else
-    ``value`` itself; without importing enum: discovery's start-up would pay for it."""
-    enum = sys.modules.get("enum")
-    return value.value if enum is not None and isinstance(value, enum.Enum) else value
-
-
 def _dump(value, json_mode: bool, by_alias: bool):
     if isinstance(value, Record):
         fields = value.model_fields
@@ -196,135 +185,6 @@ def _dump(value, json_mode: bool, by_alias: bool):
         return [_dump(v, json_mode, by_alias) for v in value]
     if t is dict:
         return {k: _dump(v, json_mode, by_alias) for k, v in value.items()}
-    return _enum_value(value) if json_mode else value
-
-
-class _NotPlain(Exception):
-    """Data :class:`_JsonText` leaves to json: a dict key that is not a string, a type json
-    would fail on."""
-
-
-# json's escapes with ensure_ascii=False: the quote, the backslash and the control characters
-_ESCAPES = {c: f"\\u{c:04x}" for c in range(0x20)}
-_ESCAPES.update(
-    {ord(k): v for k, v in zip('"\\\n\r\t\b\f', ('\\"', "\\\\", "\\n", "\\r", "\\t", "\\b", "\\f"))}
-)
-_FLOATS = {float("inf"): "Infinity", float("-inf"): "-Infinity"}
-
-
-# (record class, by alias, key separator) -> [(field name, its key as written: '"name": ')]
-_JSON_KEYS: dict[tuple[type, bool, str], list[tuple[str, str]]] = {}
-
-
-class _JsonText:
-    """The text ``json.dumps(_dump(record, True, by_alias), indent=indent, ensure_ascii=False,
-    separators=...)`` gives, written straight from the records. Raises :class:`_NotPlain` for
-    data it does not write the way json would."""
-
-    def __init__(self, indent: int | str | None, by_alias: bool) -> None:
-        self.by_alias = by_alias
-        self.indent = " " * indent if isinstance(indent, int) else indent
-        self.key_separator = ": " if indent is not None else ":"
-        self.parts: list[str] = []
-
-    def of(self, value) -> str:
-        self.write(value, "\n" if self.indent is not None else "")
-        return "".join(self.parts)
-
-    def write(self, value, newline: str) -> None:
-        """Append ``value``'s text; ``newline``: what starts a line at its depth (the newline
-        and the indent; empty without indent)."""
-        out = self.parts.append
-        t = type(value)
-        if t is str:
-            out(f'"{value.translate(_ESCAPES)}"')
-        elif value is None:
-            out("null")
-        elif t is bool:
-            out("true" if value else "false")
-        elif t is int:
-            out(int.__repr__(value))
-        elif isinstance(value, Record):
-            d = value.__dict__
-            self.write_items([(key, d[name]) for name, key in self.keys(t)], newline)
-        elif t is list or t is tuple:
-            self.write_list(value, newline)
-        elif t is dict:
-            if not all(type(k) is str for k in value):
-                raise _NotPlain
-            sep = self.key_separator
-            self.write_items([(f'"{k.translate(_ESCAPES)}"{sep}', v) for k, v in value.items()], newline)
-        else:
-            self.write_scalar(value)
-
-    def keys(self, cls: type) -> list[tuple[str, str]]:
-        """The fields of the record class ``cls``: (name, key as written), worked out once."""
-        at = (cls, self.by_alias, self.key_separator)
-        keys = _JSON_KEYS.get(at)
-        if keys is None:
-            keys = _JSON_KEYS[at] = [
-                (n, f'"{((f.alias or n) if self.by_alias else n).translate(_ESCAPES)}"{self.key_separator}')
-                for n, f in cls.model_fields.items()
-            ]
-        return keys
-
-    def write_scalar(self, value) -> None:
-        """A float, an Enum member (its value: a string, a number, null) or an instance of a
-        subclass of str, int or float, as json writes them. Raises _NotPlain for anything else."""
-        plain = _enum_value(value)
-        if plain is not value:
-            if type(plain) not in (str, int, float, bool) and plain is not None:
-                raise _NotPlain
-            self.write(plain, "")
-        elif isinstance(value, str):
-            self.parts.append(f'"{str.translate(value, _ESCAPES)}"')
-        elif isinstance(value, int) and not isinstance(value, bool):
-            self.parts.append(int.__repr__(value))
-        elif isinstance(value, float):
-            if value != value:
-                self.parts.append("NaN")
-            else:
-                self.parts.append(_FLOATS.get(value) or float.__repr__(value))
-        else:
-            raise _NotPlain
-
-    def write_list(self, values, newline: str) -> None:
-        out = self.parts.append
-        if not values:
-            out("[]")
-            return
-        inner = newline + self.indent if self.indent is not None else ""
-        sep, more = "[" + inner, "," + inner
-        for v in values:
-            out(sep)
-            sep = more
-            if type(v) is str:
-                out(f'"{v.translate(_ESCAPES)}"')
-            else:
-                self.write(v, inner)
-        out(newline + "]")
-
-    def write_items(self, items: list[tuple[str, object]], newline: str) -> None:
-        """An object from (key as written, value) pairs."""
-        out = self.parts.append
-        if not items:
-            out("{}")
-            return
-        inner = newline + self.indent if self.indent is not None else ""
-        sep, more = "{" + inner, "," + inner
-        write = self.write
-        for key, v in items:
-            out(sep + key)
-            sep = more
-            t = type(v)
-            if t is str:
-                out(f'"{v.translate(_ESCAPES)}"')
-            elif v is None:
-                out("null")
-            elif t is int:
-                out(int.__repr__(v))
-            elif t is bool:
-                out("true" if v else "false")
-            else:
-                write(v, inner)
-        out(newline + "}")
+    if json_mode and isinstance(value, Enum):
+        return value.value
+    return value

@@ -4,10 +4,7 @@ what it did with them, for any text."""
 
 from __future__ import annotations
 
-import copy
-import enum
 import itertools
-import pickle
 import re
 
 import pytest
@@ -18,7 +15,7 @@ from gputopo.errors import AddressError, InputError
 from gputopo.facts.discover import parse_gpu_match
 from gputopo.facts.host import _natural
 from gputopo.facts.names import parse_pci_ids
-from gputopo.model.facts import GroupMember, MemberRole, canonical_address, normalize_address
+from gputopo.model.facts import canonical_address, normalize_address
 
 _ADDR_RE = re.compile(
     r"^(?:(?P<domain>[0-9a-fA-F]{1,8}):)?(?P<bus>[0-9a-fA-F]{1,2}):(?P<dev>[0-9a-fA-F]{1,2})\.(?P<fn>[0-7])$"
@@ -141,47 +138,6 @@ def test_pci_ids_blocks_longer_than_a_stretch():
     wanted = {("10de", "0000"), ("10de", f"{5999:04x}"), ("8086", "1521"), ("8086", "0000")}
     assert parse_pci_ids(db, wanted) == pci_ids_by_regex(db, wanted)
     assert parse_pci_ids(db.encode(), wanted)[("10de", f"{5999:04x}")] == "device 5999"
-
-
-# MemberRole as it was: class MemberRole(str, Enum)
-Role = enum.Enum(
-    "MemberRole",
-    [("GPU", "gpu"), ("FUNCTION", "function"), ("BRIDGE", "bridge"), ("FOREIGN", "foreign")],
-    type=str,
-)
-Role.__doc__ = "How a device in a GPU's IOMMU group relates to that GPU."
-
-
-def test_member_role_behaves_as_the_enum_it_was():
-    pairs = list(zip(MemberRole, Role))
-    assert len(pairs) == len(MemberRole) == len(Role) == 4
-    for mine, enum_member in pairs:
-        assert mine == enum_member == enum_member.value and hash(mine) == hash(enum_member)
-        assert (mine.name, mine.value, type(mine.value)) == (enum_member.name, enum_member.value, str)
-        assert (repr(mine), str(mine)) == (repr(enum_member), str(enum_member))
-        assert f"{mine}|{mine:>20}|{mine!r}" == f"{enum_member}|{enum_member:>20}|{enum_member!r}"
-        assert MemberRole(enum_member.value) is mine and MemberRole(mine) is mine
-        assert copy.deepcopy(mine) is mine and pickle.loads(pickle.dumps(mine)) is mine
-        assert getattr(MemberRole, enum_member.name) is mine
-    assert list(MemberRole.__members__) == list(Role.__members__)
-    with pytest.raises(ValueError, match="'switch' is not a valid MemberRole"):
-        MemberRole("switch")
-
-
-def test_pydantic_sees_member_role_as_an_enum():
-    schema = GroupMember.model_json_schema()["$defs"]["MemberRole"]
-    assert schema == {
-        "description": Role.__doc__,
-        "enum": ["gpu", "function", "bridge", "foreign"],
-        "title": "MemberRole",
-        "type": "string",
-    }
-    data = {"address": "a", "role": "bridge", "vendor": None, "device": None, "class": None}
-    assert GroupMember.model_validate(data).role is MemberRole.BRIDGE
-    assert (
-        GroupMember.model_validate_json(GroupMember.model_validate(data).model_dump_json()).role
-        is MemberRole.BRIDGE
-    )
 
 
 def natural_by_groupby(s: str) -> list | type:
