@@ -7,6 +7,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from gputopo.model.documents import VerifyReport
+
 
 @dataclass
 class StepResult:
@@ -32,7 +34,7 @@ class ApplyResult:
     wall_s: float = 0.0
     stop_window_s: float | None = None
     journal: str | None = None
-    verify: Any = None
+    verify: VerifyReport | None = None  # the verification that followed, when one ran
     would: list[str] = field(default_factory=list)  # recover --dry-run: what it would do, in order
 
     @property

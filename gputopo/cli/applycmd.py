@@ -19,12 +19,11 @@ acts on (the open journal's) are the library's too (:mod:`gputopo.apply.document
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 
 import click
 
-from gputopo.cli.connect import Connection, build_ports, connection_options, host_root, node_for, this_host
+from gputopo.cli.connect import Connection, connection_options
 from gputopo.cli.params import timeout_option
 from gputopo.exitcodes import with_exit_codes
 
@@ -34,42 +33,6 @@ def _progress(stream=None, timeouts=None):
     from gputopo.cli.progress import display
 
     return display(timeouts, stream)
-
-
-def _verifier(spec, ports, root, node):
-    try:
-        from gputopo.verify import verify as run_verify
-    except ImportError:
-        return None
-    return lambda: run_verify(spec, ports, root=root, node=node)
-
-
-def _preflight_ports(conn: Connection, default_node: str | None):
-    """build_ports for apply and recover: an API that cannot be reached or refuses the login is a
-    failed preflight (exit 2, nothing changed), as it is when apply's own preflight finds it."""
-    from gputopo.errors import PreflightError, ProxmoxError
-
-    try:
-        return build_ports(conn, default_node=default_node)
-    except ProxmoxError as e:
-        raise PreflightError(f"cannot use the Proxmox API ({e}); nothing was changed") from None
-
-
-def _load(plan_file: str | None, spec_file: str | None):
-    """(spec, saved plan or None, the file named) from ``apply PLANFILE`` or ``--spec FILE``."""
-    from gputopo.errors import ConfigError
-    from gputopo.plan.spec import load_spec
-
-    if plan_file and spec_file:
-        raise ConfigError("give a saved plan or --spec FILE, not both")
-    if spec_file:
-        return load_spec(spec_file), None, spec_file
-    if not plan_file:
-        raise ConfigError("give --spec FILE, or a plan saved with 'gputopo plan -o FILE'")
-    from gputopo.cli.output import read_saved_plan
-
-    saved = read_saved_plan(plan_file)
-    return saved.spec, saved, plan_file
 
 
 @click.command()
@@ -129,18 +92,8 @@ def apply(
     A saved plan is applied exactly, and only while the host is what it was made from; when
     anything moved since, apply names it and changes nothing (exit 2).
     """
-    from gputopo.apply import apply as run_apply
-    from gputopo.apply.boot import after_apply
-    from gputopo.apply.estimate import step_timeouts
     from gputopo.errors import GputopoError
-
-    spec, saved, source_file = _load(plan_file, spec_file)
-    t = step_timeouts(spec, timeouts)
-    root = host_root(conn)
-    if saved is not None and conn.node is None and saved.node is not None:
-        conn = dataclasses.replace(conn, node=saved.node)
-    ports = _preflight_ports(conn, node_for(conn, spec, this_host(root)))
-    progress = _progress(sys.stderr if as_json else None, t)
+    from gputopo.usecases.apply import ApplyCommand, error_document, open_apply, run_opened
 
     def confirm(p) -> bool:
         click.echo(p.to_text(), nl=False, err=as_json)
@@ -154,55 +107,50 @@ def apply(
             )
         return click.confirm("Apply these changes?", default=False, err=as_json)
 
+    cmd = ApplyCommand(
+        conn,
+        plan_file,
+        spec_file,
+        dry_run,
+        confirm,
+        lambda t: _progress(sys.stderr if as_json else None, t),
+        timeouts,
+        rollback_on_verify_failure,
+        not no_verify,
+        not no_ha,
+        refresh_boot,
+        expect_plan,
+    )
+    opened = open_apply(cmd)
     try:
-        try:
-            verifier = None if (no_verify or dry_run) else _verifier(spec, ports, root, conn.node)
-            result = run_apply(
-                spec,
-                ports,
-                root=root,
-                dry_run=dry_run,
-                confirm=confirm,
-                progress=progress,
-                timeouts=t,
-                verify=verifier,
-                rollback_on_verify_failure=rollback_on_verify_failure,
-                spec_path=source_file,
-                node=conn.node,
-                expected=saved,
-                expect_plan=expect_plan,
-                ha=not no_ha,
-            )
-            boot = after_apply(result, ports, refresh_boot, progress.note)
-        finally:
-            ports.close()
+        applied = run_opened(opened)
     except GputopoError as e:
         if as_json:
-            from gputopo.apply.document import error_document
             from gputopo.cli.output import print_json
 
-            print_json(error_document(e, root=root))
+            print_json(error_document(e, root=opened.root))
         raise
-    if boot is not None and not boot.ran:
+    if applied.boot is not None and not applied.boot.ran:
         click.echo(
-            f"boot persistence changed: before the next reboot run: {boot.text()} "
+            f"boot persistence changed: before the next reboot run: {applied.boot.text()} "
             "(or apply with --refresh-boot)",
             err=True,
         )
-    _finish(result, boot, as_json)
+    _finish(applied, as_json)
 
 
-def _finish(result, boot, as_json: bool) -> None:
+def _finish(applied, as_json: bool) -> None:
     """Print how the apply ended (the document with ``--json``); raise VerifyFailed when its
     verification failed."""
-    from gputopo.apply.document import result_document, verify_failure
+    from gputopo.usecases.apply import document, verify_failure
 
+    result = applied.result
     if as_json:
         from gputopo.cli.output import print_json
 
         if result.status in ("no-changes", "dry-run"):  # the plan for the human reading stderr
             click.echo(result.plan.to_text() if result.plan else "No changes", nl=False, err=True)
-        print_json(result_document(result, boot))
+        print_json(document(applied))
     elif result.status in ("no-changes", "dry-run"):
         click.echo(result.plan.to_text() if result.plan else "No changes", nl=False)
     elif result.verify is not None:
@@ -248,39 +196,24 @@ def recover(conn: Connection, finish: bool, dry_run: bool, timeouts, as_json: bo
     and the journal stays open for a recover once it answers (over --api-url the login itself
     needs the API: use --local on the node).
     """
-    from gputopo.apply import recover as run_recover
-    from gputopo.apply.estimate import step_timeouts
-    from gputopo.apply.history import recover_node
     from gputopo.errors import GputopoError
+    from gputopo.usecases.apply import error_document
+    from gputopo.usecases.recover import RecoverCommand, document, open_recover, run_opened
 
-    root = host_root(conn)
-    t = step_timeouts(None, timeouts)
-    # the node the open journal's apply changed: the API acts on it
-    ports = _preflight_ports(conn, recover_node(root, node_for(conn, None, this_host(root))))
+    progress = lambda t: _progress(sys.stderr if as_json else None, t)  # noqa: E731
+    opened = open_recover(RecoverCommand(conn, finish, dry_run, timeouts, progress))
     try:
-        try:
-            result = run_recover(
-                ports,
-                root=root,
-                finish=finish,
-                progress=_progress(sys.stderr if as_json else None, t),
-                timeouts=t,
-                dry_run=dry_run,
-            )
-        finally:
-            ports.close()
+        result = run_opened(opened)
     except GputopoError as e:
         if as_json:
-            from gputopo.apply.document import error_document
             from gputopo.cli.output import print_json
 
-            print_json(error_document(e, root, recover=True))
+            print_json(error_document(e, opened.root, recover=True))
         raise
     if as_json:
-        from gputopo.apply.document import result_document
         from gputopo.cli.output import print_json
 
-        print_json(result_document(result))
+        print_json(document(result))
     elif result.status == "nothing-to-recover":
         click.echo("No unfinished apply: nothing to recover")
     elif result.status == "dry-run":

@@ -13,7 +13,6 @@ import pytest
 from gputopo.actions.ha import PlaceHa, _snapshot, restore_changes
 from gputopo.actions.haplace import HaChange, apply_changes, plan_placement, read_ha_config
 from gputopo.actions.shell import CommandContext
-from gputopo.apply import read_and_plan
 from gputopo.cluster.rolling import apply_node
 from gputopo.errors import ProxmoxError
 from gputopo.model.facts import Facts, HostFacts
@@ -23,6 +22,7 @@ from gputopo.plan.ha import ha_step
 from gputopo.plan.model import MappingTarget, Plan
 from gputopo.plan.spec import parse_spec
 from gputopo.ports import ExecResult
+from gputopo.usecases.readplan import read_and_plan
 from helpers import applysim
 from helpers.applysim import template  # noqa: F401 (fixtures)
 

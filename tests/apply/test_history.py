@@ -12,10 +12,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from gputopo.apply import apply
 from gputopo.apply.history import find, history, last_measured
 from gputopo.apply.journal import JOURNAL_DIR, Header, Journal
 from gputopo.errors import HistoryError
+from gputopo.usecases.apply import apply
 from helpers import applysim
 from helpers.applysim import copy_host, seed_spec, seed_spec_text, template  # noqa: F401 (fixtures)
 from helpers.cli import one_line, run
