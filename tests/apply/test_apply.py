@@ -394,9 +394,9 @@ def test_cli_progress_is_plain_lines_off_a_terminal_and_rich_on_one(host, monkey
 def test_secrets_never_reach_output_journal_or_errors(host):
     """The password comes in through the environment only; an apply that fails at its last step
     (so every kind of message is printed: steps, failure, rollback) never shows it."""
-    from gputopo.usecases.connect import Connection, build_ports
     from gputopo.errors import ApplyFailed
     from gputopo.sim.container import break_container
+    from gputopo.usecases.connect import Connection, build_ports
 
     sim_ports = host.ports()
     password = host.credentials()["password"]

@@ -611,8 +611,8 @@ def test_parse_api_url(url, port):
     ],
 )
 def test_parse_api_url_refuses(url, reason):
-    from gputopo.usecases.connect import parse_api_url
     from gputopo.errors import ConfigError
+    from gputopo.usecases.connect import parse_api_url
 
     with pytest.raises(ConfigError) as e:
         parse_api_url(url)

@@ -706,8 +706,8 @@ def test_a_wrong_port_on_the_container_is_refused(healthy):
 
 
 def test_api_url_parsing():
-    from gputopo.usecases.connect import parse_api_url
     from gputopo.errors import ConfigError
+    from gputopo.usecases.connect import parse_api_url
 
     assert parse_api_url("https://pve1.example:8443/api2/json") == ("pve1.example", 8443)
     assert parse_api_url("pve1") == ("pve1", 8006)
@@ -718,8 +718,8 @@ def test_api_url_parsing():
 
 
 def test_build_ports_refuses_contradictions(tmp_path):
-    from gputopo.usecases.connect import Connection, build_ports
     from gputopo.errors import ConfigError
+    from gputopo.usecases.connect import Connection, build_ports
 
     with pytest.raises(ConfigError, match="--api-url and --local"):
         build_ports(Connection(api_url="https://pve1", local=True))
