@@ -24,7 +24,7 @@ class StepResult:
 
 @dataclass
 class ApplyResult:
-    """What :func:`gputopo.apply.apply` or :func:`gputopo.apply.recover` did. ``status``:
+    """What an apply (:func:`gputopo.usecases.apply.run`) or :func:`gputopo.apply.recover` did. ``status``:
     no-changes, dry-run, applied, rolled-back (verify failed and ``rollback_on_verify_failure``),
     recovered, finished, nothing-to-recover."""
 

@@ -18,7 +18,7 @@ d. facts and state are read again under the lock and planned again: a different 
    (:func:`gputopo.apply.preflight.make_device_nodes`), or the apply is refused, nothing stopped;
 e. the steps (:mod:`gputopo.apply.runner`), each journaled with the state before it, so any
    failure, or a later :func:`recover` after a crash, can undo the completed steps in reverse
-   from the journal alone, then restart what ran before (:mod:`gputopo.apply.recover`).
+   from the journal alone, then restart what ran before (:mod:`gputopo.apply.recovery`).
 
 A sysfs write that hangs is never retried by the apply that saw it: the rollback leaves that
 IOMMU group alone, the error names the device (exit 3) and the journal stays open (a

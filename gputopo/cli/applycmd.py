@@ -1,9 +1,9 @@
-"""``gputopo apply`` and ``gputopo recover``: build the ports, make one library call, print.
+"""``gputopo apply`` and ``gputopo recover``: parse the options, make one use-case call, print.
 
 ``apply`` takes a spec (``--spec FILE``) or a saved plan (``gputopo apply plan.json``, written by
 ``plan -o``: exactly those steps, refused when the host moved since). It shows the plan, asks for
-confirmation (``--yes`` skips it), then runs :func:`gputopo.apply.apply`; progress is plain lines
-off a terminal and styled ones on it (:mod:`gputopo.cli.progress`). It ends with ``gputopo
+confirmation (``--yes`` skips it), then applies and verifies (:mod:`gputopo.usecases.apply`);
+progress is plain lines off a terminal and styled ones on it (:mod:`gputopo.cli.progress`). It ends with ``gputopo
 verify``, and, when boot persistence changed, says what must run before a reboot (or runs it
 with ``--refresh-boot``). ``recover`` settles the journal of an apply that was interrupted.
 A step that succeeded with warnings (a Proxmox task ending ``WARNINGS: N``, a guest stopped by
@@ -13,8 +13,8 @@ force) shows them after its line. With ``--json`` the steps go to stderr and one
 Both write sysfs and run ``pct`` on this machine: the library refuses (exit 2, nothing changed)
 an API whose node is not this host (:func:`gputopo.apply.preflight.refuse_other_node`, recover's
 :func:`gputopo.apply.preflight.check_recover_node`). The JSON document and which node a recover
-acts on (the open journal's) are the library's too (:mod:`gputopo.apply.document`,
-:func:`gputopo.apply.history.recover_node`).
+acts on (the open journal's) are the library's too (:mod:`gputopo.usecases.apply`,
+:mod:`gputopo.usecases.recover`).
 """
 
 from __future__ import annotations
@@ -33,6 +33,25 @@ def _progress(stream=None, timeouts=None):
     from gputopo.cli.progress import display
 
     return display(timeouts, stream)
+
+
+def _confirmer(yes: bool, as_json: bool):
+    """What asks before the host changes: the plan shown, then yes (``--yes``) or the
+    operator's answer. Raises ConfigError when stdin is not a terminal and ``--yes`` is not given."""
+
+    def confirm(p) -> bool:
+        click.echo(p.to_text(), nl=False, err=as_json)
+        if yes:
+            return True
+        if not sys.stdin.isatty():
+            from gputopo.errors import ConfigError
+
+            raise ConfigError(
+                "refusing to change the host without confirmation: pass --yes (stdin is not a terminal)"
+            )
+        return click.confirm("Apply these changes?", default=False, err=as_json)
+
+    return confirm
 
 
 @click.command()
@@ -95,24 +114,12 @@ def apply(
     from gputopo.errors import GputopoError
     from gputopo.usecases.apply import ApplyCommand, error_document, open_apply, run_opened
 
-    def confirm(p) -> bool:
-        click.echo(p.to_text(), nl=False, err=as_json)
-        if yes:
-            return True
-        if not sys.stdin.isatty():
-            from gputopo.errors import ConfigError
-
-            raise ConfigError(
-                "refusing to change the host without confirmation: pass --yes (stdin is not a terminal)"
-            )
-        return click.confirm("Apply these changes?", default=False, err=as_json)
-
     cmd = ApplyCommand(
         conn,
         plan_file,
         spec_file,
         dry_run,
-        confirm,
+        _confirmer(yes, as_json),
         lambda t: _progress(sys.stderr if as_json else None, t),
         timeouts,
         rollback_on_verify_failure,

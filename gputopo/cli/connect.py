@@ -1,5 +1,5 @@
-"""How a command reaches a host: one set of options, the :class:`Connection` they fill and the
-:class:`gputopo.ports.Ports` they build.
+"""How a command reaches a host: one set of options and the :class:`Connection` they fill (the
+:class:`gputopo.ports.Ports` a connection builds are :mod:`gputopo.usecases.connect`'s).
 
 Every command that reads or changes a host takes its options from :func:`connection_options`
 and receives them as one ``conn: Connection``. A command asks only for the option groups it
@@ -47,7 +47,7 @@ API, ``--user`` without ``--api-url``, ...). ``GPUTOPO_PVE_URL`` is a default on
 ``--local`` or ``--pve-root`` on the command line set it aside.
 
 On a real host sysfs writes, host files and ``pct exec`` work on ``--root`` (default ``/``).
-Call the ports' ``close()`` when done: it stops what :func:`build_ports` started.
+The use cases build the ports from the connection and close them when done.
 """
 
 from __future__ import annotations

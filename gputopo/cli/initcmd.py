@@ -17,7 +17,7 @@ from gputopo.cli.connect import Connection, connection_options
 from gputopo.cli.inputs import SPLITS
 from gputopo.cli.output import refuse_existing, warn, write_output
 from gputopo.exitcodes import with_exit_codes
-from gputopo.usecases.readplan import SpecSource
+from gputopo.usecases.specsource import SpecSource
 
 
 def _emit(text: str, output: str | None, force: bool) -> None:

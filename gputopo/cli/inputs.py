@@ -11,7 +11,7 @@ from __future__ import annotations
 import click
 
 from gputopo.cli.connect import connection_options
-from gputopo.usecases.readplan import SpecSource
+from gputopo.usecases.specsource import SpecSource
 
 SPLITS = click.Choice(["numa", "half", "auto"])
 TEMPLATES_HELP = "Directory whose templates override the built-ins by name."

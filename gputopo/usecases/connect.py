@@ -169,6 +169,33 @@ def node_for(conn: Connection, spec: Any = None, hostname: str | None = None) ->
     return hostname.split(".")[0] if hostname else None
 
 
+def _api_config(conn: Connection, node: str) -> Any:
+    """The Proxmox API's configuration: HTTPS to ``--api-url`` (its login and certificate
+    checks), else ``pvesh`` on this node. Raises ConfigError for a bad URL or TLS options."""
+    from gputopo.adapters.credentials import ApiConfig
+
+    timeout = DEFAULT_API_TIMEOUT if conn.api_timeout is None else conn.api_timeout
+    if conn.api_url is None:
+        return ApiConfig(backend="local", node=node, timeout=timeout)
+    from gputopo.adapters.pinning import normalize_fingerprint
+
+    host, port = parse_api_url(conn.api_url)
+    _tls(conn)
+    return ApiConfig(
+        backend="https",
+        host=host,
+        port=port,
+        node=node,
+        user=conn.user or DEFAULT_USER,
+        token_name=conn.token_name,
+        verify_ssl=not conn.insecure,
+        ca_bundle=conn.ca_bundle,
+        fingerprint=normalize_fingerprint(conn.fingerprint) if conn.fingerprint else None,
+        secret_file=conn.secret_file,
+        timeout=timeout,
+    )
+
+
 def build_ports(
     conn: Connection, default_node: str | None = None, env: dict[str, str] | None = None
 ) -> Ports:
@@ -192,7 +219,6 @@ def build_ports(
     if conn.api_url is not None and conn.local:
         raise ConfigError("--api-url and --local exclude each other")
     _refuse_ignored(conn, timeout_used=True)
-    from gputopo.adapters.credentials import ApiConfig
     from gputopo.adapters.hostfiles import RealHostFiles
     from gputopo.adapters.http import RequestsHttp
     from gputopo.adapters.pct import PctExec
@@ -200,28 +226,7 @@ def build_ports(
     from gputopo.adapters.sysfs import RealSysfs
 
     root = host_root(conn)
-    node = conn.node or default_node or this_host(root)
-    timeout = DEFAULT_API_TIMEOUT if conn.api_timeout is None else conn.api_timeout
-    if conn.api_url is not None:
-        from gputopo.adapters.pinning import normalize_fingerprint
-
-        host, port = parse_api_url(conn.api_url)
-        _tls(conn)
-        cfg = ApiConfig(
-            backend="https",
-            host=host,
-            port=port,
-            node=node,
-            user=conn.user or DEFAULT_USER,
-            token_name=conn.token_name,
-            verify_ssl=not conn.insecure,
-            ca_bundle=conn.ca_bundle,
-            fingerprint=normalize_fingerprint(conn.fingerprint) if conn.fingerprint else None,
-            secret_file=conn.secret_file,
-            timeout=timeout,
-        )
-    else:
-        cfg = ApiConfig(backend="local", node=node, timeout=timeout)
+    cfg = _api_config(conn, conn.node or default_node or this_host(root))
     client = ProxmoxClient.from_config(cfg, env=env)
     from gputopo.adapters.hostcmd import RealHostCommands
     from gputopo.adapters.udev import UdevEvents

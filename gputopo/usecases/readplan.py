@@ -30,7 +30,7 @@ also come from Proxmox's files.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Protocol
 
 from gputopo.errors import ConfigError, GputopoError, InputError, PlanRefused, SpecError
 from gputopo.model.facts import Facts
@@ -40,6 +40,7 @@ from gputopo.plan.spec import Spec
 from gputopo.ports import Ports, ProxmoxReadPort
 from gputopo.usecases.connect import Connection, host_root, node_for, pve_root, source_ports
 from gputopo.usecases.notes import say, warn, warn_unfinished
+from gputopo.usecases.specsource import SpecSource
 from gputopo.verify.context import Reading
 
 # quick mode: the spec field each option fills, so an error names the option the operator typed
@@ -52,36 +53,6 @@ _QUICK_OPTIONS = {
     "nodes[0].vms.mappings[0].name": "--vm-mapping",
     "nodes[0].vms.consumers[0].vmid": "--vm",
 }
-
-
-@dataclass(frozen=True)
-class SpecSource:
-    """Where the spec comes from: ``spec_file``, or quick mode's ``split`` and its options.
-
-    ``tp_flag_given``: the operator typed ``--tp-flag``, so a unit found inside the container
-    does not replace it with the flag the unit spells.
-    """
-
-    spec_file: str | None = None
-    split: str | None = None
-    container: int = 101
-    vm_mapping: str = "pro6000-vm"
-    container_mapping: str | None = None
-    service_unit: str | None = None
-    tp_flag: str = "--tp"
-    tp_flag_given: bool = False
-    vm: int | None = None
-
-    def quick_options(self) -> dict[str, Any]:
-        """The keyword arguments of :func:`gputopo.plan.starter.spec_from_split` it stands for."""
-        return dict(
-            container=self.container,
-            vm_mapping=self.vm_mapping,
-            container_mapping=self.container_mapping,
-            service_unit=self.service_unit,
-            tp_flag=self.tp_flag,
-            vm=self.vm,
-        )
 
 
 @dataclass(frozen=True)

@@ -77,17 +77,9 @@ def recover(
             guests=dict(j.header.running_before.guests), services=dict(j.header.running_before.services)
         )
         undoing = any(r.type.startswith("undo-") for r in j.records)
-        if dry_run:
-            return ApplyResult(
-                "dry-run",
-                wall_s=time.monotonic() - t0,
-                journal=str(j.path),
-                would=would_recover(runner, j, rb, finish, undoing),
-            )
-        if j.verifying and not undoing:
-            j.append(End(result="applied", verify="did not finish"))
-            progress.note("every step was done; only the verification was interrupted: run 'gputopo verify'")
-            return ApplyResult("applied", wall_s=time.monotonic() - t0, journal=str(j.path))
+        early = _without_steps(runner, j, rb, t0, dry_run, finish, undoing)
+        if early is not None:
+            return early
         if finish and undoing:
             # half of it is already undone: finishing forward would build on an unknown middle
             raise JournalError(
@@ -97,6 +89,28 @@ def recover(
         if finish:
             return _finish(runner, j, rb, t0)
         return _roll_back_again(runner, j, rb, t0)
+
+
+def _without_steps(
+    runner: Runner, j: Journal, rb: RunningBefore, t0: float, dry_run: bool, finish: bool, undoing: bool
+) -> ApplyResult | None:
+    """What recover returns without running a step: the dry run's list of what it would do, or
+    an apply whose steps were all done and only its verification ran, closed as applied.
+    None: the steps are to be settled."""
+    if dry_run:
+        return ApplyResult(
+            "dry-run",
+            wall_s=time.monotonic() - t0,
+            journal=str(j.path),
+            would=would_recover(runner, j, rb, finish, undoing),
+        )
+    if j.verifying and not undoing:
+        j.append(End(result="applied", verify="did not finish"))
+        runner.progress.note(
+            "every step was done; only the verification was interrupted: run 'gputopo verify'"
+        )
+        return ApplyResult("applied", wall_s=time.monotonic() - t0, journal=str(j.path))
+    return None
 
 
 def _finish(runner: Runner, j: Journal, rb: RunningBefore, t0: float) -> ApplyResult:
