@@ -20,17 +20,19 @@ verify, the watch, the demo):
    source, so the service found in 1. stays; then the planner.
 
 A cluster path reads its nodes itself (over SSH, its state from the API): it calls
-:func:`spec_and_plan` with each node's facts and current state, and :func:`resolve_spec`
-without ports for the spec it reads for. :func:`read_and_plan` is the same three steps on one
-host through its ports (apply, before and again under its lock, and the tests);
+:func:`resolve_spec` for the spec its reads are made for, then :func:`spec_and_plan` with each
+node's facts and current state (the pure half: no I/O). :func:`read_and_plan` is the same
+three steps on one host through its ports (apply passes it down as its
+:class:`gputopo.apply.ReadPlan`, called before the operator confirms and again under the lock);
 :func:`planned` and :func:`read_inputs` are the CLI's (plan, diff, render), where the state may
-also come from Proxmox's files.
+also come from Proxmox's files; :func:`read_for_checks` is verify's and the watch's
+(:class:`gputopo.verify.context.ReadForChecks`), which keeps an unreadable state or a refused
+plan as what the checks report.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Protocol
 
 from gputopo.errors import ConfigError, GputopoError, InputError, PlanRefused, SpecError
 from gputopo.model.facts import Facts
@@ -72,13 +74,6 @@ class Planned:
     spec: Spec
     current: CurrentState
     plan: Plan
-
-
-class ReadAndPlan(Protocol):
-    """A read of the host and its plan, made again where a caller needs a fresh one (apply,
-    under its lock): (facts, current state, plan)."""
-
-    def __call__(self) -> tuple[Facts, CurrentState, Plan]: ...
 
 
 def quick_spec(

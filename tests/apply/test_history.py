@@ -8,7 +8,6 @@ import json
 import os
 import re
 import time
-from types import SimpleNamespace
 
 import pytest
 
@@ -35,13 +34,16 @@ def applied(template, tmp_path_factory):
         assert first.status == "applied"
         time.sleep(1.1)  # journals are named by the second they began (an apply may take less)
         text = applysim.reverse(seed_spec_text(host))
+        from gputopo.model.documents import Check, VerifyReport
         from gputopo.plan.spec import parse_spec
 
         second = apply(
             parse_spec(text),
             ports,
             root=host.paths.root,
-            verify=lambda: SimpleNamespace(ok=False),
+            verify=lambda: VerifyReport(
+                checks=[Check(name="converged", status="FAIL", summary="a step left")]
+            ),
             rollback_on_verify_failure=True,
         )
         assert second.status == "rolled-back"
