@@ -162,7 +162,7 @@ def _scenarios(capsys, seed, sim, tmp_path, monkeypatch):
         return run(capsys, "show", str(saved))[0]
 
     def demo_not_converged():
-        import gputopo.sim.demo as demo
+        import gputopo.usecases.demo as demo
 
         monkeypatch.setattr(
             demo,

@@ -37,8 +37,11 @@ RANK: dict[str, int] = {
     "cluster": 7,  # a cluster: nodes read and applied over SSH, HA placement, cluster verify
     "sim": 8,  # a simulated host behind the ports; may use everything but the CLI
     "watch": 8,  # the drift watch: diff and verify's quick checks as metrics, udev's events
-    "cli": 9,
-    "__main__": 10,
+    # the use cases: each thing an operator does, composed over the layers below (observe, plan,
+    # apply then verify, the ports a connection builds); the CLI calls one of them per command
+    "usecases": 9,
+    "cli": 10,
+    "__main__": 11,
 }
 
 

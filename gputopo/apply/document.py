@@ -28,7 +28,7 @@ def verify_failure(result: ApplyResult) -> VerifyFailed | None:
     back, or applied and failed), else None."""
     if result.status == "rolled-back":
         return VerifyFailed("verification failed after apply; the host was rolled back")
-    if result.verify is not None and not getattr(result.verify, "ok", True):
+    if result.verify is not None and not result.verify.ok:
         return VerifyFailed(
             "applied, but verification failed (see above); 'gputopo recover' cannot undo a finished apply"
         )
@@ -62,9 +62,8 @@ def result_document(result: ApplyResult, boot: BootRefresh | None = None) -> dic
         }
         for s in sorted(result.steps, key=lambda s: s.index)
     ]
-    verify = None
-    if result.verify is not None and hasattr(result.verify, "to_json"):
-        verify = json.loads(result.verify.to_json())
+    # the verify document as verify --json prints it (its text read back: the same values)
+    verify = None if result.verify is None else json.loads(result.verify.to_json())
     failed = verify_failure(result)
     p = result.plan
     return _checked(

@@ -7,6 +7,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from gputopo.model.documents import VerifyReport
+
 
 @dataclass
 class StepResult:
@@ -22,7 +24,7 @@ class StepResult:
 
 @dataclass
 class ApplyResult:
-    """What :func:`gputopo.apply.apply` or :func:`gputopo.apply.recover` did. ``status``:
+    """What an apply (:func:`gputopo.usecases.apply.run`) or :func:`gputopo.apply.recover` did. ``status``:
     no-changes, dry-run, applied, rolled-back (verify failed and ``rollback_on_verify_failure``),
     recovered, finished, nothing-to-recover."""
 
@@ -32,7 +34,7 @@ class ApplyResult:
     wall_s: float = 0.0
     stop_window_s: float | None = None
     journal: str | None = None
-    verify: Any = None
+    verify: VerifyReport | None = None  # the verification that followed, when one ran
     would: list[str] = field(default_factory=list)  # recover --dry-run: what it would do, in order
 
     @property

@@ -1,9 +1,9 @@
-"""``gputopo apply`` and ``gputopo recover``: build the ports, make one library call, print.
+"""``gputopo apply`` and ``gputopo recover``: parse the options, make one use-case call, print.
 
 ``apply`` takes a spec (``--spec FILE``) or a saved plan (``gputopo apply plan.json``, written by
 ``plan -o``: exactly those steps, refused when the host moved since). It shows the plan, asks for
-confirmation (``--yes`` skips it), then runs :func:`gputopo.apply.apply`; progress is plain lines
-off a terminal and styled ones on it (:mod:`gputopo.cli.progress`). It ends with ``gputopo
+confirmation (``--yes`` skips it), then applies and verifies (:mod:`gputopo.usecases.apply`);
+progress is plain lines off a terminal and styled ones on it (:mod:`gputopo.cli.progress`). It ends with ``gputopo
 verify``, and, when boot persistence changed, says what must run before a reboot (or runs it
 with ``--refresh-boot``). ``recover`` settles the journal of an apply that was interrupted.
 A step that succeeded with warnings (a Proxmox task ending ``WARNINGS: N``, a guest stopped by
@@ -13,18 +13,17 @@ force) shows them after its line. With ``--json`` the steps go to stderr and one
 Both write sysfs and run ``pct`` on this machine: the library refuses (exit 2, nothing changed)
 an API whose node is not this host (:func:`gputopo.apply.preflight.refuse_other_node`, recover's
 :func:`gputopo.apply.preflight.check_recover_node`). The JSON document and which node a recover
-acts on (the open journal's) are the library's too (:mod:`gputopo.apply.document`,
-:func:`gputopo.apply.history.recover_node`).
+acts on (the open journal's) are the library's too (:mod:`gputopo.usecases.apply`,
+:mod:`gputopo.usecases.recover`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 
 import click
 
-from gputopo.cli.connect import Connection, build_ports, connection_options, host_root, node_for, this_host
+from gputopo.cli.connect import Connection, connection_options
 from gputopo.cli.params import timeout_option
 from gputopo.exitcodes import with_exit_codes
 
@@ -36,40 +35,23 @@ def _progress(stream=None, timeouts=None):
     return display(timeouts, stream)
 
 
-def _verifier(spec, ports, root, node):
-    try:
-        from gputopo.verify import verify as run_verify
-    except ImportError:
-        return None
-    return lambda: run_verify(spec, ports, root=root, node=node)
+def _confirmer(yes: bool, as_json: bool):
+    """What asks before the host changes: the plan shown, then yes (``--yes``) or the
+    operator's answer. Raises ConfigError when stdin is not a terminal and ``--yes`` is not given."""
 
+    def confirm(p) -> bool:
+        click.echo(p.to_text(), nl=False, err=as_json)
+        if yes:
+            return True
+        if not sys.stdin.isatty():
+            from gputopo.errors import ConfigError
 
-def _preflight_ports(conn: Connection, default_node: str | None):
-    """build_ports for apply and recover: an API that cannot be reached or refuses the login is a
-    failed preflight (exit 2, nothing changed), as it is when apply's own preflight finds it."""
-    from gputopo.errors import PreflightError, ProxmoxError
+            raise ConfigError(
+                "refusing to change the host without confirmation: pass --yes (stdin is not a terminal)"
+            )
+        return click.confirm("Apply these changes?", default=False, err=as_json)
 
-    try:
-        return build_ports(conn, default_node=default_node)
-    except ProxmoxError as e:
-        raise PreflightError(f"cannot use the Proxmox API ({e}); nothing was changed") from None
-
-
-def _load(plan_file: str | None, spec_file: str | None):
-    """(spec, saved plan or None, the file named) from ``apply PLANFILE`` or ``--spec FILE``."""
-    from gputopo.errors import ConfigError
-    from gputopo.plan.spec import load_spec
-
-    if plan_file and spec_file:
-        raise ConfigError("give a saved plan or --spec FILE, not both")
-    if spec_file:
-        return load_spec(spec_file), None, spec_file
-    if not plan_file:
-        raise ConfigError("give --spec FILE, or a plan saved with 'gputopo plan -o FILE'")
-    from gputopo.cli.output import read_saved_plan
-
-    saved = read_saved_plan(plan_file)
-    return saved.spec, saved, plan_file
+    return confirm
 
 
 @click.command()
@@ -129,80 +111,53 @@ def apply(
     A saved plan is applied exactly, and only while the host is what it was made from; when
     anything moved since, apply names it and changes nothing (exit 2).
     """
-    from gputopo.apply import apply as run_apply
-    from gputopo.apply.boot import after_apply
-    from gputopo.apply.estimate import step_timeouts
     from gputopo.errors import GputopoError
+    from gputopo.usecases.apply import ApplyCommand, error_document, open_apply, run_opened
 
-    spec, saved, source_file = _load(plan_file, spec_file)
-    t = step_timeouts(spec, timeouts)
-    root = host_root(conn)
-    if saved is not None and conn.node is None and saved.node is not None:
-        conn = dataclasses.replace(conn, node=saved.node)
-    ports = _preflight_ports(conn, node_for(conn, spec, this_host(root)))
-    progress = _progress(sys.stderr if as_json else None, t)
-
-    def confirm(p) -> bool:
-        click.echo(p.to_text(), nl=False, err=as_json)
-        if yes:
-            return True
-        if not sys.stdin.isatty():
-            from gputopo.errors import ConfigError
-
-            raise ConfigError(
-                "refusing to change the host without confirmation: pass --yes (stdin is not a terminal)"
-            )
-        return click.confirm("Apply these changes?", default=False, err=as_json)
-
+    cmd = ApplyCommand(
+        conn,
+        plan_file,
+        spec_file,
+        dry_run,
+        _confirmer(yes, as_json),
+        lambda t: _progress(sys.stderr if as_json else None, t),
+        timeouts,
+        rollback_on_verify_failure,
+        not no_verify,
+        not no_ha,
+        refresh_boot,
+        expect_plan,
+    )
+    opened = open_apply(cmd)
     try:
-        try:
-            verifier = None if (no_verify or dry_run) else _verifier(spec, ports, root, conn.node)
-            result = run_apply(
-                spec,
-                ports,
-                root=root,
-                dry_run=dry_run,
-                confirm=confirm,
-                progress=progress,
-                timeouts=t,
-                verify=verifier,
-                rollback_on_verify_failure=rollback_on_verify_failure,
-                spec_path=source_file,
-                node=conn.node,
-                expected=saved,
-                expect_plan=expect_plan,
-                ha=not no_ha,
-            )
-            boot = after_apply(result, ports, refresh_boot, progress.note)
-        finally:
-            ports.close()
+        applied = run_opened(opened)
     except GputopoError as e:
         if as_json:
-            from gputopo.apply.document import error_document
             from gputopo.cli.output import print_json
 
-            print_json(error_document(e, root=root))
+            print_json(error_document(e, root=opened.root))
         raise
-    if boot is not None and not boot.ran:
+    if applied.boot is not None and not applied.boot.ran:
         click.echo(
-            f"boot persistence changed: before the next reboot run: {boot.text()} "
+            f"boot persistence changed: before the next reboot run: {applied.boot.text()} "
             "(or apply with --refresh-boot)",
             err=True,
         )
-    _finish(result, boot, as_json)
+    _finish(applied, as_json)
 
 
-def _finish(result, boot, as_json: bool) -> None:
+def _finish(applied, as_json: bool) -> None:
     """Print how the apply ended (the document with ``--json``); raise VerifyFailed when its
     verification failed."""
-    from gputopo.apply.document import result_document, verify_failure
+    from gputopo.usecases.apply import document, verify_failure
 
+    result = applied.result
     if as_json:
         from gputopo.cli.output import print_json
 
         if result.status in ("no-changes", "dry-run"):  # the plan for the human reading stderr
             click.echo(result.plan.to_text() if result.plan else "No changes", nl=False, err=True)
-        print_json(result_document(result, boot))
+        print_json(document(applied))
     elif result.status in ("no-changes", "dry-run"):
         click.echo(result.plan.to_text() if result.plan else "No changes", nl=False)
     elif result.verify is not None:
@@ -248,39 +203,24 @@ def recover(conn: Connection, finish: bool, dry_run: bool, timeouts, as_json: bo
     and the journal stays open for a recover once it answers (over --api-url the login itself
     needs the API: use --local on the node).
     """
-    from gputopo.apply import recover as run_recover
-    from gputopo.apply.estimate import step_timeouts
-    from gputopo.apply.history import recover_node
     from gputopo.errors import GputopoError
+    from gputopo.usecases.apply import error_document
+    from gputopo.usecases.recover import RecoverCommand, document, open_recover, run_opened
 
-    root = host_root(conn)
-    t = step_timeouts(None, timeouts)
-    # the node the open journal's apply changed: the API acts on it
-    ports = _preflight_ports(conn, recover_node(root, node_for(conn, None, this_host(root))))
+    progress = lambda t: _progress(sys.stderr if as_json else None, t)  # noqa: E731
+    opened = open_recover(RecoverCommand(conn, finish, dry_run, timeouts, progress))
     try:
-        try:
-            result = run_recover(
-                ports,
-                root=root,
-                finish=finish,
-                progress=_progress(sys.stderr if as_json else None, t),
-                timeouts=t,
-                dry_run=dry_run,
-            )
-        finally:
-            ports.close()
+        result = run_opened(opened)
     except GputopoError as e:
         if as_json:
-            from gputopo.apply.document import error_document
             from gputopo.cli.output import print_json
 
-            print_json(error_document(e, root, recover=True))
+            print_json(error_document(e, opened.root, recover=True))
         raise
     if as_json:
-        from gputopo.apply.document import result_document
         from gputopo.cli.output import print_json
 
-        print_json(result_document(result))
+        print_json(document(result))
     elif result.status == "nothing-to-recover":
         click.echo("No unfinished apply: nothing to recover")
     elif result.status == "dry-run":

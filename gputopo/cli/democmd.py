@@ -8,10 +8,7 @@ applies it with progress and verifies the result: four GPUs stay with the contai
 
 from __future__ import annotations
 
-import shutil
 import sys
-import tempfile
-from pathlib import Path
 
 import click
 
@@ -44,39 +41,21 @@ from gputopo.exitcodes import with_exit_codes
 @with_exit_codes("demo")
 def demo(workdir: str | None, source: str, pace: float) -> None:
     """Split the simulated seed host's GPUs by NUMA node: discover, plan, apply, verify."""
-    from gputopo.cli.connect import require_sim_extra
+    from gputopo.usecases.connect import require_sim_extra
 
     require_sim_extra("demo")
     from rich.rule import Rule
 
-    from gputopo.apply import Timeouts
     from gputopo.cli.factsview import print_facts
     from gputopo.cli.output import console, print_report
     from gputopo.cli.progress import display
     from gputopo.errors import VerifyFailed
-    from gputopo.facts.discover import discover
-    from gputopo.sim.demo import DemoShow, run_demo
-    from gputopo.sim.host import SimHost
+    from gputopo.usecases.demo import DemoShow, Timeouts, demo_host, run_demo
 
     out = console()
-    keep = workdir is not None
-    base = Path(workdir) if keep else Path(tempfile.mkdtemp(prefix="gputopo-demo-"))
-    base.mkdir(parents=True, exist_ok=True)
-    sim_dir = base / "sim"
-    host = None
-    try:
-        out.print(Rule("gputopo demo: a simulated Proxmox host"))
-        host = SimHost.create(sim_dir, source=source)
-        facts = discover(str(host.paths.root))
-        moving = [
-            g.address
-            for g in facts.gpus
-            if g.numa_node
-            not in (None, min((x.numa_node for x in facts.gpus if x.numa_node is not None), default=0))
-        ]
-        host.set_latencies(pace, moving)
-        ports = host.ports()
-        out.print(f"simulated host {host.node} in {sim_dir}; Proxmox API at {host.api.url}")
+    out.print(Rule("gputopo demo: a simulated Proxmox host"))
+    with demo_host(workdir, source, pace) as sim:
+        out.print(f"simulated host {sim.host.node} in {sim.dir / 'sim'}; Proxmox API at {sim.host.api.url}")
         show = DemoShow(
             heading=lambda t: out.print(Rule(t, align="left")),
             facts=print_facts,
@@ -84,14 +63,15 @@ def demo(workdir: str | None, source: str, pace: float) -> None:
             report=print_report,
             progress=display(),
         )
-        result = run_demo(ports, str(host.paths.root), base, show, timeouts=Timeouts(poll=0.05))
+        result = run_demo(sim.ports, str(sim.host.paths.root), sim.dir, show, timeouts=Timeouts(poll=0.05))
         out.print(Rule())
         a = result.applied
         if a.stop_window_s is not None:
             out.print(
                 f"applied in {a.wall_s:.1f} s; service down for {a.stop_window_s:.1f} s", soft_wrap=True
             )
-        if keep:
+        if workdir is not None:
+            sim_dir = sim.dir / "sim"
             out.print(f"journal: {a.journal}", soft_wrap=True)
             out.print(
                 f"the simulated host stays in {sim_dir}: try "
@@ -100,9 +80,4 @@ def demo(workdir: str | None, source: str, pace: float) -> None:
             )
         if not result.ok:
             raise VerifyFailed("the demo did not end converged and verified (see above)")
-    finally:
-        if host is not None:
-            host.stop()
-        if not keep:
-            shutil.rmtree(base, ignore_errors=True)
     sys.stdout.flush()

@@ -5,17 +5,9 @@ from __future__ import annotations
 import click
 
 from gputopo.cli.complete import complete_addresses
-from gputopo.cli.connect import Connection, connection_options, host_root
+from gputopo.cli.connect import Connection, connection_options
 from gputopo.cli.params import PciAddress
 from gputopo.exitcodes import with_exit_codes
-
-
-def _parse_matches(values: tuple[str, ...]) -> list[tuple[str | None, str | None]] | None:
-    if not values:
-        return None
-    from gputopo.facts.discover import parse_gpu_match
-
-    return [parse_gpu_match(v) for v in values]
 
 
 @click.command()
@@ -38,11 +30,10 @@ def discover(
 ) -> None:
     """Show the GPUs of a host: NUMA node, IOMMU group, driver, minor, link; only the GPUs at
     ADDRESS... when given (an address that is no GPU here is refused)."""
-    from gputopo.facts.snapshot import discover_opened
+    from gputopo.usecases.discover import DiscoverRequest
+    from gputopo.usecases.discover import discover as read_facts
 
-    facts = discover_opened(host_root(conn), all_vendors=all_vendors, gpu_match=_parse_matches(gpu_match))
-    if addresses:
-        facts.gpus = _only(facts, addresses)
+    facts = read_facts(DiscoverRequest(conn, addresses, all_vendors, gpu_match))
     if as_json:
         from gputopo.cli.output import print_json
 
@@ -51,23 +42,6 @@ def discover(
     from gputopo.cli.factsview import print_facts
 
     print_facts(facts)
-
-
-def _only(facts, addresses: tuple[str, ...]) -> list:
-    """The GPUs of ``facts`` at ``addresses``. Raises ConfigError naming one that is no GPU here."""
-    from gputopo.errors import ConfigError
-
-    wanted = list(addresses)
-    have = {g.address for g in facts.gpus}
-    for a in wanted:
-        if a not in have:
-            raise ConfigError(f"{a}: not a GPU of this host (have {', '.join(sorted(have)) or 'none'})")
-    return [g for g in facts.gpus if g.address in wanted]
-
-
-def snapshot_path(name: str) -> str:
-    """``name`` as the archive's file name: ``NAME`` without ``.tar.gz`` or ``.tgz`` gets ``.tar.gz``."""
-    return name if name.endswith((".tar.gz", ".tgz")) else name + ".tar.gz"
 
 
 @click.command()
@@ -82,22 +56,15 @@ def snapshot(out: str, conn: Connection, force: bool, as_json: bool) -> None:
     from pathlib import Path
 
     from gputopo.cli.output import refuse_existing
-    from gputopo.facts.snapshot import snapshot as run
+    from gputopo.usecases.discover import snapshot as take
+    from gputopo.usecases.discover import snapshot_path
 
     out = snapshot_path(out)
     refuse_existing(Path(out), force)
-    counts = run(host_root(conn), out)
+    doc = take(conn, out)
     if as_json:
         from gputopo.cli.output import print_json
-        from gputopo.model.documents import SnapshotDoc
 
-        print_json(
-            SnapshotDoc(
-                path=out, pci_functions=counts["pci_functions"], files=counts["files"], links=counts["links"]
-            )
-        )
+        print_json(doc)
         return
-    click.echo(
-        f"wrote {out}: {counts['pci_functions']} PCI functions, "
-        f"{counts['files']} files, {counts['links']} links"
-    )
+    click.echo(f"wrote {out}: {doc.pci_functions} PCI functions, {doc.files} files, {doc.links} links")

@@ -16,10 +16,10 @@ def fixtures() -> None:
 @fixtures.command("list")
 def list_() -> None:
     """List the shipped host descriptions."""
-    from gputopo.sim.hostroot import list_hosts, load_host
+    from gputopo.usecases.fixtures import fixtures as shipped
 
-    for name in list_hosts():
-        click.echo(f"{name:14} {load_host(name).description}")
+    for name, description in shipped():
+        click.echo(f"{name:14} {description}")
 
 
 @fixtures.command()
@@ -27,9 +27,7 @@ def list_() -> None:
 @click.argument("dest", type=click.Path(file_okay=False))
 def build(name: str, dest: str) -> None:
     """Build host NAME (or a .yaml path) as a root under DEST (must be empty or absent)."""
-    from pathlib import Path
+    from gputopo.usecases.fixtures import build as materialize
 
-    from gputopo.sim.hostroot import materialize
-
-    root = materialize(name, Path(dest))
+    root = materialize(name, dest)
     click.echo(str(root))

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import click
 
-from gputopo.cli.connect import Connection, connection_options, host_root
+from gputopo.cli.connect import Connection, connection_options
 from gputopo.exitcodes import with_exit_codes
+from gputopo.usecases.connect import host_root
 
 
 def _seconds(value: float | None) -> str:
@@ -30,14 +31,14 @@ def history(ctx: click.Context, conn: Connection, as_json: bool) -> None:
     ctx.obj = dict(ctx.obj or {}, root=host_root(conn))
     if ctx.invoked_subcommand is not None:
         return
-    from gputopo.apply.history import HistoryList
-    from gputopo.apply.history import history as read_history
+    from gputopo.usecases.history import history as read_history
 
-    records = read_history(ctx.obj["root"])
+    listed = read_history(ctx.obj["root"])
+    records = listed.applies
     if as_json:
         from gputopo.cli.output import print_json
 
-        print_json(HistoryList(applies=records))
+        print_json(listed)
         return
     if not records:
         click.echo(f"no apply recorded under {ctx.obj['root']}")
@@ -69,7 +70,7 @@ def history(ctx: click.Context, conn: Connection, as_json: bool) -> None:
 def show(ctx: click.Context, ident: str, conn: Connection, as_json: bool) -> None:
     """Print one apply: its header, then every step with its status, time and warnings, and
     what each undo did (ID: from 'gputopo history', a unique prefix, or 'last')."""
-    from gputopo.apply.history import entry
+    from gputopo.usecases.history import entry
 
     root = host_root(conn) if (conn.root or conn.sim) else ctx.obj["root"]
     rec = entry(root, ident)

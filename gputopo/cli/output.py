@@ -46,55 +46,6 @@ def print_plan(p, summary: dict[str, Any] | None, as_json: bool) -> None:
         sys.stdout.write(f"Summary: {summary['text']}\n")
 
 
-def print_commands(p, facts, current, root: str) -> None:
-    """A plan as the shell commands of its steps and of their undo
-    (:func:`gputopo.actions.script.script`), made from the ``facts`` and ``current`` state it was
-    planned from; a GPU function's native driver, a host file's mode and which of its directories
-    exist are read under ``root``."""
-    import os
-
-    from gputopo.actions.script import script
-    from gputopo.actions.shell import CommandContext
-    from gputopo.facts.modalias import native_driver
-    from gputopo.facts.pci import read_pci_function
-
-    def file_mode(path: str) -> int | None:
-        try:
-            return os.stat(os.path.join(root, path.lstrip("/"))).st_mode & 0o7777
-        except OSError:
-            return None
-
-    def absent_dirs(path: str) -> list[str]:
-        parts = path.strip("/").split("/")[:-1]
-        dirs = ["/".join(parts[:i]) for i in range(len(parts), 0, -1)]
-        return [d for d in dirs if not os.path.isdir(os.path.join(root, d))]
-
-    ctx = CommandContext(
-        facts,
-        current,
-        p.node,
-        native_driver=lambda address: native_driver(root, address),
-        file_mode=file_mode,
-        absent_dirs=absent_dirs,
-        read_override=lambda address: getattr(read_pci_function(root, address), "driver_override", None),
-    )
-    sys.stdout.write(script(p.actions, ctx).text(p.node))
-
-
-def read_saved_plan(path: str):
-    """The saved plan in file ``path`` (``apply PLANFILE``, ``show PLANFILE``). Raises SpecError
-    (exit 2) naming the file when it cannot be read or is not one, SavedPlanEdited (exit 2) when
-    it was edited since ``plan -o`` wrote it."""
-    from gputopo.errors import SpecError
-    from gputopo.plan.saved import parse_saved_plan
-
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise SpecError(path, "", f"cannot read: {getattr(e, 'strerror', None) or e}") from None
-    return parse_saved_plan(text, path)
-
-
 def refuse_existing(path: Path, force: bool) -> None:
     """Raises OutputExists (exit 2) when ``path`` exists and ``force`` is not given."""
     from gputopo.errors import OutputExists
@@ -129,16 +80,6 @@ def print_refused(e) -> None:
     from gputopo.cli.commands import print_error
 
     print_error(str(e))
-
-
-def warn_unfinished(root: str) -> None:
-    """Warn when an apply's journal under ``root`` is still open or cannot be read
-    (:func:`gputopo.apply.history.unfinished_warning`)."""
-    from gputopo.apply.history import unfinished_warning
-
-    text = unfinished_warning(root)
-    if text is not None:
-        warn(text)
 
 
 def print_report(report) -> None:

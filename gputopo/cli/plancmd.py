@@ -18,57 +18,16 @@ reads the state as apply will (``--local`` when no source is named).
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from pathlib import Path
 
 import click
 
-from gputopo.cli.connect import Connection, host_root
-from gputopo.cli.inputs import TEMPLATES_HELP, inputs, planned, spec_options, state_options
+from gputopo.cli.connect import Connection
+from gputopo.cli.inputs import TEMPLATES_HELP, source_of, spec_options, state_options
 from gputopo.cli.output import print_refused, write_output
 from gputopo.errors import GputopoError, PlanRefused
 from gputopo.exitcodes import with_exit_codes
-
-
-def _saving_conn(conn: Connection) -> Connection:
-    """The connection ``plan -o`` reads through: the one apply will use (``--local`` by default).
-    Raises ConfigError for a source apply cannot use (Proxmox's files, a snapshot)."""
-    from gputopo.errors import ConfigError
-    from gputopo.facts.snapshot import is_snapshot
-
-    if conn.pve_root is not None:
-        raise ConfigError(
-            "-o: a saved plan is made from what apply reads (--sim, --api-url or --local), "
-            "not from --pve-root"
-        )
-    if conn.root is not None and is_snapshot(conn.root):
-        raise ConfigError(
-            f"-o: {conn.root} is a snapshot; a saved plan is made on the host it will be applied to"
-        )
-    return conn if conn.live else dataclasses.replace(conn, local=True)
-
-
-def _save(path: str, force: bool, conn: Connection, quick: dict, spec, facts, p, current, summary) -> None:
-    from gputopo import __version__
-    from gputopo.plan.saved import save_plan, spec_digest
-
-    spec_file = quick.get("spec_file")
-    source = f"sim {conn.sim}" if conn.sim else f"api {conn.api_url}" if conn.api_url else "local"
-    saved = save_plan(
-        p,
-        spec,
-        facts,
-        current,
-        version=__version__,
-        spec_file=spec_file,
-        spec_sha256=spec_digest(spec, spec_file),
-        node=conn.node,
-        source=source,
-        summary=summary,
-    )
-    write_output(Path(path), saved.model_dump_json(indent=2) + "\n", force=force)
-    click.echo(f"wrote {path}: apply it with '{_apply_line(path, conn)}'", err=True)
 
 
 def _apply_line(path: str, conn: Connection) -> str:
@@ -117,28 +76,30 @@ def plan(conn: Connection, templates, as_json, svg, save_to, force, as_commands,
     """
     from gputopo.cli.output import print_plan, refuse_existing
     from gputopo.errors import ConfigError
+    from gputopo.usecases.plan import PlanRequest
+    from gputopo.usecases.plan import plan as run_plan
 
     if as_commands and as_json:
         raise ConfigError("--commands and --json: choose one")
     if save_to:
         refuse_existing(Path(save_to), force)  # before anything is read: an answer in seconds
-        conn = _saving_conn(conn)
-    facts, spec, p, current = planned(conn, quick, templates)
-    from gputopo.apply.estimate import plan_summary
-
-    summary = None if p.is_empty else plan_summary(spec, p, host_root(conn)).to_data()
+    try:
+        res = run_plan(PlanRequest(conn, source_of(quick), templates, bool(save_to), as_commands))
+    except PlanRefused as e:
+        print_refused(e)
+        sys.exit(e.exit_code)
+    got = res.planned
     if svg:
         from gputopo.cli.topoview import plan_svg
 
-        write_output(Path(svg), plan_svg(facts, current, p))
-    if save_to:
-        _save(save_to, force, conn, quick, spec, facts, p, current, summary)
-    if as_commands:
-        from gputopo.cli.output import print_commands
-
-        print_commands(p, facts, current, host_root(conn))
+        write_output(Path(svg), plan_svg(got.facts, got.current, got.plan))
+    if save_to and res.saved is not None:
+        write_output(Path(save_to), res.saved, force=force)
+        click.echo(f"wrote {save_to}: apply it with '{_apply_line(save_to, res.conn)}'", err=True)
+    if res.commands is not None:
+        sys.stdout.write(res.commands)
         return
-    print_plan(p, summary, as_json)
+    print_plan(got.plan, res.summary, as_json)
 
 
 @click.command()
@@ -153,11 +114,11 @@ def plan(conn: Connection, templates, as_json, svg, save_to, force, as_commands,
 def diff(conn: Connection, templates, exit_code, as_json, **quick):
     """Show how the host differs from the spec, by area, files as unified diffs."""
     from gputopo.cli.output import exit_with_error, print_diff
-    from gputopo.plan.diff import diff as make_diff
+    from gputopo.usecases.diff import DiffRequest
+    from gputopo.usecases.diff import diff as make_diff
 
     try:
-        facts, spec, current = inputs(conn, quick)
-        report = make_diff(facts, spec, current, node=conn.node, templates=templates)
+        report = make_diff(DiffRequest(conn, source_of(quick), templates))
     except PlanRefused as e:
         print_refused(e)
         sys.exit(1 if exit_code else e.exit_code)

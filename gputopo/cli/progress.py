@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Any
 
-from gputopo.apply import PlainProgress
+from gputopo.usecases.progress import PlainProgress
 
 PLAIN_EVERY = 10.0  # a line every 10 s in a log: enough to see it is alive, not a flood
 TERMINAL_EVERY = 5.0

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import click
 
 from gputopo.cli.connect import Connection
-from gputopo.cli.inputs import TEMPLATES_HELP, planned, spec_options, state_options
+from gputopo.cli.inputs import TEMPLATES_HELP, source_of, spec_options, state_options
 from gputopo.exitcodes import with_exit_codes
 
 MANIFEST = ".gputopo-render.json"
@@ -90,15 +91,19 @@ def plan_writes(
 def render(conn: Connection, out, templates, force, **quick):
     """Write the files the plan stands for under --out, with a manifest of them; files of an
     earlier render that the plan no longer has are removed, anyone else's are left alone."""
-    from gputopo.cli.output import warn, write_output
-    from gputopo.errors import OutputExists
+    from gputopo.cli.output import print_refused, warn, write_output
+    from gputopo.errors import OutputExists, PlanRefused
     from gputopo.model.documents import ManifestFile, RenderManifest
-    from gputopo.plan.render import render as render_files
+    from gputopo.usecases.render import RenderRequest
+    from gputopo.usecases.render import render as render_files
 
     outdir = Path(out)
     old = read_manifest(outdir)
-    facts, spec, p, _ = planned(conn, quick, templates)
-    files = render_files(p, spec, facts, templates)
+    try:
+        files = render_files(RenderRequest(conn, source_of(quick), templates))
+    except PlanRefused as e:
+        print_refused(e)
+        sys.exit(e.exit_code)
     stale, refused = plan_writes(outdir, files, old, force)
     if refused:
         path, why = refused[0]

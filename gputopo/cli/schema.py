@@ -76,9 +76,9 @@ def schema(what: str) -> None:
     cluster-apply    cluster apply --json
     """
     if what == "spec":
-        from gputopo.plan.spec import Spec
+        from gputopo.usecases.schema import spec_schema
 
-        data = Spec.model_json_schema()
+        data = spec_schema()
     else:
         data = schema_of(what)
     click.echo(json.dumps(data, indent=2))

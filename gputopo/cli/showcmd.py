@@ -23,7 +23,8 @@ from gputopo.exitcodes import with_exit_codes
 def show(plan_file: str, as_json: bool) -> None:
     """Print a plan saved with 'gputopo plan -o PLANFILE' as plan printed it; a file edited since
     is refused."""
-    from gputopo.cli.output import print_plan, read_saved_plan
+    from gputopo.cli.output import print_plan
+    from gputopo.usecases.show import show as read_shown
 
-    saved = read_saved_plan(plan_file)
-    print_plan(saved.plan, None if saved.summary is None else saved.summary.model_dump(mode="json"), as_json)
+    plan, summary = read_shown(plan_file)
+    print_plan(plan, summary, as_json)

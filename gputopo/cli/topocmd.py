@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 import click
 
-from gputopo.cli.connect import Connection, connection_options, host_root, pve_root
+from gputopo.cli.connect import Connection, connection_options
 from gputopo.cli.output import write_output
 from gputopo.exitcodes import with_exit_codes
 
@@ -48,28 +47,13 @@ def topo(conn: Connection, matrix, every, fmt, as_json, output):
     With --all, the network adapters and NVMe drives too, where they sit in the same tree.
     Owners come from Proxmox's files (--pve-root, or the simulated host's with --sim).
     """
-    from gputopo.adapters.pvefiles import PveFiles
-    from gputopo.errors import ConfigError, RootError
-    from gputopo.facts.discover import discover
-    from gputopo.facts.observe import observe
-    from gputopo.facts.snapshot import opened_root
-    from gputopo.model.reads import EVERY_GUEST
-    from gputopo.topo.owners import owners_now
-    from gputopo.topo.tree import build_report, unplaced
+    from gputopo.errors import ConfigError
+    from gputopo.usecases.topo import TopoRequest
+    from gputopo.usecases.topo import topo as read_topo
 
     if as_json and fmt != "text":
         raise ConfigError(f"--json and --format {fmt} exclude each other")
-    root = host_root(conn)
-    with opened_root(root) as r:
-        facts = discover(r)
-        if not os.listdir(os.path.join(r, "sys/bus/pci/devices")):
-            raise RootError(root, "no PCI functions under sys/bus/pci/devices")
-    lost = unplaced(facts)
-    if lost:
-        raise RootError(root, f"{lost[0]}: sys/bus/pci/devices entry does not lead into sys/devices")
-    node = conn.node or (facts.host.hostname or "").split(".")[0]
-    now = observe(facts, lambda _facts: EVERY_GUEST, proxmox=PveFiles(pve_root(conn), node)).current
-    report = build_report(facts, owners_now(facts, now, node), every=every)
+    report = read_topo(TopoRequest(conn, every))
 
     if as_json:
         import json

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import click
 
-from gputopo.cli.connect import Connection, build_ports, connection_options, host_root, node_for, this_host
+from gputopo.cli.connect import Connection, connection_options
 from gputopo.cli.params import Finite
 from gputopo.exitcodes import with_exit_codes
 
@@ -38,27 +38,10 @@ def verify(
     """Check the host against the spec from fresh facts: converged, VM side, container side,
     memory balance, service, inference and platform.
     """
-    from gputopo.cli.output import warn_unfinished
     from gputopo.errors import VerifyFailed
-    from gputopo.plan.spec import load_spec
-    from gputopo.verify import verify as run_verify
+    from gputopo.usecases.verify import VerifyRequest, run
 
-    spec = load_spec(spec_file)
-    root = host_root(conn)
-    warn_unfinished(root)
-    ports = build_ports(conn, default_node=node_for(conn, spec, this_host(root)))
-    try:
-        report = run_verify(
-            spec,
-            ports,
-            root=root,
-            http_timeout=http_timeout,
-            strict=strict,
-            node=conn.node,
-            start_vms=start_vms,
-        )
-    finally:
-        ports.close()
+    report = run(VerifyRequest(conn, spec_file, http_timeout, strict, start_vms))
     if as_json:
         from gputopo.cli.output import print_json
 

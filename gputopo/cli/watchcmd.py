@@ -1,20 +1,16 @@
 """``gputopo watch``: the drift watch, one pass (the timer's) or ``--follow`` (udev's events).
 
-The pass, the metrics and the follow loop are :mod:`gputopo.watch`'s; this module picks the
-output, builds the ports and stops ``--follow`` on SIGTERM.
+The pass, the metrics and the follow loop are :mod:`gputopo.watch`'s, run by
+:mod:`gputopo.usecases.watch`; this module parses the options and exits with the pass's code.
 """
 
 from __future__ import annotations
 
-import sys
-
 import click
 
-from gputopo.cli.connect import Connection, build_ports, connection_options, host_root, node_for, this_host
+from gputopo.cli.connect import Connection, connection_options
 from gputopo.cli.params import Finite
 from gputopo.exitcodes import with_exit_codes
-
-FOLLOW_INTERVAL = 60.0  # seconds between --follow's passes when no device event comes
 
 
 @click.command()
@@ -67,77 +63,12 @@ def watch(spec_file, conn: Connection, fmt, textfile_dir, output_file, follow, i
     """Check the node against its spec without changing anything: diff and the quick checks of
     verify, as text or as node_exporter textfile metrics (--format prometheus).
     """
-    from gputopo.errors import ConfigError, GputopoError
-    from gputopo.watch import watch_once
-    from gputopo.watch.run import not_checked, readable_spec
+    from gputopo.errors import GputopoError
+    from gputopo.usecases.watch import WatchRequest
+    from gputopo.usecases.watch import watch as run_watch
 
-    if fmt != "prometheus" and (textfile_dir or output_file):
-        raise ConfigError(
-            f"{'--textfile-dir' if textfile_dir else '-o'} writes metrics: add --format prometheus"
-        )
-    if textfile_dir and output_file:
-        raise ConfigError("--textfile-dir and -o exclude each other")
-    if interval is not None and not follow:
-        raise ConfigError("--interval applies to --follow only")
-    root = host_root(conn)
-    if fmt == "prometheus":
-        from gputopo.watch.metrics import textfile_path, write_textfile
-
-        path = textfile_path(root, textfile_dir, output_file)
-
-        def emit(result) -> None:
-            write_textfile(result, path)
-    else:
-        from gputopo.watch.metrics import text
-
-        def emit(result) -> None:
-            sys.stdout.write(text(result))
-            sys.stdout.flush()
-
-    try:
-        ports = build_ports(conn, default_node=node_for(conn, readable_spec(spec_file), this_host(root)))
-    except GputopoError as e:
-        emit(not_checked(e))
-        raise
-
-    def one_pass(why: str = "") -> object:
-        result = watch_once(spec_file, ports, root=root, node=conn.node)
-        emit(result)
-        if follow:  # the follow service's journal says why each pass ran and what it found
-            from gputopo.watch.metrics import verdict
-
-            click.echo(f"gputopo watch: pass after {why or 'start'}: {verdict(result)}", err=True)
-        return result
-
-    try:
-        if follow:
-            _follow(conn, root, one_pass, FOLLOW_INTERVAL if interval is None else interval)
-            return
-        result = one_pass()
-    finally:
-        ports.close()
-    if not result.up:
+    result = run_watch(WatchRequest(conn, spec_file, fmt, textfile_dir, output_file, follow, interval))
+    if result is not None and not result.up:
         from gputopo.cli.output import exit_with_error
 
         exit_with_error(GputopoError(result.error or "not checked"), result.error_code or 2)
-
-
-def _follow(conn: Connection, root: str, one_pass, interval: float) -> None:
-    """Passes at udev's PCI events and every ``interval`` s until SIGTERM (Ctrl-C: 130)."""
-    import signal
-    import threading
-
-    from gputopo.watch import NoEvents, NoUdev, UdevEvents, follow
-
-    stopped = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
-    try:
-        if conn.sim is not None:
-            raise NoUdev("a simulated host sends no udev events")
-        source = UdevEvents.open(root)
-    except NoUdev as e:
-        from gputopo.cli.output import warn
-
-        warn(f"watch --follow: {e}; a pass every {interval:g} s instead")
-        source = NoEvents(stopped.wait)
-    follow(source, one_pass, stopped.is_set, interval=interval)

@@ -41,10 +41,22 @@ from gputopo.verify import (
     service,
     vm,
 )
-from gputopo.verify.context import Context
+from gputopo.verify.context import Context, ReadForChecks, checks_context
 from gputopo.verify.report import FAIL, PASS, WARN, Check, Status, VerifyReport
 
-__all__ = ["CHECKS", "REGISTRY", "FAIL", "PASS", "WARN", "Check", "Status", "VerifyReport", "verify"]
+__all__ = [
+    "CHECKS",
+    "REGISTRY",
+    "FAIL",
+    "PASS",
+    "WARN",
+    "Check",
+    "Context",
+    "ReadForChecks",
+    "Status",
+    "VerifyReport",
+    "verify",
+]
 
 #: check name -> its function, in the order verify runs them; each takes the Context and returns its
 #: Check (None: not asked for, left out of the report), and a GputopoError it raises becomes a FAIL
@@ -60,6 +72,7 @@ def verify(
     ports: Ports,
     *,
     root: str | Path,
+    read: ReadForChecks,
     http_timeout: float | None = None,
     strict: bool = False,
     node: str | None = None,
@@ -68,7 +81,9 @@ def verify(
 ) -> VerifyReport:
     """Check the host under ``root`` (through ``ports``) against ``spec`` from fresh facts.
 
-    ``http_timeout`` bounds the whole inference probe (default: ``spec.verify.timeout``);
+    ``read`` makes the one read of the host the checks share
+    (:func:`gputopo.usecases.readplan.read_for_checks`; :func:`gputopo.usecases.verify.verify`
+    passes it). ``http_timeout`` bounds the whole inference probe (default: ``spec.verify.timeout``);
     ``only`` limits the checks to those names (default all of :data:`REGISTRY`, in that order);
     ``start_vms`` runs the guest check on every VM of ``vms.consumers``, starting a stopped one
     (and stopping it again).
@@ -81,7 +96,7 @@ def verify(
     if unknown:
         raise ValueError(f"unknown check(s) {', '.join(unknown)} (known: {', '.join(CHECKS)})")
     timeout = float(http_timeout if http_timeout is not None else spec.verify.timeout)
-    ctx = Context(spec, ports, str(root), node, timeout)
+    ctx = checks_context(spec, ports, str(root), node, timeout, read)
     ctx.start_vms = start_vms
     report = VerifyReport(node=ctx.node, strict=strict)
     for name in names:

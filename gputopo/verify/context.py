@@ -1,20 +1,22 @@
 """What the checks share, read once per verification: fresh facts, the current state, a fresh
-plan (or why there is none), and each container's nvidia-smi rows and service properties."""
+plan (or why there is none), and each container's nvidia-smi rows and service properties.
+
+The read itself (discover, observe, plan) is not made here: the caller hands a
+:class:`ReadForChecks` (the use case's :func:`gputopo.usecases.readplan.read_for_checks`), which
+:func:`checks_context` calls with ports whose ``exec`` answers ``systemctl show`` once per unit.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from typing import Protocol
 
-from gputopo.errors import GputopoError, NvsmiParseError, PlanRefused
-from gputopo.facts.discover import discover
-from gputopo.facts.observe import observe
+from gputopo.errors import GputopoError, NvsmiParseError
 from gputopo.formats.systemd import parse_show_properties, parse_systemctl_show
 from gputopo.model.facts import Facts
 from gputopo.model.state import ContainerState, CurrentState
 from gputopo.plan.model import ContainerTarget, Plan
-from gputopo.plan.planner import plan as make_plan
-from gputopo.plan.reads import spec_reads
-from gputopo.plan.select import pick_node
 from gputopo.plan.spec import Container, Node, Service, Spec
 from gputopo.ports import ExecPort, ExecResult, Ports
 from gputopo.verify.parse import (
@@ -69,45 +71,49 @@ class _ShowOnce:
         self._exec.push(vmid, path, content, mode)
 
 
-class Context:
-    """Fresh facts, the current state and the plan of the spec's node, with the container reads
-    the checks share (each made once).
+@dataclass(frozen=True)
+class Reading:
+    """One read of the host for the checks: the facts, the spec's entry of this node, the
+    current state (or why it cannot be read) and the plan made from them (or its refusals)."""
+
+    facts: Facts
+    spec_node: Node
+    current: CurrentState | None = None
+    current_error: str | None = None
+    plan: Plan | None = None
+    plan_error: tuple[str, ...] = ()
+
+
+class ReadForChecks(Protocol):
+    """Reads the host under ``root`` through ``ports`` for the checks of ``spec``.
 
     Raises RootError when ``root`` holds no sysfs tree and SpecError when the spec names no node
-    for this host; an unreadable current state or a refused plan is kept (``current_error``,
-    ``plan_error``) for the checks to report.
+    for this host; an unreadable current state or a refused plan is kept in the :class:`Reading`.
     """
 
-    def __init__(self, spec: Spec, ports: Ports, root: str, node: str | None, http_timeout: float):
+    def __call__(self, spec: Spec, ports: Ports, root: str, node: str | None) -> Reading: ...
+
+
+class Context:
+    """Fresh facts, the current state and the plan of the spec's node (one :class:`Reading`),
+    with the container reads the checks share (each made once)."""
+
+    def __init__(
+        self, spec: Spec, ports: Ports, exec: ExecPort, reading: Reading, root: str, http_timeout: float
+    ):
         self.spec = spec
         self.ports = ports
-        self.exec: ExecPort = _ShowOnce(ports.exec)
+        self.exec = exec
         self.root = root
         self.http_timeout = http_timeout
         self.start_vms = False  # the guest check runs on every VM of vms.consumers
-        # the facts first: a root with no sysfs tree or a spec without this host is fatal, while
-        # a state that cannot be read is what the checks report
-        self.facts: Facts = discover(root)
-        self.spec_node: Node = pick_node(spec, self.facts, node)
+        self.facts: Facts = reading.facts
+        self.spec_node: Node = reading.spec_node
         self.node = self.spec_node.name
-        self.current: CurrentState | None = None
-        self.current_error: str | None = None
-        try:
-            self.current = observe(
-                self.facts,
-                spec_reads(spec, self.node),
-                proxmox=ports.proxmox,
-                exec=self.exec,
-                files=ports.files,
-            ).current
-        except GputopoError as e:
-            self.current_error = str(e)
-        self.plan: Plan | None = None
-        self.plan_error: list[str] = []
-        try:
-            self.plan = make_plan(self.facts, spec, self.current or CurrentState(), node=self.node)
-        except PlanRefused as e:
-            self.plan_error = [f"refused: {r}" for r in e.refusals]
+        self.current: CurrentState | None = reading.current
+        self.current_error: str | None = reading.current_error
+        self.plan: Plan | None = reading.plan
+        self.plan_error: list[str] = list(reading.plan_error)
         self._smi: dict[int, tuple[list[GpuRow] | None, str | None]] = {}
 
     @property
@@ -200,3 +206,13 @@ def services_not_run(ctx: Context) -> str | None:
     if next(ctx.services(), None) is None:
         return "no service with GPUs planned"
     return None
+
+
+def checks_context(
+    spec: Spec, ports: Ports, root: str, node: str | None, http_timeout: float, read: ReadForChecks
+) -> Context:
+    """The context of one verification: ``read`` made with ports whose ``exec`` runs each
+    ``systemctl show`` once (shared with the checks). Raises what ``read`` raises."""
+    exec = _ShowOnce(ports.exec)
+    reading = read(spec, replace(ports, exec=exec), root, node)
+    return Context(spec, ports, exec, reading, root, http_timeout)

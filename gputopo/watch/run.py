@@ -2,7 +2,7 @@
 spec, read-only, as one :class:`WatchResult`.
 
 The pass reads what ``gputopo verify`` reads (fresh facts, the current state through the ports,
-a fresh plan: one :class:`gputopo.verify.context.Context`), makes ``gputopo diff``'s report from
+a fresh plan: one :class:`gputopo.verify.context.Context`, read by the use case's reader), makes ``gputopo diff``'s report from
 those same reads, runs the checks of :data:`QUICK_CHECKS` and names each GPU's owner. It writes
 nothing and starts nothing: the checks that act or cost the service time are left out (the
 inference probe sends a prompt to the model, the guest check starts VMs).
@@ -33,7 +33,7 @@ from gputopo.plan.spec import Spec, load_spec
 from gputopo.ports import Ports
 from gputopo.topo.owners import owners_now
 from gputopo.verify import REGISTRY, Check
-from gputopo.verify.context import Context
+from gputopo.verify.context import ReadForChecks, checks_context
 
 #: the checks of verify a watch pass runs, in verify's order: all but the inference probe (a
 #: prompt to the model) and the guest check (it starts VMs)
@@ -129,11 +129,13 @@ def watch_once(
     ports: Ports,
     *,
     root: str | Path,
+    read: ReadForChecks,
     node: str | None = None,
     clock: Callable[[], float] = time.time,
 ) -> WatchResult:
     """One pass over the host under ``root`` (through ``ports``) against the spec at
-    ``spec_path``, read afresh each pass so an edit of it counts from the next one.
+    ``spec_path``, read afresh each pass so an edit of it counts from the next one; ``read``
+    makes the one read of the host (:func:`gputopo.usecases.readplan.read_for_checks`).
 
     Never raises an expected error: a spec that cannot be read, a root without sysfs or a spec
     without this node come back as ``up=False`` with the error's line.
@@ -147,7 +149,7 @@ def watch_once(
     holder = _held(root)
     if holder is None and out.up:
         try:
-            _check(out, load_spec(spec_path), ports, str(root), node)
+            _check(out, load_spec(spec_path), ports, str(root), node, read)
         except GputopoError as e:
             _failed(out, e)
         holder = _held(root)  # an apply that began while the pass read is what the host is in now
@@ -163,9 +165,9 @@ def watch_once(
     return out
 
 
-def _check(out: WatchResult, spec, ports: Ports, root: str, node: str | None) -> None:
+def _check(out: WatchResult, spec, ports: Ports, root: str, node: str | None, read: ReadForChecks) -> None:
     """Fill ``out`` with the diff, the quick checks and the owners of one read of the host."""
-    ctx = Context(spec, ports, root, node, float(spec.verify.timeout))
+    ctx = checks_context(spec, ports, root, node, float(spec.verify.timeout), read)
     out.node = ctx.node
     if ctx.current is None:
         out.up, out.error = False, f"cannot read the current state: {ctx.current_error}"

@@ -42,7 +42,7 @@ import pytest
 
 from gputopo.actions import ActionModel, World, action_kinds
 from gputopo.actions.shell import CommandContext
-from gputopo.apply import Progress, apply
+from gputopo.apply import Progress
 from gputopo.apply.journal import Begin, Done, Header, Journal, UndoDone
 from gputopo.apply.runner import Runner, running_before_of, step_context
 from gputopo.facts.ha import read_ha
@@ -55,6 +55,7 @@ from gputopo.plan.reads import spec_reads
 from gputopo.plan.spec import Spec, parse_spec
 from gputopo.sim.cluster import SimCluster
 from gputopo.sim.host import SimHost
+from gputopo.usecases.apply import apply
 from helpers import applysim, clusterharness
 from helpers.applysim import template  # noqa: F401 (fixtures)
 

@@ -12,7 +12,6 @@ import pytest
 
 from gputopo.actions.ha import HaChange, PlaceHa, _snapshot, apply_changes, restore_changes
 from gputopo.actions.shell import CommandContext
-from gputopo.apply import read_and_plan
 from gputopo.cluster.noderun import apply_node
 from gputopo.errors import ProxmoxError
 from gputopo.facts.ha import read_ha_config
@@ -23,6 +22,7 @@ from gputopo.plan.ha import ha_step, plan_placement
 from gputopo.plan.model import MappingTarget, Plan
 from gputopo.plan.spec import parse_spec
 from gputopo.ports import ExecResult
+from gputopo.usecases.readplan import read_and_plan
 from helpers import applysim
 from helpers.applysim import template  # noqa: F401 (fixtures)
 

@@ -15,12 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from gputopo.apply import PlainProgress, Timeouts, apply
+from gputopo.apply import PlainProgress, Timeouts
 from gputopo.apply.lock import HostLock
 from gputopo.errors import HostChanged, LockHeld, PreflightFailed
 from gputopo.formats.lxcconf import parse_dev_value, parse_lxc_conf
 from gputopo.formats.pcicfg import parse_pci_cfg
 from gputopo.sim.container import SimExec
+from gputopo.usecases.apply import apply
 from helpers import applysim
 from helpers.applysim import host, template  # noqa: F401 (fixtures)
 
@@ -393,9 +394,9 @@ def test_cli_progress_is_plain_lines_off_a_terminal_and_rich_on_one(host, monkey
 def test_secrets_never_reach_output_journal_or_errors(host):
     """The password comes in through the environment only; an apply that fails at its last step
     (so every kind of message is printed: steps, failure, rollback) never shows it."""
-    from gputopo.cli.connect import Connection, build_ports
     from gputopo.errors import ApplyFailed
     from gputopo.sim.container import break_container
+    from gputopo.usecases.connect import Connection, build_ports
 
     sim_ports = host.ports()
     password = host.credentials()["password"]
@@ -545,7 +546,7 @@ def _reverse_spec_text(host) -> str:
 def test_reverse_split_gives_every_gpu_back_with_tp_8_and_verifies(host):
     from gputopo.actions import UpdateContainer
     from gputopo.plan.spec import parse_spec
-    from gputopo.verify import verify
+    from gputopo.usecases.verify import verify
 
     ports = host.ports()
     root = str(host.paths.root)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from gputopo.apply import Progress, Timeouts, apply, read_and_plan
+from gputopo.apply import Progress, Timeouts
 from gputopo.apply.journal import find_unfinished, list_journals, parse_journal
 from gputopo.errors import ApplyFailed, ExecError, UnfinishedApply
 from gputopo.ports import ExecResult
@@ -26,6 +26,8 @@ from gputopo.sim import state
 from gputopo.sim.container import break_container
 from gputopo.sim.kernel import SimKernel
 from gputopo.sim.pveapi import PveApiServer
+from gputopo.usecases.apply import apply
+from gputopo.usecases.readplan import read_and_plan
 from helpers import TESTS, applysim
 from helpers.applysim import template  # noqa: F401 (fixtures)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from gputopo.apply import Progress, Timeouts, apply
+from gputopo.apply import Progress, Timeouts
 from gputopo.apply.journal import find_unfinished, list_journals, parse_journal
 from gputopo.errors import ApplyFailed, PreflightFailed
 from gputopo.plan.spec import parse_spec
@@ -27,6 +27,7 @@ from gputopo.sim.container import Container, SimExec, write_unit
 from gputopo.sim.files import PMXCFS_MODE
 from gputopo.sim.host import SERVICE_COMMANDS, SimHost
 from gputopo.sim.kernel import SimKernel
+from gputopo.usecases.apply import apply
 from helpers import REPO, applysim
 from helpers.applysim import template  # noqa: F401 (fixtures)
 
@@ -68,7 +69,7 @@ def _spec(text: str, replace: dict[str, str] | None = None):
 
 def _converged(host, spec, unit: str = "sglang.service") -> None:
     """verify all clear and a second apply plans nothing."""
-    from gputopo.verify import verify
+    from gputopo.usecases.verify import verify
 
     ports = host.ports()
     report = verify(spec, ports, root=str(host.paths.root))

@@ -10,12 +10,13 @@ import re
 
 import pytest
 
-from gputopo.apply import Timeouts, apply
+from gputopo.apply import Timeouts
 from gputopo.apply.journal import Done, Journal
 from gputopo.errors import ApplyFailed, TaskTimeout
 from gputopo.plan.spec import parse_spec
 from gputopo.sim import state
 from gputopo.sim.container.distro import lsb_release
+from gputopo.usecases.apply import apply
 from helpers import applysim
 from helpers.applysim import host, template  # noqa: F401 (fixtures)
 from helpers.cli import run

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from gputopo.actions.rebind import Rebind
-from gputopo.apply import apply
 from gputopo.errors import ApplyFailed
+from gputopo.usecases.apply import apply
 from helpers import applysim
 from helpers.applysim import template  # noqa: F401 (fixtures)
 from helpers.udevfake import FakeUdev
@@ -63,7 +63,7 @@ def test_steps_after_a_rebind_start_once_udev_processed_its_bind(host):
 
 
 def test_udev_late_with_a_gpus_bind_fails_its_rebind_by_name_and_rolls_back(host):
-    from gputopo.apply import read_and_plan
+    from gputopo.usecases.readplan import read_and_plan
 
     before = applysim.fingerprint(host)
     _, _, plan = read_and_plan(applysim.seed_spec(host), host.ports(), str(host.paths.root))

@@ -43,13 +43,13 @@ from pathlib import Path
 
 import pytest
 
-from gputopo.apply import read_and_plan
 from gputopo.apply.journal import find_unfinished, list_journals, parse_journal
 from gputopo.plan.spec import parse_spec
 from gputopo.sim import state
 from gputopo.sim.container import break_container, heal_container
 from gputopo.sim.host import SimHost
 from gputopo.sim.kernel import SimKernel
+from gputopo.usecases.readplan import read_and_plan
 from helpers import TESTS, applysim
 from helpers.crashmatrix import CASES, PVE, Case, record, sample
 

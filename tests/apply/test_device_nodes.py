@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gputopo.apply import Progress, apply
+from gputopo.apply import Progress
 from gputopo.errors import ApplyFailed, PreflightFailed
 from gputopo.facts.discover import discover
 from gputopo.plan.spec import parse_spec
@@ -24,6 +24,7 @@ from gputopo.sim.host import SimHost
 from gputopo.sim.hostcmd import SimHostCommands
 from gputopo.sim.hostroot import materialize
 from gputopo.sim.kernel import SimKernel
+from gputopo.usecases.apply import apply
 from helpers import applysim
 from helpers.applysim import host, template  # noqa: F401 (fixtures)
 

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from gputopo.actions import StartService, StopGuest, StopService, stop_window
-from gputopo.apply import apply
 from gputopo.apply.history import record_of
 from gputopo.apply.journal import (
     Begin,
@@ -29,6 +28,7 @@ from gputopo.apply.journal import (
 from gputopo.facts.discover import discover
 from gputopo.plan.spec import parse_spec
 from gputopo.plan.starter import init_spec
+from gputopo.usecases.apply import apply
 from helpers import applysim
 from helpers.applysim import host, template  # noqa: F401 (fixtures)
 

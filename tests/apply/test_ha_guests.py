@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from gputopo.apply import apply, read_and_plan
 from gputopo.errors import ApplyFailed
 from gputopo.plan.spec import parse_spec
 from gputopo.sim import state
 from gputopo.sim.kernel import SimKernel
+from gputopo.usecases.apply import apply
+from gputopo.usecases.readplan import read_and_plan
 from helpers import applysim
 from helpers.applysim import template  # noqa: F401 (fixtures)
 

@@ -8,14 +8,13 @@ import json
 import os
 import re
 import time
-from types import SimpleNamespace
 
 import pytest
 
-from gputopo.apply import apply
 from gputopo.apply.history import find, history, last_measured
 from gputopo.apply.journal import JOURNAL_DIR, Header, Journal
 from gputopo.errors import HistoryError
+from gputopo.usecases.apply import apply
 from helpers import applysim
 from helpers.applysim import copy_host, seed_spec, seed_spec_text, template  # noqa: F401 (fixtures)
 from helpers.cli import one_line, run
@@ -35,13 +34,16 @@ def applied(template, tmp_path_factory):
         assert first.status == "applied"
         time.sleep(1.1)  # journals are named by the second they began (an apply may take less)
         text = applysim.reverse(seed_spec_text(host))
+        from gputopo.model.documents import Check, VerifyReport
         from gputopo.plan.spec import parse_spec
 
         second = apply(
             parse_spec(text),
             ports,
             root=host.paths.root,
-            verify=lambda: SimpleNamespace(ok=False),
+            verify=lambda: VerifyReport(
+                checks=[Check(name="converged", status="FAIL", summary="a step left")]
+            ),
             rollback_on_verify_failure=True,
         )
         assert second.status == "rolled-back"

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from gputopo.apply import apply
 from gputopo.apply.journal import find_unfinished
 from gputopo.plan.spec import parse_spec
+from gputopo.usecases.apply import apply
 from helpers import TESTS, applysim
 from helpers.applysim import host, template  # noqa: F401 (fixtures)
 

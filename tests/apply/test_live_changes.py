@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from gputopo.apply import Progress, apply
+from gputopo.apply import Progress
 from gputopo.apply.journal import find_unfinished, list_journals, parse_journal
 from gputopo.errors import ApplyFailed
 from gputopo.formats.lxcconf import parse_lxc_conf
@@ -34,6 +34,7 @@ from gputopo.sim import state
 from gputopo.sim.container import Container, SimExec
 from gputopo.sim.host import SimHost
 from gputopo.sim.kernel import SimKernel
+from gputopo.usecases.apply import apply
 from helpers import TESTS, applysim
 from helpers.applysim import template  # noqa: F401 (fixtures)
 
@@ -188,7 +189,7 @@ def test_a_failed_live_grow_rolls_back_and_restarts_the_container_it_hot_plugged
     rollback restarts the container, so that it sees what it saw before (and its config's
     pending removals apply), and says so."""
     from gputopo.sim.container import break_container
-    from gputopo.verify import verify
+    from gputopo.usecases.verify import verify
 
     host, text = _live_grow_host(new_host)
     ct = Container(host.dir, 101)
@@ -270,7 +271,7 @@ def _crashed_and_restarting(host, latency: float = 60.0) -> None:
 
 def test_rollback_on_verify_failure_stops_a_restarting_service_before_the_gpus_leave(new_host):
     from gputopo.sim.container import break_container
-    from gputopo.verify import verify as run_verify
+    from gputopo.usecases.verify import verify as run_verify
 
     host, text = _live_grow_host(new_host)
     before = applysim.fingerprint(host)
@@ -307,7 +308,7 @@ def test_rollback_on_verify_failure_that_cannot_complete_says_so(new_host):
     from gputopo.apply import recover
     from gputopo.facts.discover import discover
     from gputopo.sim.container import break_container
-    from gputopo.verify import verify as run_verify
+    from gputopo.usecases.verify import verify as run_verify
 
     host, text = _live_grow_host(new_host)
     root = host.paths.root

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 from proxmoxer import ProxmoxAPI
 
-from gputopo.apply import apply
 from gputopo.errors import ApplyFailed
 from gputopo.plan.spec import parse_spec
 from gputopo.sim.container import Container, break_container
 from gputopo.sim.host import SimHost
 from gputopo.sim.kernel import SimKernel
+from gputopo.usecases.apply import apply
 from helpers import applysim
 
 pytestmark = pytest.mark.slow  # applies on a simulated host (seconds)

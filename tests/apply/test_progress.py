@@ -10,8 +10,8 @@ import re
 import pytest
 
 from gputopo.actions import Timeouts
-from gputopo.apply import apply
 from gputopo.cli.progress import Plain
+from gputopo.usecases.apply import apply
 from helpers.applysim import copy_host, seed_spec, template  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.slow  # every test applies on a simulated host (seconds each); the full run only

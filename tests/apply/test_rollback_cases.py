@@ -14,12 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from gputopo.apply import Progress, Timeouts, apply
+from gputopo.apply import Progress, Timeouts
 from gputopo.apply.journal import Begin, Journal, find_unfinished, list_journals
 from gputopo.errors import ApplyFailed, UnfinishedApply
 from gputopo.sim import state
 from gputopo.sim.container import break_container
 from gputopo.sim.kernel import SimKernel
+from gputopo.usecases.apply import apply
 from helpers import applysim
 from helpers.applysim import template  # noqa: F401 (fixtures)
 

@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from gputopo.apply import apply
 from gputopo.apply.journal import Begin, Failed, list_journals, parse_journal
 from gputopo.errors import ApplyFailed
 from gputopo.sim.container import SimExec, break_container
+from gputopo.usecases.apply import apply
 from helpers import applysim
 from helpers.applysim import host, template  # noqa: F401 (fixtures)
 from helpers.cli import run

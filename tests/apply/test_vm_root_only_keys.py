@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from gputopo.apply import apply
 from gputopo.errors import PlanRefused
 from gputopo.facts.discover import discover
 from gputopo.formats.qemuconf import parse_qemu_conf
 from gputopo.plan.spec import parse_spec
 from gputopo.plan.starter import init_spec
+from gputopo.usecases.apply import apply
 from helpers import applysim
 from helpers.applysim import template  # noqa: F401 (fixtures)
 

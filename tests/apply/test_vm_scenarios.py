@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from gputopo.apply import apply
 from gputopo.cli import main
 from gputopo.errors import PlanRefused, ProxmoxError
 from gputopo.facts.discover import discover
@@ -22,7 +21,8 @@ from gputopo.plan.spec import parse_spec
 from gputopo.plan.starter import init_spec
 from gputopo.sim import state
 from gputopo.sim.qemu import hang_agent
-from gputopo.verify import verify
+from gputopo.usecases.apply import apply
+from gputopo.usecases.verify import verify
 from helpers import applysim
 from helpers.applysim import template  # noqa: F401 (fixtures)
 

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from gputopo.apply import apply
 from gputopo.errors import ApplyFailed, TaskFailed
 from gputopo.facts.discover import discover
 from gputopo.plan.spec import parse_spec
 from gputopo.plan.starter import init_spec
 from gputopo.sim import state
+from gputopo.usecases.apply import apply
 from helpers import applysim
 from helpers.applysim import template  # noqa: F401 (fixtures)
 

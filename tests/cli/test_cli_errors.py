@@ -594,7 +594,7 @@ def test_diff_exit_code_keeps_2_for_differences_only(capsys, seed):
 
 @pytest.mark.parametrize("url, port", [("pve1", 8006), ("https://pve1", 8006), ("https://pve1:8443/x", 8443)])
 def test_parse_api_url(url, port):
-    from gputopo.cli.connect import parse_api_url
+    from gputopo.usecases.connect import parse_api_url
 
     assert parse_api_url(url) == ("pve1", port)
 
@@ -611,8 +611,8 @@ def test_parse_api_url(url, port):
     ],
 )
 def test_parse_api_url_refuses(url, reason):
-    from gputopo.cli.connect import parse_api_url
     from gputopo.errors import ConfigError
+    from gputopo.usecases.connect import parse_api_url
 
     with pytest.raises(ConfigError) as e:
         parse_api_url(url)

@@ -64,7 +64,7 @@ def test_parallel_steps_failing_together_name_the_step_whose_error_is_shown(sim)
     ports = sim.ports()
     try:
         with pytest.raises(ApplyFailed) as e:
-            from gputopo.apply import apply
+            from gputopo.usecases.apply import apply
 
             apply(seed_spec(sim), ports, root=sim.paths.root)
     finally:
@@ -94,7 +94,7 @@ class _HungSmi:
 
 
 def test_a_container_is_named_once_in_a_check(sim):
-    from gputopo.verify import verify
+    from gputopo.usecases.verify import verify
 
     ports = sim.ports()
     ports.exec = _HungSmi(ports.exec)

@@ -21,12 +21,12 @@ import pytest
 from gputopo.adapters.clusterapi import ClusterApi
 from gputopo.adapters.credentials import ApiConfig
 from gputopo.adapters.proxmox import ProxmoxClient
-from gputopo.apply import apply
 from gputopo.apply.journal import list_journals, parse_journal
 from gputopo.plan.spec import parse_spec
 from gputopo.ports import Ports
 from gputopo.sim.cluster import SimCluster
 from gputopo.sim.pveapi import PveApiServer, PveshSim
+from gputopo.usecases.apply import apply
 from helpers.clusterharness import cleanup, copy_cluster, make_template, spec_text
 
 pytestmark = pytest.mark.slow  # simulated clusters and node applies (seconds each)

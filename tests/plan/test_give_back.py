@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from gputopo.apply import apply
 from gputopo.plan.spec import load_spec
-from gputopo.verify import verify
+from gputopo.usecases.apply import apply
+from gputopo.usecases.verify import verify
 from helpers import applysim
 from helpers.applysim import (
     fingerprint,

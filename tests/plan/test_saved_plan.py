@@ -230,9 +230,9 @@ def test_the_summary_counts_what_changes_and_bounds_the_stop_window_by_the_timeo
     sim, spec, restarting_spec
 ):
     from gputopo.actions import Timeouts
-    from gputopo.apply.run import read_and_plan
     from gputopo.plan.spec import load_spec
     from gputopo.plan.summary import Measured, summarize
+    from gputopo.usecases.readplan import read_and_plan
 
     ports = sim.ports()
     try:

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from gputopo.actions import StartService, StopService, WriteServiceDropin
-from gputopo.apply import apply
 from gputopo.facts.observe import observe
 from gputopo.model.state import ContainerState, ServiceState
 from gputopo.plan.findings import Findings
@@ -21,7 +20,8 @@ from gputopo.plan.reads import spec_reads
 from gputopo.plan.restarts import environment_only
 from gputopo.plan.spec import parse_spec
 from gputopo.sim.container import SimExec
-from gputopo.verify import verify
+from gputopo.usecases.apply import apply
+from gputopo.usecases.verify import verify
 from helpers import applysim
 from helpers.applysim import (
     running_service,

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from gputopo.adapters.pct import PctExec
-from gputopo.apply import apply
 from gputopo.cli.connect import Connection, build_ports
 from gputopo.plan.spec import load_spec
 from gputopo.sim.nodecli import install_tools
+from gputopo.usecases.apply import apply
 from gputopo.verify import verify
 from helpers import applysim
 from helpers.applysim import template  # noqa: F401 (fixtures)

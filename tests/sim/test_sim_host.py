@@ -460,7 +460,8 @@ def sim_copy(template):
     made = []
 
     def make(split: bool) -> SimHost:
-        from gputopo.apply import Timeouts, apply
+        from gputopo.apply import Timeouts
+        from gputopo.usecases.apply import apply
 
         base = Path(tempfile.mkdtemp(prefix="gputopo-pt-", dir=applysim.fast_tmp()))
         host = applysim.copy_host(template, base / "sim")

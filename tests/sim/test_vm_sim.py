@@ -12,13 +12,13 @@ import pytest
 
 from gputopo.adapters.credentials import ApiConfig
 from gputopo.adapters.proxmox import ProxmoxClient
-from gputopo.apply import apply
 from gputopo.errors import ProxmoxError, TaskFailed
 from gputopo.formats.qemuconf import parse_qemu_conf
 from gputopo.plan.spec import parse_spec
 from gputopo.sim import state
 from gputopo.sim.pveapi import PveshSim
 from gputopo.sim.qemu import hang_agent
+from gputopo.usecases.apply import apply
 from helpers import applysim
 from helpers.applysim import template  # noqa: F401 (fixtures)
 

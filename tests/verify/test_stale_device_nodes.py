@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from gputopo.apply import apply
-from gputopo.verify import verify
+from gputopo.usecases.apply import apply
+from gputopo.usecases.verify import verify
 from helpers import applysim
 from helpers.applysim import host, template  # noqa: F401 (fixtures)
 

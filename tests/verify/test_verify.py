@@ -16,7 +16,8 @@ from gputopo.formats.systemd import parse_show_properties
 from gputopo.plan.planner import plan as make_plan
 from gputopo.plan.reads import spec_reads
 from gputopo.plan.spec import parse_spec
-from gputopo.verify import CHECKS, FAIL, PASS, WARN, Check, VerifyReport, verify
+from gputopo.usecases.verify import verify
+from gputopo.verify import CHECKS, FAIL, PASS, WARN, Check, VerifyReport
 from gputopo.verify.memory import assess_memory
 from gputopo.verify.parse import (
     GpuRow,
@@ -239,7 +240,7 @@ def test_report_ok_and_strict():
 def _converge(ports, spec, root: str) -> None:
     """Apply the spec with gputopo's own apply (verify as its last step), then check that a
     fresh plan is empty."""
-    from gputopo.apply import apply
+    from gputopo.usecases.apply import apply
 
     result = apply(spec, ports, root=root, verify=lambda: verify(spec, ports, root=root))
     assert result.status == "applied", result
@@ -705,8 +706,8 @@ def test_a_wrong_port_on_the_container_is_refused(healthy):
 
 
 def test_api_url_parsing():
-    from gputopo.cli.connect import parse_api_url
     from gputopo.errors import ConfigError
+    from gputopo.usecases.connect import parse_api_url
 
     assert parse_api_url("https://pve1.example:8443/api2/json") == ("pve1.example", 8443)
     assert parse_api_url("pve1") == ("pve1", 8006)
@@ -717,8 +718,8 @@ def test_api_url_parsing():
 
 
 def test_build_ports_refuses_contradictions(tmp_path):
-    from gputopo.cli.connect import Connection, build_ports
     from gputopo.errors import ConfigError
+    from gputopo.usecases.connect import Connection, build_ports
 
     with pytest.raises(ConfigError, match="--api-url and --local"):
         build_ports(Connection(api_url="https://pve1", local=True))
@@ -731,7 +732,7 @@ def test_build_ports_for_a_real_api(healthy):
     """The real-host path: HTTPS with a CA bundle and the password from the environment."""
     from gputopo.adapters.pct import PctExec
     from gputopo.adapters.sysfs import RealSysfs
-    from gputopo.cli.connect import Connection, build_ports
+    from gputopo.usecases.connect import Connection, build_ports
 
     host, _ = healthy
     conn = Connection(

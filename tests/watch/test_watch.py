@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gputopo.apply.lock import HostLock
 from gputopo.sim.host import SimHost
 from gputopo.sim.kernel import SimKernel
+from gputopo.usecases.readplan import read_for_checks
 from gputopo.watch import QUICK_CHECKS, watch_once
 from gputopo.watch.run import DRIFT_AREAS, SPEC_AREA
 from helpers import promtool
@@ -230,7 +231,7 @@ def test_an_apply_beginning_during_the_pass_turns_it_into_in_progress(node):
 
     ports.exec.run = run_then_lock
     try:
-        result = watch_once(spec, ports, root=host.paths.root)
+        result = watch_once(spec, ports, root=host.paths.root, read=read_for_checks)
     finally:
         lock.release()
         ports.close()
