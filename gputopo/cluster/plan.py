@@ -14,6 +14,7 @@ is done (from the merged mappings): what the nodes' steps end with, shown, not r
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import Field
@@ -22,10 +23,20 @@ from gputopo.cluster.gather import NodeInput
 from gputopo.cluster.ha import HaChange, HaState, ha_changes, placements
 from gputopo.errors import PlanRefused, Refusal
 from gputopo.formats.mapline import map_node
+from gputopo.model.facts import Facts
+from gputopo.model.state import CurrentState
 from gputopo.model.strict import Strict
 from gputopo.plan.model import MappingTarget, Plan
-from gputopo.plan.planner import plan as plan_node
+from gputopo.plan.planner import plan as make_plan
 from gputopo.plan.spec import Spec
+
+#: one node's plan from what was read of it: (facts, spec, current state, node, templates)
+PlanNode = Callable[[Facts, Spec, CurrentState, str, "str | None"], Plan]
+
+
+def plan_node(facts: Facts, spec: Spec, current: CurrentState, node: str, templates: str | None) -> Plan:
+    """The planner itself, for a caller that passes no :data:`PlanNode` (tests, tools)."""
+    return make_plan(facts, spec, current, node=node, templates=templates)
 
 
 class NodePlan(Strict):
@@ -130,14 +141,15 @@ def plan_cluster(
     ha: HaState | None = None,
     members: list[str] | None = None,
     templates: str | None = None,
+    plan_one: PlanNode = plan_node,
 ) -> ClusterPlan:
     """Plan every node of ``inputs`` (in ``order``), merge the mappings, and (``ha`` given) plan
     the HA placement of the VMs on them over ``members`` (default: ``order``).
 
-    Each node's plan is made here from what was read of it (its facts and state in
-    ``inputs``), as a single node's read-and-plan makes it (:func:`gputopo.plan.planner.plan`);
-    a per-node read-and-plan of the use-case layer can take this place, the reads staying the
-    cluster's (one round trip per node).
+    Each node's plan is made by ``plan_one`` from what was read of it (its facts and state in
+    ``inputs``): the use cases pass the pure half of their one read-and-plan
+    (:func:`gputopo.usecases.readplan.spec_and_plan`), so a node is planned as a single node's
+    read-and-plan plans it, the reads staying the cluster's (one round trip per node).
 
     Raises PlanRefused with every node's refusals, each prefixed with its node.
     """
@@ -146,7 +158,7 @@ def plan_cluster(
     for node in order:
         i = inputs[node]
         try:
-            plans[node] = plan_node(i.facts, spec, i.current, node=node, templates=templates)
+            plans[node] = plan_one(i.facts, spec, i.current, node, templates)
         except PlanRefused as e:
             refusals += [
                 Refusal(f"node {node}: {r.address}" if r.address else f"node {node}", r.reason, r.code)

@@ -163,7 +163,7 @@ def cluster_apply(req: ClusterApplyRequest) -> ClusterApplyResult:
         with c:
             read_inputs(c, req.source, req.reach.timeout, None, with_ha=req.ha)
             try:
-                cplan = plan_of(c)
+                cplan = plan_of(c, req.reach.spec_file)
             except PlanRefused as e:
                 return _plan_refused(nodes, e)
             return _run(req, c, cplan)

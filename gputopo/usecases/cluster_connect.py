@@ -197,11 +197,20 @@ def read_inputs(
         c.ha = read_ha(c.api)
 
 
-def plan_of(c: OpenCluster) -> ClusterPlan:
-    """The cluster plan of what ``c`` read. Raises PlanRefused with every node's refusals."""
+def plan_of(c: OpenCluster, spec_file: str) -> ClusterPlan:
+    """The cluster plan of what ``c`` read, each node planned by the one read-and-plan's pure half
+    (:func:`gputopo.usecases.readplan.spec_and_plan`, ``spec_file`` its source). Raises
+    PlanRefused with every node's refusals."""
     from gputopo.cluster.plan import plan_cluster
+    from gputopo.usecases.readplan import spec_and_plan
+    from gputopo.usecases.specsource import SpecSource
 
-    return plan_cluster(c.spec, c.inputs, c.nodes, ha=c.ha, members=c.members)
+    source = SpecSource(spec_file=spec_file)
+
+    def plan_one(facts, spec, current, node, templates):
+        return spec_and_plan(facts, current, source, spec, node, templates)[1]
+
+    return plan_cluster(c.spec, c.inputs, c.nodes, ha=c.ha, members=c.members, plan_one=plan_one)
 
 
 def open_and_plan(
@@ -212,7 +221,7 @@ def open_and_plan(
     c = open_cluster(reach, source, facts_dir)
     try:
         read_inputs(c, source, reach.timeout, facts_dir, with_ha)
-        return c, plan_of(c)
+        return c, plan_of(c, reach.spec_file)
     except BaseException:
         c.close()
         raise
