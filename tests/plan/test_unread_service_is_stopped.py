@@ -17,7 +17,7 @@ from gputopo.cli.connect import Connection, build_ports
 from gputopo.plan.spec import load_spec
 from gputopo.sim.nodecli import install_tools
 from gputopo.usecases.apply import apply
-from gputopo.verify import verify
+from gputopo.usecases.verify import verify
 from helpers import applysim
 from helpers.applysim import template  # noqa: F401 (fixtures)
 from helpers.cli import run
