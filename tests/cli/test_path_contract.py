@@ -40,11 +40,30 @@ pytestmark = pytest.mark.slow  # a server, and pvesh/pct, in their own processes
 COMMAND = "python3 -m sglang.launch_server --model-path /models/m --tp 4"
 QUICK = ["--container", "101", "--vm-mapping", "pro6000-vm"]
 PATHS = ("sim", "api", "local", "files")
-SCENARIOS = ("split", "reverse", "vm consumer", "ha", "quick numa", "quick half", "quick auto")
+SCENARIOS = (
+    "split",
+    "split, no command",
+    "reverse",
+    "vm consumer",
+    "ha",
+    "quick numa",
+    "quick half",
+    "quick auto",
+)
 FILES_UNKNOWN = "stopped and started again in case it runs (Proxmox's files cannot tell: plan with --local or --api-url to know)"
 
 # the one line a path that cannot see something refuses with, by (scenario, path)
 REFUSALS: dict[tuple[str, str], str] = {
+    # the service's command is read inside the container (pct exec): without it in the spec, the
+    # new tensor-parallel size could not be planned
+    ("split, no command", "api"): (
+        "gputopo: error: refused: container 101: cannot read sglang.service's command (no pct on "
+        "this machine): set service.command in the spec, or run gputopo on the node (--local)"
+    ),
+    ("split, no command", "files"): (
+        "gputopo: error: refused: container 101: cannot read sglang.service's command (Proxmox's "
+        "files do not show it): set service.command in the spec, or run gputopo on the node (--local)"
+    ),
     # the files cannot say VM 201 (stopped, its hostpci line naming the mapping) is not running
     ("reverse", "files"): (
         "gputopo: error: refused: VM 201 may be running (Proxmox's files cannot tell: plan with "
@@ -130,6 +149,8 @@ def _setup(capsys, base: Path, scenario: str) -> tuple[SimHost, list[str]]:
         return host, ["--split", scenario.split()[1], *QUICK]
     spec = host.dir.parent / "spec.yaml"
     text = _split_spec(capsys, host, spec)
+    if scenario == "split, no command":
+        spec.write_text(text.replace(f"command: {COMMAND}", f"# command: {COMMAND}"))
     if scenario == "reverse":
         code, out, err = run(capsys, "apply", "--sim", str(host.dir), "--spec", str(spec), "--yes")
         assert code == 0, out + err
