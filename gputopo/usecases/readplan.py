@@ -240,16 +240,8 @@ def _from_files(spec: Spec, facts: Facts, root: str, conn: Connection) -> Curren
 
     # a snapshot holds no /etc: its persistence files count as absent
     files = None if is_snapshot(root) else RealHostFiles(root)
-    spec_node = pick_node(spec, facts, conn.node)
-    source = PveFiles(pve_root(conn), spec_node.name)
-    current = observe(facts, spec_reads(spec, conn.node), proxmox=source, files=files).current
-    for c in spec_node.containers:
-        state = current.containers.get(c.vmid)
-        if c.service is not None and state is not None and state.status == "running":
-            # what runs inside a container is not in the files: planned as over --api-url
-            # without pct (a spec without service.command is refused)
-            state.service_error = "Proxmox's files do not show it"
-    return current
+    source = PveFiles(pve_root(conn), pick_node(spec, facts, conn.node).name)
+    return observe(facts, spec_reads(spec, conn.node), proxmox=source, files=files).current
 
 
 def _say_unit_unseen(source: SpecSource, current: CurrentState) -> None:

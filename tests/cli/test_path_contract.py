@@ -7,7 +7,10 @@ over ``--api-url`` against ``gputopo sim serve`` (from a machine without ``pct``
 What a path provably cannot see, and how its plan says so:
 
 * over ``--api-url`` without ``pct``, and from the files, the service's running command is not
-  read: ``current_tp`` is null (the spec's ``service.command`` gives the command to plan with);
+  read: ``current_tp`` is null (the spec's ``service.command`` gives the command to plan with;
+  without it the API path refuses, and the files' plan leaves the drop-in out and warns);
+* quick mode over both cannot look for the unit inside the container: the service is not
+  managed (the container restarts instead), and a warning says so;
 * the files do not say whether a guest runs: a VM that uses a changing mapping is stopped and
   started again in case it runs, and a warning says why.
 
@@ -59,10 +62,6 @@ REFUSALS: dict[tuple[str, str], str] = {
     ("split, no command", "api"): (
         "gputopo: error: refused: container 101: cannot read sglang.service's command (no pct on "
         "this machine): set service.command in the spec, or run gputopo on the node (--local)"
-    ),
-    ("split, no command", "files"): (
-        "gputopo: error: refused: container 101: cannot read sglang.service's command (Proxmox's "
-        "files do not show it): set service.command in the spec, or run gputopo on the node (--local)"
     ),
     # the files cannot say VM 201 (stopped, its hostpci line naming the mapping) is not running
     ("reverse", "files"): (
@@ -211,6 +210,7 @@ def _outcome(scenario: str, path: str, refs: dict, doc: dict, err: str, host: Si
     """'equal', 'equal to ...' naming what the path provably cannot see (and asserting that its
     plan says so), or 'DIFFERS: ...' (a bug)."""
     ref, notes = refs["sim"], []
+    signed = True  # False once actions are taken out of either plan: its signature signs them all
     container = doc["containers"][0]
     if path in UNIT_UNSEEN and scenario.startswith("quick ") and container.get("service") is None:
         assert UNIT_UNSEEN[path] in err.splitlines(), err
@@ -220,6 +220,16 @@ def _outcome(scenario: str, path: str, refs: dict, doc: dict, err: str, host: Si
         # the running command is not read here: the spec's service.command stands in for it
         assert container["service"]["current_tp"] is None
     actions = doc["actions"]
+    if path == "files" and container.get("service") and container["service"]["command"] is None:
+        # nor the unit's command: the drop-in (the new tensor-parallel size) is not planned
+        unit = container["service"]["unit"]
+        assert (
+            f"container 101: {unit} has no known command (set service.command); its drop-in is not managed"
+            in (doc["warnings"])
+        ), doc["warnings"]
+        ref = {**ref, "actions": [a for a in ref["actions"] if a["kind"] != "write_service_dropin"]}
+        signed = False
+        notes.append("the drop-in unplanned: the files do not show the unit's command (warns)")
     if path == "files":
         # the files cannot say whether a VM runs: one using a changing mapping restarts in case
         # it does, and the plan warns about each
@@ -229,11 +239,11 @@ def _outcome(scenario: str, path: str, refs: dict, doc: dict, err: str, host: Si
             for vmid in vmids:
                 assert f"VM {vmid}: {FILES_UNKNOWN}" in doc["warnings"], doc["warnings"]
             actions = [a for a in actions if a not in extra]
+            signed = False
             notes.append(
                 f"VM {', '.join(map(str, vmids))} restarted in case it runs: the files cannot tell (warns)"
             )
-    # a plan with the VMs' restarts taken out is not the one its signature signs
-    if actions == ref["actions"] and (actions != doc["actions"] or doc["signature"] == ref["signature"]):
+    if actions == ref["actions"] and (not signed or doc["signature"] == ref["signature"]):
         return "equal" if not notes else "equal but " + "; ".join(notes)
     extra = [a.get("description") for a in actions if a not in ref["actions"]]
     missing = [a.get("description") for a in ref["actions"] if a not in actions]
