@@ -48,7 +48,12 @@ def find_inference_unit(exec: ExecPort, vmid: int) -> tuple[InferenceUnit | None
     try:
         units = read_inference_units(exec, vmid)
     except ExecError as e:
-        return None, f"container {vmid}: cannot look for its inference unit ({e}); the service is not managed"
+        # pct missing (exit 127): this machine cannot look inside, as the service read says it
+        why = f"no {e.stderr.split(':', 1)[0] or 'pct'} on this machine" if e.rc == 127 else str(e)
+        return (
+            None,
+            f"container {vmid}: cannot look for its inference unit ({why}); the service is not managed",
+        )
     if not units:
         return None, f"container {vmid}: no unit runs sglang or vllm; the service is not managed"
     return units[0], None

@@ -69,6 +69,12 @@ def _vm_restarts(
     (or have no device here) is never started, and a mapping a VM of the node names may not list
     a container's GPU after the plan: the plan is refused instead."""
     stops, starts = guest_restarts(spec_node, current, mappings, changed, rebinding)
+    if not current.guest_status_known:
+        for s in stops:
+            found.warn(
+                f"VM {s.vmid}: stopped and started again in case it runs (Proxmox's files cannot "
+                "tell: plan with --local or --api-url to know)"
+            )
     stopped = [s.vmid for s in stops]
     for vmid in vm_plan.restart:
         if vmid not in stopped:

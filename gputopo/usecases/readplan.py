@@ -244,6 +244,21 @@ def _from_files(spec: Spec, facts: Facts, root: str, conn: Connection) -> Curren
     return observe(facts, spec_reads(spec, conn.node), proxmox=source, files=files).current
 
 
+def _say_unit_unseen(source: SpecSource, current: CurrentState) -> None:
+    """Warn that quick mode from Proxmox's files manages no service in a container it found:
+    the files cannot show the unit the container runs (``--local`` looks inside it)."""
+    if (
+        source.split
+        and not source.spec_file
+        and not source.service_unit
+        and source.container in current.containers
+    ):
+        warn(
+            f"container {source.container}: Proxmox's files cannot show the unit it runs; the service "
+            "is not managed (give --service-unit, or plan with --local)"
+        )
+
+
 def read_facts(root: str) -> Facts:
     """Discover ``root``: a host root directory or a ``gputopo snapshot`` archive."""
     from gputopo.facts.snapshot import discover_opened
@@ -273,6 +288,7 @@ def read_inputs(conn: Connection, source: SpecSource) -> ReadInputs:
             current = observe_for(facts, spec, ports, conn.node)[1]
         else:
             current = _from_files(spec, facts, root, conn)
+            _say_unit_unseen(source, current)
         return ReadInputs(facts, final_spec(facts, current, source, spec, conn.node), current)
     finally:
         if ports is not None:
