@@ -14,7 +14,7 @@ import os
 from typing import Any
 
 from gputopo.apply.boot import BootRefresh
-from gputopo.apply.history import own_journal, settled_journal
+from gputopo.apply.history import left_down, own_journal, settled_journal
 from gputopo.apply.journal import Journal
 from gputopo.apply.progress import ApplyResult
 from gputopo.errors import GputopoError, VerifyFailed
@@ -89,7 +89,9 @@ def error_document(error: GputopoError, root: str | os.PathLike, recover: bool =
     """The document of an apply or recover under ``root`` that raised ``error``.
 
     An apply's names the journal this process wrote and each of its steps as the journal
-    recorded it (an apply refused before its journal began has none). A recover's (``recover``)
+    recorded it (an apply refused before its journal began has none): a step whose undo came
+    back but left a guest or service down is ``undo-incomplete`` and names it among its
+    warnings (:func:`gputopo.apply.history.left_down`). A recover's (``recover``)
     names the journal it was settling (:func:`gputopo.apply.history.settled_journal`), without
     steps."""
     steps: list[dict[str, Any]] = []
@@ -97,6 +99,7 @@ def error_document(error: GputopoError, root: str | os.PathLike, recover: bool =
         journal = settled_journal(root)
     else:
         journal, records = own_journal(root)
+        left = left_down(Journal.load(journal)) if journal is not None else {}
         steps = [
             {
                 "step": s.step,
@@ -105,7 +108,7 @@ def error_document(error: GputopoError, root: str | os.PathLike, recover: bool =
                 "description": s.description,
                 "status": s.status,
                 "seconds": s.seconds or 0.0,
-                "warnings": s.warnings,
+                "warnings": s.warnings + ([left[s.step - 1]] if s.step - 1 in left else []),
             }
             for s in records
         ]

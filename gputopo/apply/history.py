@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 from gputopo.actions import stop_window
 from gputopo.apply.journal import (
@@ -26,6 +27,7 @@ from gputopo.apply.journal import (
     find_unfinished,
     list_journals,
 )
+from gputopo.apply.outcome import guest_or_service
 from gputopo.errors import HistoryError, JournalError
 from gputopo.model.documents import ApplyRecord, HistoryEntry, HistoryList, Outcome, StepRecord
 
@@ -38,6 +40,7 @@ __all__ = [
     "find",
     "history",
     "last_measured",
+    "left_down",
     "own_journal",
     "record_of",
     "recover_node",
@@ -74,7 +77,50 @@ def _steps(j: Journal) -> list[StepRecord]:
                 rec.error = r.error
             else:
                 rec.undo = r.what or None
+    for n, (what, error) in _left_down(j).items():
+        rec = out.get(n)
+        if rec is not None and rec.status == "undo-done":
+            rec.status = "undo-incomplete"
+            left = f"left down: {what} did not start again" + ("" if error == rec.error else f": {error}")
+            rec.undo = "; ".join(x for x in (rec.undo, left) if x)
     return [out[k] for k in sorted(out)]
+
+
+def _touches(a: Any, key: str) -> bool:
+    """Whether action ``a`` stops or starts ``key`` (``lxc/101``, ``qemu/201``,
+    ``101/sglang.service``: running_before's keys)."""
+    first, second = key.split("/", 1)
+    if first in ("lxc", "qemu"):
+        return (first, int(second)) in (a.stopped_guest(), a.started_guest())
+    return (int(first), second) in (a.stopped_service(), a.started_service())
+
+
+def left_down(j: Journal) -> dict[int, str]:
+    """Step index -> what the rollback left of it, in one line, for each undone step that
+    stopped or started a guest or service the rollback could not start again (see
+    :func:`_left_down`)."""
+    return {
+        n: f"left down: {what} did not start again: {error}" for n, (what, error) in _left_down(j).items()
+    }
+
+
+def _left_down(j: Journal) -> dict[int, tuple[str, str]]:
+    """Step index -> what its undo left, for the undone steps that stopped or started a guest or
+    service the last rollback could not start again (its ``RestartFailed``): the undo of each
+    came back, but what it stopped stays down: (the guest or service, the error). Only the last
+    rollback's failures count (a later recover starts them again or journals its own)."""
+    failed: dict[str, str] = {}
+    for r in j.records:
+        if isinstance(r, Recover):
+            failed = {}
+        elif isinstance(r, RestartFailed):
+            failed.setdefault(r.what, r.error)
+    out: dict[int, tuple[str, str]] = {}
+    for key, error in failed.items():
+        for n in dict.fromkeys(j.begun()):
+            if _touches(j.header.actions[n], key):
+                out.setdefault(n, (guest_or_service(key), error))
+    return out
 
 
 def _stop_window(j: Journal, steps: list[StepRecord]) -> float | None:

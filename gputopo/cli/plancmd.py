@@ -69,8 +69,14 @@ def _apply_line(path: str, conn: Connection) -> str:
     help="Instead of the plan, the shell commands of each step (pct, qm, pvesh, sysfs writes, "
     "files) in apply's order, then those of its undo in a rollback's order: to paste on the node.",
 )
+@click.option(
+    "--no-ha",
+    is_flag=True,
+    help="The plan of 'gputopo apply --no-ha': the HA placement (rules on PVE 9, groups on PVE 8) "
+    "left alone, no step for it.",
+)
 @with_exit_codes("plan")
-def plan(conn: Connection, templates, as_json, svg, save_to, force, as_commands, **quick):
+def plan(conn: Connection, templates, as_json, svg, save_to, force, as_commands, no_ha, **quick):
     """Show the target state and the ordered actions ("No changes" when converged), then one
     line: how many rebinds, mapping changes and guest restarts, and the expected stop window.
     """
@@ -84,7 +90,9 @@ def plan(conn: Connection, templates, as_json, svg, save_to, force, as_commands,
     if save_to:
         refuse_existing(Path(save_to), force)  # before anything is read: an answer in seconds
     try:
-        res = run_plan(PlanRequest(conn, source_of(quick), templates, bool(save_to), as_commands))
+        res = run_plan(
+            PlanRequest(conn, source_of(quick), templates, bool(save_to), as_commands, ha=not no_ha)
+        )
     except PlanRefused as e:
         print_refused(e)
         sys.exit(e.exit_code)

@@ -22,13 +22,15 @@ from gputopo.usecases.readplan import Planned, SpecSource, planned
 class PlanRequest:
     """``gputopo plan``: the host, the spec source, the templates; ``save`` reads the state as
     apply will (``--local`` by default) and makes the saved plan; ``commands`` makes the steps'
-    shell commands."""
+    shell commands; ``ha`` False: the plan of ``apply --no-ha``, without the HA placement step
+    (the step counts of plan, apply and history then agree)."""
 
     conn: Connection
     source: SpecSource
     templates: str | None = None
     save: bool = False
     commands: bool = False
+    ha: bool = True
 
 
 @dataclass(frozen=True)
@@ -120,11 +122,20 @@ def summary_of(spec: Spec, p: Plan, root: str) -> dict[str, Any] | None:
     return None if p.is_empty else plan_summary(spec, p, root).to_data()
 
 
+def without_ha(p: Plan) -> Plan:
+    """``p`` as ``apply --no-ha`` plans it: the cluster's HA placement left alone, no step for it."""
+    return p.model_copy(update={"actions": [a for a in p.actions if a.kind != "ha_placement"]})
+
+
 def plan(req: PlanRequest) -> PlanResult:
     """``gputopo plan``. Raises what :func:`gputopo.usecases.readplan.planned` raises
     (PlanRefused among them) and ConfigError for a source a saved plan cannot come from."""
+    if req.save and not req.ha:
+        raise ConfigError("-o and --no-ha: a saved plan is applied as saved; give --no-ha to apply instead")
     conn = saving_connection(req.conn) if req.save else req.conn
     got = planned(conn, req.source, req.templates)
+    if not req.ha:
+        got = dataclasses.replace(got, plan=without_ha(got.plan))
     root = host_root(conn)
     summary = summary_of(got.spec, got.plan, root)
     saved = _saved(conn, req.source, got, summary) if req.save else None

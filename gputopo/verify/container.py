@@ -12,6 +12,7 @@ from typing import Any
 
 from gputopo.errors import GputopoError
 from gputopo.formats.devn import dev_entries, dev_path, dev_sort, is_nvidia_dev
+from gputopo.plan.gone import gone_addresses
 from gputopo.verify.context import Context
 from gputopo.verify.report import Check, skipped, verdict
 
@@ -27,6 +28,10 @@ def check(ctx: Context) -> Check:
     if not ctx.containers:
         return skipped(NAME, "no containers in the spec")
     if ctx.no_plan:  # which GPUs a container should see is the plan's to say
+        # a device node of a GPU that is gone is wrong whatever the plan would be
+        stale = [line for c in ctx.containers for line in _stale_nodes(ctx, c.vmid)]
+        if stale:
+            return verdict(NAME, {"refusals": ctx.plan_error}, "", stale)
         return skipped(NAME, ctx.no_plan, {"refusals": ctx.plan_error})
     for c in ctx.containers:
         t = ctx.target(c.vmid)
@@ -87,20 +92,29 @@ def _pending_removals(ctx: Context, vmid: int) -> dict[str, str]:
 
 def _stale_nodes(ctx: Context, vmid: int) -> list[str]:
     """One line per ``devN`` of container ``vmid`` (its config with pending changes) naming a
-    ``/dev/nvidiaN`` that no GPU on the nvidia driver has as its minor."""
+    ``/dev/nvidiaN`` that no GPU on the nvidia driver has as its minor: with the node and the
+    address of the GPU that left the bus when a PCI mapping of the node still names one."""
     try:
         devs = dev_entries(ctx.ports.proxmox.lxc_config(vmid))
     except GputopoError:
         return []
-    on_nvidia = {g.minor for g in ctx.facts.gpus if g.driver == "nvidia" and g.minor is not None}
+    on_nvidia = {g.minor for g in ctx.facts.gpus if g.minor is not None and g.driver == "nvidia"}
     off = [f"{g.address} on {g.driver or 'no driver'}" for g in ctx.facts.gpus if g.driver != "nvidia"]
+    gone = sorted(gone_addresses(ctx.facts, ctx.current, ctx.node)) if ctx.current is not None else []
     out = []
     for k, v in sorted(devs.items(), key=lambda kv: dev_sort(kv[0])):
         m = re.fullmatch(r"/dev/nvidia(\d+)", dev_path(v))
-        if m and int(m.group(1)) not in on_nvidia:
-            gone = f" while {', '.join(off)}" if off else ""
+        if not m or int(m.group(1)) in on_nvidia:
+            continue
+        if gone:
             out.append(
-                f"CT {vmid}: {k} {dev_path(v)} reaches no GPU (no GPU on nvidia has minor {m.group(1)}{gone}), "
-                f"remove {k} or bind its GPU back to nvidia"
+                f"CT {vmid}: {k} {dev_path(v)} on node {ctx.node} reaches no GPU: no GPU on the host "
+                f"has minor {m.group(1)}, {' or '.join(gone)} left the bus; bring it back or remove {k}"
             )
+            continue
+        gone_by = f" while {', '.join(off)}" if off else ""
+        out.append(
+            f"CT {vmid}: {k} {dev_path(v)} reaches no GPU (no GPU on nvidia has minor {m.group(1)}{gone_by}), "
+            f"remove {k} or bind its GPU back to nvidia"
+        )
     return out

@@ -118,14 +118,23 @@ class Context:
 
     @property
     def no_plan(self) -> str | None:
-        """Why there is no plan to check against, one phrase naming the first refusal (or the
-        state that could not be read); None when there is a plan."""
+        """Why there is no plan to check against, in a few words for the checks that need one
+        (the converged check names the refusal or the read error in full: :attr:`refusal`);
+        None when there is a plan."""
         if self.plan is not None:
             return None
         if not self.plan_error:
-            return f"no plan (the current state cannot be read: {self.current_error})"
+            return "no plan: the current state cannot be read (see converged)"
+        return "the plan was refused (see converged)"
+
+    @property
+    def refusal(self) -> str | None:
+        """The refused plan in one line: ``the spec was refused: ...`` with the first refusal
+        and how many more; None when there is a plan or no refusal."""
+        if self.plan is not None or not self.plan_error:
+            return None
         more = f" (+{len(self.plan_error) - 1} more)" if len(self.plan_error) > 1 else ""
-        return f"no plan (the spec was {self.plan_error[0]}{more})"
+        return f"the spec was {self.plan_error[0]}{more}"
 
     @property
     def containers(self) -> list[Container]:

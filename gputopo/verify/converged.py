@@ -24,7 +24,7 @@ def check(ctx: Context) -> Check:
         return Check(
             name=NAME,
             status=FAIL,
-            summary=ctx.no_plan.removeprefix("no plan (").removesuffix(")"),
+            summary=ctx.refusal or "no plan",
             details={"refusals": ctx.plan_error},
         )
     actions = [a.describe() for a in ctx.plan.actions]

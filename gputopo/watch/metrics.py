@@ -161,6 +161,15 @@ def verdict(result: WatchResult) -> str:
     )
 
 
+def _summary(r: WatchResult, name: str) -> str:
+    """Check ``name``'s summary for the text, where a refused plan's converged check says so
+    in a few words: the ``spec:`` drift line names the refusal already."""
+    summary = r.checks[name].summary
+    if name == "converged" and summary.startswith("the spec was refused") and "spec" in r.drifted:
+        return "the spec was refused (see spec above)"
+    return summary
+
+
 def text(result: WatchResult) -> str:
     """The pass for people: its verdict in one line, then what differs and what fails."""
     r = result
@@ -170,7 +179,7 @@ def text(result: WatchResult) -> str:
         for area in r.drifted:
             lines += [f"  {area}: {line}" for line in r.drift_lines.get(area, [])]
         for name in r.failed:
-            lines.append(f"  check {name}: {r.checks[name].summary}")
+            lines.append(f"  check {name}: {_summary(r, name)}")
         lines += [f"  GPU {a}: {o}" for a, o in r.owners.items()]
     if r.last_apply is not None:
         when = f" at {_utc(r.last_apply.ended)}" if r.last_apply.ended is not None else ""

@@ -88,6 +88,39 @@ def test_a_rollback_whose_service_does_not_start_again_exits_3_with_the_next_ste
     assert applysim.diff(before, applysim.fingerprint(host)) == []
 
 
+def test_the_steps_of_a_service_left_down_are_undo_incomplete_not_undo_done(capsys, host):
+    """A rollback that could not start the service again leaves the steps that stopped and
+    started it ``undo-incomplete``, naming the service left down, in ``apply --json`` and in
+    ``history show``; the steps whose undo held stay ``undo-done``."""
+    break_container(host.dir, 101, "service_fails")
+    code, out, err = run(capsys, *_apply(host, "--yes", "--no-verify", "--json"))
+    assert code == 3, err
+    steps = {s["description"]: s for s in json.loads(out)["steps"]}
+    stop, start = (
+        steps["CT 101: stop sglang.service"],
+        steps["CT 101: start sglang.service (after systemctl daemon-reload)"],
+    )
+    left = f"left down: sglang.service in CT 101 did not start again: {SERVICE_ERROR}"
+    assert stop["status"] == start["status"] == "undo-incomplete"
+    assert stop["warnings"] == start["warnings"] == [left]
+    assert {s["status"] for d, s in steps.items() if "sglang" not in d} == {"undo-done"}
+    code, out, err = run(capsys, "history", "show", "last", "--sim", str(host.dir), "--json")
+    assert code == 0, err
+    shown = {s["description"]: s for s in json.loads(out)["steps"]}
+    assert shown["CT 101: stop sglang.service"]["status"] == "undo-incomplete"
+    assert shown["CT 101: stop sglang.service"]["undo"] == left
+    assert {s["status"] for d, s in shown.items() if "sglang" not in d} == {"undo-done"}
+    code, out, err = run(capsys, "history", "show", "last", "--sim", str(host.dir))
+    assert code == 0, err
+    assert "CT 101: stop sglang.service: undo-incomplete" in out and f"undo: {left}" in out, out
+    # once the service is fixed, recover starts it: no step is left down any more
+    heal_container(host.dir, 101)
+    code, _, err = run(capsys, "recover", "--sim", str(host.dir))
+    assert code == 0, err
+    code, out, err = run(capsys, "history", "show", "last", "--sim", str(host.dir), "--json")
+    assert {s["status"] for s in json.loads(out)["steps"]} == {"undo-done"}
+
+
 def test_ctrl_c_whose_rollback_cannot_restart_the_service_exits_3_not_130(host):
     """Ctrl-C mid-switch rolls back; when the rollback cannot start the service again the
     journal stays open, and the exit is 3 with the next step, never 130 as if it were complete."""

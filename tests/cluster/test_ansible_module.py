@@ -283,3 +283,23 @@ def test_a_bad_spec_content_and_a_wrong_node_are_named_as_the_task_names_them(si
         tmp_path, {"spec": str(spec_file(sim)), "sim": str(sim.dir), "node": "pve7"}, check=True
     )
     assert got["msg"] == f"node pve7: the simulated host in {sim.dir} is node pve1"
+
+
+def test_a_rollback_that_left_the_service_down_is_changed_and_says_so_in_few_words(sim, tmp_path):
+    """The new service does not start and the rollback cannot start the old one again: the task
+    fails with gputopo's one-line error, is ``changed`` (the service stays down), its ``steps``
+    name the steps left ``undo-incomplete``, and it does not carry gputopo's whole output."""
+    break_container(sim.dir, sim.container, "service_fails")
+    got, _ = run_module(tmp_path, {"spec": str(spec_file(sim)), "sim": str(sim.dir)})
+    assert got["failed"] is True and got["rc"] == 3 and got["status"] == "error"
+    assert got["msg"].startswith("apply failed at step ") and "NOT fully rolled back" in got["msg"]
+    assert got["changed"] is True
+    steps = {s["description"]: s for s in got["steps"]}
+    assert steps["CT 101: stop sglang.service"]["status"] == "undo-incomplete"
+    assert steps["CT 101: stop sglang.service"]["warnings"][0].startswith(
+        "left down: sglang.service in CT 101 did not start again: "
+    )
+    assert got["result"]["error"] == got["msg"] and got["result"]["journal"]
+    assert "stdout" not in got or len(got["stdout"]) <= 4000
+    assert len(got.get("stderr", "")) <= 4000
+    assert len(json.dumps(got)) < 12000, len(json.dumps(got))

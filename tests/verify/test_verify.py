@@ -753,11 +753,12 @@ def test_build_ports_for_a_real_api(healthy):
 @pytest.mark.slow
 def test_a_refused_plan_fails_converged_naming_it_and_the_rest_skip_with_why(healthy):
     """A spec for a container that does not exist: converged FAILs naming the refusal, and every
-    check that needs the plan says SKIP naming it too (before, memory, service and inference
-    said PASS 'no service in the spec' although the spec has one)."""
+    check that needs the plan says SKIP, pointing at it in a few words (before, memory, service
+    and inference said PASS 'no service in the spec' although the spec has one): the refusal is
+    printed once."""
     host, ports = healthy
     report = verify(parse_spec(SPEC.replace("vmid: 101", "vmid: 999")), ports, root=str(host.paths.root))
-    why = "no plan (the spec was refused: container 999 does not exist on node pve1)"
+    why = "the plan was refused (see converged)"
     assert [(c.name, c.status, c.summary) for c in report.checks] == [
         ("converged", FAIL, "the spec was refused: container 999 does not exist on node pve1"),
         ("vm", "SKIP", f"not run: {why}"),

@@ -20,7 +20,10 @@ description:
   - With O(verify=true) a node that needs no change is verified as well (C(gputopo verify));
     a FAIL there fails the task with C(changed=false).
   - A failure reports the one-line reason gputopo gives (C(msg)), naming this module's options
-    where gputopo names its own command-line options, and gputopo's exit status (C(rc)).
+    where gputopo names its own command-line options, and gputopo's exit status (C(rc)), with
+    the apply document's essentials (C(result)) and the end of gputopo's stderr, not its whole
+    output. A failed apply is C(changed) when steps ran and something stays changed: a step
+    not undone, or one whose undo did not hold (C(undo-incomplete): a service left down).
   - "For a cluster, run it with C(serial: 1) and C(max_fail_percentage: 0) so that the first
     failing node stops the rollout (see the collection's C(playbooks/rolling_apply.yml))."
   - "By default gputopo reaches Proxmox through C(pvesh) on the node. O(api_host) or O(api_url)
@@ -263,6 +266,39 @@ def one_line(stderr, stdout, rc):
     return out[-1] if out else "gputopo exited %d" % rc
 
 
+def tail(text, limit=4000):
+    """The last whole lines of ``text`` within ``limit`` characters: what a failed task keeps of
+    gputopo's output (its error line is last; the step-by-step progress before it is not kept)."""
+    text = (text or "").rstrip("\n")
+    if len(text) <= limit:
+        return text
+    cut = text[-limit:]
+    return cut[cut.find("\n") + 1 :] if "\n" in cut else cut
+
+
+def essentials(data):
+    """What a failed task keeps of gputopo's apply document: how it ended, the error, the
+    journal, the boot commands (the steps and the verification are returned on their own)."""
+    keep = (
+        "status",
+        "exit_code",
+        "error",
+        "node",
+        "changed",
+        "signature",
+        "journal",
+        "stop_window_s",
+        "boot",
+    )
+    return {k: data[k] for k in keep if k in data}
+
+
+def left_changed(steps):
+    """Whether a failed apply left the node changed: a step ran and something it did stays
+    (a step not undone, or whose undo did not hold: a service left down)."""
+    return any(s.get("status") != "undo-done" for s in steps)
+
+
 def stderr_warnings(stderr):
     """gputopo's own warnings on stderr ('gputopo: warning: ...'), in order."""
     prefix = "gputopo: warning: "
@@ -365,16 +401,17 @@ class Gputopo:
             self.warn(w)
         return argv, rc, out, err
 
-    def fail(self, argv, rc, out, err, **extra):
+    def fail(self, argv, rc, out, err, parsed=False, **extra):
+        """Fail the task with gputopo's one-line error, the result so far and the end of its
+        output (``parsed``: its stdout was a JSON document already returned, not repeated)."""
         data = dict(self.result)
         data.update(extra)
         self.module.fail_json(
             msg=module_words(one_line(err, out, rc), self.module.params, self.spec_file),
             rc=rc,
-            stdout=out,
-            stderr=err,
+            stderr=tail(err),
             cmd=argv,
-            **data,
+            **dict(data, **({} if parsed else {"stdout": tail(out)})),
         )
 
     def json(self, command, extra=(), allowed=(0,)):
@@ -385,7 +422,11 @@ class Gputopo:
             return json.loads(out)
         except ValueError:
             self.module.fail_json(
-                msg="gputopo %s printed no JSON" % command[0], rc=rc, stdout=out, stderr=err, cmd=argv
+                msg="gputopo %s printed no JSON" % command[0],
+                rc=rc,
+                stdout=tail(out),
+                stderr=tail(err),
+                cmd=argv,
             )
 
 
@@ -482,10 +523,21 @@ def run(module, g):
             steps=data.get("steps") or [],
             verify=data.get("verify") or {},
         )
+        if data.get("status") == "error":  # the steps that ran, as the rollback left them
+            result["changed"] = left_changed(result["steps"])
     if rc != 0:
-        g.fail(argv, rc, out, err, **({"result": data} if data else {}))
+        g.fail(
+            argv,
+            rc,
+            out,
+            err,
+            parsed=isinstance(data, dict),
+            **({"result": essentials(data)} if data else {}),
+        )
     if not isinstance(data, dict):
-        module.fail_json(msg="gputopo apply printed no JSON", rc=rc, stdout=out, stderr=err, cmd=argv)
+        module.fail_json(
+            msg="gputopo apply printed no JSON", rc=rc, stdout=tail(out), stderr=tail(err), cmd=argv
+        )
     result["changed"] = data.get("status") == "applied"
     if not result["changed"]:
         result.pop("diff", None)
@@ -501,7 +553,7 @@ def run(module, g):
                 g.fail(vargv, rc, out, err)
             result["verify"] = verdict
             if rc != 0 or not verdict.get("ok", False):
-                g.fail(vargv, rc, out, err)
+                g.fail(vargv, rc, out, err, parsed=True)
     module.exit_json(**result)
 
 
