@@ -19,11 +19,11 @@ description:
     node changes nothing.
   - With O(verify=true) a node that needs no change is verified as well (C(gputopo verify));
     a FAIL there fails the task with C(changed=false).
-  - A failure reports the one-line reason gputopo gives (C(msg)), naming this module's options
+  - "A failure reports the one-line reason gputopo gives (C(msg)), naming this module's options
     where gputopo names its own command-line options, and gputopo's exit status (C(rc)), with
     the apply document's essentials (C(result)) and the end of gputopo's stderr, not its whole
     output. A failed apply is C(changed) when steps ran and something stays changed: a step
-    not undone, or one whose undo did not hold (C(undo-incomplete): a service left down).
+    not undone, or one whose undo did not hold (C(undo-incomplete), a service left down)."
   - "For a cluster, run it with C(serial: 1) and C(max_fail_percentage: 0) so that the first
     failing node stops the rollout (see the collection's C(playbooks/rolling_apply.yml))."
   - "By default gputopo reaches Proxmox through C(pvesh) on the node. O(api_host) or O(api_url)
