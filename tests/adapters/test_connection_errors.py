@@ -41,6 +41,7 @@ def test_refused_and_a_name_not_found_are_a_few_words():
     assert _connect("pve1.invalid", 8006) == "connect https://pve1.invalid:8006: name pve1.invalid not found"
 
 
+@pytest.mark.slow  # about half a second or more: out of the one-minute loop
 def test_a_server_that_never_answers_times_out():
     with socket.socket() as srv:
         srv.bind(("127.0.0.1", 0))

@@ -196,6 +196,7 @@ def test_sim_shell_runs_the_printed_commands_to_what_apply_reaches(template, cap
         applysim.cleanup(base)
 
 
+@pytest.mark.slow  # about half a second or more: out of the one-minute loop
 def test_sim_shell_stops_at_the_first_failing_command_with_its_status(template):
     shell = subprocess.run(
         [sys.executable, "-m", "gputopo", "sim", "shell", str(template), "-c", "echo one\nfalse\necho two\n"],

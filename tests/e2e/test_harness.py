@@ -119,6 +119,7 @@ def fake_qemu(tmp_path, monkeypatch):
     return harness.GuestImage(tmp_path / "k", tmp_path / "i", "x")
 
 
+@pytest.mark.slow  # about half a second or more: out of the one-minute loop
 def test_boot_returns_the_guest_scripts_status_and_output(fake_qemu, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_QEMU_MODE", "ok")
     run = harness.boot(fake_qemu, "true", tmp_path, ro_shares=[], full=False, timeout=20)
@@ -126,12 +127,14 @@ def test_boot_returns_the_guest_scripts_status_and_output(fake_qemu, tmp_path, m
     assert "-serial" in run.qemu_cmd and f"path={tmp_path.resolve()}" in " ".join(run.qemu_cmd)
 
 
+@pytest.mark.slow  # about half a second or more: out of the one-minute loop
 def test_boot_that_never_reaches_init_means_unavailable(fake_qemu, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_QEMU_MODE", "dead")
     with pytest.raises(harness.E2EUnavailable, match="never reached /init.*could not load kernel"):
         harness.boot(fake_qemu, "true", tmp_path, ro_shares=[], full=False, timeout=20)
 
 
+@pytest.mark.slow  # about half a second or more: out of the one-minute loop
 def test_boot_that_dies_after_init_is_a_failure(fake_qemu, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_QEMU_MODE", "noexit")
     with pytest.raises(harness.GuestFailed, match="without an exit marker(.|\n)*partial"):

@@ -21,6 +21,9 @@ _ADDR_RE = re.compile(
     r"^(?:(?P<domain>[0-9a-fA-F]{1,8}):)?(?P<bus>[0-9a-fA-F]{1,2}):(?P<dev>[0-9a-fA-F]{1,2})\.(?P<fn>[0-7])$"
 )
 
+# thousands of generated cases each (hypothesis): out of the one-minute loop
+pytestmark = pytest.mark.slow
+
 
 def address_by_regex(text: str) -> str | None:
     m = _ADDR_RE.match(text.strip())

@@ -97,6 +97,7 @@ def test_bridge_kinds(types, want):
     assert bridge_kinds(types) == want
 
 
+@pytest.mark.slow  # about half a second or more: out of the one-minute loop
 def test_large_host_chains(materialized):
     facts = discover(materialized("large"))
     g = facts.gpu("0000:04:00.0")

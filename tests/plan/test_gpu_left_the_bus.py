@@ -62,6 +62,7 @@ def test_without_a_mapping_naming_it_the_container_and_its_device_node_are_named
     )
 
 
+@pytest.mark.slow  # about half a second or more: out of the one-minute loop
 def test_a_healthy_host_after_the_split_is_not_refused(host, capsys):
     """GPUs on vfio-pci have no minor: the container's config no longer maps theirs, and nothing
     is said of a bus."""
