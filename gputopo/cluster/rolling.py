@@ -138,7 +138,10 @@ def rollout(
             result.signum = getattr(e, "signum", signal.SIGINT)
         result.outcomes += outcomes
         if any(o.failed for o in outcomes) or result.interrupted:
-            stop = next((o.node for o in outcomes if o.failed), batch[-1])
+            # the failed node; else the last node told (a signal between two batches: the next
+            # batch never started, so it is not where the rollout stopped)
+            last = result.outcomes[-1].node if result.outcomes else batch[0]
+            stop = next((o.node for o in outcomes if o.failed), last)
             _not_started(result, order, stop)
             break
     result.wall_s = time.monotonic() - t0
