@@ -46,7 +46,11 @@ def _read(ctx: StepContext, path: str) -> FileBefore:
 
 
 def _restore(ctx: StepContext, path: str, before: FileBefore) -> str:
+    """Put ``path`` back as ``before`` says, and remove any temp file a write of it killed
+    before its rename left beside it (whether or not the file itself changed). Raises
+    HostFileError."""
     try:
+        ctx.ports.files.discard_temps(path)
         now = _read(ctx, path)
         if now.model_dump(exclude={"absent_dirs"}) == before.model_dump(exclude={"absent_dirs"}) and set(
             before.absent_dirs
@@ -140,6 +144,8 @@ class WriteHostFile(_FileStep):
             meta = ctx.ports.files.meta(self.path)
             if ctx.ports.files.read(self.path) != self.content or meta is None or meta.mode != self.mode:
                 ctx.ports.files.write(self.path, self.content, self.mode)
+            else:  # done already (a retried step): a write killed before its rename left a temp
+                ctx.ports.files.discard_temps(self.path)
         except OSError as e:
             raise HostFileError(self.path, e) from e
 

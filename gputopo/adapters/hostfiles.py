@@ -73,6 +73,11 @@ class RealHostFiles:
         except FileNotFoundError:
             pass
 
+    def discard_temps(self, path: str) -> None:
+        """Remove what a write of ``path`` killed between its temp file and the rename left
+        beside it (``.<name>.XXXXXXXX``); the file itself is left as it is. Raises nothing."""
+        _remove_stale_temps(self._path(path))
+
     def is_dir(self, path: str) -> bool:
         return self._path(path).is_dir()
 

@@ -233,6 +233,9 @@ class SshFiles:
     def remove_dir(self, path: str) -> None:
         raise HostFileError(path, OSError(30, f"read-only view of node {self.node}"))
 
+    def discard_temps(self, path: str) -> None:
+        raise HostFileError(path, OSError(30, f"read-only view of node {self.node}"))
+
     def unwritable(self, path: str) -> str | None:
         return f"{self._abs(path)}: read-only view of node {self.node}"
 

@@ -131,6 +131,11 @@ class HostFilesPort(Protocol):
         """Remove the file; one that is already gone is not an error."""
         ...
 
+    def discard_temps(self, path: str) -> None:
+        """Remove the temp files a write of ``path`` killed before its rename left beside it;
+        the file itself stays as it is."""
+        ...
+
     def is_dir(self, path: str) -> bool:
         """True when ``path`` is a directory."""
         ...

@@ -6,7 +6,8 @@ Proxmox API call other than a GET (a guest start or stop is killed once its task
 a command in the container that changes something (``systemctl start|stop|restart|daemon-reload``,
 ``rm``, ``mkdir``, ``rmdir``), ``pct push``, a host file written or removed; ``job:N`` once the
 simulated container's systemd took the N-th service start (its processes hold their GPUs) while
-``systemctl start`` still waits for the server to be ready. No timing is involved:
+``systemctl start`` still waits for the server to be ready; ``temp:N`` inside the N-th host file
+write, after its temp file beside the target was made and before the rename. No timing is involved:
 the point is counted, not polled. ``GPUTOPO_CRASH_COUNT=FILE`` writes how many records and calls
 the run made, and the order they came in (JSON), when it ends normally, so a test can enumerate
 every point.
@@ -39,7 +40,7 @@ MUTATING_COMMANDS = {
 MUTATING_PROGRAMS = {"rm", "mkdir", "rmdir"}
 
 _lock = threading.Lock()
-_count = {"record": 0, "call": 0, "job": 0}
+_count = {"record": 0, "call": 0, "job": 0, "temp": 0}
 _at = os.environ.get("GPUTOPO_CRASH_AT", "")
 _kind, _, _n = _at.partition(":")
 _limit = int(_n) if _n.isdigit() else 0
@@ -82,6 +83,23 @@ def _wrap_job(cls: type) -> None:
         return out
 
     cls.start_service = wrapper
+
+
+def _wrap_temp() -> None:
+    """Count the temp files the host files writer made for a write (not the ones ``unwritable``
+    makes and removes at once): a kill there leaves ``.<name>.XXXXXXXX`` beside the target."""
+    import tempfile
+    import types
+
+    from gputopo.adapters import hostfiles
+
+    def mkstemp(*args, **kwargs):
+        out = tempfile.mkstemp(*args, **kwargs)
+        if sys._getframe(1).f_code.co_name == "write":
+            _tick("temp", "mkstemp")
+        return out
+
+    hostfiles.tempfile = types.SimpleNamespace(mkstemp=mkstemp)
 
 
 def _mutating_exec(vmid, argv, *rest, **kw) -> bool:
@@ -154,6 +172,7 @@ def install() -> None:
     _wrap(SimExec, "push", "call")
     _wrap(SimExec, "run", "call", _mutating_exec)
     _wrap_job(Container)
+    _wrap_temp()
     # the concrete clients (https, pvesh) each define their own _call
     for sub in ProxmoxClient.__subclasses__():
         if "_call" in sub.__dict__:
