@@ -16,7 +16,7 @@ from typing import Any
 
 from gputopo.formats.lxcconf import parse_lxc_conf
 from gputopo.sim import state
-from gputopo.sim.pveapi.answers import die
+from gputopo.sim.pveapi.answers import die, param_error
 from gputopo.sim.pveapi.auth import Caller
 from gputopo.sim.pveapi.hacrm import HA_TASK
 
@@ -83,6 +83,10 @@ class GuestStatusHandlers:
             # what that query died of: "VM 201 not running" (QemuServer/Monitor.pm qmp_cmd)
             self.print_stderr(f"VM {vmid} not running\n\n")  # Perl: warn "$@\n", $@ ending in \n
         params = {k: p[k] for k in ("timeout", "forceStop") if p.get(k) is not None}
+        if p.get("overrule-shutdown") and self.ha_resource_of(kind, vmid) is not None:
+            # vm_stop of an HA guest: pve-container src/PVE/API2/LXC/Status.pm l.268 (after its
+            # running check), qemu-server src/PVE/API2/Qemu.pm vm_stop (raise_param_exc)
+            raise param_error({"overrule-shutdown": "Not applicable for HA resources."})
         if self.ha_resource_of(kind, vmid) is not None:
             # Status.pm / Qemu.pm: vm_is_ha_managed($vmid) -> fork_worker('hastart'|'hastop'),
             # after the running checks above (a VM's shutdown checks vm_is_paused first)

@@ -16,6 +16,7 @@ invalid.`` with ``resources: resource 'vm:201' is already used in another node a
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from gputopo.formats.hacfg import (
@@ -35,6 +36,7 @@ from gputopo.sim.pveapi.cfslock import cfs_lock
 RULE_KEYS = ("resources", "nodes", "strict", "comment", "disable")
 GROUP_KEYS = ("nodes", "restricted", "nofailback", "comment")
 RESOURCE_KEYS = ("state", "group", "comment", "failback", "max_restart", "max_relocate")
+_INT_RESOURCE_KEYS = ("failback", "max_restart", "max_relocate")
 
 
 class HaHandlers:
@@ -250,12 +252,69 @@ class HaHandlers:
         return [self._resource_item(r, sha1_digest(text)) for r in resources]
 
     def _parse_sid(self, sid: str) -> tuple[str, str]:
-        kind, _, vmid = sid.partition(":") if ":" in sid else ("vm", "", sid)
+        """Config.pm parse_sid, after the schema's format (Tools.pm
+        pve_verify_ha_resource_or_vm_id): ``type:name``, or a bare VMID whose type the cluster's
+        guest list gives. Raises the API's 400 or the parse's die."""
+        if not re.match(r"^([a-z]+:\S+|\d+)$", sid):
+            raise ApiError(
+                400,
+                "Parameter verification failed.\n",
+                {"sid": "value does not look like a valid ha resource id"},
+            )
+        if sid.isdigit():
+            found = sorted(self.pve_root.glob(f"nodes/*/lxc/{sid}.conf")) + sorted(
+                self.pve_root.glob(f"nodes/*/qemu-server/{sid}.conf")
+            )
+            if not found:
+                raise die(f"unable to detect SID from VMID - VM/CT {sid} does not exist")
+            return ("ct" if found[0].parent.name == "lxc" else "vm"), sid
+        kind, _, vmid = sid.partition(":")
         if kind not in ("vm", "ct") or not vmid.isdigit():
+            # PVE::HA::Resources->lookup($type) finds no plugin (Resources.pm create/update)
             raise ApiError(
                 400, "Parameter verification failed.\n", {"sid": f"unable to parse HA resource id '{sid}'"}
             )
         return kind, vmid
+
+    def h_ha_resource_get(self, caller: Caller, p: dict) -> Any:
+        """GET /cluster/ha/resources/{sid} (API2/HA/Resources.pm read): the section's own keys
+        (no defaults filled in), ``sid``, ``type`` and the file's ``digest``; an unknown sid
+        dies ``no such resource 'ct:N'`` ($api_copy_config); ``group`` is left out once the
+        groups were migrated to rules."""
+        kind, vmid = self._parse_sid(p["sid"])
+        text, resources = self._ha_read("resources.cfg")
+        r = next((x for x in resources if x.sid == f"{kind}:{vmid}"), None)
+        if r is None:
+            raise die(f"no such resource '{kind}:{vmid}'")
+        item: dict[str, Any] = {"sid": r.sid, "type": r.type, "digest": sha1_digest(text)}
+        item.update({k: int(v) if k in _INT_RESOURCE_KEYS else v for k, v in r.props.items()})
+        if self._pve_major() >= 9 and self._groups_migrated():
+            item.pop("group", None)
+        return item
+
+    def h_ha_resource_delete(self, caller: Caller, p: dict) -> Any:
+        """DELETE /cluster/ha/resources/{sid} (API2/HA/Resources.pm delete): an unknown sid dies
+        ``cannot delete service 'ct:N', not HA managed!``; else the section goes under the HA
+        lock (Config.pm delete_service_from_config, ``delete resource failed``) and, with
+        ``purge`` (default 1, PVE 9.1 on), the sid leaves every rule, a rule left empty with it."""
+        kind, vmid = self._parse_sid(p["sid"])
+        sid = f"{kind}:{vmid}"
+        if not any(x.sid == sid for x in self._ha_read("resources.cfg")[1]):
+            raise die(f"cannot delete service '{sid}', not HA managed!")
+        purge = p.get("purge", True) and tuple(int(x) for x in self.version.split(".")[:2]) >= (9, 1)
+        with self._lock, self._ha_lock("delete resource failed"):
+            _, resources = self._ha_read("resources.cfg")
+            self._ha_write("resources.cfg", [x for x in resources if x.sid != sid])
+            if purge:
+                _, rules = self._ha_read("rules.cfg")
+                kept = []
+                for rule in rules:
+                    left = [x for x in resource_list(rule.props.get("resources", "")) if x != sid]
+                    if left:
+                        rule.props["resources"] = ",".join(left)
+                        kept.append(rule)
+                self._ha_write("rules.cfg", kept)
+        return None
 
     def h_ha_resource_create(self, caller: Caller, p: dict) -> Any:
         kind, vmid = self._parse_sid(p["sid"])
@@ -269,31 +328,41 @@ class HaHandlers:
         return None
 
     def h_ha_resource_update(self, caller: Caller, p: dict) -> Any:
+        """PUT /cluster/ha/resources/{sid} (API2/HA/Resources.pm update), in the source's order:
+        the group named (migrated to rules, does not exist), the service's error state
+        (check_service_state: only ``state disabled`` passes), then under the HA lock
+        (Config.pm update_resources_config, ``update resources config failed: ...``) the
+        digest and the resource itself (``no such resource 'ct:N'``)."""
         kind, vmid = self._parse_sid(p["sid"])
-        with self._lock, self._ha_lock("update resource failed"):
+        sid = f"{kind}:{vmid}"
+        if p.get("group"):
+            _, groups = self._ha_read("groups.cfg")
+            if self._pve_major() >= 9 and self._groups_migrated():
+                raise die("invalid parameter 'group': ha groups have been migrated to rules")
+            if not any(g.id == p["group"] and g.type == "group" for g in groups):
+                raise die(f"HA group '{p['group']}' does not exist")
+        managed = any(x.sid == sid for x in self._ha_read("resources.cfg")[1])
+        if (
+            managed
+            and self._ha_service_state("lxc" if kind == "ct" else "qemu", int(vmid), sid) == "error"
+            and p.get("state") != "disabled"
+        ):
+            raise die(f"service '{sid}' in error state, must be disabled and fixed first")
+        with self._lock, self._ha_lock("update resources config failed"):
             text, resources = self._ha_read("resources.cfg")
             if p.get("digest") and p["digest"] != sha1_digest(text):
                 raise die(
-                    "update resource failed: detected modified configuration - file changed by other user? "
-                    "Try again."
+                    "update resources config failed: detected modified configuration - file changed by "
+                    "other user? Try again."
                 )
-            r = next((x for x in resources if x.sid == f"{kind}:{vmid}"), None)
+            r = next((x for x in resources if x.sid == sid), None)
             if r is None:
-                raise die(f"update resource failed: service '{kind}:{vmid}' is not managed by ha")
-            if "group" in p and not any(g.id == p["group"] for g in self._ha_read("groups.cfg")[1]):
-                raise die(f"update resource failed: group '{p['group']}' does not exist")
-            if (
-                self._ha_service_state("lxc" if kind == "ct" else "qemu", int(vmid), f"{kind}:{vmid}")
-                == "error"
-                and p.get("state") != "disabled"
-            ):
-                # API2/HA/Resources.pm update -> check_service_state
-                raise die(f"service '{kind}:{vmid}' in error state, must be disabled and fixed first")
+                raise die(f"update resources config failed: no such resource '{sid}'")
             was = r.props.get("state", "started")
             for key in p.get("delete", []):
                 r.props.pop(key, None)
             r.props.update({k: str(p[k]) for k in RESOURCE_KEYS if k in p})
             self._ha_write("resources.cfg", resources)
             # the CRM moves the guest to the new requested state on its next rounds
-            self.ha_requested_changed(f"{kind}:{vmid}", was, r.props.get("state", "started"))
+            self.ha_requested_changed(sid, was, r.props.get("state", "started"))
         return None

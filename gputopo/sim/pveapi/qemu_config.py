@@ -186,15 +186,47 @@ def vm_view(text: str, current: bool) -> dict[str, Any]:
         for k in conf.pending_delete:
             if opts.get(k) not in (None, "", "0"):
                 del opts[k]
-    out: dict[str, Any] = {}
-    for k, v in opts.items():
-        if k in _INT_KEYS and v.isdigit():
-            out[k] = int(v)
-        elif k in _BOOL_KEYS:
-            out[k] = 1 if v.lower() in ("1", "yes", "on", "true") else 0
-        else:
-            out[k] = v
+    out: dict[str, Any] = {k: _typed(k, v) for k, v in opts.items()}
     out["digest"] = sha1_digest(text)
+    return out
+
+
+def _typed(k: str, v: str) -> Any:
+    """A value as parse_vm_config keeps it (check_type: an integer key's digits as a number, a
+    boolean as 1 or 0)."""
+    if k in _INT_KEYS and v.isdigit():
+        return int(v)
+    if k in _BOOL_KEYS:
+        return 1 if v.lower() in ("1", "yes", "on", "true") else 0
+    return v
+
+
+def pending_items(text: str) -> list[dict[str, Any]]:
+    """GET .../qemu/{vmid}/pending (qemu-server src/PVE/API2/Qemu.pm ``vm_pending``, with
+    pve-guest-common src/PVE/GuestHelpers.pm ``config_with_pending_array``): one item per key set
+    now (``value``, with ``pending`` and ``delete`` when queued; ``digest`` among them, as
+    load_config adds it), then one per key set only pending, then one per pending delete of a
+    key not set now. ``delete`` is 2 for a forced delete (``!key``); in the last part it is
+    always 2, as there the loop tests the parsed ``{force => ...}`` hash, which Perl holds true.
+    Perl's hash order is random: each part is sorted here."""
+    conf = parse_qemu_conf(text)
+    pend = {k: v for k, v in conf.pending.items() if k != "delete"}
+    dels = {
+        d.lstrip("!"): 2 if d.startswith("!") else 1
+        for d in re.split(r"[,;\s]+", conf.pending.get("delete", ""))
+        if d
+    }
+    now = {**conf.options, **({"description": conf.description} if conf.description else {})}
+    out: list[dict[str, Any]] = []
+    for k in sorted([*now, "digest"]):
+        item: dict[str, Any] = {"key": k, "value": sha1_digest(text) if k == "digest" else _typed(k, now[k])}
+        if k in pend:
+            item["pending"] = _typed(k, pend.pop(k))
+        if k in dels:
+            item["delete"] = dels.pop(k)
+        out.append(item)
+    out += [{"key": k, "pending": _typed(k, v)} for k, v in sorted(pend.items())]
+    out += [{"key": k, "delete": 2} for k in sorted(dels)]
     return out
 
 
@@ -209,6 +241,9 @@ class QemuConfigHandlers:
                 raise die(f"snapshot '{p['snapshot']}' does not exist")
             return {**snap, "digest": sha1_digest(text)}
         return vm_view(text, bool(p.get("current")))
+
+    def h_qemu_pending(self, caller: Caller, p: dict) -> Any:
+        return pending_items(self._load("qemu", p["vmid"]))
 
     def _check_hostpci_perm(self, caller: Caller | None, key: str, value: str) -> None:
         if caller is None or caller.is_root_pam:

@@ -125,6 +125,14 @@ HA_ROUTES = [
         {"sid": P(fmt_string(), False), **_RESOURCE},
         _CONSOLE,
     ),
+    Route("GET", "/cluster/ha/resources/{sid}", "ha_resource_get", {"sid": P(fmt_string(), False)}, _AUDIT),
+    Route(
+        "DELETE",
+        "/cluster/ha/resources/{sid}",
+        "ha_resource_delete",
+        {"sid": P(fmt_string(), False), "purge": P(fmt_bool)},
+        _CONSOLE,
+    ),
     Route(
         "PUT",
         "/cluster/ha/resources/{sid}",
@@ -202,6 +210,13 @@ ROUTES = [
         },
         ("/vms/{vmid}", _VM_CONFIG_ANY),
         extra="qemu",
+    ),
+    Route(
+        "GET",
+        "/nodes/{node}/qemu/{vmid}/pending",
+        "qemu_pending",
+        {"node": NODE, "vmid": VMID},
+        ("/vms/{vmid}", ("VM.Audit",)),
     ),
     Route(
         "POST",
