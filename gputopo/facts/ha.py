@@ -38,7 +38,7 @@ def mapped_vms(api: ClusterApiPort, members: list[str]) -> dict[int, ClusterVm]:
                 continue
             hostpci = [str(cfg[k]) for k in hostpci_keys(cfg)]
             if any(hostpci_refs(h)[1] for h in hostpci):
-                out[vmid] = ClusterVm(node=node, hostpci=hostpci)
+                out[vmid] = ClusterVm(node=node, hostpci=hostpci, running=g.get("status") == "running")
     return out
 
 

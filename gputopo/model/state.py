@@ -67,6 +67,7 @@ class ClusterVm(Strict):
 
     node: str
     hostpci: list[str] = Field(default_factory=list)
+    running: bool = Field(default=False, description="Whether the VM ran when it was read")
 
 
 class HaConfig(Strict):

@@ -40,6 +40,7 @@ from gputopo.formats.mapline import map_node
 from gputopo.model.state import CurrentState, HaConfig
 from gputopo.model.strict import Strict
 from gputopo.plan.findings import Findings
+from gputopo.plan.hamove import held_moves
 from gputopo.plan.model import MappingTarget
 
 
@@ -121,9 +122,8 @@ def ha_changes(
     run over some nodes leaves the other nodes' VMs as they are.
     """
     ours, warnings = _ours_wanted(wanted, state)
-    if state.uses_rules:
-        return _rule_changes(ours, state, scope), warnings
-    return _group_changes(ours, state, scope), warnings
+    changes = _rule_changes(ours, state, scope) if state.uses_rules else _group_changes(ours, state, scope)
+    return held_moves(changes, state, warnings)
 
 
 def _ours_wanted(wanted: list[Placement], state: HaConfig) -> tuple[dict[str, Placement], list[str]]:

@@ -32,6 +32,7 @@ from gputopo.sim.files import PMXCFS_MODE, atomic_write
 from gputopo.sim.pveapi.answers import ApiError, die
 from gputopo.sim.pveapi.auth import Caller
 from gputopo.sim.pveapi.cfslock import cfs_lock
+from gputopo.sim.pveapi.harules import next_round
 
 RULE_KEYS = ("resources", "nodes", "strict", "comment", "disable")
 GROUP_KEYS = ("nodes", "restricted", "nofailback", "comment")
@@ -54,6 +55,7 @@ class HaHandlers:
     def _ha_write(self, name: str, sections: list[Section]) -> None:
         (self.pve_root / "ha").mkdir(exist_ok=True)
         atomic_write(self.pve_root / "ha" / name, write_section_config(sections), PMXCFS_MODE)
+        next_round(self)  # the CRM acts on the change on its next round (harules.py)
 
     def _ha_lock(self, what: str):
         return cfs_lock(self.pve_root, "domain-ha", what, on_wait=self.print_stderr)

@@ -42,6 +42,7 @@ from typing import Any
 
 from gputopo.formats.hacfg import Section
 from gputopo.sim import state
+from gputopo.sim.pveapi.harules import rules_round
 
 DEFAULT_CRM_DELAY = 0.3  # seconds; always longer than a task's default latency (tasks.DEFAULT_LATENCY)
 REQUESTS = "ha-requests"
@@ -148,6 +149,7 @@ class HaCrmHandlers:
 
     def ha_tick(self) -> None:
         """Carry out every CRM request that is due (a timer, or a read after its due time)."""
+        rules_round(self)  # the placement rules, once per round (harules.py)
         if not state.read_state(self.run_dir, REQUESTS, []):
             return  # nothing queued: a read leaves the run state as it was
         with state.locked(self.run_dir, REQUESTS):
