@@ -1,0 +1,142 @@
+"""The HA placement gputopo writes, on a simulated two-node PVE 9 cluster whose HA manager acts on
+its rules (gputopo.sim.pveapi.harules, after pve-ha-manager src/PVE/HA/Manager.pm
+next_state_started): once both nodes applied a split with an HA-managed VM consumer each, the
+strict rules it wrote never ask the HA manager to move a running passthrough VM; a rule that
+does (an operator's) sends the VM to a migration qemu-server refuses, retried every round, and
+an HA container to a relocation."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from gputopo.formats.hacfg import Section, parse_section_config, write_section_config
+from gputopo.sim import state
+from gputopo.sim.cluster import SimCluster
+from gputopo.sim.pveapi.harules import MOVES
+from helpers.clusterharness import cleanup, copy_cluster, make_template, spec_text
+
+pytestmark = pytest.mark.slow  # a simulated cluster and two node applies (seconds each)
+
+DESC = "          description: GPUs for VM passthrough\n"
+CRM = 0.2  # the HA manager's round here
+
+
+def _spec(cluster: SimCluster) -> str:
+    """Both nodes split; each node's VM takes its node's 4 mapped GPUs and runs (an HA start)."""
+    head, *rest = spec_text(cluster, split=["pve1", "pve2"]).split(DESC)
+    out = head
+    for node, tail in zip(cluster.nodes, rest, strict=True):
+        vm = cluster.vm(node)
+        out += (
+            DESC + f"      consumers:\n        - {{vmid: {vm}, mapping: pro6000-vm, gpus: 4, start: true}}\n"
+        )
+        out += tail
+    return out
+
+
+@pytest.fixture(scope="module")
+def applied():
+    d = make_template(pve_version="9.1.2", count=2)
+    cluster = SimCluster(d)
+    spec = d.parent / "spec.yaml"
+    spec.write_text(_spec(cluster))
+    res = subprocess.run(
+        [sys.executable, "-m", "gputopo", "cluster", "apply", "--yes", "--no-verify"]
+        + ["--nodes", "pve1,pve2", "--sim", str(d), "--spec", str(spec)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stderr
+    yield d
+    cleanup(d.parent)
+
+
+@pytest.fixture
+def cluster(applied, tmp_path):
+    c = copy_cluster(applied, tmp_path / "cluster")
+    for node in c.nodes:
+        state.write_state(c.node_dir(node) / "run", "latencies", {"ha.crm": CRM})
+    yield c
+    c.stop()
+
+
+def _rounds(cluster: SimCluster, n: int) -> None:
+    """Let the HA manager run ``n`` rounds (a status read runs one that is due)."""
+    api = cluster.start("pve1").api
+    for _ in range(n):
+        time.sleep(CRM * 1.2)
+        for node in cluster.nodes:
+            api.dispatch("GET", f"/nodes/{node}/qemu/{cluster.vm(node)}/status/current", {}, None)
+
+
+def _moves(cluster: SimCluster, node: str) -> list[dict]:
+    return state.read_state(cluster.node_dir(node) / "run", MOVES, []) or []
+
+
+def _status(cluster: SimCluster, node: str, kind: str, vmid: int) -> str:
+    return state.guest_status(cluster.node_dir(node) / "run", kind, vmid)
+
+
+def _rules(cluster: SimCluster) -> dict[str, Section]:
+    return {s.id: s for s in parse_section_config((cluster.dir / "pve/ha/rules.cfg").read_text())}
+
+
+def test_the_rules_gputopo_wrote_never_ask_ha_to_move_a_running_passthrough_vm(cluster):
+    rules = _rules(cluster)
+    assert {r: (s.props["nodes"], s.props["strict"]) for r, s in rules.items()} == {
+        "gputopo-vm201": ("pve1,pve2", "1"),
+        "gputopo-vm202": ("pve1,pve2", "1"),
+    }
+    _rounds(cluster, 4)
+    for node in cluster.nodes:
+        assert _status(cluster, node, "qemu", cluster.vm(node)) == "running"
+        assert _moves(cluster, node) == []
+
+
+def test_a_rule_that_excludes_a_running_passthrough_vms_node_is_a_failed_migration_retried(cluster):
+    api = cluster.start("pve1").api
+    api.dispatch("PUT", "/cluster/ha/rules/gputopo-vm201", {"rule": "gputopo-vm201", "nodes": "pve2"}, None)
+    _rounds(cluster, 4)
+    moves = _moves(cluster, "pve1")
+    assert len(moves) >= 2, moves  # sent again on the next round
+    assert {(m["sid"], m["op"], m["node"], m["target"]) for m in moves} == {
+        ("vm:201", "migrate", "pve1", "pve2")
+    }
+    assert {m["error"] for m in moves} == {
+        "can't live migrate running VM which uses following mapped devices: "
+        "hostpci0:pro6000-vm, hostpci1:pro6000-vm, hostpci2:pro6000-vm, hostpci3:pro6000-vm"
+    }
+    # the VM keeps running where it was, its config with it; the other VM is left alone
+    assert _status(cluster, "pve1", "qemu", 201) == "running"
+    assert (cluster.dir / "pve/nodes/pve1/qemu-server/201.conf").exists()
+    assert _moves(cluster, "pve2") == []
+
+
+def test_an_ha_container_on_a_node_its_rule_excludes_is_relocated(cluster):
+    resources = cluster.dir / "pve/ha/resources.cfg"
+    sections = parse_section_config(resources.read_text())
+    sections.append(Section(type="ct", id="101", props={"state": "started"}))
+    resources.write_text(write_section_config(sections))
+    api = cluster.start("pve1").api
+    assert _status(cluster, "pve1", "lxc", 101) == "running"
+    api.dispatch(
+        "POST",
+        "/cluster/ha/rules",
+        {"rule": "ct-away", "type": "node-affinity", "resources": "ct:101", "nodes": "pve2", "strict": 1},
+        None,
+    )
+    _rounds(cluster, 3)
+    moves = _moves(cluster, "pve1")
+    assert [(m["sid"], m["op"], m["target"], m["error"]) for m in moves] == [
+        ("ct:101", "relocate", "pve2", None)
+    ]
+    # shut down here (PVECT.pm migrate), its config moved, started there; once: it is where its rule says
+    assert _status(cluster, "pve1", "lxc", 101) == "stopped"
+    assert not (cluster.dir / "pve/nodes/pve1/lxc/101.conf").exists()
+    assert (cluster.dir / "pve/nodes/pve2/lxc/101.conf").exists()
+    assert _status(cluster, "pve2", "lxc", 101) == "running"
