@@ -14,6 +14,7 @@ import time
 import pytest
 
 from gputopo.formats.hacfg import Section, parse_section_config, write_section_config
+from gputopo.formats.pcicfg import parse_pci_cfg
 from gputopo.sim import state
 from gputopo.sim.cluster import SimCluster
 from gputopo.sim.pveapi.harules import MOVES
@@ -26,8 +27,8 @@ CRM = 0.2  # the HA manager's round here
 
 
 def _spec(cluster: SimCluster) -> str:
-    """Both nodes split; each node's VM takes its node's 4 mapped GPUs and runs (an HA start)."""
-    head, *rest = spec_text(cluster, split=["pve1", "pve2"]).split(DESC)
+    """Every node split; each node's VM takes its node's 4 mapped GPUs and runs (an HA start)."""
+    head, *rest = spec_text(cluster, split=cluster.nodes).split(DESC)
     out = head
     for node, tail in zip(cluster.nodes, rest, strict=True):
         vm = cluster.vm(node)
@@ -38,20 +39,24 @@ def _spec(cluster: SimCluster) -> str:
     return out
 
 
+def _gputopo(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "gputopo", *args], capture_output=True, text=True, timeout=600
+    )
+
+
+def _applied(count: int):
+    d = make_template(pve_version="9.1.2", count=count)
+    spec = d.parent / "spec.yaml"
+    spec.write_text(_spec(SimCluster(d)))
+    res = _gputopo("cluster", "apply", "--yes", "--no-verify", "--sim", str(d), "--spec", str(spec))
+    assert res.returncode == 0, res.stderr
+    return d
+
+
 @pytest.fixture(scope="module")
 def applied():
-    d = make_template(pve_version="9.1.2", count=2)
-    cluster = SimCluster(d)
-    spec = d.parent / "spec.yaml"
-    spec.write_text(_spec(cluster))
-    res = subprocess.run(
-        [sys.executable, "-m", "gputopo", "cluster", "apply", "--yes", "--no-verify"]
-        + ["--nodes", "pve1,pve2", "--sim", str(d), "--spec", str(spec)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert res.returncode == 0, res.stderr
+    d = _applied(2)
     yield d
     cleanup(d.parent)
 
@@ -70,7 +75,7 @@ def _rounds(cluster: SimCluster, n: int) -> None:
     api = cluster.start("pve1").api
     for _ in range(n):
         time.sleep(CRM * 1.2)
-        for node in cluster.nodes:
+        for node in cluster.nodes:  # pve1 answers for every node
             api.dispatch("GET", f"/nodes/{node}/qemu/{cluster.vm(node)}/status/current", {}, None)
 
 
@@ -140,3 +145,44 @@ def test_an_ha_container_on_a_node_its_rule_excludes_is_relocated(cluster):
     assert not (cluster.dir / "pve/nodes/pve1/lxc/101.conf").exists()
     assert (cluster.dir / "pve/nodes/pve2/lxc/101.conf").exists()
     assert _status(cluster, "pve2", "lxc", 101) == "running"
+
+
+def test_on_three_nodes_a_rule_that_would_exclude_a_running_passthrough_vms_node_is_held_back(tmp_path):
+    d = _applied(3)
+    cluster = SimCluster(d)
+    try:
+        # pve3's lines of the mapping go (an operator's change) while VM 203 runs there on them
+        api = cluster.start("pve1").api
+        m = next(x for x in parse_pci_cfg((d / "pve/mapping/pci.cfg").read_text()) if x.id == "pro6000-vm")
+        kept = [e for e in m.maps if "node=pve3" not in e]
+        api.dispatch("PUT", "/cluster/mapping/pci/pro6000-vm", {"id": "pro6000-vm", "map": kept}, None)
+        cluster.stop()
+        res = _gputopo(
+            "apply",
+            "--spec",
+            str(d.parent / "spec.yaml"),
+            "--yes",
+            "--no-verify",
+            "--sim",
+            str(cluster.node_dir("pve1")),
+        )
+        assert res.returncode == 0, res.stderr
+        assert (
+            "VM 203 runs on pve3 with its GPUs passed through, but HA gputopo-vm203 would allow only pve1, pve2"
+            in res.stdout
+        )
+        rules = _rules(cluster)
+        # the others follow the lines; VM 203's rule still allows the node it runs on
+        assert {r: s.props["nodes"] for r, s in rules.items()} == {
+            "gputopo-vm201": "pve1,pve2",
+            "gputopo-vm202": "pve1,pve2",
+            "gputopo-vm203": "pve1,pve2,pve3",
+        }
+        for node in cluster.nodes:
+            state.write_state(cluster.node_dir(node) / "run", "latencies", {"ha.crm": CRM})
+        _rounds(cluster, 3)
+        assert _status(cluster, "pve3", "qemu", 203) == "running"
+        assert all(_moves(cluster, node) == [] for node in cluster.nodes)
+    finally:
+        cluster.stop()
+        cleanup(d.parent)
