@@ -34,7 +34,7 @@ from gputopo.actions.base import (
     World,
 )
 from gputopo.actions.guest import power, shutdown_command
-from gputopo.actions.guestconfig import ConfigBefore, GuestConfig, restore_args, set_args
+from gputopo.actions.guestconfig import ConfigBefore, GuestConfig, LxcPending, restore_args, set_args
 from gputopo.actions.shell import CommandContext, line, q
 from gputopo.errors import BindError, HostCommandError, ProxmoxError
 from gputopo.formats.devn import (
@@ -60,6 +60,11 @@ class ContainerBefore(ConfigBefore):
         None,
         description="/dev/nvidiaN nodes in the running container's /dev before a live change "
         "(None: not a live change, or the container was not running)",
+    )
+    pending: LxcPending | None = Field(
+        None,
+        description="the config as Proxmox keeps it, [pve:pending] included: what a running "
+        "container's undo puts back (None: a journal of an earlier version)",
     )
 
 
@@ -146,13 +151,14 @@ class UpdateContainer(ActionModel):
         return problems
 
     def before(self, ctx: StepContext) -> ContainerBefore:
-        cfg = GuestConfig.lxc(ctx.ports.proxmox, self.vmid).before()
+        config = GuestConfig.lxc(ctx.ports.proxmox, self.vmid)
+        cfg, pending = config.before(), config.read_pending()
         seen = None
         if self.live and (self.set or self.resolve) and ctx.running("lxc", self.vmid):
             # what a running container sees is fixed at its start, plus what was hot-plugged;
             # only an addition can be hot-plugged (a removal waits for its next start)
             seen = sorted(gpu_nodes(ctx.exec(self.vmid, ["ls", "/dev"]).stdout.split()))
-        return ContainerBefore(config=cfg.config, seen=seen)
+        return ContainerBefore(config=cfg.config, seen=seen, pending=pending)
 
     def container_view(self, before: ContainerBefore) -> tuple[int, list[str]] | None:
         # a devN hot-plugged into a running container stays in its /dev when the config is
@@ -296,11 +302,17 @@ class UpdateContainer(ActionModel):
         # this undo needs the drivers restored); one still missing fails the PUT with Proxmox's words
         self.make_device_nodes(ctx, before.config, ctx.read_minors())
         # every devN key: entries resolved at apply time are not in the journaled action
-        restored = GuestConfig.lxc(ctx.ports.proxmox, self.vmid).restore(
-            before.config, set(self.set) | set(self.delete), also=is_devn_key
-        )
+        config, keys = GuestConfig.lxc(ctx.ports.proxmox, self.vmid), set(self.set) | set(self.delete)
+        running = ctx.running("lxc", self.vmid)
+        if running and before.pending is not None:
+            # what waits for the next start goes back too: a pending devN this step queued
+            # would otherwise hand the container another guest's GPU at its next start
+            restored = config.restore_pending(before.pending, keys, also=is_devn_key)
+        else:
+            # a stopped container takes every change at once (update_pct_config l. 1395)
+            restored = config.restore(before.config, keys, also=is_devn_key)
         said = [f"CT {self.vmid}: restored its configuration"] if restored else []
-        if self._may_restart() and before.seen is not None and not ctx.running("lxc", self.vmid):
+        if self._may_restart() and before.seen is not None and not running:
             # the fallback stopped it and did not start it again (its start failed, or the
             # process was killed in between): it ran before, with the config now back
             power(ctx, "lxc", self.vmid, "start")
