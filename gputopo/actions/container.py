@@ -68,6 +68,10 @@ class ContainerBefore(ConfigBefore):
     )
 
 
+# the journal's note of a live change's fallback, written before it stops the container
+FALLBACK_STOPPED = "fallback: container stopped by this step"
+
+
 class RestartFallback(Strict):
     """How a live change restarts the container when a devN hot-plug fails: the stop's
     parameters, as the spec's policy gives them to every guest stop."""
@@ -174,6 +178,12 @@ class UpdateContainer(ActionModel):
             return resolved
 
         config = GuestConfig.lxc(ctx.ports.proxmox, self.vmid)
+        if FALLBACK_STOPPED in ctx.marks() and not ctx.running("lxc", self.vmid):
+            # an earlier try of this step (a process killed, recover --finish) stopped the
+            # container for the change and did not start it: end what it began
+            ctx.note(f"CT {self.vmid}: finishing the restart with the change that the interrupted step began")
+            self._change_stopped(ctx, config)
+            return
         try:
             config.change(self.set, self.delete, more)
         except ProxmoxError as e:
@@ -193,9 +203,17 @@ class UpdateContainer(ActionModel):
             # no new devN but by hot-plug: a stopped one takes the change at once
             # (pve-container src/PVE/LXC/Config.pm update_pct_config l. 1392-1396:
             # vmconfig_apply_pending when not running)
+            # journaled first: a process killed from here on leaves a stopped container that
+            # a finish of this step starts (with the change), and its undo starts too
+            ctx.mark(FALLBACK_STOPPED)
             power(ctx, "lxc", self.vmid, "shutdown", self.fallback.shutdown_timeout, self.fallback.force_stop)
-            config.change(self.set, self.delete, lambda cfg: self._resolved(ctx, cfg))
-            power(ctx, "lxc", self.vmid, "start")
+            self._change_stopped(ctx, config)
+
+    def _change_stopped(self, ctx: StepContext, config: GuestConfig) -> None:
+        """The fallback's end: the change made on the stopped container (it takes every key at
+        once), then the container started with it."""
+        config.change(self.set, self.delete, lambda cfg: self._resolved(ctx, cfg))
+        power(ctx, "lxc", self.vmid, "start")
 
     def _resolved(self, ctx: StepContext, cfg: dict[str, Any]) -> dict[str, str]:
         """devN entries of the GPUs that came back to nvidia in the switch phase, from their minors

@@ -31,7 +31,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -89,6 +89,15 @@ class Failed(_Rec):
     error_type: str
     begun: bool = True  # False: reading the before-state failed, nothing was changed
     devices: list[str] = Field(default_factory=list)  # devices on which a write hung
+
+
+class StepNote(_Rec):
+    """A fact about a step that began, journaled before it happens, for a later finish or undo of
+    the step (e.g. ``fallback: container stopped by this step``)."""
+
+    type: Literal["note"] = "note"
+    step: int
+    what: str
 
 
 class UndoBegin(_Rec):
@@ -157,6 +166,7 @@ Record = Annotated[
     | Begin
     | Done
     | Failed
+    | StepNote
     | UndoBegin
     | UndoDone
     | UndoFailed
@@ -217,6 +227,7 @@ class Step:
     action: Any
     before: Any
     status: str
+    notes: list[str] = field(default_factory=list)  # its StepNote records, every try's
 
 
 class Journal:
@@ -304,8 +315,10 @@ class Journal:
         out: dict[int, Step] = {}
         for r in self.records:
             if isinstance(r, Begin):
-                first = out[r.step].before if r.step in out else r.before
-                out[r.step] = Step(action=r.action, before=first, status="begun")
+                first, notes = (out[r.step].before, out[r.step].notes) if r.step in out else (r.before, [])
+                out[r.step] = Step(action=r.action, before=first, status="begun", notes=notes)
+            elif isinstance(r, StepNote) and r.step in out:
+                out[r.step].notes.append(r.what)
             elif (
                 isinstance(r, (Done, Failed, UndoBegin, UndoDone, UndoFailed, UndoIncomplete))
                 and r.step in out
