@@ -6,7 +6,8 @@
   what ran before, pid, command and start time;
 * :class:`Begin` -- step index, the action, and ``before``: the state the step changes, complete
   enough to undo the step from the journal alone (a later process, after a crash);
-* :class:`Done` / :class:`Failed` per step;
+* :class:`Done` / :class:`Failed` per step; :class:`StepNote`: a fact about a begun step, written
+  before it happens, for a later finish or undo (``fallback: container stopped by this step``);
 * :class:`UndoBegin` / :class:`UndoDone` / :class:`UndoFailed` per step during a rollback or
   recovery, and :class:`UndoIncomplete` for a step whose undo had to leave a device alone (a
   write hung there, or it fell off the bus);
@@ -92,9 +93,6 @@ class Failed(_Rec):
 
 
 class StepNote(_Rec):
-    """A fact about a step that began, journaled before it happens, for a later finish or undo of
-    the step (e.g. ``fallback: container stopped by this step``)."""
-
     type: Literal["note"] = "note"
     step: int
     what: str
