@@ -32,7 +32,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -225,7 +225,6 @@ class Step:
     action: Any
     before: Any
     status: str
-    notes: list[str] = field(default_factory=list)  # its StepNote records, every try's
 
 
 class Journal:
@@ -313,10 +312,8 @@ class Journal:
         out: dict[int, Step] = {}
         for r in self.records:
             if isinstance(r, Begin):
-                first, notes = (out[r.step].before, out[r.step].notes) if r.step in out else (r.before, [])
-                out[r.step] = Step(action=r.action, before=first, status="begun", notes=notes)
-            elif isinstance(r, StepNote) and r.step in out:
-                out[r.step].notes.append(r.what)
+                first = out[r.step].before if r.step in out else r.before
+                out[r.step] = Step(action=r.action, before=first, status="begun")
             elif (
                 isinstance(r, (Done, Failed, UndoBegin, UndoDone, UndoFailed, UndoIncomplete))
                 and r.step in out
