@@ -307,6 +307,11 @@ class UpdateContainer(ActionModel):
         after.update({k: "?" for k in self._resolved_keys(old).values()})
         words = restore_args(old, after, set(self.set) | set(self.delete), also=is_devn_key)
         out = [line("pct", "set", self.vmid) + " " + " ".join(words)] if words else []
+        queued = sorted({*self.set, *self._resolved_keys(old).values()}, key=dev_sort)
+        if self.live and queued:
+            # a running container keeps a devN it has in [pve:pending]; a delete leaves that
+            # value queued for its next start, only a revert drops it (update_pct_config l. 1306)
+            out.insert(0, line("pct", "set", self.vmid, "--revert", ",".join(queued)))
         if self.live and (self.set or self.resolve):
             # as the rollback's device-view check: Proxmox cannot unplug a hot-plugged devN
             out.append(
