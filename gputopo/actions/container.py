@@ -14,7 +14,13 @@ the new devN it did plug stay in the container until it restarts. With a ``fallb
 ``policy.hotplug_failure: restart``) the step then stops the container, makes the same change
 (a stopped container takes it at once) and starts it again, and warns naming the devN and
 Proxmox's error; without one the error fails the step and apply rolls back (the rollback
-restarts the container, which still sees what was plugged).
+restarts the container, which still sees what was plugged). The fallback journals
+``fallback: container stopped by this step`` before the stop: a ``recover --finish`` of a step
+killed after it makes the change on the stopped container and starts it.
+
+Undo on a running container puts ``[pve:pending]`` back as well
+(:meth:`gputopo.actions.guestconfig.GuestConfig.restore_pending`, from the pending section the
+step journaled): a devN value the step left queued is reverted, not deleted.
 """
 
 from __future__ import annotations
