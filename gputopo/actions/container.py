@@ -14,7 +14,13 @@ the new devN it did plug stay in the container until it restarts. With a ``fallb
 ``policy.hotplug_failure: restart``) the step then stops the container, makes the same change
 (a stopped container takes it at once) and starts it again, and warns naming the devN and
 Proxmox's error; without one the error fails the step and apply rolls back (the rollback
-restarts the container, which still sees what was plugged).
+restarts the container, which still sees what was plugged). The fallback journals
+``fallback: container stopped by this step`` before the stop: a ``recover --finish`` of a step
+killed after it makes the change on the stopped container and starts it.
+
+Undo on a running container puts ``[pve:pending]`` back as well
+(:meth:`gputopo.actions.guestconfig.GuestConfig.restore_pending`, from the pending section the
+step journaled): a devN value the step left queued is reverted, not deleted.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from gputopo.actions.base import (
     World,
 )
 from gputopo.actions.guest import power, shutdown_command
-from gputopo.actions.guestconfig import ConfigBefore, GuestConfig, restore_args, set_args
+from gputopo.actions.guestconfig import ConfigBefore, GuestConfig, LxcPending, restore_args, set_args
 from gputopo.actions.shell import CommandContext, line, q
 from gputopo.errors import BindError, HostCommandError, ProxmoxError
 from gputopo.formats.devn import (
@@ -61,6 +67,15 @@ class ContainerBefore(ConfigBefore):
         description="/dev/nvidiaN nodes in the running container's /dev before a live change "
         "(None: not a live change, or the container was not running)",
     )
+    pending: LxcPending | None = Field(
+        None,
+        description="the config as Proxmox keeps it, [pve:pending] included: what a running "
+        "container's undo puts back (None: a journal of an earlier version)",
+    )
+
+
+# the journal's note of a live change's fallback, written before it stops the container
+FALLBACK_STOPPED = "fallback: container stopped by this step"
 
 
 class RestartFallback(Strict):
@@ -146,13 +161,14 @@ class UpdateContainer(ActionModel):
         return problems
 
     def before(self, ctx: StepContext) -> ContainerBefore:
-        cfg = GuestConfig.lxc(ctx.ports.proxmox, self.vmid).before()
+        config = GuestConfig.lxc(ctx.ports.proxmox, self.vmid)
+        cfg, pending = config.before(), config.read_pending()
         seen = None
         if self.live and (self.set or self.resolve) and ctx.running("lxc", self.vmid):
             # what a running container sees is fixed at its start, plus what was hot-plugged;
             # only an addition can be hot-plugged (a removal waits for its next start)
             seen = sorted(gpu_nodes(ctx.exec(self.vmid, ["ls", "/dev"]).stdout.split()))
-        return ContainerBefore(config=cfg.config, seen=seen)
+        return ContainerBefore(config=cfg.config, seen=seen, pending=pending)
 
     def container_view(self, before: ContainerBefore) -> tuple[int, list[str]] | None:
         # a devN hot-plugged into a running container stays in its /dev when the config is
@@ -168,6 +184,12 @@ class UpdateContainer(ActionModel):
             return resolved
 
         config = GuestConfig.lxc(ctx.ports.proxmox, self.vmid)
+        if FALLBACK_STOPPED in ctx.marks() and not ctx.running("lxc", self.vmid):
+            # an earlier try of this step (a process killed, recover --finish) stopped the
+            # container for the change and did not start it: end what it began
+            ctx.note(f"CT {self.vmid}: finishing the restart with the change that the interrupted step began")
+            self._change_stopped(ctx, config)
+            return
         try:
             config.change(self.set, self.delete, more)
         except ProxmoxError as e:
@@ -187,9 +209,17 @@ class UpdateContainer(ActionModel):
             # no new devN but by hot-plug: a stopped one takes the change at once
             # (pve-container src/PVE/LXC/Config.pm update_pct_config l. 1392-1396:
             # vmconfig_apply_pending when not running)
+            # journaled first: a process killed from here on leaves a stopped container that
+            # a finish of this step starts (with the change), and its undo starts too
+            ctx.mark(FALLBACK_STOPPED)
             power(ctx, "lxc", self.vmid, "shutdown", self.fallback.shutdown_timeout, self.fallback.force_stop)
-            config.change(self.set, self.delete, lambda cfg: self._resolved(ctx, cfg))
-            power(ctx, "lxc", self.vmid, "start")
+            self._change_stopped(ctx, config)
+
+    def _change_stopped(self, ctx: StepContext, config: GuestConfig) -> None:
+        """The fallback's end: the change made on the stopped container (it takes every key at
+        once), then the container started with it."""
+        config.change(self.set, self.delete, lambda cfg: self._resolved(ctx, cfg))
+        power(ctx, "lxc", self.vmid, "start")
 
     def _resolved(self, ctx: StepContext, cfg: dict[str, Any]) -> dict[str, str]:
         """devN entries of the GPUs that came back to nvidia in the switch phase, from their minors
@@ -283,6 +313,11 @@ class UpdateContainer(ActionModel):
         after.update({k: "?" for k in self._resolved_keys(old).values()})
         words = restore_args(old, after, set(self.set) | set(self.delete), also=is_devn_key)
         out = [line("pct", "set", self.vmid) + " " + " ".join(words)] if words else []
+        queued = sorted({*self.set, *self._resolved_keys(old).values()}, key=dev_sort)
+        if self.live and queued:
+            # a running container keeps a devN it has in [pve:pending]; a delete leaves that
+            # value queued for its next start, only a revert drops it (update_pct_config l. 1306)
+            out.insert(0, line("pct", "set", self.vmid, "--revert", ",".join(queued)))
         if self.live and (self.set or self.resolve):
             # as the rollback's device-view check: Proxmox cannot unplug a hot-plugged devN
             out.append(
@@ -296,11 +331,17 @@ class UpdateContainer(ActionModel):
         # this undo needs the drivers restored); one still missing fails the PUT with Proxmox's words
         self.make_device_nodes(ctx, before.config, ctx.read_minors())
         # every devN key: entries resolved at apply time are not in the journaled action
-        restored = GuestConfig.lxc(ctx.ports.proxmox, self.vmid).restore(
-            before.config, set(self.set) | set(self.delete), also=is_devn_key
-        )
+        config, keys = GuestConfig.lxc(ctx.ports.proxmox, self.vmid), set(self.set) | set(self.delete)
+        running = ctx.running("lxc", self.vmid)
+        if running and before.pending is not None:
+            # what waits for the next start goes back too: a pending devN this step queued
+            # would otherwise hand the container another guest's GPU at its next start
+            restored = config.restore_pending(before.pending, keys, also=is_devn_key)
+        else:
+            # a stopped container takes every change at once (update_pct_config l. 1395)
+            restored = config.restore(before.config, keys, also=is_devn_key)
         said = [f"CT {self.vmid}: restored its configuration"] if restored else []
-        if self._may_restart() and before.seen is not None and not ctx.running("lxc", self.vmid):
+        if self._may_restart() and before.seen is not None and not running:
             # the fallback stopped it and did not start it again (its start failed, or the
             # process was killed in between): it ran before, with the config now back
             power(ctx, "lxc", self.vmid, "start")

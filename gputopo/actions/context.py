@@ -87,6 +87,10 @@ class StepContext:
     warn: Callable[[str], None] = lambda text: (
         None
     )  # something that succeeded with a warning (a task's WARNINGS)
+    # journal a fact about the running step before it happens, for a later finish or undo of it
+    # (a StepNote); and read back what earlier tries of the running step journaled so
+    mark: Callable[[str], None] = lambda text: None
+    marks: Callable[[], list[str]] = lambda: []
     stuck: set[str] = field(default_factory=set)  # devices an undo must leave alone
     gone: set[str] = field(default_factory=set)  # devices a rollback found gone from the bus
     service_changed: set[int] = field(default_factory=set)  # containers whose drop-in an undo restored

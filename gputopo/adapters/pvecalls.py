@@ -54,12 +54,19 @@ class PveCalls(ABC):
         params = {"current": 1} if current else {}
         return self._call("GET", f"{self._n()}/lxc/{vmid}/config", **params)
 
-    def lxc_update(self, vmid: int, set: dict[str, str], delete: list[str], digest: str) -> None:
-        """PUT the container config: ``set`` keys, ``delete`` keys, guarded by ``digest``.
+    def lxc_pending(self, vmid: int) -> list[dict[str, Any]]:
+        """GET the container's keys with their pending changes, one item per key."""
+        return self._call("GET", f"{self._n()}/lxc/{vmid}/pending")
+
+    def lxc_update(
+        self, vmid: int, set: dict[str, str], delete: list[str], digest: str, revert: list[str] = ()
+    ) -> None:
+        """PUT the container config: ``revert`` keys, ``set`` keys, ``delete`` keys, guarded by
+        ``digest``.
 
         Booleans go as 0/1 (Proxmox refuses ``True``). Raises ProxmoxError.
         """
-        self._put_config("lxc", vmid, set, delete, digest)
+        self._put_config("lxc", vmid, set, delete, digest, revert)
 
     def guest_status(self, kind: str, vmid: int) -> str:
         """'running' or 'stopped' (GET .../status/current)."""
@@ -186,10 +193,14 @@ class PveCalls(ABC):
         """
         self._put_config("qemu", vmid, set, delete, digest)
 
-    def _put_config(self, kind: str, vmid: int, set: dict[str, str], delete: list[str], digest: str) -> None:
+    def _put_config(
+        self, kind: str, vmid: int, set: dict[str, str], delete: list[str], digest: str, revert=()
+    ) -> None:
         params: dict[str, Any] = {k: wire_value(v) for k, v in set.items()}
         if delete:
             params["delete"] = ",".join(delete)
+        if revert:
+            params["revert"] = ",".join(revert)
         params["digest"] = digest
         path = f"{self._n()}/{kind}/{vmid}/config"
         self._check_null(self._call("PUT", path, **params), f"PUT {path}")

@@ -6,7 +6,8 @@
   what ran before, pid, command and start time;
 * :class:`Begin` -- step index, the action, and ``before``: the state the step changes, complete
   enough to undo the step from the journal alone (a later process, after a crash);
-* :class:`Done` / :class:`Failed` per step;
+* :class:`Done` / :class:`Failed` per step; :class:`StepNote`: a fact about a begun step, written
+  before it happens, for a later finish or undo (``fallback: container stopped by this step``);
 * :class:`UndoBegin` / :class:`UndoDone` / :class:`UndoFailed` per step during a rollback or
   recovery, and :class:`UndoIncomplete` for a step whose undo had to leave a device alone (a
   write hung there, or it fell off the bus);
@@ -91,6 +92,12 @@ class Failed(_Rec):
     devices: list[str] = Field(default_factory=list)  # devices on which a write hung
 
 
+class StepNote(_Rec):
+    type: Literal["note"] = "note"
+    step: int
+    what: str
+
+
 class UndoBegin(_Rec):
     type: Literal["undo-begin"] = "undo-begin"
     step: int
@@ -157,6 +164,7 @@ Record = Annotated[
     | Begin
     | Done
     | Failed
+    | StepNote
     | UndoBegin
     | UndoDone
     | UndoFailed

@@ -28,6 +28,7 @@ from gputopo.apply.journal import (
     Journal,
     RestartFailed,
     ServiceChanged,
+    StepNote,
     UndoBegin,
     UndoDone,
     UndoFailed,
@@ -53,8 +54,18 @@ class Runner:
         self._warnings: dict[int, list[str]] = {}
         self._local = threading.local()
         ctx.warn = self._warn
+        ctx.mark, ctx.marks = self._mark, self._marks
 
     # --- forward -------------------------------------------------------------------------------
+
+    def _mark(self, text: str) -> None:
+        step = getattr(self._local, "step", None)
+        if step is not None:
+            self.j.append(StepNote(step=step, what=text))
+
+    def _marks(self) -> list[str]:
+        step = getattr(self._local, "step", None)
+        return [r.what for r in self.j.records if isinstance(r, StepNote) and r.step == step]
 
     def _warn(self, text: str) -> None:
         step = getattr(self._local, "step", None)

@@ -148,7 +148,17 @@ class ProxmoxPort(ProxmoxReadPort, Protocol):
         effect (a running container's pending removals still there); includes ``digest``."""
         ...
 
-    def lxc_update(self, vmid: int, set: dict[str, str], delete: list[str], digest: str) -> None: ...
+    def lxc_pending(self, vmid: int) -> list[dict[str, Any]]:
+        """GET .../lxc/{vmid}/pending: one item per key (``key``; ``value`` in effect, ``pending``
+        queued, ``delete`` queued), the ``digest`` among them."""
+        ...
+
+    def lxc_update(
+        self, vmid: int, set: dict[str, str], delete: list[str], digest: str, revert: list[str] = ()
+    ) -> None:
+        """PUT .../lxc/{vmid}/config: ``revert`` keys (their pending change dropped), ``set``
+        keys, ``delete`` keys, guarded by ``digest``."""
+        ...
 
     def guest_action(
         self,

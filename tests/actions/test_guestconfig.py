@@ -65,3 +65,52 @@ def test_restore_also_takes_keys_the_step_did_not_list():
     del g.config["dev0"]
     assert _cfg(g).restore(old, set(), also=is_devn_key) is True
     assert g.config == {"dev0": "/dev/nvidia0"}
+
+
+# --- a running container's pending section -----------------------------------------------------
+
+
+def _pend(current, pending=None, delete=()):
+    from gputopo.actions.guestconfig import LxcPending
+
+    return LxcPending(current=current, pending=pending or {}, delete=list(delete))
+
+
+def test_what_a_step_queued_is_reverted_and_the_deletes_it_took_off_are_queued_again():
+    from gputopo.actions.guestconfig import pending_restore
+
+    now4 = {f"dev{n}": f"/dev/nvidia{n}" for n in range(8)}
+    old = _pend(now4, delete=["dev4", "dev5", "dev6", "dev7"])
+    # the give-back set dev4..dev7: dev6 and dev7 differ, so they wait (no hot-plug of a key the
+    # running container has); the set took every key off the delete queue
+    now = _pend(now4, pending={"dev6": "/dev/nvidia7", "dev7": "/dev/nvidia6"})
+    keys = set(now4)
+    assert pending_restore(old, now, keys) == (["dev6", "dev7"], {}, ["dev4", "dev5", "dev6", "dev7"])
+    # a pending value of old's is set again after the revert; a key hot-plugged is queued for deletion
+    old = _pend({"dev0": "/dev/nvidia0"}, pending={"dev0": "/dev/nvidia2"})
+    now = _pend({"dev0": "/dev/nvidia0", "dev1": "/dev/nvidia1"}, pending={"dev0": "/dev/nvidia3"})
+    assert pending_restore(old, now, {"dev0", "dev1"}) == (["dev0"], {"dev0": "/dev/nvidia2"}, ["dev1"])
+    # nothing queued differs: nothing to do
+    assert pending_restore(old, old, {"dev0"}) == ([], {}, [])
+
+
+def test_restore_pending_reverts_first_then_sets_and_deletes_each_under_a_fresh_digest():
+    from gputopo.actions.guestconfig import LxcPending
+
+    calls = []
+    items = [
+        {"key": "digest", "value": "d0"},
+        {"key": "dev6", "value": "/dev/nvidia6", "pending": "/dev/nvidia7"},
+        {"key": "memory", "value": 4096},
+    ]
+    cfg = GuestConfig(
+        lambda: {"digest": f"d{len(calls)}"},
+        lambda s, d, digest: calls.append(("put", s, d, digest)),
+        lambda: items,
+        lambda r, digest: calls.append(("revert", r, digest)),
+    )
+    old, digest = LxcPending.of(items)
+    assert (old.current["memory"], old.pending, digest) == ("4096", {"dev6": "/dev/nvidia7"}, "d0")
+    old = _pend({"dev6": "/dev/nvidia6", "memory": "4096"}, delete=["dev6"])
+    assert cfg.restore_pending(old, set(), also=is_devn_key)
+    assert calls == [("revert", ["dev6"], "d0"), ("put", {}, ["dev6"], "d1")]

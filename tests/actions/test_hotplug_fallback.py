@@ -58,3 +58,16 @@ def test_the_commands_of_a_live_addition_say_what_to_do_when_its_hot_plug_is_ref
     # policy.hotplug_failure: rollback, or a removal only: nothing to fall back to
     assert _commands(set={"dev1": "/dev/nvidia1"}, live=True) == ["pct set 101 --dev1 /dev/nvidia1"]
     assert _commands(delete=["dev0"], live=True, fallback=fallback) == ["pct set 101 --delete dev0"]
+
+
+def test_the_undo_commands_of_a_live_change_revert_what_it_left_pending_first():
+    cur = CurrentState(containers={101: ContainerState(config={"dev0": "/dev/nvidia0"})})
+    step = UpdateContainer(vmid=101, set={"dev0": "/dev/nvidia1", "dev1": "/dev/nvidia2"}, live=True)
+    undo = step.undo_commands(CommandContext(facts=None, current=cur, node="pve1"))
+    # the revert comes first: Proxmox refuses a key reverted and set or deleted in one call
+    assert undo[:2] == ["pct set 101 --revert dev0,dev1", "pct set 101 --dev0 /dev/nvidia0 --delete dev1"]
+    # a change made on a stopped container has nothing pending to revert
+    stopped = UpdateContainer(vmid=101, set={"dev1": "/dev/nvidia2"})
+    assert stopped.undo_commands(CommandContext(facts=None, current=cur, node="pve1")) == [
+        "pct set 101 --delete dev1"
+    ]

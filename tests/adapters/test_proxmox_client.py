@@ -228,3 +228,21 @@ def test_the_address_messages_name_the_api_by():
         ApiConfig(backend="local", node="pve1"), runner=lambda a, t: ("", "", 0)
     )
     assert local.address == "pvesh (--local)"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["https", "pvesh"])
+def test_a_pending_value_is_listed_and_reverted(srv, backend):
+    """A running container keeps a devN it already has pending (pve-container LXC/Config.pm
+    update_pct_config); GET .../pending lists it and ``revert`` drops it, over HTTP and pvesh."""
+    if backend == "https":
+        c = _root(srv)
+    else:
+        c = ProxmoxClient.from_config(ApiConfig(backend="local", timeout=10), env={}, runner=PveshSim(srv))
+    c.guest_action("lxc", 101, "start", timeout=5)
+    c.lxc_update(101, {"dev0": "/dev/nvidia1"}, [], c.lxc_config(101)["digest"])
+    items = {i["key"]: i for i in c.lxc_pending(101)}
+    assert items["dev0"]["value"].startswith("/dev/nvidia0") and items["dev0"]["pending"] == "/dev/nvidia1"
+    c.lxc_update(101, {}, [], items["digest"]["value"], revert=["dev0"])
+    assert "pending" not in {i["key"]: i for i in c.lxc_pending(101)}["dev0"]
+    assert "[pve:pending]" not in (srv.pve_root / "lxc/101.conf").read_text()

@@ -76,10 +76,7 @@ def apply_update(
     pdel = [d for d in conf.pending_delete if d not in sets and d not in deletes and d not in reverts]
     plugged = _apply_sets(conf, sets, running, major)
     pdel += _apply_deletes(conf, deletes, running, warn)
-    if pdel:
-        pend.options["delete"] = ",".join(pdel)
-    else:
-        pend.options.pop("delete", None)
+    _write_pending_delete(conf, pdel)
     cleanup_pending(conf)
     return plugged
 
@@ -141,11 +138,18 @@ def cleanup_pending(conf: LxcConf) -> None:
     pend = conf.pending
     for k in [k for k, v in pend.options.items() if k != "delete" and conf.options.get(k) == v]:
         del pend.options[k]
-    keep = [d for d in conf.pending_delete if d in conf.options]
-    if keep:
-        pend.options["delete"] = ",".join(keep)
+    _write_pending_delete(conf, [d for d in conf.pending_delete if d in conf.options])
+
+
+def _write_pending_delete(conf: LxcConf, keys: list[str]) -> None:
+    """``[pve:pending]``'s ``delete``: the keys as one set, sorted (pve-guest-common
+    AbstractConfig.pm print_pending_delete l. 93-103: ``join(',', ... sort keys %$delete_hash)``,
+    Perl's string order, by every add_to_pending_delete, remove_from_pending_delete and
+    cleanup_pending), or no ``delete`` when none is left."""
+    if keys:
+        conf.pending.options["delete"] = ",".join(sorted(set(keys)))
     else:
-        pend.options.pop("delete", None)
+        conf.pending.options.pop("delete", None)
 
 
 def apply_pending(conf: LxcConf) -> None:
