@@ -147,7 +147,13 @@ class HaCrmHandlers:
             timer.start()
 
     def ha_tick(self) -> None:
-        """Carry out every CRM request that is due (a timer, or a read after its due time)."""
+        """Carry out every CRM request that is due (a timer, or a read after its due time), then
+        let the CRM act on its own (:meth:`_ha_own_will`)."""
+        self._ha_arm_rounds()
+        self._ha_take_due()
+        self._ha_own_will()
+
+    def _ha_take_due(self) -> None:
         if not state.read_state(self.run_dir, REQUESTS, []):
             return  # nothing queued: a read leaves the run state as it was
         with state.locked(self.run_dir, REQUESTS):
@@ -189,6 +195,13 @@ class HaCrmHandlers:
                 # asked for 'started' again meanwhile: the CRM starts the stopped service
                 # (Manager.pm next_state_stopped)
                 self.ha_queue(kind, vmid, "start")
+        elif (self._ha_requested(sid) or "started") != "started":
+            # asked for another state meanwhile: the CRM's round moves the service to
+            # request_stop instead of starting it (Manager.pm next_state_started, a requested
+            # state other than 'started'), so the LRM never starts it
+            result = "started" if running else "stopped"
+            if running:
+                self.ha_queue(kind, vmid, "stop", 60)
         else:
             result = "started"
             if not running:
@@ -217,3 +230,51 @@ class HaCrmHandlers:
             self.ha_queue(kind, int(vmid), "start")
         elif after in ("stopped", "disabled") and running:
             self.ha_queue(kind, int(vmid), "stop", 60)
+
+    def _ha_requested(self, sid: str) -> str | None:
+        """The requested state of resource ``sid`` in ``resources.cfg`` (None: not one)."""
+        r = next((x for x in self._ha_read("resources.cfg")[1] if x.sid == sid), None)
+        return None if r is None else r.props.get("state", "started")
+
+    def _ha_own_will(self) -> None:
+        """The CRM's own rounds: a resource requested ``started`` whose guest is stopped, with no
+        request of its own under way and not in ``error``, is started without anyone asking
+        (pve-ha-manager src/PVE/HA/Manager.pm l.1014-1026: a new resource requested 'started'
+        is added as 'request_start'; l.1320-1324, next_state_stopped: a 'stopped' service whose
+        requested state is 'started' goes to 'request_start'; the LRM then starts it)."""
+        path = self.pve_root / "ha" / "resources.cfg"
+        if not path.is_file():
+            return
+        pending = {q["sid"] for q in state.read_state(self.run_dir, REQUESTS, []) or []}
+        errored = state.read_state(self.run_dir, SERVICE_STATES, {}) or {}
+        for r in self._ha_read("resources.cfg")[1]:
+            if r.type not in ("vm", "ct") or r.props.get("state", "started") != "started":
+                continue
+            if r.sid in pending or errored.get(r.sid) == "error":
+                continue
+            kind = "lxc" if r.type == "ct" else "qemu"
+            conf = self.pve_root / "nodes" / self.node / ("lxc" if kind == "lxc" else "qemu-server")
+            if (conf / f"{r.id}.conf").is_file() and state.guest_status(self.run_dir, kind, r.id) != "running":
+                self.ha_queue(kind, int(r.id), "start")
+
+    def _ha_arm_rounds(self) -> None:
+        """Keep the CRM's rounds going while the API server listens (CRM.pm: a round every
+        ``$max_time`` = 10 s; here every half of ``ha.crm``), so it acts with nobody reading."""
+        if getattr(self, "_ha_round", None) is not None or getattr(self, "_httpd", None) is None:
+            return
+        crm = float((state.read_state(self.run_dir, "latencies", {}) or {}).get("ha.crm", DEFAULT_CRM_DELAY))
+
+        def round_() -> None:
+            self._ha_round = None
+            if getattr(self, "_httpd", None) is None:
+                return
+            try:
+                self.ha_tick()
+            except Exception:  # a round that fails (a file mid-write) is retried on the next
+                self._ha_arm_rounds()
+
+        timer = threading.Timer(max(crm / 2, 0.05), round_)
+        timer.daemon = True
+        self._ha_round = timer
+        self._timers[:] = [t for t in self._timers if t.is_alive()] + [timer]
+        timer.start()
