@@ -150,8 +150,19 @@ class HaCrmHandlers:
         """Carry out every CRM request that is due (a timer, or a read after its due time), then
         let the CRM act on its own (:meth:`_ha_own_will`)."""
         self._ha_arm_rounds()
+        self._ha_run_workers()
         self._ha_take_due()
         self._ha_own_will()
+
+    def _ha_run_workers(self) -> None:
+        """Run every hastart/hastop worker that is due, whether or not its caller still asks
+        for its status: the worker is the node's (a forked ``ha-manager`` call, pve-container
+        Status.pm / qemu-server Qemu.pm ``$rpcenv->fork_worker('hastart', ...)``), it runs to its
+        end when the process that asked for it is gone."""
+        now = time.time()
+        for upid, task in list((state.read_state(self.run_dir, "tasks", {}) or {}).items()):
+            if task["action"].startswith("ha") and task["status"] == "running" and task["due"] <= now:
+                self._finish_task(upid)
 
     def _ha_take_due(self) -> None:
         if not state.read_state(self.run_dir, REQUESTS, []):
@@ -254,7 +265,9 @@ class HaCrmHandlers:
                 continue
             kind = "lxc" if r.type == "ct" else "qemu"
             conf = self.pve_root / "nodes" / self.node / ("lxc" if kind == "lxc" else "qemu-server")
-            if (conf / f"{r.id}.conf").is_file() and state.guest_status(self.run_dir, kind, r.id) != "running":
+            if (conf / f"{r.id}.conf").is_file() and state.guest_status(
+                self.run_dir, kind, r.id
+            ) != "running":
                 self.ha_queue(kind, int(r.id), "start")
 
     def _ha_arm_rounds(self) -> None:
