@@ -33,7 +33,7 @@ from gputopo.actions.base import (
     World,
 )
 from gputopo.actions.dropin import load_dropin
-from gputopo.actions.haguest import ha_requested, take_back_start
+from gputopo.actions.haguest import ha_requested, stop_under_way, take_back_start, wait_settled
 from gputopo.actions.shell import CommandContext, line
 from gputopo.errors import ProxmoxError
 from gputopo.model.state import CurrentState
@@ -213,8 +213,14 @@ class StopGuest(_GuestStep):
         )
 
     def do(self, ctx: StepContext) -> None:
-        if ctx.running(self.guest, self.vmid):
-            power(ctx, self.guest, self.vmid, "shutdown", self.shutdown_timeout, self.force_stop)
+        if not ctx.running(self.guest, self.vmid):
+            return
+        if stop_under_way(ctx, self.guest, self.vmid):
+            # the HA manager already stops it (a stop queued before a kill): wait, queue no other
+            limit = max(ctx.timeouts.guest, 2 * self.shutdown_timeout + 35)
+            wait_settled(ctx, self.guest, self.vmid, "stopped", time.monotonic() + limit)
+            return
+        power(ctx, self.guest, self.vmid, "shutdown", self.shutdown_timeout, self.force_stop)
 
     def commands(self, ctx: CommandContext) -> list[str]:
         return [shutdown_command(self.guest, self.vmid, self.shutdown_timeout, self.force_stop)]

@@ -14,8 +14,9 @@ the manager has settled: the guest stopped and the manager's service state no lo
 A stop of an HA resource queues ``stop <sid> <timeout>`` for the CRM (``ha-manager crm-command
 stop``), which on its next round writes ``state stopped`` back (Manager.pm, the ``stop`` crm
 command, update_service_config): one queued by a run that was killed can land after a later
-start and stop the guest again. :func:`settle_requested` waits for every request to be carried
-out and then makes the requested state match what runs.
+start and stop the guest again. :func:`stop_under_way` keeps a retried stop from queuing another, and
+:func:`settle_guest` waits for every request to be carried out and then makes the requested
+state match what runs.
 """
 
 from __future__ import annotations
@@ -105,19 +106,40 @@ def take_back_start(ctx: StepContext, guest: str, vmid: int, requested_before: s
     return "; ".join(done)
 
 
-def settle_requested(ctx: StepContext, guest: str, vmid: int, want: str, requested: str | None) -> str:
-    """Settle an HA resource at the end of a recover or rollback: wait until the manager has
-    carried out every request (the guest ``want`` and no request under way), then, where the
-    requested state no longer says ``want`` (a stop queued earlier and carried out late wrote
-    ``stopped`` under a running guest), write ``requested`` (the state it must have: the one
-    before, or ``started``/``stopped``) and settle again. Returns what it did. Raises
-    ProxmoxError."""
+def stop_under_way(ctx: StepContext, guest: str, vmid: int) -> bool:
+    """True when the HA manager already carries out a stop of the guest: its requested state is
+    ``stopped`` or its service state ``request_stop``. The CRM writes both in the round that
+    takes a ``stop`` command (Manager.pm l.1422-1438), so a stop queued by a run that was killed
+    shows here once it was taken; another ``stop`` queued now would be taken a round later and
+    could write ``stopped`` again after the guest's next start (a ``stop`` taken while the
+    service is ``started``, l.1422-1438; one taken while it is ``stopped`` is ignored,
+    l.1292-1293). Raises ProxmoxError."""
+    ha = ctx.ports.proxmox.guest_ha(guest, vmid)
+    if not int(ha.get("managed") or 0):
+        return False
+    return ha.get("requested") == "stopped" or ha.get("state") == "request_stop"
+
+
+def settle_guest(ctx: StepContext, guest: str, vmid: int) -> str:
+    """Wait until the HA manager carried out every request for the guest (its service state
+    agrees with what runs), then make the requested state match what runs where it does not:
+    ``started`` under a running guest (a late ``stop`` wrote ``stopped``, and the manager would
+    stop it). Returns what it did ("" for nothing). Raises ProxmoxError when the manager does not
+    settle within the guest timeout."""
     deadline = time.monotonic() + max(ctx.timeouts.guest, 60 + 35)
-    wait_settled(ctx, guest, vmid, want, deadline)
-    now = ha_requested(ctx, guest, vmid)
-    if now is None or requested is None or now == requested:
+    while True:
+        ha = ctx.ports.proxmox.guest_ha(guest, vmid)
+        if not int(ha.get("managed") or 0):
+            return ""
+        status = ctx.ports.proxmox.guest_status(guest, vmid)
+        if _settled(ha, status, status):
+            break
+        if time.monotonic() >= deadline:
+            wait_settled(ctx, guest, vmid, status, deadline)  # raises, naming it
+        time.sleep(ctx.timeouts.poll)
+    if status != "running" or ha.get("requested") in (None, "started"):
         return ""
     sid = _sid(guest, vmid)
-    ctx.ports.proxmox.ha_set_state(sid, requested)
-    wait_settled(ctx, guest, vmid, want, deadline)
-    return f"set HA resource {sid} back to state {requested}"
+    ctx.ports.proxmox.ha_set_state(sid, "started")
+    wait_settled(ctx, guest, vmid, "running", deadline)
+    return f"set HA resource {sid} back to state started under the running {_name(guest, vmid)}"

@@ -49,22 +49,22 @@ def _drive(host, *args: str, at: str | None = None, count: Path | None = None) -
     )
 
 
-def _ha_host(template, base: Path):
+def _ha_host(template, base: Path, crm: float = CRM):
     h = applysim.copy_host(template, base / "sim")
     h.make_ha_managed("ct:101")  # running: requested 'started'
     h.make_ha_managed("vm:201")  # stopped: requested 'stopped'
-    state.write_state(h.paths.run, "latencies", {"ha.crm": CRM})
+    state.write_state(h.paths.run, "latencies", {"ha.crm": crm})
     spec = h.dir / "spec.yaml"
     text = init_spec(discover(str(h.paths.root)), container_mapping="pro6000", vm=201)
     spec.write_text(applysim.restarting(text))
     return h, ["apply", "--spec", str(spec), "--yes", "--no-verify", "--timeout", "30"]
 
 
-def _kill_point(template, pick) -> str:
+def _kill_point(template, pick, crm: float = CRM) -> str:
     """``call:N`` of the first Proxmox call (a POST or PUT) after the journal record ``pick``
     chooses (a step's ``begin``), in a clean run's trace."""
     base = Path(tempfile.mkdtemp(prefix="gputopo-hatrace-", dir=applysim.fast_tmp()))
-    h, args = _ha_host(template, base)
+    h, args = _ha_host(template, base, crm)
     try:
         out = base / "count.json"
         res = _drive(h, *args, count=out)
@@ -79,11 +79,11 @@ def _kill_point(template, pick) -> str:
         applysim.cleanup(base)
 
 
-def _let_the_crm_run(host) -> None:
-    """Serve the host's API and read guest states for ``ROUNDS`` rounds of the HA manager: it
+def _let_the_crm_run(host, crm: float = CRM, rounds: int = ROUNDS) -> None:
+    """Serve the host's API and read guest states for ``rounds`` times the HA manager's delay: it
     carries out what is queued and starts what is requested 'started' on its own."""
     ports = host.ports()
-    deadline = time.monotonic() + ROUNDS * CRM
+    deadline = time.monotonic() + rounds * crm
     while time.monotonic() < deadline:
         ports.proxmox.guest_status("qemu", 201)
         time.sleep(0.1)
@@ -136,21 +136,26 @@ def _is_stop_of_ct(r) -> bool:
     return r.type == "begin" and r.action.kind == "stop_guest" and r.action.vmid == 101
 
 
-def test_recover_finish_after_a_kill_right_after_the_ha_stop_leaves_no_stop_request_behind(template, base):
-    """The hastop of CT 101 queued 'stop ct:101' for the HA manager; ``--finish`` stops it again
-    and starts it: every request gputopo queued is carried out before it reports, and the
-    requested state is 'started' under the running container, for good."""
+def test_recover_finish_while_the_first_ha_stop_is_under_way_queues_no_late_stop(template, base):
+    """The hastop of CT 101 queued 'stop ct:101'; ``--finish`` comes after the HA manager took
+    it (requested 'stopped' written) and before the container stopped. Another stop queued then
+    would be taken a round later, after --finish's start, and write 'stopped' under the running
+    container. --finish waits for the stop under way instead: it ends with both guests running
+    and 'started' requested, for good."""
+    crm = 16.0  # takes a request after 8 s, the container stops after 16 s
     at = _kill_point(template, _is_stop_of_ct)
-    h, args = _ha_host(template, base)
+    h, args = _ha_host(template, base, crm)
     res = _drive(h, *args, at=at)
+    killed = time.monotonic()
     assert res.returncode == -signal.SIGKILL, res.stderr
-    rec = _drive(h, "recover", "--finish")
+    time.sleep(max(0.0, killed + 8.3 - time.monotonic()))  # --finish reads 10-15 s after the stop
+    rec = _drive(h, "recover", "--finish", "--timeout", "guest=40")
     assert rec.returncode == 0, rec.stdout + rec.stderr
     assert find_unfinished(h.paths.root) is None
     after = applysim.fingerprint(h)
     assert after["guests"]["lxc"]["101"] == "running" and after["guests"]["qemu"]["201"] == "running"
     assert after["service"][0] == "active"
     assert _requested(h) == "ct: 101\n\tstate started\n\nvm: 201\n\tstate started\n\n"
-    _let_the_crm_run(h)
+    _let_the_crm_run(h, crm, rounds=3)
     assert applysim.diff(after, applysim.fingerprint(h)) == []
     assert _requested(h) == "ct: 101\n\tstate started\n\nvm: 201\n\tstate started\n\n"

@@ -49,6 +49,7 @@ SERVICE_STATES = "ha-service-states"  # sid -> the manager's state where it is n
 # how the CRM names a guest (Config.pm parse_sid: vm:<id>, ct:<id>)
 SID_TYPE = {"lxc": "ct", "qemu": "vm"}
 HA_TASK = {"start": "hastart", "stop": "hastop", "shutdown": "hastop"}
+_worker_clock = threading.local()  # when an orphaned hastart/hastop worker ran (its due time)
 
 
 class HaCrmHandlers:
@@ -124,7 +125,7 @@ class HaCrmHandlers:
         after all of it."""
         sid = f"{SID_TYPE[kind]}:{vmid}"
         delay = self._crm_delay(kind, op)
-        now = time.time()
+        now = getattr(_worker_clock, "at", None) or time.time()
         crm = float((state.read_state(self.run_dir, "latencies", {}) or {}).get("ha.crm", DEFAULT_CRM_DELAY))
         with state.locked(self.run_dir, REQUESTS):
             queue = state.read_state(self.run_dir, REQUESTS, []) or []
@@ -141,7 +142,7 @@ class HaCrmHandlers:
             )
             state.write_state(self.run_dir, REQUESTS, queue)
         for seconds in (crm / 2, delay):
-            timer = threading.Timer(seconds, self.ha_tick)
+            timer = threading.Timer(max(0.0, now + seconds - time.time()), self.ha_tick)
             timer.daemon = True
             self._timers.append(timer)
             timer.start()
@@ -162,7 +163,12 @@ class HaCrmHandlers:
         now = time.time()
         for upid, task in list((state.read_state(self.run_dir, "tasks", {}) or {}).items()):
             if task["action"].startswith("ha") and task["status"] == "running" and task["due"] <= now:
-                self._finish_task(upid)
+                # its request queued when the worker ran, not when someone looked
+                _worker_clock.at = task["due"]
+                try:
+                    self._finish_task(upid)
+                finally:
+                    _worker_clock.at = None
 
     def _ha_take_due(self) -> None:
         if not state.read_state(self.run_dir, REQUESTS, []):
@@ -181,7 +187,13 @@ class HaCrmHandlers:
         # Manager.pm: a crm 'stop' acts only on a started service (next_state_started); one in
         # 'error' stays as it is until it is disabled (next_state_error)
         due = [q for q in due if errored.get(q["sid"]) != "error"]
+        starting = {q["sid"] for q in queue if q["op"] == "start"}
         for q in taken:
+            running = state.guest_status(self.run_dir, q["kind"], q["vmid"]) == "running"
+            if not running and q["sid"] not in starting:
+                # Manager.pm l.1292-1293 (next_state_stopped): a 'stop' command for a service
+                # already stopped is ignored; nothing is written
+                continue
             if q["op"] == "stop" and errored.get(q["sid"]) != "error":
                 # Manager.pm manage, the 'stop' crm command: request_stop, and the requested
                 # state written back as 'stopped' (update_service_config)
