@@ -33,7 +33,7 @@ from gputopo.actions.base import (
     World,
 )
 from gputopo.actions.dropin import load_dropin
-from gputopo.actions.haguest import ha_requested, stop_under_way, take_back_start, wait_settled
+from gputopo.actions.haguest import ha_requested, ha_stop, take_back_start
 from gputopo.actions.shell import CommandContext, line
 from gputopo.errors import ProxmoxError
 from gputopo.model.state import CurrentState
@@ -215,11 +215,8 @@ class StopGuest(_GuestStep):
     def do(self, ctx: StepContext) -> None:
         if not ctx.running(self.guest, self.vmid):
             return
-        if stop_under_way(ctx, self.guest, self.vmid):
-            # the HA manager already stops it (a stop queued before a kill): wait, queue no other
-            limit = max(ctx.timeouts.guest, 2 * self.shutdown_timeout + 35)
-            wait_settled(ctx, self.guest, self.vmid, "stopped", time.monotonic() + limit)
-            return
+        if ha_stop(ctx, self.guest, self.vmid, self.shutdown_timeout):
+            return  # an HA resource: the HA manager stopped it (no force for a container)
         power(ctx, self.guest, self.vmid, "shutdown", self.shutdown_timeout, self.force_stop)
 
     def commands(self, ctx: CommandContext) -> list[str]:

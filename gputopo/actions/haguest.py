@@ -14,7 +14,7 @@ the manager has settled: the guest stopped and the manager's service state no lo
 A stop of an HA resource queues ``stop <sid> <timeout>`` for the CRM (``ha-manager crm-command
 stop``), which on its next round writes ``state stopped`` back (Manager.pm, the ``stop`` crm
 command, update_service_config): one queued by a run that was killed can land after a later
-start and stop the guest again. :func:`stop_under_way` keeps a retried stop from queuing another, and
+start and stop the guest again. :func:`ha_stop` keeps a retried stop from queuing another, and
 :func:`settle_guest` waits for every request to be carried out and then makes the requested
 state match what runs.
 """
@@ -106,18 +106,48 @@ def take_back_start(ctx: StepContext, guest: str, vmid: int, requested_before: s
     return "; ".join(done)
 
 
-def stop_under_way(ctx: StepContext, guest: str, vmid: int) -> bool:
-    """True when the HA manager already carries out a stop of the guest: its requested state is
-    ``stopped`` or its service state ``request_stop``. The CRM writes both in the round that
-    takes a ``stop`` command (Manager.pm l.1422-1438), so a stop queued by a run that was killed
-    shows here once it was taken; another ``stop`` queued now would be taken a round later and
-    could write ``stopped`` again after the guest's next start (a ``stop`` taken while the
-    service is ``started``, l.1422-1438; one taken while it is ``stopped`` is ignored,
-    l.1292-1293). Raises ProxmoxError."""
+def _error_line(guest: str, vmid: int, timeout: int) -> str:
+    sid, name = _sid(guest, vmid), _name(guest, vmid)
+    return (
+        f"{name} did not shut down within {timeout} s and the HA manager put {sid} in its error "
+        f"state; it still runs (an HA {'container' if guest == 'lxc' else 'VM'}'s stop"
+        + (" has no force: policy.force_stop does not apply" if guest == "lxc" else " failed")
+        + f"): stop what keeps it up, run 'ha-manager set {sid} --state disabled', then "
+        f"'ha-manager set {sid} --state started', then 'gputopo recover'"
+    )
+
+
+def ha_stop(ctx: StepContext, guest: str, vmid: int, shutdown_timeout: int) -> bool:
+    """Stop an HA resource through the HA manager and wait until it is stopped and the manager
+    settled; False (nothing done) for a guest that is not one. A stop already under way (its
+    requested state ``stopped`` or its service state ``request_stop``: the CRM writes both in
+    the round that takes a ``stop`` command, Manager.pm l.1422-1438, e.g. one queued before a
+    kill) is waited for, not queued again: a second ``stop`` would be taken a round later and
+    could write ``stopped`` after the guest's next start (one taken while the service is
+    ``stopped`` is ignored, l.1292-1293). The manager's shutdown of a container has no force
+    (PVECT.pm l.85-105): one that outlasts its timeout puts the service in ``error`` while it runs
+    (l.1199-1217), which fails here at once with the way out. Raises ProxmoxError."""
     ha = ctx.ports.proxmox.guest_ha(guest, vmid)
     if not int(ha.get("managed") or 0):
         return False
-    return ha.get("requested") == "stopped" or ha.get("state") == "request_stop"
+    limit = max(ctx.timeouts.guest, 2 * shutdown_timeout + 35)
+    deadline = time.monotonic() + limit
+    if ha.get("requested") != "stopped" and ha.get("state") != "request_stop":
+        res = ctx.ports.proxmox.guest_action(
+            guest, vmid, "shutdown", limit, shutdown_timeout=shutdown_timeout
+        )
+        for w in res.warnings:
+            ctx.warn(f"{_name(guest, vmid)} shutdown: {w}")
+    while True:
+        ha = ctx.ports.proxmox.guest_ha(guest, vmid)
+        status = ctx.ports.proxmox.guest_status(guest, vmid)
+        if _settled(ha, status, "stopped"):
+            return True
+        if ha.get("state") == "error":
+            raise ProxmoxError(f"{_name(guest, vmid)} stop", None, _error_line(guest, vmid, shutdown_timeout))
+        if time.monotonic() >= deadline:
+            wait_settled(ctx, guest, vmid, "stopped", deadline)  # raises, naming it
+        time.sleep(ctx.timeouts.poll)
 
 
 def settle_guest(ctx: StepContext, guest: str, vmid: int) -> str:

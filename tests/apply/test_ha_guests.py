@@ -230,3 +230,37 @@ def test_plan_commands_set_the_requested_ha_state_back_in_the_undo(ha_host, tmp_
     forward, undo = out.split("\n# undo", 1) if "\n# undo" in out else (out, "")
     assert "pct shutdown 101" in forward and "ha-manager" not in forward, out
     assert "pct start 101" in undo and "ha-manager set ct:101 --state started" in undo, out
+
+
+def test_an_ha_container_that_outlasts_its_shutdown_stops_apply_with_the_way_out(ha_host, tmp_path, capsys):
+    """The HA manager shuts an HA container down without force (pve-ha-manager PVECT.pm
+    l.85-105), whatever policy.force_stop says; one that outlasts the timeout puts ct:101 in the
+    manager's error state while it keeps running (Manager.pm l.1199-1217), and every
+    'ha-manager set' then dies. The plan says so; apply ends exit 3 with one line naming the way
+    out, and no GPU was moved under the running container."""
+    from helpers.cli import run
+
+    # one of Proxmox's seconds lasts 10 ms: CT 101 needs 5 s, more than 2 x 60 + 5 of them
+    state.write_state(ha_host.paths.run, "latencies", {"ha.crm": 1.0, "second": 0.01, "vzshutdown:101": 5.0})
+    spec = tmp_path / "spec.yaml"
+    text = applysim.restarting(applysim.seed_spec_text(ha_host))
+    assert "  force_stop: false\n" in text
+    spec.write_text(text.replace("  force_stop: false\n", "  force_stop: true\n", 1))
+    before = applysim.fingerprint(ha_host)
+    code, out, err = run(capsys, "plan", "--sim", str(ha_host.dir), "--spec", str(spec))
+    assert code == 0, err
+    assert "CT 101 is HA-managed (ct:101): the HA manager shuts it down without force, so " in out + err
+    assert "policy.force_stop does not apply to it" in out + err
+    code, out, err = run(capsys, "apply", "--sim", str(ha_host.dir), "--spec", str(spec), "--yes")
+    assert code == 3, out + err
+    line = (
+        "CT 101 did not shut down within 60 s and the HA manager put ct:101 in its error state; it still "
+        "runs (an HA container's stop has no force: policy.force_stop does not apply): stop what keeps it "
+        "up, run 'ha-manager set ct:101 --state disabled', then 'ha-manager set ct:101 --state started', "
+        "then 'gputopo recover'"
+    )
+    assert line in err, err
+    assert state.guest_status(ha_host.paths.run, "lxc", 101) == "running"
+    after = applysim.fingerprint(ha_host)
+    assert [k for k in applysim.diff(before, after) if k.startswith("pci:")] == []
+    assert after["service"] == before["service"]

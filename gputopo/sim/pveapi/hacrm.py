@@ -42,17 +42,16 @@ from typing import Any
 
 from gputopo.formats.hacfg import Section
 from gputopo.sim import state
+from gputopo.sim.pveapi.halrm import REQUESTS, SERVICE_STATES, HaLrmHandlers
 
 DEFAULT_CRM_DELAY = 0.3  # seconds; always longer than a task's default latency (tasks.DEFAULT_LATENCY)
-REQUESTS = "ha-requests"
-SERVICE_STATES = "ha-service-states"  # sid -> the manager's state where it is not the guest's
 # how the CRM names a guest (Config.pm parse_sid: vm:<id>, ct:<id>)
 SID_TYPE = {"lxc": "ct", "qemu": "vm"}
 HA_TASK = {"start": "hastart", "stop": "hastop", "shutdown": "hastop"}
 _worker_clock = threading.local()  # when an orphaned hastart/hastop worker ran (its due time)
 
 
-class HaCrmHandlers:
+class HaCrmHandlers(HaLrmHandlers):
     """The HA manager's handling of guests on :class:`gputopo.sim.pveapi.PveApiServer` (a mixin)."""
 
     def ha_resource_of(self, kind: str, vmid: int) -> Section | None:
@@ -200,45 +199,6 @@ class HaCrmHandlers:
                 self._ha_set_requested(q["sid"], "stopped")
         for q in due:
             self._ha_run(q)
-
-    def _ha_run(self, q: dict[str, Any]) -> None:
-        kind, vmid, sid = q["kind"], int(q["vmid"]), q["sid"]
-        running = state.guest_status(self.run_dir, kind, vmid) == "running"
-        result = "stopped"
-        if q["op"] == "stop":
-            if running:
-                # the LRM's stop (PVECT.pm / PVEVM.pm shutdown: timeout 0 is vm_stop, else
-                # vm_shutdown, a VM's with forceStop => 1): the guest ends stopped
-                try:
-                    self._stop_guest(kind, vmid, None, [])
-                except Exception:  # Manager.pm next_state_request_stop: a failed stop is 'error'
-                    result = "error"
-            r = self.ha_resource_of(kind, vmid)
-            if r is not None and r.props.get("state", "started") == "started":
-                # asked for 'started' again meanwhile: the CRM starts the stopped service
-                # (Manager.pm next_state_stopped)
-                self.ha_queue(kind, vmid, "start")
-        elif (self._ha_requested(sid) or "started") != "started":
-            # asked for another state meanwhile: the CRM's round moves the service to
-            # request_stop instead of starting it (Manager.pm next_state_started, a requested
-            # state other than 'started'), so the LRM never starts it
-            result = "started" if running else "stopped"
-            if running:
-                self.ha_queue(kind, vmid, "stop", 60)
-        else:
-            result = "started"
-            if not running:
-                try:
-                    self._start_guest(kind, vmid, [])
-                except Exception:  # the LRM's start failed: Manager.pm puts the service in error
-                    result = "error"
-        with state.locked(self.run_dir, SERVICE_STATES):
-            states = state.read_state(self.run_dir, SERVICE_STATES, {}) or {}
-            if result == "error":
-                states[sid] = "error"
-            else:
-                states.pop(sid, None)
-            state.write_state(self.run_dir, SERVICE_STATES, states)
 
     def ha_requested_changed(self, sid: str, before: str | None, after: str | None) -> None:
         """The CRM's answer to a resource's requested state changed through the API (Manager.pm
