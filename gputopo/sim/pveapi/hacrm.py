@@ -48,6 +48,7 @@ DEFAULT_CRM_DELAY = 0.3  # seconds; always longer than a task's default latency 
 # how the CRM names a guest (Config.pm parse_sid: vm:<id>, ct:<id>)
 SID_TYPE = {"lxc": "ct", "qemu": "vm"}
 HA_TASK = {"start": "hastart", "stop": "hastop", "shutdown": "hastop"}
+SEEN = "ha-seen"  # sid -> when the CRM first saw the resource (0: before this server ran)
 _worker_clock = threading.local()  # when an orphaned hastart/hastop worker ran (its due time)
 
 
@@ -73,14 +74,45 @@ class HaCrmHandlers(HaLrmHandlers):
             return {"managed": 0}
         return {"managed": 1, "state": self._ha_service_state(kind, vmid, sid)}
 
-    def _ha_service_state(self, kind: str, vmid: int, sid: str) -> str:
+    def _ha_service_state(self, kind: str, vmid: int, sid: str) -> str | None:
+        """The manager's state of service ``sid`` as the node shows it (Config.pm
+        get_service_status reads manager_status, which the CRM writes once per round): None for
+        a resource the CRM has not added yet (Manager.pm l.1014-1026 adds it on its round); a
+        request shows only once the CRM took it (``request_stop``/``request_start``), before
+        that the state it had (``started`` under a guest a stop is queued for)."""
+        now = time.time()
         pending = [q for q in state.read_state(self.run_dir, REQUESTS, []) or [] if q["sid"] == sid]
-        if pending:
-            return "request_stop" if pending[-1]["op"] == "stop" else "request_start"
+        taken = [q for q in pending if q["pickup"] <= now]
+        if taken:
+            return "request_stop" if taken[-1]["op"] == "stop" else "request_start"
         stored = (state.read_state(self.run_dir, SERVICE_STATES, {}) or {}).get(sid)
         if stored:
             return stored
+        seen = (state.read_state(self.run_dir, SEEN, {}) or {}).get(sid)
+        if seen is None or now < seen + self._crm_round():
+            return None
         return "started" if state.guest_status(self.run_dir, kind, vmid) == "running" else "stopped"
+
+    def _crm_round(self) -> float:
+        """Half the CRM's delay: how long the simulated CRM takes to notice anything."""
+        lat = state.read_state(self.run_dir, "latencies", {}) or {}
+        return float(lat.get("ha.crm", DEFAULT_CRM_DELAY)) / 2
+
+    def _ha_track_added(self) -> None:
+        """Note when the CRM first saw each resource (:data:`SEEN`); those present on its first
+        round ever count as added long ago (the node's CRM ran before this API server)."""
+        path = self.pve_root / "ha" / "resources.cfg"
+        if not path.is_file():
+            return
+        sids = [r.sid for r in self._ha_read("resources.cfg")[1]]
+        with state.locked(self.run_dir, SEEN):
+            seen = state.read_state(self.run_dir, SEEN, None)
+            if seen is None:
+                seen = {sid: 0.0 for sid in sids}
+            elif all(sid in seen for sid in sids):
+                return
+            seen.update({sid: time.time() for sid in sids if sid not in seen})
+            state.write_state(self.run_dir, SEEN, seen)
 
     def ha_task_lines(self, kind: str, vmid: int, action: str) -> list[str]:
         """What the hastart/hastop worker prints (Status.pm / Qemu.pm $hacmd)."""
@@ -150,6 +182,7 @@ class HaCrmHandlers(HaLrmHandlers):
         """Carry out every CRM request that is due (a timer, or a read after its due time), then
         let the CRM act on its own (:meth:`_ha_own_will`)."""
         self._ha_arm_rounds()
+        self._ha_track_added()
         self._ha_run_workers()
         self._ha_take_due()
         self._ha_own_will()
