@@ -116,8 +116,9 @@ def test_an_ha_container_outlasting_its_shutdown_keeps_running_in_error(srv):
 
 def test_the_state_is_the_last_rounds_until_the_manager_takes_a_stop(srv):
     _ha(srv, "lxc", 101)
-    _call(srv, "POST", "/nodes/pve1/lxc/101/status/stop")
-    time.sleep(0.05)
-    assert _ha(srv, "lxc", 101)["state"] == "started"  # queued, not taken
+    upid = _call(srv, "POST", "/nodes/pve1/lxc/101/status/stop")
+    status = f"/nodes/pve1/tasks/{upid}/status"
+    assert _until(lambda: _call(srv, "GET", status)["status"] == "stopped", CRM / 4)  # 'stop' queued
+    assert _ha(srv, "lxc", 101)["state"] == "started"  # not taken yet
     assert _until(lambda: _ha(srv, "lxc", 101)["state"] == "request_stop", CRM)
     assert _until(lambda: _ha(srv, "lxc", 101)["state"] == "stopped", 2 * CRM)
