@@ -89,7 +89,8 @@ def test_the_plan_says_the_container_is_ha_managed(ha_host):
     assert current.containers[101].ha.requested == "started"
     assert current.containers[101].ha.state == "started"
     lines = [w for w in plan.warnings if "CT 101 is HA-managed" in w]
-    assert len(lines) == 1 and "(ct:101, requested state started)" in lines[0]
+    assert len(lines) == 2 and "(ct:101, requested state started)" in lines[0]
+    assert "shuts it down without force, so policy.force_stop does not apply to it" in lines[1]
 
 
 def test_a_rollback_after_the_ha_stop_starts_the_container_and_asks_ha_for_started_again(ha_host):

@@ -8,7 +8,7 @@ handed it (:mod:`gputopo.sim.pveapi.hacrm` queues them), and how the CRM answers
   container keeps running (src/PVE/HA/Manager.pm l.1199-1217, next_state_request_stop);
 * a start that fails is retried by the LRM ``max_restart`` times (default 1: src/PVE/HA/Config.pm
   l.121; src/PVE/HA/LRM.pm l.857-903, handle_service_exitcode: ``ETRY_AGAIN``), then the CRM
-  records the node as failed and relocates the service to another node while it has failed on
+  records the node as failed (l.1363-1371, a node once per failure) and relocates the service to another node while it has failed on
   no more than ``max_relocate`` nodes (default 1: Config.pm l.122; Manager.pm l.1468-1497); with
   no other node to go to it retries on the same one (l.1550-1558, "Tried all available nodes"),
   and only then puts it in ``error``. On this one-node simulator a start is so tried
