@@ -10,10 +10,15 @@ from gputopo.errors import ProxmoxError
 
 
 def settle_ha_guests(runner: Runner) -> bool:
-    """Settle every guest the journal's steps stop or start that is an HA resource, noting what
-    it did; False (noted, naming the guest and what to look at) when one did not settle."""
+    """Settle every guest that a begun step of the journal stops or starts and that is an HA
+    resource, noting what it did; False (noted, naming the guest and what to look at) when one
+    did not settle."""
     guests: list[tuple[str, int]] = []
-    for a in runner.j.header.actions:
+    actions = runner.j.header.actions
+    for i in dict.fromkeys(runner.j.begun()):
+        if not 0 <= i < len(actions):
+            continue
+        a = actions[i]
         for g in (a.stopped_guest(), a.started_guest()):
             if g is not None and g not in guests:
                 guests.append(g)
