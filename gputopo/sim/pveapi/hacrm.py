@@ -31,7 +31,16 @@ status read finds it due, so a restarted API server still carries it out. ``stat
 answers ``ha: {managed: 1, state: <the manager's service state>}`` (Config.pm
 get_service_status; ``{managed: 0}`` otherwise, and for a resource in state ``ignored``:
 ``service_check_ha_state``). The manager's states modelled: ``started``, ``stopped``,
-``request_start``, ``request_stop``, ``error`` (a start that failed).
+``request_start``, ``request_stop``, ``error`` (a start that failed, a stop that did not end).
+The state shown is the manager's last round's: a request shows once the CRM took it, a resource
+the CRM has not added yet has none (``state: null``).
+
+The CRM also acts on its own, in rounds (a timer every half delay while the API server listens,
+and every status read): a resource requested ``started`` whose guest is stopped is started
+(Manager.pm l.1014-1026, l.1320-1324), and a start whose resource is no longer requested
+``started`` when it is due is not carried out (next_state_started). The LRM's side (no-force
+container shutdowns, start retries) is :mod:`gputopo.sim.pveapi.halrm`. A run opts into a real
+node's pace with :func:`gputopo.sim.pace.set_latencies` (``ha.crm`` 10 s); the default stays fast.
 """
 
 from __future__ import annotations
