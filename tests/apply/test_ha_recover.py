@@ -105,11 +105,13 @@ def _is_start_of_vm(r) -> bool:
     return r.type == "begin" and r.action.kind == "start_guest" and r.action.vmid == 201
 
 
-def test_recover_after_a_kill_right_after_the_ha_start_of_the_vm_takes_the_request_back(template, base):
-    """The hastart of VM 201 only wrote 'state started'; the HA manager would start the VM on
-    the GPUs recover gives back to nvidia. Recover takes the request back (requested 'stopped'
-    again, as before) before any GPU moves: exit 0, the host as before, and the manager, left
-    to run, starts nothing."""
+@pytest.mark.parametrize("late", [False, True], ids=["at-once", "after-the-vm-started"])
+def test_recover_after_a_kill_right_after_the_ha_start_of_the_vm_takes_the_request_back(template, base, late):
+    """The hastart of VM 201 only wrote 'state started'; the HA manager starts the VM a moment
+    later, on the GPUs recover gives back to nvidia. Recover takes the request back (requested
+    'stopped' again, as before) and waits until the manager settled (a VM it had started
+    meanwhile stopped again) before any GPU moves: exit 0, the host as before, and the manager,
+    left to run, starts nothing."""
     at = _kill_point(template, _is_start_of_vm)
     h, args = _ha_host(template, base)
     before = applysim.fingerprint(h)
@@ -117,6 +119,9 @@ def test_recover_after_a_kill_right_after_the_ha_start_of_the_vm_takes_the_reque
     assert "vm: 201\n\tstate stopped\n" in requested_before
     res = _drive(h, *args, at=at)
     assert res.returncode == -signal.SIGKILL, res.stderr
+    if late:  # the node's HA manager went on: the VM runs on the vfio-pci GPUs when recover starts
+        _let_the_crm_run(h, rounds=2)
+        assert state.guest_status(h.paths.run, "qemu", 201) == "running"
     tasks = (state.read_state(h.paths.run, "tasks", {}) or {}).values()
     assert [t for t in tasks if t["vmid"] in (201, "201") and t["action"] == "hastart"], (
         "killed after the hastart"
