@@ -33,6 +33,7 @@ from gputopo.actions.base import (
     World,
 )
 from gputopo.actions.dropin import load_dropin
+from gputopo.actions.haguest import ha_requested, ha_stop, take_back_start
 from gputopo.actions.shell import CommandContext, line
 from gputopo.errors import ProxmoxError
 from gputopo.model.state import CurrentState
@@ -212,8 +213,11 @@ class StopGuest(_GuestStep):
         )
 
     def do(self, ctx: StepContext) -> None:
-        if ctx.running(self.guest, self.vmid):
-            power(ctx, self.guest, self.vmid, "shutdown", self.shutdown_timeout, self.force_stop)
+        if not ctx.running(self.guest, self.vmid):
+            return
+        if ha_stop(ctx, self.guest, self.vmid, self.shutdown_timeout):
+            return  # an HA resource: the HA manager stopped it (no force for a container)
+        power(ctx, self.guest, self.vmid, "shutdown", self.shutdown_timeout, self.force_stop)
 
     def commands(self, ctx: CommandContext) -> list[str]:
         return [shutdown_command(self.guest, self.vmid, self.shutdown_timeout, self.force_stop)]
@@ -280,6 +284,12 @@ class StartGuest(_GuestStep):
     def started_guest(self) -> tuple[str, int]:
         return self.guest, self.vmid
 
+    def before(self, ctx: StepContext) -> GuestBefore:
+        return GuestBefore(
+            status=ctx.ports.proxmox.guest_status(self.guest, self.vmid),
+            ha_requested=ha_requested(ctx, self.guest, self.vmid),
+        )
+
     def do(self, ctx: StepContext) -> None:
         if not ctx.running(self.guest, self.vmid):
             power(ctx, self.guest, self.vmid, "start")
@@ -295,6 +305,9 @@ class StartGuest(_GuestStep):
         )
 
     def undo(self, before: GuestBefore, ctx: StepContext) -> str:
+        if before.status != "running" and before.ha_requested not in (None, "started"):
+            # an HA resource's start only asked the HA manager: take the request back
+            return take_back_start(ctx, self.guest, self.vmid, before.ha_requested)
         if before.status != "running" and ctx.running(self.guest, self.vmid):
             power(ctx, self.guest, self.vmid, "shutdown")
             return f"stopped {self.guest} {self.vmid}"

@@ -7,6 +7,7 @@ import time
 
 from gputopo.actions import RunningBefore, Timeouts
 from gputopo.apply import signals
+from gputopo.apply.hasettle import settle_ha_guests
 from gputopo.apply.journal import End, Journal, Recover, find_unfinished
 from gputopo.apply.lock import HostLock
 from gputopo.apply.outcome import would_recover
@@ -14,7 +15,7 @@ from gputopo.apply.preflight import check_recover_node, refuse_other_node_here
 from gputopo.apply.progress import ApplyResult, Progress, Quiet
 from gputopo.apply.rollback import roll_back, roll_back_and_raise
 from gputopo.apply.runner import Runner, step_context
-from gputopo.errors import ApplyFailed, JournalError
+from gputopo.errors import ApplyFailed, JournalError, ProxmoxError
 from gputopo.ports import Ports
 
 
@@ -119,6 +120,8 @@ def _finish(runner: Runner, j: Journal, rb: RunningBefore, t0: float) -> ApplyRe
     done = {i for i, s in j.steps().items() if s.status == "done"}
     try:
         runner.forward(list(j.header.actions), skip=done)
+        if not settle_ha_guests(runner):
+            raise ProxmoxError("HA", None, "the HA manager did not settle after the finished steps")
     except BaseException as exc:
         roll_back_and_raise(runner, j, exc, rb)
     j.append(End(result="applied"))

@@ -7,6 +7,7 @@ from typing import NoReturn
 
 from gputopo.actions import RunningBefore
 from gputopo.apply import signals
+from gputopo.apply.hasettle import settle_ha_guests
 from gputopo.apply.journal import End, Journal, NeedsHuman
 from gputopo.apply.outcome import left_over, next_step
 from gputopo.apply.runner import Runner
@@ -33,6 +34,7 @@ def roll_back(
     with signals.deferred(runner.progress.note):
         mark = len(j.records)
         complete, stuck = runner.backward(running_before, retry=retry)
+        complete = settle_ha_guests(runner) and complete
         if complete and not stuck:
             j.append(End(result="rolled-back", reason=reason))
         else:

@@ -258,3 +258,18 @@ def ha_step(
     if not changes and not changing:
         return None
     return PlaceHa(node=node, managed=sorted(mappings), release=config.release, changes=changes)
+
+
+def ha_container_stop_warning(vmid: int, timeout: int) -> str:
+    """What a plan that stops HA-managed container ``vmid`` warns: the HA manager shuts it down
+    without force (pve-ha-manager src/PVE/HA/Resources/PVECT.pm l.85-105 passes the timeout only;
+    pve-container API2/LXC/Status.pm l.364-375 hands an HA container's shutdown to ``hastop``
+    without ``forceStop``), and one that outlasts the timeout puts its service in the manager's
+    ``error`` state while it runs (src/PVE/HA/Manager.pm l.1199-1217)."""
+    sid = f"ct:{vmid}"
+    return (
+        f"CT {vmid} is HA-managed ({sid}): the HA manager shuts it down without force, so "
+        f"policy.force_stop does not apply to it; if it is not down within {timeout} s, {sid} "
+        "enters the HA manager's error state while it keeps running and apply stops there "
+        f"(exit 3; then fix it, 'ha-manager set {sid} --state disabled', '--state started')"
+    )

@@ -34,7 +34,7 @@ from gputopo.plan.binding import gpu_targets, needed_rebinds, persistence_action
 from gputopo.plan.containers import ContainerChanges, plan_containers
 from gputopo.plan.findings import Findings
 from gputopo.plan.gone import refuse_gone_gpus
-from gputopo.plan.ha import ha_step
+from gputopo.plan.ha import ha_container_stop_warning, ha_step
 from gputopo.plan.mappings import mapping_changes, shrink_other_mappings
 from gputopo.plan.model import MappingTarget, Plan
 from gputopo.plan.render import p2p_must_be_disabled
@@ -340,6 +340,9 @@ def _warn_ha(current: CurrentState, steps: list[Any], found: Findings) -> None:
             "start go through the HA manager, which moves it seconds after the task ends; apply waits "
             "for its real state before touching its GPUs, and a rollback sets the requested state back"
         )
+        stop = next((x for x in steps if x.stopped_guest() == key), None)
+        if kind == "lxc" and stop is not None:
+            found.warn(ha_container_stop_warning(vmid, getattr(stop, "shutdown_timeout", 60)))
 
 
 def expected_after(p: Plan, facts: Facts, current: CurrentState) -> tuple[Facts, CurrentState]:

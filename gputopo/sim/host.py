@@ -224,9 +224,11 @@ class SimHost:
         """
         return pace.set_latencies(self.paths.root, self.paths.run, scale, moving, vm_shutdown)
 
-    def make_ha_managed(self, sid: str, requested: str = "started") -> None:
+    def make_ha_managed(self, sid: str, requested: str | None = None) -> None:
         """Make guest ``sid`` (``ct:101``, ``vm:201``) an HA resource with requested state
-        ``requested``, as ``ha-manager add <sid> --state <requested>`` writes
+        ``requested`` (None: the guest's own, ``started`` for a running guest, ``stopped`` for
+        a stopped one, which the HA manager would otherwise start on its own), as
+        ``ha-manager add <sid> --state <requested>`` writes
         ``ha/resources.cfg``; its start, stop and shutdown then go through the HA manager
         (:mod:`gputopo.sim.pveapi.hacrm`). Raises SimHostError for a malformed ``sid``, a guest
         that has no config or a state the HA manager does not know."""
@@ -235,6 +237,9 @@ class SimHost:
         kind, _, vmid = sid.partition(":")
         if kind not in ("ct", "vm") or not vmid.isdigit():
             raise SimHostError(sid, "an HA resource id is ct:<vmid> or vm:<vmid>")
+        if requested is None:
+            running = state.guest_status(self.paths.run, "lxc" if kind == "ct" else "qemu", vmid) == "running"
+            requested = "started" if running else "stopped"
         if requested not in ("started", "stopped", "disabled", "ignored"):
             raise SimHostError(sid, f"unknown HA state {requested!r} (started, stopped, disabled, ignored)")
         conf = (

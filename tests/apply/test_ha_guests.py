@@ -89,7 +89,8 @@ def test_the_plan_says_the_container_is_ha_managed(ha_host):
     assert current.containers[101].ha.requested == "started"
     assert current.containers[101].ha.state == "started"
     lines = [w for w in plan.warnings if "CT 101 is HA-managed" in w]
-    assert len(lines) == 1 and "(ct:101, requested state started)" in lines[0]
+    assert len(lines) == 2 and "(ct:101, requested state started)" in lines[0]
+    assert "shuts it down without force, so policy.force_stop does not apply to it" in lines[1]
 
 
 def test_a_rollback_after_the_ha_stop_starts_the_container_and_asks_ha_for_started_again(ha_host):
@@ -107,6 +108,12 @@ def test_a_rollback_after_the_ha_stop_starts_the_container_and_asks_ha_for_start
 
 
 def test_a_start_the_ha_manager_does_not_finish_in_time_fails_the_step_naming_it_and_rolls_back(ha_host):
+    """The start's undo takes the request back ('stopped' again, the container stopped) before
+    any GPU moves back, so the HA manager cannot start the container on the new configuration
+    meanwhile; the rollback's own start then waits as long as the failed one did, so with the
+    same limit it is left to ``recover``, which ends with the host as before."""
+    from gputopo.apply.recovery import recover
+
     before = applysim.fingerprint(ha_host)
     # the manager moves the container 3 s after each request; a start may take 2 s (a shutdown
     # waits at least its own timeout and more: the stop still succeeds)
@@ -118,11 +125,17 @@ def test_a_start_the_ha_manager_does_not_finish_in_time_fails_the_step_naming_it
         "(start CT 101): CT 101 start: its task ended OK but CT 101 is still stopped (an HA resource"
         in str(e.value)
     )
-    # the rollback gave the GPUs back, and the HA manager, asked for 'started', runs it again
-    for _ in range(100):
-        if applysim.diff(before, applysim.fingerprint(ha_host)) == []:
-            break
-        time.sleep(0.1)
+    # the GPUs went back while the container stayed stopped; its start (asked again, 'started')
+    # was carried out by the manager before the rollback reported, too late for its own wait
+    assert "NOT fully rolled back (undo of step(s) 5, 7 not complete; undo 7: CT 101 start:" in str(e.value)
+    assert state.guest_status(ha_host.paths.run, "lxc", 101) == "running"
+    assert (ha_host.paths.pve / "ha/resources.cfg").read_text() == HA_STARTED
+    now = applysim.fingerprint(ha_host)
+    assert {k: v for k, v in now.items() if k.startswith("pci:")} == {
+        k: v for k, v in before.items() if k.startswith("pci:")
+    }
+    res = recover(ha_host.ports(), root=str(ha_host.paths.root), timeouts=applysim.FAST_TIMEOUTS)
+    assert res.status == "recovered"
     assert applysim.diff(before, applysim.fingerprint(ha_host)) == []
     assert (ha_host.paths.pve / "ha/resources.cfg").read_text() == HA_STARTED
 
@@ -230,3 +243,37 @@ def test_plan_commands_set_the_requested_ha_state_back_in_the_undo(ha_host, tmp_
     forward, undo = out.split("\n# undo", 1) if "\n# undo" in out else (out, "")
     assert "pct shutdown 101" in forward and "ha-manager" not in forward, out
     assert "pct start 101" in undo and "ha-manager set ct:101 --state started" in undo, out
+
+
+def test_an_ha_container_that_outlasts_its_shutdown_stops_apply_with_the_way_out(ha_host, tmp_path, capsys):
+    """The HA manager shuts an HA container down without force (pve-ha-manager PVECT.pm
+    l.85-105), whatever policy.force_stop says; one that outlasts the timeout puts ct:101 in the
+    manager's error state while it keeps running (Manager.pm l.1199-1217), and every
+    'ha-manager set' then dies. The plan says so; apply ends exit 3 with one line naming the way
+    out, and no GPU was moved under the running container."""
+    from helpers.cli import run
+
+    # one of Proxmox's seconds lasts 10 ms: CT 101 needs 5 s, more than 2 x 60 + 5 of them
+    state.write_state(ha_host.paths.run, "latencies", {"ha.crm": 1.0, "second": 0.01, "vzshutdown:101": 5.0})
+    spec = tmp_path / "spec.yaml"
+    text = applysim.restarting(applysim.seed_spec_text(ha_host))
+    assert "  force_stop: false\n" in text
+    spec.write_text(text.replace("  force_stop: false\n", "  force_stop: true\n", 1))
+    before = applysim.fingerprint(ha_host)
+    code, out, err = run(capsys, "plan", "--sim", str(ha_host.dir), "--spec", str(spec))
+    assert code == 0, err
+    assert "CT 101 is HA-managed (ct:101): the HA manager shuts it down without force, so " in out + err
+    assert "policy.force_stop does not apply to it" in out + err
+    code, out, err = run(capsys, "apply", "--sim", str(ha_host.dir), "--spec", str(spec), "--yes")
+    assert code == 3, out + err
+    line = (
+        "CT 101 did not shut down within 60 s and the HA manager put ct:101 in its error state; it still "
+        "runs (an HA container's stop has no force: policy.force_stop does not apply): stop what keeps it "
+        "up, run 'ha-manager set ct:101 --state disabled', then 'ha-manager set ct:101 --state started', "
+        "then 'gputopo recover'"
+    )
+    assert line in err, err
+    assert state.guest_status(ha_host.paths.run, "lxc", 101) == "running"
+    after = applysim.fingerprint(ha_host)
+    assert [k for k in applysim.diff(before, after) if k.startswith("pci:")] == []
+    assert after["service"] == before["service"]

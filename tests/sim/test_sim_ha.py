@@ -80,10 +80,12 @@ def test_a_shutdown_of_an_ha_container_is_a_hastop_task_that_ends_before_the_con
     # the task is over; the container still runs and the CRM has not taken the command yet
     assert ended < CRM / 2
     assert _status(srv, "lxc", 101)["status"] == "running"
-    assert _status(srv, "lxc", 101)["ha"]["state"] == "request_stop"
+    # the node shows the manager's last round: 'started' until the CRM took the command
+    assert _status(srv, "lxc", 101)["ha"]["state"] == "started"
     assert _resources(srv) == "ct: 101\n\tstate started\n\nvm: 200\n\tstate started\n"
     # the CRM takes it (Manager.pm: the requested state becomes 'stopped'), the LRM stops it
     time.sleep(CRM / 2 + 0.1)
+    assert _status(srv, "lxc", 101)["ha"]["state"] == "request_stop"
     assert _resources(srv) == "ct: 101\n\tstate stopped\n\nvm: 200\n\tstate started\n\n"
     time.sleep(CRM / 2)
     assert _status(srv, "lxc", 101)["status"] == "stopped"
