@@ -87,6 +87,8 @@ class StepContext:
     warn: Callable[[str], None] = lambda text: (
         None
     )  # something that succeeded with a warning (a task's WARNINGS)
+    # a guest's task Proxmox accepted: (UPID, seconds its step waits for it), journaled
+    task_started: Callable[[str, float], None] = lambda upid, limit: None
     stuck: set[str] = field(default_factory=set)  # devices an undo must leave alone
     gone: set[str] = field(default_factory=set)  # devices a rollback found gone from the bus
     service_changed: set[int] = field(default_factory=set)  # containers whose drop-in an undo restored

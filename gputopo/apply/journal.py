@@ -115,6 +115,13 @@ class UndoIncomplete(_Rec):
     devices: list[str] = Field(default_factory=list)
 
 
+class TaskStarted(_Rec):  # a guest's task Proxmox accepted: it runs on if this process ends
+    type: Literal["task"] = "task"
+    upid: str
+    limit: float  # seconds its step waits for it (an undo waits as long, from ``t``)
+    step: int | None = None  # None: started by a rollback
+
+
 class ServiceChanged(_Rec):
     type: Literal["service-changed"] = "service-changed"
     vmid: int
@@ -161,6 +168,7 @@ Record = Annotated[
     | UndoDone
     | UndoFailed
     | UndoIncomplete
+    | TaskStarted
     | ServiceChanged
     | RestartFailed
     | NeedsHuman

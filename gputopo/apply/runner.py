@@ -28,6 +28,7 @@ from gputopo.apply.journal import (
     Journal,
     RestartFailed,
     ServiceChanged,
+    TaskStarted,
     UndoBegin,
     UndoDone,
     UndoFailed,
@@ -53,6 +54,7 @@ class Runner:
         self._warnings: dict[int, list[str]] = {}
         self._local = threading.local()
         ctx.warn = self._warn
+        ctx.task_started = self._task_started
 
     # --- forward -------------------------------------------------------------------------------
 
@@ -62,6 +64,10 @@ class Runner:
             self._warnings[step].append(text)
         else:
             self.progress.note(f"warning: {text}")
+
+    def _task_started(self, upid: str, limit: float) -> None:
+        # journaled before it is waited for: a rollback or recover waits for it too
+        self.j.append(TaskStarted(upid=upid, limit=limit, step=getattr(self._local, "step", None)))
 
     def _one(self, i: int, a: ActionModel, total: int) -> None:
         self._local.step = i
