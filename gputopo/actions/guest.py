@@ -34,7 +34,7 @@ from gputopo.actions.base import (
 )
 from gputopo.actions.dropin import load_dropin
 from gputopo.actions.shell import CommandContext, line
-from gputopo.errors import ProxmoxError, TaskFailed, TaskTimeout
+from gputopo.errors import ProxmoxError
 from gputopo.model.state import CurrentState
 from gputopo.model.strict import Strict
 from gputopo.ports import TaskResult
@@ -125,50 +125,6 @@ def wait_status(ctx: StepContext, guest: str, vmid: int, want: str, deadline: fl
             else f" (task {upid})"
         ),
     )
-
-
-def task_guest(upid: str) -> tuple[str | None, str]:
-    """(``lxc``, ``qemu`` or None where its type does not say, the id) of a guest's task:
-    ``UPID:node:pid:pstart:starttime:type:id:user:`` (pve-common ProcFSTools/RESTEnvironment)."""
-    parts = upid.split(":")
-    kind, id = (parts[5], parts[6]) if len(parts) > 7 else ("", "")
-    return ("lxc" if kind.startswith("vz") else "qemu" if kind.startswith("qm") else None), id
-
-
-def task_name(upid: str) -> str:
-    """``CT 101 shutdown`` of ``UPID:pve1:...:vzshutdown:101:root@pam:``; ``HA resource 101
-    stop`` of a ``hastop`` task; ``task UPID`` of any other."""
-    parts = upid.split(":")
-    guest, id = task_guest(upid)
-    if not id.isdigit() or not (guest or parts[5].startswith("ha")):
-        return f"task {upid}"
-    what = {"lxc": "CT", "qemu": "VM", None: "HA resource"}[guest]
-    return f"{what} {id} {parts[5][2:]}"
-
-
-def wait_tasks(ctx: StepContext, tasks: list[tuple[str, float]]) -> list[tuple[str, str]]:
-    """Wait for each of ``tasks`` (UPID, until when: ``time.time()``) to stop: a task Proxmox
-    accepted runs on when the process that asked for it is interrupted or killed (pve-common
-    RESTEnvironment.pm fork_worker detaches the worker), so a guest's status decides nothing
-    until the tasks gputopo started on it are over. A task that failed is over too. Returns
-    (UPID, one line) per task still running at its deadline, or whose status could not be read."""
-    late = []
-    for upid, until in tasks:
-        name = task_name(upid)
-        try:
-            try:
-                ctx.ports.proxmox.wait_task(upid, 0, name)  # one look: most ended long ago
-                continue
-            except TaskTimeout:
-                ctx.note(f"waiting for {name} (task {upid}): Proxmox carries it out to its end")
-            ctx.ports.proxmox.wait_task(upid, max(0.0, until - time.time()), name)
-        except TaskTimeout:
-            late.append((upid, f"{name} (task {upid}) still running at the end of its step's limit"))
-        except TaskFailed:
-            continue  # it ended; the guest's status says what it did
-        except ProxmoxError as e:
-            late.append((upid, f"{name} (task {upid}): its status could not be read: {e}"))
-    return late
 
 
 def _set_status(world: World, guest: str, vmid: int, status: str) -> None:

@@ -140,6 +140,12 @@ class PveCalls(ABC):
                 raise TaskTimeout(upid, what or f"task {upid}", timeout if limit is None else limit)
             time.sleep(min(interval, max(0.0, deadline - time.monotonic())) or 0.01)
 
+    def active_tasks(self, vmid: int) -> list[str]:
+        """The UPIDs of the node's tasks of guest ``vmid`` still running (GET .../tasks with
+        ``source=active``, ``vmid``: pve-manager API2/Tasks.pm node_tasks)."""
+        out = self._call("GET", f"{self._n()}/tasks", source="active", vmid=vmid) or []
+        return [str(t["upid"]) for t in out if isinstance(t, dict) and t.get("upid")]
+
     def task_log(self, upid: str) -> list[str]:
         """The lines of a task's log (GET .../tasks/{upid}/log, up to 1000 lines)."""
         out = self._call("GET", f"{self._n()}/tasks/{upid}/log", start=0, limit=1000) or []

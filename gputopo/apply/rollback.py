@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import NoReturn
 
 from gputopo.actions import RunningBefore
-from gputopo.actions.guest import task_guest, wait_tasks
+from gputopo.actions.guesttasks import running_tasks, task_guest, wait_tasks
 from gputopo.apply import signals
 from gputopo.apply.journal import End, Journal, NeedsHuman, RestartFailed, TaskStarted
 from gputopo.apply.outcome import left_over, next_step
@@ -59,6 +59,10 @@ def _wait_for_tasks(runner: Runner, j: Journal, running_before: RunningBefore) -
     on a guest's status once nothing gputopo asked of it is under way. Returns (guest key,
     line) of each task still running at its limit, or whose status could not be read."""
     tasks = [(r.upid, r.t + r.limit) for r in j.of(TaskStarted)]
+    guests = {int(k.split("/")[1]) for k in running_before.guests}
+    for a in j.header.actions:
+        guests |= {g[1] for g in (a.stopped_guest(), a.started_guest()) if g is not None}
+    tasks += running_tasks(runner.ctx, guests, {u for u, _ in tasks})
     out = []
     for upid, line in wait_tasks(runner.ctx, tasks):
         runner.progress.note(f"warning: {line}")

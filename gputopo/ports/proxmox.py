@@ -180,6 +180,11 @@ class ProxmoxPort(ProxmoxReadPort, Protocol):
         ``limit``) when it still runs."""
         ...
 
+    def active_tasks(self, vmid: int) -> list[str]:
+        """The UPIDs of the node's tasks of guest ``vmid`` still running, whoever started them
+        (GET /nodes/{node}/tasks with ``source=active``)."""
+        ...
+
     def ha_set_state(self, sid: str, state: str) -> None:
         """Set an HA resource's requested state (``PUT /cluster/ha/resources/{sid}`` with
         ``state``, what ``ha-manager set <sid> --state <state>`` does); the HA manager then moves

@@ -8,6 +8,7 @@ what runs: the guests, the service's command line and GPUs, the container's /dev
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -20,13 +21,14 @@ import pytest
 from gputopo.apply.journal import find_unfinished, list_journals, parse_journal
 from gputopo.errors import TaskFailed
 from gputopo.sim import state
-from helpers import applysim
+from helpers import TESTS, applysim
 from helpers.applysim import host, template  # noqa: F401 (fixtures)
 from helpers.cli import run
 
 pytestmark = pytest.mark.slow  # applies on a simulated host in a process of its own, seconds each
 
 SHUTDOWN = 1.5  # seconds the guest takes to go down: the signal lands 0.2 s into it
+DRIVER = TESTS / "helpers" / "crashdriver.py"
 EXIT = {signal.SIGTERM: 143, signal.SIGHUP: 129, signal.SIGINT: 130}
 
 
@@ -40,10 +42,13 @@ def _pace(h, task: str) -> None:
     )
 
 
+def _argv(h, spec: Path) -> list[str]:
+    return ["apply", "--spec", str(spec), "--sim", str(h.dir), "--yes", "--no-verify", "--timeout", "30"]
+
+
 def _apply(h, spec: Path, *extra: str) -> subprocess.Popen:
-    argv = ["apply", "--spec", str(spec), "--sim", str(h.dir), "--yes", "--no-verify", "--timeout", "30"]
     return subprocess.Popen(
-        [sys.executable, *extra, *argv],
+        [sys.executable, *extra, *_argv(h, spec)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -170,5 +175,58 @@ def test_sigkill_inside_the_containers_shutdown_then_recover_puts_it_back(host, 
     assert "undo 7: started lxc 101" in out + err, out + err  # the node's shutdown stopped it
     _settled(host)
     assert find_unfinished(host.paths.root) is None
+    assert applysim.diff(before, applysim.fingerprint(host)) == [], out + err
+    _history_says_rolled_back(host, capsys)
+
+
+def _call_after_shutdown_post(h, spec: Path, tmp: Path) -> int:
+    """The crash driver's ``call:N`` of the shutdown's POST in a clean run of ``spec``: the
+    first API call that changes something after the stop step's ``begin`` record."""
+    count = tmp / "count.json"
+    res = subprocess.run(
+        [sys.executable, str(DRIVER), *_argv(h, spec)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "GPUTOPO_CRASH_COUNT": str(count)},
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    recs = parse_journal(list_journals(h.paths.root)[-1].read_text())
+    stop = next(n for n, r in enumerate(recs, 1) if r.type == "begin" and r.action.kind == "stop_guest")
+    trace = json.loads(count.read_text())["trace"]
+    return next(calls for what, records, calls in trace if records == stop and what.endswith("Client"))
+
+
+def test_sigkill_between_proxmoxs_answer_and_the_journal_then_recover_waits_for_the_shutdown(
+    template, tmp_path, capsys
+):
+    """Killed right after Proxmox accepted the shutdown, before the journal kept its UPID:
+    recover finds the task in the node's list of running tasks and waits for it."""
+    probe = applysim.copy_host(template, tmp_path / "probe")
+    spec = probe.dir / "spec.yaml"
+    spec.write_text(applysim.restarting(applysim.seed_spec_text(probe)))
+    n = _call_after_shutdown_post(probe, spec, tmp_path)
+    host = applysim.copy_host(template, tmp_path / "sim")
+    spec = host.dir / "spec.yaml"
+    spec.write_text(applysim.restarting(applysim.seed_spec_text(host)))
+    before = applysim.fingerprint(host)
+    _pace(host, "vzshutdown")
+
+    res = subprocess.run(
+        [sys.executable, str(DRIVER), *_argv(host, spec)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "GPUTOPO_CRASH_AT": f"call:{n}"},
+        timeout=120,
+    )
+    assert res.returncode == -signal.SIGKILL, res.stdout + res.stderr
+    recs = parse_journal(find_unfinished(host.paths.root).path.read_text())
+    assert recs[-1].type == "begin" and recs[-1].action.kind == "stop_guest"  # no UPID kept
+
+    code, out, err = run(capsys, "recover", "--sim", str(host.dir))
+
+    assert code == 0, out + err
+    assert "waiting for CT 101 shutdown" in out + err and "undo 7: started lxc 101" in out + err, out + err
+    _settled(host)
     assert applysim.diff(before, applysim.fingerprint(host)) == [], out + err
     _history_says_rolled_back(host, capsys)

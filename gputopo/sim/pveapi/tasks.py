@@ -304,6 +304,33 @@ class TaskHandlers:
             out["exitstatus"] = task["exitstatus"]
         return out
 
+    def h_node_tasks(self, caller: Caller, p: dict) -> Any:
+        """GET /nodes/{node}/tasks (pve-manager API2/Tasks.pm node_tasks): the node's tasks,
+        newest first; ``source`` ``archive`` (the default: those that ended, with ``status``
+        their exitstatus and ``endtime``), ``active`` (those still running) or ``all``; ``vmid``
+        and ``typefilter`` narrow it; ``start``/``limit`` (50) page it. A task that is due has
+        ended (a node's worker does not wait for a reader)."""
+        tasks = state.read_state(self.run_dir, "tasks", {}) or {}
+        for upid in [u for u, t in tasks.items() if t["status"] == "running" and t["due"] <= time.time()]:
+            self._finish_task(upid)
+        tasks = state.read_state(self.run_dir, "tasks", {}) or {}
+        source = p.get("source") or "archive"
+        out = []
+        for t in sorted(tasks.values(), key=lambda t: (t["starttime"], t["pid"]), reverse=True):
+            running = t["status"] == "running"
+            if (source == "active" and not running) or (source == "archive" and running):
+                continue
+            if p.get("vmid") is not None and str(t["id"]) != str(p["vmid"]):
+                continue
+            if p.get("typefilter") and p["typefilter"] not in t["type"]:
+                continue
+            row = {k: t[k] for k in ("upid", "node", "pid", "pstart", "starttime", "type", "id", "user")}
+            if not running:
+                row.update(status=t["exitstatus"], endtime=int(t["due"]))
+            out.append(row)
+        start, limit = int(p.get("start") or 0), int(p.get("limit") or 50)
+        return Result(out[start : start + limit], total=len(out))
+
     def h_task_log(self, caller: Caller, p: dict) -> Any:
         lines = self._task(p).get("log") or []
         start, limit = p.get("start", 0), p.get("limit", 50)
