@@ -57,7 +57,7 @@ def _wait_for_tasks(runner: Runner, j: Journal, running_before: RunningBefore) -
     """Wait for the guests' tasks the journal names that Proxmox still runs (the one a signal
     or a kill interrupted the wait for), each until its step's limit: every undo then decides
     on a guest's status once nothing gputopo asked of it is under way. Returns (guest key,
-    line) of each task still running at its limit, or whose status could not be read."""
+    line) of each task still running at its limit."""
     tasks = [(r.upid, r.t + r.limit) for r in j.of(TaskStarted)]
     guests = {int(k.split("/")[1]) for k in running_before.guests}
     for a in j.header.actions:
