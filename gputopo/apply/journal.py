@@ -10,8 +10,9 @@
 * :class:`UndoBegin` / :class:`UndoDone` / :class:`UndoFailed` per step during a rollback or
   recovery, and :class:`UndoIncomplete` for a step whose undo had to leave a device alone (a
   write hung there, or it fell off the bus);
+* :class:`TaskStarted` -- a guest's Proxmox task by its UPID: it runs on if this process ends;
 * :class:`ServiceChanged` -- an undo put back a service's drop-in: the service must be restarted
-  with its old configuration, even by a later process after a crash;
+  with it (by a later process too, after a crash);
 * :class:`RestartFailed` -- what ran before could not be started again;
 * :class:`NeedsHuman` -- a rollback that could not complete: the devices and the steps whose
   undo did not complete. It does NOT end the journal: the next apply refuses until
