@@ -20,6 +20,8 @@ import pytest
 
 from gputopo.apply.journal import find_unfinished, list_journals, parse_journal
 from gputopo.errors import TaskFailed
+from gputopo.facts.discover import discover
+from gputopo.plan.starter import init_spec
 from gputopo.sim import state
 from helpers import TESTS, applysim
 from helpers.applysim import host, template  # noqa: F401 (fixtures)
@@ -119,11 +121,16 @@ def test_a_signal_inside_the_containers_shutdown_rolls_back_with_it_running(host
 
 
 def test_a_signal_inside_a_vm_consumers_shutdown_rolls_back_with_it_running(host, capsys):
-    from test_reverse_rollback import back_text, split_applied, split_text, vm_201_runs_on_its_mapping
-
-    split_applied(host, capsys)
+    # gputopo demo's split: CT 101 on NUMA node 0, VM 201 consuming pro6000-vm (NUMA node 1,
+    # ``when_gpus_leave: remove``) and started; the change back gives CT 101 every GPU
+    split = applysim.restarting(
+        init_spec(discover(str(host.paths.root)), container_mapping="pro6000", vm=201)
+    )
+    (host.dir / "split.yaml").write_text(split)
+    code, _, err = run(capsys, *_argv(host, host.dir / "split.yaml"))
+    assert code == 0, err
     back = host.dir / "back.yaml"
-    back.write_text(back_text(split_text(host), "remove"))
+    back.write_text(applysim.reverse(split))
     before = applysim.fingerprint(host)
     _pace(host, "qmshutdown")
 
@@ -136,7 +143,7 @@ def test_a_signal_inside_a_vm_consumers_shutdown_rolls_back_with_it_running(host
     _rolled_back(out)
     _settled(host)
     assert applysim.diff(before, applysim.fingerprint(host)) == [], out
-    vm_201_runs_on_its_mapping(host)
+    assert applysim.fingerprint(host)["guests"]["qemu"]["201"] == "running"  # on its GPUs: the diff
     _history_says_rolled_back(host, capsys)
     assert "waiting for VM 201 shutdown" in out, out
 
