@@ -91,6 +91,8 @@ class StepContext:
     # (a StepNote); and read back what earlier tries of the running step journaled so
     mark: Callable[[str], None] = lambda text: None
     marks: Callable[[], list[str]] = lambda: []
+    # a guest's task Proxmox accepted: (UPID, seconds its step waits for it), journaled
+    task_started: Callable[[str, float], None] = lambda upid, limit: None
     stuck: set[str] = field(default_factory=set)  # devices an undo must leave alone
     gone: set[str] = field(default_factory=set)  # devices a rollback found gone from the bus
     service_changed: set[int] = field(default_factory=set)  # containers whose drop-in an undo restored

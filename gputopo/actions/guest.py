@@ -82,7 +82,13 @@ def power(
     limit = max(ctx.timeouts.guest, 2 * shutdown_timeout + 35) if action == "shutdown" else ctx.timeouts.guest
     t0 = time.monotonic()
     res = ctx.ports.proxmox.guest_action(
-        guest, vmid, action, limit, shutdown_timeout=shutdown_timeout, force=force
+        guest,
+        vmid,
+        action,
+        limit,
+        shutdown_timeout=shutdown_timeout,
+        force=force,
+        on_task=lambda upid: ctx.task_started(upid, limit),
     )
     name = guest_name(guest, vmid)
     wait_status(ctx, guest, vmid, "running" if action == "start" else "stopped", t0 + limit, res.upid)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any
 
 from gputopo.adapters.credentials import ApiConfig
@@ -81,6 +82,7 @@ class PveCalls(ABC):
         *,
         shutdown_timeout: int | None = None,
         force: bool = False,
+        on_task: Callable[[str], None] | None = None,
     ) -> TaskResult:
         """POST status/{start|stop|shutdown} and wait up to ``timeout`` s for the task.
 
@@ -89,7 +91,9 @@ class PveCalls(ABC):
         are the warnings; ``forced`` says a forced shutdown had to kill the guest (QEMU logs it;
         an LXC task that ran the whole shutdown timeout was killed by lxc-stop, which logs
         nothing). Raises ProxmoxError when refused, TaskFailed when the task fails, TaskTimeout
-        when it does not finish within ``timeout``.
+        when it does not finish within ``timeout``. ``on_task`` gets the UPID once Proxmox
+        accepted the task, before the wait (a journal keeps it: the task runs on if this process
+        is interrupted).
         """
         if action not in ("start", "stop", "shutdown"):
             raise ConfigError(f"unknown guest action {action!r} (start, stop, shutdown)")
@@ -105,6 +109,8 @@ class PveCalls(ABC):
         upid = self._start_task(f"{self._n()}/{kind}/{vmid}/status/{action}", params, what, timeout)
         if isinstance(upid, dict) or not isinstance(upid, str) or not upid.startswith("UPID:"):
             raise ProxmoxError(call, None, f"expected a task id, got {str(upid)[:80]!r}")
+        if on_task is not None:
+            on_task(upid)
         exitstatus = self.wait_task(upid, max(0.0, timeout - (time.monotonic() - t0)), what, timeout)
         seconds = time.monotonic() - t0
         result = TaskResult(upid=upid, exitstatus=exitstatus, seconds=seconds)
@@ -140,6 +146,12 @@ class PveCalls(ABC):
             if time.monotonic() >= deadline:
                 raise TaskTimeout(upid, what or f"task {upid}", timeout if limit is None else limit)
             time.sleep(min(interval, max(0.0, deadline - time.monotonic())) or 0.01)
+
+    def active_tasks(self, vmid: int) -> list[str]:
+        """The UPIDs of the node's tasks of guest ``vmid`` still running (GET .../tasks with
+        ``source=active``, ``vmid``: pve-manager API2/Tasks.pm node_tasks)."""
+        out = self._call("GET", f"{self._n()}/tasks", source="active", vmid=vmid) or []
+        return [str(t["upid"]) for t in out if isinstance(t, dict) and t.get("upid")]
 
     def task_log(self, upid: str) -> list[str]:
         """The lines of a task's log (GET .../tasks/{upid}/log, up to 1000 lines)."""

@@ -6,9 +6,10 @@ from __future__ import annotations
 from typing import NoReturn
 
 from gputopo.actions import RunningBefore
+from gputopo.actions.guesttasks import running_tasks, task_guest, wait_tasks
 from gputopo.apply import signals
 from gputopo.apply.hasettle import settle_ha_guests
-from gputopo.apply.journal import End, Journal, NeedsHuman
+from gputopo.apply.journal import End, Journal, NeedsHuman, RestartFailed, TaskStarted
 from gputopo.apply.outcome import left_over, next_step
 from gputopo.apply.runner import Runner
 from gputopo.errors import ApplyFailed, GputopoError, Interrupted, SysfsTimeout
@@ -33,8 +34,12 @@ def roll_back(
     leave half of it undone)."""
     with signals.deferred(runner.progress.note):
         mark = len(j.records)
+        late = _wait_for_tasks(runner, j, running_before)
         complete, stuck = runner.backward(running_before, retry=retry)
         complete = settle_ha_guests(runner) and complete
+        for key, line in late:  # its guest's status decided nothing: a human looks at it
+            complete = False
+            j.append(RestartFailed(what=key, error=line))
         if complete and not stuck:
             j.append(End(result="rolled-back", reason=reason))
         else:
@@ -48,6 +53,27 @@ def roll_back(
                 )
             )
     return complete, stuck
+
+
+def _wait_for_tasks(runner: Runner, j: Journal, running_before: RunningBefore) -> list[tuple[str, str]]:
+    """Wait for the guests' tasks the journal names that Proxmox still runs (the one a signal
+    or a kill interrupted the wait for), each until its step's limit: every undo then decides
+    on a guest's status once nothing gputopo asked of it is under way. Returns (guest key,
+    line) of each task still running at its limit."""
+    tasks = [(r.upid, r.t + r.limit) for r in j.of(TaskStarted)]
+    guests = {int(k.split("/")[1]) for k in running_before.guests}
+    for a in j.header.actions:
+        guests |= {g[1] for g in (a.stopped_guest(), a.started_guest()) if g is not None}
+    tasks += running_tasks(runner.ctx, guests, {u for u, _ in tasks})
+    out = []
+    for upid, line in wait_tasks(runner.ctx, tasks):
+        runner.progress.note(f"warning: {line}")
+        kind, vmid = task_guest(upid)
+        keys = [
+            k for k in running_before.guests if k.split("/")[1] == vmid and kind in (None, k.split("/")[0])
+        ]
+        out.append((keys[0] if keys else f"{kind or 'lxc'}/{vmid}", line))
+    return out
 
 
 def roll_back_and_raise(

@@ -29,6 +29,7 @@ from gputopo.apply.journal import (
     RestartFailed,
     ServiceChanged,
     StepNote,
+    TaskStarted,
     UndoBegin,
     UndoDone,
     UndoFailed,
@@ -55,6 +56,7 @@ class Runner:
         self._local = threading.local()
         ctx.warn = self._warn
         ctx.mark, ctx.marks = self._mark, self._marks
+        ctx.task_started = self._task_started
 
     # --- forward -------------------------------------------------------------------------------
 
@@ -73,6 +75,10 @@ class Runner:
             self._warnings[step].append(text)
         else:
             self.progress.note(f"warning: {text}")
+
+    def _task_started(self, upid: str, limit: float) -> None:
+        # journaled before it is waited for: a rollback or recover waits for it too
+        self.j.append(TaskStarted(upid=upid, limit=limit, step=getattr(self._local, "step", None)))
 
     def _one(self, i: int, a: ActionModel, total: int) -> None:
         self._local.step = i

@@ -12,7 +12,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Literal
 
 from gputopo.errors import Interrupted
 
@@ -44,18 +44,21 @@ def as_error(e: BaseException) -> BaseException:
 
 
 @contextlib.contextmanager
-def interruptible() -> Iterator[None]:
+def interruptible(again: Literal["wait", "raise"] = "wait") -> Iterator[None]:
     """While inside, the first Ctrl-C, SIGTERM or SIGHUP raises :class:`Signalled` (a
     KeyboardInterrupt) in the main thread, so a polite kill (systemd, a dropped ssh session) rolls
-    back instead of ending the process between two steps; later ones, and any inside
-    :func:`deferred`, are only noted (the rollback the first one started must not be cut short,
-    not even before it began). Elsewhere than in the main thread (where no handler can be set) it
-    changes nothing."""
+    back instead of ending the process between two steps; with ``again="wait"`` later ones, and
+    any inside :func:`deferred`, are only noted (the rollback the first one started must not be
+    cut short, not even before it began); with ``again="raise"`` every one raises (a rollout,
+    which has no rollback of its own to protect: each node's apply handles its own signals).
+    Elsewhere than in the main thread (where no handler can be set) it changes nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def handler(signum: int, frame: Any) -> None:
+        if again == "raise":
+            raise Signalled(signum)
         name = signal.Signals(signum).name
         if _HOLD["deferring"] or _HOLD["raised"]:
             _say(

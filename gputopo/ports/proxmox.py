@@ -3,6 +3,7 @@ with the typed shapes of what they return where it is data the code reads by key
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypedDict, runtime_checkable
 
@@ -169,14 +170,29 @@ class ProxmoxPort(ProxmoxReadPort, Protocol):
         *,
         shutdown_timeout: int | None = None,
         force: bool = False,
+        on_task: Callable[[str], None] | None = None,
     ) -> TaskResult:
         """POST status/{start|stop|shutdown} and wait up to ``timeout`` s for its task.
+        ``on_task`` is called with the task's UPID as soon as Proxmox accepted it, before the wait.
 
         A shutdown sends ``shutdown_timeout`` (Proxmox's ``timeout``, 60 s when None) and
         ``forceStop=1`` only with ``force``. A task ending ``WARNINGS: N`` succeeded: its warnings
         come back in the result. Raises TaskFailed when the task fails, TaskTimeout when it does
         not finish within ``timeout``.
         """
+        ...
+
+    def wait_task(
+        self, upid: str, timeout: float, what: str | None = None, limit: float | None = None
+    ) -> str:
+        """Wait up to ``timeout`` s for task ``upid`` to stop (GET /nodes/{node}/tasks/{upid}/status);
+        its exitstatus. Raises TaskFailed when it failed, TaskTimeout (naming ``what`` and
+        ``limit``) when it still runs."""
+        ...
+
+    def active_tasks(self, vmid: int) -> list[str]:
+        """The UPIDs of the node's tasks of guest ``vmid`` still running, whoever started them
+        (GET /nodes/{node}/tasks with ``source=active``)."""
         ...
 
     def ha_set_state(self, sid: str, state: str) -> None:

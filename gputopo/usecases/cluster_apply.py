@@ -5,21 +5,19 @@ The flow: read every node and plan (a refused plan changes nothing anywhere), ch
 (:func:`gputopo.cluster.rolling.rollout`: node by node, stop at the first failure). Ctrl-C,
 SIGTERM (systemd stopping the unit it runs in, ``kill``) and SIGHUP (the SSH session to the
 machine it runs on dropped) during the rollout end it alike: the nodes applying then answer or
-are unknown, and the account is printed with exit 130, 143 or 129 (:func:`_signals_stop_it`). However it ends, the result holds the rollout's document
-(:class:`gputopo.model.documents.ClusterApplyDoc`): every node's outcome, or ``refused``,
-``dry-run``, ``no-changes`` when no node's apply started; and the error it ends with, if any.
+are unknown, and the account is printed with exit 130, 143 or 129
+(:func:`gputopo.apply.signals.interruptible`, each signal raising). However it ends, the result
+holds the rollout's document (:class:`gputopo.model.documents.ClusterApplyDoc`): every node's
+outcome, or ``refused``, ``dry-run``, ``no-changes`` when no node's apply started; and the error
+it ends with, if any.
 """
 
 from __future__ import annotations
 
-import contextlib
-import signal
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
-from gputopo.apply.signals import Signalled
+from gputopo.apply import signals
 from gputopo.cluster.account import RollingResult
 from gputopo.cluster.noderun import DEFAULT_NODE_TIMEOUT
 from gputopo.cluster.plan import ClusterPlan
@@ -104,26 +102,6 @@ def _confirmed(req: ClusterApplyRequest, nodes: list[str]) -> None:
         raise ApplyCancelled()
 
 
-@contextlib.contextmanager
-def _signals_stop_it() -> Iterator[None]:
-    """While inside, SIGTERM and SIGHUP raise :class:`Signalled` (a KeyboardInterrupt carrying the
-    signal) as Ctrl-C raises KeyboardInterrupt, so the rollout ends with its account whichever
-    of them stops it. Outside the main thread (no handler can be set there) it changes nothing."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        raise Signalled(signum)
-
-    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-
-
 def _run(req: ClusterApplyRequest, c: OpenCluster, cplan: ClusterPlan) -> ClusterApplyResult:
     """Show the plan, ask, roll it out: the result of a cluster that was read and planned."""
     batches(c.nodes, req.serial, req.canary)  # a bad --canary or --serial is refused before anything runs
@@ -134,7 +112,8 @@ def _run(req: ClusterApplyRequest, c: OpenCluster, cplan: ClusterPlan) -> Cluste
             RollingResult.unstarted(c.nodes, empty).to_doc("dry-run" if req.dry_run else "no-changes")
         )
     _confirmed(req, c.nodes)
-    with _signals_stop_it():
+    # Ctrl-C, SIGTERM, SIGHUP: the rollout ends with its account (each one raises)
+    with signals.interruptible(again="raise"):
         result = rollout(
             cplan,
             c.spec_text,

@@ -66,3 +66,18 @@ def test_a_notice_never_waits_in_the_handler_for_a_lock_the_main_thread_holds():
                 sigint()
     notices_written()
     assert notes == ["SIGINT received: rolling back once the steps running now end"]
+
+
+def test_with_again_raise_every_signal_raises_and_carries_its_number():
+    """A rollout's wait (cluster apply): no rollback of its own to protect, so a second Ctrl-C or
+    SIGTERM stops it as the first did, and each one says which signal it was."""
+    seen = []
+    before = {s: signal.getsignal(s) for s in signals.SIGNALS}
+    with signals.interruptible(again="raise"):
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            with pytest.raises(signals.Signalled) as e:
+                os.kill(os.getpid(), signum)
+                time.sleep(1)
+            seen.append(e.value.signum)
+    assert seen == [signal.SIGTERM, signal.SIGINT, signal.SIGHUP]
+    assert {s: signal.getsignal(s) for s in signals.SIGNALS} == before  # the handlers are put back

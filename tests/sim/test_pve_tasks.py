@@ -11,6 +11,7 @@ import pytest
 from gputopo.adapters.credentials import ApiConfig
 from gputopo.adapters.proxmox import ProxmoxClient
 from gputopo.errors import ProxmoxError, TaskFailed, TaskTimeout
+from gputopo.sim import state
 from gputopo.sim.container.distro import lsb_release, start_warnings
 from gputopo.sim.pveapi import PveApiServer, PveshSim
 from helpers.simapi import seed_root  # noqa: F401 (fixtures)
@@ -280,3 +281,42 @@ def test_pvesh_waiting_for_a_cfs_lock_prints_it_and_the_call_still_succeeds(srv,
     c = ProxmoxClient.from_config(ApiConfig(backend="local", timeout=10), env={}, runner=pvesh)
     c.mapping_update("gpu", [m], "held", c.mappings()[0]["digest"])
     assert c.mappings()[0]["description"] == "held"
+
+
+# --- a task is the node's: it runs on when its client goes away -----------------------------
+
+
+@pytest.mark.parametrize("kind,vmid", [("lxc", 101), ("qemu", 200)])
+def test_a_shutdown_runs_on_when_the_client_and_the_server_that_took_it_go_away(
+    tmp_path, seed_root, kind, vmid
+):
+    """pve-container API2/LXC/Status.pm and qemu-server API2/Qemu.pm vm_shutdown answer the UPID
+    of a worker (pve-common RESTEnvironment.pm fork_worker) that no client waits for: the guest
+    goes down whether or not anyone asks, also once the process that served the call is gone."""
+    s = _server(tmp_path, seed_root)
+    c = _client(s, "https")
+    c.guest_action(kind, vmid, "start", timeout=10)
+    s.set_latency("vzshutdown" if kind == "lxc" else "qmshutdown", 0.6, vmid=vmid)
+    upid = c._call("POST", f"/nodes/pve1/{kind}/{vmid}/status/shutdown")  # nobody waits for it
+    assert c.guest_status(kind, vmid) == "running"
+    s.stop()  # the process that served it ended (a CLI with --sim, killed)
+
+    # a server started again before it is due: the task ends on its own, no read needed
+    s = PveApiServer(tmp_path / "pve", tmp_path / "run", seed_root, auth_fail_delay=0.0).start()
+    try:
+        time.sleep(1.0)
+        assert state.guest_status(tmp_path / "run", kind, vmid) == "stopped"
+        c = _client(s, "https")
+        assert c.wait_task(upid, 1) == "OK"
+        # one served again once it was due: the guest's status read shows what the task did
+        c.guest_action(kind, vmid, "start", timeout=10)
+        c._call("POST", f"/nodes/pve1/{kind}/{vmid}/status/shutdown")
+    finally:
+        s.stop()
+    time.sleep(0.8)
+    s = PveApiServer(tmp_path / "pve", tmp_path / "run", seed_root, auth_fail_delay=0.0)
+    s.start()
+    try:
+        assert _client(s, "https").guest_status(kind, vmid) == "stopped"
+    finally:
+        s.stop()

@@ -36,6 +36,7 @@ class GuestStatusHandlers:
     def h_guest_current(self, caller: Caller, p: dict) -> Any:
         kind, vmid = p["kind"], p["vmid"]
         opts = parse_lxc_conf(self._load(kind, vmid)).options
+        self.finish_due_tasks(kind, vmid)  # a worker that is due has done its work
         status = state.guest_status(self.run_dir, kind, vmid)
         out: dict[str, Any] = {
             "vmid": vmid,

@@ -21,6 +21,7 @@ from gputopo.sim.pveapi.params import (
     fmt_node,
     fmt_string,
     fmt_string_array,
+    fmt_vmid,
 )
 
 API_PREFIX = "/api2/json"
@@ -271,6 +272,19 @@ ROUTES = [
         "guest_shutdown",
         {**_GUEST_STATUS_PARAMS, "timeout": P(fmt_int), "forceStop": P(fmt_bool)},
         ("/vms/{vmid}", ("VM.PowerMgmt",)),
+    ),
+    Route(  # pve-manager API2/Tasks.pm node_tasks: every user lists, the handler filters
+        "GET",
+        "/nodes/{node}/tasks",
+        "node_tasks",
+        {
+            "node": NODE,
+            "vmid": P(fmt_vmid),
+            "source": P(fmt_enum("archive", "active", "all")),
+            "typefilter": P(fmt_string()),
+            "start": P(fmt_int),
+            "limit": P(fmt_int),
+        },
     ),
     Route(
         "GET",

@@ -152,6 +152,7 @@ class PveApiServer(
             target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="pveapi", daemon=True
         )
         self._thread.start()
+        self.resume_tasks()  # the node's tasks run on whoever served them before
         return self
 
     def stop(self) -> None:

@@ -1,7 +1,13 @@
 """Tasks of the simulated API: UPIDs that take time, can fail, and do a guest's start or stop.
 
 A task finishes on a timer after its latency (``latencies`` in the run dir; settable per task
-type and per guest), or when its status is read after it was due. Its effect runs once: a
+type and per guest), or when its status (or its guest's status) is read after it was due. A task
+is the node's, not its client's: pve-container API2/LXC/Status.pm vm_shutdown (and vm_start,
+vm_stop) and qemu-server API2/Qemu.pm vm_shutdown return the UPID of a worker forked by
+pve-common RESTEnvironment.pm fork_worker, which detaches it (``POSIX::setsid``) and lets it run
+on when the client disconnects or dies. Here the server may live in the client's process: a
+server that starts again arms the timers of the tasks still running (:meth:`resume_tasks`), and
+a status read of a guest carries out its tasks that are due (:meth:`finish_due_tasks`). Its effect runs once: a
 container start applies pending changes and boots the container (hooks), a VM start does
 Proxmox's PCI passthrough and the rest of qemu-server's start (:mod:`gputopo.sim.pveapi.qemu_vm`);
 an injected fault or a hook's exception fails the task with its message. A shutdown's latency is how long the guest takes to
@@ -115,6 +121,30 @@ class TaskHandlers:
         self._timers.append(timer)
         timer.start()
         return upid
+
+    def resume_tasks(self) -> None:
+        """Arm the timers of the tasks still running (a server started again: the process that
+        served them is gone, the node's workers are not)."""
+        tasks = state.read_state(self.run_dir, "tasks", {}) or {}
+        for upid, task in tasks.items():
+            if task["status"] == "running" and not task.get("claimed"):
+                timer = threading.Timer(max(0.0, task["due"] - time.time()), self._finish_task, (upid,))
+                timer.daemon = True
+                self._timers.append(timer)
+                timer.start()
+
+    def finish_due_tasks(self, kind: str, vmid: int) -> None:
+        """Carry out the tasks of guest ``vmid`` that are due and still running, oldest first:
+        what the guest's status says comes after its tasks' effects, as on a node."""
+        tasks = state.read_state(self.run_dir, "tasks", {}) or {}
+        now = time.time()
+        due = [
+            u
+            for u, t in tasks.items()
+            if t["status"] == "running" and t["kind"] == kind and t["vmid"] == vmid and t["due"] <= now
+        ]
+        for upid in sorted(due, key=lambda u: tasks[u]["due"]):
+            self._finish_task(upid)
 
     def _take_fault(self, ttype: str, vmid: int) -> str | None:
         with state.locked(self.run_dir, TASK_FAULTS):
@@ -273,6 +303,33 @@ class TaskHandlers:
         if task["status"] == "stopped":
             out["exitstatus"] = task["exitstatus"]
         return out
+
+    def h_node_tasks(self, caller: Caller, p: dict) -> Any:
+        """GET /nodes/{node}/tasks (pve-manager API2/Tasks.pm node_tasks): the node's tasks,
+        newest first; ``source`` ``archive`` (the default: those that ended, with ``status``
+        their exitstatus and ``endtime``), ``active`` (those still running) or ``all``; ``vmid``
+        and ``typefilter`` narrow it; ``start``/``limit`` (50) page it. A task that is due has
+        ended (a node's worker does not wait for a reader)."""
+        tasks = state.read_state(self.run_dir, "tasks", {}) or {}
+        for upid in [u for u, t in tasks.items() if t["status"] == "running" and t["due"] <= time.time()]:
+            self._finish_task(upid)
+        tasks = state.read_state(self.run_dir, "tasks", {}) or {}
+        source = p.get("source") or "archive"
+        out = []
+        for t in sorted(tasks.values(), key=lambda t: (t["starttime"], t["pid"]), reverse=True):
+            running = t["status"] == "running"
+            if (source == "active" and not running) or (source == "archive" and running):
+                continue
+            if p.get("vmid") is not None and str(t["id"]) != str(p["vmid"]):
+                continue
+            if p.get("typefilter") and p["typefilter"] not in t["type"]:
+                continue
+            row = {k: t[k] for k in ("upid", "node", "pid", "pstart", "starttime", "type", "id", "user")}
+            if not running:
+                row.update(status=t["exitstatus"], endtime=int(t["due"]))
+            out.append(row)
+        start, limit = int(p.get("start") or 0), int(p.get("limit") or 50)
+        return Result(out[start : start + limit], total=len(out))
 
     def h_task_log(self, caller: Caller, p: dict) -> Any:
         lines = self._task(p).get("log") or []
