@@ -16,6 +16,7 @@ from gputopo.errors import GputopoError
 from gputopo.facts.ctread import ExecContainerFiles
 from gputopo.formats.modelfiles import (
     CONFIG_MAX,
+    INDEX_MAX,
     attention_of,
     header_length,
     header_tensors,
@@ -45,7 +46,7 @@ def _need(files: ContainerFilesPort, vmid: int, path: str, offset: int, length: 
 
 def _tensors(files: ContainerFilesPort, vmid: int, model: str) -> tuple[dict[str, int], int]:
     """Every tensor's bytes of the model's safetensors files, and how many files."""
-    index = files.read(vmid, posixpath.join(model, "model.safetensors.index.json"), 0, CONFIG_MAX)
+    index = files.read(vmid, posixpath.join(model, "model.safetensors.index.json"), 0, INDEX_MAX)
     try:
         names = index_files(index.decode()) if index is not None else ["model.safetensors"]
     except ValueError as e:
@@ -97,7 +98,7 @@ def read_footprint(
         ModelFootprint(
             path=args.path,
             engine=args.engine,  # type: ignore[arg-type]
-            name=posixpath.basename(args.path.rstrip("/")) or args.path,
+            name=args.served_name or posixpath.basename(args.path.rstrip("/")) or args.path,
             model_type=config.get("model_type"),
             attention=attention,
             weights=weights,

@@ -21,7 +21,10 @@ from typing import Any
 from gputopo.model.footprint import Attention, Weights
 
 MAX_HEADER = 100_000_000
-CONFIG_MAX = 4 * 1024 * 1024  # bytes of config.json or the index read at most
+CONFIG_MAX = 4 * 1024 * 1024  # bytes of config.json read at most
+# bytes of model.safetensors.index.json read at most: one line per tensor, some MiB for a large
+# MoE (tens of thousands of expert tensors and their scales)
+INDEX_MAX = 64 * 1024 * 1024
 
 # bytes per element of config.json's torch_dtype
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float": 4, "half": 2}
@@ -48,6 +51,7 @@ class ServedArgs:
     path: str
     kv_cache_dtype: str = "auto"
     mem_fraction: float | None = None
+    served_name: str | None = None
 
 
 def _flag(words: list[str], *names: str) -> str | None:
@@ -64,7 +68,7 @@ def served_args(command: str) -> ServedArgs | None:
     """The served model of a service command, None when it names none (or is neither engine).
 
     SGLang: ``--model-path`` (or its alias ``--model``), ``--mem-fraction-static``,
-    ``--kv-cache-dtype`` (sglang ``python/sglang/srt/server_args.py`` add_cli_args). vLLM:
+    ``--kv-cache-dtype``, ``--served-model-name`` (sglang ``python/sglang/srt/server_args.py`` add_cli_args). vLLM:
     ``vllm serve MODEL`` or ``--model``, ``--gpu-memory-utilization``, ``--kv-cache-dtype``
     (vllm ``vllm/engine/arg_utils.py``).
     """
@@ -90,7 +94,8 @@ def served_args(command: str) -> ServedArgs | None:
         fraction = float(raw) if raw is not None else None
     except ValueError:
         fraction = None
-    return ServedArgs(engine, path, _flag(words, "--kv-cache-dtype") or "auto", fraction)
+    name = _flag(words, "--served-model-name")
+    return ServedArgs(engine, path, _flag(words, "--kv-cache-dtype") or "auto", fraction, name)
 
 
 def header_length(first8: bytes) -> int:
