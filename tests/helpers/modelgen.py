@@ -152,7 +152,7 @@ def parameters(tensors: dict[str, Tensor]) -> int:
     """Parameters as a model card counts them: every weight's elements, MXFP4 blocks as two values
     per byte, quantization scales left out."""
     n = 0
-    for name, (dtype, shape) in tensors.items():
+    for name, (_dtype, shape) in tensors.items():
         if "scale" in name:
             continue
         n += math.prod(shape) * (2 if name.endswith("_blocks") else 1)
