@@ -72,3 +72,23 @@ def test_without_the_model_directory_the_plan_says_why(capsys, template, tmp_pat
         )
     finally:
         h.stop()
+
+
+def test_verify_after_apply_puts_the_estimate_beside_what_runs(capsys, sim):
+    spec = sim.dir / "s.yaml"
+    spec.write_text(seed_spec_text(sim))
+    code, _, err = run(capsys, "apply", "--spec", str(spec), "--sim", str(sim.dir), "--yes", "--no-verify")
+    assert code == 0, err
+    code, out, err = run(capsys, "verify", "--spec", str(spec), "--sim", str(sim.dir), "--json")
+    doc = json.loads(out)
+    cap = next(c for c in doc["checks"] if c["name"] == "capacity")
+    d = cap["details"]["101"]
+    # predicted: the plan's estimate at tp 4; reported: nvidia-smi's used MiB and the service's KV pool
+    assert d["tp"] == 4 and round(d["predicted_weights_gib"], 1) == 55.1
+    assert d["reported_used_mib"] > 0 and d["used_diff_pct"] == round(
+        (d["reported_used_mib"] - d["predicted_used_mib"]) / d["predicted_used_mib"] * 100, 1
+    )
+    assert d["reported_kv_tokens"] is not None and d["kv_diff_pct"] is not None
+    assert "CT 101: qwen3 at tp 4, weights 55.1 GiB per GPU, used " in cap["summary"]
+    code, text, _ = run(capsys, "verify", "--spec", str(spec), "--sim", str(sim.dir))
+    assert "capacity" in text and "predicted" in text
