@@ -323,6 +323,7 @@ _POLICY_AND_VERIFY = [
     "  # max spread of memory use across the container's GPUs, in percent",
     "  memory_spread_pct: 5",
     "  # min_headroom_mib: free memory each GPU must keep (unset: not checked)",
+    "  # min_kv_tokens: the fewest KV-cache tokens the plan's capacity estimate may leave (unset: not checked)",
     "  # a smoke-test prompt, the text the answer must contain, and its timeout in seconds",
     '  prompt: "What is 7 x 13? Answer with the number only."',
     '  expect: "91"',
