@@ -117,7 +117,7 @@ def read_footprints(current: CurrentState, files: ContainerFilesPort | None, exe
         svc = ct.service
         if ct.status != "running" or svc is None or not svc.exec_start:
             if ct.service_error:
-                ct.footprint_unread = f"its service could not be read ({ct.service_error})"
+                ct.footprint_unread = f"the container cannot be looked into here: {ct.service_error}"
             continue
         if exec is None:
             ct.footprint_unread = "nothing here can look inside the container"

@@ -215,7 +215,7 @@ def build_ports(
         _refuse_ignored(conn, timeout_used=False)
         require_sim_extra("--sim")  # its API serves HTTPS: one line, not an ImportError's traceback
         sim.start()
-        return _with_ctfiles(sim.ports(), lambda vmid: str(sim.paths.rootfs(vmid)))
+        return sim_ports(sim)
 
     if conn.api_url is not None and conn.local:
         raise ConfigError("--api-url and --local exclude each other")
@@ -252,6 +252,13 @@ def build_ports(
         # a container's files through /proc/<init pid>/root when this is the node, else pct exec
         ctfiles=RootContainerFiles(proc_root(host, root), ExecContainerFiles(exec)),
     )
+
+
+def sim_ports(sim: Any) -> Ports:
+    """A started simulated host's ports, its containers' files read in their rootfs (as a real
+    node reads ``/proc/<init pid>/root``): every path that plans on a simulated host reads the
+    served model the same way."""
+    return _with_ctfiles(sim.ports(), lambda vmid: str(sim.paths.rootfs(vmid)))
 
 
 def _with_ctfiles(ports: Ports, root_of: Callable[[int], str | None]) -> Ports:

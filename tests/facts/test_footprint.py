@@ -66,6 +66,7 @@ def test_what_cannot_be_read_is_one_line(tmp_path):
     )
     read_footprints(current, None, shell)
     assert (
-        current.containers[101].footprint_unread == "its service could not be read (no pct on this machine)"
+        current.containers[101].footprint_unread
+        == "the container cannot be looked into here: no pct on this machine"
     )
     assert current.containers[102].footprint_unread == "no /models/q/config.json in the container"
