@@ -37,3 +37,19 @@ def test_beyond_the_tolerance_says_which_figure():
     assert TOLERANCE_PCT == 20.0
     d, off = compare(CAP, [], None)  # nothing reported: nothing compared, nothing off
     assert d["used_diff_pct"] is None and d["kv_diff_pct"] is None and off == []
+
+
+def test_the_seed_hosts_own_figures_sit_within_the_tolerance_of_sglangs_budget():
+    """Real: the seed host's nvidia-smi after its split to tp 4 (fixtures/real/seed-query-gpu.csv:
+    78,193-79,043 MiB used of 97,887). Derived: SGLang's default static memory at tp 4 on that GPU
+    (server_args.py _handle_gpu_memory_settings), which verify compares the used memory with."""
+    from gputopo import resources
+    from gputopo.capacity.estimate import sglang_fraction
+
+    rows = (resources.fixtures_dir() / "real/seed-query-gpu.csv").read_text().splitlines()
+    used = [int(r.split(",")[1].split()[0]) for r in rows if r.strip()]
+    assert max(used) == 79043 and min(used) == 78193
+    fraction = sglang_fraction(97887, 4)
+    cap = CAP.model_copy(update={"mem_fraction": fraction, "budget_gib": round(97887 * fraction / 1024, 2)})
+    d, off = compare(cap, used, None)
+    assert d["reported_used_mib"] == 79043 and -TOLERANCE_PCT < d["used_diff_pct"] < 0 and off == []
