@@ -35,7 +35,7 @@ class ExecContainerFiles:
         if res.rc == _ABSENT:
             return None
         if res.rc != 0:
-            raise ExecError(vmid, argv[:3], res.rc, res.stderr)
+            raise ExecError(vmid, ["od" if length <= 64 else "tail", path], res.rc, res.stderr)
         if length <= 64:
             return bytes.fromhex("".join(res.stdout.split()))
         return res.stdout.encode()

@@ -5,8 +5,8 @@ the KV-cache tokens the service reported to the ``inference`` check against the 
 each difference in percent.
 
 PASS when both are within :data:`TOLERANCE_PCT`; WARN beyond it (the estimate is a forecast:
-activations, CUDA graphs and the engine's own rounding are outside it), naming which; SKIP when
-no service runs or no footprint was read (the plan says why). The KV tokens are compared only
+activations, CUDA graphs and the engine's own rounding are outside it), naming which; left out
+of the report when no service runs or no footprint was read (the plan says why). The KV tokens are compared only
 when the inference check ran before (``verify``; the watch runs no prompt).
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 
 from gputopo.capacity.estimate import Capacity
 from gputopo.verify.context import Context, services_not_run
-from gputopo.verify.report import Check, skipped, verdict
+from gputopo.verify.report import Check, verdict
 
 NAME = "capacity"
 TOLERANCE_PCT = 20.0
@@ -65,12 +65,13 @@ def _line(vmid: int, d: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def check(ctx: Context) -> Check:
-    """The estimate beside the service's and nvidia-smi's figures (see the module)."""
+def check(ctx: Context) -> Check | None:
+    """The estimate beside the service's and nvidia-smi's figures (see the module); None (left
+    out of the report) when the plan has no estimate to compare: no service runs, or no served
+    model's footprint was read (the plan says why)."""
     details: dict[str, Any] = {"tolerance_pct": TOLERANCE_PCT}
-    why = services_not_run(ctx)
-    if why:
-        return skipped(NAME, why, details)
+    if services_not_run(ctx):
+        return None
     caps = {c.vmid: c for c in (ctx.plan.capacity if ctx.plan is not None else [])}
     lines, warnings = [], []
     for c, _, t in ctx.services():
@@ -86,6 +87,5 @@ def check(ctx: Context) -> Check:
         if off:
             warnings.append(f"{line}: off by more than {TOLERANCE_PCT:g} % ({'; '.join(off)})")
     if not lines:
-        unknown = ctx.plan.capacity_unknown if ctx.plan is not None else []
-        return skipped(NAME, unknown[0] if unknown else "no served model's footprint was read", details)
+        return None
     return verdict(NAME, details, "; ".join(lines), (), warnings)
