@@ -15,6 +15,7 @@ import json
 import pytest
 
 from gputopo import resources
+from helpers import promtool
 from helpers.applysim import copy_host, fingerprint, seed_spec_text, template  # noqa: F401 (fixtures)
 from helpers.cli import run
 from helpers.modelgen import write_model
@@ -92,3 +93,25 @@ def test_verify_after_apply_puts_the_estimate_beside_what_runs(capsys, sim):
     assert "CT 101: qwen3 at tp 4, weights 55.1 GiB per GPU, used " in cap["summary"]
     code, text, _ = run(capsys, "verify", "--spec", str(spec), "--sim", str(sim.dir))
     assert "capacity" in text and "predicted" in text
+    # the drift watch exports the same figures, in a form promtool accepts
+    prom = sim.dir / "prom"
+    prom.mkdir()
+    code, _, err = run(
+        capsys,
+        "watch",
+        "--spec",
+        str(spec),
+        "--sim",
+        str(sim.dir),
+        "--format",
+        "prometheus",
+        "--textfile-dir",
+        str(prom),
+    )
+    assert code == 0, err
+    metrics = (prom / "gputopo.prom").read_text()
+    assert 'gputopo_check{check="capacity"} 1.0' in metrics
+    assert 'gputopo_capacity_kv_tokens{model="qwen3",vmid="101"}' in metrics
+    assert 'gputopo_capacity_memory_diff_ratio{model="qwen3",vmid="101"}' in metrics
+    checked = promtool.check_metrics(metrics)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
