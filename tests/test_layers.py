@@ -26,6 +26,7 @@ RANK: dict[str, int] = {
     "ports": 2,  # the Protocols the edge implements
     "formats": 3,  # Proxmox and nvidia-smi text formats, pure
     "actions": 4,  # one module per action kind: data, describe, preflight, before/do/undo, expect
+    "capacity": 4,  # a served model's weights and KV cache per GPU at a tensor-parallel size: pure
     "topo": 4,  # the topology tree, PCIe distance matrix, owners, SVG/DOT pictures: pure
     "plan": 5,  # spec, planner, render, diff: pure
     # discovery and the current state: reads the host through the ports. A sibling of plan, so

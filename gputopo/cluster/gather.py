@@ -29,7 +29,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
@@ -102,6 +102,23 @@ def select_nodes(spec: Spec, wanted: list[str] | None, members: list[str] | None
     return chosen
 
 
+def footprints_of(current: CurrentState, sent: dict[str, dict[str, Any]]) -> None:
+    """Each running service's model footprint as its node read it (``cluster node-read``) into
+    ``current``; a service the node sent none for is said to be unread."""
+    from gputopo.model.footprint import ModelFootprint
+
+    for vmid, ct in current.containers.items():
+        if ct.status != "running" or ct.service is None or not ct.service.exec_start:
+            continue
+        data = sent.get(str(vmid))
+        if data is None:
+            ct.footprint_unread = "the node sent no footprint (its service was not running when it read)"
+        elif "unread" in data:
+            ct.footprint_unread = str(data["unread"])
+        else:
+            ct.footprint = ModelFootprint.model_validate(data)
+
+
 def read_cluster(
     spec: Spec,
     nodes: list[str],
@@ -133,6 +150,7 @@ def read_cluster(
             exec=RecordedExec(got.exec, SshExec(shell, node)),
             files=RecordedFiles(got.files, SshFiles(shell, node, timeout)),
         )
+        footprints_of(current, got.footprints or {})
         current.ha_config = ha_read[0].model_copy(deep=True) if ha_read[0] is not None else None
         current.ha_unread = ha_read[1]
         return NodeInput(node, facts, current)

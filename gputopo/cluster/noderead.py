@@ -40,9 +40,10 @@ from typing import TYPE_CHECKING, Any
 from gputopo import __version__
 from gputopo.errors import GputopoError, RemoteCommandFailed, SpecError, VersionMismatch
 from gputopo.facts.discover import discover
+from gputopo.formats.systemd import parse_show_properties, show_state
 from gputopo.model.facts import Facts
 from gputopo.model.reads import EXEC_TIMEOUT, ContainerRead, Reads, ServiceRead
-from gputopo.ports import ExecPort, ExecResult, HostFilesPort, NodeShellPort
+from gputopo.ports import ContainerFilesPort, ExecPort, ExecResult, HostFilesPort, NodeShellPort
 
 if TYPE_CHECKING:
     from gputopo.plan.spec import Spec
@@ -126,10 +127,17 @@ def node_facts(root: str) -> Facts:
     return facts
 
 
-def read_node(facts: Facts, reads: Reads, exec: ExecPort, files: HostFilesPort) -> dict[str, Any]:
+def read_node(
+    facts: Facts,
+    reads: Reads,
+    exec: ExecPort,
+    files: HostFilesPort,
+    ctfiles: ContainerFilesPort | None = None,
+) -> dict[str, Any]:
     """The node-read document: the node's ``facts``, what ``reads`` asks of its containers
-    (through ``exec``) and of its host files (through ``files``). A read that fails is left out
-    (see the module's docstring)."""
+    (through ``exec``) and of its host files (through ``files``), and each running service's
+    model footprint (through ``ctfiles``, else exec). A read that fails is left out (see the
+    module's docstring)."""
     ran = []
     for c in reads.containers or ():
         if c.service is None:
@@ -155,7 +163,31 @@ def read_node(facts: Facts, reads: Reads, exec: ExecPort, files: HostFilesPort) 
         "facts": facts.model_dump(mode="json", by_alias=True),
         "exec": ran,
         "files": texts,
+        "footprints": _footprints(ran, exec, ctfiles),
     }
+
+
+def _footprints(
+    ran: list[dict[str, Any]], exec: ExecPort, ctfiles: ContainerFilesPort | None
+) -> dict[str, Any]:
+    """Container -> the footprint of the model its active service runs (as JSON data), or
+    ``{"unread": why}``; read here, on the node, where the container's files are."""
+    commands = {}
+    for r in ran:
+        if r["rc"] == 0 and r["argv"][:2] == ["systemctl", "show"]:
+            active, command = show_state(parse_show_properties(r["stdout"]))
+            if active and command:
+                commands[r["vmid"]] = command
+    if not commands:
+        return {}
+    from gputopo.facts.ctread import ExecContainerFiles
+    from gputopo.facts.footprint import read_footprint  # pydantic: only where a service runs
+
+    out: dict[str, Any] = {}
+    for vmid, command in commands.items():
+        fp, why = read_footprint(ctfiles or ExecContainerFiles(exec), exec, vmid, command)
+        out[str(vmid)] = fp.model_dump(mode="json") if fp is not None else {"unread": why}
+    return out
 
 
 # --- the cluster side -----------------------------------------------------------------------------
@@ -194,11 +226,13 @@ def check_version(shell: NodeShellPort, node: str, timeout: float) -> str:
 @dataclass
 class NodeRead:
     """What a node read of itself (``gputopo cluster node-read``): its facts, the result of each
-    command it ran in a container (by ``(vmid, argv)``), the host files it read."""
+    command it ran in a container (by ``(vmid, argv)``), the host files it read, each served
+    model's footprint (container -> its JSON data or ``{"unread": why}``)."""
 
     facts: Facts
     exec: dict[tuple[int, tuple[str, ...]], ExecResult]
     files: dict[str, str | None]
+    footprints: dict[str, dict[str, Any]] | None = None
 
 
 def parse_node_read(node: str, text: str) -> NodeRead:
@@ -226,7 +260,7 @@ def parse_node_read(node: str, text: str) -> NodeRead:
             node, NODE_READ, 0, f"not a node-read document ({e.error_count()} errors)"
         ) from None
     ran = {(r.vmid, tuple(r.argv)): ExecResult(r.rc, r.stdout, r.stderr) for r in doc.exec}
-    return NodeRead(facts, ran, dict(doc.files))
+    return NodeRead(facts, ran, dict(doc.files), dict(doc.footprints))
 
 
 def remote_read(shell: NodeShellPort, node: str, spec: Spec, timeout: float) -> NodeRead:

@@ -73,6 +73,11 @@ class NodeReadDoc(_Doc):
     facts: dict[str, Any] = Field(description="What 'gputopo discover --json' prints")
     exec: list[NodeReadExec] = Field(description="The service reads run in its containers")
     files: dict[str, str | None] = Field(description="Host files asked for: text, null when absent")
+    footprints: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="Container -> its served model's footprint (gputopo.model.footprint), or "
+        "{'unread': why it could not be read}",
+    )
 
 
 # --- history -------------------------------------------------------------------------------------

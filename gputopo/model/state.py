@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from gputopo.model.footprint import ModelFootprint
 from gputopo.model.strict import Strict
 
 
@@ -43,6 +44,12 @@ class ContainerState(Strict):
         None, description="Why the running container's service could not be read (no pct here...)"
     )
     ha: HaState | None = Field(None, description="Set when the container is an HA resource")
+    footprint: ModelFootprint | None = Field(
+        None, description="The served model's footprint, read from its files (gputopo.facts.footprint)"
+    )
+    footprint_unread: str | None = Field(
+        None, description="Why the served model's footprint could not be read; null when read or not tried"
+    )
 
 
 class MappingState(Strict):

@@ -21,6 +21,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from gputopo.actions import VFIO, Action
+from gputopo.capacity.estimate import Capacity
 from gputopo.model.owner import Owner
 from gputopo.model.strict import Strict
 
@@ -88,6 +89,13 @@ class Plan(Strict):
     placement: list[str] = Field(
         default_factory=list,
         description="Why each owner's GPUs, one line per owner: how far apart, where they meet, how many stay",
+    )
+    capacity: list[Capacity] = Field(
+        default_factory=list,
+        description="Each served model at its new tensor-parallel size (gputopo.plan.capacity)",
+    )
+    capacity_unknown: list[str] = Field(
+        default_factory=list, description="Why a served model's capacity could not be checked, one line each"
     )
     warnings: list[str] = Field(default_factory=list)
     actions: list[Action] = Field(default_factory=list)
@@ -189,6 +197,10 @@ class Plan(Strict):
             nodes = ",".join(map(str, vm.numa_nodes)) or ("unknown" if vm.gpus else "-")
             lines.append(f"VM {vm.vmid}: {vm.gpus} GPU(s) from {vm.mapping}, NUMA node {nodes}")
             lines += [f"  - {n}" for n in vm.notes]
+        if self.capacity or self.capacity_unknown:
+            lines.append("Capacity:")
+            lines += [f"  - {c.text}" for c in self.capacity]
+            lines += [f"  - {u}" for u in self.capacity_unknown]
         if self.placement:
             lines.append("Placement:")
             lines += [f"  - {p}" for p in self.placement]

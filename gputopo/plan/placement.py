@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 
+from gputopo.errors import SpecError
 from gputopo.model.facts import Gpu, PciFunction, address_key
 from gputopo.topo.distance import RANK, distance, locality_keys, worst
 from gputopo.topo.model import LEVELS
@@ -316,7 +317,10 @@ def explain(gpus: Sequence[Gpu], held: Collection[str] | None, nics: Sequence[Pc
 
 
 def split(
-    gpus: Sequence[Gpu], container_now: Collection[str] = (), vm_now: Collection[str] = ()
+    gpus: Sequence[Gpu],
+    container_now: Collection[str] = (),
+    vm_now: Collection[str] = (),
+    container_sizes: Collection[int] | None = None,
 ) -> tuple[list[Gpu], list[Gpu]]:
     """(the container's GPUs, the VM mapping's) for ``--split auto``: every GPU goes to one side.
 
@@ -327,7 +331,11 @@ def split(
     the sides' sizes closest; the two farthest pairs closest together; the fewest GPUs changing
     owner (``container_now``, ``vm_now``: the addresses each side has now); the container on the
     lowest address. On a host of two NUMA nodes with GPUs alone behind their root ports (the seed
-    host) that is the NUMA split. Returns ([], gpus) for fewer than two GPUs.
+    host) that is the NUMA split. ``container_sizes``: the GPU counts the container's served
+    model runs on (a tensor-parallel size that divides its heads and holds its weights:
+    :func:`gputopo.capacity.estimate.min_gpus`); only splits giving it one of them are
+    candidates, the container's side grown to the smallest when no cluster has that many.
+    Returns ([], gpus) for fewer than two GPUs.
     """
     ordered = sorted(gpus, key=lambda g: address_key(g.address))
     if len(ordered) < 2:
@@ -355,5 +363,33 @@ def split(
         )
         return (max(wc, wv), len(shared), abs(len(ct) - len(vm)), wc + wv, moves, address_key(ct[0].address))
 
-    best = min((a for a in candidates if 0 < len(a) < len(ordered)), key=score)
+    if container_sizes is not None:
+        _sized_candidates(ordered, candidates, container_sizes, ct_now)
+    ok = container_sizes if container_sizes is not None else range(1, len(ordered))
+    best = min((a for a in candidates if 0 < len(a) < len(ordered) and len(a) in ok), key=score)
     return [g for g in ordered if g.address in best], [g for g in ordered if g.address not in best]
+
+
+def _sized_candidates(
+    ordered: list[Gpu],
+    candidates: dict[frozenset[str], list[Gpu]],
+    sizes: Collection[int],
+    now: frozenset[str],
+) -> None:
+    """Add to ``candidates`` a container side of each allowed size that none has: the GPUs it
+    has now first, then by address (the closest set is then among the scored ones only when a
+    cluster has that size). Raises SpecError when no size leaves the VM a GPU."""
+    usable = sorted(n for n in sizes if 0 < n < len(ordered))
+    if not usable:
+        why = (
+            f"needs {min(sizes)} or more of the {len(ordered)} GPUs: none would be left for the VM"
+            if sizes
+            else f"does not fit the {len(ordered)} GPUs at any tensor-parallel size"
+        )
+        raise SpecError("--split", "auto", f"the container's served model {why}")
+    have = {len(a) for a in candidates}
+    keep_first = sorted(ordered, key=lambda g: (g.address not in now, address_key(g.address)))
+    for n in usable:
+        if n not in have:
+            side = keep_first[:n]
+            candidates.setdefault(frozenset(g.address for g in side), side)

@@ -27,10 +27,12 @@ from gputopo.actions import (
     StopGuest,
     World,
 )
-from gputopo.model.facts import Facts, Gpu
+from gputopo.capacity.estimate import Capacity
+from gputopo.model.facts import Facts, Gpu, nvidia_gpus
 from gputopo.model.owner import Owner
 from gputopo.model.state import CurrentState
 from gputopo.plan.binding import gpu_targets, needed_rebinds, persistence_actions
+from gputopo.plan.capacity import check_capacity
 from gputopo.plan.containers import ContainerChanges, plan_containers
 from gputopo.plan.findings import Findings
 from gputopo.plan.gone import refuse_gone_gpus
@@ -126,7 +128,9 @@ def plan(
     refuse_gone_gpus(facts, current, spec_node, found)
     cts = {Owner.container(c.vmid): c for c in spec_node.containers}
     vms = {Owner.vm(m.name): m for m in spec_node.vms.mappings}
-    selected, owner_of, placement = _select(facts, spec, current, node_name, cts, vms, found)
+    selected, owner_of, placement, capacity, unknown = _select(
+        facts, spec, current, node_name, cts, vms, found
+    )
 
     keep_override = spec.policy.keep_driver_override
     target = gpu_targets(facts, owner_of)
@@ -165,9 +169,22 @@ def plan(
         p2p_disable=p2p,
         keep_override=keep_override,
         placement=placement,
+        capacity=capacity,
+        capacity_unknown=unknown,
         warnings=found.warnings,
         actions=actions,
     )
+
+
+class _Selected(NamedTuple):
+    """Each owner's GPUs, each GPU's owner, the placement's lines, each served model's capacity
+    and why a capacity is unknown."""
+
+    selected: dict[Owner, list[Gpu]]
+    owner_of: dict[str, Owner]
+    placement: list[str]
+    capacity: list[Capacity]
+    unknown: list[str]
 
 
 class _GuestSteps(NamedTuple):
@@ -260,23 +277,29 @@ def _select(
     cts: dict[Owner, Container],
     vms: dict[Owner, VmMapping],
     found: Findings,
-) -> tuple[dict[Owner, list[Gpu]], dict[str, Owner], list[str]]:
-    """(owner -> its GPUs, address -> its owner, the placement's lines): which GPUs each owner
-    gets, and the checks of that choice. Raises PlanRefused when a check refuses it."""
+) -> _Selected:
+    """Which GPUs each owner gets, and the checks of that choice (each served model's capacity
+    at its new tensor-parallel size among them). Raises PlanRefused when a check refuses it."""
     held = held_by(held_now(facts, current, node_name), [*cts, *vms])
     selected, owner_of = assign(facts, cts, vms, found, held)
     placement = check_locality(facts, selected, held, spec, found)
     check_vm_gpus(facts, {a for a, o in owner_of.items() if o.is_vm}, found)
+    capacity: list[Capacity] = []
+    unknown: list[str] = []
     for owner, c in cts.items():
         check_container(c, owner, selected.get(owner, []), spec, owner_of, found)
-        check_service_unit(c, current.containers.get(c.vmid), len(selected.get(owner, [])), found)
+        state, tp = current.containers.get(c.vmid), len(selected.get(owner, []))
+        check_service_unit(c, state, tp, found)
+        cap, why = check_capacity(c, state, tp, spec, len(nvidia_gpus(facts)), found)
+        capacity += [cap] if cap is not None else []
+        unknown += [why] if why is not None else []
     if facts.host.sev_snp and facts.host.iommu_mode == "pt":
         found.warn(
             "SEV-SNP is on but the IOMMU is in passthrough (iommu=pt); SEV-SNP needs it translating: "
             "drop iommu=pt from the kernel command line"
         )
     found.raise_if_refused()
-    return selected, owner_of, placement
+    return _Selected(selected, owner_of, placement, capacity, unknown)
 
 
 def _mappings(

@@ -302,6 +302,12 @@ class Verify(Strict):
         description="Most the memory use of the container's GPUs may spread ((max-min)/max), in percent",
     )
     min_headroom_mib: int | None = Field(None, ge=0)
+    min_kv_tokens: int | None = Field(
+        None,
+        ge=0,
+        description="Fewest tokens the served model's KV cache should hold per the plan's capacity "
+        "estimate; below it the plan warns (unset: not checked)",
+    )
     prompt: str = "What is 7 x 13? Answer with the number only."
     expect: str = "91"
     timeout: float = Field(120, gt=0)

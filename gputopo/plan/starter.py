@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from gputopo.capacity.estimate import estimate, min_gpus
 from gputopo.errors import SpecError
 from gputopo.model.facts import Facts, Gpu, nvidia_gpus
 from gputopo.model.owner import Owner
@@ -18,7 +19,7 @@ from gputopo.plan.yamlspec import format_validation_error
 
 
 def split_selectors(
-    facts: Facts, split: str, now: dict[Owner, set[str]] | None = None
+    facts: Facts, split: str, now: dict[Owner, set[str]] | None = None, sizes: list[int] | None = None
 ) -> tuple[GpuSelector, GpuSelector]:
     """(container selector, VM selector) for a ``--split`` mode.
 
@@ -26,7 +27,8 @@ def split_selectors(
     ``half``: the lower half of the GPUs by address to the container, the rest to the VM.
     ``auto``: :func:`gputopo.plan.placement.split` (each side as close together as the host
     allows, then balanced across NUMA nodes, then the fewest moves from ``now``: owner -> the
-    addresses it has now, with the container first and the mapping second); written as NUMA
+    addresses it has now, with the container first and the mapping second; ``sizes``: the GPU
+    counts the container's served model runs on, :func:`model_sizes`); written as NUMA
     nodes when each side is whole NUMA nodes, else as addresses.
     Raises SpecError when the host cannot be split that way.
     """
@@ -37,7 +39,7 @@ def split_selectors(
         if len(gpus) < 2:
             raise SpecError("--split", "auto", "one GPU cannot be split")
         held = list((now or {}).values())
-        ct, vm = placement.split(gpus, held[0] if held else (), held[1] if len(held) > 1 else ())
+        ct, vm = placement.split(gpus, held[0] if held else (), held[1] if len(held) > 1 else (), sizes)
         return _as_selector(gpus, ct), _as_selector(gpus, vm)
     if split == "numa":
         nodes = sorted({g.numa_node for g in gpus if g.numa_node is not None})
@@ -85,7 +87,8 @@ def spec_from_split(
     be split that way or a name is invalid.
     """
     now = _now(facts, current, container, vm_mapping, node) if split == "auto" else None
-    ct_sel, vm_sel = split_selectors(facts, split, now)
+    sizes = model_sizes(facts, current, container) if split == "auto" else None
+    ct_sel, vm_sel = split_selectors(facts, split, now, sizes)
     container_data: dict[str, Any] = {
         "vmid": container,
         "gpus": ct_sel.model_dump(exclude_none=True),
@@ -107,6 +110,28 @@ def spec_from_split(
         return Spec.model_validate(data)
     except ValidationError as e:
         raise format_validation_error("--split", e) from None
+
+
+def model_sizes(facts: Facts, current: CurrentState | None, container: int) -> list[int] | None:
+    """The GPU counts the container's served model can run on (its footprint read: a
+    tensor-parallel size, a power of two, that divides its attention heads and whose weights fit,
+    :mod:`gputopo.capacity.estimate`), None when its footprint is not known (any count)."""
+    state = current.containers.get(container) if current is not None else None
+    fp = state.footprint if state is not None else None
+    if fp is None:
+        return None
+    n = len(nvidia_gpus(facts))
+    need = min_gpus(fp, n)
+    if need is None:
+        return []
+    return [
+        tp
+        for tp in range(need, n + 1)
+        # a power of two: quick mode's spec has the default policy, whose tp_check refuses others
+        if fp.attention.heads % tp == 0
+        and not tp & (tp - 1)
+        and estimate(fp, container, tp).fits is not False
+    ]
 
 
 def _now(
@@ -298,6 +323,7 @@ _POLICY_AND_VERIFY = [
     "  # max spread of memory use across the container's GPUs, in percent",
     "  memory_spread_pct: 5",
     "  # min_headroom_mib: free memory each GPU must keep (unset: not checked)",
+    "  # min_kv_tokens: the fewest KV-cache tokens the plan's capacity estimate may leave (unset: not checked)",
     "  # a smoke-test prompt, the text the answer must contain, and its timeout in seconds",
     '  prompt: "What is 7 x 13? Answer with the number only."',
     '  expect: "91"',

@@ -14,6 +14,8 @@ Each external system sits behind one small Protocol; a real adapter and the simu
 * :class:`GroupBinder` -- IOMMU groups moved between drivers over the SysfsPort
   (``gputopo.adapters.sysfs.Binder``)
 * :class:`HostFilesPort` -- files on the host under the root (persistence files)
+* :class:`ContainerFilesPort` -- bounded reads of files inside a container (a served model's
+  config and safetensors headers; ``gputopo.adapters.ctfiles``)
 * :class:`HttpPort`   -- HTTP to the services the containers run (the inference endpoint that
   verify probes; real: ``gputopo.adapters.http.RequestsHttp``)
 * :class:`NodeShellPort` -- commands on another node of a cluster (real: the OpenSSH client,
@@ -45,6 +47,7 @@ from gputopo.ports.cluster import (
     VmListing,
 )
 from gputopo.ports.host import (
+    ContainerFilesPort,
     ContainerSystemdPort,
     DeviceEvent,
     DeviceEventListener,
@@ -75,6 +78,7 @@ from gputopo.ports.proxmox import (
 __all__ = [
     "AgentExecStatus",
     "ClusterApiPort",
+    "ContainerFilesPort",
     "ContainerSystemdPort",
     "DeviceEvent",
     "DeviceEventListener",
@@ -127,3 +131,6 @@ class Ports:
     udev: DeviceEventsPort | None = None  # udev's processed events; None where no udev runs
     # the cluster-wide calls of the same API login (HA placement); None where none are made
     cluster: ClusterApiPort | None = None
+    # files inside a container, read without pct where the container's root is reachable;
+    # None: read through exec (``gputopo.adapters.ctfiles.ExecContainerFiles``)
+    ctfiles: ContainerFilesPort | None = None

@@ -205,3 +205,14 @@ class DeviceEventsPort(Protocol):
     def listen(self) -> DeviceEventListener | None:
         """Start listening; None when no udev runs here (the wait is then skipped)."""
         ...
+
+
+@runtime_checkable
+class ContainerFilesPort(Protocol):
+    """Bounded reads of files inside a container (a served model's config and safetensors
+    headers): through the container's root on the node, else ``pct exec``."""
+
+    def read(self, vmid: int, path: str, offset: int, length: int) -> bytes | None:
+        """At most ``length`` bytes of ``path`` (absolute inside the container) from ``offset``;
+        None when there is no such file. Raises ExecError when it cannot be read."""
+        ...

@@ -21,6 +21,7 @@ what :func:`build_ports` started.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -214,7 +215,7 @@ def build_ports(
         _refuse_ignored(conn, timeout_used=False)
         require_sim_extra("--sim")  # its API serves HTTPS: one line, not an ImportError's traceback
         sim.start()
-        return sim.ports()
+        return sim_ports(sim)
 
     if conn.api_url is not None and conn.local:
         raise ConfigError("--api-url and --local exclude each other")
@@ -234,18 +235,41 @@ def build_ports(
     # commands run here change this machine: only when it is the host (--root /)
     host = RealHostCommands() if root == "/" else None
     from gputopo.adapters.clusterapi import ClusterApi
+    from gputopo.adapters.ctfiles import RootContainerFiles, proc_root
+    from gputopo.facts.ctread import ExecContainerFiles
 
+    exec = PctExec()
     return Ports(
         sysfs=RealSysfs(root),
         proxmox=client,
-        exec=PctExec(),
+        exec=exec,
         files=RealHostFiles(root),
         http=RequestsHttp(),
         host=host,
         # udev's events are this machine's: heard only when the root is the host's
         udev=UdevEvents() if root == "/" else None,
         cluster=ClusterApi(client),
+        # a container's files through /proc/<init pid>/root when this is the node, else pct exec
+        ctfiles=RootContainerFiles(proc_root(host, root), ExecContainerFiles(exec)),
     )
+
+
+def sim_ports(sim: Any) -> Ports:
+    """A started simulated host's ports, its containers' files read in their rootfs (as a real
+    node reads ``/proc/<init pid>/root``): every path that plans on a simulated host reads the
+    served model the same way."""
+    return _with_ctfiles(sim.ports(), lambda vmid: str(sim.paths.rootfs(vmid)))
+
+
+def _with_ctfiles(ports: Ports, root_of: Callable[[int], str | None]) -> Ports:
+    """``ports`` reading containers' files under ``root_of(vmid)`` (a simulated container's
+    rootfs), through exec where that is not a directory."""
+    from dataclasses import replace
+
+    from gputopo.adapters.ctfiles import RootContainerFiles
+    from gputopo.facts.ctread import ExecContainerFiles
+
+    return replace(ports, ctfiles=RootContainerFiles(root_of, ExecContainerFiles(ports.exec)))
 
 
 def source_ports(conn: Connection, default_node: str | None = None) -> Ports | None:

@@ -23,6 +23,7 @@ from gputopo.ports import Ports
 from gputopo.sim.demo import GUEST_NVSMI, NVIDIA_SMI_QUERY, guest_nvidia_smi
 from gputopo.sim.host import SimHost
 from gputopo.usecases.apply import run
+from gputopo.usecases.connect import sim_ports
 from gputopo.usecases.readplan import read_and_plan
 from gputopo.usecases.verify import verify
 
@@ -85,7 +86,7 @@ def demo_host(workdir: str | None, source: str, pace: float) -> Iterator[DemoHos
         numa = [g.numa_node for g in facts.gpus if g.numa_node is not None]
         lowest = min(numa, default=0)
         host.set_latencies(pace, [g.address for g in facts.gpus if g.numa_node not in (None, lowest)])
-        yield DemoHost(host, base, host.ports())
+        yield DemoHost(host, base, sim_ports(host))
     finally:
         if host is not None:
             host.stop()

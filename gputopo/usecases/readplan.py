@@ -201,11 +201,13 @@ def observe_for(
     host: str | Facts, spec: Spec, ports: Ports, node: str | None = None, ha: bool = True
 ) -> tuple[Facts, CurrentState]:
     """The facts of ``host`` (a root to discover, or facts already read) and the current state
-    ``spec`` needs, through ``ports``; ``ha`` False leaves the cluster's HA placement unread."""
+    ``spec`` needs, through ``ports``, with each running service's model footprint (read through
+    ``ports.ctfiles``, else pct exec); ``ha`` False leaves the cluster's HA placement unread."""
+    from gputopo.facts.footprint import read_footprints
     from gputopo.facts.observe import observe
     from gputopo.plan.reads import spec_reads
 
-    return observe(
+    facts, current = observe(
         host,
         spec_reads(spec, node),
         proxmox=ports.proxmox,
@@ -213,6 +215,9 @@ def observe_for(
         files=ports.files,
         cluster=ports.cluster if ha else None,
     )
+    # each served model's footprint, for the plan's capacity line (and its refusal)
+    read_footprints(current, ports.ctfiles, ports.exec)
+    return facts, current
 
 
 def read_and_plan(

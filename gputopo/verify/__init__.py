@@ -1,7 +1,7 @@
 """Verify: an independent health check of a host against its spec, the operator's "all clear".
 
 Everything is read fresh (a new :func:`gputopo.facts.discover.discover` and
-:func:`gputopo.facts.observe.observe`), never taken from what an apply remembers. Seven
+:func:`gputopo.facts.observe.observe`), never taken from what an apply remembers. Eight
 checks, each PASS / WARN / FAIL with the numbers behind it, one module each:
 
 1. :mod:`~gputopo.verify.converged` -- a fresh plan is empty;
@@ -12,8 +12,10 @@ checks, each PASS / WARN / FAIL with the numbers behind it, one module each:
 5. :mod:`~gputopo.verify.service`   -- the unit active with the planned tensor-parallel size;
 6. :mod:`~gputopo.verify.inference` -- the endpoint answers the smoke-test prompt in time and
    reports its KV-cache size;
-7. :mod:`~gputopo.verify.platform`  -- peer-to-peer DMA disabled where SEV-SNP needs it;
-8. :mod:`~gputopo.verify.guest`     -- only when asked (``start_vms``, or ``verify_guest`` on a VM):
+7. :mod:`~gputopo.verify.capacity`  -- the plan's capacity estimate beside what the service and
+   nvidia-smi report: memory used per GPU and KV-cache tokens, the difference in percent;
+8. :mod:`~gputopo.verify.platform`  -- peer-to-peer DMA disabled where SEV-SNP needs it;
+9. :mod:`~gputopo.verify.guest`     -- only when asked (``start_vms``, or ``verify_guest`` on a VM):
    the VM's guest lists its GPUs (nvidia-smi through the QEMU guest agent); left out otherwise.
 
 They share one :class:`~gputopo.verify.context.Context` (facts, current state, plan, and each
@@ -32,6 +34,7 @@ from gputopo.errors import GputopoError
 from gputopo.plan.spec import Spec
 from gputopo.ports import Ports
 from gputopo.verify import (
+    capacity,
     container,
     converged,
     guest,
@@ -61,10 +64,11 @@ __all__ = [
 #: check name -> its function, in the order verify runs them; each takes the Context and returns its
 #: Check (None: not asked for, left out of the report), and a GputopoError it raises becomes a FAIL
 REGISTRY: dict[str, Callable[[Context], Check | None]] = {
-    m.NAME: m.check for m in (converged, vm, container, memory, service, inference, platform, guest)
+    m.NAME: m.check for m in (converged, vm, container, memory, service, inference, capacity, platform, guest)
 }
-#: the checks every verification runs (the guest check runs only when asked)
-CHECKS = tuple(n for n in REGISTRY if n != guest.NAME)
+#: the checks every verification reports (the guest check runs only when asked; the capacity
+#: check reports only where the plan has a served model's estimate to compare)
+CHECKS = tuple(n for n in REGISTRY if n not in (guest.NAME, capacity.NAME))
 
 
 def verify(

@@ -115,6 +115,8 @@ class Context:
         self.plan: Plan | None = reading.plan
         self.plan_error: list[str] = list(reading.plan_error)
         self._smi: dict[int, tuple[list[GpuRow] | None, str | None]] = {}
+        # container -> the KV-cache tokens its service reported to the inference check
+        self.kv_reported: dict[int, int | None] = {}
 
     @property
     def no_plan(self) -> str | None:

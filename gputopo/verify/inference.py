@@ -184,6 +184,7 @@ def _probe(ctx: Context, vmid: int, svc: Service, details: dict[str, Any]) -> tu
     if not answer_matches(content, v.expect):
         return FAIL, f"CT {vmid}: wrong answer to {v.prompt!r}: {content[:120]!r} (expected {v.expect!r})"
     kv = out.get("kv_tokens")
+    ctx.kv_reported[vmid] = kv  # the capacity check compares it with the plan's estimate
     line = f"CT {vmid}: answered {v.expect!r} in {out['latency_s']:.2f} s; " + (
         f"KV cache {kv} tokens" if kv else "KV cache size not reported"
     )

@@ -83,6 +83,7 @@ class _PassCollector:
                 owner.add_metric([address, who], 1)
             yield owner
             yield _gauge("gputopo_gpus", "GPUs on the bus", len(r.owners))
+            yield from _capacity(r)
         if r.last_apply is not None:
             if r.last_apply.ended is not None:
                 yield _gauge(
@@ -98,6 +99,39 @@ class _PassCollector:
             for name in OUTCOMES:
                 outcome.add_metric([name], 1 if r.last_apply.outcome == name else 0)
             yield outcome
+
+
+def _capacity(r: WatchResult) -> Iterator[Metric]:
+    """The capacity check's figures per container (verify/capacity.py): the predicted weights
+    per GPU, the predicted KV-cache tokens, and nvidia-smi's memory used against the predicted
+    one as a ratio; nothing when the check did not run."""
+    c = r.checks.get("capacity")
+    per = {k: v for k, v in (c.details if c is not None and c.status != SKIP else {}).items() if k.isdigit()}
+    if not per:
+        return
+    weights = GaugeMetricFamily(
+        "gputopo_capacity_weights_bytes",
+        "The served model's weights per GPU at its tensor-parallel size, from its safetensors headers",
+        labels=["vmid", "model"],
+    )
+    kv = GaugeMetricFamily(
+        "gputopo_capacity_kv_tokens",
+        "KV-cache tokens the plan's estimate predicts for the served model (the engine's pool size)",
+        labels=["vmid", "model"],
+    )
+    used = GaugeMetricFamily(
+        "gputopo_capacity_memory_diff_ratio",
+        "(nvidia-smi memory used - the predicted static memory) / the predicted, on the busiest GPU",
+        labels=["vmid", "model"],
+    )
+    for vmid, d in sorted(per.items()):
+        labels = [vmid, str(d.get("model", ""))]
+        weights.add_metric(labels, float(d["predicted_weights_gib"]) * (1 << 30))
+        if d.get("predicted_kv_tokens") is not None:
+            kv.add_metric(labels, d["predicted_kv_tokens"])
+        if d.get("used_diff_pct") is not None:
+            used.add_metric(labels, d["used_diff_pct"] / 100)
+    yield from (weights, kv, used)
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

@@ -37,7 +37,10 @@ from gputopo.verify.context import ReadForChecks, checks_context
 
 #: the checks of verify a watch pass runs, in verify's order: all but the inference probe (a
 #: prompt to the model) and the guest check (it starts VMs)
-QUICK_CHECKS = tuple(n for n in REGISTRY if n not in ("inference", "guest"))
+QUICK_CHECKS = tuple(n for n in REGISTRY if n not in ("inference", "guest", "capacity"))
+#: run after them, reported only where the plan has a served model's capacity estimate (the
+#: memory used beside it; the KV tokens need the inference probe, which the watch does not run)
+WHERE_ESTIMATED = ("capacity",)
 
 #: the diff's areas as the metrics name them (``gputopo diff --json``'s keys)
 DRIFT_AREAS = tuple(a.replace(" ", "_") for a in AREAS)
@@ -184,7 +187,7 @@ def _check(out: WatchResult, spec, ports: Ports, root: str, node: str | None, re
             out.drift[key] = bool(lines)
             if lines:
                 out.drift_lines[key] = lines
-    for name in QUICK_CHECKS:
+    for name in (*QUICK_CHECKS, *WHERE_ESTIMATED):
         try:
             got = REGISTRY[name](ctx)
         except GputopoError as e:

@@ -101,6 +101,11 @@ def test_plan_over_api_url_without_pct_refuses_a_service_it_cannot_read(capsys, 
         "CT 101: write /etc/systemd/system/sglang.service.d/gputopo.conf (sglang.service, tensor parallel 4"
         in out
     )
+    # the model's files are inside the container, which this machine cannot look into: one line says so
+    assert (
+        "  - container 101: capacity not checked: the model's footprint could not be read (the container "
+        "cannot be looked into here: no pct on this machine)\n" in out
+    )
 
 
 def test_verify_with_api_url_names_this_hosts_node_of_a_two_node_spec(capsys, sim, spec, env):

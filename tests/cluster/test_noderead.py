@@ -309,3 +309,48 @@ def test_an_answer_is_read_after_the_input_is_sent(tmp_path):
     call = runner.start("pve1", ["true"])  # begun before what it is sent is known
     assert call.result(10, "sent later") == ExecResult(0, "sent later", "")
     assert not runner._running
+
+
+@pytest.mark.slow  # a gputopo process
+def test_the_node_reads_its_served_models_footprint_as_a_host_reads_in_place(host, tmp_path):
+    """The footprint travels in the node's document: the cluster side plans the capacity line
+    from what the node read in its container's root, the same footprint a read in place gives."""
+    from gputopo import resources
+    from gputopo.adapters.ctfiles import RootContainerFiles
+    from gputopo.cluster.gather import footprints_of
+    from gputopo.facts.footprint import read_footprint
+    from helpers.modelgen import write_model
+
+    config = json.loads((resources.fixtures_dir() / "real/models/Qwen3-8B/config.json").read_text())
+    write_model(host.paths.rootfs(101) / "models/Qwen3-235B-A22B-FP8", config, shards=2)
+    reads = tmp_path / "reads.json"
+    reads.write_text(json.dumps(reads_document(reads_of(seed_spec(host).nodes[0]))))
+    argv = [
+        sys.executable,
+        "-m",
+        "gputopo",
+        "cluster",
+        "node-read",
+        "--sim",
+        str(host.dir),
+        "--reads",
+        str(reads),
+    ]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    got = parse_node_read(host.node, res.stdout)
+    spec = seed_spec(host)
+    remote = observe(
+        got.facts,
+        spec_reads(spec),
+        proxmox=PveFiles(host.paths.pve, host.node),
+        exec=RecordedExec(got.exec, NoLiveReads()),
+        files=RecordedFiles(got.files, NoLiveReads()),
+    ).current
+    footprints_of(remote, got.footprints or {})
+    command = remote.containers[101].service.exec_start
+    local, why = read_footprint(
+        RootContainerFiles(lambda v: str(host.paths.rootfs(v))), SimExec(host.dir), 101, command
+    )
+    assert why is None and remote.containers[101].footprint == local
+    assert local.weights.files == 2 and local.attention.kv_heads == 8

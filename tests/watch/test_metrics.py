@@ -43,7 +43,32 @@ DRIFTED = CLEAN.model_copy(
 )
 LOCKED = WatchResult(time=T, apply_in_progress=True, lock_holder="pid 7 (gputopo apply)", last_apply=None)
 DOWN = WatchResult(time=T, up=False, error="/etc/gputopo/spec.yaml: cannot read: No such file", error_code=2)
-STATES = {"clean": CLEAN, "drifted": DRIFTED, "locked": LOCKED, "down": DOWN}
+CAPACITY = CLEAN.model_copy(
+    update={
+        "checks": {
+            "capacity": Check(
+                name="capacity",
+                status=PASS,
+                summary="CT 101: qwen3 at tp 4",
+                details={
+                    "tolerance_pct": 20.0,
+                    "101": {
+                        "model": "qwen3",
+                        "tp": 4,
+                        "predicted_weights_gib": 55.0,
+                        "predicted_kv_tokens": 1200000,
+                        "reported_kv_tokens": None,
+                        "kv_diff_pct": None,
+                        "predicted_used_mib": 84070,
+                        "reported_used_mib": 79043,
+                        "used_diff_pct": -6.0,
+                    },
+                },
+            )
+        }
+    }
+)
+STATES = {"clean": CLEAN, "drifted": DRIFTED, "locked": LOCKED, "down": DOWN, "capacity": CAPACITY}
 
 
 def series(result: WatchResult) -> dict[str, dict[tuple, float]]:
@@ -78,6 +103,14 @@ def test_a_clean_pass():
 def test_drift_and_a_failing_check_are_1_and_0():
     m = series(DRIFTED)
     assert m["gputopo_drift"][("driver_bindings",)] == 1 and m["gputopo_check"] == {("vm",): 0}
+
+
+def test_the_capacity_checks_figures_are_series_per_container():
+    m = series(CAPACITY)
+    assert m["gputopo_capacity_weights_bytes"] == {("101", "qwen3"): 55.0 * (1 << 30)}
+    assert m["gputopo_capacity_kv_tokens"] == {("101", "qwen3"): 1200000}
+    assert m["gputopo_capacity_memory_diff_ratio"] == {("101", "qwen3"): -0.06}
+    assert "gputopo_capacity_kv_tokens" not in series(CLEAN)  # no capacity check: no series
 
 
 def test_an_apply_in_progress_has_no_drift_check_or_owner_series():
