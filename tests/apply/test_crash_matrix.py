@@ -34,10 +34,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -51,7 +53,7 @@ from gputopo.sim.host import SimHost
 from gputopo.sim.kernel import SimKernel
 from gputopo.usecases.readplan import read_and_plan
 from helpers import TESTS, applysim
-from helpers.crashmatrix import CASES, PVE, Case, record, sample
+from helpers.crashmatrix import CASES, PVE, SIGNAL_EXIT, SIGNALS, Case, record, sample
 
 DRIVER = TESTS / "helpers" / "crashdriver.py"
 WORKERS = 4  # runs of one case at a time: most of a run is the paced host waiting
@@ -73,14 +75,64 @@ def _param(case: Case, marks: list) -> object:
 # --- hosts: one start host per shape, restart policy and Proxmox version, copied per run --------
 
 
+HA_CRM = 1.0  # the simulated HA manager takes a request after half of it, moves the guest after it
+
+
 def _pace(sim: Path) -> None:
     """A real server's pace where the rollback logic depends on it: the service stays activating
-    for a second after each start, and the container takes a while to shut down."""
+    for a second after each start, the container takes a while to shut down, and the HA manager
+    moves a guest a second after its request (tests/apply/test_ha_guests.py)."""
     state.write_state(
         sim / "run",
         "latencies",
-        {"service.start": 1.0, "service.stop": 0.1, "vzstart": 0.3, "vzshutdown": 0.8},
+        {"service.start": 1.0, "service.stop": 0.1, "vzstart": 0.3, "vzshutdown": 0.8, "ha.crm": HA_CRM},
     )
+
+
+def _make_ha(h: SimHost, sids: tuple[str, ...]) -> None:
+    """The guests ``sids`` HA resources, each with the requested state of what it is doing now (a
+    stopped guest asked to be ``started`` would be started by the HA manager on its own)."""
+    for sid in sids:
+        kind, _, vmid = sid.partition(":")
+        running = state.guest_status(h.paths.run, "lxc" if kind == "ct" else "qemu", int(vmid)) == "running"
+        h.make_ha_managed(sid, "started" if running else "stopped")
+
+
+SETTLE_ROUNDS = 3  # HA manager rounds a run's host is served for before it is compared
+
+
+def _fingerprint(host: SimHost, case: Case, settle: bool = True) -> dict:
+    """``applysim.fingerprint`` of the host, stopped; for HA guests after the HA manager settled
+    (its queued requests carried out and ``SETTLE_ROUNDS`` rounds served, so that a request left
+    behind moves its guest before the comparison), with each resource's requested state and the
+    manager's state of it."""
+    if not case.shape.ha:
+        host.stop()
+        return applysim.fingerprint(host)
+    ha = _settle(host, case.shape.ha, SETTLE_ROUNDS if settle else 0)
+    host.stop()
+    return {**applysim.fingerprint(host), "ha": ha}
+
+
+def _settle(host: SimHost, sids: tuple[str, ...], rounds: int) -> dict[str, tuple[str, str]]:
+    """Serve the host for ``rounds`` of the HA manager and until no request is queued (at most
+    ten rounds more); then sid -> (the requested state in resources.cfg, the manager's state)."""
+    from gputopo.formats.hacfg import parse_section_config
+
+    guests = {sid: ("lxc" if sid.startswith("ct:") else "qemu", int(sid[3:])) for sid in sids}
+    if host.api is None:
+        host.start()
+    t0 = time.monotonic()
+    while True:
+        status = {sid: host.api.ha_status(*g).get("state", "") for sid, g in guests.items()}
+        waited = time.monotonic() - t0
+        queued = state.read_state(host.paths.run, "ha-requests", [])
+        if waited >= rounds * HA_CRM and (not queued or waited >= (rounds + 10) * HA_CRM):
+            break
+        time.sleep(0.05)
+    cfg = host.paths.pve / "ha/resources.cfg"
+    requested = {s.sid: s.props.get("state", "started") for s in parse_section_config(cfg.read_text())}
+    return {sid: (requested.get(sid, "-"), status[sid]) for sid in sids}
 
 
 class Start:
@@ -92,23 +144,33 @@ class Start:
         sim = base / "sim"
         h = SimHost.create(sim, pve_version=PVE[case.pve])
         SimKernel(h.paths.root).configure(time_scale=applysim.SCALE)
+        _make_ha(h, case.shape.ha)
         # the start spec with restart ``always``: the container runs its configuration, no devN
-        # removal pending (a rollback that restarts it applies those, and cannot put them back)
-        start, _ = case.shape.specs(applysim.seed_spec_text(h), "always")
+        # removal pending (a rollback that restarts it applies those, and cannot put them back);
+        # a live shape's with ``auto``: on PVE 9 the container keeps running, the removal pending
+        restart = "auto" if case.shape.live else "always"
+        start, _ = case.shape.specs(applysim.seed_spec_text(h), restart)
         _, target = case.shape.specs(applysim.seed_spec_text(h), case.restart)
         if start is not None:
             (sim / "start.yaml").write_text(start)
             res = _drive(h, "apply", "--spec", str(sim / "start.yaml"), "--yes", "--no-verify")
             assert res.returncode == 0, res.stderr
+        if case.shape.live:
+            conf = (h.paths.pve / "nodes" / h.node / "lxc/101.conf").read_text()
+            pending = conf.split("[pve:pending]\n", 1)[-1]
+            assert "delete: dev4,dev5,dev6,dev7" in pending, f"not a live split: {conf}"
+            assert state.guest_status(h.paths.run, "lxc", 101) == "running"
         (sim / "spec.yaml").write_text(target)
         _pace(sim)
+        if case.shape.ha:
+            _settle(h, case.shape.ha, 1)
         h.stop()
         self.dir = sim
         host, tmp = self.copy("clean")
         try:
             res = _drive(host, *_apply_args(host))
             assert res.returncode == 0, res.stderr
-            self.applied = applysim.fingerprint(host)
+            self.applied = _fingerprint(host, case)
         finally:
             _discard(host, tmp)
 
@@ -350,6 +412,9 @@ def _runs(case: Case, start: Start, n: int | None) -> tuple[list[str], object]:
 
         return sample(points, n), kill
 
+    if family == "signal-stop":
+        return _signal_runs(case, start, n)
+
     assert family == "fail-step"
     steps = _steps(start)
     chosen = sample([str(i) for i in range(len(steps))], n)
@@ -364,28 +429,62 @@ def _runs(case: Case, start: Start, n: int | None) -> tuple[list[str], object]:
     return chosen, fail
 
 
+STOPPING = re.compile(r"^POST .*/status/(shutdown|stop)$")  # a guest's stop task accepted
+
+
+def _signal_runs(case: Case, start: Start, n: int | None) -> tuple[list[str], object]:
+    """SIGTERM, SIGINT and SIGHUP in turn (``SIGNAL@POINT``) at every point where a guest's stop or
+    shutdown task was accepted and not yet ended, and at an even sample of the other kill points
+    of a clean apply (all of them when ``n`` is None)."""
+    host, tmp = start.copy("probe")
+    try:
+        probe = _probe(host, *_apply_args(host))
+    finally:
+        _discard(host, tmp)
+    _probed(case, probe, 0, "the clean apply")
+    stops = sorted({f"call:{c}" for what, _, c in probe["trace"] if STOPPING.match(what)})
+    assert stops, f"{case.id}: no guest stops in the apply: {probe['trace']}"
+    others = [p for p in _points(probe["trace"]) if p not in stops]
+    chosen = stops + sample(others, None if n is None else max(2, n - len(stops)))
+    points = [f"{SIGNALS[i % len(SIGNALS)]}@{p}" for i, p in enumerate(chosen)]
+
+    def signal_at(host, point):
+        name, _, at = point.partition("@")
+        res = _drive(host, *_apply_args(host), at=at, env={"GPUTOPO_CRASH_SIGNAL": name})
+        code = SIGNAL_EXIT[name]
+        what = f"SIG{name}: exit {res.returncode}"
+        if res.returncode not in (0, code):
+            return what, f"exit {res.returncode}, not {code} or 0: {res.stderr.strip()[-300:]}", None
+        return what, None, "applied" if res.returncode == 0 else "before"
+
+    return points, signal_at
+
+
 def _judge(case: Case, start: Start, point: str, act) -> str | None:
-    """One run on a copy of the start host: act, recover while the journal is open, compare."""
+    """One run on a copy of the start host: act, recover while the journal is open, compare.
+
+    ``act`` returns what happened, or (what happened, a problem or None, the outcome the run must
+    have or None) where its exit status decides: a signalled apply must end rolled back with the
+    signal's exit status, or applied with 0."""
     host, tmp = start.copy(case.family)
     try:
-        before = applysim.fingerprint(host)
-        outcome = act(host, point)
-        problem = None
-        if find_unfinished(host.paths.root) is not None:
+        before = _fingerprint(host, case, settle=False)
+        ran = act(host, point)
+        outcome, problem, expect = ran if isinstance(ran, tuple) else (ran, None, None)
+        if problem is None and find_unfinished(host.paths.root) is not None:
             rec = _drive(host, "recover")
             if rec.returncode != 0:
                 problem = f"recover exited {rec.returncode}: {rec.stderr.strip()[-300:]}"
         if problem is None and find_unfinished(host.paths.root) is not None:
             problem = "the journal is still open after recover"
-        host.stop()
-        got = applysim.fingerprint(host)
+        got = _fingerprint(host, case)
         difference = applysim.diff(before, got)
-        if problem is None and got == start.applied:
-            record(case, point, "applied")
+        ended = "applied" if got == start.applied else "before" if not difference else None
+        if problem is None and ended is not None and expect in (None, ended):
+            record(case, point, ended)
             return None
-        if problem is None and not difference:
-            record(case, point, "before")
-            return None
+        if problem is None and ended is not None:
+            problem = f"ended {ended}, not {expect}"
         if problem is None:
             problem = f"neither applied nor as before: {difference[:4]}"
         record(case, point, "other", problem)

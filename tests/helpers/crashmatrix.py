@@ -25,6 +25,11 @@ OUTCOMES = ("applied", "before", "other")
 PVE = {"8": "8.4.1", "9": "9.1.2"}
 RESTARTS = ("auto", "always")  # the container keeps running where it can / stops and starts again
 FAMILIES = ("kill-apply", "kill-rollback", "kill-recover", "fail-step")
+# SIGTERM, SIGINT, SIGHUP in turn at every point where a guest's stop or shutdown task runs (its
+# call returned, the task not ended) and at the other kill points of a clean apply
+SIGNAL_FAMILY = "signal-stop"
+SIGNALS = ("TERM", "INT", "HUP")  # GPUTOPO_CRASH_SIGNAL of tests/helpers/crashdriver.py
+SIGNAL_EXIT = {"TERM": 143, "INT": 130, "HUP": 129}  # 128 + the signal's number
 
 NUMA0 = ["0000:01:00.0", "0000:11:00.0", "0000:61:00.0", "0000:71:00.0"]
 
@@ -62,28 +67,37 @@ def _with(text: str, container: str, mappings: str, consumer: str | None, restar
 @dataclass(frozen=True)
 class Shape:
     """A change from ``start`` (None: the seed host, every GPU in container 101) to ``target``;
-    each is a function of (the seed host's init_spec text, restart policy) -> spec text."""
+    each is a function of (the seed host's init_spec text, restart policy) -> spec text.
+
+    ``spec`` names the change when it is another shape's (the name then says how the start host
+    differs); ``live``: the start host is reached by applying its spec with restart ``auto``, not
+    ``always`` (on PVE 9 the container keeps running, the removed devN pending); ``ha``: the guests
+    that are HA resources (``ct:101``, ``vm:201``), as ``gputopo sim create --ha`` makes them."""
 
     name: str
     direction: str  # split: GPUs leave the container for VM passthrough; reverse: they come back
+    spec: str = ""
+    live: bool = False
+    ha: tuple[str, ...] = ()
 
     def specs(self, seed: str, restart: str) -> tuple[str | None, str]:
         split = _vm_mapping("numa: [1]")
         back = _vm_mapping("rest")
-        if self.name == "split":
+        name = self.spec or self.name
+        if name == "split":
             return None, _with(seed, "numa: [0]", split, None, restart)
-        if self.name == "split-vm":
+        if name == "split-vm":
             return None, _with(seed, "numa: [0]", split, REMOVE, restart)
-        if self.name == "reverse":
+        if name == "reverse":
             return _with(seed, "numa: [0]", split, None, restart), _with(
                 seed, "numa: [0, 1]", back, None, restart
             )
-        if self.name == "reverse-vm-remove":
+        if name == "reverse-vm-remove":
             return (
                 _with(seed, "numa: [0]", split, REMOVE, restart),
                 _with(seed, "numa: [0, 1]", back, REMOVE, restart),
             )
-        if self.name == "reverse-vm-repoint":
+        if name == "reverse-vm-repoint":
             # VM 201 runs on two GPUs of node 0; they go back to the container (two -> four) and its
             # lines name mapping pro6000-b (node 1) instead
             b = "        - name: pro6000-b\n          gpus:\n            numa: [1]\n"
@@ -107,6 +121,16 @@ SHAPES = (
     Shape("reverse-vm-remove", "reverse"),
     Shape("reverse-vm-repoint", "reverse"),
 )
+HA = ("ct:101", "vm:201")
+# reverses from a split applied live on PVE 9 (CT 101 running with ``[pve:pending] delete:
+# dev4,dev5,dev6,dev7``), and changes of HA-managed guests (the container and the VM consumer)
+NEW_SHAPES = (
+    Shape("reverse-live", "reverse", spec="reverse", live=True),
+    Shape("reverse-vm-remove-live", "reverse", spec="reverse-vm-remove", live=True),
+    Shape("split-ha", "split", spec="split", ha=HA),
+    Shape("split-vm-ha", "split", spec="split-vm", ha=HA),
+    Shape("reverse-vm-remove-ha", "reverse", spec="reverse-vm-remove", ha=HA),
+)
 
 
 @dataclass(frozen=True)
@@ -127,6 +151,33 @@ class Case:
 
 
 CASES = [Case(s, r, v, f) for s in SHAPES for r in RESTARTS for v in PVE for f in FAMILIES]
+_BY_NAME = {s.name: s for s in (*SHAPES, *NEW_SHAPES)}
+# The new shapes where they mean something, and the signal family where a guest stops: a live
+# start host exists on PVE 9 only; an HA container stops with ``always`` (the HA VM with either)
+CASES += [
+    Case(_BY_NAME[n], r, "9", f)
+    for n in ("reverse-live", "reverse-vm-remove-live")
+    for r in RESTARTS
+    for f in FAMILIES
+]
+CASES += [
+    Case(_BY_NAME[n], "always", v, f)
+    for n in ("split-ha", "split-vm-ha", "reverse-vm-remove-ha")
+    for v in PVE
+    for f in ("kill-apply", "kill-recover", "fail-step")
+]
+CASES += [
+    Case(_BY_NAME[n], r, v, SIGNAL_FAMILY)
+    for n, r, v in (
+        ("split", "always", "8"),
+        ("split-vm", "always", "9"),
+        ("reverse-vm-remove", "auto", "9"),
+        ("reverse-vm-remove", "always", "8"),
+        ("reverse-vm-remove-live", "always", "9"),
+        ("split-ha", "always", "9"),
+        ("reverse-vm-remove-ha", "always", "9"),
+    )
+]
 
 
 def sample(points: list[str], n: int | None) -> list[str]:
