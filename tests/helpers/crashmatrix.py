@@ -20,6 +20,7 @@ from pathlib import Path
 
 RECORDS_ENV = "GPUTOPO_MATRIX_RECORDS"
 COUNTS_ENV = "GPUTOPO_MATRIX_COUNTS"  # a file the session writes the counts to (JSON), when set
+CASES_ENV = "GPUTOPO_MATRIX_CASES"  # the same per case (and printed per case), when set
 OUTCOMES = ("applied", "before", "other")
 
 PVE = {"8": "8.4.1", "9": "9.1.2"}
@@ -152,18 +153,18 @@ class Case:
 
 CASES = [Case(s, r, v, f) for s in SHAPES for r in RESTARTS for v in PVE for f in FAMILIES]
 _BY_NAME = {s.name: s for s in (*SHAPES, *NEW_SHAPES)}
-# The new shapes where they mean something, and the signal family where a guest stops: a live
-# start host exists on PVE 9 only; an HA container stops with ``always`` (the HA VM with either)
+# The new shapes where they mean something, and the signal family where a guest stops. A live
+# start host exists on PVE 9 only, and is changed with ``auto``: with ``always`` the apply restarts
+# the container, whose start carries out the pending deletions, so no rollback could give back
+# the running container's view of /dev with those deletions still pending. An HA container stops
+# with ``always`` (the HA VM with either); HA runs on PVE 9 (its rules, PVE 8's groups, are not
+# what the matrix changes).
 CASES += [
-    Case(_BY_NAME[n], r, "9", f)
-    for n in ("reverse-live", "reverse-vm-remove-live")
-    for r in RESTARTS
-    for f in FAMILIES
+    Case(_BY_NAME[n], "auto", "9", f) for n in ("reverse-live", "reverse-vm-remove-live") for f in FAMILIES
 ]
 CASES += [
-    Case(_BY_NAME[n], "always", v, f)
+    Case(_BY_NAME[n], "always", "9", f)
     for n in ("split-ha", "split-vm-ha", "reverse-vm-remove-ha")
-    for v in PVE
     for f in ("kill-apply", "kill-recover", "fail-step")
 ]
 CASES += [
@@ -173,7 +174,7 @@ CASES += [
         ("split-vm", "always", "9"),
         ("reverse-vm-remove", "auto", "9"),
         ("reverse-vm-remove", "always", "8"),
-        ("reverse-vm-remove-live", "always", "9"),
+        ("reverse-vm-remove-live", "auto", "9"),
         ("split-ha", "always", "9"),
         ("reverse-vm-remove-ha", "always", "9"),
     )
@@ -203,20 +204,21 @@ def record(case: Case, point: str, outcome: str, detail: str = "") -> None:
         f.write(json.dumps(line) + "\n")
 
 
-def tally(records_dir: Path) -> dict[str, dict[str, int]]:
-    """direction -> {runs, applied, before, other} over every recorded run."""
+def tally(records_dir: Path, key: str = "direction") -> dict[str, dict[str, int]]:
+    """direction (or case, ``key``) -> {runs, applied, before, other} over every recorded run."""
     counts: dict[str, Counter] = {}
     for p in sorted(records_dir.glob("*.jsonl")) if records_dir.is_dir() else []:
         for line in p.read_text().splitlines():
             r = json.loads(line)
-            c = counts.setdefault(r["direction"], Counter())
+            c = counts.setdefault(r[key], Counter())
             c["runs"] += 1
             c[r["outcome"]] += 1
     return {d: {k: c[k] for k in ("runs", *OUTCOMES)} for d, c in sorted(counts.items())}
 
 
-def summary(counts: dict[str, dict[str, int]]) -> list[str]:
-    lines = [f"{'direction':<10} {'runs':>6} {'applied':>8} {'before':>7} {'other':>6}"]
+def summary(counts: dict[str, dict[str, int]], key: str = "direction") -> list[str]:
+    width = max([10, *(len(d) + 1 for d in counts)])
+    lines = [f"{key:<{width}} {'runs':>6} {'applied':>8} {'before':>7} {'other':>6}"]
     for d, c in counts.items():
-        lines.append(f"{d:<10} {c['runs']:>6} {c['applied']:>8} {c['before']:>7} {c['other']:>6}")
+        lines.append(f"{d:<{width}} {c['runs']:>6} {c['applied']:>8} {c['before']:>7} {c['other']:>6}")
     return lines
