@@ -15,7 +15,19 @@ policies (``auto`` keeps the container running where Proxmox allows it, a hot-pl
 * ``fail-step``: each step of the plan made to fail once (the simulator's faults: the kernel's,
   a Proxmox task's or API call's, the container's service; a read-only host file, a full container
   disk and a cancelled stop job through ``tests/helpers/crashdriver.py``), then recover when the
-  journal was left open.
+  journal was left open;
+* ``signal-stop``: SIGTERM, SIGINT and SIGHUP in turn, at every point where a guest's stop or
+  shutdown task was accepted and has not ended, and at a sample of the other kill points: the
+  apply must end rolled back with the signal's exit status (143, 130, 129) or applied with 0
+  (recover only where it left the journal open).
+
+Three shapes more: reverses whose start host is a split applied live on PVE 9 (``reverse-live``,
+``reverse-vm-remove-live``: CT 101 running with ``[pve:pending] delete: dev4,...``), and the
+split, the split with VM 201 and the reverse that removes VM 201's GPUs with CT 101 and VM 201
+HA-managed (``-ha``): their starts and stops go through the simulated HA manager (a second per
+request); a kill follows each of those requests, and a run's host is served for a few of the
+manager's rounds before it is compared, so a request left behind moves its guest first; the
+resources' requested states and the manager's states are compared too.
 
 Kill points are counted, not polled (``crashdriver.py``): right after every journal record
 reaches the disk and right after every call that changes the host. The simulated host runs at a

@@ -7,12 +7,13 @@ a command in the container that changes something (``systemctl start|stop|restar
 ``rm``, ``mkdir``, ``rmdir``), ``pct push``, a host file written or removed; ``job:N`` once the
 simulated container's systemd took the N-th service start (its processes hold their GPUs) while
 ``systemctl start`` still waits for the server to be ready. No timing is involved:
-the point is counted, not polled. ``GPUTOPO_CRASH_SIGNAL=TERM|INT|HUP`` sends that signal at the
-point instead of SIGKILL (what systemd, Ctrl-C and a dropped ssh session send): the apply goes on
-to do what it does with one. ``GPUTOPO_CRASH_COUNT=FILE`` writes how many records and calls
+the point is counted, not polled. ``GPUTOPO_CRASH_COUNT=FILE`` writes how many records and calls
 the run made, and the order they came in (JSON), when it ends normally, so a test can enumerate
 every point; a Proxmox call is named there by its method and path (``POST .../status/shutdown``:
 the point where a guest's shutdown task runs).
+
+``GPUTOPO_CRASH_SIGNAL=TERM|INT|HUP`` sends that signal at the point instead of SIGKILL (what
+systemd, Ctrl-C and a dropped ssh session send): the process goes on to do what it does with one.
 
 Three faults have no switch in the simulator because they belong to the host rather than to
 Proxmox, the kernel or the container; each hits the first matching call only, as the simulator's

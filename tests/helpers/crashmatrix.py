@@ -1,8 +1,9 @@
 """The crash matrix's cases as data, and the tally of how its runs ended.
 
 A case is a shape of change (which GPUs move, in which direction, with or without a VM consuming
-them), the container's restart policy, the Proxmox version and a family of runs (SIGKILL at every
-point of the apply, of its rollback, of a recover; a failure injected at each step). Each run of a
+them, from a host split live or with HA-managed guests), the container's restart policy, the
+Proxmox version and a family of runs (SIGKILL at every point of the apply, of its rollback, of a
+recover; a failure injected at each step; SIGTERM, SIGINT or SIGHUP while a guest stops). Each run of a
 case ends "applied" (what runs is what a clean apply leaves), "before" (what runs is what ran
 before) or "other". Every run is recorded as one JSON line in ``$GPUTOPO_MATRIX_RECORDS`` (a
 directory the test session makes), so the session can print the runs per direction at its end
