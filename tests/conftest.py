@@ -109,12 +109,12 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
     """The crash matrix's runs per direction and how they ended, when the session ran any."""
     import json
 
-    from helpers.crashmatrix import COUNTS_ENV, summary, tally
+    from helpers.crashmatrix import CASES_ENV, COUNTS_ENV, summary, tally
 
     d = config.stash.get(_MATRIX_RUNS, None)
     if d is None:
         return
-    counts = tally(Path(d))
+    counts, cases = tally(Path(d)), tally(Path(d), "case")
     shutil.rmtree(d, ignore_errors=True)
     if not counts:
         return
@@ -123,3 +123,8 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
         terminalreporter.write_line(line)
     if os.environ.get(COUNTS_ENV):
         Path(os.environ[COUNTS_ENV]).write_text(json.dumps(counts, indent=1) + "\n")
+    if os.environ.get(CASES_ENV):
+        terminalreporter.section("crash matrix: runs per case")
+        for line in summary(cases, "case"):
+            terminalreporter.write_line(line)
+        Path(os.environ[CASES_ENV]).write_text(json.dumps(cases, indent=1) + "\n")

@@ -15,7 +15,19 @@ policies (``auto`` keeps the container running where Proxmox allows it, a hot-pl
 * ``fail-step``: each step of the plan made to fail once (the simulator's faults: the kernel's,
   a Proxmox task's or API call's, the container's service; a read-only host file, a full container
   disk and a cancelled stop job through ``tests/helpers/crashdriver.py``), then recover when the
-  journal was left open.
+  journal was left open;
+* ``signal-stop``: SIGTERM, SIGINT and SIGHUP in turn, at every point where a guest's stop or
+  shutdown task was accepted and has not ended, and at a sample of the other kill points: the
+  apply must end rolled back with the signal's exit status (143, 130, 129) or applied with 0
+  (recover only where it left the journal open).
+
+Three shapes more: reverses whose start host is a split applied live on PVE 9 (``reverse-live``,
+``reverse-vm-remove-live``: CT 101 running with ``[pve:pending] delete: dev4,...``), and the
+split, the split with VM 201 and the reverse that removes VM 201's GPUs with CT 101 and VM 201
+HA-managed (``-ha``): their starts and stops go through the simulated HA manager (a second per
+request); a kill follows each of those requests, and a run's host is served for a few of the
+manager's rounds before it is compared, so a request left behind moves its guest first; the
+resources' requested states and the manager's states are compared too.
 
 Kill points are counted, not polled (``crashdriver.py``): right after every journal record
 reaches the disk and right after every call that changes the host. The simulated host runs at a
@@ -34,10 +46,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -51,7 +65,7 @@ from gputopo.sim.host import SimHost
 from gputopo.sim.kernel import SimKernel
 from gputopo.usecases.readplan import read_and_plan
 from helpers import TESTS, applysim
-from helpers.crashmatrix import CASES, PVE, Case, record, sample
+from helpers.crashmatrix import CASES, PVE, SIGNAL_EXIT, SIGNALS, Case, record, sample
 
 DRIVER = TESTS / "helpers" / "crashdriver.py"
 WORKERS = 4  # runs of one case at a time: most of a run is the paced host waiting
@@ -59,28 +73,124 @@ SAMPLE = 6  # points per case under the matrix marker
 
 # Known bugs not fixed yet: (shape, restart, pve, family) -> which bug. A case listed here is
 # expected to fail (strict: it fails as XPASS once the fix lands, and then leaves this table).
-# Empty: the undo order and the PVE 9 live rollback the first sample found are fixed.
-KNOWN: dict[tuple[str, str, str, str], str] = {}
+# KNOWN holds for the sample and every point; KNOWN_FULL for every point only (a case whose sample
+# misses the points that fail).
+LIVE_PENDING = (
+    "34.2: undo of a change to CT 101 whose devN removal is pending (split applied live on PVE 9)"
+    " deletes the keys instead of reverting them: 101.conf's [pve:pending] unlike before"
+)
+STOP_IN_FLIGHT = (
+    "34.1: a signal right after CT 101's stop task was accepted: the rollback finds it never"
+    " stopped, it stops moments later, exit 3 'container '101' not running!' (143/130/129 expected)"
+)
+START_IN_FLIGHT = (
+    "34.1 (a start task in flight): a signal right after VM 201's start was accepted: the rollback"
+    " finds it not running and leaves it, then restores hostpci0..3 while it starts (201.conf"
+    " [PENDING], VM 201 running without its GPUs)"
+)
+VM_START_HELD = (
+    "34.1/34.6 (a start task in flight): SIGHUP right after VM 201's start was accepted: the"
+    " rollback leaves it, VM 201 starts on the GPUs, their rebind to nvidia hangs: exit 3 needs a human"
+)
+HA_STOP_LATE = (
+    "34.1/34.7: SIGTERM right after VM 201's hastop was queued: the rollback finds it running and"
+    " ends (143), the HA manager then stops it and writes 'state stopped' to ha/resources.cfg"
+)
+HA_START_RACE = (
+    "34.6: SIGKILL right after VM 201's hastart was queued, then recover: it finds VM 201 not running,"
+    " the HA manager starts it on the GPUs during the recover, their rebind to nvidia hangs: exit 3"
+    " needs a human (a race: about half the runs under load)"
+)
+SIGNAL_FIRST_RECORD = (
+    "not filed: a SIGHUP right after the journal's first record escapes the apply's rollback:"
+    " exit 130 'gputopo: interrupted' (129 expected), the journal left open for recover"
+)
+LIVE = ("reverse-live", "reverse-vm-remove-live")
+KNOWN: dict[tuple[str, str, str, str], str] = {
+    **{(n, "auto", "9", f): LIVE_PENDING for n in LIVE for f in ("kill-apply", "kill-rollback", "fail-step")},
+    ("split", "always", "8", "signal-stop"): STOP_IN_FLIGHT,
+    ("split-vm", "always", "9", "signal-stop"): f"{STOP_IN_FLIGHT}; {VM_START_HELD}",
+    ("reverse-vm-remove", "auto", "9", "signal-stop"): START_IN_FLIGHT,
+    ("reverse-vm-remove", "always", "8", "signal-stop"): f"{START_IN_FLIGHT}; {SIGNAL_FIRST_RECORD}",
+    ("reverse-vm-remove-live", "auto", "9", "signal-stop"): f"{LIVE_PENDING}; {START_IN_FLIGHT}",
+    ("split-ha", "always", "9", "signal-stop"): STOP_IN_FLIGHT,
+    ("split-vm-ha", "always", "9", "kill-apply"): HA_START_RACE,
+    ("reverse-vm-remove-ha", "always", "9", "signal-stop"): (
+        f"{HA_STOP_LATE}; {START_IN_FLIGHT}; {SIGNAL_FIRST_RECORD}"
+    ),
+}
+KNOWN_FULL: dict[tuple[str, str, str, str], str] = {}
 
 
-def _param(case: Case, marks: list) -> object:
+def _param(case: Case, marks: list, full: bool = False) -> object:
     key = (case.shape.name, case.restart, case.pve, case.family)
-    if key in KNOWN:
-        marks = [*marks, pytest.mark.xfail(strict=True, reason=KNOWN[key])]
+    reason = KNOWN.get(key) or (KNOWN_FULL.get(key) if full else None)
+    if reason:
+        marks = [*marks, pytest.mark.xfail(strict=True, reason=reason)]
     return pytest.param(case, marks=[*marks, pytest.mark.xdist_group(case.group)], id=case.id)
 
 
 # --- hosts: one start host per shape, restart policy and Proxmox version, copied per run --------
 
 
+HA_CRM = 1.0  # the simulated HA manager takes a request after half of it, moves the guest after it
+
+
 def _pace(sim: Path) -> None:
     """A real server's pace where the rollback logic depends on it: the service stays activating
-    for a second after each start, and the container takes a while to shut down."""
+    for a second after each start, the container takes a while to shut down, and the HA manager
+    moves a guest a second after its request (tests/apply/test_ha_guests.py)."""
     state.write_state(
         sim / "run",
         "latencies",
-        {"service.start": 1.0, "service.stop": 0.1, "vzstart": 0.3, "vzshutdown": 0.8},
+        {"service.start": 1.0, "service.stop": 0.1, "vzstart": 0.3, "vzshutdown": 0.8, "ha.crm": HA_CRM},
     )
+
+
+def _make_ha(h: SimHost, sids: tuple[str, ...]) -> None:
+    """The guests ``sids`` HA resources, each with the requested state of what it is doing now (a
+    stopped guest asked to be ``started`` would be started by the HA manager on its own)."""
+    for sid in sids:
+        kind, _, vmid = sid.partition(":")
+        running = state.guest_status(h.paths.run, "lxc" if kind == "ct" else "qemu", int(vmid)) == "running"
+        h.make_ha_managed(sid, "started" if running else "stopped")
+
+
+SETTLE_ROUNDS = 3  # HA manager rounds a run's host is served for before it is compared
+
+
+def _fingerprint(host: SimHost, case: Case, settle: bool = True) -> dict:
+    """``applysim.fingerprint`` of the host, stopped; for HA guests after the HA manager settled
+    (its queued requests carried out and ``SETTLE_ROUNDS`` rounds served, so that a request left
+    behind moves its guest before the comparison), with each resource's requested state and the
+    manager's state of it."""
+    if not case.shape.ha:
+        host.stop()
+        return applysim.fingerprint(host)
+    ha = _settle(host, case.shape.ha, SETTLE_ROUNDS if settle else 0)
+    host.stop()
+    return {**applysim.fingerprint(host), "ha": ha}
+
+
+def _settle(host: SimHost, sids: tuple[str, ...], rounds: int) -> dict[str, tuple[str, str]]:
+    """Serve the host for ``rounds`` of the HA manager and until no request is queued (at most
+    ten rounds more); then sid -> (the requested state in resources.cfg, the manager's state)."""
+    from gputopo.formats.hacfg import parse_section_config
+
+    guests = {sid: ("lxc" if sid.startswith("ct:") else "qemu", int(sid[3:])) for sid in sids}
+    if host.api is None:
+        host.start()
+    t0 = time.monotonic()
+    while True:
+        status = {sid: host.api.ha_status(*g).get("state", "") for sid, g in guests.items()}
+        waited = time.monotonic() - t0
+        queued = state.read_state(host.paths.run, "ha-requests", [])
+        if waited >= rounds * HA_CRM and (not queued or waited >= (rounds + 10) * HA_CRM):
+            break
+        time.sleep(0.05)
+    cfg = host.paths.pve / "ha/resources.cfg"
+    requested = {s.sid: s.props.get("state", "started") for s in parse_section_config(cfg.read_text())}
+    return {sid: (requested.get(sid, "-"), status[sid]) for sid in sids}
 
 
 class Start:
@@ -92,23 +202,33 @@ class Start:
         sim = base / "sim"
         h = SimHost.create(sim, pve_version=PVE[case.pve])
         SimKernel(h.paths.root).configure(time_scale=applysim.SCALE)
+        _make_ha(h, case.shape.ha)
         # the start spec with restart ``always``: the container runs its configuration, no devN
-        # removal pending (a rollback that restarts it applies those, and cannot put them back)
-        start, _ = case.shape.specs(applysim.seed_spec_text(h), "always")
+        # removal pending (a rollback that restarts it applies those, and cannot put them back);
+        # a live shape's with ``auto``: on PVE 9 the container keeps running, the removal pending
+        restart = "auto" if case.shape.live else "always"
+        start, _ = case.shape.specs(applysim.seed_spec_text(h), restart)
         _, target = case.shape.specs(applysim.seed_spec_text(h), case.restart)
         if start is not None:
             (sim / "start.yaml").write_text(start)
             res = _drive(h, "apply", "--spec", str(sim / "start.yaml"), "--yes", "--no-verify")
             assert res.returncode == 0, res.stderr
+        if case.shape.live:
+            conf = (h.paths.pve / "nodes" / h.node / "lxc/101.conf").read_text()
+            pending = conf.split("[pve:pending]\n", 1)[-1]
+            assert "delete: dev4,dev5,dev6,dev7" in pending, f"not a live split: {conf}"
+            assert state.guest_status(h.paths.run, "lxc", 101) == "running"
         (sim / "spec.yaml").write_text(target)
         _pace(sim)
+        if case.shape.ha:
+            _settle(h, case.shape.ha, 1)
         h.stop()
         self.dir = sim
         host, tmp = self.copy("clean")
         try:
             res = _drive(host, *_apply_args(host))
             assert res.returncode == 0, res.stderr
-            self.applied = applysim.fingerprint(host)
+            self.applied = _fingerprint(host, case)
         finally:
             _discard(host, tmp)
 
@@ -288,6 +408,12 @@ def _runs(case: Case, start: Start, n: int | None) -> tuple[list[str], object]:
             assert res.returncode == -signal.SIGKILL, (point, res.stderr)
             return "killed"
 
+        if case.shape.ha:
+            # every point where an HA guest's start or stop was just queued for the HA manager
+            queued = _guest_actions(probe["trace"])
+            assert queued, f"{case.id}: no guest starts or stops in the apply"
+            others = [p for p in points if p not in queued]
+            return queued + sample(others, None if n is None else max(2, n - len(queued))), kill
         return sample(points, n), kill
 
     if family == "kill-rollback":
@@ -350,6 +476,9 @@ def _runs(case: Case, start: Start, n: int | None) -> tuple[list[str], object]:
 
         return sample(points, n), kill
 
+    if family == "signal-stop":
+        return _signal_runs(case, start, n)
+
     assert family == "fail-step"
     steps = _steps(start)
     chosen = sample([str(i) for i in range(len(steps))], n)
@@ -364,28 +493,68 @@ def _runs(case: Case, start: Start, n: int | None) -> tuple[list[str], object]:
     return chosen, fail
 
 
+STOPPING = re.compile(r"^POST .*/status/(shutdown|stop)$")  # a guest's stop task accepted
+GUEST_ACTION = re.compile(r"^POST .*/status/(shutdown|stop|start)$")
+
+
+def _guest_actions(trace: list, what: re.Pattern = GUEST_ACTION) -> list[str]:
+    """The kill points right after a guest's start, stop or shutdown task was accepted (``what``)."""
+    return [f"call:{c}" for c in sorted({c for w, _, c in trace if what.match(w)})]
+
+
+def _signal_runs(case: Case, start: Start, n: int | None) -> tuple[list[str], object]:
+    """SIGTERM, SIGINT and SIGHUP in turn (``SIGNAL@POINT``) at every point where a guest's stop or
+    shutdown task was accepted and not yet ended, and at an even sample of the other kill points
+    of a clean apply (all of them when ``n`` is None)."""
+    host, tmp = start.copy("probe")
+    try:
+        probe = _probe(host, *_apply_args(host))
+    finally:
+        _discard(host, tmp)
+    _probed(case, probe, 0, "the clean apply")
+    stops = _guest_actions(probe["trace"], STOPPING)
+    assert stops, f"{case.id}: no guest stops in the apply: {probe['trace']}"
+    others = [p for p in _points(probe["trace"]) if p not in stops]
+    chosen = stops + sample(others, None if n is None else max(2, n - len(stops)))
+    points = [f"{SIGNALS[i % len(SIGNALS)]}@{p}" for i, p in enumerate(chosen)]
+
+    def signal_at(host, point):
+        name, _, at = point.partition("@")
+        res = _drive(host, *_apply_args(host), at=at, env={"GPUTOPO_CRASH_SIGNAL": name})
+        code = SIGNAL_EXIT[name]
+        what = f"SIG{name}: exit {res.returncode}"
+        if res.returncode not in (0, code):
+            return what, f"exit {res.returncode}, not {code} or 0: {res.stderr.strip()[-300:]}", None
+        return what, None, "applied" if res.returncode == 0 else "before"
+
+    return points, signal_at
+
+
 def _judge(case: Case, start: Start, point: str, act) -> str | None:
-    """One run on a copy of the start host: act, recover while the journal is open, compare."""
+    """One run on a copy of the start host: act, recover while the journal is open, compare.
+
+    ``act`` returns what happened, or (what happened, a problem or None, the outcome the run must
+    have or None) where its exit status decides: a signalled apply must end rolled back with the
+    signal's exit status, or applied with 0."""
     host, tmp = start.copy(case.family)
     try:
-        before = applysim.fingerprint(host)
-        outcome = act(host, point)
-        problem = None
-        if find_unfinished(host.paths.root) is not None:
+        before = _fingerprint(host, case, settle=False)
+        ran = act(host, point)
+        outcome, problem, expect = ran if isinstance(ran, tuple) else (ran, None, None)
+        if problem is None and find_unfinished(host.paths.root) is not None:
             rec = _drive(host, "recover")
             if rec.returncode != 0:
                 problem = f"recover exited {rec.returncode}: {rec.stderr.strip()[-300:]}"
         if problem is None and find_unfinished(host.paths.root) is not None:
             problem = "the journal is still open after recover"
-        host.stop()
-        got = applysim.fingerprint(host)
+        got = _fingerprint(host, case)
         difference = applysim.diff(before, got)
-        if problem is None and got == start.applied:
-            record(case, point, "applied")
+        ended = "applied" if got == start.applied else "before" if not difference else None
+        if problem is None and ended is not None and expect in (None, ended):
+            record(case, point, ended)
             return None
-        if problem is None and not difference:
-            record(case, point, "before")
-            return None
+        if problem is None and ended is not None:
+            problem = f"ended {ended}, not {expect}"
         if problem is None:
             problem = f"neither applied nor as before: {difference[:4]}"
         record(case, point, "other", problem)
@@ -417,7 +586,7 @@ def test_sample(case, starts):
     _run(case, starts, SAMPLE)
 
 
-@pytest.mark.parametrize("case", [_param(c, [pytest.mark.matrix_full]) for c in CASES])
+@pytest.mark.parametrize("case", [_param(c, [pytest.mark.matrix_full], full=True) for c in CASES])
 def test_every_point(case, starts):
     """Every point of the case: selected only when -m names matrix_full (tests/conftest.py)."""
     _run(case, starts, None)

@@ -10,7 +10,11 @@ simulated container's systemd took the N-th service start (its processes hold th
 write, after its temp file beside the target was made and before the rename. No timing is involved:
 the point is counted, not polled. ``GPUTOPO_CRASH_COUNT=FILE`` writes how many records and calls
 the run made, and the order they came in (JSON), when it ends normally, so a test can enumerate
-every point.
+every point; a Proxmox call is named there by its method and path (``POST .../status/shutdown``:
+the point where a guest's shutdown task runs).
+
+``GPUTOPO_CRASH_SIGNAL=TERM|INT|HUP`` sends that signal at the point instead of SIGKILL (what
+systemd, Ctrl-C and a dropped ssh session send): the process goes on to do what it does with one.
 
 Three faults have no switch in the simulator because they belong to the host rather than to
 Proxmox, the kernel or the container; each hits the first matching call only, as the simulator's
@@ -44,6 +48,7 @@ _count = {"record": 0, "call": 0, "job": 0, "temp": 0}
 _at = os.environ.get("GPUTOPO_CRASH_AT", "")
 _kind, _, _n = _at.partition(":")
 _limit = int(_n) if _n.isdigit() else 0
+_signal = getattr(signal, "SIG" + os.environ.get("GPUTOPO_CRASH_SIGNAL", "KILL"))
 
 
 _trace: list[tuple[str, int, int]] = []  # (record type or calling class, records so far, calls so far)
@@ -54,17 +59,21 @@ def _tick(kind: str, what: str = "") -> None:
         _count[kind] += 1
         _trace.append((what or kind, _count["record"], _count["call"]))
         if kind == _kind and _count[kind] == _limit:
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), _signal)
 
 
-def _wrap(cls: type, name: str, kind: str, when=lambda *a, **k: True) -> None:
+def _wrap(cls: type, name: str, kind: str, when=lambda *a, **k: True, what=None) -> None:
     original = getattr(cls, name)
 
     def wrapper(self, *args, **kwargs):
         out = original(self, *args, **kwargs)
         if when(*args, **kwargs):
-            # a record by its type, a call by the class that made it (SimKernel: a sysfs write)
-            _tick(kind, getattr(args[0], "type", "") if kind == "record" and args else cls.__name__)
+            # a record by its type, a call by the class that made it (SimKernel: a sysfs write),
+            # or as ``what`` names it
+            if what is not None:
+                _tick(kind, what(*args))
+            else:
+                _tick(kind, getattr(args[0], "type", "") if kind == "record" and args else cls.__name__)
         return out
 
     setattr(cls, name, wrapper)
@@ -176,7 +185,13 @@ def install() -> None:
     # the concrete clients (https, pvesh) each define their own _call
     for sub in ProxmoxClient.__subclasses__():
         if "_call" in sub.__dict__:
-            _wrap(sub, "_call", "call", lambda method, *a, **k: method != "GET")
+            _wrap(
+                sub,
+                "_call",
+                "call",
+                lambda method, *a, **k: method != "GET",
+                lambda method, path, *a: f"{method} {path}",
+            )
 
     out = os.environ.get("GPUTOPO_CRASH_COUNT")
     if out:

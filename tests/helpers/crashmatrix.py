@@ -1,8 +1,9 @@
 """The crash matrix's cases as data, and the tally of how its runs ended.
 
 A case is a shape of change (which GPUs move, in which direction, with or without a VM consuming
-them), the container's restart policy, the Proxmox version and a family of runs (SIGKILL at every
-point of the apply, of its rollback, of a recover; a failure injected at each step). Each run of a
+them, from a host split live or with HA-managed guests), the container's restart policy, the
+Proxmox version and a family of runs (SIGKILL at every point of the apply, of its rollback, of a
+recover; a failure injected at each step; SIGTERM, SIGINT or SIGHUP while a guest stops). Each run of a
 case ends "applied" (what runs is what a clean apply leaves), "before" (what runs is what ran
 before) or "other". Every run is recorded as one JSON line in ``$GPUTOPO_MATRIX_RECORDS`` (a
 directory the test session makes), so the session can print the runs per direction at its end
@@ -20,11 +21,17 @@ from pathlib import Path
 
 RECORDS_ENV = "GPUTOPO_MATRIX_RECORDS"
 COUNTS_ENV = "GPUTOPO_MATRIX_COUNTS"  # a file the session writes the counts to (JSON), when set
+CASES_ENV = "GPUTOPO_MATRIX_CASES"  # the same per case (and printed per case), when set
 OUTCOMES = ("applied", "before", "other")
 
 PVE = {"8": "8.4.1", "9": "9.1.2"}
 RESTARTS = ("auto", "always")  # the container keeps running where it can / stops and starts again
 FAMILIES = ("kill-apply", "kill-rollback", "kill-recover", "fail-step")
+# SIGTERM, SIGINT, SIGHUP in turn at every point where a guest's stop or shutdown task runs (its
+# call returned, the task not ended) and at the other kill points of a clean apply
+SIGNAL_FAMILY = "signal-stop"
+SIGNALS = ("TERM", "INT", "HUP")  # GPUTOPO_CRASH_SIGNAL of tests/helpers/crashdriver.py
+SIGNAL_EXIT = {"TERM": 143, "INT": 130, "HUP": 129}  # 128 + the signal's number
 
 NUMA0 = ["0000:01:00.0", "0000:11:00.0", "0000:61:00.0", "0000:71:00.0"]
 
@@ -62,28 +69,37 @@ def _with(text: str, container: str, mappings: str, consumer: str | None, restar
 @dataclass(frozen=True)
 class Shape:
     """A change from ``start`` (None: the seed host, every GPU in container 101) to ``target``;
-    each is a function of (the seed host's init_spec text, restart policy) -> spec text."""
+    each is a function of (the seed host's init_spec text, restart policy) -> spec text.
+
+    ``spec`` names the change when it is another shape's (the name then says how the start host
+    differs); ``live``: the start host is reached by applying its spec with restart ``auto``, not
+    ``always`` (on PVE 9 the container keeps running, the removed devN pending); ``ha``: the guests
+    that are HA resources (``ct:101``, ``vm:201``), as ``gputopo sim create --ha`` makes them."""
 
     name: str
     direction: str  # split: GPUs leave the container for VM passthrough; reverse: they come back
+    spec: str = ""
+    live: bool = False
+    ha: tuple[str, ...] = ()
 
     def specs(self, seed: str, restart: str) -> tuple[str | None, str]:
         split = _vm_mapping("numa: [1]")
         back = _vm_mapping("rest")
-        if self.name == "split":
+        name = self.spec or self.name
+        if name == "split":
             return None, _with(seed, "numa: [0]", split, None, restart)
-        if self.name == "split-vm":
+        if name == "split-vm":
             return None, _with(seed, "numa: [0]", split, REMOVE, restart)
-        if self.name == "reverse":
+        if name == "reverse":
             return _with(seed, "numa: [0]", split, None, restart), _with(
                 seed, "numa: [0, 1]", back, None, restart
             )
-        if self.name == "reverse-vm-remove":
+        if name == "reverse-vm-remove":
             return (
                 _with(seed, "numa: [0]", split, REMOVE, restart),
                 _with(seed, "numa: [0, 1]", back, REMOVE, restart),
             )
-        if self.name == "reverse-vm-repoint":
+        if name == "reverse-vm-repoint":
             # VM 201 runs on two GPUs of node 0; they go back to the container (two -> four) and its
             # lines name mapping pro6000-b (node 1) instead
             b = "        - name: pro6000-b\n          gpus:\n            numa: [1]\n"
@@ -107,6 +123,16 @@ SHAPES = (
     Shape("reverse-vm-remove", "reverse"),
     Shape("reverse-vm-repoint", "reverse"),
 )
+HA = ("ct:101", "vm:201")
+# reverses from a split applied live on PVE 9 (CT 101 running with ``[pve:pending] delete:
+# dev4,dev5,dev6,dev7``), and changes of HA-managed guests (the container and the VM consumer)
+NEW_SHAPES = (
+    Shape("reverse-live", "reverse", spec="reverse", live=True),
+    Shape("reverse-vm-remove-live", "reverse", spec="reverse-vm-remove", live=True),
+    Shape("split-ha", "split", spec="split", ha=HA),
+    Shape("split-vm-ha", "split", spec="split-vm", ha=HA),
+    Shape("reverse-vm-remove-ha", "reverse", spec="reverse-vm-remove", ha=HA),
+)
 
 
 @dataclass(frozen=True)
@@ -127,6 +153,33 @@ class Case:
 
 
 CASES = [Case(s, r, v, f) for s in SHAPES for r in RESTARTS for v in PVE for f in FAMILIES]
+_BY_NAME = {s.name: s for s in (*SHAPES, *NEW_SHAPES)}
+# The new shapes where they mean something, and the signal family where a guest stops. A live
+# start host exists on PVE 9 only, and is changed with ``auto``: with ``always`` the apply restarts
+# the container, whose start carries out the pending deletions, so no rollback could give back
+# the running container's view of /dev with those deletions still pending. An HA container stops
+# with ``always`` (the HA VM with either); HA runs on PVE 9 (its rules, PVE 8's groups, are not
+# what the matrix changes).
+CASES += [
+    Case(_BY_NAME[n], "auto", "9", f) for n in ("reverse-live", "reverse-vm-remove-live") for f in FAMILIES
+]
+CASES += [
+    Case(_BY_NAME[n], "always", "9", f)
+    for n in ("split-ha", "split-vm-ha", "reverse-vm-remove-ha")
+    for f in ("kill-apply", "kill-recover", "fail-step")
+]
+CASES += [
+    Case(_BY_NAME[n], r, v, SIGNAL_FAMILY)
+    for n, r, v in (
+        ("split", "always", "8"),
+        ("split-vm", "always", "9"),
+        ("reverse-vm-remove", "auto", "9"),
+        ("reverse-vm-remove", "always", "8"),
+        ("reverse-vm-remove-live", "auto", "9"),
+        ("split-ha", "always", "9"),
+        ("reverse-vm-remove-ha", "always", "9"),
+    )
+]
 
 
 def sample(points: list[str], n: int | None) -> list[str]:
@@ -152,20 +205,21 @@ def record(case: Case, point: str, outcome: str, detail: str = "") -> None:
         f.write(json.dumps(line) + "\n")
 
 
-def tally(records_dir: Path) -> dict[str, dict[str, int]]:
-    """direction -> {runs, applied, before, other} over every recorded run."""
+def tally(records_dir: Path, key: str = "direction") -> dict[str, dict[str, int]]:
+    """direction (or case, ``key``) -> {runs, applied, before, other} over every recorded run."""
     counts: dict[str, Counter] = {}
     for p in sorted(records_dir.glob("*.jsonl")) if records_dir.is_dir() else []:
         for line in p.read_text().splitlines():
             r = json.loads(line)
-            c = counts.setdefault(r["direction"], Counter())
+            c = counts.setdefault(r[key], Counter())
             c["runs"] += 1
             c[r["outcome"]] += 1
     return {d: {k: c[k] for k in ("runs", *OUTCOMES)} for d, c in sorted(counts.items())}
 
 
-def summary(counts: dict[str, dict[str, int]]) -> list[str]:
-    lines = [f"{'direction':<10} {'runs':>6} {'applied':>8} {'before':>7} {'other':>6}"]
+def summary(counts: dict[str, dict[str, int]], key: str = "direction") -> list[str]:
+    width = max([10, *(len(d) + 1 for d in counts)])
+    lines = [f"{key:<{width}} {'runs':>6} {'applied':>8} {'before':>7} {'other':>6}"]
     for d, c in counts.items():
-        lines.append(f"{d:<10} {c['runs']:>6} {c['applied']:>8} {c['before']:>7} {c['other']:>6}")
+        lines.append(f"{d:<{width}} {c['runs']:>6} {c['applied']:>8} {c['before']:>7} {c['other']:>6}")
     return lines
