@@ -276,11 +276,16 @@ def transaction(req: ApplyRequest, checked: Checked) -> Iterator[Transaction]:
     with HostLock(req.root), signals.interruptible():
         facts, current, p = _read_again(req, checked, t)
         running_before = running_before_of(list(p.actions), current)
-        j = _journal(req, p, facts, running_before)
-        runner = Runner(step_context(req.ports, req.root, t, checked.progress), j, checked.progress)
+        runner: Runner | None = None
         try:
+            # a signal while the journal is made waits until the runner that can roll it back exists
+            with signals.held():
+                j = _journal(req, p, facts, running_before)
+                runner = Runner(step_context(req.ports, req.root, t, checked.progress), j, checked.progress)
             runner.forward(list(p.actions))
         except BaseException as exc:
+            if runner is None:  # no journal yet: nothing was changed
+                raise
             roll_back_and_raise(runner, j, exc, running_before)
         window = runner.stop_window()
         yield Transaction(p, runner, j, running_before, checked.progress, checked.t_start, window)

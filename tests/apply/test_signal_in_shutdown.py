@@ -237,3 +237,28 @@ def test_sigkill_between_proxmoxs_answer_and_the_journal_then_recover_waits_for_
     _settled(host)
     assert applysim.diff(before, applysim.fingerprint(host)) == [], out + err
     _history_says_rolled_back(host, capsys)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGTERM])
+def test_a_signal_right_after_the_journals_first_record_rolls_back_and_closes_it(template, tmp_path, signum):
+    """The signal lands once the journal's header is on disk, before the runner that rolls back
+    exists: it waits for the runner, the apply ends ``rolled back`` with the signal's exit code and
+    the journal is closed (nothing for ``gputopo recover``), the host as before."""
+    host = applysim.copy_host(template, tmp_path / "sim")
+    spec = host.dir / "spec.yaml"
+    spec.write_text(applysim.restarting(applysim.seed_spec_text(host)))
+    before = applysim.fingerprint(host)
+
+    res = subprocess.run(
+        [sys.executable, str(DRIVER), *_argv(host, spec)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "GPUTOPO_CRASH_AT": "record:1", "GPUTOPO_CRASH_SIGNAL": signum.name[3:]},
+        timeout=120,
+    )
+
+    assert res.returncode == EXIT[signum], res.stdout + res.stderr
+    assert res.stderr.splitlines()[-1].endswith("rolled back"), res.stdout + res.stderr
+    assert "gputopo: interrupted" not in res.stderr, res.stderr
+    assert find_unfinished(host.paths.root) is None, res.stdout + res.stderr
+    assert applysim.diff(before, applysim.fingerprint(host)) == []
