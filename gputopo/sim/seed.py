@@ -17,20 +17,23 @@ from gputopo.formats.pcicfg import MapEntry, PciMapping, format_map_entry, write
 from gputopo.sim import state
 from gputopo.sim.container import Container, SimPaths, write_unit
 from gputopo.sim.container.distro import lsb_release
+from gputopo.sim.container.modelfiles import SEED_MODEL, install_model
 from gputopo.sim.files import PMXCFS_MODE, atomic_write
 from gputopo.sim.hostroot import materialize
 
 DEFAULT_CT = 101
 DEFAULT_VM = 201
 CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
+# The seed unit's memory fraction (0.79) is what makes the seed log's load (78,193-79,043 of
+# 97,887 MiB per GPU) come out of the engines' formulas: gputopo.sim.container.footprint.
 SERVICE_COMMANDS = {
     "sglang": (
         "/opt/sglang/.venv/bin/python -m sglang.launch_server --model-path /models/Qwen3-235B-A22B-FP8 "
-        "--served-model-name qwen3 --host 0.0.0.0 --port 30000 --tp {tp}"
+        "--served-model-name qwen3 --host 0.0.0.0 --port 30000 --mem-fraction-static 0.79 --tp {tp}"
     ),
     "vllm": (
         "/usr/local/bin/vllm serve /models/Qwen3-235B-A22B-FP8 --served-model-name qwen3 "
-        "--host 0.0.0.0 --port 8000 --tensor-parallel-size {tp}"
+        "--host 0.0.0.0 --port 8000 --gpu-memory-utilization 0.79 --tensor-parallel-size {tp}"
     ),
 }
 
@@ -119,6 +122,7 @@ def _write_service(dir: Path, paths: SimPaths, container: int, service: str, tp:
         f"[Service]\nType=simple\nExecStart={SERVICE_COMMANDS[service].format(tp=tp)}\n"
         f"Restart=on-failure\n\n[Install]\nWantedBy=multi-user.target\n",
     )
+    install_model(paths.rootfs(container), SEED_MODEL)  # the directory the command serves
     release = paths.rootfs(container) / "etc/lsb-release"
     release.parent.mkdir(parents=True, exist_ok=True)
     release.write_text(lsb_release(UBUNTU_RELEASE))

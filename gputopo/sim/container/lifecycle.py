@@ -8,9 +8,12 @@ exist on the host; a GPU works only when the host GPU with that minor is bound t
 The inference service (SGLang ``sglang.launch_server`` or vLLM ``vllm serve``) checks its
 tensor-parallel size at start: more than the usable GPUs, or a size that does not divide the
 model's :data:`ATTENTION_HEADS`, makes it fail like a crashing server (``systemctl start`` exits 1,
-``is-active`` says ``failed``). While it runs it holds its first ``tp`` GPUs
-(:mod:`gputopo.sim.container.gpus` for the memory they show) and its processes show on the host
-(:mod:`gputopo.sim.container.processes`).
+``is-active`` says ``failed``). It then loads the model its command names by the model
+directory's footprint (:mod:`gputopo.sim.container.footprint`): weights that do not fit its GPUs
+fail the start in the engine's words, and the memory used and KV tokens it reports come from the
+engine's formulas. While it runs it holds its first ``tp`` GPUs (a model directory the simulator
+cannot read shows the seed log's load, :mod:`gputopo.sim.container.gpus`) and its processes
+show on the host (:mod:`gputopo.sim.container.processes`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from gputopo.model.facts import normalize_address
 from gputopo.sim import state
 from gputopo.sim.container.devices import parse_granted_devices
 from gputopo.sim.container.faults import break_container, faults_of, heal_container
+from gputopo.sim.container.footprint import Load, model_of, read_footprint
+from gputopo.sim.container.footprint import start as start_engine
 from gputopo.sim.container.gpus import IDLE_MIB, SEED_LOAD_MIB, SEED_TOTAL_MIB, HostGpu, host_nvidia_gpus
 from gputopo.sim.container.paths import SimPaths, inside, read_text
 from gputopo.sim.container.processes import reap, spawn
@@ -209,6 +214,9 @@ class Container:
             return 0, warn
         reason = self._start_problem(unit)
         argv = unit.argv
+        load = None if reason else self._load(argv)
+        if load is not None and load.error:
+            reason = load.error
         svc = {
             "state": "active",
             "pid": 0,
@@ -218,7 +226,8 @@ class Container:
             "started": time.time(),
         }
         if reason:
-            svc.update(state="failed", result="exit-code", message=reason, code=1)
+            journal = load.journal if load is not None else [reason]
+            svc.update(state="failed", result="exit-code", message=reason, code=1, journal=journal)
             self._set_service(name, svc, unit)
             if not block:
                 return 0, warn
@@ -231,12 +240,25 @@ class Container:
         svc["tp"] = parse_tp(argv)
         gpus = self.gpus()[: svc["tp"]]
         svc["gpus"] = [g.address for g in gpus]
+        if load is not None:  # what the engine's start gives (footprint.start); else the seed's pattern
+            svc.update(used_mib=dict(zip(svc["gpus"], load.used_mib)), kv_tokens=load.kv_tokens)
+            svc["journal"] = load.journal
         svc["host_pids"] = spawn(
             self.paths.root, self.vmid, name, argv, svc["tp"], [f"/dev/nvidia{g.minor}" for g in gpus]
         )
         svc["pid"] = svc["host_pids"][0]  # MainPID: the server's main process
         self._set_service(name, svc, unit)
         return 0, warn
+
+    def _load(self, argv: list[str]) -> Load | None:
+        """The model load of a server started as ``argv`` on its first ``tp`` GPUs, from the
+        model directory it names (:mod:`gputopo.sim.container.footprint`); None when the
+        command is no inference server or its model directory cannot be read."""
+        path = model_of(argv) if service_flavor(argv) else None
+        fp = read_footprint(self.rootfs, path) if path else None
+        if fp is None:
+            return None
+        return start_engine(argv, [g.memory_total for g in self.gpus()[: parse_tp(argv)]], fp)
 
     def _start_latency(self, argv: list[str]) -> float:
         """Seconds until the server is ready: the ``slow_start`` fault's (for its tensor-parallel
@@ -303,8 +325,11 @@ class Container:
         for svc in self._state().get("services", {}).values():
             if svc.get("state") != "active":
                 continue
+            loaded = svc.get("used_mib") or {}
             for i, addr in enumerate(svc.get("gpus", [])):
-                if addr in used:
+                if addr in used and addr in loaded:
+                    used[addr] = int(loaded[addr])
+                elif addr in used:  # a model the simulator cannot read: the seed log's pattern, scaled
                     used[addr] = round(SEED_LOAD_MIB[i % len(SEED_LOAD_MIB)] * totals[addr] / SEED_TOTAL_MIB)
         fault = faults_of(self.sim_dir, self.vmid).get("unbalanced_memory")
         gpus = self.gpus()
