@@ -1,8 +1,8 @@
-"""``journalctl`` in a simulated container: a service's log of its last start.
+"""The journal of a simulated container's services, and ``journalctl`` to read it.
 
-What the server printed while it started (:mod:`gputopo.sim.container.footprint`: the model
-load, the KV cache it allocated, or the traceback's last line when it failed) and, for a failed
-start, systemd's own lines (``Main process exited, code=exited, status=1/FAILURE``, ``Failed with
+Each start logs systemd's ``Started <unit>.``, what the server printed while it started
+(:mod:`gputopo.sim.container.footprint`: the model load, the KV cache it allocated, or the
+traceback's last line when it failed) and, for a failed start, systemd's own lines (``Main process exited, code=exited, status=1/FAILURE``, ``Failed with
 result 'exit-code'``; systemd ``src/core/service.c`` ``service_sigchld_event`` and
 ``service_enter_dead``). Options: ``-u UNIT`` (also ``-xeu UNIT``, ``--unit=UNIT``), ``-n N``,
 ``--no-pager``, ``-b``, ``-x``, ``-e``.
@@ -10,10 +10,42 @@ result 'exit-code'``; systemd ``src/core/service.c`` ``service_sigchld_event`` a
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from gputopo.ports import ExecResult
-from gputopo.sim.container.lifecycle import Container
-from gputopo.sim.container.processes import HOST_PID_BASE
-from gputopo.sim.container.shell import result
+from gputopo.sim import state
+
+KEEP_LINES = 500  # lines kept per unit (journald keeps far more; tests read the last start or two)
+
+
+def log(run: Path, vmid: int, unit: str, lines: list[str]) -> None:
+    """Append ``lines`` to unit ``unit``'s journal in container ``vmid`` (run dir ``run``)."""
+    name = f"journal-{vmid}"
+    with state.locked(run, name):
+        journal = state.read_state(run, name, {}) or {}
+        journal[unit] = (journal.get(unit, []) + list(lines))[-KEEP_LINES:]
+        state.write_state(run, name, journal)
+
+
+def read(run: Path, vmid: int, unit: str) -> list[str]:
+    """Unit ``unit``'s journal lines in container ``vmid``, oldest first."""
+    return list((state.read_state(run, f"journal-{vmid}", {}) or {}).get(unit, []))
+
+
+def start_lines(unit: str, pid: int, printed: list[str], failed: bool, code: int = 1) -> list[str]:
+    """What a start of ``unit`` logs: systemd's lines around what the server ``printed``."""
+    out = [f"Started {unit}."] + [f"{unit.removesuffix('.service')}[{pid}]: {line}" for line in printed]
+    if failed:
+        out += [
+            f"{unit}: Main process exited, code=exited, status={code}/FAILURE",
+            f"{unit}: Failed with result 'exit-code'.",
+        ]
+    return out
+
+
+def stop_lines(unit: str) -> list[str]:
+    """What systemd logs when it stops a running ``unit``."""
+    return [f"Stopping {unit}...", f"{unit}: Deactivated successfully.", f"Stopped {unit}."]
 
 
 def _parse(args: list[str]) -> tuple[str | None, int | None, str | None]:
@@ -37,8 +69,12 @@ def _parse(args: list[str]) -> tuple[str | None, int | None, str | None]:
     return unit, lines, None
 
 
-def journalctl(ct: Container, args: list[str]) -> ExecResult:
-    """Run ``journalctl ARGS`` in container ``ct`` (a unit's log; the whole journal is not kept)."""
+def result(rc: int, out: str = "", err: str = "") -> ExecResult:
+    return ExecResult(rc=rc, stdout=out, stderr=err)
+
+
+def journalctl(run: Path, vmid: int, args: list[str]) -> ExecResult:
+    """Run ``journalctl ARGS`` in container ``vmid`` of the host whose run dir is ``run``."""
     unit, lines, bad = _parse(args)
     if bad is not None:
         return result(1, err=f"journalctl: invalid option -- '{bad.lstrip('-')}'\n")
@@ -46,17 +82,9 @@ def journalctl(ct: Container, args: list[str]) -> ExecResult:
         return result(0, "-- No entries --\n")
     if not unit.endswith(".service"):
         unit += ".service"
-    svc = ct.service(unit)
-    out = [f"Started {unit}."] if svc.get("argv") else []
-    pid = svc.get("pid") or HOST_PID_BASE + ct.vmid * 100  # a failed start's server had no pid kept
-    out += [f"{unit.removesuffix('.service')}[{pid}]: {line}" for line in svc.get("journal", [])]
-    if svc.get("state") == "failed":
-        out += [
-            f"{unit}: Main process exited, code=exited, status={svc.get('code', 1)}/FAILURE",
-            f"{unit}: Failed with result '{svc.get('result', 'exit-code')}'.",
-        ]
-    if not out:
-        return result(0, "-- No entries --\n")
+    out = read(run, vmid, unit)
     if lines is not None:
         out = out[-lines:] if lines else []
+    if not out:
+        return result(0, "-- No entries --\n")
     return result(0, "".join(line + "\n" for line in out))

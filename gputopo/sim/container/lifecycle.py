@@ -25,13 +25,14 @@ from pathlib import Path
 
 from gputopo.model.facts import normalize_address
 from gputopo.sim import state
+from gputopo.sim.container import journal
 from gputopo.sim.container.devices import parse_granted_devices
 from gputopo.sim.container.faults import break_container, faults_of, heal_container
 from gputopo.sim.container.footprint import Load, model_of, read_footprint
 from gputopo.sim.container.footprint import start as start_engine
 from gputopo.sim.container.gpus import IDLE_MIB, SEED_LOAD_MIB, SEED_TOTAL_MIB, HostGpu, host_nvidia_gpus
 from gputopo.sim.container.paths import SimPaths, inside, read_text
-from gputopo.sim.container.processes import reap, spawn
+from gputopo.sim.container.processes import HOST_PID_BASE, reap, spawn
 from gputopo.sim.container.server_args import parse_tp, service_flavor
 from gputopo.sim.container.units import Unit, load_unit
 
@@ -226,8 +227,10 @@ class Container:
             "started": time.time(),
         }
         if reason:
-            journal = load.journal if load is not None else [reason]
-            svc.update(state="failed", result="exit-code", message=reason, code=1, journal=journal)
+            printed = load.journal if load is not None else [reason]
+            pid = HOST_PID_BASE + self.vmid * 100  # the server that died: its pid is gone with it
+            journal.log(self.paths.run, self.vmid, name, journal.start_lines(name, pid, printed, True))
+            svc.update(state="failed", result="exit-code", message=reason, code=1)
             self._set_service(name, svc, unit)
             if not block:
                 return 0, warn
@@ -242,11 +245,12 @@ class Container:
         svc["gpus"] = [g.address for g in gpus]
         if load is not None:  # what the engine's start gives (footprint.start); else the seed's pattern
             svc.update(used_mib=dict(zip(svc["gpus"], load.used_mib)), kv_tokens=load.kv_tokens)
-            svc["journal"] = load.journal
         svc["host_pids"] = spawn(
             self.paths.root, self.vmid, name, argv, svc["tp"], [f"/dev/nvidia{g.minor}" for g in gpus]
         )
         svc["pid"] = svc["host_pids"][0]  # MainPID: the server's main process
+        printed = load.journal if load is not None else []
+        journal.log(self.paths.run, self.vmid, name, journal.start_lines(name, svc["pid"], printed, False))
         self._set_service(name, svc, unit)
         return 0, warn
 
@@ -314,6 +318,8 @@ class Container:
     def stop_service(self, name: str) -> tuple[int, str]:
         if self.unit(name) is None and name not in self._state().get("services", {}):
             return 5, f"Failed to stop {name}: Unit {name} not loaded.\n"
+        if self.service(name).get("state") == "active":
+            journal.log(self.paths.run, self.vmid, name, journal.stop_lines(name))
         reap(self.paths.root, self.service(name).get("host_pids", []))
         self._set_service(name, {"state": "inactive", "pid": 0})
         return 0, ""

@@ -75,7 +75,7 @@ class SimExec:
         if cmd == "cat":
             return cat(ct, args)
         if cmd == "journalctl":
-            return journalctl(ct, args)
+            return journalctl(ct.paths.run, ct.vmid, args)
         if cmd in ("test", "["):
             return test(ct, [a for a in args if a != "]"])
         if cmd == "ls" and args == ["/dev"]:
