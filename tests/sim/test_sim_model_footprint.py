@@ -155,7 +155,10 @@ def test_a_static_fraction_below_the_weights_is_sglangs_not_enough_memory(host):
     sx, rc = _serve(host, SERVICE_COMMANDS["sglang"].format(tp=4).replace("0.79", "0.55"))
     assert rc == 1
     journal = sx.run(101, ["journalctl", "-u", "sglang.service"], timeout=5).stdout
-    assert "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.\n" in journal
+    assert (
+        "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. "
+        "Current value: mem_fraction_static=0.55\n"
+    ) in journal
 
 
 def test_sglangs_default_fraction_follows_its_server_args_table(host):

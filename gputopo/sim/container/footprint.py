@@ -11,11 +11,13 @@ A start then follows the engine's own arithmetic, per GPU (MiB and GiB as the en
   split evenly over the tensor-parallel ranks; weights larger than what is left fail the load in
   torch's words (``torch.OutOfMemoryError: CUDA out of memory. Tried to allocate ...``,
   c10/cuda/CUDACachingAllocator.cpp).
-* SGLang (``python/sglang/srt/model_executor/model_runner.py`` ``profile_max_num_token``):
+* SGLang (``python/sglang/srt/model_executor/model_runner.py`` ``profile_max_num_token``, in
+  recent releases ``model_runner_kv_cache_mixin.py``):
   ``rest = available_after_weights - total_at_start * (1 - mem_fraction_static)``;
   ``max_total_num_tokens = rest_bytes // cell_size`` with ``cell_size = kv_heads_per_gpu *
   head_dim * layers * 2 * dtype_bytes``; ``rest <= 0`` raises ``RuntimeError: Not enough memory.
-  Please try to increase --mem-fraction-static.`` (``init_memory_pool``). ``mem_fraction_static``
+  Please try to increase --mem-fraction-static. Current value: mem_fraction_static=F``
+  (``init_memory_pool``). ``mem_fraction_static``
   defaults as ``python/sglang/srt/server_args.py`` computes it: ``(gpu_mem - reserved) /
   gpu_mem`` with ``reserved`` by the GPU's memory and ``tp_size`` (:func:`sglang_mem_fraction`).
 * vLLM (``vllm/v1/worker/gpu_worker.py`` ``determine_available_memory``): ``kv = total *
@@ -35,6 +37,7 @@ seed unit's ``--mem-fraction-static 0.79``.
 from __future__ import annotations
 
 import json
+import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,11 +78,29 @@ class Footprint:
 
 def read_footprint(rootfs: Path, path: str) -> Footprint | None:
     """The footprint of the model directory ``path`` inside the container root ``rootfs``; None
-    when it has no readable ``config.json`` or no safetensors shard."""
+    when it has no readable ``config.json`` or no safetensors shard. A directory read before
+    with the same files (names, sizes, times) is not read again."""
     try:
         d = inside(rootfs, path)
+        shards = sorted((e.name, e.stat()) for e in os.scandir(d) if e.name.endswith(".safetensors"))
+        cfg_stat = (d / "config.json").stat()
+    except (OSError, ValueError):
+        return None
+    key = (str(d), cfg_stat.st_mtime_ns, cfg_stat.st_size) + tuple(
+        (n, st.st_size, st.st_mtime_ns, st.st_ino) for n, st in shards
+    )
+    if key not in _READ:
+        _READ.clear()  # one model at a time is what a host serves: keep the cache small
+        _READ[key] = _read(d, [d / n for n, _ in shards])
+    return _READ[key]
+
+
+_READ: dict[tuple, Footprint | None] = {}
+
+
+def _read(d: Path, shards: list[Path]) -> Footprint | None:
+    try:
         cfg = json.loads((d / "config.json").read_text())
-        shards = sorted(d.glob("*.safetensors"))
         weights = 0
         for s in shards:
             with open(s, "rb") as f:
@@ -179,8 +200,11 @@ def start(argv: list[str], totals_mib: list[int], fp: Footprint) -> Load:
         if flavor == "sglang":
             rest_mib = avail * frac - weights_mib
             if rest_mib <= 0:
+                # the pool's check (model_runner_kv_cache_mixin.py MemoryPoolConfig.__post_init__)
                 return _failed(
-                    load, "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static."
+                    load,
+                    "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. "
+                    f"Current value: mem_fraction_static={frac}",
                 )
             tokens.append(int(rest_mib * MIB // per_token))
             used = total - avail * (1 - frac)
