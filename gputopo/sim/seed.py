@@ -69,6 +69,7 @@ def build_host(
     pve_version: str,
     root: str | os.PathLike | None,
     vm: int = DEFAULT_VM,
+    model: str = SEED_MODEL,
 ) -> None:
     """Build the seed story in the empty ``dir``: the host root from ``root`` (a directory to
     copy) or ``src`` (a snapshot archive or a fixture), ``/etc/pve``, ``run/host.json``, the
@@ -105,24 +106,28 @@ def build_host(
             "source": src,
         },
     )
-    _write_service(dir, paths, container, service, len(gpus))
+    _write_service(dir, paths, container, service, len(gpus), model)
     state.set_guest_status(paths.run, "lxc", container, "running")
     state.set_guest_status(paths.run, "qemu", vm, "stopped")
     Container(dir, container).boot()
 
 
-def _write_service(dir: Path, paths: SimPaths, container: int, service: str, tp: int) -> None:
-    """The container's inference unit serving with ``--tp <tp>``, and its distribution release."""
+def _write_service(
+    dir: Path, paths: SimPaths, container: int, service: str, tp: int, model: str = SEED_MODEL
+) -> None:
+    """The container's inference unit serving ``/models/<model>`` with ``--tp <tp>``, the model's
+    directory, and the container's distribution release."""
     unit = f"{service}.service"
+    command = SERVICE_COMMANDS[service].format(tp=tp).replace(f"/models/{SEED_MODEL}", f"/models/{model}")
     write_unit(
         dir,
         container,
         unit,
         f"[Unit]\nDescription={service} inference server\nAfter=network-online.target\n\n"
-        f"[Service]\nType=simple\nExecStart={SERVICE_COMMANDS[service].format(tp=tp)}\n"
+        f"[Service]\nType=simple\nExecStart={command}\n"
         f"Restart=on-failure\n\n[Install]\nWantedBy=multi-user.target\n",
     )
-    install_model(paths.rootfs(container), SEED_MODEL)  # the directory the command serves
+    install_model(paths.rootfs(container), model)  # the directory the command serves
     release = paths.rootfs(container) / "etc/lsb-release"
     release.parent.mkdir(parents=True, exist_ok=True)
     release.write_text(lsb_release(UBUNTU_RELEASE))

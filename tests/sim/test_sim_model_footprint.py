@@ -22,7 +22,7 @@ import pytest
 from gputopo.sim.container import SimExec, break_container, write_unit
 from gputopo.sim.container.footprint import read_footprint, sglang_mem_fraction
 from gputopo.sim.container.lifecycle import Container
-from gputopo.sim.container.modelfiles import MODELS_DATA, SEED_MODEL_PATH
+from gputopo.sim.container.modelfiles import MODELS, MODELS_DATA, SEED_MODEL_PATH, SMALL_MODEL
 from gputopo.sim.host import SimHost
 from gputopo.sim.seed import SERVICE_COMMANDS
 from helpers.applysim import host, template  # noqa: F401 (fixtures)
@@ -59,14 +59,15 @@ def _serve(host_: SimHost, command: str, unit: str = "sglang.service") -> tuple[
     return sx, sx.run(101, ["systemctl", "restart", unit], timeout=5).rc
 
 
-def test_the_shipped_config_is_the_fixture_and_says_what_the_model_card_says():
-    shipped = (MODELS_DATA / "Qwen3-235B-A22B-FP8.config.json").read_text()
-    assert shipped == (REPO / "fixtures/real/models/Qwen3-235B-A22B-FP8/config.json").read_text()
-    cfg = json.loads(shipped)
+def test_the_shipped_configs_are_the_fixtures_and_say_what_the_model_card_says():
+    for name in MODELS:
+        shipped = (MODELS_DATA / f"{name}.config.json").read_text()
+        assert shipped == (REPO / f"fixtures/real/models/{name}/config.json").read_text()
+        assert name in (REPO / "fixtures/real/SOURCES.md").read_text()
+    cfg = json.loads((MODELS_DATA / "Qwen3-235B-A22B-FP8.config.json").read_text())
     assert (cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["num_key_value_heads"]) == (94, 64, 4)
     assert (cfg["num_experts"], cfg["num_experts_per_tok"], cfg["max_position_embeddings"]) == (128, 8, 40960)
     assert cfg["quantization_config"]["weight_block_size"] == [128, 128]
-    assert "Qwen3-235B-A22B-FP8" in (REPO / "fixtures/real/SOURCES.md").read_text()
 
 
 def test_the_container_serves_a_model_whose_headers_give_the_published_parameter_counts(host):
@@ -209,3 +210,12 @@ def test_a_fresh_host_serves_at_every_gpu_with_the_model_loaded(tmp_path, servic
     h = SimHost.create(tmp_path / "sim", service=service)
     svc = Container(h.dir, 101).service(f"{service}.service")
     assert svc["state"] == "active" and svc["kv_tokens"] > 0 and len(svc["used_mib"]) == 8
+
+
+def test_the_small_model_has_its_published_size_and_loads_on_two_gpus(tmp_path):
+    h = SimHost.create(tmp_path / "sim", model=SMALL_MODEL)
+    tensors = _headers(h.paths.rootfs(101) / f"models/{SMALL_MODEL}")
+    params = sum(_prod(t["shape"]) for n, t in tensors.items() if not n.endswith("weight_scale_inv"))
+    assert abs(params - 30.5e9) / 30.5e9 < 0.01  # model card: 30.5B
+    sx, rc = _serve(h, SERVICE_COMMANDS["sglang"].format(tp=2).replace("Qwen3-235B-A22B-FP8", SMALL_MODEL))
+    assert rc == 0 and _used(sx)[:3] == [79043, 78369, 1]

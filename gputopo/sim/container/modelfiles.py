@@ -1,8 +1,9 @@
 """The served model's directory in a simulated container: ``config.json``, the safetensors index
 and sparse safetensors shards (the real size, no disk).
 
-The config is Qwen/Qwen3-235B-A22B-FP8's (package data ``gputopo/sim/models/``; its source in
-``fixtures/real/SOURCES.md``). The shards' headers are derived from it: the tensor names and
+The configs are Qwen/Qwen3-235B-A22B-FP8's (the seed's) and Qwen/Qwen3-30B-A3B-FP8's (a model
+that fits one GPU), package data in ``gputopo/sim/models/``, their sources in
+``fixtures/real/SOURCES.md``. The shards' headers are derived from it: the tensor names and
 shapes of the Qwen3-MoE architecture (transformers ``models/qwen3_moe/modeling_qwen3_moe.py``:
 per layer q/k/v/o projections, q_norm/k_norm, the router ``mlp.gate`` and every expert's
 gate/up/down projections), the linear weights as ``F8_E4M3`` with a ``weight_scale_inv`` per
@@ -34,6 +35,9 @@ from gputopo.errors import SimHostError
 
 MODELS_DATA = Path(__file__).resolve().parent.parent / "models"
 SEED_MODEL = "Qwen3-235B-A22B-FP8"
+# the models a simulated container can serve: the seed's, and one that fits a single GPU
+SMALL_MODEL = "Qwen3-30B-A3B-FP8"
+MODELS = (SEED_MODEL, SMALL_MODEL)
 SEED_MODEL_PATH = f"/models/{SEED_MODEL}"
 MAX_SHARD_BYTES = 5_000_000_000  # transformers PreTrainedModel.save_pretrained max_shard_size="5GB"
 LAYOUT_VERSION = "1"  # bump when the derived layout changes: the store is rebuilt under a new key
