@@ -182,6 +182,8 @@ def test_vllm_loads_by_its_utilization_and_refuses_a_cache_too_small(host):
     kv_mib = 97887 * 0.79 - (CHECKPOINT_BYTES / 4 / MIB + 500 + 2048)
     blocks = int(kv_mib * MIB // (2 * 16 * 1 * 128 * 2 * 94))
     assert Container(host.dir, 101).service("vllm.service")["kv_tokens"] == blocks * 16
+    journal = sx.run(101, ["journalctl", "-u", "vllm.service"], timeout=5).stdout
+    assert f"GPU KV cache size: {blocks * 16:,} tokens" in journal
     sx, rc = _serve(host, base.replace("0.79", "0.6"), "vllm.service")
     journal = sx.run(101, ["journalctl", "-u", "vllm.service"], timeout=5).stdout
     assert rc == 1 and "ValueError: No available memory for the cache blocks." in journal
@@ -219,3 +221,9 @@ def test_the_small_model_has_its_published_size_and_loads_on_two_gpus(tmp_path):
     assert abs(params - 30.5e9) / 30.5e9 < 0.01  # model card: 30.5B
     sx, rc = _serve(h, SERVICE_COMMANDS["sglang"].format(tp=2).replace("Qwen3-235B-A22B-FP8", SMALL_MODEL))
     assert rc == 0 and _used(sx)[:3] == [79043, 78369, 1]
+
+
+def test_a_fraction_that_is_no_number_fails_as_argparse_says(host):
+    sx, rc = _serve(host, SERVICE_COMMANDS["sglang"].format(tp=4).replace("0.79", "most"))
+    journal = sx.run(101, ["journalctl", "-u", "sglang.service"], timeout=5).stdout
+    assert rc == 1 and "error: argument --mem-fraction-static: invalid float value: 'most'\n" in journal

@@ -108,10 +108,10 @@ def _read(d: Path, shards: list[Path]) -> Footprint | None:
             weights += s.stat().st_size - 8 - n
     except (OSError, ValueError, struct.error):
         return None
-    if not shards or weights <= 0:
-        return None
     cfg = cfg.get("text_config", cfg)
     heads = int(cfg.get("num_attention_heads", 1))
+    if not shards or weights <= 0 or int(cfg.get("num_hidden_layers", 0)) <= 0:
+        return None
     return Footprint(
         weight_bytes=weights,
         layers=int(cfg.get("num_hidden_layers", 0)),
@@ -158,10 +158,14 @@ def per_token_bytes(argv: list[str], fp: Footprint, tp: int) -> int:
 
 
 def _fraction(argv: list[str], flavor: str, total_mib: int, tp: int) -> float:
-    names = ("--mem-fraction-static",) if flavor == "sglang" else ("--gpu-memory-utilization",)
-    raw = _flag(argv, names)
+    """The engine's memory fraction; ValueError (argparse's words) for one that is no number."""
+    name = "--mem-fraction-static" if flavor == "sglang" else "--gpu-memory-utilization"
+    raw = _flag(argv, (name,))
     if raw is not None:
-        return float(raw)
+        try:
+            return float(raw)
+        except ValueError:
+            raise ValueError(f"error: argument {name}: invalid float value: '{raw}'") from None
     return sglang_mem_fraction(total_mib, tp) if flavor == "sglang" else 0.9
 
 
@@ -192,8 +196,11 @@ def start(argv: list[str], totals_mib: list[int], fp: Footprint) -> Load:
     tokens: list[int] = []
     for rank, total in enumerate(totals_mib):
         avail = total - CUDA_CONTEXT_MIB
-        frac = _fraction(argv, flavor, total, tp)
-        if rank == 0:
+        try:
+            frac = _fraction(argv, flavor, total, tp)
+        except ValueError as e:
+            return _failed(load, str(e))
+        if rank == 0 and flavor == "sglang":
             load.journal.append(f"Load weight begin. avail mem={avail / 1024:.2f} GB")
         if weights_mib > avail:
             return _failed(load, _oom(rank, total, avail, weights_mib / max(fp.layers, 1)))
@@ -218,13 +225,28 @@ def start(argv: list[str], totals_mib: list[int], fp: Footprint) -> Load:
             used = total * frac
         load.used_mib.append(round(used + SEED_RESIDUE_MIB[rank % len(SEED_RESIDUE_MIB)]))
     load.kv_tokens = min(tokens) if tokens else 0
-    load.journal += [
-        f"Load weight end. type={fp.architecture}, avail mem={(totals_mib[0] - CUDA_CONTEXT_MIB - weights_mib) / 1024:.2f}"
-        f" GB, mem usage={weights_mib / 1024:.2f} GB.",
-        f"KV Cache is allocated. #tokens: {load.kv_tokens}, KV size: {load.kv_tokens * per_token / GIB:.2f} GB",
-        f"max_total_num_tokens={load.kv_tokens}",
-    ]
+    load.journal += _loaded_lines(flavor, fp, weights_mib, totals_mib[0], load.kv_tokens, per_token)
     return load
+
+
+def _loaded_lines(
+    flavor: str, fp: Footprint, weights_mib: float, total: int, tokens: int, per_token: int
+) -> list[str]:
+    """What the engine logs once the model and the KV cache are in (SGLang's model_runner.py,
+    vLLM's gpu_model_runner.py ``load_model`` and kv_cache_utils.py ``_report_kv_cache_config``)."""
+    kv_gib = tokens * per_token / GIB
+    if flavor == "sglang":
+        return [
+            f"Load weight end. type={fp.architecture}, avail mem={(total - CUDA_CONTEXT_MIB - weights_mib) / 1024:.2f}"
+            f" GB, mem usage={weights_mib / 1024:.2f} GB.",
+            f"KV Cache is allocated. #tokens: {tokens}, KV size: {kv_gib:.2f} GB",
+            f"max_total_num_tokens={tokens}",
+        ]
+    return [
+        f"Model loading took {weights_mib / 1024:.4f} GiB",
+        f"Available KV cache memory: {kv_gib:.2f} GiB",
+        f"GPU KV cache size: {tokens:,} tokens",
+    ]
 
 
 def _vllm_check(kv_mib: float, per_token: int, fp: Footprint, argv: list[str]) -> str | None:
