@@ -17,7 +17,10 @@ from gputopo.formats.pcicfg import MapEntry, PciMapping, format_map_entry, write
 from gputopo.sim import state
 from gputopo.sim.container import Container, SimPaths, write_unit
 from gputopo.sim.container.distro import lsb_release
-from gputopo.sim.container.modelfiles import SEED_MODEL, install_model
+from gputopo.sim.container.footprint import read_footprint
+from gputopo.sim.container.footprint import start as start_engine
+from gputopo.sim.container.gpus import DEFAULT_TOTAL_MIB, MEMORY_TOTAL_MIB
+from gputopo.sim.container.modelfiles import SEED_MODEL, SMALL_MODEL, install_model, model_store
 from gputopo.sim.files import PMXCFS_MODE, atomic_write
 from gputopo.sim.hostroot import materialize
 
@@ -69,7 +72,7 @@ def build_host(
     pve_version: str,
     root: str | os.PathLike | None,
     vm: int = DEFAULT_VM,
-    model: str = SEED_MODEL,
+    model: str | None = None,
 ) -> None:
     """Build the seed story in the empty ``dir``: the host root from ``root`` (a directory to
     copy) or ``src`` (a snapshot archive or a fixture), ``/etc/pve``, ``run/host.json``, the
@@ -106,10 +109,22 @@ def build_host(
             "source": src,
         },
     )
-    _write_service(dir, paths, container, service, len(gpus), model)
+    totals = [MEMORY_TOTAL_MIB.get(g.device or "", DEFAULT_TOTAL_MIB) for g in gpus]
+    _write_service(dir, paths, container, service, len(gpus), model or _fitting_model(service, totals))
     state.set_guest_status(paths.run, "lxc", container, "running")
     state.set_guest_status(paths.run, "qemu", vm, "stopped")
     Container(dir, container).boot()
+
+
+def _fitting_model(service: str, totals_mib: list[int]) -> str:
+    """The model the container serves when none is named: the seed's where its weights fit the
+    host's GPUs at the full tensor-parallel size, else :data:`SMALL_MODEL` (an operator serves what
+    fits: 236 GB of FP8 weights do not fit four 48 GiB RTX 6000 Ada)."""
+    argv = SERVICE_COMMANDS[service].format(tp=len(totals_mib)).split()
+    fp = read_footprint(Path("/"), str(model_store(SEED_MODEL)))
+    if fp is None or start_engine(argv, totals_mib, fp).error:
+        return SMALL_MODEL
+    return SEED_MODEL
 
 
 def _write_service(

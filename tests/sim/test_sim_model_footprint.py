@@ -27,6 +27,8 @@ from gputopo.sim.host import SimHost
 from gputopo.sim.seed import SERVICE_COMMANDS
 from helpers.applysim import host, template  # noqa: F401 (fixtures)
 
+pytestmark = pytest.mark.slow  # builds and copies simulated hosts
+
 REPO = Path(__file__).resolve().parents[2]
 MIB, GIB = 1 << 20, 1 << 30
 CHECKPOINT_BYTES = 236_445_455_360  # the synthesized shards' tensor bytes (index metadata.total_size)
@@ -227,3 +229,12 @@ def test_a_fraction_that_is_no_number_fails_as_argparse_says(host):
     sx, rc = _serve(host, SERVICE_COMMANDS["sglang"].format(tp=4).replace("0.79", "most"))
     journal = sx.run(101, ["journalctl", "-u", "sglang.service"], timeout=5).stdout
     assert rc == 1 and "error: argument --mem-fraction-static: invalid float value: 'most'\n" in journal
+
+
+def test_a_host_whose_gpus_cannot_hold_the_seed_model_serves_the_small_one(tmp_path):
+    # 4x RTX 6000 Ada (49,140 MiB): 59 GB of FP8 weights per GPU at tp 4 do not fit
+    h = SimHost.create(tmp_path / "sim", source="esc8000a")
+    svc = Container(h.dir, 101).service("sglang.service")
+    assert svc["state"] == "active" and f"/models/{SMALL_MODEL}" in svc["argv"]
+    assert (h.paths.rootfs(101) / f"models/{SMALL_MODEL}/config.json").is_file()
+    assert not (h.paths.rootfs(101) / SEED_MODEL_PATH.lstrip("/")).exists()

@@ -40,7 +40,7 @@ SMALL_MODEL = "Qwen3-30B-A3B-FP8"
 MODELS = (SEED_MODEL, SMALL_MODEL)
 SEED_MODEL_PATH = f"/models/{SEED_MODEL}"
 MAX_SHARD_BYTES = 5_000_000_000  # transformers PreTrainedModel.save_pretrained max_shard_size="5GB"
-LAYOUT_VERSION = "1"  # bump when the derived layout changes: the store is rebuilt under a new key
+LAYOUT_VERSION = "2"  # bump when the derived layout changes: the store is rebuilt under a new key
 DTYPE_BYTES = {"F8_E4M3": 1, "BF16": 2, "F16": 2, "F32": 4}
 _TORCH_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
 
@@ -144,7 +144,8 @@ def _build(dest: Path, config_text: str) -> None:
             weight_map[name] = fname
             total += tensor_bytes(dtype, shape)
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (dest / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    (dest / "config.json").write_text(config_text)
+    (dest / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")  # last: "built"
 
 
 def model_store(name: str = SEED_MODEL) -> Path:
