@@ -20,6 +20,7 @@ from typing import Any
 from gputopo.errors import SimHostError
 from gputopo.sim import pace, state
 from gputopo.sim.container import EndpointServer, SimExec, SimPaths
+from gputopo.sim.container.modelfiles import MODELS
 from gputopo.sim.files import PMXCFS_MODE, atomic_write
 from gputopo.sim.guesthooks import Hooks
 from gputopo.sim.pace import HA_CRM, VM_SHUTDOWN
@@ -60,12 +61,15 @@ class SimHost:
         pve_version: str = "8.4.1",
         root: str | os.PathLike | None = None,
         vm: int = DEFAULT_VM,
+        model: str | None = None,
     ) -> SimHost:
         """Create a simulated host in ``dir`` (must not exist or be empty) and return it.
 
         ``source``: a fixture name (``seed``), a fixture yaml, or a ``gputopo snapshot``
         ``.tar.gz``; ``root`` instead copies an existing host root directory. ``node`` defaults
-        to the root's hostname; ``vm`` is the stopped VM's vmid. Raises :class:`SimHostError`
+        to the root's hostname; ``vm`` is the stopped VM's vmid; ``model`` the model the container
+        serves (one of :data:`gputopo.sim.container.modelfiles.MODELS`; unset: the seed's where it
+        fits the GPUs, else the small one). Raises :class:`SimHostError`
         for a non-empty ``dir``, an unknown ``service`` or a root without GPUs on nvidia;
         :class:`gputopo.errors.FixtureError` for a bad fixture. A failed create leaves ``dir`` as it was.
         """
@@ -74,10 +78,12 @@ class SimHost:
             raise SimHostError(str(dir), "directory is not empty")
         if service not in SERVICE_COMMANDS:
             raise SimHostError(str(dir), f"unknown service {service!r} (sglang or vllm)")
+        if model is not None and model not in MODELS:
+            raise SimHostError(str(dir), f"unknown model {model!r} ({' or '.join(MODELS)})")
         src = str(source)
         existed = dir.exists()
         try:
-            build_host(dir, src, node, container, service, pve_version, root, vm)
+            build_host(dir, src, node, container, service, pve_version, root, vm, model)
             return cls(dir)
         except BaseException:
             # a failed create leaves nothing behind: the directory is as it was (absent or empty)

@@ -17,20 +17,26 @@ from gputopo.formats.pcicfg import MapEntry, PciMapping, format_map_entry, write
 from gputopo.sim import state
 from gputopo.sim.container import Container, SimPaths, write_unit
 from gputopo.sim.container.distro import lsb_release
+from gputopo.sim.container.footprint import read_footprint
+from gputopo.sim.container.footprint import start as start_engine
+from gputopo.sim.container.gpus import DEFAULT_TOTAL_MIB, MEMORY_TOTAL_MIB
+from gputopo.sim.container.modelfiles import SEED_MODEL, SMALL_MODEL, install_model, model_store
 from gputopo.sim.files import PMXCFS_MODE, atomic_write
 from gputopo.sim.hostroot import materialize
 
 DEFAULT_CT = 101
 DEFAULT_VM = 201
 CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
+# The seed unit's memory fraction (0.79) is what makes the seed log's load (78,193-79,043 of
+# 97,887 MiB per GPU) come out of the engines' formulas: gputopo.sim.container.footprint.
 SERVICE_COMMANDS = {
     "sglang": (
         "/opt/sglang/.venv/bin/python -m sglang.launch_server --model-path /models/Qwen3-235B-A22B-FP8 "
-        "--served-model-name qwen3 --host 0.0.0.0 --port 30000 --tp {tp}"
+        "--served-model-name qwen3 --host 0.0.0.0 --port 30000 --mem-fraction-static 0.79 --tp {tp}"
     ),
     "vllm": (
         "/usr/local/bin/vllm serve /models/Qwen3-235B-A22B-FP8 --served-model-name qwen3 "
-        "--host 0.0.0.0 --port 8000 --tensor-parallel-size {tp}"
+        "--host 0.0.0.0 --port 8000 --gpu-memory-utilization 0.79 --tensor-parallel-size {tp}"
     ),
 }
 
@@ -66,6 +72,7 @@ def build_host(
     pve_version: str,
     root: str | os.PathLike | None,
     vm: int = DEFAULT_VM,
+    model: str | None = None,
 ) -> None:
     """Build the seed story in the empty ``dir``: the host root from ``root`` (a directory to
     copy) or ``src`` (a snapshot archive or a fixture), ``/etc/pve``, ``run/host.json``, the
@@ -102,23 +109,40 @@ def build_host(
             "source": src,
         },
     )
-    _write_service(dir, paths, container, service, len(gpus))
+    totals = [MEMORY_TOTAL_MIB.get(g.device or "", DEFAULT_TOTAL_MIB) for g in gpus]
+    _write_service(dir, paths, container, service, len(gpus), model or _fitting_model(service, totals))
     state.set_guest_status(paths.run, "lxc", container, "running")
     state.set_guest_status(paths.run, "qemu", vm, "stopped")
     Container(dir, container).boot()
 
 
-def _write_service(dir: Path, paths: SimPaths, container: int, service: str, tp: int) -> None:
-    """The container's inference unit serving with ``--tp <tp>``, and its distribution release."""
+def _fitting_model(service: str, totals_mib: list[int]) -> str:
+    """The model the container serves when none is named: the seed's where its weights fit the
+    host's GPUs at the full tensor-parallel size, else :data:`SMALL_MODEL` (an operator serves what
+    fits: 236 GB of FP8 weights do not fit four 48 GiB RTX 6000 Ada)."""
+    argv = SERVICE_COMMANDS[service].format(tp=len(totals_mib)).split()
+    fp = read_footprint(Path("/"), str(model_store(SEED_MODEL)))
+    if fp is None or start_engine(argv, totals_mib, fp).error:
+        return SMALL_MODEL
+    return SEED_MODEL
+
+
+def _write_service(
+    dir: Path, paths: SimPaths, container: int, service: str, tp: int, model: str = SEED_MODEL
+) -> None:
+    """The container's inference unit serving ``/models/<model>`` with ``--tp <tp>``, the model's
+    directory, and the container's distribution release."""
     unit = f"{service}.service"
+    command = SERVICE_COMMANDS[service].format(tp=tp).replace(f"/models/{SEED_MODEL}", f"/models/{model}")
     write_unit(
         dir,
         container,
         unit,
         f"[Unit]\nDescription={service} inference server\nAfter=network-online.target\n\n"
-        f"[Service]\nType=simple\nExecStart={SERVICE_COMMANDS[service].format(tp=tp)}\n"
+        f"[Service]\nType=simple\nExecStart={command}\n"
         f"Restart=on-failure\n\n[Install]\nWantedBy=multi-user.target\n",
     )
+    install_model(paths.rootfs(container), model)  # the directory the command serves
     release = paths.rootfs(container) / "etc/lsb-release"
     release.parent.mkdir(parents=True, exist_ok=True)
     release.write_text(lsb_release(UBUNTU_RELEASE))

@@ -141,7 +141,7 @@ def test_esc8000a_gpu_and_audio_move_together_and_back(new_host, tmp_path):
 
 
 def test_split_by_addresses_with_a_running_vm_on_the_mapping(new_host):
-    host = new_host()
+    host = new_host("seed", model="Qwen3-30B-A3B-FP8")  # a model two GPUs hold
     ports = host.ports()
     root = str(host.paths.root)
     text = applysim.seed_spec_text(host)
@@ -180,7 +180,7 @@ def test_running_vm_outside_the_plan_holding_a_moving_gpu_refuses(new_host):
 
 
 def test_split_by_count_with_vllm(new_host):
-    host = new_host("seed", service="vllm")
+    host = new_host("seed", service="vllm", model="Qwen3-30B-A3B-FP8")  # a model two GPUs hold
     text = applysim.seed_spec_text(host).replace("unit: sglang.service", "unit: vllm.service")
     text = text.replace('tp_flag: "--tp"', 'tp_flag: "--tensor-parallel-size"')
     spec = _spec(text, {"numa: [0]": "count: 2", "numa: [1]": "rest"})

@@ -61,6 +61,7 @@ from gputopo.apply.journal import find_unfinished, list_journals, parse_journal
 from gputopo.plan.spec import parse_spec
 from gputopo.sim import state
 from gputopo.sim.container import break_container, heal_container
+from gputopo.sim.container.modelfiles import SEED_MODEL, SMALL_MODEL
 from gputopo.sim.host import SimHost
 from gputopo.sim.kernel import SimKernel
 from gputopo.usecases.readplan import read_and_plan
@@ -196,7 +197,9 @@ class Start:
     def __init__(self, case: Case, base: Path):
         self.case = case
         sim = base / "sim"
-        h = SimHost.create(sim, pve_version=PVE[case.pve])
+        # the repoint shape starts with the container on two GPUs: a model that fits them
+        model = SMALL_MODEL if case.shape.name == "reverse-vm-repoint" else SEED_MODEL
+        h = SimHost.create(sim, pve_version=PVE[case.pve], model=model)
         SimKernel(h.paths.root).configure(time_scale=applysim.SCALE)
         _make_ha(h, case.shape.ha)
         # the start spec with restart ``always``: the container runs its configuration, no devN

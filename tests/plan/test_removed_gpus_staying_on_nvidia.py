@@ -10,17 +10,19 @@ from pathlib import Path
 
 import pytest
 
+from gputopo.sim.host import SimHost
+from gputopo.sim.kernel import SimKernel
 from helpers import applysim
-from helpers.applysim import template  # noqa: F401 (fixtures)
 from helpers.cli import run
 
 pytestmark = pytest.mark.slow  # applies on a simulated host
 
 
 @pytest.fixture
-def host(template):
+def host():
     base = Path(tempfile.mkdtemp(prefix="gputopo-count2-", dir=applysim.fast_tmp()))
-    h = applysim.copy_host(template, base / "sim")
+    h = SimHost.create(base / "sim", model="Qwen3-30B-A3B-FP8")  # a model two GPUs hold
+    SimKernel(h.paths.root).configure(time_scale=applysim.SCALE)
     yield h
     h.stop()
     applysim.cleanup(base)

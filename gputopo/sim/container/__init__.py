@@ -12,7 +12,10 @@ The parts, each in its module:
 * :mod:`.devices`: the ``/dev`` nodes a config grants; :mod:`.gpus`: the host GPUs it can use
   and their memory; :mod:`.processes`: a service's processes as the host sees them;
 * :mod:`.units`: systemd units and drop-ins; :mod:`.server_args`: what an inference server's
-  command line says;
+  command line says; :mod:`.journal`: what its starts and stops logged (``journalctl``);
+* :mod:`.modelfiles`: the served model's directory (real ``config.json``, sparse safetensors
+  shards); :mod:`.footprint`: what the model weighs and what the engine's start leaves for the KV
+  cache, or how it fails;
 * :mod:`.endpoint`: :class:`EndpointServer`, the service's OpenAI-compatible HTTP API;
 * :mod:`.faults`: faults set on purpose (:func:`break_container`, :func:`heal_container`);
 * :mod:`.paths`: :class:`SimPaths`, the directories of a simulated host.

@@ -151,7 +151,9 @@ class EndpointServer:
 
     @staticmethod
     def _kv_tokens(ct: Container, svc: dict) -> int:
-        # KV cache: 30% of the memory the server holds, 128 KiB per token (a simulator constant)
+        if svc.get("kv_tokens") is not None:  # the engine's own figure (footprint.start)
+            return int(svc["kv_tokens"])
+        # a model the simulator cannot read: 30% of the memory held, 128 KiB per token
         used = ct.gpu_memory_used()
         kv_mib = sum(used.get(a, 0) for a in svc.get("gpus", [])) * 0.3
         return int(kv_mib * 1024 // 128)

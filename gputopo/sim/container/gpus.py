@@ -1,7 +1,9 @@
 """The host's nvidia GPUs as a container's nvidia-smi shows them, and their memory.
 
 A GPU's memory.total comes from its device id (:data:`MEMORY_TOTAL_MIB`). While the inference
-service runs, its first ``tp`` GPUs carry the seed host's memory load: :data:`SEED_LOAD_MIB`
+service runs, its first ``tp`` GPUs carry what its model's load gives
+(:mod:`gputopo.sim.container.footprint`, calibrated on :data:`SEED_LOAD_MIB`, the seed host's
+log); a service whose model directory the simulator cannot read shows :data:`SEED_LOAD_MIB`
 cycled over the GPUs and scaled to each GPU's memory.total (``round(seed * total / 97887)``);
 an idle GPU shows :data:`IDLE_MIB`.
 """

@@ -8,9 +8,12 @@ exist on the host; a GPU works only when the host GPU with that minor is bound t
 The inference service (SGLang ``sglang.launch_server`` or vLLM ``vllm serve``) checks its
 tensor-parallel size at start: more than the usable GPUs, or a size that does not divide the
 model's :data:`ATTENTION_HEADS`, makes it fail like a crashing server (``systemctl start`` exits 1,
-``is-active`` says ``failed``). While it runs it holds its first ``tp`` GPUs
-(:mod:`gputopo.sim.container.gpus` for the memory they show) and its processes show on the host
-(:mod:`gputopo.sim.container.processes`).
+``is-active`` says ``failed``). It then loads the model its command names by the model
+directory's footprint (:mod:`gputopo.sim.container.footprint`): weights that do not fit its GPUs
+fail the start in the engine's words, and the memory used and KV tokens it reports come from the
+engine's formulas. While it runs it holds its first ``tp`` GPUs (a model directory the simulator
+cannot read shows the seed log's load, :mod:`gputopo.sim.container.gpus`) and its processes
+show on the host (:mod:`gputopo.sim.container.processes`).
 """
 
 from __future__ import annotations
@@ -22,11 +25,14 @@ from pathlib import Path
 
 from gputopo.model.facts import normalize_address
 from gputopo.sim import state
+from gputopo.sim.container import journal
 from gputopo.sim.container.devices import parse_granted_devices
 from gputopo.sim.container.faults import break_container, faults_of, heal_container
+from gputopo.sim.container.footprint import Load, model_of, read_footprint
+from gputopo.sim.container.footprint import start as start_engine
 from gputopo.sim.container.gpus import IDLE_MIB, SEED_LOAD_MIB, SEED_TOTAL_MIB, HostGpu, host_nvidia_gpus
 from gputopo.sim.container.paths import SimPaths, inside, read_text
-from gputopo.sim.container.processes import reap, spawn
+from gputopo.sim.container.processes import HOST_PID_BASE, reap, spawn
 from gputopo.sim.container.server_args import parse_tp, service_flavor
 from gputopo.sim.container.units import Unit, load_unit
 
@@ -209,6 +215,9 @@ class Container:
             return 0, warn
         reason = self._start_problem(unit)
         argv = unit.argv
+        load = None if reason else self._load(argv)
+        if load is not None and load.error:
+            reason = load.error
         svc = {
             "state": "active",
             "pid": 0,
@@ -218,6 +227,9 @@ class Container:
             "started": time.time(),
         }
         if reason:
+            printed = load.journal if load is not None else [reason]
+            pid = HOST_PID_BASE + self.vmid * 100  # the server that died: its pid is gone with it
+            journal.log(self.paths.run, self.vmid, name, journal.start_lines(name, pid, printed, True))
             svc.update(state="failed", result="exit-code", message=reason, code=1)
             self._set_service(name, svc, unit)
             if not block:
@@ -231,12 +243,26 @@ class Container:
         svc["tp"] = parse_tp(argv)
         gpus = self.gpus()[: svc["tp"]]
         svc["gpus"] = [g.address for g in gpus]
+        if load is not None:  # what the engine's start gives (footprint.start); else the seed's pattern
+            svc.update(used_mib=dict(zip(svc["gpus"], load.used_mib)), kv_tokens=load.kv_tokens)
         svc["host_pids"] = spawn(
             self.paths.root, self.vmid, name, argv, svc["tp"], [f"/dev/nvidia{g.minor}" for g in gpus]
         )
         svc["pid"] = svc["host_pids"][0]  # MainPID: the server's main process
+        printed = load.journal if load is not None else []
+        journal.log(self.paths.run, self.vmid, name, journal.start_lines(name, svc["pid"], printed, False))
         self._set_service(name, svc, unit)
         return 0, warn
+
+    def _load(self, argv: list[str]) -> Load | None:
+        """The model load of a server started as ``argv`` on its first ``tp`` GPUs, from the
+        model directory it names (:mod:`gputopo.sim.container.footprint`); None when the
+        command is no inference server or its model directory cannot be read."""
+        path = model_of(argv) if service_flavor(argv) else None
+        fp = read_footprint(self.rootfs, path) if path else None
+        if fp is None:
+            return None
+        return start_engine(argv, [g.memory_total for g in self.gpus()[: parse_tp(argv)]], fp)
 
     def _start_latency(self, argv: list[str]) -> float:
         """Seconds until the server is ready: the ``slow_start`` fault's (for its tensor-parallel
@@ -292,6 +318,8 @@ class Container:
     def stop_service(self, name: str) -> tuple[int, str]:
         if self.unit(name) is None and name not in self._state().get("services", {}):
             return 5, f"Failed to stop {name}: Unit {name} not loaded.\n"
+        if self.service(name).get("state") == "active":
+            journal.log(self.paths.run, self.vmid, name, journal.stop_lines(name))
         reap(self.paths.root, self.service(name).get("host_pids", []))
         self._set_service(name, {"state": "inactive", "pid": 0})
         return 0, ""
@@ -303,8 +331,11 @@ class Container:
         for svc in self._state().get("services", {}).values():
             if svc.get("state") != "active":
                 continue
+            loaded = svc.get("used_mib") or {}
             for i, addr in enumerate(svc.get("gpus", [])):
-                if addr in used:
+                if addr in used and addr in loaded:
+                    used[addr] = int(loaded[addr])
+                elif addr in used:  # a model the simulator cannot read: the seed log's pattern, scaled
                     used[addr] = round(SEED_LOAD_MIB[i % len(SEED_LOAD_MIB)] * totals[addr] / SEED_TOTAL_MIB)
         fault = faults_of(self.sim_dir, self.vmid).get("unbalanced_memory")
         gpus = self.gpus()

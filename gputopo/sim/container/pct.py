@@ -18,6 +18,7 @@ from gputopo.ports import ExecResult
 from gputopo.sim import state
 from gputopo.sim.container.coreutils import cat, ls_dev, mkdir, rm, rmdir, test
 from gputopo.sim.container.faults import break_container, heal_container
+from gputopo.sim.container.journal import journalctl
 from gputopo.sim.container.lifecycle import Container
 from gputopo.sim.container.nvidia_smi import nvidia_smi
 from gputopo.sim.container.paths import SimPaths, inside
@@ -73,6 +74,8 @@ class SimExec:
             return systemctl(ct, args)
         if cmd == "cat":
             return cat(ct, args)
+        if cmd == "journalctl":
+            return journalctl(ct.paths.run, ct.vmid, args)
         if cmd in ("test", "["):
             return test(ct, [a for a in args if a != "]"])
         if cmd == "ls" and args == ["/dev"]:

@@ -60,6 +60,12 @@ def served_model(argv: list[str]) -> str:
     name = _flag(argv, ("--served-model-name",))
     if name:
         return name
+    return model_path(argv) or "default"
+
+
+def model_path(argv: list[str]) -> str | None:
+    """The model a server loads: SGLang's ``--model-path``, vLLM's ``--model`` or the argument
+    after ``serve``; None when the command names none."""
     path = _flag(argv, ("--model-path", "--model"))
     if path:
         return path
@@ -67,4 +73,4 @@ def served_model(argv: list[str]) -> str:
         i = argv.index("serve")
         if i + 1 < len(argv) and not argv[i + 1].startswith("-"):
             return argv[i + 1]
-    return "default"
+    return None
