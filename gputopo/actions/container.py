@@ -33,6 +33,7 @@ from gputopo.actions.base import (
     StepContext,
     World,
 )
+from gputopo.actions.devnodes_by_address import by_address
 from gputopo.actions.guest import power, shutdown_command
 from gputopo.actions.guestconfig import ConfigBefore, GuestConfig, restore_args, set_args
 from gputopo.actions.shell import CommandContext, line, q
@@ -104,6 +105,11 @@ class UpdateContainer(ActionModel):
         False,
         description="The container keeps running: a removal stays pending until its "
         "next restart, an addition is hot-plugged (PVE 9)",
+    )
+    addresses: dict[str, str] = Field(
+        default_factory=dict,
+        description="devN -> the address of the GPU its /dev/nvidiaN reached when planned: an undo "
+        "gives each entry that GPU's minor then (a GPU back on nvidia may get another one)",
     )
     fallback: RestartFallback | None = Field(
         None,
@@ -294,12 +300,16 @@ class UpdateContainer(ActionModel):
     def undo(self, before: ContainerBefore, ctx: StepContext) -> str:
         # the nodes of the entries coming back, where missing (their GPUs are on nvidia again:
         # this undo needs the drivers restored); one still missing fails the PUT with Proxmox's words
-        self.make_device_nodes(ctx, before.config, ctx.read_minors())
+        # each entry by the GPU it stood for, with that GPU's minor now
+        minors = ctx.read_minors()
+        config, left = by_address(before.config, self.addresses, minors)
+        self.make_device_nodes(ctx, config, minors)
         # every devN key: entries resolved at apply time are not in the journaled action
         restored = GuestConfig.lxc(ctx.ports.proxmox, self.vmid).restore(
-            before.config, set(self.set) | set(self.delete), also=is_devn_key
+            config, set(self.set) | set(self.delete) | set(self.addresses), also=is_devn_key
         )
         said = [f"CT {self.vmid}: restored its configuration"] if restored else []
+        said += [f"CT {self.vmid}: {line}" for line in left]
         if self._may_restart() and before.seen is not None and not ctx.running("lxc", self.vmid):
             # the fallback stopped it and did not start it again (its start failed, or the
             # process was killed in between): it ran before, with the config now back

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import RootModel
+from pydantic import Field, RootModel
 
 from gputopo.actions.base import (
     ActionModel,
@@ -51,6 +51,11 @@ class Rebind(ActionModel):
     from_drivers: dict[str, str | None]
     to_driver: Literal["nvidia", "vfio-pci"]
     keep_override: bool = True
+    minor: int | None = Field(
+        None,
+        description="The /dev/nvidia minor the GPU has on nvidia when the plan moves it to vfio-pci: "
+        "a rollback binds GPUs back in the order of these minors",
+    )
 
     Before = RebindBefore
     parallel = True
@@ -317,6 +322,12 @@ class Rebind(ActionModel):
 
     def undo_restores(self) -> set[Resource]:
         return {Resource("driver", m) for m in self.members}
+
+    def undo_rank(self) -> int | None:
+        # nvidia gives a GPU the lowest free minor, with no memory of the one it had
+        # (open-gpu-kernel-modules kernel-open/nvidia/nv.c l.5629-5644): bound back in the order
+        # of their old minors, GPUs that all left together get each its own again
+        return self.minor if self.to_driver == VFIO else None
 
     def undo_needs(self) -> set[Resource]:
         # what this apply started (a guest, a service) holds the GPUs it moved: stopped first,
