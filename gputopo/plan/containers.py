@@ -59,7 +59,7 @@ def plan_containers(
         if state is None:
             found.warn(f"container {c.vmid}: no configuration found on node {node_name}")
             state = ContainerState()
-        devices, lxc, update = device_update(c, gpus, state.config)
+        devices, lxc, update = device_update(c, gpus, state.config, facts.host.char_majors)
         if update is not None:
             update.addresses = devn_addresses(state.config, nvidia_minors(facts))
             out.updates.append(update)

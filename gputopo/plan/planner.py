@@ -268,7 +268,7 @@ def _select(
     placement = check_locality(facts, selected, held, spec, found)
     check_vm_gpus(facts, {a for a, o in owner_of.items() if o.is_vm}, found)
     for owner, c in cts.items():
-        check_container(c, owner, selected.get(owner, []), spec, owner_of, found)
+        check_container(c, owner, selected.get(owner, []), spec, owner_of, found, facts.host.char_majors)
         check_service_unit(c, current.containers.get(c.vmid), len(selected.get(owner, [])), found)
     if facts.host.sev_snp and facts.host.iommu_mode == "pt":
         found.warn(
