@@ -209,3 +209,22 @@ def test_a_rollback_after_the_container_stopped_can_start_it_with_its_old_devn(h
     assert _gpu_nodes(after["service"][2]) == [f"/dev/nvidia{m}" for m in range(8)]
     # what differs: the nodes made on the way (the host had none)
     assert [k for k in applysim.diff(before, after) if not k.startswith("dev/nvidia:")] == []
+
+
+def test_with_modify_device_files_off_the_split_is_refused_naming_the_parameter(bare):
+    """NVreg_ModifyDeviceFiles=0: nvidia-modprobe exits 1 without a word and makes nothing
+    (nvidia-modprobe-utils.c mknod_helper); the refusal says why, nothing stopped."""
+    params = bare.paths.root / "proc/driver/nvidia/params"
+    params.write_text(params.read_text().replace("ModifyDeviceFiles: 1", "ModifyDeviceFiles: 0"))
+    for cap in (bare.paths.root / "proc/driver/nvidia/capabilities").rglob("*"):
+        if cap.is_file():  # each capability takes the module's value (nv-caps.c l.671)
+            cap.write_text(cap.read_text().replace("DeviceFileModify: 1", "DeviceFileModify: 0"))
+    before = applysim.fingerprint(bare)
+    with pytest.raises(PreflightFailed) as e:
+        apply(_split(bare), bare.ports(), root=str(bare.paths.root))
+    (line,) = [p for p in e.value.problems if p.startswith("/dev/nvidia0 ")]
+    assert line.startswith("/dev/nvidia0 does not exist and 'nvidia-modprobe -c 0' did not make it (exit 1; ")
+    assert "ModifyDeviceFiles: 0" in line and "udev rules" in line
+    after = applysim.fingerprint(bare)
+    # nothing stopped or rebound; only nvidia-uvm's nodes were made (nvidia_uvm_mknod reads no params)
+    assert applysim.diff(before, after) == ["dev/nvidia: [] -> ['nvidia-uvm', 'nvidia-uvm-tools']"]
