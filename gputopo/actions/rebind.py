@@ -264,7 +264,19 @@ class Rebind(ActionModel):
             if self.address in prev
             else f"rebound {', '.join(prev)} back"
         )
-        return "; ".join([*stopped, back, *([left] if left else [])])
+        return "; ".join([*stopped, back + self._new_minor(ctx), *([left] if left else [])])
+
+    def _new_minor(self, ctx: StepContext) -> str:
+        """What to add to the undo's line when the GPU came back to nvidia with another minor
+        than it had (another GPU took its old one): its devN lines are given by address."""
+        if self.minor is None or self.to_driver != VFIO:
+            return ""
+        now = ctx.read_minors().get(self.address)
+        if now is None or now == self.minor:
+            return ""
+        return (
+            f" as /dev/nvidia{now} (it was /dev/nvidia{self.minor}: nvidia hands out the lowest free minor)"
+        )
 
     def _free(self, ctx: StepContext, leaving: list[str]) -> tuple[list[str], str]:
         """Stop what holds the device nodes of ``leaving`` (GPUs this undo takes from nvidia),
