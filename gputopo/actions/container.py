@@ -317,6 +317,10 @@ class UpdateContainer(ActionModel):
             said.append(f"started lxc {self.vmid}")
         return "; ".join(said)
 
+    def devices(self) -> list[str]:
+        # the GPUs of the entries an undo gives back: one not back on nvidia leaves it incomplete
+        return sorted(set(self.addresses.values()))
+
     def _may_restart(self) -> bool:
         """The step may stop and start the container: a live addition with a fallback."""
         return self.live and self.fallback is not None and bool(self.set or self.resolve)

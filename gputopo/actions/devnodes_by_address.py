@@ -54,8 +54,9 @@ def by_address(
     config: dict[str, Any], addresses: dict[str, str], minors: dict[str, int | None]
 ) -> tuple[dict[str, Any], list[str]]:
     """``config`` with each devN of ``addresses`` (devN -> address) naming its GPU's minor now
-    (``minors``: address -> minor, read now). Returns (the config, one line per entry whose GPU
-    has no minor now: left as saved, naming the devN, its GPU and the fix)."""
+    (``minors``: address -> minor, read now). An entry whose GPU has no minor now (it is not
+    back on nvidia) is left out: its old node may reach another GPU by now. Returns (the
+    config, one line per entry left out, naming the devN, its GPU and what brings it back)."""
     out = dict(config)
     left = []
     for k, address in sorted(addresses.items()):
@@ -64,8 +65,8 @@ def by_address(
         minor = minors.get(address)
         if minor is None:
             left.append(
-                f"{k} ({dev_path(str(out[k]))}) left as saved: its GPU {address} is not on nvidia; "
-                f"bind {address} to nvidia, then set {k} to its /dev/nvidia minor"
+                f"left {k} ({dev_path(str(out.pop(k)))}) out: its GPU {address} is not on nvidia "
+                "(its old node may reach another GPU); 'gputopo recover' gives it back once it is"
             )
             continue
         out[k] = with_minor(str(out[k]), minor)
