@@ -197,6 +197,11 @@ class ActionModel(Strict):
         """What must be back before :meth:`undo` can run (see *Undo order*)."""
         return set()
 
+    def undo_rank(self) -> int | None:
+        """Where this undo goes among consecutive undos that also rank (lowest first); None:
+        it keeps its place. A GPU's return to nvidia ranks by the minor it had."""
+        return None
+
     def devices(self) -> list[str]:
         """PCI addresses this step writes to (a step whose device hung is left alone)."""
         return []
@@ -309,7 +314,28 @@ def undo_order(pending: list[tuple[int, ActionModel]]) -> list[int]:
         ready.discard(n)
         order.append(n)
         ts.done(n)
-    return order
+    return _ranked(order, dict(pending), restores)
+
+
+def _ranked(
+    order: list[int], actions: dict[int, ActionModel], restores: dict[int, set[Resource]]
+) -> list[int]:
+    """``order`` with each run of consecutive undos that rank (:meth:`ActionModel.undo_rank`)
+    and restore nothing in common sorted by rank: no undo of such a run needs another's, so any
+    order of it is as valid. The nvidia driver gives a GPU the lowest free minor (see
+    :mod:`gputopo.actions.rebind`): GPUs bound back in the order of their old minors get them back."""
+    out: list[int] = []
+    run: list[int] = []
+    for n in [*order, None]:
+        rank = actions[n].undo_rank() if n is not None else None
+        if rank is not None and not any(restores[n] & restores[m] for m in run):
+            run.append(n)
+            continue
+        out += sorted(run, key=lambda m: actions[m].undo_rank() or 0)
+        run = [n] if rank is not None else []
+        if n is not None and rank is None:
+            out.append(n)
+    return out
 
 
 @dataclass

@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from gputopo.actions import devnodes
+from gputopo.actions import containercmds, devnodes
 from gputopo.actions.base import (
     ActionModel,
     DiffContext,
@@ -39,16 +39,16 @@ from gputopo.actions.base import (
     StepContext,
     World,
 )
-from gputopo.actions.guest import power, shutdown_command
-from gputopo.actions.guestconfig import ConfigBefore, GuestConfig, LxcPending, restore_args, set_args
-from gputopo.actions.shell import CommandContext, line, q
+from gputopo.actions.devnodes_by_address import by_address
+from gputopo.actions.guest import power
+from gputopo.actions.guestconfig import ConfigBefore, GuestConfig, LxcPending
+from gputopo.actions.shell import CommandContext
 from gputopo.errors import BindError, HostCommandError, ProxmoxError
 from gputopo.formats.devn import (
     by_dev_index,
     dev_entries,
     dev_path,
     dev_sort,
-    format_dev,
     free_dev_key,
     gpu_nodes,
     is_devn_key,
@@ -119,6 +119,11 @@ class UpdateContainer(ActionModel):
         False,
         description="The container keeps running: a removal stays pending until its "
         "next restart, an addition is hot-plugged (PVE 9)",
+    )
+    addresses: dict[str, str] = Field(
+        default_factory=dict,
+        description="devN -> the address of the GPU its /dev/nvidiaN reached when planned: an undo "
+        "gives each entry that GPU's minor then (a GPU back on nvidia may get another one)",
     )
     fallback: RestartFallback | None = Field(
         None,
@@ -275,78 +280,41 @@ class UpdateContainer(ActionModel):
         return out
 
     def commands(self, ctx: CommandContext) -> list[str]:
-        ct = ctx.current.containers.get(self.vmid)
-        cfg = ct.config if ct is not None else {}
-        out = []
-        words = set_args(cfg, self.set, self.delete)
-        # a GPU back from vfio-pci: its minor is read once nvidia has bound it, as apply does
-        for address, key in self._resolved_keys(cfg).items():
-            var = "minor_" + address.replace(":", "_").replace(".", "_")
-            info = f"/proc/driver/nvidia/gpus/{address}/information"
-            out.append(f"{var}=$(sed -n 's/^Device Minor:[[:space:]]*//p' {q(info)})")
-            # nvidia binds a GPU without making its node; Proxmox refuses a devN whose node is
-            # missing (make_device_nodes does the same)
-            out.append(f'[ -e "/dev/nvidia${{{var}}}" ] || nvidia-modprobe -c "${{{var}}}"')
-            value = format_dev("/dev/nvidia0", self.dev_gid, self.dev_mode)
-            words += [f"--{key}", f'"/dev/nvidia${{{var}}}{value[len("/dev/nvidia0") :]}"']
-        if self.lxc_add or self.lxc_remove:
-            out.append(
-                f"# the lxc.* lines cannot change through Proxmox's API or pct: edit /etc/pve/lxc/{self.vmid}.conf"
-            )
-        if words:
-            out.append(line("pct", "set", self.vmid) + " " + " ".join(words))
-            if self.fallback is not None and self._may_restart():
-                stop = shutdown_command(
-                    "lxc", self.vmid, self.fallback.shutdown_timeout, self.fallback.force_stop
-                )
-                out.append(
-                    f"# if it answers 'unable to hotplug devN: ...' (nothing written): {stop}, "
-                    f"the pct set above again, pct start {self.vmid}"
-                )
-        return out
+        return containercmds.update_commands(self, ctx)
 
     def undo_commands(self, ctx: CommandContext) -> list[str]:
-        ct = ctx.current.containers.get(self.vmid)
-        old = {k: v for k, v in (ct.config if ct is not None else {}).items() if k != "digest"}
-        after = {k: v for k, v in old.items() if k not in self.delete}
-        after.update(self.set)
-        after.update({k: "?" for k in self._resolved_keys(old).values()})
-        words = restore_args(old, after, set(self.set) | set(self.delete), also=is_devn_key)
-        out = [line("pct", "set", self.vmid) + " " + " ".join(words)] if words else []
-        queued = sorted({*self.set, *self._resolved_keys(old).values()}, key=dev_sort)
-        if self.live and queued:
-            # a running container keeps a devN it has in [pve:pending]; a delete leaves that
-            # value queued for its next start, only a revert drops it (update_pct_config l. 1306)
-            out.insert(0, line("pct", "set", self.vmid, "--revert", ",".join(queued)))
-        if self.live and (self.set or self.resolve):
-            # as the rollback's device-view check: Proxmox cannot unplug a hot-plugged devN
-            out.append(
-                f"# if CT {self.vmid} still lists a /dev/nvidiaN it did not before: "
-                f"{shutdown_command('lxc', self.vmid)} && pct start {self.vmid}"
-            )
-        return out
+        return containercmds.update_undo_commands(self, ctx)
 
     def undo(self, before: ContainerBefore, ctx: StepContext) -> str:
         # the nodes of the entries coming back, where missing (their GPUs are on nvidia again:
         # this undo needs the drivers restored); one still missing fails the PUT with Proxmox's words
-        self.make_device_nodes(ctx, before.config, ctx.read_minors())
+        # each entry by the GPU it stood for, with that GPU's minor now
+        minors = ctx.read_minors()
+        config, left = by_address(before.config, self.addresses, minors)
+        self.make_device_nodes(ctx, config, minors)
         # every devN key: entries resolved at apply time are not in the journaled action
-        config, keys = GuestConfig.lxc(ctx.ports.proxmox, self.vmid), set(self.set) | set(self.delete)
+        guest = GuestConfig.lxc(ctx.ports.proxmox, self.vmid)
+        keys = set(self.set) | set(self.delete) | set(self.addresses)
         running = ctx.running("lxc", self.vmid)
         if running and before.pending is not None:
             # what waits for the next start goes back too: a pending devN this step queued
             # would otherwise hand the container another guest's GPU at its next start
-            restored = config.restore_pending(before.pending, keys, also=is_devn_key)
+            restored = guest.restore_pending(before.pending, keys, also=is_devn_key)
         else:
             # a stopped container takes every change at once (update_pct_config l. 1395)
-            restored = config.restore(before.config, keys, also=is_devn_key)
+            restored = guest.restore(config, keys, also=is_devn_key)
         said = [f"CT {self.vmid}: restored its configuration"] if restored else []
+        said += [f"CT {self.vmid}: {line}" for line in left]
         if self._may_restart() and before.seen is not None and not running:
             # the fallback stopped it and did not start it again (its start failed, or the
             # process was killed in between): it ran before, with the config now back
             power(ctx, "lxc", self.vmid, "start")
             said.append(f"started lxc {self.vmid}")
         return "; ".join(said)
+
+    def devices(self) -> list[str]:
+        # the GPUs of the entries an undo gives back: one not back on nvidia leaves it incomplete
+        return sorted(set(self.addresses.values()))
 
     def _may_restart(self) -> bool:
         """The step may stop and start the container: a live addition with a fallback."""

@@ -35,6 +35,18 @@ from gputopo.ports import HostCommandPort
 NVIDIA_MODPROBE = "nvidia-modprobe"
 CTL_MINOR = 255  # nvidia-modprobe-utils.h NV_CTL_DEVICE_NUM: -c 255 makes /dev/nvidiactl
 CAPS_PROC = "proc/driver/nvidia/capabilities"
+PARAMS = "proc/driver/nvidia/params"
+
+
+def modify_allowed(root: str | os.PathLike) -> bool:
+    """False when the nvidia module was loaded with ``NVreg_ModifyDeviceFiles=0``
+    (``/proc/driver/nvidia/params`` "ModifyDeviceFiles: 0"): nvidia-modprobe then makes no node."""
+    try:
+        text = (Path(root) / PARAMS).read_text()
+    except OSError:
+        return True
+    m = re.search(r"^ModifyDeviceFiles:\s*(\d+)", text, re.M)
+    return m is None or int(m.group(1)) == 1
 
 
 def is_nvidia_node(path: str) -> bool:
@@ -143,8 +155,13 @@ def make_nodes(
             made.append(f"made {path} for {who} ({cmd})")
             continue
         failed = ran[key] or "it exited 0 but made no node"
+        fix = "install nvidia-modprobe or make the node with the driver's udev rules"
+        if not modify_allowed(root):
+            # nvidia-modprobe-utils.c mknod_helper l.566-574: with ModifyDeviceFiles 0 it makes
+            # nothing and fails silently when the node is missing
+            failed += "; the nvidia module has ModifyDeviceFiles: 0, nvidia-modprobe makes no node"
+            fix = "make the node with the driver's udev rules (or load nvidia with NVreg_ModifyDeviceFiles=1)"
         problems.append(
-            f"{path} does not exist and '{cmd}' did not make it ({failed}); {who} names it: install "
-            "nvidia-modprobe or make the node with the driver's udev rules, then apply again"
+            f"{path} does not exist and '{cmd}' did not make it ({failed}); {who} names it: {fix}, then apply again"
         )
     return made, problems

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import RootModel
+from pydantic import Field, RootModel
 
 from gputopo.actions.base import (
     ActionModel,
@@ -51,6 +51,11 @@ class Rebind(ActionModel):
     from_drivers: dict[str, str | None]
     to_driver: Literal["nvidia", "vfio-pci"]
     keep_override: bool = True
+    minor: int | None = Field(
+        None,
+        description="The /dev/nvidia minor the GPU has on nvidia when the plan moves it to vfio-pci: "
+        "a rollback binds GPUs back in the order of these minors",
+    )
 
     Before = RebindBefore
     parallel = True
@@ -259,7 +264,19 @@ class Rebind(ActionModel):
             if self.address in prev
             else f"rebound {', '.join(prev)} back"
         )
-        return "; ".join([*stopped, back, *([left] if left else [])])
+        return "; ".join([*stopped, back + self._new_minor(ctx), *([left] if left else [])])
+
+    def _new_minor(self, ctx: StepContext) -> str:
+        """What to add to the undo's line when the GPU came back to nvidia with another minor
+        than it had (another GPU took its old one): its devN lines are given by address."""
+        if self.minor is None or self.to_driver != VFIO:
+            return ""
+        now = ctx.read_minors().get(self.address)
+        if now is None or now == self.minor:
+            return ""
+        return (
+            f" as /dev/nvidia{now} (it was /dev/nvidia{self.minor}: nvidia hands out the lowest free minor)"
+        )
 
     def _free(self, ctx: StepContext, leaving: list[str]) -> tuple[list[str], str]:
         """Stop what holds the device nodes of ``leaving`` (GPUs this undo takes from nvidia),
@@ -317,6 +334,12 @@ class Rebind(ActionModel):
 
     def undo_restores(self) -> set[Resource]:
         return {Resource("driver", m) for m in self.members}
+
+    def undo_rank(self) -> int | None:
+        # nvidia gives a GPU the lowest free minor, with no memory of the one it had
+        # (open-gpu-kernel-modules kernel-open/nvidia/nv.c l.5629-5644): bound back in the order
+        # of their old minors, GPUs that all left together get each its own again
+        return self.minor if self.to_driver == VFIO else None
 
     def undo_needs(self) -> set[Resource]:
         # what this apply started (a guest, a service) holds the GPUs it moved: stopped first,

@@ -13,7 +13,7 @@ use a moving device, the login's right to change ``devN``, a running container f
 Device nodes (:mod:`gputopo.actions.devnodes`): every NVIDIA node a container of the plan will
 be given (its ``devN`` entries after the plan, of every container the plan changes or starts)
 must exist on the host, since Proxmox refuses a ``devN`` whose node is missing and the nvidia
-driver makes none. Preflight refuses a missing node that ``nvidia-modprobe`` cannot make; the
+driver makes none; so must those of the configs a rollback gives back (:func:`all_nodes`). Preflight refuses a missing node that ``nvidia-modprobe`` cannot make; the
 ones it can make, :func:`make_device_nodes` makes under the lock before the first step (the one
 change made before the journal: a node the driver's own user space would make on first use),
 and refuses, nothing stopped, when it did not make them.
@@ -198,9 +198,29 @@ def _nvidia_minors(facts: Facts) -> dict[int, str]:
     return {g.minor: g.address for g in facts.gpus if g.driver == "nvidia" and g.minor is not None}
 
 
+def all_nodes(p: Plan, facts: Facts, current: CurrentState, root: str) -> dict[str, str]:
+    """:func:`container_nodes`, then every node of the configs a rollback may give back (the
+    ``devN`` entries each container the plan changes or stops has now) that nvidia-modprobe can
+    make: a rollback after the container stopped starts it with that config, and Proxmox refuses
+    to start a container whose devN node is missing (pve-container LXC/Tools.pm
+    get_device_mode_and_rdev "Device $path does not exist"). One that no command can make (its
+    GPU is not on nvidia) is left alone: the container could not start with it now either."""
+    wanted = container_nodes(p, current)
+    minors = _nvidia_minors(facts)
+    vmids = [a.vmid for a in p.actions if isinstance(a, UpdateContainer)]
+    vmids += [g[1] for g in (a.stopped_guest() for a in p.actions) if g is not None and g[0] == "lxc"]
+    for vmid in dict.fromkeys(vmids):
+        ct = current.containers.get(vmid)
+        for k, v in sorted(dev_entries(ct.config if ct else {}).items(), key=lambda kv: dev_sort(kv[0])):
+            path = dev_path(v)
+            if is_nvidia_node(path) and node_command(path, minors, root) is not None:
+                wanted.setdefault(path, f"CT {vmid} {k} (its config now, which a rollback restores)")
+    return wanted
+
+
 def _node_problems(p: Plan, facts: Facts, current: CurrentState, ports: Ports, root: str) -> list[str]:
     """The missing nodes no command of this apply can make (:func:`make_device_nodes` makes the rest)."""
-    wanted = container_nodes(p, current)
+    wanted = all_nodes(p, facts, current, root)
     minors = _nvidia_minors(facts)
     refused = (
         refusal(path, wanted[path], node_command(path, minors, root), minors, ports.host is not None)
@@ -214,4 +234,4 @@ def make_device_nodes(
 ) -> tuple[list[str], list[str]]:
     """Make the missing NVIDIA nodes the containers of ``p`` will be given, before anything
     stops. Returns (what was made, one line each; the nodes still missing, one line each)."""
-    return make_nodes(ports.host, root, container_nodes(p, current), _nvidia_minors(facts), timeout)
+    return make_nodes(ports.host, root, all_nodes(p, facts, current, root), _nvidia_minors(facts), timeout)

@@ -180,6 +180,28 @@ def _read_device_nodes(root: str) -> tuple[list[int], list[str]]:
     return vfio_groups, sorted(nv_nodes, key=_natural)
 
 
+NVIDIA_DYNAMIC = ("nvidia-uvm", "nvidia-caps")
+
+
+def parse_char_majors(text: str | None, names: tuple[str, ...] = NVIDIA_DYNAMIC) -> dict[str, int]:
+    """name -> major of each of ``names`` in ``/proc/devices`` text (its "Character devices:"
+    section, fs/char_dev.c chrdev_show). These majors are dynamic (alloc_chrdev_region in
+    open-gpu-kernel-modules kernel-open/nvidia-uvm/uvm.c l.1136 and kernel-open/nvidia/nv-caps.c
+    l.823): they differ between hosts and only this file says which they are."""
+    out: dict[str, int] = {}
+    section = False
+    for line in (text or "").splitlines():
+        if line.strip() == "Character devices:":
+            section = True
+        elif section and not line.strip():
+            break
+        elif section:
+            parts = line.split()
+            if len(parts) == 2 and parts[0].isdigit() and parts[1] in names:
+                out[parts[1]] = int(parts[0])
+    return out
+
+
 def read_host_facts(
     root: str, groups: IommuGroups, nodes: dict[int, set[int]], warnings: list[str]
 ) -> HostFacts:
@@ -215,6 +237,7 @@ def read_host_facts(
         numa_nodes=[NumaNode(id=n, cpulist=format_cpulist(c), has_cpus=bool(c)) for n, c in nodes.items()],
         vfio_groups=vfio_groups,
         nvidia_device_nodes=nv_nodes,
+        char_majors=parse_char_majors(read_text(os.path.join(root, "proc/devices"))),
     )
 
 

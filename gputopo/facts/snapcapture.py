@@ -6,7 +6,7 @@ What is captured: ``sys/bus/pci`` (device links, driver directories with placeho
 directories of PCI functions (a fixed list of small attributes, ``config`` up to 256 bytes, and
 the ``driver``/``iommu_group``/``physfn``/``virtfnN`` links, the names of the ``infiniband``,
 ``net`` and ``nvme`` class devices under them as empty directories), ``sys/kernel/iommu_groups``, NUMA
-nodes, the module parameters discovery reads, ``proc/cmdline``, ``proc/modules``,
+nodes, the module parameters discovery reads, ``proc/cmdline``, ``proc/modules``, ``proc/devices``,
 ``proc/driver/nvidia`` (version and per-GPU ``information``), hostname, kernel release, and
 ``dev/vfio/*`` and ``dev/nvidia*`` as empty placeholder files (majors/minors recorded in
 ``dev/.devices.json``), plus ``pci.ids`` when present.
@@ -67,6 +67,7 @@ BUS_FILES = ("drivers_probe", "rescan", "drivers_autoprobe")
 HOST_FILES = (
     "proc/cmdline",
     "proc/modules",
+    "proc/devices",
     "proc/sys/kernel/hostname",
     "proc/sys/kernel/osrelease",
     "proc/driver/nvidia/version",

@@ -318,6 +318,11 @@ class HostFacts(Model):
     nvidia_device_nodes: list[str] = Field(
         default_factory=list, description="Existing /dev/nvidia* nodes (names under /dev)"
     )
+    char_majors: dict[str, int] = Field(
+        default_factory=dict,
+        description="Character majors of nvidia's dynamic regions (nvidia-uvm, nvidia-caps) from "
+        "/proc/devices; {} when it lists none",
+    )
 
 
 class Facts(Model):

@@ -78,6 +78,7 @@ def needed_rebinds(
                 from_drivers=dict(sorted(members.items())),
                 to_driver=t.driver,
                 keep_override=keep,
+                minor=g.minor if t.driver == VFIO and g.driver == NVIDIA else None,
             )
         )
     return out

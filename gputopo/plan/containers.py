@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gputopo.actions import NVIDIA, Rebind, RestartFallback, UpdateContainer, WriteServiceDropin
+from gputopo.actions.devnodes_by_address import devn_addresses, nvidia_minors
 from gputopo.formats.devn import dev_path
 from gputopo.model.facts import Facts, Gpu
 from gputopo.model.owner import Owner
@@ -58,8 +59,9 @@ def plan_containers(
         if state is None:
             found.warn(f"container {c.vmid}: no configuration found on node {node_name}")
             state = ContainerState()
-        devices, lxc, update = device_update(c, gpus, state.config)
+        devices, lxc, update = device_update(c, gpus, state.config, facts.host.char_majors)
         if update is not None:
+            update.addresses = devn_addresses(state.config, nvidia_minors(facts))
             out.updates.append(update)
         if update is not None or maps_a_moving_gpu(state.config, facts, rebinds):
             out.touched.add(c.vmid)

@@ -70,28 +70,33 @@ def _device_changes(
     return final, to_set, delete
 
 
-def _legacy_majors(c: Container) -> dict[str, int]:
-    """The char majors of nvidia-uvm and nvidia-caps for legacy lines: the spec's, else the defaults."""
+def _legacy_majors(c: Container, found: dict[str, int] | None = None) -> dict[str, int]:
+    """The char majors of nvidia-uvm and nvidia-caps for legacy lines: the spec's, else those
+    ``/proc/devices`` lists (``found``, the facts'), else the defaults."""
     majors = dict(DEFAULT_LEGACY_MAJORS)
+    majors.update({k: v for k, v in (found or {}).items() if k in majors})
     majors.update({k: v for k, v in (c.legacy_majors or {}).items() if k in majors})
     return majors
 
 
-def current_nvidia_lxc(config: dict[str, Any], c: Container) -> list[list[str]]:
+def current_nvidia_lxc(
+    config: dict[str, Any], c: Container, found: dict[str, int] | None = None
+) -> list[list[str]]:
     """The raw ``lxc.*`` lines of ``config`` that gputopo manages for container ``c``: nvidia
     mount entries and device rules for nvidia's majors (195 and the spec's or default legacy
     ones). Other lxc lines are the operator's and are never touched."""
-    majors = {195, *DEFAULT_LEGACY_MAJORS.values(), *_legacy_majors(c).values()}
+    majors = {195, *DEFAULT_LEGACY_MAJORS.values(), *_legacy_majors(c, found).values()}
     return [list(x) for x in config.get("lxc", []) or [] if is_nvidia_lxc(x[0], x[1], majors)]
 
 
 def device_update(
-    c: Container, gpus: list[Gpu], config: dict[str, Any]
+    c: Container, gpus: list[Gpu], config: dict[str, Any], found: dict[str, int] | None = None
 ) -> tuple[dict[str, str], list[list[str]], UpdateContainer | None]:
-    """(every devN entry the config will have, gputopo's lxc lines, the update or None)."""
+    """(every devN entry the config will have, gputopo's lxc lines, the update or None);
+    ``found``: the dynamic majors ``/proc/devices`` lists (the facts')."""
     paths = _dev_paths(gpus)
-    majors = _legacy_majors(c)
-    ours_lxc = current_nvidia_lxc(config, c)
+    majors = _legacy_majors(c, found)
+    ours_lxc = current_nvidia_lxc(config, c, found)
     if c.device_mode == "devN":
         wanted = [format_dev(p, c.gid, c.mode) for p in paths]
         want_lxc: list[list[str]] = []

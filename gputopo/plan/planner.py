@@ -287,7 +287,7 @@ def _select(
     capacity: list[Capacity] = []
     unknown: list[str] = []
     for owner, c in cts.items():
-        check_container(c, owner, selected.get(owner, []), spec, owner_of, found)
+        check_container(c, owner, selected.get(owner, []), spec, owner_of, found, facts.host.char_majors)
         state, tp = current.containers.get(c.vmid), len(selected.get(owner, []))
         check_service_unit(c, state, tp, found)
         cap, why = check_capacity(c, state, tp, spec, len(nvidia_gpus(facts)), found)

@@ -241,9 +241,11 @@ def check_container(
     spec: Spec,
     owner_of: dict[str, Owner],
     found: Findings,
+    majors: dict[str, int] | None = None,
 ) -> None:
     """Refuse or warn about what container ``c`` gets: non-NVIDIA GPUs, NUMA spread, unknown
-    minors, guessed legacy majors, a tensor-parallel size the service cannot use."""
+    minors, guessed legacy majors (neither the spec nor ``/proc/devices``, ``majors``, gives
+    them), a tensor-parallel size the service cannot use."""
     for g in gpus:
         if g.vendor != NVIDIA_VENDOR:
             found.refuse(g.address, f"is not an NVIDIA GPU; {owner} needs the nvidia driver", "not-nvidia")
@@ -267,7 +269,7 @@ def check_container(
                 f"to add its device to container {c.vmid}"
             )
     if c.device_mode == "legacy" and gpus:
-        guessed = sorted(set(DEFAULT_LEGACY_MAJORS) - set(c.legacy_majors or {}))
+        guessed = sorted(set(DEFAULT_LEGACY_MAJORS) - set(c.legacy_majors or {}) - set(majors or {}))
         if guessed:
             # these majors are dynamic: a wrong one silently denies the node inside the container
             found.warn(

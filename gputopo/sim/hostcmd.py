@@ -18,7 +18,11 @@ makes them as its options say: ``-c N`` ``/dev/nvidiaN`` (``-c 255``: ``/dev/nvi
 PROC>`` (``nvidia_cap_mknod``, only below ``/proc/driver/nvidia``). ``mknod_helper`` does not
 ask whether a GPU has the minor. It exits 1 without a word when a step fails (main returns
 ``!ret``), e.g. when the nvidia module is not loaded here (no ``sys/bus/pci/drivers/nvidia``:
-the simulator loads no module). ``nvidia-smi`` makes ``/dev/nvidiactl`` and the node of every
+the simulator loads no module), when ``/proc/devices`` lists no ``nvidia-uvm`` or
+``nvidia-caps`` major (their majors are dynamic: nvidia_get_chardev_major reads them there), or
+when the module was loaded with ``NVreg_ModifyDeviceFiles=0`` (``/proc/driver/nvidia/params``
+"ModifyDeviceFiles: 0"; a capability file's own ``DeviceFileModify``): mknod_helper then makes
+nothing and fails unless the node is already there. ``nvidia-smi`` makes ``/dev/nvidiactl`` and the node of every
 GPU on nvidia, as NVML does through nvidia-modprobe on first use (CUDA Installation Guide for
 Linux, "Device Node Verification": applications "will normally automatically create these files
 if they are missing using the setuid nvidia-modprobe tool"). :meth:`SimHostCommands.uninstall`
@@ -37,14 +41,15 @@ from pathlib import Path
 from gputopo.errors import HostCommandError
 from gputopo.ports import ExecResult
 from gputopo.sim import state
-from gputopo.sim.hostroot.drivers import NVIDIA_CAPS_MAJOR, NVIDIA_MAJOR, NVIDIA_UVM_MAJOR
-from gputopo.sim.kernel.nvidia import parse_minor
+from gputopo.sim.hostroot.drivers import NVIDIA_MAJOR
+from gputopo.sim.kernel.nvidia import chardev_major, modification_allowed, parse_minor
 
 COMMANDS = "host-commands"
 INITRAMFS = "initramfs"
 UNINSTALLED = "host-commands-missing"
 NVIDIA_CTL_MINOR, NVIDIA_MODESET_MINOR = 255, 254  # nvidia-modprobe-utils.h NV_CTL_DEVICE_NUM...
 PROC_PREFIX = "/proc/driver/nvidia"
+PARAMS = "proc/driver/nvidia/params"
 
 
 class SimHostCommands:
@@ -111,10 +116,16 @@ class SimHostCommands:
     def _nvidia_loaded(self) -> bool:
         return (self.root / "sys/bus/pci/drivers/nvidia").is_dir()
 
-    def _mknod(self, name: str, major: int, minor: int) -> None:
+    def _mknod(self, name: str, major: int, minor: int, proc: str | None = PARAMS) -> bool:
         """Make ``dev/<name>`` (a placeholder file, as snapshots hold nodes) and record its
-        numbers in ``dev/.devices.json`` where the root keeps them."""
+        numbers in ``dev/.devices.json`` where the root keeps them. False when it may not:
+        mknod_helper (nvidia-modprobe-utils.c l.549-640) reads ``proc`` (the driver's params or
+        a capability file; None: no file, as for nvidia-uvm) and, when its
+        ``ModifyDeviceFiles``/``DeviceFileModify`` is not 1, makes nothing and succeeds only
+        when the node is already there (symlink_char_dev l.478: stat of the node)."""
         path = self.root / "dev" / name
+        if proc is not None and not modification_allowed(self._read(proc)):
+            return os.path.lexists(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         if not os.path.lexists(path):
             path.touch(mode=0o666)
@@ -124,6 +135,17 @@ class SimHostCommands:
                 nodes = json.loads(index.read_text())
                 nodes[name] = ["c", major, minor]
                 index.write_text(json.dumps(nodes, indent=1, sort_keys=True) + "\n")
+        return True
+
+    def _read(self, rel: str) -> str | None:
+        try:
+            return (self.root / rel.lstrip("/")).read_text()
+        except OSError:
+            return None
+
+    def _major(self, name: str) -> int | None:
+        """A dynamic major as nvidia-modprobe finds it: in ``/proc/devices``."""
+        return chardev_major(self._read("proc/devices"), name)
 
     def _nvidia_modprobe(self, args: list[str]) -> ExecResult:
         failed = ExecResult(1, "", "")
@@ -149,29 +171,33 @@ class SimHostCommands:
         # every mode loads the nvidia module first (nvidia-uvm and nvidia-modeset need it)
         if not self._nvidia_loaded():
             return failed
+        uvm_major = self._major("nvidia-uvm") if uvm else None
         for m in minors:
+            # each step that fails ends the run, exit 1 and no word (nvidia-modprobe.c main: !ret)
             if uvm:
-                self._mknod("nvidia-uvm", NVIDIA_UVM_MAJOR, m)
-                self._mknod("nvidia-uvm-tools", NVIDIA_UVM_MAJOR, m + 1)
+                ok = uvm_major is not None and (
+                    self._mknod("nvidia-uvm", uvm_major, m, None)
+                    and self._mknod("nvidia-uvm-tools", uvm_major, m + 1, None)
+                )
             elif m == NVIDIA_CTL_MINOR:
-                self._mknod("nvidiactl", NVIDIA_MAJOR, m)
-            elif m < NVIDIA_CTL_MINOR:
-                self._mknod(f"nvidia{m}", NVIDIA_MAJOR, m)
+                ok = self._mknod("nvidiactl", NVIDIA_MAJOR, m)
             else:
+                ok = m < NVIDIA_CTL_MINOR and self._mknod(f"nvidia{m}", NVIDIA_MAJOR, m)
+            if not ok:
                 return failed
-        if modeset:
-            self._mknod("nvidia-modeset", NVIDIA_MAJOR, NVIDIA_MODESET_MINOR)
+        if modeset and not self._mknod("nvidia-modeset", NVIDIA_MAJOR, NVIDIA_MODESET_MINOR):
+            return failed
+        caps_major = self._major("nvidia-caps") if caps else None
         for proc in caps:
-            if not proc.startswith(PROC_PREFIX + "/") or "./" in proc:
+            if not proc.startswith(PROC_PREFIX + "/") or "./" in proc or caps_major is None:
                 return failed
-            try:
-                text = (self.root / proc.lstrip("/")).read_text()
-            except OSError:
-                return failed
-            found = re.search(r"^DeviceFileMinor:\s*(\d+)", text, re.M)
+            text = self._read(proc)
+            found = re.search(r"^DeviceFileMinor:\s*(\d+)", text or "", re.M)
             if found is None:
                 return failed
-            self._mknod(f"nvidia-caps/nvidia-cap{found.group(1)}", NVIDIA_CAPS_MAJOR, int(found.group(1)))
+            minor = int(found.group(1))
+            if not self._mknod(f"nvidia-caps/nvidia-cap{minor}", caps_major, minor, proc):
+                return failed
         return ExecResult(0, "", "")
 
     def _nvidia_smi(self) -> ExecResult:
@@ -189,6 +215,7 @@ class SimHostCommands:
             minor = parse_minor(info.read_text()) if info.is_file() else None
             if minor is not None:
                 found.append(minor)
+        # NVML runs nvidia-modprobe, which makes nothing where the params forbid it
         self._mknod("nvidiactl", NVIDIA_MAJOR, NVIDIA_CTL_MINOR)
         for m in found:
             self._mknod(f"nvidia{m}", NVIDIA_MAJOR, m)

@@ -3,13 +3,19 @@ planned GPUs, matched by bus id (missing and extra ones named); GPU device entri
 waits for the container's next restart are a WARN naming them; a ``devN`` whose
 ``/dev/nvidiaN`` no GPU on nvidia has FAILs, naming the GPUs that are off nvidia: the node
 outlives its GPU's unbind (the driver never made it, so nothing removes it), so Proxmox still
-starts the container with a node that reaches no GPU."""
+starts the container with a node that reaches no GPU; and a ``devN`` whose minor a GPU on
+nvidia holds that is not one of the container's planned GPUs FAILs naming both GPUs: the driver
+gives a GPU the lowest free minor at each bind (open-gpu-kernel-modules
+``kernel-open/nvidia/nv.c`` l.5629-5644), so a saved ``devN`` line can name another GPU's node
+once GPUs came back to nvidia in another order, while the running container still shows the
+GPUs it started with."""
 
 from __future__ import annotations
 
 import re
 from typing import Any
 
+from gputopo.actions.devnodes_by_address import node_minor
 from gputopo.errors import GputopoError
 from gputopo.formats.devn import dev_entries, dev_path, dev_sort, is_nvidia_dev
 from gputopo.plan.gone import gone_addresses
@@ -40,6 +46,7 @@ def check(ctx: Context) -> Check:
             continue
         problems += _stale_nodes(ctx, c.vmid)
         planned = list(t.gpus)
+        problems += misplaced_nodes(ctx, c.vmid, planned)
         if not planned:
             parts.append(f"CT {c.vmid}: no GPUs planned")
             details[str(c.vmid)] = {"planned": [], "seen": []}
@@ -116,5 +123,34 @@ def _stale_nodes(ctx: Context, vmid: int) -> list[str]:
         out.append(
             f"CT {vmid}: {k} {dev_path(v)} reaches no GPU (no GPU on nvidia has minor {m.group(1)}{gone_by}), "
             f"remove {k} or bind its GPU back to nvidia"
+        )
+    return out
+
+
+def misplaced_nodes(ctx: Context, vmid: int, planned: list[str]) -> list[str]:
+    """One line per ``devN`` of container ``vmid`` (its config with pending changes) whose
+    ``/dev/nvidiaN`` reaches a GPU on nvidia that is not one of ``planned`` (its GPUs): the GPU
+    the node reaches, the planned GPU left without a node, and the entry to set."""
+    try:
+        devs = dev_entries(ctx.ports.proxmox.lxc_config(vmid))
+    except GputopoError:
+        return []
+    minors = {g.address: g.minor for g in ctx.facts.gpus if g.driver == "nvidia" and g.minor is not None}
+    by_minor = {m: a for a, m in minors.items()}
+    reached, wrong = set(), []
+    for k, v in sorted(devs.items(), key=lambda kv: dev_sort(kv[0])):
+        m = node_minor(v)
+        if m is None or m not in by_minor:
+            continue
+        reached.add(by_minor[m])
+        if by_minor[m] not in planned:
+            wrong.append((k, dev_path(v), by_minor[m]))
+    unreached = [a for a in planned if a not in reached and a in minors]
+    out = []
+    for i, (k, path, there) in enumerate(wrong):
+        own = unreached[i] if i < len(unreached) else None
+        fix = f"{own} has no devN: set {k} to /dev/nvidia{minors[own]}" if own is not None else f"remove {k}"
+        out.append(
+            f"CT {vmid}: {k} {path} reaches {there}, not a GPU of CT {vmid} ({fix}, then restart CT {vmid})"
         )
     return out

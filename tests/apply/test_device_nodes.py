@@ -166,3 +166,65 @@ def test_a_returning_gpus_node_that_cannot_be_made_fails_its_step_and_rolls_back
     assert e.value.rolled_back
     assert "/dev/nvidia4 does not exist and 'nvidia-modprobe -c 4' did not make it" in str(e.value)
     assert applysim.fingerprint(host) == before  # the GPUs are back on vfio-pci, VM and CT as they were
+
+
+def _lose_every_node(h: SimHost) -> dict[str, object]:
+    """The seed host with CT 101 running on its eight GPUs, then every /dev/nvidia* gone (as
+    after a reboot with no udev rule: nothing made them again). Returns its fingerprint."""
+    _drop_nvidia_nodes(h.paths.root)
+    return applysim.fingerprint(h)
+
+
+@pytest.mark.parametrize("fault", ["service", "switch"])
+def test_a_rollback_after_the_container_stopped_can_start_it_with_its_old_devn(host, fault):
+    """Every config an undo may restore has its nodes made before the stop window: CT 101's
+    dev4..dev7 of the NUMA-1 GPUs too, not only the nodes of the planned dev0..dev3."""
+    from gputopo.sim.container import break_container
+
+    before = _lose_every_node(host)
+    if fault == "service":  # the new service fails once the container runs again
+        break_container(host.dir, 101, "service_fails", message="CUDA error", tp=4)
+    else:  # a GPU's move to vfio-pci fails, the container stopped
+        SimKernel(host.paths.root).inject("0000:f1:00.0", "bind", "errno", times=1)
+    ev = Events()
+    with pytest.raises(ApplyFailed) as e:
+        apply(
+            _split(host),
+            host.ports(),
+            root=str(host.paths.root),
+            progress=ev,
+            timeouts=applysim.FAST_TIMEOUTS,
+        )
+    SimKernel(host.paths.root).clear_faults()
+    assert e.value.rolled_back and e.value.exit_code == 1, str(e.value)
+    first_step = next(i for i, x in enumerate(ev.events) if x.startswith("step "))
+    made = {x.split()[2] for x in ev.events[:first_step] if x.startswith("note made /dev/")}
+    assert {f"/dev/nvidia{m}" for m in range(8)} <= made  # all before anything stopped
+    after = applysim.fingerprint(host)
+    # what runs is as before: CT 101 running, its service on its eight GPUs, its devN unchanged
+    assert after["guests"]["lxc"]["101"] == "running"
+    conf = f"pve:{host.paths.lxc_conf(101).relative_to(host.paths.pve)}"
+    for k in ("service", conf, "ct:/dev"):
+        assert after[k] == before[k], k
+    assert _gpu_nodes(after["service"][2]) == [f"/dev/nvidia{m}" for m in range(8)]
+    # what differs: the nodes made on the way (the host had none)
+    assert [k for k in applysim.diff(before, after) if not k.startswith("dev/nvidia:")] == []
+
+
+def test_with_modify_device_files_off_the_split_is_refused_naming_the_parameter(bare):
+    """NVreg_ModifyDeviceFiles=0: nvidia-modprobe exits 1 without a word and makes nothing
+    (nvidia-modprobe-utils.c mknod_helper); the refusal says why, nothing stopped."""
+    params = bare.paths.root / "proc/driver/nvidia/params"
+    params.write_text(params.read_text().replace("ModifyDeviceFiles: 1", "ModifyDeviceFiles: 0"))
+    for cap in (bare.paths.root / "proc/driver/nvidia/capabilities").rglob("*"):
+        if cap.is_file():  # each capability takes the module's value (nv-caps.c l.671)
+            cap.write_text(cap.read_text().replace("DeviceFileModify: 1", "DeviceFileModify: 0"))
+    before = applysim.fingerprint(bare)
+    with pytest.raises(PreflightFailed) as e:
+        apply(_split(bare), bare.ports(), root=str(bare.paths.root))
+    (line,) = [p for p in e.value.problems if p.startswith("/dev/nvidia0 ")]
+    assert line.startswith("/dev/nvidia0 does not exist and 'nvidia-modprobe -c 0' did not make it (exit 1; ")
+    assert "ModifyDeviceFiles: 0" in line and "udev rules" in line
+    after = applysim.fingerprint(bare)
+    # nothing stopped or rebound; only nvidia-uvm's nodes were made (nvidia_uvm_mknod reads no params)
+    assert applysim.diff(before, after) == ["dev/nvidia: [] -> ['nvidia-uvm', 'nvidia-uvm-tools']"]

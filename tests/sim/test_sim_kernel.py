@@ -131,7 +131,9 @@ def test_without_vfio_pci_loaded_nothing_binds_it(fresh_host) -> None:
 SEED_MINORS = {"01": 0, "11": 1, "61": 3, "71": 2, "81": 4, "91": 5, "e1": 7, "f1": 6}
 
 
-def test_seed_split_keeps_every_minor(fresh_host) -> None:
+def test_gpus_back_on_nvidia_get_the_lowest_free_minors_not_their_old_ones(fresh_host) -> None:
+    """nv_linux_assign_minor_locked (open-gpu-kernel-modules kernel-open/nvidia/nv.c l.5629):
+    find_first_zero_bit at each probe, the bit cleared at remove: no memory of the old minor."""
     r = fresh_host("seed")
     k = SimKernel(r, time_scale=0.0)
     b = ks.KernelBackend(
@@ -156,9 +158,15 @@ def test_seed_split_keeps_every_minor(fresh_host) -> None:
     for t in threads:
         t.join()
     assert [driver(r, f"0000:{bus}:00.0") for bus in vm] == ["vfio-pci"] * 4
-    # the driver made none of the nodes, so unbinding removes none (nv.c: cdev only)
+    # the driver made none of the nodes, so unbinding removes none (nv.c: cdev only): the four
+    # stale nodes stay, each to be taken by whichever GPU gets its minor next
     assert sorted(p.name for p in (r / "dev").glob("nvidia[0-9]*")) == [f"nvidia{m}" for m in range(8)]
+    for bus in vm:  # bus order: e1 had 7 and f1 6, each now gets the lowest free one
+        ks.to_native(b, f"0000:{bus}:00.0", "nvidia")
+    assert {bus: minor(bus) for bus in vm} == {"81": 4, "91": 5, "e1": 6, "f1": 7}
     for bus in vm:
+        ks.to_vfio(b, f"0000:{bus}:00.0")
+    for bus in sorted(vm, key=lambda bus: SEED_MINORS[bus]):  # in the order of the old minors
         ks.to_native(b, f"0000:{bus}:00.0", "nvidia")
     assert {bus: minor(bus) for bus in SEED_MINORS} == SEED_MINORS
 

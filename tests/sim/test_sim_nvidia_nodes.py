@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from gputopo.errors import HostCommandError
+from gputopo.ports import ExecResult
 from gputopo.sim.hostcmd import SimHostCommands
 from gputopo.sim.hostroot import materialize
 from gputopo.sim.kernel import SimKernel
@@ -93,3 +94,42 @@ def test_bind_makes_no_node_and_unbind_leaves_it(sim: Path) -> None:
     SimHostCommands(sim).run(["nvidia-modprobe", "-c", "4"], 5)
     kern.write("sys/bus/pci/drivers/nvidia/unbind", "0000:81:00.0")
     assert nodes(sim) == ["nvidia4"]
+
+
+def test_dynamic_majors_come_from_proc_devices(sim: Path) -> None:
+    """nvidia-uvm and nvidia-caps get dynamic majors (alloc_chrdev_region); nvidia-modprobe
+    reads them from /proc/devices (nvidia_get_chardev_major) and fails silently without them."""
+    from gputopo.sim.kernel.nvidia import chardev_major
+
+    devices = (sim / "root/proc/devices").read_text()
+    uvm, caps = chardev_major(devices, "nvidia-uvm"), chardev_major(devices, "nvidia-caps")
+    assert chardev_major(devices, "nvidia") == 195 and uvm is not None and caps is not None
+    assert len({uvm, caps, 195}) == 3
+    cmd = SimHostCommands(sim)
+    assert cmd.run(["nvidia-modprobe", "-u", "-c", "0"], 5).rc == 0
+    assert cmd.run(["nvidia-modprobe", "-f", "/proc/driver/nvidia/capabilities/mig/config"], 5).rc == 0
+    recorded = json.loads((sim / "root/dev/.devices.json").read_text())
+    assert recorded["nvidia-uvm"] == ["c", uvm, 0] and recorded["nvidia-caps/nvidia-cap1"] == ["c", caps, 1]
+    # a host whose /proc/devices has no nvidia-uvm (the module not loaded): exit 1, no word
+    (sim / "root/proc/devices").write_text(devices.replace(f"{uvm} nvidia-uvm\n", ""))
+    (sim / "root/dev/nvidia-uvm").unlink()
+    assert cmd.run(["nvidia-modprobe", "-u", "-c", "0"], 5) == ExecResult(1, "", "")
+    assert not (sim / "root/dev/nvidia-uvm").exists()
+
+
+def test_with_modify_device_files_off_nvidia_modprobe_makes_nothing_and_exits_1_silently(sim: Path) -> None:
+    """NVreg_ModifyDeviceFiles=0: mknod_helper (nvidia-modprobe-utils.c) makes no node and
+    succeeds only for one that is already there."""
+    params = sim / "root/proc/driver/nvidia/params"
+    params.write_text(params.read_text().replace("ModifyDeviceFiles: 1", "ModifyDeviceFiles: 0"))
+    cmd = SimHostCommands(sim)
+    assert cmd.run(["nvidia-modprobe", "-c", "4"], 5) == ExecResult(1, "", "")
+    assert cmd.run(["nvidia-modprobe", "-c", "255"], 5) == ExecResult(1, "", "")
+    assert cmd.run(["nvidia-modprobe", "-m"], 5) == ExecResult(1, "", "")
+    assert cmd.run(["nvidia-smi"], 5).rc == 0  # NVML goes on without the nodes it may not make
+    assert nodes(sim) == []
+    (sim / "root/dev/nvidia4").touch()  # made by the distribution's udev rules
+    assert cmd.run(["nvidia-modprobe", "-c", "4"], 5).rc == 0
+    # nvidia-uvm is made without the driver's params (nvidia_uvm_mknod passes no proc file)
+    assert cmd.run(["nvidia-modprobe", "-u", "-c", "0"], 5).rc == 0
+    assert nodes(sim) == ["nvidia-uvm", "nvidia-uvm-tools", "nvidia4"]

@@ -56,6 +56,7 @@ class TreeChanges:
         if drv == "nvidia":
             # its /dev/nvidia<minor> stays: the driver never made it (see the module docstring)
             shutil.rmtree(self._p(f"proc/driver/nvidia/gpus/{addr}"), ignore_errors=True)
+            st["minors"].pop(addr, None)  # its bit is cleared: the next probe may take it
         elif drv == "vfio-pci":
             g = self.group_of(addr)
             if g is not None and not any(
@@ -64,14 +65,12 @@ class TreeChanges:
                 self._unlink(self._p(f"dev/vfio/{g}"))
 
     def _nvidia_up(self, st: dict, addr: str) -> None:
-        # nvidia keeps a GPU's minor when it is free again, else hands out the lowest free one
-        in_use = {m for a, m in st["minors"].items() if a != addr and self._driver(a) == "nvidia"}
-        previous = st["minors"].get(addr)
-        minor = (
-            previous
-            if previous is not None and previous not in in_use
-            else next(i for i in range(len(in_use) + 1) if i not in in_use)
-        )
+        # the lowest minor no GPU on nvidia holds, with no memory of the one this GPU had
+        # before: nv_pci_probe (open-gpu-kernel-modules 595.45.04 kernel-open/nvidia/nv-pci.c
+        # l.2126) calls nv_linux_assign_minor_locked (kernel-open/nvidia/nv.c l.5629-5644),
+        # find_first_zero_bit over nv_linux_minor_bitmap; the remove path clears the bit
+        # (nv-pci.c l.2394, nv_linux_remove_minor_locked)
+        minor = lowest_free_minor(st, addr, self._driver)
         st["minors"][addr] = minor
         text = st["nv_info"].get(addr)
         if text is None:
@@ -149,6 +148,13 @@ class TreeChanges:
         ):
             if (base / name).exists():
                 (base / name).write_text(value + "\n")
+
+
+def lowest_free_minor(st: dict, addr: str, driver_of) -> int:
+    """The minor the nvidia driver gives ``addr`` when it probes it now: the lowest one no other
+    GPU bound to nvidia holds (``driver_of``: address -> its driver now)."""
+    in_use = {m for a, m in st["minors"].items() if a != addr and driver_of(a) == "nvidia"}
+    return next(i for i in range(len(in_use) + 1) if i not in in_use)
 
 
 def write_attr(path: Path, text: str) -> None:

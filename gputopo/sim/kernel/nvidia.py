@@ -38,3 +38,33 @@ def parse_minor(text: str) -> int | None:
             except ValueError:
                 return None
     return None
+
+
+def chardev_major(devices_text: str | None, name: str) -> int | None:
+    """The major of character device ``name`` in ``/proc/devices`` text, as nvidia-modprobe
+    finds it (NVIDIA/nvidia-modprobe ``modprobe-utils/nvidia-modprobe-utils.c``
+    nvidia_get_chardev_major l.657-720: the "Character devices:" section, a whole-name match);
+    None when it is not there."""
+    section = False
+    for line in (devices_text or "").splitlines():
+        if line == "Character devices:":
+            section = True
+        elif section and not line.strip():
+            break
+        elif section:
+            parts = line.split()
+            if len(parts) == 2 and parts[1] == name and parts[0].isdigit():
+                return int(parts[0])
+    return None
+
+
+def modification_allowed(params_text: str | None) -> bool:
+    """Whether nvidia-modprobe may make a node, from ``/proc/driver/nvidia/params`` (or a
+    capability file): its ``ModifyDeviceFiles`` (``DeviceFileModify``) value, 1 when absent
+    (nvidia-modprobe-utils.c init_device_file_parameters l.370-411)."""
+    allowed = True
+    for line in (params_text or "").splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("ModifyDeviceFiles", "DeviceFileModify") and value.strip().isdigit():
+            allowed = int(value) == 1
+    return allowed
