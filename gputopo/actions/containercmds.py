@@ -1,20 +1,17 @@
 """The shell lines ``plan --commands`` prints for a container's device change
-(:class:`gputopo.actions.container.UpdateContainer`) and for its undo."""
+(``self``: a :class:`gputopo.actions.container.UpdateContainer`, which imports this module) and for its undo."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 from gputopo.actions.guest import shutdown_command
 from gputopo.actions.guestconfig import restore_args, set_args
 from gputopo.actions.shell import CommandContext, line, q
 from gputopo.formats.devn import dev_sort, format_dev, is_devn_key
 
-if TYPE_CHECKING:
-    from gputopo.actions.container import UpdateContainer
 
-
-def update_commands(self: UpdateContainer, ctx: CommandContext) -> list[str]:
+def update_commands(self: Any, ctx: CommandContext) -> list[str]:
     """``plan --commands``: the shell lines that make ``self``'s change (a GPU back from vfio-pci
     gets its minor read as apply does)."""
     ct = ctx.current.containers.get(self.vmid)
@@ -48,7 +45,7 @@ def update_commands(self: UpdateContainer, ctx: CommandContext) -> list[str]:
     return out
 
 
-def update_undo_commands(self: UpdateContainer, ctx: CommandContext) -> list[str]:
+def update_undo_commands(self: Any, ctx: CommandContext) -> list[str]:
     """``plan --commands``: the shell lines that undo ``self``'s change, pending section included."""
     ct = ctx.current.containers.get(self.vmid)
     old = {k: v for k, v in (ct.config if ct is not None else {}).items() if k != "digest"}
