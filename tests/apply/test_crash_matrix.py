@@ -76,46 +76,7 @@ SAMPLE = 6  # points per case under the matrix marker
 # expected to fail (strict: it fails as XPASS once the fix lands, and then leaves this table).
 # KNOWN holds for the sample and every point; KNOWN_FULL for every point only (a case whose sample
 # misses the points that fail).
-LIVE_PENDING = (
-    "34.2: undo of a change to CT 101 whose devN removal is pending (split applied live on PVE 9)"
-    " deletes the keys instead of reverting them: 101.conf's [pve:pending] unlike before"
-)
-STOP_IN_FLIGHT = (
-    "34.1: a signal right after CT 101's stop task was accepted: the rollback finds it never"
-    " stopped, it stops moments later, exit 3 'container '101' not running!' (143/130/129 expected)"
-)
-START_IN_FLIGHT = (
-    "34.1 (a start task in flight): a signal right after VM 201's start was accepted: the rollback"
-    " finds it not running and leaves it, then restores hostpci0..3 while it starts (201.conf"
-    " [PENDING], VM 201 running without its GPUs)"
-)
-VM_START_HELD = (
-    "34.1/34.6 (a start task in flight): SIGHUP right after VM 201's start was accepted: the"
-    " rollback leaves it, VM 201 starts on the GPUs, their rebind to nvidia hangs: exit 3 needs a human"
-)
-HA_STOP_LATE = (
-    "34.1/34.7: SIGTERM right after VM 201's hastop was queued: the rollback finds it running and"
-    " ends (143), the HA manager then stops it and writes 'state stopped' to ha/resources.cfg"
-)
-HA_START_RACE = (
-    "34.6: SIGKILL right after VM 201's hastart was queued, then recover: it finds VM 201 not running,"
-    " the HA manager starts it on the GPUs during the recover, their rebind to nvidia hangs: exit 3"
-    " needs a human (a race: about half the runs under load)"
-)
-LIVE = ("reverse-live", "reverse-vm-remove-live")
-KNOWN: dict[tuple[str, str, str, str], str] = {
-    **{(n, "auto", "9", f): LIVE_PENDING for n in LIVE for f in ("kill-apply", "kill-rollback", "fail-step")},
-    ("split", "always", "8", "signal-stop"): STOP_IN_FLIGHT,
-    ("split-vm", "always", "9", "signal-stop"): f"{STOP_IN_FLIGHT}; {VM_START_HELD}",
-    ("reverse-vm-remove", "auto", "9", "signal-stop"): START_IN_FLIGHT,
-    ("reverse-vm-remove", "always", "8", "signal-stop"): START_IN_FLIGHT,
-    ("reverse-vm-remove-live", "auto", "9", "signal-stop"): f"{LIVE_PENDING}; {START_IN_FLIGHT}",
-    ("split-ha", "always", "9", "signal-stop"): STOP_IN_FLIGHT,
-    ("split-vm-ha", "always", "9", "kill-apply"): HA_START_RACE,
-    ("reverse-vm-remove-ha", "always", "9", "signal-stop"): (
-        f"{HA_STOP_LATE}; {START_IN_FLIGHT}"
-    ),
-}
+KNOWN: dict[tuple[str, str, str, str], str] = {}
 KNOWN_FULL: dict[tuple[str, str, str, str], str] = {}
 
 
