@@ -26,6 +26,9 @@ from gputopo.sim import state
 from helpers import applysim
 from helpers.applysim import template  # noqa: F401 (fixtures)
 
+# how the crash driver names a Proxmox call that changes something in its trace ("POST /nodes/...")
+API_METHODS = ("POST", "PUT", "DELETE")
+
 pytestmark = pytest.mark.slow
 
 DRIVER = Path(__file__).resolve().parents[1] / "helpers" / "crashdriver.py"
@@ -72,7 +75,7 @@ def _kill_point(template, pick, crm: float = CRM) -> str:
         records = parse_journal(list_journals(h.paths.root)[-1].read_text())
         n = next(i for i, r in enumerate(records, 1) if pick(r))
         trace = json.loads(out.read_text())["trace"]
-        after = [t for t in trace if t[1] >= n and t[0].endswith("Client") and t[2] > 0]
+        after = [t for t in trace if t[1] >= n and t[0].split(" ", 1)[0] in API_METHODS and t[2] > 0]
         return f"call:{after[0][2]}"
     finally:
         h.stop()
