@@ -7,12 +7,12 @@ from __future__ import annotations
 import time
 
 import pytest
+from test_ha_rules_effect import CRM, _applied
 
 from gputopo.sim import state
 from gputopo.sim.cluster import SimCluster
 from gputopo.sim.pveapi.harules import MOVES
 from helpers.clusterharness import cleanup, copy_cluster
-from test_ha_rules_effect import CRM, _applied
 
 pytestmark = pytest.mark.slow  # a simulated cluster and two node applies (seconds each)
 
@@ -50,7 +50,7 @@ def _wait(cluster: SimCluster, until, rounds: int = 40) -> None:
             for vmid in (201, 202):
                 try:
                     api.dispatch("GET", f"/nodes/{node}/qemu/{vmid}/status/current", {}, None)
-                except Exception:  # noqa: BLE001 - not on that node (any more)
+                except Exception:
                     pass
     assert until()
 
@@ -103,7 +103,7 @@ def test_a_start_that_fails_on_both_nodes_ends_in_error_on_the_second(cluster):
     def errored() -> bool:
         try:
             ha = api.dispatch("GET", "/nodes/pve2/qemu/201/status/current", {}, None).data["ha"]
-        except Exception:  # noqa: BLE001 - not relocated yet
+        except Exception:
             return False
         return ha.get("state") == "error"
 
