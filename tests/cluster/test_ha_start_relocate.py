@@ -7,11 +7,13 @@ from __future__ import annotations
 import time
 
 import pytest
-from test_ha_rules_effect import CRM, _applied
+from test_ha_rules_effect import CRM, _applied, _gputopo, _spec
 
 from gputopo.sim import state
 from gputopo.sim.cluster import SimCluster
 from gputopo.sim.pveapi.harules import MOVES
+from gputopo.sim.pveapi.qemu_vm import START_FAILS
+from helpers.applysim import fingerprint
 from helpers.clusterharness import cleanup, copy_cluster
 
 pytestmark = pytest.mark.slow  # a simulated cluster and two node applies (seconds each)
@@ -112,3 +114,39 @@ def test_a_start_that_fails_on_both_nodes_ends_in_error_on_the_second(cluster):
     assert _moves(cluster, "pve2") == []  # not sent back: pve1 failed it already
     assert _status(cluster, "pve2", 201) == "stopped"
     assert _status(cluster, "pve2", 202) == "running"
+
+
+def test_apply_whose_ha_vm_is_relocated_after_its_start_failed_here_says_so_and_rolls_back(cluster, tmp_path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(_spec(cluster))
+    _stop(cluster, "pve1", 201)
+    _stop(cluster, "pve2", 202)  # pve2's GPUs free: VM 201 can start there
+    # QEMU dies at VM 201's every start on pve1 (the node's own trouble, not its config's)
+    died = "start failed: QEMU exited with code 1"
+    state.write_state(cluster.node_dir("pve1") / "run", START_FAILS, {"201": died})
+    cluster.stop()
+    host = cluster.member("pve1")
+    before = fingerprint(host, cluster.container("pve1"))
+    res = _gputopo(
+        "apply",
+        "--spec",
+        str(spec),
+        "--yes",
+        "--no-verify",
+        "--sim",
+        str(cluster.node_dir("pve1")),
+    )
+    out = res.stdout + res.stderr
+    assert res.returncode == 1, out  # a failed step, rolled back
+    assert "VM 201 was relocated by the HA manager to node pve2 after its start failed here" in out, out
+    assert "rolled back" in out.lower(), out
+    # VM 201 is pve2's now; nothing on pve1 is half done: every GPU on its driver, the
+    # container and its service with their GPUs, the node's files, the guests
+    assert (cluster.dir / "pve/nodes/pve2/qemu-server/201.conf").exists()
+    after = fingerprint(host, cluster.container("pve1"))
+    moved = {k for k in before.keys() | after.keys() if k.endswith("qemu-server/201.conf")}
+    assert moved == {"pve:nodes/pve1/qemu-server/201.conf", "pve:nodes/pve2/qemu-server/201.conf"}
+    assert {k: v for k, v in before.items() if k not in moved} == {
+        k: v for k, v in after.items() if k not in moved
+    }
+    assert _status(cluster, "pve1", 201) == "stopped"
