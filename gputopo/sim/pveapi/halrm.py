@@ -162,8 +162,8 @@ class HaLrmHandlers:
                 "target": target,
                 "error": None,
                 "why": why,
-                "log": f"Start Error Recovery: Tried {len(failed)} node(s) from {len(failed)}; "
-                f"relocate service '{sid}' to node '{target}' ({why})",
+                "log": f"relocate service '{sid}' to node '{target}' after its start failed on "
+                f"{', '.join(failed)}: {why}",
                 "at": time.time(),
             },
         )
