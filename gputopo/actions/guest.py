@@ -33,7 +33,7 @@ from gputopo.actions.base import (
     World,
 )
 from gputopo.actions.dropin import load_dropin
-from gputopo.actions.haguest import ha_requested, ha_stop, take_back_start
+from gputopo.actions.haguest import ha_requested, ha_stop, moved_away, take_back_start
 from gputopo.actions.shell import CommandContext, line
 from gputopo.errors import ProxmoxError
 from gputopo.model.state import CurrentState
@@ -108,7 +108,13 @@ def wait_status(ctx: StepContext, guest: str, vmid: int, want: str, deadline: fl
     asked for it may have ended long before: a ``hastart``/``hastop`` task only queues a request
     for the HA manager (its CRM and LRM work in 10 s rounds, pve-ha-manager HA/CRM.pm, LRM.pm)."""
     while True:
-        now = ctx.ports.proxmox.guest_status(guest, vmid)
+        try:
+            now = ctx.ports.proxmox.guest_status(guest, vmid)
+        except ProxmoxError:
+            away = moved_away(ctx, guest, vmid) if ":hastart:" in upid else None
+            if away is None:
+                raise
+            raise ProxmoxError(f"{guest_name(guest, vmid)} start", None, away) from None
         if now == want:
             return
         if time.monotonic() >= deadline:

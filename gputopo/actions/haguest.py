@@ -80,6 +80,42 @@ def wait_settled(ctx: StepContext, guest: str, vmid: int, want: str, deadline: f
     )
 
 
+def moved_away(ctx: StepContext, guest: str, vmid: int) -> str | None:
+    """One line saying the HA manager moved the guest to another node, for a guest whose
+    status/current this node no longer answers (its config is gone from here), or None where it
+    is still here. A failed HA start is restarted ``max_restart`` times, then the CRM relocates
+    the service to another node its rules or group allow (pve-ha-manager src/PVE/HA/Manager.pm
+    l.1468-1497, ``failed_nodes``/``try_next``), where the LRM starts it: polling its status
+    here until a timeout would only say "not running". Raises nothing."""
+    try:
+        ctx.ports.proxmox.guest_status(guest, vmid)
+        return None
+    except ProxmoxError:
+        pass
+    name, sid = _name(guest, vmid), _sid(guest, vmid)
+    where = None
+    cluster = ctx.ports.cluster
+    if cluster is not None and guest == "qemu":
+        try:
+            where = next(
+                (n for n in cluster.nodes() if any(int(g["vmid"]) == vmid for g in cluster.node_vms(n))),
+                None,
+            )
+        except ProxmoxError:
+            where = None
+    if where is None:
+        return (
+            f"{name} is no longer on this node: the HA manager relocated it after its start failed "
+            f"here (max_restart, max_relocate of {sid}); see 'ha-manager status' and this node's "
+            f"start task log of {name}"
+        )
+    return (
+        f"{name} was relocated by the HA manager to node {where} after its start failed here "
+        f"(max_restart, max_relocate of {sid}): it no longer uses this node's GPUs; see this "
+        f"node's start task log of {name} for why, and 'ha-manager status'"
+    )
+
+
 def take_back_start(ctx: StepContext, guest: str, vmid: int, requested_before: str) -> str:
     """Undo an HA resource's start that asked for ``started`` where it was ``requested_before``:
     set that state back (``PUT /cluster/ha/resources/{sid}``, what ``ha-manager set`` calls) and
@@ -88,6 +124,12 @@ def take_back_start(ctx: StepContext, guest: str, vmid: int, requested_before: s
     shut down here. Returns what it did ("" for nothing). Raises ProxmoxError."""
     sid = _sid(guest, vmid)
     done = []
+    away = moved_away(ctx, guest, vmid)
+    if away is not None:
+        # no longer this node's: its requested state is the cluster's, the manager stops it
+        # where it is now; nothing of it is left here to wait for
+        ctx.ports.proxmox.ha_set_state(sid, requested_before)
+        return f"set HA resource {sid} back to state {requested_before} ({away})"
     now = ctx.ports.proxmox.guest_ha(guest, vmid)
     if int(now.get("managed") or 0) and now.get("requested") != requested_before:
         ctx.ports.proxmox.ha_set_state(sid, requested_before)
@@ -156,6 +198,8 @@ def settle_guest(ctx: StepContext, guest: str, vmid: int) -> str:
     ``started`` under a running guest (a late ``stop`` wrote ``stopped``, and the manager would
     stop it). Returns what it did ("" for nothing). Raises ProxmoxError when the manager does not
     settle within the guest timeout."""
+    if moved_away(ctx, guest, vmid) is not None:
+        return ""  # the HA manager relocated it: nothing of it left on this node to settle
     deadline = time.monotonic() + max(ctx.timeouts.guest, 60 + 35)
     while True:
         ha = ctx.ports.proxmox.guest_ha(guest, vmid)

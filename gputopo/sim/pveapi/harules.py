@@ -96,6 +96,17 @@ def select_node(prios: dict[str, int], online: list[str], current: str, failback
     return current if current in preferred else preferred[0]
 
 
+def start_failure_target(server: Any, r: Section, failed: list[str]) -> str | None:
+    """Where the CRM relocates service ``r`` whose start failed on the nodes ``failed`` (Manager.pm
+    l.1468-1497: select_service_node with ``try_next`` and ``failed_nodes``): an online node its
+    rule or group allows that has not failed it, the highest priority first; None: none left."""
+    members = sorted(server.members())
+    release = int(server.version.split(".")[0])
+    prios = node_priorities(server.pve_root, release, r, members) or {n: 0 for n in members}
+    left = [n for n in members if n not in failed and n in getattr(server, "peers", {})]
+    return select_node({n: p for n, p in prios.items() if n in left}, left, "", True)
+
+
 def _guest_node(pve_root: Path, kind: str, vmid: str) -> str | None:
     sub = "lxc" if kind == "lxc" else "qemu-server"
     found = sorted(pve_root.glob(f"nodes/*/{sub}/{vmid}.conf"))
@@ -119,12 +130,21 @@ def migrate_refusal(src: Any, vmid: int, target: str) -> str | None:
     return None
 
 
-def _record(src: Any, move: dict[str, Any]) -> None:
+def record(src: Any, move: dict[str, Any]) -> None:
+    """Log a move the CRM sent and keep it in ``src``'s run state (:data:`MOVES`)."""
     src.print_stderr(f"HA: {move['log']}\n")
     with state.locked(src.run_dir, MOVES):
         moves = state.read_state(src.run_dir, MOVES, []) or []
         moves.append(move)
         state.write_state(src.run_dir, MOVES, moves)
+
+
+def move_config(src: Any, dst: Any, kind: str, vmid: int) -> tuple[Path, Path]:
+    """Move the stopped guest's config from ``src``'s node to ``dst``'s (the offline part of a
+    migration: pmxcfs renames ``nodes/<node>/...``); (old path, new path)."""
+    old, new = src.conf_path(kind, vmid), dst.conf_path(kind, vmid)
+    old.rename(new)
+    return old, new
 
 
 def _carry_out(src: Any, dst: Any, kind: str, vmid: int) -> str | None:
@@ -133,8 +153,7 @@ def _carry_out(src: Any, dst: Any, kind: str, vmid: int) -> str | None:
     try:
         if kind == "lxc":
             src._stop_guest(kind, vmid, None, [])
-        old, new = src.conf_path(kind, vmid), dst.conf_path(kind, vmid)
-        old.rename(new)
+        old, new = move_config(src, dst, kind, vmid)
         try:
             dst._start_guest(kind, vmid, [])
         except Exception:
@@ -162,7 +181,7 @@ def _move(server: Any, servers: dict[str, Any], r: Section, kind: str, node: str
     else:
         log = f"relocate service '{r.sid}' to node '{target}'"
         error = _carry_out(src, dst, kind, vmid)
-    _record(
+    record(
         src,
         {
             "sid": r.sid,

@@ -4,6 +4,9 @@ A start applies the VM's pending changes, then does what qemu-server's ``vm_star
 its config (:func:`gputopo.sim.qemu.runtime.start`); a stop releases its devices. The agent
 endpoints are ``POST .../agent/ping``, ``POST .../agent/exec`` and ``GET .../agent/exec-status``
 (:mod:`gputopo.sim.qemu.guest`); their errors are qemu-server's ``die`` messages (500).
+
+A start of a VM listed in the run state :data:`START_FAILS` (vmid -> message) fails on this node
+with that message, as QEMU dying at start does (``start failed: QEMU exited with code 1``).
 """
 
 from __future__ import annotations
@@ -11,11 +14,15 @@ from __future__ import annotations
 from typing import Any
 
 from gputopo.formats.qemuconf import parse_qemu_conf, write_qemu_conf
+from gputopo.sim import state
 from gputopo.sim.files import PMXCFS_MODE, atomic_write
+from gputopo.sim.passthrough import PassthroughError
 from gputopo.sim.pveapi.answers import die
 from gputopo.sim.pveapi.auth import Caller
 from gputopo.sim.pveapi.qemu_config import apply_pending
 from gputopo.sim.qemu import guest, runtime
+
+START_FAILS = "qemu-start-fails"
 
 
 class QemuVmHandlers:
@@ -28,6 +35,9 @@ class QemuVmHandlers:
             if conf.pending:
                 apply_pending(conf)
                 atomic_write(self.conf_path("qemu", vmid), write_qemu_conf(conf), PMXCFS_MODE)
+        fails = (state.read_state(self.run_dir, START_FAILS, {}) or {}).get(str(vmid))
+        if fails:  # QEMU died on this node (qemu-server QemuServer.pm vm_start_nolock)
+            raise PassthroughError(fails)
         _, maps = self._read_mappings()
         runtime.start(vmid, conf, self.sysfs_root, self.run_dir, self._passthrough(), maps)
 
