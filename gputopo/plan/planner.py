@@ -94,11 +94,18 @@ def _vm_restarts(
     return stops, starts
 
 
-def _shutdown_policy(stops: list[Any], spec: Spec) -> list[Any]:
-    """``stops`` with the spec's shutdown timeout and force-stop permission on each guest stop."""
+def _shutdown_policy(stops: list[Any], spec: Spec, current: CurrentState) -> list[Any]:
+    """``stops`` with the spec's shutdown timeout and force-stop permission on each guest stop;
+    never force for an HA-managed container, whose shutdown the HA manager makes without it
+    (:func:`gputopo.plan.ha.ha_container_stop_warning`), so the plan does not promise one."""
     pol = spec.policy
+
+    def force(a: StopGuest) -> bool:
+        ct = current.containers.get(a.vmid) if a.guest == "lxc" else None
+        return pol.force_stop and not (ct is not None and ct.ha is not None and ct.ha.managed)
+
     return [
-        a.model_copy(update={"shutdown_timeout": pol.shutdown_timeout, "force_stop": pol.force_stop})
+        a.model_copy(update={"shutdown_timeout": pol.shutdown_timeout, "force_stop": force(a)})
         if isinstance(a, StopGuest)
         else a
         for a in stops
@@ -218,7 +225,7 @@ def _guest_steps(
         spec_node, current, mappings, changed_mappings, rebinding, vm_plan, view, found
     )
     found.raise_if_refused()
-    ct_stops, vm_stops = _shutdown_policy(ct_stops, spec), _shutdown_policy(vm_stops, spec)
+    ct_stops, vm_stops = _shutdown_policy(ct_stops, spec, current), _shutdown_policy(vm_stops, spec, current)
     _warn_ha(current, [*ct_stops, *vm_stops, *ct_starts, *vm_starts], found)
     return _GuestSteps(ct_stops, ct_starts, vm_stops, vm_starts)
 

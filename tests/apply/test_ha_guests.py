@@ -93,6 +93,18 @@ def test_the_plan_says_the_container_is_ha_managed(ha_host):
     assert "shuts it down without force, so policy.force_stop does not apply to it" in lines[1]
 
 
+def test_the_plan_promises_no_forced_stop_of_an_ha_container(ha_host):
+    """policy.force_stop reaches a container's shutdown only where Proxmox passes it: not for an HA
+    resource (pve-container API2/LXC/Status.pm l.364-375); the stop step says so by not offering it."""
+    text = applysim.restarting(applysim.seed_spec_text(ha_host))
+    assert "  force_stop: false\n" in text
+    spec = parse_spec(text.replace("  force_stop: false\n", "  force_stop: true\n", 1))
+    _, _, plan = read_and_plan(spec, ha_host.ports(), root=str(ha_host.paths.root))
+    stops = [a for a in plan.actions if a.kind == "stop_guest" and a.vmid == 101]
+    assert len(stops) == 1 and stops[0].force_stop is False
+    assert stops[0].describe() == "stop CT 101"
+
+
 def test_a_rollback_after_the_ha_stop_starts_the_container_and_asks_ha_for_started_again(ha_host):
     before = applysim.fingerprint(ha_host)
     # the vfio-pci bind of the first GPU of NUMA 1 fails: the apply rolls back after the stop
