@@ -153,6 +153,13 @@ class PveCalls(ABC):
         out = self._call("GET", f"{self._n()}/tasks", source="active", vmid=vmid) or []
         return [str(t["upid"]) for t in out if isinstance(t, dict) and t.get("upid")]
 
+    def recent_tasks(self, vmid: int, typefilter: str) -> list[str]:
+        """The UPIDs of the node's tasks of guest ``vmid`` of type ``typefilter``, running or ended
+        (GET .../tasks with ``source=all``, ``typefilter``, ``vmid``: pve-manager API2/Tasks.pm
+        node_tasks, newest first)."""
+        out = self._call("GET", f"{self._n()}/tasks", source="all", vmid=vmid, typefilter=typefilter) or []
+        return [str(t["upid"]) for t in out if isinstance(t, dict) and t.get("upid")]
+
     def task_log(self, upid: str) -> list[str]:
         """The lines of a task's log (GET .../tasks/{upid}/log, up to 1000 lines)."""
         out = self._call("GET", f"{self._n()}/tasks/{upid}/log", start=0, limit=1000) or []

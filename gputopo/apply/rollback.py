@@ -8,7 +8,7 @@ from typing import NoReturn
 from gputopo.actions import RunningBefore
 from gputopo.actions.guesttasks import running_tasks, task_guest, wait_tasks
 from gputopo.apply import signals
-from gputopo.apply.hasettle import settle_ha_guests
+from gputopo.apply.hasettle import settle_ha_guests, wait_queued_ha_stops
 from gputopo.apply.journal import End, Journal, NeedsHuman, RestartFailed, TaskStarted
 from gputopo.apply.outcome import left_over, next_step
 from gputopo.apply.runner import Runner
@@ -35,7 +35,9 @@ def roll_back(
     with signals.deferred(runner.progress.note):
         mark = len(j.records)
         late = _wait_for_tasks(runner, j, running_before)
+        stops_done = wait_queued_ha_stops(runner, j)
         complete, stuck = runner.backward(running_before, retry=retry)
+        complete = stops_done and complete
         complete = settle_ha_guests(runner) and complete
         for key, line in late:  # its guest's status decided nothing: a human looks at it
             complete = False

@@ -195,6 +195,11 @@ class ProxmoxPort(ProxmoxReadPort, Protocol):
         (GET /nodes/{node}/tasks with ``source=active``)."""
         ...
 
+    def recent_tasks(self, vmid: int, typefilter: str) -> list[str]:
+        """The UPIDs of the node's tasks of guest ``vmid`` of type ``typefilter``, running or
+        ended, newest first (GET .../tasks with ``source=all``). Raises ProxmoxError."""
+        ...
+
     def ha_set_state(self, sid: str, state: str) -> None:
         """Set an HA resource's requested state (``PUT /cluster/ha/resources/{sid}`` with
         ``state``, what ``ha-manager set <sid> --state <state>`` does); the HA manager then moves

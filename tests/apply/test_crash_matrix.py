@@ -516,7 +516,10 @@ def _judge(case: Case, start: Start, point: str, act) -> str | None:
         if problem is None and ended is not None:
             problem = f"ended {ended}, not {expect}"
         if problem is None:
-            problem = f"neither applied nor as before: {difference[:4]}"
+            problem = (
+                f"neither applied nor as before: {difference[:4]}; "
+                f"against applied: {applysim.diff(start.applied, got)[:4]}"
+            )
         record(case, point, "other", problem)
         return f"{point} ({outcome}): {problem}"
     finally:

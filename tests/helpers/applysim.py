@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -125,6 +126,7 @@ def fingerprint(host: SimHost, vmid: int = 101, unit: str = "sglang.service") ->
     vfio = root / "dev/vfio"
     out["dev/vfio"] = sorted(p.name for p in vfio.iterdir()) if vfio.is_dir() else []
     out["dev/nvidia"] = sorted(p.name for p in (root / "dev").iterdir() if p.name.startswith("nvidia"))
+    minors = _gpu_of_minor(root)
     for base, label in (
         (host.paths.pve, "pve"),
         (root / "etc", "etc"),
@@ -140,6 +142,8 @@ def fingerprint(host: SimHost, vmid: int = 101, unit: str = "sglang.service") ->
                 data = p.read_bytes()
                 if label == "pve" and p.relative_to(base) == PCI_CFG:
                     data = _sections_by_id(data)
+                elif label == "pve" and p.parent.name == "lxc":
+                    data = _nodes_by_address(data, minors)
                 out[f"{label}:{p.relative_to(base)}"] = (hashlib.sha256(data).hexdigest(), mode)
     out["guests"] = state.read_state(host.paths.run, "guests", {})
     sx = SimExec(host.dir)
@@ -156,6 +160,31 @@ def fingerprint(host: SimHost, vmid: int = 101, unit: str = "sglang.service") ->
 # by its id only, and its API cannot reorder them, so a rollback that creates a deleted mapping
 # again puts it last: the fingerprint compares the sections, whatever their order.
 PCI_CFG = Path("mapping/pci.cfg")
+
+
+# nvidia hands a GPU bound to it the lowest free minor with no memory of its old one
+# (open-gpu-kernel-modules kernel-open/nvidia/nv.c nv_linux_assign_minor_locked), so GPUs bound
+# back at once (in parallel) may swap minors from one run to the next: what a container's config
+# must say is which GPU each devN reaches. The fingerprint names a /dev/nvidiaN of a container's
+# config by the GPU that holds minor N now (/proc/driver/nvidia/gpus/<address>/information), and
+# keeps a minor no GPU holds as it is.
+_DEVICE_MINOR = re.compile(rb"^Device Minor:\s*(\d+)", re.M)
+
+
+def _gpu_of_minor(root: Path) -> dict[bytes, bytes]:
+    out = {}
+    gpus = root / "proc/driver/nvidia/gpus"
+    for d in sorted(gpus.iterdir()) if gpus.is_dir() else []:
+        m = _DEVICE_MINOR.search((d / "information").read_bytes()) if (d / "information").exists() else None
+        if m:
+            out[m.group(1)] = d.name.encode()
+    return out
+
+
+def _nodes_by_address(data: bytes, minors: dict[bytes, bytes]) -> bytes:
+    return re.sub(
+        rb"/dev/nvidia(\d+)(?![\w-])", lambda m: b"/dev/nvidia@" + minors.get(m.group(1), m.group(1)), data
+    )
 
 
 def _sections_by_id(data: bytes) -> bytes:
