@@ -167,12 +167,14 @@ def test_one_round_trip_per_node_reads_what_the_reads_one_by_one_read(cluster, s
             )
         for n in cluster.nodes:
             assert fast[n].facts.model_dump() == one_by_one[n].facts.model_dump()
-            # the node also read its served model's files (none here: it says why), which the
-            # reads one by one leave to a later step; the rest is the same
+            # the node also read its served model's files (the simulated container's
+            # /models/Qwen3-235B-A22B-FP8), which the reads one by one leave to a later step; the
+            # rest is the same
             for ct in fast[n].current.containers.values():
                 if ct.service is not None and ct.status == "running":
-                    assert ct.footprint_unread is not None and "config.json" in ct.footprint_unread
-                    ct.footprint_unread = None
+                    assert ct.footprint is not None and ct.footprint_unread is None, ct.footprint_unread
+                    assert ct.footprint.path == "/models/Qwen3-235B-A22B-FP8"
+                    ct.footprint = None
             assert fast[n].current == one_by_one[n].current
         assert fast["pve1"].current.containers[cluster.container("pve1")].service.active
         assert plan_cluster(spec, fast, cluster.nodes).to_data() == (

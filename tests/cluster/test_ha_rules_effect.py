@@ -7,8 +7,6 @@ an HA container to a relocation."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 
 import pytest
@@ -18,40 +16,11 @@ from gputopo.formats.pcicfg import parse_pci_cfg
 from gputopo.sim import state
 from gputopo.sim.cluster import SimCluster
 from gputopo.sim.pveapi.harules import MOVES
-from helpers.clusterharness import cleanup, copy_cluster, make_template, spec_text
+from helpers.clusterharness import CRM, cleanup, copy_cluster
+from helpers.clusterharness import ha_applied as _applied
+from helpers.clusterharness import run_gputopo as _gputopo
 
 pytestmark = pytest.mark.slow  # a simulated cluster and two node applies (seconds each)
-
-DESC = "          description: GPUs for VM passthrough\n"
-CRM = 0.2  # the HA manager's round here
-
-
-def _spec(cluster: SimCluster) -> str:
-    """Every node split; each node's VM takes its node's 4 mapped GPUs and runs (an HA start)."""
-    head, *rest = spec_text(cluster, split=cluster.nodes).split(DESC)
-    out = head
-    for node, tail in zip(cluster.nodes, rest, strict=True):
-        vm = cluster.vm(node)
-        out += (
-            DESC + f"      consumers:\n        - {{vmid: {vm}, mapping: pro6000-vm, gpus: 4, start: true}}\n"
-        )
-        out += tail
-    return out
-
-
-def _gputopo(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "gputopo", *args], capture_output=True, text=True, timeout=600
-    )
-
-
-def _applied(count: int):
-    d = make_template(pve_version="9.1.2", count=count)
-    spec = d.parent / "spec.yaml"
-    spec.write_text(_spec(SimCluster(d)))
-    res = _gputopo("cluster", "apply", "--yes", "--no-verify", "--sim", str(d), "--spec", str(spec))
-    assert res.returncode == 0, res.stderr
-    return d
 
 
 @pytest.fixture(scope="module")

@@ -7,14 +7,16 @@ from __future__ import annotations
 import time
 
 import pytest
-from test_ha_rules_effect import CRM, _applied, _gputopo, _spec
 
 from gputopo.sim import state
 from gputopo.sim.cluster import SimCluster
 from gputopo.sim.pveapi.harules import MOVES
 from gputopo.sim.pveapi.qemu_vm import START_FAILS
 from helpers.applysim import fingerprint
-from helpers.clusterharness import cleanup, copy_cluster
+from helpers.clusterharness import CRM, cleanup, copy_cluster
+from helpers.clusterharness import ha_applied as _applied
+from helpers.clusterharness import ha_spec as _spec
+from helpers.clusterharness import run_gputopo as _gputopo
 
 pytestmark = pytest.mark.slow  # a simulated cluster and two node applies (seconds each)
 

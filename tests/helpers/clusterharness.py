@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -112,3 +113,37 @@ def require_sshd() -> None:
     if REQUIRE_SSH:
         pytest.fail(f"GPUTOPO_REQUIRE_SSH=1 but {why}", pytrace=False)
     pytest.skip(why)
+
+
+# --- HA clusters: every node split, its VM an HA consumer of its 4 mapped GPUs ------------
+DESC = "          description: GPUs for VM passthrough\n"
+CRM = 0.2  # the HA manager's round in the HA cluster tests
+
+
+def ha_spec(cluster: SimCluster) -> str:
+    """Every node split; each node's VM takes its node's 4 mapped GPUs and runs (an HA start)."""
+    head, *rest = spec_text(cluster, split=cluster.nodes).split(DESC)
+    out = head
+    for node, tail in zip(cluster.nodes, rest, strict=True):
+        vm = cluster.vm(node)
+        out += (
+            DESC + f"      consumers:\n        - {{vmid: {vm}, mapping: pro6000-vm, gpus: 4, start: true}}\n"
+        )
+        out += tail
+    return out
+
+
+def run_gputopo(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "gputopo", *args], capture_output=True, text=True, timeout=600
+    )
+
+
+def ha_applied(count: int):
+    """A PVE 9 cluster template of ``count`` nodes, each split with an HA VM consumer, applied."""
+    d = make_template(pve_version="9.1.2", count=count)
+    spec = d.parent / "spec.yaml"
+    spec.write_text(ha_spec(SimCluster(d)))
+    res = run_gputopo("cluster", "apply", "--yes", "--no-verify", "--sim", str(d), "--spec", str(spec))
+    assert res.returncode == 0, res.stderr
+    return d

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import struct
 from pathlib import Path
 from typing import Any
@@ -161,8 +162,11 @@ def parameters(tensors: dict[str, Tensor]) -> int:
 
 def write_model(directory: Path, config: dict[str, Any], shards: int = 4, fp8: bool = False) -> int:
     """``config.json``, ``model.safetensors.index.json`` and ``shards`` sparse safetensors files
-    in ``directory`` (made): real headers, holes for the weights. Returns the weight bytes."""
-    directory.mkdir(parents=True, exist_ok=True)
+    in ``directory`` (made afresh: a simulated container's model directory there, whose shards
+    are links into the machine's shared store, is removed first, never written through). Returns
+    the weight bytes."""
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     tensors = tensors_of(config, fp8)
     names = list(tensors)

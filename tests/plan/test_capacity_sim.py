@@ -11,6 +11,7 @@ into the container's root where the service's --model-path points.
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -62,6 +63,7 @@ def test_the_split_to_four_plans_with_the_capacity_line(capsys, sim):
 
 def test_without_the_model_directory_the_plan_says_why(capsys, template, tmp_path):
     h = copy_host(template, tmp_path / "bare")
+    shutil.rmtree(h.paths.rootfs(101) / MODEL.lstrip("/"))  # the simulated container's model, gone
     try:
         spec = h.dir / "s.yaml"
         spec.write_text(seed_spec_text(h))

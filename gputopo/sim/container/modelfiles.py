@@ -178,13 +178,17 @@ def model_store(name: str = SEED_MODEL) -> Path:
 
 
 def install_model(rootfs: Path, name: str = SEED_MODEL) -> Path:
-    """Create ``/models/<name>`` in the container root ``rootfs``: ``config.json`` (a file) and
-    the index and shards (links into :func:`model_store`). Return the directory."""
+    """Create ``/models/<name>`` in the container root ``rootfs``: ``config.json`` and the index
+    (files of the container's own, which a change in the container may rewrite) and the shards
+    (links into :func:`model_store`: the sparse files of every simulated host of this machine).
+    Return the directory."""
     store = model_store(name)
     d = rootfs / "models" / name
     d.mkdir(parents=True, exist_ok=True)
     (d / "config.json").write_text(shipped_config(name))
     for f in sorted(store.iterdir()):
-        if f.name.endswith((".safetensors", ".index.json")):
+        if f.name.endswith(".index.json"):
+            shutil.copyfile(f, d / f.name)
+        elif f.name.endswith(".safetensors"):
             os.symlink(f, d / f.name)
     return d
