@@ -29,7 +29,7 @@ def test_demo_ends_split_verified_and_converged(tmp_path: Path):
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     out = run.stdout
     # the container kept running: the four GPUs it gave away stay in it until its next restart
-    assert "all clear: 7 PASS, 1 WARN (container)" in out
+    assert "all clear: 8 PASS, 1 WARN (container)" in out
     assert re.search(r"│ container\s+│ WARN\s+│ CT 101: dev4 \(/dev/nvidia4\), dev5", out), out
     for line in SEED_LINES:  # the operator's own nvidia-smi lines, from inside the container
         assert line in out

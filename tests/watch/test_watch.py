@@ -97,7 +97,7 @@ def test_a_clean_node_shows_no_drift_every_check_passing_and_each_gpus_owner(cap
     assert (code, out, err) == (0, "", "")
     m = metrics(textfiles)
     assert by(m, "gputopo_drift", "area") == {a: 0 for a in (SPEC_AREA, *DRIFT_AREAS)}
-    assert by(m, "gputopo_check", "check") == {c: 1 for c in QUICK_CHECKS}
+    assert by(m, "gputopo_check", "check") == {c: 1 for c in (*QUICK_CHECKS, "capacity")}
     owners = {dict(k)["address"]: dict(k)["owner"] for k in m["gputopo_gpu_owner"]}
     assert owners[CT_GPU] == f"container:{CT}" and owners[VM_GPU].startswith("vm:")
     assert sum(1 for o in owners.values() if o == f"container:{CT}") == 4
