@@ -723,7 +723,7 @@ def test_cli_apply_ends_with_verify_and_rolls_back_on_its_failure(host):
     res = CliRunner().invoke(cli, ["verify", "--spec", str(spec_file), "--sim", str(host.dir)])
     # the seed's old mapping pro6000 still lists the container's GPUs (the spec does not manage it)
     # the container kept running: the GPUs it gave up stay in it until its next restart (a WARN)
-    assert res.exit_code == 0 and "all clear: 5 PASS, 2 WARN (vm, container)" in res.output, res.output
+    assert res.exit_code == 0 and "all clear: 6 PASS, 2 WARN (vm, container)" in res.output, res.output
 
 
 @pytest.mark.slow
