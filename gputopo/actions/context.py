@@ -38,6 +38,12 @@ class Timeouts:
     # the kinds an operator may set (CLI ``--timeout KIND=SECONDS``, the spec's policy.timeouts)
     KINDS: ClassVar[tuple[str, ...]] = ("sysfs", "guest", "exec", "service")
 
+    def shutdown(self, shutdown_timeout: float) -> float:
+        """Seconds a guest's shutdown task may run before it counts as hung: the guest timeout,
+        and at least twice the shutdown's own timeout and 35 s more (an LXC shutdown that fails
+        runs twice its timeout and 5 s more: pve-container LXC.pm vm_stop)."""
+        return max(self.guest, 2 * shutdown_timeout + 35)
+
     def with_(self, seconds: dict[str, float]) -> Timeouts:
         """A copy with the kinds in ``seconds`` replaced. Raises KeyError naming an unknown kind."""
         unknown = sorted(set(seconds) - set(self.KINDS))

@@ -77,9 +77,7 @@ def power(
 ) -> TaskResult:
     """Start, stop or shut down the guest and pass its task's warnings on (``ctx.warn``), and
     a forced shutdown as one more. Raises what ``ProxmoxPort.guest_action`` raises."""
-    # an LXC shutdown that fails runs twice its timeout and 5 s more (pve-container LXC.pm
-    # vm_stop): wait at least that long before calling the task hung
-    limit = max(ctx.timeouts.guest, 2 * shutdown_timeout + 35) if action == "shutdown" else ctx.timeouts.guest
+    limit = ctx.timeouts.shutdown(shutdown_timeout) if action == "shutdown" else ctx.timeouts.guest
     t0 = time.monotonic()
     res = ctx.ports.proxmox.guest_action(
         guest,

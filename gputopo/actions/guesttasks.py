@@ -53,7 +53,7 @@ def running_tasks(ctx: StepContext, vmids: set[int], known: set[str]) -> list[tu
             except (IndexError, ValueError):
                 started = time.time()
             shutdown = len(parts) > 5 and parts[5].endswith("shutdown")
-            limit = max(ctx.timeouts.guest, 2 * SHUTDOWN_TIMEOUT + 35) if shutdown else ctx.timeouts.guest
+            limit = ctx.timeouts.shutdown(SHUTDOWN_TIMEOUT) if shutdown else ctx.timeouts.guest
             out.append((upid, started + limit))
     return out
 

@@ -40,6 +40,12 @@ def _name(guest: str, vmid: int) -> str:
     return f"{'CT' if guest == 'lxc' else 'VM'} {vmid}"
 
 
+def _manager_limit(ctx: StepContext) -> float:
+    """Seconds the HA manager's own stop of a guest may take: its shutdown waits 60 s
+    (PVECT.pm, PVEVM.pm shutdown), with the same margin as a shutdown task's."""
+    return max(ctx.timeouts.guest, 60 + 35)
+
+
 def ha_requested(ctx: StepContext, guest: str, vmid: int) -> str | None:
     """The guest's requested state in ``ha/resources.cfg`` (None: not an HA resource, or one in
     state ``ignored``). Raises ProxmoxError."""
@@ -134,7 +140,7 @@ def take_back_start(ctx: StepContext, guest: str, vmid: int, requested_before: s
     if int(now.get("managed") or 0) and now.get("requested") != requested_before:
         ctx.ports.proxmox.ha_set_state(sid, requested_before)
         done.append(f"set HA resource {sid} back to state {requested_before}")
-    limit = max(ctx.timeouts.guest, 60 + 35)  # the manager's shutdown waits 60 s (PVECT.pm, PVEVM.pm)
+    limit = _manager_limit(ctx)
     deadline = time.monotonic() + limit
     if requested_before == "ignored":
         # no longer the manager's: a start it made meanwhile is stopped here
@@ -172,7 +178,7 @@ def ha_stop(ctx: StepContext, guest: str, vmid: int, shutdown_timeout: int) -> b
     ha = ctx.ports.proxmox.guest_ha(guest, vmid)
     if not int(ha.get("managed") or 0):
         return False
-    limit = max(ctx.timeouts.guest, 2 * shutdown_timeout + 35)
+    limit = ctx.timeouts.shutdown(shutdown_timeout)
     deadline = time.monotonic() + limit
     if ha.get("requested") != "stopped" and ha.get("state") != "request_stop":
         res = ctx.ports.proxmox.guest_action(
@@ -200,7 +206,7 @@ def settle_guest(ctx: StepContext, guest: str, vmid: int) -> str:
     settle within the guest timeout."""
     if moved_away(ctx, guest, vmid) is not None:
         return ""  # the HA manager relocated it: nothing of it left on this node to settle
-    deadline = time.monotonic() + max(ctx.timeouts.guest, 60 + 35)
+    deadline = time.monotonic() + _manager_limit(ctx)
     while True:
         ha = ctx.ports.proxmox.guest_ha(guest, vmid)
         if not int(ha.get("managed") or 0):

@@ -77,7 +77,7 @@ def wait_queued_ha_stops(runner: Runner, j: Journal) -> bool:
     False (noted, naming the guest) when one was not carried out in time."""
     ok = True
     for a, guest, vmid in _queued_stops(runner, j):
-        limit = max(runner.ctx.timeouts.guest, 2 * a.shutdown_timeout + 35)
+        limit = runner.ctx.timeouts.shutdown(a.shutdown_timeout)
         runner.progress.note(
             f"waiting for the HA manager to carry out the stop of {guest_name(guest, vmid)} it was asked for"
         )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from types import SimpleNamespace
 
+from gputopo.actions.context import Timeouts
 from gputopo.actions.guesttasks import running_tasks, task_guest, task_name, wait_tasks
 from gputopo.errors import ProxmoxError, TaskFailed, TaskTimeout
 
@@ -42,7 +43,7 @@ class _Api:
 def _ctx(api):
     notes: list[str] = []
     ctx = SimpleNamespace(
-        ports=SimpleNamespace(proxmox=api), note=notes.append, timeouts=SimpleNamespace(guest=300.0)
+        ports=SimpleNamespace(proxmox=api), note=notes.append, timeouts=Timeouts(guest=300.0)
     )
     return ctx, notes
 
