@@ -297,14 +297,12 @@ def test_pve9_split_reverse_and_rollback(new_host):
 # --- a GPU falls off the bus during the switch -------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug: the container undo by address leaves 101.conf unlike before when a GPU fell off the bus during the rollback",
-)
 def test_gpu_falling_off_the_bus_is_named_for_a_human_and_the_rest_rolled_back(new_host, capsys):
     host = new_host()
     gone = "0000:91:00.0"
     before = applysim.fingerprint(host)
+    conf = host.paths.lxc_conf(101)
+    conf_before = conf.read_text().splitlines()
     SimKernel(host.paths.root).inject(gone, "unbind", "fall_off")
     with pytest.raises(ApplyFailed) as e:
         apply(applysim.seed_spec(host), host.ports(), root=str(host.paths.root), timeouts=T)
@@ -317,8 +315,11 @@ def test_gpu_falling_off_the_bus_is_named_for_a_human_and_the_rest_rolled_back(n
         assert after[f"pci:{a}"] == before[f"pci:{a}"]
     assert f"pci:{gone}" not in after
     for k in before:
-        if k.startswith(("etc:", "pve:")):
+        if k.startswith(("etc:", "pve:")) and k != "pve:nodes/pve1/lxc/101.conf":
             assert after.get(k) == before[k], k
+    # CT 101's config never changed (the switch failed before its step); its bytes are compared
+    # here: the fingerprint names a node by the GPU holding its minor, and the gone GPU holds none
+    assert conf.read_text().splitlines() == conf_before
     assert not [k for k in after if k.startswith("etc:") and k not in before]
     journal = list_journals(host.paths.root)[-1]
     recs = parse_journal(journal.read_text())
