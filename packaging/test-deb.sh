@@ -83,7 +83,9 @@ say "gputopo demo"
 t0=$SECONDS
 out=$(node gputopo demo 2>&1) || { echo "$out" | tail -n 30; fail "gputopo demo exited non-zero"; }
 echo "$out" | tail -n 4
-echo "$out" | grep -q "all clear: 7 PASS" || fail "gputopo demo did not end 'all clear: 7 PASS'"
+echo "$out" | grep -q "all clear: 8 PASS" || fail "gputopo demo did not end 'all clear: 8 PASS'"
+# the simulated container's model ships in the package: the plan sizes it
+echo "$out" | grep -q "qwen3 at tp 4: weights 55.1 GiB per GPU" || fail "gputopo demo has no capacity line"
 say "demo took $((SECONDS - t0)) s"
 
 say "man gputopo"
