@@ -19,7 +19,6 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from gputopo.actions import (
-    NVIDIA,
     PHASES,
     VFIO,
     Rebind,
@@ -37,10 +36,14 @@ from gputopo.plan.containers import ContainerChanges, plan_containers
 from gputopo.plan.findings import Findings
 from gputopo.plan.gone import refuse_gone_gpus
 from gputopo.plan.ha import ha_container_stop_warning, ha_step
-from gputopo.plan.mappings import mapping_changes, shrink_other_mappings
 from gputopo.plan.model import MappingTarget, Plan
 from gputopo.plan.render import p2p_must_be_disabled
-from gputopo.plan.restarts import check_service_unit, container_restarts, guest_restarts
+from gputopo.plan.restarts import (
+    check_service_unit,
+    container_restarts,
+    guest_restarts,
+    with_shutdown_policy,
+)
 from gputopo.plan.select import (
     assign,
     check_container,
@@ -51,9 +54,9 @@ from gputopo.plan.select import (
     pick_node,
 )
 from gputopo.plan.spec import Container, Node, Spec, VmMapping
-from gputopo.plan.vm.consumers import VmPlan, plan_consumers
+from gputopo.plan.vm.consumers import VmPlan
 from gputopo.plan.vm.safety import MapView, check_guests, check_listed, check_restarts
-from gputopo.plan.vm.sets import consumer_sets, map_order
+from gputopo.plan.vmside import vm_side
 
 
 def _vm_restarts(
@@ -94,24 +97,6 @@ def _vm_restarts(
     return stops, starts
 
 
-def _shutdown_policy(stops: list[Any], spec: Spec, current: CurrentState) -> list[Any]:
-    """``stops`` with the spec's shutdown timeout and force-stop permission on each guest stop;
-    never force for an HA-managed container, whose shutdown the HA manager makes without it
-    (:func:`gputopo.plan.ha.ha_container_stop_warning`), so the plan does not promise one."""
-    pol = spec.policy
-
-    def force(a: StopGuest) -> bool:
-        ct = current.containers.get(a.vmid) if a.guest == "lxc" else None
-        return pol.force_stop and not (ct is not None and ct.ha is not None and ct.ha.managed)
-
-    return [
-        a.model_copy(update={"shutdown_timeout": pol.shutdown_timeout, "force_stop": force(a)})
-        if isinstance(a, StopGuest)
-        else a
-        for a in stops
-    ]
-
-
 def plan(
     facts: Facts,
     spec: Spec,
@@ -139,16 +124,10 @@ def plan(
         facts, spec, current, node_name, cts, vms, found
     )
 
-    keep_override = spec.policy.keep_driver_override
-    target = gpu_targets(facts, owner_of)
-    vfio_all = sorted({a for t in target if t.driver == VFIO for a in [t.address, *t.companions]})
-    rebinds = needed_rebinds(facts, target, keep_override, spec.policy.pin_native_driver)
-    consumers = spec_node.vms.consumers
-    sets = consumer_sets(consumers, {m.name.lower(): selected.get(o, []) for o, m in vms.items()}, facts.nics)
-    mappings, mapping_actions, changed_mappings, view = _mappings(
-        spec_node, cts, vms, selected, owner_of, current, sets, rebinds
+    target, vfio_all, rebinds = _drivers(facts, spec, owner_of)
+    mappings, mapping_actions, changed_mappings, view, vm_plan = vm_side(
+        facts, spec_node, cts, vms, selected, owner_of, current, rebinds, found
     )
-    vm_plan = plan_consumers(consumers, facts, current, view, found, sets)
     p2p = p2p_must_be_disabled(facts)
     cp = plan_containers(
         facts, spec, cts, selected, current, rebinds, target, p2p, templates, node_name, found
@@ -168,19 +147,33 @@ def plan(
         containers=cp.containers,
         vms=vm_plan.targets,
         mappings=mappings,
-        kept_mappings={
-            mid: MappingTarget(map=list(m.map), description=m.description)
-            for mid, m in current.mappings.items()
-            if mid not in mappings
-        },
+        kept_mappings=_kept_mappings(current, mappings),
         p2p_disable=p2p,
-        keep_override=keep_override,
+        keep_override=spec.policy.keep_driver_override,
         placement=placement,
         capacity=capacity,
         capacity_unknown=unknown,
         warnings=found.warnings,
         actions=actions,
     )
+
+
+def _drivers(facts: Facts, spec: Spec, owner_of: dict[str, Owner]) -> tuple[list[Any], list[str], list[Any]]:
+    """Each GPU's target driver, every address that ends on vfio-pci (companions included), and
+    the rebinds that take them there."""
+    target = gpu_targets(facts, owner_of)
+    vfio_all = sorted({a for t in target if t.driver == VFIO for a in [t.address, *t.companions]})
+    rebinds = needed_rebinds(facts, target, spec.policy.keep_driver_override, spec.policy.pin_native_driver)
+    return target, vfio_all, rebinds
+
+
+def _kept_mappings(current: CurrentState, mappings: dict[str, MappingTarget]) -> dict[str, MappingTarget]:
+    """The host's PCI mappings the spec does not manage, as they are."""
+    return {
+        mid: MappingTarget(map=list(m.map), description=m.description)
+        for mid, m in current.mappings.items()
+        if mid not in mappings
+    }
 
 
 class _Selected(NamedTuple):
@@ -225,7 +218,10 @@ def _guest_steps(
         spec_node, current, mappings, changed_mappings, rebinding, vm_plan, view, found
     )
     found.raise_if_refused()
-    ct_stops, vm_stops = _shutdown_policy(ct_stops, spec, current), _shutdown_policy(vm_stops, spec, current)
+    ct_stops, vm_stops = (
+        with_shutdown_policy(ct_stops, spec, current),
+        with_shutdown_policy(vm_stops, spec, current),
+    )
     _warn_ha(current, [*ct_stops, *vm_stops, *ct_starts, *vm_starts], found)
     return _GuestSteps(ct_stops, ct_starts, vm_stops, vm_starts)
 
@@ -307,45 +303,6 @@ def _select(
         )
     found.raise_if_refused()
     return _Selected(selected, owner_of, placement, capacity, unknown)
-
-
-def _mappings(
-    spec_node: Node,
-    cts: dict[Owner, Container],
-    vms: dict[Owner, VmMapping],
-    selected: dict[Owner, list[Gpu]],
-    owner_of: dict[str, Owner],
-    current: CurrentState,
-    sets: Any,
-    rebinds: list[Rebind],
-) -> tuple[dict[str, MappingTarget], list[Any], set[str], MapView]:
-    """(mapping id -> its target, the mapping steps, the ids of the mappings changed, the view of
-    the mappings before and after): the node's VM mappings, and the other mappings shrunk off
-    the containers' GPUs when the spec says so."""
-    node_name = spec_node.name
-    consumers = spec_node.vms.consumers
-    orders = {m.name: map_order(consumers, sets, m.name) for m in vms.values()}
-    mappings, mapping_actions, changed_mappings = mapping_changes(
-        node_name, cts, vms, selected, current, orders
-    )
-    ct_gpus = {a for a, o in owner_of.items() if o.is_container}
-    if spec_node.vms.other_mappings == "shrink":
-        shrunk, shrink_actions, shrunk_ids = shrink_other_mappings(node_name, set(mappings), current, ct_gpus)
-        mappings.update(shrunk)
-        mapping_actions += shrink_actions
-        changed_mappings |= shrunk_ids
-    view = MapView(
-        node=node_name,
-        before={mid: list(m.map) for mid, m in current.mappings.items()},
-        after={
-            **{mid: list(m.map) for mid, m in current.mappings.items() if mid not in mappings},
-            **{mid: list(m.map) for mid, m in mappings.items() if m.map},
-        },
-        owner_of=owner_of,
-        to_container={r.address for r in rebinds if r.to_driver == NVIDIA},
-        managed={m.name for m in spec_node.vms.mappings},
-    )
-    return mappings, mapping_actions, changed_mappings, view
 
 
 def _warn_ha(current: CurrentState, steps: list[Any], found: Findings) -> None:

@@ -24,7 +24,7 @@ from gputopo.model.state import ContainerState, CurrentState, ServiceState
 from gputopo.plan.findings import Findings
 from gputopo.plan.model import MappingTarget, ServiceTarget
 from gputopo.plan.render import dropin_path, render_dropin
-from gputopo.plan.spec import Container, Node
+from gputopo.plan.spec import Container, Node, Spec
 
 P2P_VAR = "NCCL_P2P_DISABLE"  # the template's variable that turns NCCL's peer-to-peer DMA off
 
@@ -306,3 +306,21 @@ def guest_restarts(
             stops.append(StopGuest(guest="qemu", vmid=vmid))
             starts.append(StartGuest(guest="qemu", vmid=vmid))
     return stops, starts
+
+
+def with_shutdown_policy(stops: list[Any], spec: Spec, current: CurrentState) -> list[Any]:
+    """``stops`` with the spec's shutdown timeout and force-stop permission on each guest stop;
+    never force for an HA-managed container, whose shutdown the HA manager makes without it
+    (:func:`gputopo.plan.ha.ha_container_stop_warning`), so the plan does not promise one."""
+    pol = spec.policy
+
+    def force(a: StopGuest) -> bool:
+        ct = current.containers.get(a.vmid) if a.guest == "lxc" else None
+        return pol.force_stop and not (ct is not None and ct.ha is not None and ct.ha.managed)
+
+    return [
+        a.model_copy(update={"shutdown_timeout": pol.shutdown_timeout, "force_stop": force(a)})
+        if isinstance(a, StopGuest)
+        else a
+        for a in stops
+    ]
