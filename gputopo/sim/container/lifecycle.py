@@ -227,17 +227,31 @@ class Container:
             "started": time.time(),
         }
         if reason:
-            printed = load.journal if load is not None else [reason]
-            pid = HOST_PID_BASE + self.vmid * 100  # the server that died: its pid is gone with it
-            journal.log(self.paths.run, self.vmid, name, journal.start_lines(name, pid, printed, True))
-            svc.update(state="failed", result="exit-code", message=reason, code=1)
-            self._set_service(name, svc, unit)
-            if not block:
-                return 0, warn
-            return 1, warn + (
-                f"Job for {name} failed because the control process exited with error code.\n"
-                f'See "systemctl status {name}" and "journalctl -xeu {name}" for details.\n'
-            )
+            return self._failed_start(name, unit, svc, reason, load, block, warn)
+        self._running(name, unit, svc, load, after)
+        return 0, warn
+
+    def _failed_start(
+        self, name: str, unit: Unit, svc: dict, reason: str, load: Load | None, block: bool, warn: str
+    ) -> tuple[int, str]:
+        """The server died at its start (``reason``): its journal, the unit ``failed``, and what
+        ``systemctl start`` says (nothing with ``--no-block``)."""
+        printed = load.journal if load is not None else [reason]
+        pid = HOST_PID_BASE + self.vmid * 100  # the server that died: its pid is gone with it
+        journal.log(self.paths.run, self.vmid, name, journal.start_lines(name, pid, printed, True))
+        svc.update(state="failed", result="exit-code", message=reason, code=1)
+        self._set_service(name, svc, unit)
+        if not block:
+            return 0, warn
+        return 1, warn + (
+            f"Job for {name} failed because the control process exited with error code.\n"
+            f'See "systemctl status {name}" and "journalctl -xeu {name}" for details.\n'
+        )
+
+    def _running(self, name: str, unit: Unit, svc: dict, load: Load | None, after: float) -> None:
+        """The server started: its processes on its first ``tp`` GPUs, ready after its latency,
+        the memory and KV cache its model's load gives (else the seed's pattern), its journal."""
+        argv = svc["argv"]
         svc["ready_at"] = time.time() + after + self._start_latency(argv)
         svc["job"] = self._next_job()
         svc["tp"] = parse_tp(argv)
@@ -252,7 +266,6 @@ class Container:
         printed = load.journal if load is not None else []
         journal.log(self.paths.run, self.vmid, name, journal.start_lines(name, svc["pid"], printed, False))
         self._set_service(name, svc, unit)
-        return 0, warn
 
     def _load(self, argv: list[str]) -> Load | None:
         """The model load of a server started as ``argv`` on its first ``tp`` GPUs, from the
