@@ -1,4 +1,18 @@
-"""Settle the journal an interrupted apply left: roll it back (the default) or finish it."""
+"""Settle the journal an interrupted apply left: roll it back (the default) or finish it.
+
+Nothing is asked of the Proxmox API before the journal is found: the node the API calls name
+is compared with this host first (no API call), then, under the lock, a host without an open
+journal returns ``nothing-to-recover`` whether or not the API answers. With a journal, the
+API must serve this host (:func:`gputopo.apply.preflight.check_recover_node`); one that does
+not answer (pmxcfs or pveproxy down after a crash) is warned about and recover goes on when
+the journal names this host: the undo steps on sysfs and host files run, those that need the
+API fail and are named (ApplyFailed, the journal stays open for a recover once it answers).
+
+``dry_run`` changes nothing: the result (``dry-run``) lists in ``would`` what recover would
+do, in order (the undo steps, then the guests and services it would start; with ``finish``
+the steps it would run), after the same checks (the lock, the node, ``finish`` after a
+rollback began).
+"""
 
 from __future__ import annotations
 
@@ -41,18 +55,7 @@ def recover(
     new ``NeedsHuman`` record keeps it open. A journal whose steps were all done and only the
     verification ran is closed as applied: verification is not part of the transaction.
 
-    Nothing is asked of the Proxmox API before the journal is found: the node the API calls name
-    is compared with this host first (no API call), then, under the lock, a host without an open
-    journal returns ``nothing-to-recover`` whether or not the API answers. With a journal, the
-    API must serve this host (:func:`gputopo.apply.preflight.check_recover_node`); one that does
-    not answer (pmxcfs or pveproxy down after a crash) is warned about and recover goes on when
-    the journal names this host: the undo steps on sysfs and host files run, those that need the
-    API fail and are named (ApplyFailed, the journal stays open for a recover once it answers).
-
-    ``dry_run`` changes nothing: the result (``dry-run``) lists in ``would`` what recover would
-    do, in order (the undo steps, then the guests and services it would start; with ``finish``
-    the steps it would run), after the same checks (the lock, the node, ``finish`` after a
-    rollback began).
+    ``dry_run`` changes nothing (the module says what it lists).
 
     Returns an ApplyResult (``nothing-to-recover``, ``recovered``, ``finished``, ``applied``,
     ``dry-run``).
