@@ -62,47 +62,58 @@ def check(ctx: Context) -> Check:
     warnings: list[str] = []
     parts: list[str] = []
     for c, svc, t in ctx.services(min_gpus=2):
-        unit = svc.unit
-        complexes = read_root_complexes(ctx.root, t.gpus)
-        distinct = sorted({rc for rc in complexes.values() if rc})
-        props, err = ctx.service_props(c.vmid, unit)
-        env = parse_environment(props.get("Environment", "")) if props else {}
-        disabled = p2p_disabled(env, ctx.service_command(c.vmid, unit))
-        details[str(c.vmid)] = {
-            "root_complexes": complexes,
-            "p2p_disabled": disabled,
-            "environment": env,
-            "error": err,
-        }
-        if len(distinct) <= 1:
-            parts.append(f"CT {c.vmid}: GPUs under one root complex")
-        elif disabled:
-            parts.append(f"CT {c.vmid}: {P2P_VAR}=1 across {len(distinct)} root complexes")
-        elif props is None:
-            warnings.append(
-                f"CT {c.vmid}: cannot read {unit}'s environment ({err}); make sure {P2P_VAR}=1 is set"
-            )
-        else:
-            # a drop-in that sets it but was not loaded: a plan leaves a running service whose GPUs
-            # stay alone for environment settings, so applying again would change nothing
-            ct = ctx.current.containers.get(c.vmid) if ctx.current else None
-            dropin = ct.service.dropin if ct and ct.service else None
-            fix = (
-                f"its drop-in sets it; systemctl daemon-reload && systemctl restart {unit} in CT {c.vmid}"
-                if p2p_disabled(parse_environment(" ".join(_env_lines(dropin))), None)
-                else f"gputopo apply --spec FILE (its drop-in sets {P2P_VAR}=1)"
-            )
-            warnings.append(
-                f"CT {c.vmid}: SEV-SNP on, IOMMU translating, {len(distinct)} root complexes "
-                f"({', '.join(distinct)}) and {unit} has no {P2P_VAR}=1: peer-to-peer DMA can "
-                f"corrupt data; fix: {fix}"
-            )
+        _one_service(ctx, c.vmid, svc.unit, t.gpus, details, parts, warnings)
     return verdict(
         NAME,
         details,
         "SEV-SNP on, IOMMU translating; " + ("; ".join(parts) or "no multi-GPU service"),
         warnings=warnings,
     )
+
+
+def _one_service(
+    ctx: Context,
+    vmid: int,
+    unit: str,
+    gpus: list[str],
+    details: dict[str, Any],
+    parts: list[str],
+    warnings: list[str],
+) -> None:
+    """One multi-GPU service under SEV-SNP with the IOMMU translating: its GPUs' root complexes
+    and whether it runs with peer-to-peer off; a line in ``parts``, or a warning with the fix."""
+    complexes = read_root_complexes(ctx.root, gpus)
+    distinct = sorted({rc for rc in complexes.values() if rc})
+    props, err = ctx.service_props(vmid, unit)
+    env = parse_environment(props.get("Environment", "")) if props else {}
+    disabled = p2p_disabled(env, ctx.service_command(vmid, unit))
+    details[str(vmid)] = {
+        "root_complexes": complexes,
+        "p2p_disabled": disabled,
+        "environment": env,
+        "error": err,
+    }
+    if len(distinct) <= 1:
+        parts.append(f"CT {vmid}: GPUs under one root complex")
+    elif disabled:
+        parts.append(f"CT {vmid}: {P2P_VAR}=1 across {len(distinct)} root complexes")
+    elif props is None:
+        warnings.append(f"CT {vmid}: cannot read {unit}'s environment ({err}); make sure {P2P_VAR}=1 is set")
+    else:
+        # a drop-in that sets it but was not loaded: a plan leaves a running service whose GPUs
+        # stay alone for environment settings, so applying again would change nothing
+        ct = ctx.current.containers.get(vmid) if ctx.current else None
+        dropin = ct.service.dropin if ct and ct.service else None
+        fix = (
+            f"its drop-in sets it; systemctl daemon-reload && systemctl restart {unit} in CT {vmid}"
+            if p2p_disabled(parse_environment(" ".join(_env_lines(dropin))), None)
+            else f"gputopo apply --spec FILE (its drop-in sets {P2P_VAR}=1)"
+        )
+        warnings.append(
+            f"CT {vmid}: SEV-SNP on, IOMMU translating, {len(distinct)} root complexes "
+            f"({', '.join(distinct)}) and {unit} has no {P2P_VAR}=1: peer-to-peer DMA can "
+            f"corrupt data; fix: {fix}"
+        )
 
 
 def _env_lines(dropin: str | None) -> list[str]:
