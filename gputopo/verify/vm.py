@@ -34,32 +34,7 @@ def check(ctx: Context) -> Check:
     warnings: list[str] = []
     gpus: list[dict[str, Any]] = []
     for t in vm_targets:
-        g = ctx.facts.gpu(t.address)
-        if g is None:
-            problems.append(f"{t.address} is gone from the bus")
-            continue
-        members = {m.address: m.driver for m in g.iommu_members if m.address in g.companions}
-        vfio_dev = g.iommu_group is not None and g.iommu_group in ctx.facts.host.vfio_groups
-        gpus.append(
-            {
-                "address": g.address,
-                "driver": g.driver,
-                "group": g.iommu_group,
-                "companions": members,
-                "dev_vfio": vfio_dev,
-            }
-        )
-        if g.driver != VFIO:
-            problems.append(f"{g.address} on {g.driver or 'no driver'}, not vfio-pci")
-        for a, drv in members.items():
-            if drv != VFIO:
-                problems.append(
-                    f"{a} (group {g.iommu_group} of {g.address}) on {drv or 'no driver'}, not vfio-pci"
-                )
-        if not vfio_dev:
-            problems.append(
-                f"/dev/vfio/{g.iommu_group if g.iommu_group is not None else '?'} missing for {g.address}"
-            )
+        _one_gpu(ctx, t.address, gpus, problems)
     managed = set(ctx.plan.mappings)
     details: dict[str, Any] = {"gpus": gpus, "mappings": {}}
     try:
@@ -141,3 +116,34 @@ def _safety(ctx: Context, used: dict[str, set[int]], problems: list[str], warnin
             )
         elif mid.lower() not in own:
             warnings.append(f"mapping {mid} lists container GPU(s) {gpus} (no VM uses it now)")
+
+
+def _one_gpu(ctx: Context, address: str, gpus: list[dict[str, Any]], problems: list[str]) -> None:
+    """A VM GPU and its companions on vfio-pci with /dev/vfio/<group>: its details in ``gpus``,
+    what is wrong in ``problems``."""
+    g = ctx.facts.gpu(address)
+    if g is None:
+        problems.append(f"{address} is gone from the bus")
+        return
+    members = {m.address: m.driver for m in g.iommu_members if m.address in g.companions}
+    vfio_dev = g.iommu_group is not None and g.iommu_group in ctx.facts.host.vfio_groups
+    gpus.append(
+        {
+            "address": g.address,
+            "driver": g.driver,
+            "group": g.iommu_group,
+            "companions": members,
+            "dev_vfio": vfio_dev,
+        }
+    )
+    if g.driver != VFIO:
+        problems.append(f"{g.address} on {g.driver or 'no driver'}, not vfio-pci")
+    for a, drv in members.items():
+        if drv != VFIO:
+            problems.append(
+                f"{a} (group {g.iommu_group} of {g.address}) on {drv or 'no driver'}, not vfio-pci"
+            )
+    if not vfio_dev:
+        problems.append(
+            f"/dev/vfio/{g.iommu_group if g.iommu_group is not None else '?'} missing for {g.address}"
+        )
