@@ -129,20 +129,33 @@ def _consumer(
     if after is None:
         return
     out.configs[c.vmid] = after
-    out.targets.append(
-        VmTarget(
-            vmid=c.vmid,
-            mapping=target,
-            gpus=n,
-            numa_nodes=placement(facts, mine).nodes,
-            mmio64_need=mmio(gpus, n, None, None).need if n else 0,
-            config=want,
-            notes=notes,
-        )
-    )
+    out.targets.append(_target(c, target, n, facts, mine, gpus, want, notes))
     _config_update(c.vmid, g, want, deletes, current.api_user, found, out)
     if c.start and g.status != "running":
         out.start.append(c.vmid)
+
+
+def _target(
+    c: VmConsumer,
+    mapping: str,
+    n: int,
+    facts: Facts,
+    mine: list[Gpu],
+    gpus: list[Gpu],
+    want: dict[str, str],
+    notes: list[str],
+) -> VmTarget:
+    """What the plan says of consumer ``c``: its mapping, ``n`` GPUs, the NUMA nodes of those it
+    is placed by (``mine``), the 64-bit MMIO window ``gpus`` need, its config lines and notes."""
+    return VmTarget(
+        vmid=c.vmid,
+        mapping=mapping,
+        gpus=n,
+        numa_nodes=placement(facts, mine).nodes,
+        mmio64_need=mmio(gpus, n, None, None).need if n else 0,
+        config=want,
+        notes=notes,
+    )
 
 
 def _config_update(
