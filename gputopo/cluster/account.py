@@ -229,7 +229,10 @@ class RollingResult:
         node = first.node if first is not None else None
         reason = first.reason if first is not None else ""
         if self.signum is not None:
-            node = node or self.outcomes[-1].node
+            # the last node whose outcome is known: a signal between two batches stops the
+            # rollout after it, not at a node of the batch that never started
+            told = [o.node for o in self.outcomes if o.status != Outcome.NOT_STARTED]
+            node = node or (told[-1] if told else self.outcomes[-1].node)
             said = f"interrupted ({signal_name(self.signum)})"
             reason = f"{said} during its apply; {reason}" if reason else said
         return ClusterApplyFailed(

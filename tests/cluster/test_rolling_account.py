@@ -255,3 +255,24 @@ def test_a_rollout_where_every_node_is_done_returns_its_account():
     assert result.exit_code == 0 and not result.failed
     assert result.to_doc().status == "applied"
     assert result.summary().endswith("applied and kept: pve1; no changes: pve2")
+
+
+def test_a_signal_between_two_batches_names_the_last_node_told_in_the_error_too():
+    """SIGTERM after pve2's apply ended and before pve3's began: the account says pve3 was not
+    started because the rollout stopped at pve2, and the error line names pve2 as well."""
+    import signal
+
+    from gputopo.cluster.account import NodeOutcome
+
+    r = RollingResult(
+        [
+            NodeOutcome("pve1", "applied-and-kept"),
+            NodeOutcome("pve2", "applied-and-kept"),
+            NodeOutcome("pve3", "not-started", reason="the rollout stopped at pve2"),
+        ]
+    )
+    r.signum = signal.SIGTERM
+    err = r.error()
+    assert err.exit_code == 143
+    assert str(err).startswith("stopped at node pve2: interrupted (SIGTERM); applied and kept: pve1, pve2")
+    assert str(err).endswith("not started: pve3")
