@@ -55,14 +55,26 @@ def copy_host(template: Path, dest: Path) -> SimHost:
     return SimHost.open(dest)
 
 
-@pytest.fixture
-def host(template):
-    """A copy of the seed host of its own, removed afterwards (import it with ``template``)."""
+def _own_copy(template: Path, with_spec: bool):
     base = Path(tempfile.mkdtemp(prefix="gputopo-host-", dir=fast_tmp()))
     h = copy_host(template, base / "sim")
+    if with_spec:
+        (h.dir / "spec.yaml").write_text(seed_spec_text(h))
     yield h
     h.stop()
     cleanup(base)
+
+
+@pytest.fixture
+def host(template):
+    """A copy of the seed host of its own, removed afterwards (import it with ``template``)."""
+    yield from _own_copy(template, False)
+
+
+@pytest.fixture
+def spec_host(template):
+    """:func:`host` with the seed spec as ``DIR/spec.yaml`` (import it with ``template``)."""
+    yield from _own_copy(template, True)
 
 
 # the step timeouts of the scenario tests: short, so that a fault fails fast

@@ -5,13 +5,10 @@ once), and the container check FAILs the ``devN`` that still points at the GPU t
 from __future__ import annotations
 
 import json
-import tempfile
-from pathlib import Path
 
 import pytest
 
-from helpers import applysim
-from helpers.applysim import template  # noqa: F401 (fixtures)
+from helpers.applysim import spec_host, template  # noqa: F401 (fixtures)
 from helpers.cli import run
 
 pytestmark = pytest.mark.slow  # a simulated host copied and read by the command line
@@ -25,13 +22,9 @@ SHORT = "not run: the plan was refused (see converged)"
 
 
 @pytest.fixture
-def host(template):
-    base = Path(tempfile.mkdtemp(prefix="gputopo-offbus-", dir=applysim.fast_tmp()))
-    h = applysim.copy_host(template, base / "sim")
-    (h.dir / "spec.yaml").write_text(applysim.seed_spec_text(h))
-    yield h
-    h.stop()
-    applysim.cleanup(base)
+def host(spec_host):
+    """A copy of the seed host with its spec in ``DIR/spec.yaml``."""
+    return spec_host
 
 
 def test_the_refusal_is_said_once_and_the_stale_device_node_fails(host, capsys):

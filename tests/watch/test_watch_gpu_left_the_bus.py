@@ -3,26 +3,18 @@ line), the converged check points at it, and the container's stale ``devN`` is n
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
-
 import pytest
 
-from helpers import applysim
-from helpers.applysim import template  # noqa: F401 (fixtures)
+from helpers.applysim import spec_host, template  # noqa: F401 (fixtures)
 from helpers.cli import run
 
 pytestmark = pytest.mark.slow  # a simulated host copied and read by the command line
 
 
 @pytest.fixture
-def host(template):
-    base = Path(tempfile.mkdtemp(prefix="gputopo-offbus-", dir=applysim.fast_tmp()))
-    h = applysim.copy_host(template, base / "sim")
-    (h.dir / "spec.yaml").write_text(applysim.seed_spec_text(h))
-    yield h
-    h.stop()
-    applysim.cleanup(base)
+def host(spec_host):
+    """A copy of the seed host with its spec in ``DIR/spec.yaml``."""
+    return spec_host
 
 
 def test_watch_prints_the_refusal_once(host, capsys):
