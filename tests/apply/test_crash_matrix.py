@@ -97,12 +97,20 @@ HA_CRM = 1.0  # the simulated HA manager takes a request after half of it, moves
 def _pace(sim: Path) -> None:
     """A real server's pace where the rollback logic depends on it: the service stays activating
     for a second after each start, the container takes a while to shut down, and the HA manager
-    moves a guest a second after its request (tests/apply/test_ha_guests.py)."""
-    state.write_state(
-        sim / "run",
-        "latencies",
-        {"service.start": 1.0, "service.stop": 0.1, "vzstart": 0.3, "vzshutdown": 0.8, "ha.crm": HA_CRM},
-    )
+    moves a guest a second after its request (tests/apply/test_ha_guests.py). ``$GPUTOPO_MATRIX_PACE``
+    scales it (3: a service activating for 3 s, a container shutdown of 2.4 s, a VM's of 6 s)."""
+    scale = os.environ.get("GPUTOPO_MATRIX_PACE")
+    k = float(scale or 1)
+    latencies = {
+        "service.start": 1.0 * k,
+        "service.stop": 0.1 * k,
+        "vzstart": 0.3 * k,
+        "vzshutdown": 0.8 * k,
+        "ha.crm": HA_CRM * k,
+    }
+    if scale:  # a VM's guest OS takes a while to power down too
+        latencies["qmshutdown"] = 2.0 * k
+    state.write_state(sim / "run", "latencies", latencies)
 
 
 def _make_ha(h: SimHost, sids: tuple[str, ...]) -> None:
