@@ -32,12 +32,22 @@ def task_name(upid: str) -> str:
     return f"{what} {id} {parts[5][2:]}"
 
 
+# the tasks a step of gputopo's starts on a guest (pve-container API2/LXC/Status.pm, qemu-server
+# API2/Qemu.pm: vzstart/vzstop/vzshutdown, qmstart/qmstop/qmshutdown; hastart/hastop for an HA
+# resource); a backup or a migration someone else runs is not one to wait for
+POWER_TASKS = frozenset(
+    {"vzstart", "vzstop", "vzshutdown", "qmstart", "qmstop", "qmshutdown", "hastart", "hastop"}
+)
+
+
 def running_tasks(ctx: StepContext, vmids: set[int], known: set[str]) -> list[tuple[str, float]]:
     """(UPID, until when: ``time.time()``) of the node's tasks of ``vmids`` still running that
     are not in ``known`` (the journaled ones): a task whose UPID no journal kept (the process
     was killed between Proxmox's answer and the journal's write), each given as long as a step
-    gives one from its start (a shutdown's longer limit for a shutdown). A guest whose tasks
-    cannot be listed is left out: the undos that need the API say so."""
+    gives one from its start (a shutdown's longer limit for a shutdown). Only the start, stop and
+    shutdown tasks a step starts (:data:`POWER_TASKS`): a backup running for an hour is not
+    waited for. A guest whose tasks cannot be listed is left out: the undos that need the API
+    say so."""
     out = []
     for vmid in sorted(vmids):
         try:
@@ -45,9 +55,9 @@ def running_tasks(ctx: StepContext, vmids: set[int], known: set[str]) -> list[tu
         except ProxmoxError:
             continue
         for upid in upids:
-            if upid in known:
-                continue
             parts = upid.split(":")
+            if upid in known or len(parts) < 6 or parts[5] not in POWER_TASKS:
+                continue
             try:
                 started = float(int(parts[4], 16))  # the UPID's starttime, hex epoch seconds
             except (IndexError, ValueError):

@@ -80,9 +80,10 @@ def test_a_task_whose_status_cannot_be_read_is_warned_about_not_named_late():
 
 
 def test_running_tasks_lists_those_no_journal_kept_with_a_steps_limit_from_their_start():
-    api = _Api({}, active={101: [SHUT, HA], 201: [QM]})
+    backup = "UPID:pve1:00001111:00002222:6B16475A:vzdump:201:root@pam:"  # someone's backup of VM 201
+    api = _Api({}, active={101: [SHUT, HA], 201: [QM, backup]})
     ctx, _ = _ctx(api)
     out = dict(running_tasks(ctx, {101, 201}, known={HA}))
-    assert set(out) == {SHUT, QM}
+    assert set(out) == {SHUT, QM}  # not the backup: no step of gputopo's started it
     # a shutdown gets twice Proxmox's default timeout and 35 s, at least the guest limit
     assert out[SHUT] == 0x6B16475D + 300.0 and out[QM] == 0x6B16475E + 300.0
