@@ -41,6 +41,11 @@ def read_inference_units(exec: ExecPort, vmid: int, timeout: float = TIMEOUT) ->
     return inference_units(parse_show_blocks(show.stdout))
 
 
+# what a quick mode that cannot look inside the container leaves out (the plan then has no
+# command to run, and no model to size: the capacity check needs the service's command)
+UNSEEN = "the service is not managed and its model's fit is not checked"
+
+
 def find_inference_unit(exec: ExecPort, vmid: int) -> tuple[InferenceUnit | None, str | None]:
     """(the unit of container ``vmid`` that runs SGLang or vLLM, None), or (None, why there is
     none, one line). A container that cannot be looked into is such a line, not an error: the
@@ -52,7 +57,7 @@ def find_inference_unit(exec: ExecPort, vmid: int) -> tuple[InferenceUnit | None
         why = f"no {e.stderr.split(':', 1)[0] or 'pct'} on this machine" if e.rc == 127 else str(e)
         return (
             None,
-            f"container {vmid}: cannot look for its inference unit ({why}); the service is not managed",
+            f"container {vmid}: cannot look for its inference unit ({why}); {UNSEEN}",
         )
     if not units:
         return None, f"container {vmid}: no unit runs sglang or vllm; the service is not managed"

@@ -35,6 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from gputopo.errors import ConfigError, GputopoError, InputError, PlanRefused, SpecError
+from gputopo.facts.units import UNSEEN
 from gputopo.model.facts import Facts
 from gputopo.model.state import CurrentState
 from gputopo.plan.model import Plan
@@ -141,10 +142,7 @@ def with_service(ports: Ports, source: SpecSource) -> SpecSource:
     if status != "running":
         # pct exec is lxc-attach into the container (pve-container src/PVE/CLI/pct.pm, exec),
         # which a stopped container cannot take: say so instead of what lxc-attach prints
-        warn(
-            f"container {source.container} is {status}: its inference unit cannot be looked for; "
-            "the service is not managed"
-        )
+        warn(f"container {source.container} is {status}: its inference unit cannot be looked for; {UNSEEN}")
         return source
     unit, why = find_inference_unit(ports.exec, source.container)
     if unit is None:
@@ -259,8 +257,8 @@ def _say_unit_unseen(source: SpecSource, current: CurrentState) -> None:
         and source.container in current.containers
     ):
         warn(
-            f"container {source.container}: Proxmox's files cannot show the unit it runs; the service "
-            "is not managed (give --service-unit, or plan with --local)"
+            f"container {source.container}: Proxmox's files cannot show the unit it runs; {UNSEEN} "
+            "(give --service-unit, or plan with --local)"
         )
 
 

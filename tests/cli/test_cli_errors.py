@@ -395,7 +395,7 @@ def test_init_with_its_container_stopped_says_so_in_one_line(capsys, sim):
     assert code == 0 and "- vmid: 101" in out
     assert one_line(err) == (
         "gputopo: warning: container 101 is stopped: its inference unit cannot be looked for; "
-        "the service is not managed"
+        "the service is not managed and its model's fit is not checked"
     )
 
 

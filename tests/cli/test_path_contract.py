@@ -178,11 +178,11 @@ def _path_args(path: str, host: SimHost, doc: dict) -> list[str]:
 UNIT_UNSEEN = {
     "api": (
         "gputopo: warning: container 101: cannot look for its inference unit (no pct on this machine); "
-        "the service is not managed"
+        "the service is not managed and its model's fit is not checked"
     ),
     "files": (
         "gputopo: warning: container 101: Proxmox's files cannot show the unit it runs; the service "
-        "is not managed (give --service-unit, or plan with --local)"
+        "is not managed and its model's fit is not checked (give --service-unit, or plan with --local)"
     ),
 }
 

@@ -236,7 +236,7 @@ def test_plan_svg(sim, tmp_path, capsys):
     unseen, error = err.strip().splitlines()
     assert unseen == (
         "gputopo: warning: container 101: Proxmox's files cannot show the unit it runs; the service "
-        "is not managed (give --service-unit, or plan with --local)"
+        "is not managed and its model's fit is not checked (give --service-unit, or plan with --local)"
     )
     assert _one_line_error(code, error).startswith("gputopo: error: /proc/nope/x.svg: cannot write")
 
