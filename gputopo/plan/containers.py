@@ -16,7 +16,13 @@ from gputopo.model.state import ContainerState, CurrentState
 from gputopo.plan.devices import device_update
 from gputopo.plan.findings import Findings
 from gputopo.plan.model import ContainerTarget, GpuTarget
-from gputopo.plan.restarts import environment_only, maps_a_moving_gpu, service_target, stays_running
+from gputopo.plan.restarts import (
+    environment_only,
+    ha_managed,
+    maps_a_moving_gpu,
+    service_target,
+    stays_running,
+)
 from gputopo.plan.spec import Container, Spec
 
 
@@ -69,7 +75,7 @@ def plan_containers(
             if stays_running(c, update, len(gpus), current, spec.policy.container_restart, stays):
                 out.live.add(c.vmid)
                 if update is not None:
-                    _update_live(update, spec)
+                    _update_live(update, spec, ha_managed(state))
         svc_target, dropin = service_target(c, len(gpus), state, p2p, templates, found)
         if dropin is not None:
             out.dropins.append(dropin)
@@ -89,13 +95,15 @@ def plan_containers(
     return out
 
 
-def _update_live(update: UpdateContainer, spec: Spec) -> None:
+def _update_live(update: UpdateContainer, spec: Spec, ha: bool) -> None:
     """Mark ``update`` as done on the running container, with the restart the spec allows when
-    the hot-plug fails."""
+    the hot-plug fails: never forced for an HA-managed container (``ha``), whose shutdown the
+    HA manager makes without force, as every stop of one in the plan
+    (:func:`gputopo.plan.restarts.with_shutdown_policy`)."""
     update.live = True
     if spec.policy.hotplug_failure == "restart" and (update.set or update.resolve):
         update.fallback = RestartFallback(
-            shutdown_timeout=spec.policy.shutdown_timeout, force_stop=spec.policy.force_stop
+            shutdown_timeout=spec.policy.shutdown_timeout, force_stop=spec.policy.force_stop and not ha
         )
 
 

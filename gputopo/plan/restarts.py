@@ -308,6 +308,11 @@ def guest_restarts(
     return stops, starts
 
 
+def ha_managed(ct: ContainerState | None) -> bool:
+    """True for a container the HA manager manages (its stops go through it, without force)."""
+    return ct is not None and ct.ha is not None and ct.ha.managed
+
+
 def with_shutdown_policy(stops: list[Any], spec: Spec, current: CurrentState) -> list[Any]:
     """``stops`` with the spec's shutdown timeout and force-stop permission on each guest stop;
     never force for an HA-managed container, whose shutdown the HA manager makes without it
@@ -315,8 +320,7 @@ def with_shutdown_policy(stops: list[Any], spec: Spec, current: CurrentState) ->
     pol = spec.policy
 
     def force(a: StopGuest) -> bool:
-        ct = current.containers.get(a.vmid) if a.guest == "lxc" else None
-        return pol.force_stop and not (ct is not None and ct.ha is not None and ct.ha.managed)
+        return pol.force_stop and not (a.guest == "lxc" and ha_managed(current.containers.get(a.vmid)))
 
     return [
         a.model_copy(update={"shutdown_timeout": pol.shutdown_timeout, "force_stop": force(a)})

@@ -18,6 +18,7 @@ import pytest
 from gputopo.errors import ApplyFailed
 from gputopo.plan.spec import parse_spec
 from gputopo.sim import state
+from gputopo.sim.host import SimHost
 from gputopo.sim.kernel import SimKernel
 from gputopo.usecases.apply import apply
 from gputopo.usecases.readplan import read_and_plan
@@ -289,3 +290,32 @@ def test_an_ha_container_that_outlasts_its_shutdown_stops_apply_with_the_way_out
     after = applysim.fingerprint(ha_host)
     assert [k for k in applysim.diff(before, after) if k.startswith("pci:")] == []
     assert after["service"] == before["service"]
+
+
+@pytest.fixture
+def ha_pve9():
+    base = Path(tempfile.mkdtemp(prefix="gputopo-ha9-", dir=applysim.fast_tmp()))
+    h = SimHost.create(base / "sim", pve_version="9.1.2")
+    SimKernel(h.paths.root).configure(time_scale=applysim.SCALE)
+    h.make_ha_managed("ct:101")
+    state.write_state(h.paths.run, "latencies", {"ha.crm": 1.0})
+    yield h
+    h.stop()
+    applysim.cleanup(base)
+
+
+def test_the_hotplug_fallback_of_an_ha_container_is_not_forced_either(ha_pve9):
+    """The restart a refused hot-plug falls back to (PVE 9, a container that gains GPUs live) is
+    a shutdown through the HA manager too: it carries no force for an HA container, whatever
+    policy.force_stop says."""
+    h = ha_pve9
+    text = applysim.seed_spec_text(h)  # container_restart auto: the split keeps CT 101 running
+    res = apply(parse_spec(text), h.ports(), root=str(h.paths.root), timeouts=applysim.FAST_TIMEOUTS)
+    assert res.status == "applied"
+    back = applysim.reverse(text)
+    assert "  force_stop: false\n" in back
+    spec = parse_spec(back.replace("  force_stop: false\n", "  force_stop: true\n", 1))
+    _, _, plan = read_and_plan(spec, h.ports(), root=str(h.paths.root))
+    updates = [a for a in plan.actions if a.kind == "update_container" and a.vmid == 101]
+    assert len(updates) == 1 and updates[0].live, [a.describe() for a in plan.actions]
+    assert updates[0].fallback is not None and updates[0].fallback.force_stop is False
