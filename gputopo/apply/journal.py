@@ -33,6 +33,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,18 @@ def _fsync_dir(path: Path) -> None:
 
 def _utc_stamp(t: float) -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(t))
+
+
+# a step's last word in the journal, as describe() says it (in this order)
+STATUS_WORDS = {
+    "done": "done",
+    "failed": "failed",
+    "begun": "in progress",
+    "undo-begin": "being undone",
+    "undo-done": "undone",
+    "undo-failed": "undo failed",
+    "undo-incomplete": "undo incomplete",
+}
 
 
 @dataclass
@@ -215,10 +228,11 @@ class Journal:
         h = self.header
         started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(h.started))
         steps = self.steps()
-        done = sum(1 for s in steps.values() if s.status == "done")
+        counts = Counter(s.status for s in steps.values())
+        where = ", ".join(f"{counts[k]} {word}" for k, word in STATUS_WORDS.items() if counts[k])
         return (
             f"{self.path} (pid {h.pid}, started {started}, {len(steps)} of "
-            f"{len(h.actions)} step(s) begun, {done} done)"
+            f"{len(h.actions)} step(s) begun" + (f": {where})" if where else ")")
         )
 
     def unfinished_error(self) -> UnfinishedApply:

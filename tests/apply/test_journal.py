@@ -93,8 +93,9 @@ def test_create_append_load_and_unfinished(tmp_path):
     steps = again.steps()
     assert list(steps) == [0] and steps[0].status == "begun" and steps[0].before == {"active": True}
     assert isinstance(steps[0].action, StopService)
-    assert "1 of 1 step(s) begun, 0 done" in again.describe()
+    assert again.describe().endswith("1 of 1 step(s) begun: 1 in progress)")
     j.append(Done(step=0, seconds=0.1))
+    assert find_unfinished(tmp_path).describe().endswith("1 of 1 step(s) begun: 1 done)")
     j.append(End(result="applied"))
     assert find_unfinished(tmp_path) is None
     loaded = Journal.load(j.path)
@@ -139,6 +140,12 @@ def test_a_needs_human_record_keeps_the_journal_open_and_names_what_is_left(tmp_
     assert j.needs_human.needs_human == ["0000:91:00.0"] and j.needs_human.pending == [0, 1]
     err = Journal.load(j.path).unfinished_error()
     assert err.exit_code == 2 and "0000:91:00.0" in str(err) and "step(s) 1, 2" in str(err)
+    # what each begun step came to, not "0 done" for steps a rollback undid
+    assert (
+        Journal.load(j.path)
+        .describe()
+        .endswith("3 of 3 step(s) begun: 1 undone, 1 undo failed, 1 undo incomplete)")
+    )
     again = find_unfinished(tmp_path)
     assert again is not None and again.path == j.path and not again.finished
     # a recover that began and has not settled yet: no longer the last word
