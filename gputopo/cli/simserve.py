@@ -78,6 +78,9 @@ def serve(
         # before anything is started or written: a second server would replace the secret files
         # the running one's clients read
         record = claim(host.paths.run, str(dir_))
+        # taken before the server is announced: a client that stops it as soon as it read the
+        # announcement gets a clean stop (the record released), not the default SIGTERM death
+        stop = _stop_on_signal()
         try:
             host.start(port=port, tls=not plain_http)
             record.announce(host.api.url)
@@ -86,7 +89,8 @@ def serve(
                 _announce_json(host, plain_http, files)
             else:
                 _announce(host, plain_http)
-            _wait_for_a_stop_signal()
+            while not stop.wait(0.5):
+                pass
             host.stop()
         finally:
             record.release()
@@ -116,14 +120,13 @@ def _open_or_create(dir_: Path, source: str, root: Path | None, pve_root: Path |
     return host
 
 
-def _wait_for_a_stop_signal() -> None:
-    """Block until SIGINT or SIGTERM."""
+def _stop_on_signal() -> threading.Event:
+    """An event that SIGINT or SIGTERM sets from now on."""
     stop = threading.Event()
     # Set both explicitly: a server started from a background job inherits SIGINT ignored.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    while not stop.wait(0.5):
-        pass
+    return stop
 
 
 def _secret_files(host) -> dict[str, str]:

@@ -85,3 +85,21 @@ def test_a_second_server_refuses_and_a_dead_ones_record_is_taken_over(template, 
     finally:
         assert _stop(again) == 0
     assert not record.exists()
+
+
+def test_a_server_stopped_the_moment_it_announced_itself_stops_cleanly(template, tmp_path):
+    """SIGTERM straight after the announcement (a script that only needed the URL, or a test's
+    clean-up) is a clean stop: exit 0, "stopped", its record released. The handler is in place
+    before the line is printed; after it, a loaded machine could deliver the signal first and the
+    server died of it with its record left behind."""
+    host = copy_host(template, tmp_path / "sim")
+    for _ in range(3):
+        proc, doc = _serve(host.dir)
+        assert doc["api_url"].startswith("http://127.0.0.1:")
+        os.kill(proc.pid, signal.SIGTERM)
+        rc = proc.wait(timeout=60)
+        err = proc.stderr.read()
+        proc.stdout.close()
+        proc.stderr.close()
+        assert (rc, err.splitlines()[-1:]) == (0, ["stopped"]), err
+        assert not (host.paths.run / "serve.json").exists()
