@@ -159,6 +159,24 @@ def _settle(host: SimHost, sids: tuple[str, ...], rounds: int) -> dict[str, tupl
     return {sid: (requested.get(sid, "-"), status[sid]) for sid in sids}
 
 
+def _bind_last_address_first(h: SimHost) -> None:
+    """Make the GPUs on vfio-pci bind to another driver one after another, the last address
+    first (a longer bind latency for a lower one). Bound in parallel, the GPUs coming back to
+    nvidia take the free minors in whatever order they happen to bind: in address order each
+    takes its old one back, and Proxmox drops the pending devN values equal to the current ones
+    (pve-guest-common AbstractConfig.pm cleanup_pending), so the container step and its undo
+    make fewer calls, and a kill point counted on one run is not the same point on the next. In
+    this order every devN's value differs and waits in [pve:pending] (the other order is
+    tests/apply/test_live_rollback_pending.py's)."""
+    vfio = h.paths.root / "sys/bus/pci/drivers/vfio-pci"
+    gpus = sorted(p.name for p in vfio.iterdir() if p.name.startswith("0000:") and p.name.endswith(".0"))
+    # 25, 50, 75, 100 s of the host's time: 0.25 .. 1 s at the tests' time scale, far apart
+    # enough for a loaded machine's scheduling
+    SimKernel(h.paths.root).configure(
+        address_latency={a: {"bind": 25.0 * (i + 1)} for i, a in enumerate(reversed(gpus))}
+    )
+
+
 class Start:
     """The start host of one group of cases: the seed host of its Proxmox version with the shape's
     start spec applied, the spec to apply, and what a clean apply of it leaves."""
@@ -186,6 +204,7 @@ class Start:
             pending = conf.split("[pve:pending]\n", 1)[-1]
             assert "delete: dev4,dev5,dev6,dev7" in pending, f"not a live split: {conf}"
             assert state.guest_status(h.paths.run, "lxc", 101) == "running"
+            _bind_last_address_first(h)
         (sim / "spec.yaml").write_text(target)
         _pace(sim)
         if case.shape.ha:
