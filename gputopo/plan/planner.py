@@ -56,7 +56,7 @@ from gputopo.plan.select import (
 from gputopo.plan.spec import Container, Node, Spec, VmMapping
 from gputopo.plan.vm.consumers import VmPlan
 from gputopo.plan.vm.safety import MapView, check_guests, check_listed, check_restarts
-from gputopo.plan.vmside import vm_side
+from gputopo.plan.vmside import NodeChoice, vm_side
 
 
 def _vm_restarts(
@@ -126,7 +126,7 @@ def plan(
 
     target, vfio_all, rebinds = _drivers(facts, spec, owner_of)
     mappings, mapping_actions, changed_mappings, view, vm_plan = vm_side(
-        facts, spec_node, cts, vms, selected, owner_of, current, rebinds, found
+        facts, NodeChoice(spec_node, cts, vms, selected, owner_of, current, rebinds), found
     )
     p2p = p2p_must_be_disabled(facts)
     cp = plan_containers(

@@ -3,6 +3,7 @@ GPUs when the spec says so) and the configs of the VMs that consume them."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from gputopo.actions import NVIDIA, Rebind
@@ -18,46 +19,51 @@ from gputopo.plan.vm.safety import MapView
 from gputopo.plan.vm.sets import consumer_sets, map_order
 
 
+@dataclass(frozen=True)
+class NodeChoice:
+    """What the VM side plans from: the spec's node, its containers and VM mappings by owner, the
+    GPUs each owner gets and each GPU's owner, the node's current state and the rebinds."""
+
+    spec_node: Node
+    cts: dict[Owner, Container]
+    vms: dict[Owner, VmMapping]
+    selected: dict[Owner, list[Gpu]]
+    owner_of: dict[str, Owner]
+    current: CurrentState
+    rebinds: list[Rebind]
+
+
 def vm_side(
-    facts: Facts,
-    spec_node: Node,
-    cts: dict[Owner, Container],
-    vms: dict[Owner, VmMapping],
-    selected: dict[Owner, list[Gpu]],
-    owner_of: dict[str, Owner],
-    current: CurrentState,
-    rebinds: list[Rebind],
-    found: Findings,
+    facts: Facts, c: NodeChoice, found: Findings
 ) -> tuple[dict[str, MappingTarget], list[Any], set[str], MapView, VmPlan]:
     """The VM side of the plan: the mappings (:func:`_mappings`) and the consumers' configs, each
     consumer's GPUs picked from its mapping's (:func:`consumer_sets`)."""
-    consumers = spec_node.vms.consumers
-    sets = consumer_sets(consumers, {m.name.lower(): selected.get(o, []) for o, m in vms.items()}, facts.nics)
-    mappings, mapping_actions, changed, view = _mappings(
-        spec_node, cts, vms, selected, owner_of, current, sets, rebinds
-    )
+    consumers = c.spec_node.vms.consumers
+    by_name = {m.name.lower(): c.selected.get(o, []) for o, m in c.vms.items()}
+    sets = consumer_sets(consumers, by_name, facts.nics)
+    mappings, mapping_actions, changed, view = _mappings(c, sets)
     return (
         mappings,
         mapping_actions,
         changed,
         view,
-        plan_consumers(consumers, facts, current, view, found, sets),
+        plan_consumers(consumers, facts, c.current, view, found, sets),
     )
 
 
-def _mappings(
-    spec_node: Node,
-    cts: dict[Owner, Container],
-    vms: dict[Owner, VmMapping],
-    selected: dict[Owner, list[Gpu]],
-    owner_of: dict[str, Owner],
-    current: CurrentState,
-    sets: Any,
-    rebinds: list[Rebind],
-) -> tuple[dict[str, MappingTarget], list[Any], set[str], MapView]:
+def _mappings(c: NodeChoice, sets: Any) -> tuple[dict[str, MappingTarget], list[Any], set[str], MapView]:
     """(mapping id -> its target, the mapping steps, the ids of the mappings changed, the view of
     the mappings before and after): the node's VM mappings, and the other mappings shrunk off
     the containers' GPUs when the spec says so."""
+    spec_node, cts, vms, selected, owner_of, current, rebinds = (
+        c.spec_node,
+        c.cts,
+        c.vms,
+        c.selected,
+        c.owner_of,
+        c.current,
+        c.rebinds,
+    )
     node_name = spec_node.name
     consumers = spec_node.vms.consumers
     orders = {m.name: map_order(consumers, sets, m.name) for m in vms.values()}
