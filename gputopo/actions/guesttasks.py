@@ -60,9 +60,9 @@ def running_tasks(ctx: StepContext, vmids: set[int], known: set[str]) -> list[tu
                 continue
             try:
                 started = float(int(parts[4], 16))  # the UPID's starttime, hex epoch seconds
-            except (IndexError, ValueError):
+            except ValueError:
                 started = time.time()
-            shutdown = len(parts) > 5 and parts[5].endswith("shutdown")
+            shutdown = parts[5].endswith("shutdown")
             limit = ctx.timeouts.shutdown(SHUTDOWN_TIMEOUT) if shutdown else ctx.timeouts.guest
             out.append((upid, started + limit))
     return out
