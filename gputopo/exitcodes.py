@@ -96,14 +96,14 @@ COMMANDS: dict[str, dict[int, str]] = {
         SIGINT: "interrupted",
     },
     "apply": {
-        OK: "applied, or no changes",
+        OK: "applied (a signal after the last step stops only the verification), or no changes",
         FAILED: "a step or the verification failed (rolled back)",
         NOTHING_CHANGED: "refused before anything changed (a stale saved plan, a declined prompt too)",
         NEEDS_HUMAN: "the rollback did not complete (history: needs-human), a signal's too",
         LOCKED: "another apply holds the lock",
-        SIGHUP: "SIGHUP (rolled back)",
-        SIGINT: "Ctrl-C (rolled back)",
-        SIGTERM: "SIGTERM (rolled back)",
+        SIGHUP: "SIGHUP before the last step ended (rolled back)",
+        SIGINT: "Ctrl-C before the last step ended (rolled back)",
+        SIGTERM: "SIGTERM before the last step ended (rolled back)",
     },
     "recover": {
         OK: "settled, nothing to recover, or --dry-run",

@@ -35,6 +35,13 @@ def verify_failure(result: ApplyResult) -> VerifyFailed | None:
     return None
 
 
+def verify_stopped_line(result: ApplyResult) -> str | None:
+    """What an apply says when a signal stopped its verification after the last step, else None."""
+    if result.verify_stopped is None:
+        return None
+    return f"applied; {result.verify_stopped} stopped the verification before it ended: run 'gputopo verify'"
+
+
 def _checked(doc: dict[str, Any]) -> dict[str, Any]:
     """``doc`` once :class:`ApplyDoc` accepts it (raises pydantic's ValidationError otherwise)."""
     ApplyDoc.model_validate(doc)
@@ -77,7 +84,8 @@ def result_document(result: ApplyResult, boot: BootRefresh | None = None) -> dic
             "wall_s": round(result.wall_s, 3),
             "stop_window_s": None if result.stop_window_s is None else round(result.stop_window_s, 3),
             "steps": steps,
-            "warnings": [f"step {s['step']}: {w}" for s in steps for w in s["warnings"]],
+            "warnings": [f"step {s['step']}: {w}" for s in steps for w in s["warnings"]]
+            + [line for line in [verify_stopped_line(result)] if line],
             "plan": list(result.would) or [a.describe() for a in actions],
             "verify": verify,
             "boot": None if boot is None else {"commands": boot.commands, "ran": boot.ran},

@@ -35,6 +35,7 @@ class ApplyResult:
     stop_window_s: float | None = None
     journal: str | None = None
     verify: VerifyReport | None = None  # the verification that followed, when one ran
+    verify_stopped: str | None = None  # the signal that stopped that verification ("Ctrl-C")
     would: list[str] = field(default_factory=list)  # recover --dry-run: what it would do, in order
 
     @property

@@ -212,8 +212,15 @@ class Transaction:
             raise err
         return self.result("rolled-back", report, self.runner.results)
 
-    def result(self, outcome: str, report: VerifyReport | None, steps: list | None = None) -> ApplyResult:
-        """The apply's result, shown by the progress display."""
+    def result(
+        self,
+        outcome: str,
+        report: VerifyReport | None,
+        steps: list | None = None,
+        verify_stopped: str | None = None,
+    ) -> ApplyResult:
+        """The apply's result, shown by the progress display (``verify_stopped``: the signal that
+        stopped the verification, by name)."""
         res = ApplyResult(
             outcome,
             plan=self.plan,
@@ -222,6 +229,7 @@ class Transaction:
             stop_window_s=self.window,
             journal=str(self.journal.path),
             verify=report,
+            verify_stopped=verify_stopped,
         )
         self.progress.summary(res)
         return res

@@ -25,7 +25,12 @@ _HOLD: dict[str, Any] = {
     "raised": False,
     "notice": None,
     "held_notice": None,
+    "deferred_text": None,
+    "stoppable": False,
 }
+_ROLLBACK_GOES_ON = (
+    "{name} received: the rollback continues so that nothing is left half-done; it ends by itself"
+)
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
@@ -60,11 +65,11 @@ def interruptible(again: Literal["wait", "raise"] = "wait") -> Iterator[None]:
         if again == "raise":
             raise Signalled(signum)
         name = signal.Signals(signum).name
+        if _HOLD["stoppable"]:
+            _HOLD["stoppable"] = False
+            raise Signalled(signum)
         if _HOLD["deferring"] or _HOLD["raised"]:
-            _say(
-                _HOLD["notice"] or _stderr,
-                f"{name} received: the rollback continues so that nothing is left half-done; it ends by itself",
-            )
+            _say(_HOLD["notice"] or _stderr, (_HOLD["deferred_text"] or _ROLLBACK_GOES_ON).format(name=name))
             return
         if _HOLD["depth"]:
             if _HOLD["pending"] is None and _HOLD["held_notice"] is not None:
@@ -122,13 +127,27 @@ def held(notice: Callable[[str], None] | None = None) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def deferred(notice: Callable[[str], None] | None = None) -> Iterator[None]:
+def deferred(notice: Callable[[str], None] | None = None, text: str | None = None) -> Iterator[None]:
     """Inside, signals of :func:`interruptible` never interrupt: a rollback or a recovery runs to
-    its end (as terraform does on a second Ctrl-C), and ``notice`` says so on the terminal.
-    A SIGKILL still ends the process; the journal then sends the next command to recover."""
-    before = (_HOLD["deferring"], _HOLD["notice"])
-    _HOLD["deferring"], _HOLD["notice"] = True, notice or _stderr
+    its end (as terraform does on a second Ctrl-C), and ``notice`` says so on the terminal
+    (``text``, its ``{name}`` the signal's, instead of the rollback's words). A SIGKILL still
+    ends the process; the journal then sends the next command to recover."""
+    before = (_HOLD["deferring"], _HOLD["notice"], _HOLD["deferred_text"])
+    _HOLD["deferring"], _HOLD["notice"], _HOLD["deferred_text"] = True, notice or _stderr, text
     try:
         yield
     finally:
-        _HOLD["deferring"], _HOLD["notice"] = before
+        _HOLD["deferring"], _HOLD["notice"], _HOLD["deferred_text"] = before
+
+
+@contextlib.contextmanager
+def stoppable() -> Iterator[None]:
+    """Inside :func:`deferred`, the first signal of :func:`interruptible` raises :class:`Signalled`
+    after all: work that can be done again and changes nothing (the verification after an
+    apply's end) may be stopped, while the rest of the command still ends by itself."""
+    before = _HOLD["stoppable"]
+    _HOLD["stoppable"] = True
+    try:
+        yield
+    finally:
+        _HOLD["stoppable"] = before

@@ -164,6 +164,10 @@ def _finish(applied, as_json: bool) -> None:
         from gputopo.cli.output import print_report
 
         print_report(result.verify)
+    if not as_json and result.verify_stopped is not None:
+        from gputopo.usecases.apply import verify_stopped_line
+
+        click.echo(f"gputopo: {verify_stopped_line(result)}", err=True)
     failed = verify_failure(result)
     if failed is not None:
         raise failed

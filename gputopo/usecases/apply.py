@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gputopo.actions import Timeouts
-from gputopo.apply import ApplyRequest, ApplyResult, Progress, Transaction, checked_plan, transaction
+from gputopo.apply import ApplyRequest, ApplyResult, Progress, Transaction, checked_plan, signals, transaction
 from gputopo.apply.boot import BootRefresh
 from gputopo.errors import ConfigError, PreflightError, ProxmoxError
+from gputopo.exitcodes import signal_name
 from gputopo.model.documents import VerifyReport
 from gputopo.plan.model import Plan
 from gputopo.plan.saved import SavedPlan
@@ -38,19 +39,36 @@ class VerifyStep(Protocol):
     def __call__(self) -> VerifyReport: ...
 
 
+# what a signal after the last step says: the change stays, only the verification can be stopped
+AFTER_THE_END = "{name} received after the last step: the change stays (a verification still running stops)"
+
+
 def _end(tx: Transaction, verify: VerifyStep | None, rollback_on_verify_failure: bool) -> ApplyResult:
     """End an apply whose steps are all done: verified inside the transaction (a failure rolls
-    back), or finished first and verified after."""
-    if verify is not None and rollback_on_verify_failure:
-        tx.verifying()
-        report = verify()
-        if not report.ok:
-            return tx.rolled_back(report)
-        tx.applied(verify="passed")
-        return tx.result("applied", report)
-    # every step is done: the apply is finished whatever the verification finds
-    tx.applied()
-    return tx.result("applied", verify() if verify is not None else None)
+    back), or finished first and verified after. From here a signal rolls nothing back: it stops
+    the verification (the result says so, and the command names ``gputopo verify``), or, outside
+    it, is only noted."""
+    with signals.deferred(tx.progress.note, AFTER_THE_END):
+        if verify is not None and rollback_on_verify_failure:
+            tx.verifying()
+            report, stopped = _verified(verify)
+            if report is not None and not report.ok:
+                return tx.rolled_back(report)
+            tx.applied(verify="passed" if report is not None else "stopped")
+            return tx.result("applied", report, verify_stopped=stopped)
+        # every step is done: the apply is finished whatever the verification finds
+        tx.applied()
+        report, stopped = _verified(verify) if verify is not None else (None, None)
+        return tx.result("applied", report, verify_stopped=stopped)
+
+
+def _verified(verify: VerifyStep) -> tuple[VerifyReport | None, str | None]:
+    """(the report, None), or (None, the signal's name) when a signal stopped the verification."""
+    try:
+        with signals.stoppable():
+            return verify(), None
+    except signals.Signalled as e:
+        return None, signal_name(e.signum)
 
 
 def run(
@@ -230,3 +248,10 @@ def verify_failure(result: ApplyResult) -> Exception | None:
     from gputopo.apply.document import verify_failure as failure
 
     return failure(result)
+
+
+def verify_stopped_line(result: ApplyResult) -> str | None:
+    """What an apply says when a signal stopped its verification after the last step, else None."""
+    from gputopo.apply.document import verify_stopped_line as line
+
+    return line(result)

@@ -509,7 +509,8 @@ def _signal_runs(case: Case, start: Start, n: int | None) -> tuple[list[str], ob
         name, _, at = point.partition("@")
         res = _drive(host, *_apply_args(host), at=at, env={"GPUTOPO_CRASH_SIGNAL": name})
         code = SIGNAL_EXIT[name]
-        what = f"SIG{name}: exit {res.returncode}"
+        last = (res.stderr.strip().splitlines() or [""])[-1]
+        what = f"SIG{name}: exit {res.returncode}: {last[-200:]}"  # kept for a run that ends "other"
         if res.returncode not in (0, code):
             return what, f"exit {res.returncode}, not {code} or 0: {res.stderr.strip()[-300:]}", None
         return what, None, "applied" if res.returncode == 0 else "before"
@@ -547,7 +548,7 @@ def _judge(case: Case, start: Start, point: str, act) -> str | None:
                 f"neither applied nor as before: {difference[:4]}; "
                 f"against applied: {applysim.diff(start.applied, got)[:4]}"
             )
-        record(case, point, "other", problem)
+        record(case, point, "other", f"{outcome}: {problem}")
         return f"{point} ({outcome}): {problem}"
     finally:
         _discard(host, tmp)

@@ -31,6 +31,7 @@ from typing import Any
 from gputopo.formats.lxcconf import parse_lxc_conf, write_lxc_conf
 from gputopo.sim import state
 from gputopo.sim.files import PMXCFS_MODE, atomic_write
+from gputopo.sim.pveapi import workers
 from gputopo.sim.pveapi.answers import ApiError, Result, param_error
 from gputopo.sim.pveapi.auth import Caller
 from gputopo.sim.pveapi.lxc_update import apply_pending
@@ -39,6 +40,10 @@ from gputopo.sim.pveapi.shutdown import lxc_shutdown, qemu_shutdown
 DEFAULT_LATENCY = 0.05
 # run-state name; "faults" belongs to the container simulator (gputopo.sim.container)
 TASK_FAULTS = "task-faults"
+
+
+class _Reached(Exception):
+    """A taken-over task whose guest is already where it leads: its worker died after the effect."""
 
 
 class TaskHandlers:
@@ -127,7 +132,7 @@ class TaskHandlers:
         served them is gone, the node's workers are not)."""
         tasks = state.read_state(self.run_dir, "tasks", {}) or {}
         for upid, task in tasks.items():
-            if task["status"] == "running" and not task.get("claimed"):
+            if task["status"] == "running" and (not task.get("claimed") or workers.orphaned(task)):
                 timer = threading.Timer(max(0.0, task["due"] - time.time()), self._finish_task, (upid,))
                 timer.daemon = True
                 self._timers.append(timer)
@@ -161,18 +166,25 @@ class TaskHandlers:
         # Claim the task under the lock, then run it without: a VM start can block in the
         # kernel (an unbind of a held GPU) while other tasks, such as the container's stop that
         # releases the GPU, must still run, as on a real node.
+        # A task whose claimer died (:mod:`.workers`) is taken over: the node's worker would
+        # have run on.
         with state.locked(self.run_dir, "task-run"):
             with state.locked(self.run_dir, "tasks"):
                 tasks = state.read_state(self.run_dir, "tasks", {}) or {}
                 task = tasks.get(upid)
-                if task is None or task["status"] == "stopped" or task.get("claimed"):
+                if task is None or task["status"] == "stopped":
                     return
-                task["claimed"] = True
+                if task.get("claimed") and not workers.orphaned(task):
+                    return
+                taken_over = bool(task.get("claimed"))
+                task["claimed"] = workers.me()
                 state.write_state(self.run_dir, "tasks", tasks)
         kind, vmid, action = task["kind"], task["vmid"], task["action"]
         log: list[str] = []  # the worker's output
         warnings = 0
         try:
+            if taken_over and workers.reached(self.run_dir, task):
+                raise _Reached
             fault = self._take_fault(task["type"], vmid)
             if fault:
                 raise RuntimeError(fault)
@@ -187,6 +199,9 @@ class TaskHandlers:
                 self._stop_guest(kind, vmid, task.get("outcome"), log)
             exitstatus = f"WARNINGS: {warnings}" if warnings else "OK"
             log.append(f"TASK {exitstatus}")
+        except _Reached:
+            exitstatus = "OK"
+            log.append("TASK OK")
         except ApiError as e:
             exitstatus = e.message.rstrip("\n").replace("\n", " ")
             log.append(f"TASK ERROR: {exitstatus}")

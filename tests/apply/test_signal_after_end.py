@@ -1,0 +1,119 @@
+"""A signal after an apply's last step: the change is in place and its journal closed (or about to
+be), so nothing is rolled back. The command says "applied", names ``gputopo verify`` when the
+signal stopped the verification, and exits 0, not with the signal's status (which reads as
+"rolled back" in the exit-code table)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from gputopo.apply.document import result_document
+from gputopo.apply.journal import find_unfinished, list_journals, parse_journal
+from gputopo.model.documents import VerifyReport
+from gputopo.usecases.apply import apply
+from gputopo.usecases.readplan import read_and_plan
+from helpers import TESTS, applysim
+from helpers.applysim import template  # noqa: F401 (fixtures)
+
+pytestmark = pytest.mark.slow  # applies on a simulated host, seconds each
+
+DRIVER = TESTS / "helpers" / "crashdriver.py"
+
+
+def _drive(host, spec, env: dict[str, str]) -> subprocess.CompletedProcess:
+    args = ["apply", "--spec", str(spec), "--yes", "--no-verify", "--timeout", "30", "--sim", str(host.dir)]
+    return subprocess.run(
+        [sys.executable, str(DRIVER), *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
+        timeout=300,
+    )
+
+
+def _end_record(template, tmp_path) -> tuple[int, dict]:
+    """The journal record number of a clean apply's end, and the host it leaves."""
+    host = applysim.copy_host(template, tmp_path / "probe")
+    spec = host.dir / "spec.yaml"
+    spec.write_text(applysim.seed_spec_text(host))
+    res = _drive(host, spec, {})
+    assert res.returncode == 0, res.stderr
+    recs = parse_journal(list_journals(host.paths.root)[-1].read_text())
+    assert recs[-1].type == "end" and recs[-1].result == "applied"
+    applied = applysim.fingerprint(host)
+    host.stop()
+    return len(recs), applied
+
+
+@pytest.mark.parametrize("name", ["INT", "TERM"])
+def test_a_signal_right_after_the_journal_ends_applied_says_applied_and_exits_0(template, tmp_path, name):
+    end, applied = _end_record(template, tmp_path)
+    host = applysim.copy_host(template, tmp_path / "sim")
+    spec = host.dir / "spec.yaml"
+    spec.write_text(applysim.seed_spec_text(host))
+    res = _drive(host, spec, {"GPUTOPO_CRASH_AT": f"record:{end}", "GPUTOPO_CRASH_SIGNAL": name})
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    assert "gputopo: interrupted" not in out and "rolled back" not in out, out
+    assert f"SIG{name} received after the last step: the change stays" in res.stdout, out
+    assert res.stdout.rstrip().splitlines()[-1].startswith("applied in "), out
+    assert find_unfinished(host.paths.root) is None
+    assert applysim.diff(applied, applysim.fingerprint(host)) == []
+    host.stop()
+
+
+def _stopped_by(signum: int):
+    """A verification that a signal stops: it sends ``signum`` to this process, then waits far
+    longer than the test lets it; it never returns a report."""
+
+    def verify() -> VerifyReport:
+        os.kill(os.getpid(), signum)
+        time.sleep(30)
+        raise AssertionError("the signal did not stop the verification")
+
+    return verify
+
+
+@pytest.mark.parametrize("rollback_on_verify_failure", [False, True], ids=["verify-after", "verify-inside"])
+def test_a_signal_during_the_verification_stops_only_it_and_the_apply_ends_applied(
+    template, tmp_path, rollback_on_verify_failure
+):
+    host = applysim.copy_host(template, tmp_path / "sim")
+    ports = host.ports()
+    t0 = time.monotonic()
+    try:
+        spec = applysim.seed_spec(host)
+        res = apply(
+            spec,
+            ports,
+            root=host.paths.root,
+            verify=_stopped_by(signal.SIGTERM),
+            rollback_on_verify_failure=rollback_on_verify_failure,
+        )
+        _, _, again = read_and_plan(spec, ports, str(host.paths.root))
+    finally:
+        ports.close()
+    assert time.monotonic() - t0 < 30  # the verification was stopped, not waited for
+    assert res.status == "applied" and res.verify is None and res.verify_stopped == "SIGTERM"
+    doc = result_document(res)
+    assert doc["exit_code"] == 0 and doc["status"] == "applied"
+    assert doc["warnings"][-1] == (
+        "applied; SIGTERM stopped the verification before it ended: run 'gputopo verify'"
+    )
+    assert find_unfinished(host.paths.root) is None
+    end = parse_journal(list_journals(host.paths.root)[-1].read_text())[-1]
+    assert (end.type, end.result, end.verify) == (
+        "end",
+        "applied",
+        "stopped" if rollback_on_verify_failure else None,
+    )
+    assert again.is_empty, again.to_text()  # the change is in place: nothing left to do
+    # the handlers apply installed are gone again
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    host.stop()
