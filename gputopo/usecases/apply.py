@@ -200,7 +200,6 @@ def open_apply(cmd: ApplyCommand) -> OpenApply:
 def run_opened(op: OpenApply) -> Applied:
     """``gputopo apply``: apply then verify (:func:`run`), then boot persistence; the ports are
     closed whatever happens. Raises what :func:`run` raises."""
-    from gputopo.apply.boot import after_apply
     from gputopo.usecases.verify import verify as run_verify
 
     cmd, spec, ports, root, node = op.cmd, op.spec, op.ports, op.root, op.conn.node
@@ -224,9 +223,26 @@ def run_opened(op: OpenApply) -> Applied:
             expect_plan=cmd.expect_plan,
         )
         result = run(req, verify, cmd.rollback_on_verify_failure)
-        return Applied(result, after_apply(result, ports, cmd.refresh_boot, op.progress.note))
+        return Applied(result, boot_after(result, ports, cmd.refresh_boot, op.progress.note))
     finally:
         ports.close()
+
+
+def boot_after(
+    result: ApplyResult, ports: Ports, refresh: bool, note: Callable[[str], None]
+) -> BootRefresh | None:
+    """What the next boot needs after ``result`` (:func:`gputopo.apply.boot.after_apply`), its
+    commands run when ``refresh``. The apply is over: a Ctrl-C, SIGTERM or SIGHUP while they run
+    stops only them (update-initramfs writes the new image beside the old one and renames it),
+    and they are listed as still to run, as without ``refresh``."""
+    from gputopo.apply.boot import after_apply
+
+    try:
+        with signals.interruptible():
+            return after_apply(result, ports, refresh, note)
+    except signals.Signalled as e:
+        note(f"{signal_name(e.signum)} stopped the boot refresh; the change is applied")
+    return after_apply(result, ports, False)
 
 
 def document(applied: Applied) -> dict[str, Any]:

@@ -117,3 +117,44 @@ def test_a_signal_during_the_verification_stops_only_it_and_the_apply_ends_appli
     # the handlers apply installed are gone again
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
     host.stop()
+
+
+class _SlowInitramfs:
+    """Host commands whose update-initramfs gets ``signum`` (the operator's Ctrl-C, systemd's
+    stop) while it runs."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        self.ran: list[list[str]] = []
+
+    def run(self, argv, timeout):
+        self.ran.append(list(argv))
+        os.kill(os.getpid(), self.signum)
+        time.sleep(30)
+        raise AssertionError("the signal did not stop the command")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_during_the_boot_refresh_stops_only_it_and_lists_what_is_left(template, tmp_path, signum):
+    """``apply --refresh-boot``: the apply is over when update-initramfs runs; a signal then stops
+    the command and the apply still ends applied, the commands listed as still to run."""
+    from gputopo.usecases.apply import boot_after
+
+    host = applysim.copy_host(template, tmp_path / "sim")
+    ports = host.ports()
+    try:
+        res = apply(applysim.seed_spec(host), ports, root=host.paths.root)
+        assert res.status == "applied"
+        ports.host = _SlowInitramfs(signum)
+        notes: list[str] = []
+        t0 = time.monotonic()
+        boot = boot_after(res, ports, True, notes.append)
+    finally:
+        ports.close()
+    assert time.monotonic() - t0 < 30
+    assert ports.host.ran == [["update-initramfs", "-u", "-k", "all"]]
+    assert boot is not None and not boot.ran and boot.text() == "update-initramfs -u -k all"
+    name = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP"}[signum]
+    assert notes[-1] == f"{name} stopped the boot refresh; the change is applied", notes
+    assert signal.getsignal(signum) in (signal.SIG_DFL, signal.default_int_handler)
+    host.stop()
