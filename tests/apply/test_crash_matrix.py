@@ -19,7 +19,9 @@ policies (``auto`` keeps the container running where Proxmox allows it, a hot-pl
 * ``signal-stop``: SIGTERM, SIGINT and SIGHUP in turn, at every point where a guest's stop or
   shutdown task was accepted and has not ended, and at a sample of the other kill points: the
   apply must end rolled back with the signal's exit status (143, 130, 129) or applied with 0
-  (recover only where it left the journal open).
+  (recover only where it left the journal open);
+* ``kill-finish``: SIGKILL at the kill points of a clean apply (every guest start and stop just
+  queued among them), then ``gputopo recover --finish``: every run must end applied, exit 0.
 
 Three shapes more: reverses whose start host is a split applied live on PVE 9 (``reverse-live``,
 ``reverse-vm-remove-live``: CT 101 running with ``[pve:pending] delete: dev4,...``), and the
@@ -66,7 +68,7 @@ from gputopo.sim.host import SimHost
 from gputopo.sim.kernel import SimKernel
 from gputopo.usecases.readplan import read_and_plan
 from helpers import TESTS, applysim
-from helpers.crashmatrix import CASES, PVE, SIGNAL_EXIT, SIGNALS, Case, record, sample
+from helpers.crashmatrix import CASES, FINISH_FAMILY, PVE, SIGNAL_EXIT, SIGNALS, Case, record, sample
 
 DRIVER = TESTS / "helpers" / "crashdriver.py"
 WORKERS = 4  # runs of one case at a time: most of a run is the paced host waiting
@@ -466,6 +468,9 @@ def _runs(case: Case, start: Start, n: int | None) -> tuple[list[str], object]:
     if family == "signal-stop":
         return _signal_runs(case, start, n)
 
+    if family == FINISH_FAMILY:
+        return _finish_runs(case, start, n)
+
     assert family == "fail-step"
     steps = _steps(start)
     chosen = sample([str(i) for i in range(len(steps))], n)
@@ -516,6 +521,34 @@ def _signal_runs(case: Case, start: Start, n: int | None) -> tuple[list[str], ob
         return what, None, "applied" if res.returncode == 0 else "before"
 
     return points, signal_at
+
+
+def _finish_runs(case: Case, start: Start, n: int | None) -> tuple[list[str], object]:
+    """SIGKILL at the kill points of a clean apply, then ``recover --finish``: the apply is carried
+    to its end (what a step began is ended first, an HA request settled), so every run ends
+    applied with exit 0, whichever point the kill came at."""
+    host, tmp = start.copy("probe")
+    try:
+        probe = _probe(host, *_apply_args(host))
+    finally:
+        _discard(host, tmp)
+    _probed(case, probe, 0, "the clean apply")
+    queued = _guest_actions(probe["trace"])
+    others = [p for p in _points(probe["trace"]) if p not in queued]
+
+    def finish(host, point):
+        res = _drive(host, *_apply_args(host), at=point)
+        assert res.returncode == -signal.SIGKILL, (point, res.stderr)
+        if find_unfinished(host.paths.root) is None:
+            return "killed after the journal's end", None, "applied"
+        rec = _drive(host, "recover", "--finish")
+        last = (rec.stderr.strip().splitlines() or [""])[-1]
+        what = f"recover --finish: exit {rec.returncode}: {last[-200:]}"
+        if rec.returncode != 0:
+            return what, f"recover --finish exited {rec.returncode}: {rec.stderr.strip()[-300:]}", None
+        return what, None, "applied"
+
+    return queued + sample(others, None if n is None else max(2, n - len(queued))), finish
 
 
 def _judge(case: Case, start: Start, point: str, act) -> str | None:

@@ -32,6 +32,9 @@ FAMILIES = ("kill-apply", "kill-rollback", "kill-recover", "fail-step")
 SIGNAL_FAMILY = "signal-stop"
 SIGNALS = ("TERM", "INT", "HUP")  # GPUTOPO_CRASH_SIGNAL of tests/helpers/crashdriver.py
 SIGNAL_EXIT = {"TERM": 143, "INT": 130, "HUP": 129}  # 128 + the signal's number
+# SIGKILL at the kill points of a clean apply (every guest start and stop just queued among them),
+# then 'recover --finish': every run must end applied
+FINISH_FAMILY = "kill-finish"
 
 NUMA0 = ["0000:01:00.0", "0000:11:00.0", "0000:61:00.0", "0000:71:00.0"]
 
@@ -178,6 +181,18 @@ CASES += [
         ("reverse-vm-remove-live", "auto", "9"),
         ("split-ha", "always", "9"),
         ("reverse-vm-remove-ha", "always", "9"),
+    )
+]
+CASES += [
+    Case(_BY_NAME[n], r, v, FINISH_FAMILY)
+    for n, r, v in (
+        ("split", "auto", "8"),
+        ("split", "always", "9"),
+        ("reverse", "always", "8"),
+        ("split-vm", "always", "9"),
+        ("reverse-vm-remove", "auto", "9"),
+        ("reverse-vm-remove-live", "auto", "9"),
+        ("split-ha", "always", "9"),
     )
 ]
 
