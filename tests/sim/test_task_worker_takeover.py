@@ -94,3 +94,51 @@ def test_a_claimer_is_known_by_its_pid_and_its_start_time():
     assert workers.orphaned(running)
     assert not workers.orphaned({**running, "claimed": mine})
     assert not workers.orphaned({**running, "status": "stopped"})
+
+
+class _Counting:
+    def __init__(self):
+        self.starts: list[tuple[str, int]] = []
+
+    def on_guest_start(self, kind, vmid):
+        self.starts.append((kind, vmid))
+        return []
+
+
+def test_a_dead_workers_task_whose_guest_already_got_there_ends_ok_without_doing_it_again(
+    tmp_path, seed_root
+):
+    """The worker died after its effect (the container booted) and before the task's end was
+    written: the next server ends the task OK and does not boot the container a second time."""
+    run = tmp_path / "run"
+    s = PveApiServer(tmp_path / "pve", run, seed_root, auth_fail_delay=0.0)
+    s.write_conf("lxc", 101, CT)
+    s.set_latency("vzstart", 3600.0)  # its timer never fires while this server runs
+    s.start()
+    try:
+        cfg = ApiConfig(host="127.0.0.1", port=s.port, ca_bundle=str(s.ca_cert_path), timeout=10)
+        c = ProxmoxClient.from_config(cfg, env={"GPUTOPO_PVE_PASSWORD": s.root_password})
+        upid = c._call("POST", "/nodes/pve1/lxc/101/status/start")
+    finally:
+        s.stop()
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    with state.locked(run, "tasks"):
+        tasks = state.read_state(run, "tasks", {})
+        tasks[upid].update(claimed={"pid": int(gone.stdout), "start": 1}, due=time.time())
+        state.write_state(run, "tasks", tasks)
+    state.set_guest_status(run, "lxc", 101, "running")  # the effect the dead worker carried out
+
+    hooks = _Counting()
+    s = PveApiServer(tmp_path / "pve", run, seed_root, hooks=hooks, auth_fail_delay=0.0).start()
+    try:
+        cfg = ApiConfig(
+            host="127.0.0.1", port=s.port, ca_bundle=str(s.ca_cert_path), timeout=10, poll_interval=0.02
+        )
+        c = ProxmoxClient.from_config(cfg, env={"GPUTOPO_PVE_PASSWORD": s.root_password})
+        assert c.wait_task(upid, 10) == "OK"
+    finally:
+        s.stop()
+    assert hooks.starts == []
+    assert state.guest_status(run, "lxc", 101) == "running"
