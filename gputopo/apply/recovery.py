@@ -95,6 +95,10 @@ def recover(
         return _roll_back_again(runner, j, rb, t0)
 
 
+# what a signal says once the journal is about to end applied
+SETTLED = "{name} received: every step is done; the journal ends applied"
+
+
 def _without_steps(
     runner: Runner, j: Journal, rb: RunningBefore, t0: float, dry_run: bool, finish: bool, undoing: bool
 ) -> ApplyResult | None:
@@ -109,6 +113,7 @@ def _without_steps(
             would=would_recover(runner, j, rb, finish, undoing),
         )
     if j.verifying and not undoing:
+        signals.settle(runner.progress.note, SETTLED)
         j.append(End(result="applied", verify="did not finish"))
         runner.progress.note(
             "every step was done; only the verification was interrupted: run 'gputopo verify'"
@@ -127,6 +132,7 @@ def _finish(runner: Runner, j: Journal, rb: RunningBefore, t0: float) -> ApplyRe
             raise ProxmoxError("HA", None, "the HA manager did not settle after the finished steps")
     except BaseException as exc:
         roll_back_and_raise(runner, j, exc, rb)
+    signals.settle(runner.progress.note, SETTLED)
     j.append(End(result="applied"))
     return ApplyResult("finished", steps=runner.results, wall_s=time.monotonic() - t0, journal=str(j.path))
 

@@ -31,7 +31,9 @@ def roll_back(
     rollback could not complete) append a ``NeedsHuman`` record naming the devices, the steps
     still to undo and what else is left, and leave it open: the next apply refuses and
     ``gputopo recover`` retries. Signals wait until the rollback ends (a second Ctrl-C must not
-    leave half of it undone)."""
+    leave half of it undone), and after it until the command's handlers are gone: a rollback
+    that ended is not reported as interrupted."""
+    signals.settle(runner.progress.note)
     with signals.deferred(runner.progress.note):
         mark = len(j.records)
         late = _wait_for_tasks(runner, j, running_before)

@@ -28,6 +28,8 @@ _HOLD: dict[str, Any] = {
     "deferred_text": None,
     "stoppable": False,
 }
+# what interruptible() sets afresh on entry and gives back on exit
+_SCOPED = ("raised", "deferring", "notice", "deferred_text", "stoppable")
 _ROLLBACK_GOES_ON = (
     "{name} received: the rollback continues so that nothing is left half-done; it ends by itself"
 )
@@ -79,15 +81,15 @@ def interruptible(again: Literal["wait", "raise"] = "wait") -> Iterator[None]:
         _HOLD["raised"] = True
         raise Signalled(signum)
 
-    raised = _HOLD["raised"]
-    _HOLD["raised"] = False
+    saved = {k: _HOLD[k] for k in _SCOPED}
+    _HOLD.update(raised=False, deferring=False, notice=None, deferred_text=None, stoppable=False)
     old = {s: signal.signal(s, handler) for s in SIGNALS}
     try:
         yield
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-        _HOLD["raised"] = raised
+        _HOLD.update(saved)
 
 
 def _stderr(text: str) -> None:
@@ -138,6 +140,15 @@ def deferred(notice: Callable[[str], None] | None = None, text: str | None = Non
         yield
     finally:
         _HOLD["deferring"], _HOLD["notice"], _HOLD["deferred_text"] = before
+
+
+def settle(notice: Callable[[str], None] | None = None, text: str | None = None) -> None:
+    """From now until the enclosing :func:`interruptible` ends, its signals are only noted, as
+    inside :func:`deferred` (``text`` what ``notice`` says, ``{name}`` the signal's): what is
+    left (an apply's end, the summary, the verification that :func:`stoppable` lets a signal
+    stop) rolls nothing back, and no signal may land between the journal's end and the handlers'
+    removal to report an interruption of a command that is done."""
+    _HOLD.update(deferring=True, notice=notice or _stderr, deferred_text=text)
 
 
 @contextlib.contextmanager

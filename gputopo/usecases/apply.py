@@ -48,18 +48,18 @@ def _end(tx: Transaction, verify: VerifyStep | None, rollback_on_verify_failure:
     back), or finished first and verified after. From here a signal rolls nothing back: it stops
     the verification (the result says so, and the command names ``gputopo verify``), or, outside
     it, is only noted."""
-    with signals.deferred(tx.progress.note, AFTER_THE_END):
-        if verify is not None and rollback_on_verify_failure:
-            tx.verifying()
-            report, stopped = _verified(verify)
-            if report is not None and not report.ok:
-                return tx.rolled_back(report)
-            tx.applied(verify="passed" if report is not None else "stopped")
-            return tx.result("applied", report, verify_stopped=stopped)
-        # every step is done: the apply is finished whatever the verification finds
-        tx.applied()
-        report, stopped = _verified(verify) if verify is not None else (None, None)
+    signals.settle(tx.progress.note, AFTER_THE_END)  # until the transaction's handlers are gone
+    if verify is not None and rollback_on_verify_failure:
+        tx.verifying()
+        report, stopped = _verified(verify)
+        if report is not None and not report.ok:
+            return tx.rolled_back(report)
+        tx.applied(verify="passed" if report is not None else "stopped")
         return tx.result("applied", report, verify_stopped=stopped)
+    # every step is done: the apply is finished whatever the verification finds
+    tx.applied()
+    report, stopped = _verified(verify) if verify is not None else (None, None)
+    return tx.result("applied", report, verify_stopped=stopped)
 
 
 def _verified(verify: VerifyStep) -> tuple[VerifyReport | None, str | None]:

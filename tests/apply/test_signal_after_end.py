@@ -5,6 +5,7 @@ signal stopped the verification, and exits 0, not with the signal's status (whic
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -157,4 +158,53 @@ def test_a_signal_during_the_boot_refresh_stops_only_it_and_lists_what_is_left(t
     name = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP"}[signum]
     assert notes[-1] == f"{name} stopped the boot refresh; the change is applied", notes
     assert signal.getsignal(signum) in (signal.SIG_DFL, signal.default_int_handler)
+    host.stop()
+
+
+def _count(
+    host, spec, *args: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.CompletedProcess, int]:
+    """Run ``gputopo ARGS`` (the apply's arguments when none) through the crash driver; its result
+    and how many journal records it wrote."""
+    out = host.dir.parent / "count.json"
+    argv = list(args) or ["apply", "--spec", str(spec), "--yes", "--no-verify", "--timeout", "30"]
+    res = subprocess.run(
+        [sys.executable, str(DRIVER), *argv, "--sim", str(host.dir)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "GPUTOPO_CRASH_COUNT": str(out), **(env or {})},
+        timeout=300,
+    )
+    return res, json.loads(out.read_text())["record"] if out.exists() else 0
+
+
+@pytest.mark.parametrize("finish", [True, False], ids=["finish", "rollback"])
+def test_a_signal_right_after_recover_ends_the_journal_says_what_recover_did(template, tmp_path, finish):
+    """SIGKILL mid-apply, then ``recover`` (or ``--finish``) gets SIGTERM right after the journal's
+    end: the recovery is done, so it says "recovered:" or "finished:" and exits 0."""
+    end, applied = _end_record(template, tmp_path)
+    args = ["recover", "--finish"] if finish else ["recover"]
+    hosts = []
+    for name in ("probe-recover", "sim"):
+        host = applysim.copy_host(template, tmp_path / name)
+        spec = host.dir / "spec.yaml"
+        spec.write_text(applysim.seed_spec_text(host))
+        before = applysim.fingerprint(host)
+        res = _drive(host, spec, {"GPUTOPO_CRASH_AT": f"record:{end // 2}"})
+        assert res.returncode == -signal.SIGKILL and find_unfinished(host.paths.root) is not None
+        hosts.append((host, spec, before))
+    (probe, spec, _), (host, _, before) = hosts
+    res, records = _count(probe, spec, *args)
+    assert res.returncode == 0 and records > 1, res.stderr
+    probe.stop()
+
+    res, _ = _count(
+        host, spec, *args, env={"GPUTOPO_CRASH_AT": f"record:{records}", "GPUTOPO_CRASH_SIGNAL": "TERM"}
+    )
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    assert "gputopo: interrupted" not in out and "SIGTERM received" in out, out
+    assert ("finished:" if finish else "recovered:") in out, out
+    assert find_unfinished(host.paths.root) is None
+    assert applysim.diff(applied if finish else before, applysim.fingerprint(host)) == []
     host.stop()
