@@ -177,6 +177,10 @@ def checked_plan(req: ApplyRequest) -> Checked | ApplyResult:
     return Checked(p, Quiet(progress), t_start)
 
 
+# what a signal after the last step says: the change stays, only the verification can be stopped
+AFTER_THE_END = "{name} received after the last step: the change stays (a verification still running stops)"
+
+
 @dataclass
 class Transaction:
     """An apply whose every step is done, under the host lock, its journal still open: the
@@ -291,6 +295,8 @@ def transaction(req: ApplyRequest, checked: Checked) -> Iterator[Transaction]:
                 j = _journal(req, p, facts, running_before)
                 runner = Runner(step_context(req.ports, req.root, t, checked.progress), j, checked.progress)
             runner.forward(list(p.actions))
+            # every step is done: a signal from here to the handlers' removal rolls nothing back
+            signals.settle(checked.progress.note, AFTER_THE_END)
         except BaseException as exc:
             if runner is None:  # no journal yet: nothing was changed
                 raise

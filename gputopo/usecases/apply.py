@@ -39,16 +39,11 @@ class VerifyStep(Protocol):
     def __call__(self) -> VerifyReport: ...
 
 
-# what a signal after the last step says: the change stays, only the verification can be stopped
-AFTER_THE_END = "{name} received after the last step: the change stays (a verification still running stops)"
-
-
 def _end(tx: Transaction, verify: VerifyStep | None, rollback_on_verify_failure: bool) -> ApplyResult:
     """End an apply whose steps are all done: verified inside the transaction (a failure rolls
     back), or finished first and verified after. From here a signal rolls nothing back: it stops
     the verification (the result says so, and the command names ``gputopo verify``), or, outside
-    it, is only noted."""
-    signals.settle(tx.progress.note, AFTER_THE_END)  # until the transaction's handlers are gone
+    it, is only noted (:func:`gputopo.apply.transaction` settled its signals after the last step)."""
     if verify is not None and rollback_on_verify_failure:
         tx.verifying()
         report, stopped = _verified(verify)
