@@ -260,7 +260,15 @@ def _drive(host, *args: str, at: str | None = None, count: Path | None = None, e
     if count:
         env["GPUTOPO_CRASH_COUNT"] = str(count)
     cmd = [sys.executable, str(DRIVER), *args, "--sim", str(host.dir)]
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    except subprocess.TimeoutExpired as e:
+        # the step it hung in: the end of what it printed, not the start pytest shows
+        tail = (e.stdout or b"")[-1500:]
+        text = tail.decode(errors="replace") if isinstance(tail, bytes) else tail
+        raise AssertionError(
+            f"{' '.join(args[:1])} at {at} did not end within 300 s; it printed last:\n{text}"
+        ) from None
 
 
 def _apply_args(host) -> list[str]:
