@@ -34,28 +34,27 @@ def roll_back(
     leave half of it undone), and after it until the command's handlers are gone: a rollback
     that ended is not reported as interrupted."""
     signals.settle(runner.progress.note)
-    with signals.deferred(runner.progress.note):
-        mark = len(j.records)
-        late = _wait_for_tasks(runner, j, running_before)
-        stops_done = wait_queued_ha_stops(runner, j)
-        complete, stuck = runner.backward(running_before, retry=retry)
-        complete = stops_done and complete
-        complete = settle_ha_guests(runner) and complete
-        for key, line in late:  # its guest's status decided nothing: a human looks at it
-            complete = False
-            j.append(RestartFailed(what=key, error=line))
-        if complete and not stuck:
-            j.append(End(result="rolled-back", reason=reason))
-        else:
-            j.append(
-                NeedsHuman(
-                    needs_human=list(stuck),
-                    pending=j.pending_undo(),
-                    reason=reason,
-                    left=left_over(j, mark),
-                    next_step=next_step(j, mark, list(stuck)),
-                )
+    mark = len(j.records)
+    late = _wait_for_tasks(runner, j, running_before)
+    stops_done = wait_queued_ha_stops(runner, j)
+    complete, stuck = runner.backward(running_before, retry=retry)
+    complete = stops_done and complete
+    complete = settle_ha_guests(runner) and complete
+    for key, line in late:  # its guest's status decided nothing: a human looks at it
+        complete = False
+        j.append(RestartFailed(what=key, error=line))
+    if complete and not stuck:
+        j.append(End(result="rolled-back", reason=reason))
+    else:
+        j.append(
+            NeedsHuman(
+                needs_human=list(stuck),
+                pending=j.pending_undo(),
+                reason=reason,
+                left=left_over(j, mark),
+                next_step=next_step(j, mark, list(stuck)),
             )
+        )
     return complete, stuck
 
 

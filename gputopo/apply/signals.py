@@ -55,7 +55,7 @@ def interruptible(again: Literal["wait", "raise"] = "wait") -> Iterator[None]:
     """While inside, the first Ctrl-C, SIGTERM or SIGHUP raises :class:`Signalled` (a
     KeyboardInterrupt) in the main thread, so a polite kill (systemd, a dropped ssh session) rolls
     back instead of ending the process between two steps; with ``again="wait"`` later ones, and
-    any inside :func:`deferred`, are only noted (the rollback the first one started must not be
+    any after :func:`settle`, are only noted (the rollback the first one started must not be
     cut short, not even before it began); with ``again="raise"`` every one raises (a rollout,
     which has no rollback of its own to protect: each node's apply handles its own signals).
     Elsewhere than in the main thread (where no handler can be set) it changes nothing."""
@@ -128,32 +128,20 @@ def held(notice: Callable[[str], None] | None = None) -> Iterator[None]:
                 raise Signalled(signum)
 
 
-@contextlib.contextmanager
-def deferred(notice: Callable[[str], None] | None = None, text: str | None = None) -> Iterator[None]:
-    """Inside, signals of :func:`interruptible` never interrupt: a rollback or a recovery runs to
-    its end (as terraform does on a second Ctrl-C), and ``notice`` says so on the terminal
-    (``text``, its ``{name}`` the signal's, instead of the rollback's words). A SIGKILL still
-    ends the process; the journal then sends the next command to recover."""
-    before = (_HOLD["deferring"], _HOLD["notice"], _HOLD["deferred_text"])
-    _HOLD["deferring"], _HOLD["notice"], _HOLD["deferred_text"] = True, notice or _stderr, text
-    try:
-        yield
-    finally:
-        _HOLD["deferring"], _HOLD["notice"], _HOLD["deferred_text"] = before
-
-
 def settle(notice: Callable[[str], None] | None = None, text: str | None = None) -> None:
-    """From now until the enclosing :func:`interruptible` ends, its signals are only noted, as
-    inside :func:`deferred` (``text`` what ``notice`` says, ``{name}`` the signal's): what is
-    left (an apply's end, the summary, the verification that :func:`stoppable` lets a signal
-    stop) rolls nothing back, and no signal may land between the journal's end and the handlers'
-    removal to report an interruption of a command that is done."""
+    """From now until the enclosing :func:`interruptible` ends, its signals never interrupt:
+    ``notice`` says ``text`` (``{name}`` the signal's; by default that the rollback continues).
+    A rollback or a recovery runs to its end (as terraform does on a second Ctrl-C); what is
+    left after a journal's end rolls nothing back, and no signal lands between that end and the
+    handlers' removal to report an interruption of a command that is done. Only
+    :func:`stoppable` lets one stop work that changes nothing. A SIGKILL still ends the process;
+    the journal then sends the next command to recover."""
     _HOLD.update(deferring=True, notice=notice or _stderr, deferred_text=text)
 
 
 @contextlib.contextmanager
 def stoppable() -> Iterator[None]:
-    """Inside :func:`deferred`, the first signal of :func:`interruptible` raises :class:`Signalled`
+    """After :func:`settle`, the first signal of :func:`interruptible` raises :class:`Signalled`
     after all: work that can be done again and changes nothing (the verification after an
     apply's end) may be stopped, while the rest of the command still ends by itself."""
     before = _HOLD["stoppable"]

@@ -387,16 +387,22 @@ def _probed(case: Case, probe: dict, rc: int, what: str) -> None:
         raise ProbeFailed(f"{case.id}: {problem}")
 
 
+def _clean_probe(case: Case, start: Start) -> dict:
+    """The trace of a clean apply on a copy of ``start`` (raises ProbeFailed when it fails)."""
+    host, tmp = start.copy("probe")
+    try:
+        probe = _probe(host, *_apply_args(host))
+    finally:
+        _discard(host, tmp)
+    _probed(case, probe, 0, "the clean apply")
+    return probe
+
+
 def _runs(case: Case, start: Start, n: int | None) -> tuple[list[str], object]:
     """(the points of ``case``, what to do at one point: host, point -> a short outcome)."""
     family = case.family
     if family == "kill-apply":
-        host, tmp = start.copy("probe")
-        try:
-            probe = _probe(host, *_apply_args(host))
-        finally:
-            _discard(host, tmp)
-        _probed(case, probe, 0, "the clean apply")
+        probe = _clean_probe(case, start)
         points = _points(probe["trace"])
         assert len(points) > 20, points
 
@@ -506,12 +512,7 @@ def _signal_runs(case: Case, start: Start, n: int | None) -> tuple[list[str], ob
     """SIGTERM, SIGINT and SIGHUP in turn (``SIGNAL@POINT``) at every point where a guest's stop or
     shutdown task was accepted and not yet ended, and at an even sample of the other kill points
     of a clean apply (all of them when ``n`` is None)."""
-    host, tmp = start.copy("probe")
-    try:
-        probe = _probe(host, *_apply_args(host))
-    finally:
-        _discard(host, tmp)
-    _probed(case, probe, 0, "the clean apply")
+    probe = _clean_probe(case, start)
     stops = _guest_actions(probe["trace"], STOPPING)
     assert stops, f"{case.id}: no guest stops in the apply: {probe['trace']}"
     others = [p for p in _points(probe["trace"]) if p not in stops]
@@ -535,12 +536,7 @@ def _finish_runs(case: Case, start: Start, n: int | None) -> tuple[list[str], ob
     """SIGKILL at the kill points of a clean apply, then ``recover --finish``: the apply is carried
     to its end (what a step began is ended first, an HA request settled), so every run ends
     applied with exit 0, whichever point the kill came at."""
-    host, tmp = start.copy("probe")
-    try:
-        probe = _probe(host, *_apply_args(host))
-    finally:
-        _discard(host, tmp)
-    _probed(case, probe, 0, "the clean apply")
+    probe = _clean_probe(case, start)
     queued = _guest_actions(probe["trace"])
     others = [p for p in _points(probe["trace"]) if p not in queued]
 

@@ -171,9 +171,9 @@ CASES += [
     for n in ("split-ha", "split-vm-ha", "reverse-vm-remove-ha")
     for f in ("kill-apply", "kill-recover", "fail-step")
 ]
-CASES += [
-    Case(_BY_NAME[n], r, v, SIGNAL_FAMILY)
-    for n, r, v in (
+# the signal and finish families, on the shapes (restart, release) where they mean something
+ON_SHAPES = {
+    SIGNAL_FAMILY: (
         ("split", "always", "8"),
         ("split-vm", "always", "9"),
         ("reverse-vm-remove", "auto", "9"),
@@ -181,11 +181,8 @@ CASES += [
         ("reverse-vm-remove-live", "auto", "9"),
         ("split-ha", "always", "9"),
         ("reverse-vm-remove-ha", "always", "9"),
-    )
-]
-CASES += [
-    Case(_BY_NAME[n], r, v, FINISH_FAMILY)
-    for n, r, v in (
+    ),
+    FINISH_FAMILY: (
         ("split", "auto", "8"),
         ("split", "always", "9"),
         ("reverse", "always", "8"),
@@ -193,8 +190,9 @@ CASES += [
         ("reverse-vm-remove", "auto", "9"),
         ("reverse-vm-remove-live", "auto", "9"),
         ("split-ha", "always", "9"),
-    )
-]
+    ),
+}
+CASES += [Case(_BY_NAME[n], r, v, f) for f, rows in ON_SHAPES.items() for n, r, v in rows]
 
 
 def sample(points: list[str], n: int | None) -> list[str]:
